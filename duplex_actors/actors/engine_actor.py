@@ -1,0 +1,231 @@
+"""The one engine actor shared by every session.
+
+It owns the backend, turns submissions into streams (one pump per request; the backend batches
+the concurrent streams into shared decode steps), routes each output to the session that
+registered its request id, and guarantees every request ends with exactly one terminal output:
+if a backend stream ends without one, raises, is aborted or the engine is restarted, the actor
+synthesises it (``Aborted`` or ``EngineFailure``).
+
+Supervision: a watchdog restarts the backend when an in-flight request has produced nothing for
+``stall_timeout_s``; a restart fails every request in flight (sessions answer with
+``response.done`` status failed) and the next turn works on the fresh backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from typing import Callable
+
+import anyio
+import attrs
+import structlog
+
+from ..core.clock import Clock, MONOTONIC
+from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
+from ..engines.base import EngineBackend
+
+log = structlog.get_logger("duplex_actors.engine")
+
+Deliver = Callable[[EngineOutput], None]
+
+
+@attrs.frozen(slots=True)
+class EngineStatistics:
+    in_flight: int
+    routes: int
+    submitted: int
+    completed: int
+    aborted: int
+    failed: int
+    unrouted: int
+    restarts: int
+    pending_abort_retries: int
+
+
+class _Flight:
+    __slots__ = ("request", "scope", "last_output", "terminal_sent", "aborted", "failure")
+
+    def __init__(self, request: ModelTurnRequest, now: float) -> None:
+        self.request = request
+        self.scope = anyio.CancelScope()
+        self.last_output = now
+        self.terminal_sent = False
+        self.aborted = False
+        self.failure: str | None = None
+
+
+class EngineActor:
+    def __init__(self, backend: EngineBackend, *, clock: Clock = MONOTONIC,
+                 stall_timeout_s: float | None = None, watchdog_interval_s: float = 0.5) -> None:
+        self.backend = backend
+        self.clock = clock
+        self.stall_timeout_s = stall_timeout_s
+        self.watchdog_interval_s = watchdog_interval_s
+        self._routes: dict[str, Deliver] = {}
+        self._flights: dict[str, _Flight] = {}
+        self._inbox: deque = deque()
+        self._wake: anyio.Event | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._abort_retry: set[str] = set()
+        self._restarting = False
+        self.submitted = self.completed = self.aborted = self.failed = 0
+        self.unrouted = 0
+        self.restarts = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        await self.backend.start()
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            if self.stall_timeout_s:
+                tg.start_soon(self._watchdog)
+            task_status.started()
+            try:
+                await self._loop()
+            finally:
+                tg.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await self.backend.aclose()
+
+    async def _loop(self) -> None:
+        while True:
+            while self._inbox:
+                op, arg = self._inbox.popleft()
+                if op == "submit":
+                    self._tg.start_soon(self._pump, arg)
+                elif op == "abort":
+                    self._abort_now(arg)
+            self._wake = anyio.Event()
+            await self._wake.wait()
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- what sessions call (synchronously, from the dispatcher) ----------------------------
+
+    def submit(self, request: ModelTurnRequest, deliver: Deliver) -> None:
+        self._routes[request.request_id] = deliver
+        self._flights[request.request_id] = _Flight(request, self.clock.now())
+        self.submitted += 1
+        self._inbox.append(("submit", request))
+        self._poke()
+
+    def abort(self, request_ids) -> None:
+        for rid in request_ids:
+            self._inbox.append(("abort", rid))
+        self._poke()
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def _route(self, output: EngineOutput) -> None:
+        rid = output.request_id
+        deliver = self._routes.get(rid)
+        if deliver is None:
+            # Never creates state: an output nobody registered is counted and dropped.
+            self.unrouted += 1
+            return
+        if is_terminal(output):
+            # The route goes only once the terminal is handed over, so late output of a
+            # closing session is still consumed by it.
+            del self._routes[rid]
+        deliver(output)
+
+    # -- streams ----------------------------------------------------------------------------
+
+    async def _pump(self, request: ModelTurnRequest) -> None:
+        rid = request.request_id
+        flight = self._flights.get(rid)
+        if flight is None:  # aborted before it started
+            return
+        try:
+            with flight.scope:
+                async with contextlib.aclosing(self.backend.generate(request)) as stream:
+                    async for output in stream:
+                        flight.last_output = self.clock.now()
+                        if output.request_id != rid:
+                            continue  # a backend may not speak for other requests
+                        terminal = is_terminal(output)
+                        if terminal:
+                            flight.terminal_sent = True
+                        self._route(output)
+                        if terminal:
+                            break
+        except Exception as exc:  # a backend failure fails this request, never the runtime
+            flight.failure = f"{type(exc).__name__}: {exc}"
+            log.warning("engine_stream_failed", request_id=rid, error=flight.failure)
+        finally:
+            self._flights.pop(rid, None)
+            if not flight.terminal_sent:
+                flight.terminal_sent = True
+                now = self.clock.now()
+                if flight.failure is not None:
+                    self._route(EngineFailure(rid, flight.failure, produced_at=now))
+                elif flight.aborted:
+                    self._route(Aborted(rid, produced_at=now))
+                else:
+                    self._route(EngineFailure(rid, "stream ended without a terminal output",
+                                              produced_at=now))
+            if flight.failure is not None:
+                self.failed += 1
+            elif flight.aborted:
+                self.aborted += 1
+            else:
+                self.completed += 1
+
+    def _abort_now(self, rid: str) -> None:
+        flight = self._flights.get(rid)
+        if flight is None:
+            return
+        flight.aborted = True
+        flight.scope.cancel()
+        self._tg.start_soon(self._backend_abort, rid)
+
+    async def _backend_abort(self, rid: str) -> None:
+        try:
+            await self.backend.abort(rid)
+            self._abort_retry.discard(rid)
+        except Exception as exc:
+            # The stream is already cancelled on our side; the backend's copy is retried by the
+            # watchdog so its slot is not leaked.
+            self._abort_retry.add(rid)
+            log.warning("engine_abort_failed", request_id=rid, error=str(exc))
+
+    # -- supervision ------------------------------------------------------------------------
+
+    async def restart(self, reason: str = "engine restarted") -> None:
+        if self._restarting:
+            return
+        self._restarting = True
+        try:
+            self.restarts += 1
+            log.warning("engine_restart", reason=reason, in_flight=len(self._flights))
+            for flight in list(self._flights.values()):
+                flight.failure = reason
+                flight.scope.cancel()
+            await anyio.sleep(0)
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await self.backend.aclose()
+                await self.backend.start()
+        finally:
+            self._restarting = False
+
+    async def _watchdog(self) -> None:
+        while True:
+            await anyio.sleep(self.watchdog_interval_s)
+            for rid in list(self._abort_retry):
+                self._tg.start_soon(self._backend_abort, rid)
+            now = self.clock.now()
+            stalled = [f for f in self._flights.values()
+                       if now - f.last_output > (self.stall_timeout_s or math.inf)]
+            if stalled:
+                await self.restart(f"engine stalled: no output for {self.stall_timeout_s}s")
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(len(self._flights), len(self._routes), self.submitted,
+                                self.completed, self.aborted, self.failed, self.unrouted,
+                                self.restarts, len(self._abort_retry))

@@ -1,0 +1,297 @@
+"""The public entry point: ``async with Runtime(engine) as rt: session = await rt.open_session()``.
+
+The runtime owns three things: the session actors (and the dispatcher that runs their
+mailboxes), the one engine actor, and the lease reaper. Runs on asyncio through anyio; every
+primitive used is anyio's, so trio is expected to work but is not part of the test suite.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import AsyncIterator
+
+import anyio
+import attrs
+import structlog
+
+from ..core import commands as cmd
+from ..core.clock import Clock, MONOTONIC
+from ..core.engine_io import SamplingOverrides
+from ..core.events import ServerEvent
+from ..core.fence import new_session_id
+from ..core.session import SessionConfig, SessionCore
+from ..engines.base import EngineBackend
+from ..errors import ResourceExhausted, RuntimeClosed, UnknownSession
+from ..logconfig import ensure_configured
+from .engine_actor import EngineActor, EngineStatistics
+from .mailbox import MailboxStatistics
+from .session_actor import SessionActor
+
+log = structlog.get_logger("duplex_actors.runtime")
+
+
+@attrs.frozen(slots=True)
+class RuntimeStatistics:
+    sessions: int
+    sessions_by_state: dict
+    opened: int
+    closed: int
+    ready: int
+    engine: EngineStatistics
+
+
+class SessionHandle:
+    """What an application holds for one session. Cheap; many handles may share a session."""
+
+    __slots__ = ("_actor",)
+
+    def __init__(self, actor: SessionActor) -> None:
+        self._actor = actor
+
+    @property
+    def id(self) -> str:
+        return self._actor.session_id
+
+    @property
+    def state(self) -> str:
+        return self._actor.core.state
+
+    @property
+    def epoch(self) -> int:
+        return self._actor.core.epoch
+
+    @property
+    def turn_id(self) -> int:
+        return self._actor.core.turn_id
+
+    @property
+    def core(self) -> SessionCore:
+        """The sans-IO core, for inspection (tests, metrics). Do not drive it directly."""
+        return self._actor.core
+
+    @property
+    def resume_token(self) -> str:
+        return self._actor.core.lease.token
+
+    @property
+    def generation(self) -> int:
+        return self._actor.core.lease.generation
+
+    def mailbox_statistics(self) -> MailboxStatistics:
+        return self._actor.mailbox.statistics()
+
+    # fire-and-forget: errors arrive as ``error`` events
+    def tell(self, command: cmd.Command) -> None:
+        self._actor.tell(command)
+
+    # request/reply: errors are raised here
+    async def ask(self, command: cmd.Command, timeout: float | None = 5.0) -> None:
+        await self._actor.ask(command, timeout)
+
+    def append_audio(self, pcm: bytes, *, sample_rate: int = 16000, event_id: str | None = None) -> None:
+        self._actor.tell(cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id))
+
+    async def commit(self, **kw) -> None:
+        await self.ask(cmd.CommitInput(**kw))
+
+    async def clear(self, **kw) -> None:
+        await self.ask(cmd.ClearInput(**kw))
+
+    async def create_response(self, instructions: str | None = None, **kw) -> None:
+        await self.ask(cmd.CreateResponse(instructions=instructions, **kw))
+
+    async def barge_in(self, reason: str = "turn_detected", **kw) -> None:
+        await self.ask(cmd.BargeIn(reason=reason, **kw))
+
+    async def cancel(self, **kw) -> None:
+        await self.ask(cmd.CancelResponse(**kw))
+
+    async def heartbeat(self, **kw) -> None:
+        await self.ask(cmd.Heartbeat(**kw))
+
+    async def update(self, **changes) -> None:
+        await self.ask(cmd.UpdateSession(**changes))
+
+    async def acknowledge_playback(self, response_id: str, played_ms: int) -> None:
+        await self.ask(cmd.PlaybackAck(response_id=response_id, played_ms=played_ms))
+
+    async def detach(self) -> None:
+        await self.ask(cmd.Detach())
+
+    async def close(self, reason: str = "client_closed") -> None:
+        await self.ask(cmd.Close(reason=reason))
+
+    def events(self) -> AsyncIterator[ServerEvent]:
+        return self._actor.events()
+
+    async def next_event(self, timeout: float = 5.0) -> ServerEvent:
+        """The next event (for tests and simple clients)."""
+        with anyio.fail_after(timeout):
+            async for event in self._actor.events():
+                return event
+        raise RuntimeClosed("the session has no more events")
+
+
+class Runtime:
+    def __init__(
+        self,
+        engine: EngineBackend | None = None,
+        *,
+        config: SessionConfig | None = None,
+        clock: Clock = MONOTONIC,
+        max_sessions: int = 100_000,
+        mailbox_capacity: int = 256,
+        dispatch_budget: int = 64,
+        reaper_interval_s: float = 5.0,
+        stall_timeout_s: float | None = None,
+    ) -> None:
+        if engine is None:
+            from ..engines.scripted import ScriptedEngine
+
+            engine = ScriptedEngine()
+        ensure_configured()
+        self.config = config or SessionConfig()
+        self.clock = clock
+        self.max_sessions = max_sessions
+        self.mailbox_capacity = mailbox_capacity
+        self.dispatch_budget = dispatch_budget
+        self.reaper_interval_s = reaper_interval_s
+        self.engine = EngineActor(engine, clock=clock, stall_timeout_s=stall_timeout_s)
+        self._sessions: dict[str, SessionActor] = {}
+        self._ready: deque[SessionActor] = deque()
+        self._wake: anyio.Event | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._running = False
+        self.opened = 0
+        self.closed = 0
+
+    @property
+    def backend(self) -> EngineBackend:
+        return self.engine.backend
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> "Runtime":
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self.engine.run)
+        except BaseException:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            raise
+        self._tg.start_soon(self._dispatch)
+        if self.reaper_interval_s:
+            self._tg.start_soon(self._reap)
+        self._running = True
+        return self
+
+    async def __aexit__(self, *exc) -> bool:
+        self._running = False
+        try:
+            with anyio.CancelScope(shield=True):
+                for actor in list(self._sessions.values()):
+                    if not actor.core.closed:
+                        actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason="runtime_shutdown"), None, self.clock.now()))
+                        self._schedule(actor)
+                with anyio.move_on_after(5):
+                    while self._ready:
+                        await anyio.sleep(0.001)
+        finally:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(*exc)
+        return False
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def open_session(self, config: SessionConfig | None = None, **overrides) -> SessionHandle:
+        return self.open_session_nowait(config, **overrides)
+
+    def open_session_nowait(self, config: SessionConfig | None = None, **overrides) -> SessionHandle:
+        if not self._running:
+            raise RuntimeClosed("the runtime is not running (use 'async with Runtime(...)')")
+        if len(self._sessions) >= self.max_sessions:
+            raise ResourceExhausted(f"session limit {self.max_sessions} reached; retry later")
+        config = config or self.config
+        if overrides:
+            if "sampling" in overrides and isinstance(overrides["sampling"], dict):
+                overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
+            config = attrs.evolve(config, **overrides)
+        core = SessionCore(new_session_id(), config, self.clock)
+        actor = SessionActor(core, self, self.mailbox_capacity)
+        self._sessions[core.session_id] = actor
+        self.opened += 1
+        return SessionHandle(actor)
+
+    def get(self, session_id: str) -> SessionHandle:
+        actor = self._sessions.get(session_id)
+        if actor is None:
+            raise UnknownSession(f"no open session {session_id!r}")
+        return SessionHandle(actor)
+
+    async def resume(self, session_id: str, generation: int, resume_token: str,
+                     last_seq: int = 0, control_id: str | None = None) -> SessionHandle:
+        handle = self.get(session_id)
+        await handle.ask(cmd.Resume(generation=generation, resume_token=resume_token,
+                                    last_seq=last_seq, control_id=control_id))
+        return handle
+
+    @property
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def sessions(self) -> list[SessionHandle]:
+        return [SessionHandle(a) for a in self._sessions.values()]
+
+    def _session_closed(self, actor: SessionActor) -> None:
+        if self._sessions.pop(actor.session_id, None) is not None:
+            self.closed += 1
+
+    def statistics(self) -> RuntimeStatistics:
+        by_state: dict[str, int] = {}
+        for actor in self._sessions.values():
+            by_state[actor.core.state] = by_state.get(actor.core.state, 0) + 1
+        return RuntimeStatistics(len(self._sessions), by_state, self.opened, self.closed,
+                                 len(self._ready), self.engine.statistics())
+
+    # -- the dispatcher ---------------------------------------------------------------------
+
+    def _schedule(self, actor: SessionActor) -> None:
+        if not actor.scheduled:
+            actor.scheduled = True
+            self._ready.append(actor)
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _dispatch(self) -> None:
+        ready = self._ready
+        budget = self.dispatch_budget
+        while True:
+            if not ready:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                self._wake = None
+                continue
+            for _ in range(len(ready)):
+                actor = ready.popleft()
+                actor.scheduled = False
+                if actor.process(budget):
+                    self._schedule(actor)
+            # Let engine pumps and event consumers run between rounds.
+            await anyio.sleep(0)
+
+    async def _reap(self) -> None:
+        while True:
+            await anyio.sleep(self.reaper_interval_s)
+            self.reap_now()
+
+    def reap_now(self) -> int:
+        """Expire every session whose lease ran out; returns how many."""
+        now = self.clock.now()
+        expired = 0
+        for actor in list(self._sessions.values()):
+            reason = actor.core.lease.expiry(now)
+            if reason is not None and not actor.core.closed:
+                actor.expire(reason)
+                expired += 1
+        return expired

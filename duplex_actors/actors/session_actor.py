@@ -1,0 +1,190 @@
+"""The thin actor shell around one SessionCore.
+
+Sessions do not own a task each: an idle session is just data (core + mailbox), and the
+runtime's dispatcher runs a session's mailbox when it has messages, one message at a time and
+never two for the same session at once. The core is synchronous, so a message is processed
+start to finish without an await: nothing can interleave inside a transition (the trap that
+makes transitions' AsyncMachine cancel running transitions does not exist here).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import anyio
+import structlog
+
+from ..core.commands import Command, Lane
+from ..core.engine_io import EngineOutput
+from ..core.events import ServerEvent, SessionClosedEvent
+from ..core.session import AbortRequests, SessionCore, SubmitTurn
+from ..errors import AskTimeout, DuplexError, SessionClosed
+from .mailbox import Mailbox
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = structlog.get_logger("duplex_actors.actor")
+
+
+class _Reply:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: BaseException | None = None
+
+
+class _Expire:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class SessionActor:
+    __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "__weakref__")
+
+    def __init__(self, core: SessionCore, runtime: "Runtime", mailbox_capacity: int) -> None:
+        self.core = core
+        self.runtime = runtime
+        self.mailbox = Mailbox(mailbox_capacity)
+        self.scheduled = False
+        self._waiter: anyio.Event | None = None
+        self._finished = False  # closed and fully drained
+
+    @property
+    def session_id(self) -> str:
+        return self.core.session_id
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    def tell(self, command: Command) -> None:
+        """Queue a command; errors come back as ``error`` events. Raises MailboxFull/SessionClosed."""
+        self._check_open(command)
+        self.mailbox.put(command.LANE, (command, None, self.core.clock.now()))
+        self.runtime._schedule(self)
+
+    async def ask(self, command: Command, timeout: float | None = 5.0) -> None:
+        """Queue a command and wait until it was processed; its error is raised here."""
+        self._check_open(command)
+        reply = _Reply()
+        self.mailbox.put(command.LANE, (command, reply, self.core.clock.now()))
+        self.runtime._schedule(self)
+        try:
+            with anyio.fail_after(timeout):
+                await reply.done.wait()
+        except TimeoutError:
+            # The command stays accepted and will still be processed exactly once.
+            raise AskTimeout(f"{command.TRIGGER!r} not processed within {timeout}s") from None
+        if reply.error is not None:
+            raise reply.error
+
+    def _check_open(self, command: Command) -> None:
+        if self._finished and command.TRIGGER != "close":
+            raise SessionClosed("closed", command.TRIGGER, event_id=command.event_id)
+
+    def deliver(self, output: EngineOutput) -> None:
+        """Engine output for one of this session's requests (engine lane, never refused)."""
+        self.mailbox.put(Lane.ENGINE, output)
+        self.runtime._schedule(self)
+
+    def expire(self, reason: str) -> None:
+        self.mailbox.put(Lane.CONTROL, _Expire(reason))
+        self.runtime._schedule(self)
+
+    # -- processing (called by the dispatcher) ----------------------------------------------
+
+    def process(self, budget: int) -> bool:
+        """Process up to ``budget`` messages; returns whether more are waiting."""
+        core = self.core
+        for _ in range(budget):
+            item = self.mailbox.pop()
+            if item is None:
+                break
+            lane, message = item
+            try:
+                if lane == Lane.ENGINE:
+                    core.on_engine_output(message)
+                elif isinstance(message, _Expire):
+                    if not core.closed:
+                        core.expire(message.reason)
+                else:
+                    self._handle_command(*message)
+            except Exception as exc:  # a bug in one session fails that session only
+                log.error("session_failed", session_id=self.session_id, error=repr(exc))
+                core.emit_error(_internal_error(exc))
+                core.fail("session_failed")
+        if core.outbox_overflowed and not core.closed:
+            core.fail("slow_consumer")
+        self._flush_actions()
+        if core.closed and not self._finished:
+            self._finish()
+        if self._waiter is not None and core.has_events():
+            self._waiter.set()
+        return bool(self.mailbox)
+
+    def _handle_command(self, command: Command, reply: _Reply | None, received_at: float) -> None:
+        try:
+            self.core.handle(command, received_at=received_at)
+        except DuplexError as err:
+            if reply is not None:
+                reply.error = err
+            else:
+                self.core.emit_error(err)
+        finally:
+            if reply is not None:
+                reply.done.set()
+
+    def _flush_actions(self) -> None:
+        engine = self.runtime.engine
+        for action in self.core.take_actions():
+            if isinstance(action, SubmitTurn):
+                engine.submit(action.request, self.deliver)
+            elif isinstance(action, AbortRequests):
+                engine.abort(action.request_ids)
+
+    def _finish(self) -> None:
+        """The session closed: refuse what is still queued, exactly once each."""
+        self._finished = True
+        for lane, message in self.mailbox.drain():
+            if lane == Lane.ENGINE:
+                self.core.on_engine_output(message)  # consumed and counted as stale
+            elif isinstance(message, tuple):
+                command, reply, _ = message
+                if reply is not None:
+                    if command.TRIGGER != "close":
+                        reply.error = SessionClosed("closed", command.TRIGGER, event_id=command.event_id)
+                    reply.done.set()
+        self.runtime._session_closed(self)
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    async def events(self) -> AsyncIterator[ServerEvent]:
+        """Every event of this session, in order, ending with ``session.closed``."""
+        while True:
+            batch = self.core.take_events()
+            for event in batch:
+                yield event
+                if isinstance(event, SessionClosedEvent):
+                    return
+            if not batch:
+                if self._finished and not self.core.has_events():
+                    return
+                self._waiter = anyio.Event()
+                try:
+                    await self._waiter.wait()
+                finally:
+                    self._waiter = None
+
+
+def _internal_error(exc: BaseException) -> DuplexError:
+    err = DuplexError(f"internal error: {type(exc).__name__}")
+    err.code = "internal_error"
+    return err
+
+
+def describe(actor: SessionActor) -> dict[str, Any]:
+    stats = actor.mailbox.statistics()
+    return {"session_id": actor.session_id, "state": actor.core.state, "epoch": actor.core.epoch,
+            "turn_id": actor.core.turn_id, "mailbox_depth": stats.depth}

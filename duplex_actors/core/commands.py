@@ -1,0 +1,159 @@
+"""Mailbox commands: what applications (and the transport) ask of a session.
+
+Frozen and slotted; validated at construction so a malformed command never reaches the
+statechart. ``event_id`` is the client's id, echoed in any error; ``epoch``, when given, is the
+fence the client believes current: an older one is refused with ``StaleFence``.
+
+Each command belongs to a mailbox lane. The *control* lane (barge-in, cancel, close,
+heartbeat, detach, resume, playback acks) is never stuck behind audio on the *data* lane.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+import attrs
+
+from ..errors import InvalidCommand
+from .engine_io import SamplingOverrides
+
+
+class Lane(enum.IntEnum):
+    CONTROL = 0
+    ENGINE = 1
+    DATA = 2
+
+
+def _optional_epoch(instance, attribute, value):
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise InvalidCommand(f"{attribute.name} must be a non-negative integer")
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Command:
+    LANE: ClassVar[Lane] = Lane.DATA
+    TRIGGER: ClassVar[str] = ""
+    event_id: str | None = None
+    epoch: int | None = attrs.field(default=None, validator=_optional_epoch)
+
+
+def _pcm16(instance, attribute, value):
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidCommand("audio must be bytes of pcm16")
+    if len(value) % 2:
+        raise InvalidCommand("pcm16 audio must have an even number of bytes")
+
+
+def _rate(instance, attribute, value):
+    if value not in (8000, 16000, 24000, 48000):
+        raise InvalidCommand(f"unsupported sample rate {value!r}")
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class AppendAudio(Command):
+    TRIGGER = "append"
+    pcm: bytes = attrs.field(validator=_pcm16, converter=bytes, repr=lambda b: f"<{len(b)} bytes>")
+    sample_rate: int = attrs.field(default=16000, validator=_rate)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CommitInput(Command):
+    TRIGGER = "commit"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ClearInput(Command):
+    TRIGGER = "clear"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CreateResponse(Command):
+    TRIGGER = "create_response"
+    instructions: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SpeechStartedSignal(Command):
+    """From server VAD (or a client that runs its own VAD)."""
+
+    TRIGGER = "speech_started"
+    audio_ms: int = 0
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SpeechStoppedSignal(Command):
+    TRIGGER = "speech_stopped"
+    audio_ms: int = 0
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class UpdateSession(Command):
+    TRIGGER = "update"
+    auto_respond: bool | None = None
+    model_native: bool | None = None
+    instructions: str | None = None
+    sampling: SamplingOverrides | None = None
+    min_interruption_ms: int | None = None
+
+
+# --- control lane ---------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class BargeIn(Command):
+    LANE = Lane.CONTROL
+    TRIGGER = "barge_in"
+    reason: str = "turn_detected"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CancelResponse(Command):
+    LANE = Lane.CONTROL
+    TRIGGER = "cancel"
+    reason: str = "client_cancelled"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Heartbeat(Command):
+    LANE = Lane.CONTROL
+    TRIGGER = "heartbeat"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class PlaybackAck(Command):
+    """The client played ``played_ms`` of ``response_id``'s audio (what the user really heard)."""
+
+    LANE = Lane.CONTROL
+    TRIGGER = "playback_ack"
+    response_id: str
+    played_ms: int = attrs.field(validator=attrs.validators.ge(0))
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Detach(Command):
+    LANE = Lane.CONTROL
+    TRIGGER = "detach"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Resume(Command):
+    LANE = Lane.CONTROL
+    TRIGGER = "resume"
+    generation: int
+    resume_token: str
+    last_seq: int = 0
+    #: Idempotency key: the same resume replayed gets the same answer.
+    control_id: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Close(Command):
+    LANE = Lane.CONTROL
+    TRIGGER = "close"
+    reason: str = "client_closed"
+
+
+MAILBOX_COMMANDS = (AppendAudio, CommitInput, ClearInput, CreateResponse, SpeechStartedSignal,
+                    SpeechStoppedSignal, UpdateSession, BargeIn, CancelResponse, Heartbeat,
+                    PlaybackAck, Detach, Resume, Close)

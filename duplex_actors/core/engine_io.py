@@ -1,0 +1,135 @@
+"""What a session sends to the shared engine, and what the engine sends back.
+
+Every output names the request it belongs to (``request_id``, derived from the fence), so the
+router can tell current output from stale output without any engine cooperation. A request
+ends with exactly one *terminal* output: ``TurnDone``, ``EngineFailure`` or ``Aborted``. The
+engine actor guarantees that even when a backend forgets (it synthesises the terminal).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+import attrs
+
+from .fence import Fence
+
+
+class TurnKind(enum.Enum):
+    #: The user's turn is committed (client commit or server VAD): produce a response.
+    RESPONSE = "response"
+    #: Model-native duplex: one audio unit; the model first decides listen or speak.
+    UNIT = "unit"
+
+
+@attrs.frozen(slots=True)
+class SamplingOverrides:
+    """Per-session sampling knobs. ``None`` means "the engine's default"; adapters merge these
+    onto a copy of their defaults and never mutate the engine's own."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+
+
+@attrs.frozen(slots=True)
+class ModelTurnRequest:
+    request_id: str
+    fence: Fence
+    kind: TurnKind
+    #: The user's audio for this turn (or unit): pcm16 little-endian mono.
+    audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    sample_rate: int = 16000
+    instructions: str | None = None
+    sampling: SamplingOverrides = SamplingOverrides()
+    #: Whether the engine should also speak (talker) or only produce text.
+    modalities: tuple[str, ...] = ("text", "audio")
+    #: Runtime clock time the request was handed to the engine.
+    submitted_at: float = 0.0
+
+
+# --- outputs --------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Decision:
+    """Listen/speak decision. For RESPONSE turns engines emit ``speak=True`` when the response
+    begins; for UNIT turns ``speak=False`` is terminal for that unit."""
+
+    request_id: str
+    speak: bool
+    produced_at: float = 0.0
+
+
+@attrs.frozen(slots=True)
+class TextDelta:
+    request_id: str
+    text: str
+    token_count: int = 1
+    produced_at: float = 0.0
+
+
+@attrs.frozen(slots=True)
+class AudioPacket:
+    request_id: str
+    pcm: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    sample_rate: int = 16000
+    #: The words this packet speaks, for response.output_audio_transcript.delta.
+    transcript: str = ""
+    produced_at: float = 0.0
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.pcm) / 2 / self.sample_rate
+
+
+@attrs.frozen(slots=True)
+class EngineMetrics:
+    """Figures an engine measured itself (e.g. vLLM's RequestStateStats), cumulative for the
+    request. ``source`` names the engine so the response metrics can say where they came from."""
+
+    source: str
+    first_token_s: float | None = None
+    token_count: int = 0
+    inter_token_s: tuple[float, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class TurnDone:
+    """Terminal: the model turn ended normally (``reason``: completed, length, listen)."""
+
+    request_id: str
+    reason: str = "completed"
+    metrics: EngineMetrics | None = None
+    produced_at: float = 0.0
+
+
+@attrs.frozen(slots=True)
+class EngineFailure:
+    """Terminal: the engine failed this request."""
+
+    request_id: str
+    message: str
+    retryable: bool = True
+    produced_at: float = 0.0
+
+
+@attrs.frozen(slots=True)
+class Aborted:
+    """Terminal: the request was aborted (barge-in, cancel, close) and will produce nothing."""
+
+    request_id: str
+    produced_at: float = 0.0
+
+
+EngineOutput = Union[Decision, TextDelta, AudioPacket, TurnDone, EngineFailure, Aborted]
+TERMINAL_OUTPUTS = (TurnDone, EngineFailure, Aborted)
+
+
+def is_terminal(output: EngineOutput) -> bool:
+    return isinstance(output, TERMINAL_OUTPUTS) or (
+        isinstance(output, Decision) and not output.speak and output.request_id.count("/") == 3
+    )

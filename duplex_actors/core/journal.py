@@ -1,0 +1,65 @@
+"""A bounded replay journal of delivered server events, by ``server_event_seq``.
+
+After a reconnect the client names the last seq it received; the journal hands back every later
+event in order, exactly once. It keeps at most ``max_events`` / ``max_bytes`` / ``max_age_s``;
+when what the client needs has been evicted, it says so (``ResyncRequired``) rather than
+replaying a stream with a hole in it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..errors import ResyncRequired
+from .events import ServerEvent
+
+
+def event_size(event: ServerEvent) -> int:
+    pcm = getattr(event, "pcm", None)
+    return 128 + (len(pcm) if pcm is not None else 0)
+
+
+class ReplayJournal:
+    __slots__ = ("max_events", "max_bytes", "max_age_s", "_items", "_bytes", "_evicted_through")
+
+    def __init__(self, max_events: int = 4096, max_bytes: int = 8 << 20, max_age_s: float = 60.0):
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self._items: deque[tuple[float, int, ServerEvent]] | None = None  # allocated on first use
+        self._bytes = 0
+        self._evicted_through = 0  # highest seq no longer held
+
+    def record(self, event: ServerEvent, now: float) -> None:
+        if self._items is None:
+            self._items = deque()
+        size = event_size(event)
+        self._items.append((now, size, event))
+        self._bytes += size
+        self._evict(now)
+
+    def _evict(self, now: float) -> None:
+        items = self._items
+        while items and (len(items) > self.max_events or self._bytes > self.max_bytes
+                         or now - items[0][0] > self.max_age_s):
+            _, size, ev = items.popleft()
+            self._bytes -= size
+            self._evicted_through = ev.seq
+
+    def since(self, last_seq: int, now: float) -> list[ServerEvent]:
+        """Every held event with seq > last_seq, or ResyncRequired if some were evicted."""
+        if self._items is not None:
+            self._evict(now)
+        if last_seq < self._evicted_through:
+            raise ResyncRequired(
+                f"events after seq {last_seq} are gone (journal holds seq > {self._evicted_through})")
+        if not self._items:
+            return []
+        return [ev for _, _, ev in self._items if ev.seq > last_seq]
+
+    def __len__(self) -> int:
+        return 0 if self._items is None else len(self._items)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes

@@ -1,0 +1,67 @@
+"""The session lease: idle TTL, disconnect grace, detach and resume (domain doc section 3).
+
+Sans-IO: every method takes ``now``. Every activity touches the lease; an in-flight model turn
+blocks idle expiry (a long answer is not idleness). Resume is a compare-and-swap on
+``generation`` plus a rotating token; the same resume replayed (same ``control_id``) gets the
+same answer instead of a conflict, so a client that retries after a lost reply is safe.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from ..errors import ResumeConflict
+
+IDLE_TTL_EXPIRED = "idle_ttl_expired"
+DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
+
+
+class Lease:
+    __slots__ = ("idle_ttl", "grace", "last_activity", "detached_at", "generation", "token",
+                 "in_flight", "_last_resume")
+
+    def __init__(self, now: float, idle_ttl: float = 300.0, grace: float = 30.0) -> None:
+        self.idle_ttl = idle_ttl
+        self.grace = grace
+        self.last_activity = now
+        self.detached_at: float | None = None
+        self.generation = 0
+        self.token = secrets.token_urlsafe(12)
+        self.in_flight = 0
+        self._last_resume: tuple[str, int, str] | None = None  # control_id, generation, token
+
+    def touch(self, now: float) -> None:
+        if now > self.last_activity:
+            self.last_activity = now
+
+    @property
+    def detached(self) -> bool:
+        return self.detached_at is not None
+
+    def detach(self, now: float) -> None:
+        if self.detached_at is None:
+            self.detached_at = now
+
+    def resume(self, now: float, generation: int, token: str, control_id: str | None = None) -> tuple[int, str]:
+        """Attach again; returns the new (generation, token). Raises ResumeConflict."""
+        if control_id is not None and self._last_resume is not None and self._last_resume[0] == control_id:
+            return self._last_resume[1], self._last_resume[2]
+        if generation != self.generation:
+            raise ResumeConflict(f"lease generation is {self.generation}, resume named {generation}")
+        if not secrets.compare_digest(token, self.token):
+            raise ResumeConflict("resume token does not match")
+        self.generation += 1
+        self.token = secrets.token_urlsafe(12)
+        self.detached_at = None
+        self.touch(now)
+        if control_id is not None:
+            self._last_resume = (control_id, self.generation, self.token)
+        return self.generation, self.token
+
+    def expiry(self, now: float) -> str | None:
+        """The reason this lease has expired at ``now``, or None while it holds."""
+        if self.detached_at is not None and now - self.detached_at >= self.grace:
+            return DISCONNECT_GRACE_EXPIRED
+        if self.in_flight == 0 and now - self.last_activity >= self.idle_ttl:
+            return IDLE_TTL_EXPIRED
+        return None

@@ -1,0 +1,682 @@
+"""SessionCore: one session's sans-IO logic, driven entirely by the statechart.
+
+The core takes commands (:mod:`.commands`) and engine outputs (:mod:`.engine_io`), asks the
+shared compiled statechart what to do, and performs the named effects on its own state. It
+produces two things for the shell to carry out: server events (in its :class:`Outbox`, handed
+to the client by :meth:`take_events`, which stamps ``server_event_seq``) and engine actions
+(:meth:`take_actions`: submit a model turn, abort requests). It never does I/O and never reads
+a clock it was not given.
+
+Guarantees (property-tested in tests/core):
+* an illegal command raises a typed error and changes nothing;
+* closed is absorbing and produces no engine action after the close's own aborts;
+* at most one response is active; every response.created gets exactly one response.done;
+* the epoch moves exactly on cancel (barge-in, response.cancel) and close;
+* output of an older fence is consumed and counted, never delivered;
+* timing state is empty after end of response, barge-in and close.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Union
+
+import attrs
+import structlog
+
+from ..errors import (
+    Backpressure,
+    DuplexError,
+    EngineProtocolError,
+    IllegalTransition,
+    InvalidCommand,
+    StaleFence,
+)
+from . import events as ev
+from .clock import Clock, MONOTONIC
+from .commands import AppendAudio, Command, PlaybackAck
+from .engine_io import (
+    Aborted,
+    AudioPacket,
+    Decision,
+    EngineFailure,
+    EngineOutput,
+    ModelTurnRequest,
+    SamplingOverrides,
+    TextDelta,
+    TurnDone,
+    TurnKind,
+)
+from .fence import Fence
+from .journal import ReplayJournal
+from .lease import Lease
+from .outbox import Outbox
+from .statechart import CHART, CLOSED, ENGINE_TRIGGERS, RESPONDING, CompiledChart
+from .timing import CumulativeWindow, TimingLedger
+
+log = structlog.get_logger("duplex_actors.session")
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SessionConfig:
+    #: commit (client or server VAD) starts a model turn; False = wait for response.create.
+    auto_respond: bool = True
+    #: model-native duplex: the model decides listen/speak per audio unit.
+    model_native: bool = False
+    sample_rate: int = 16000
+    unit_samples: int = 16000
+    #: speech over a response longer than this (in audio) barges in; shorter is a backchannel.
+    min_interruption_ms: int = 500
+    instructions: str | None = None
+    sampling: SamplingOverrides = SamplingOverrides()
+    modalities: tuple[str, ...] = ("text", "audio")
+    #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
+    max_input_bytes: int = 16000 * 2 * 120
+    outbox_capacity: int = 2048
+    outbox_reserve: int = 16
+    idle_ttl_s: float = 300.0
+    disconnect_grace_s: float = 30.0
+    journal_max_events: int = 4096
+    journal_max_bytes: int = 8 << 20
+    journal_max_age_s: float = 60.0
+
+    def public(self) -> dict:
+        return {"auto_respond": self.auto_respond, "model_native": self.model_native,
+                "sample_rate": self.sample_rate, "min_interruption_ms": self.min_interruption_ms,
+                "instructions": self.instructions, "modalities": list(self.modalities)}
+
+
+@attrs.frozen(slots=True)
+class SubmitTurn:
+    request: ModelTurnRequest
+
+
+@attrs.frozen(slots=True)
+class AbortRequests:
+    request_ids: tuple[str, ...]
+    reason: str
+
+
+EngineAction = Union[SubmitTurn, AbortRequests]
+
+
+@attrs.define(slots=True)
+class SessionCounters:
+    commands: int = 0
+    rejected: int = 0
+    stale_outputs: int = 0
+    invalid_outputs: int = 0
+    dropped_audio_events: int = 0
+    responses: int = 0
+    cancelled: int = 0
+    failed: int = 0
+
+
+class _Response:
+    """The one response in progress (created, not yet done)."""
+
+    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio")
+
+    def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int) -> None:
+        self.response_id = response_id
+        self.item_id = item_id
+        self.epoch = epoch
+        self.turn_id = turn_id
+        self.text: list[str] = []
+        self.transcript: list[str] = []
+        self.audio = False
+
+
+class SessionCore:
+    __slots__ = (
+        "session_id", "config", "clock", "chart", "epoch", "turn_id", "counters", "lease",
+        "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
+        "_replay", "_timing", "_windows", "_turn_request", "_units", "_unit_seq", "_aborting",
+        "_response", "_overlap_ms", "_ctx", "_close_reason", "_log", "_playback", "__weakref__",
+    )
+
+    def __init__(self, session_id: str, config: SessionConfig | None = None,
+                 clock: Clock = MONOTONIC, *, chart: CompiledChart = CHART) -> None:
+        self.session_id = session_id
+        self.config = config or SessionConfig()
+        self.clock = clock
+        self.chart = chart
+        self.epoch = 0
+        self.turn_id = 0
+        self.counters = SessionCounters()
+        now = clock.now()
+        self.lease = Lease(now, self.config.idle_ttl_s, self.config.disconnect_grace_s)
+        self._state = "idle"
+        self._input = bytearray()
+        self._input_ms = 0.0  # audio ms received since the session opened (VAD timeline)
+        self._committed = b""
+        self._outbox = Outbox(self.config.outbox_capacity, self.config.outbox_reserve)
+        self._actions: list[EngineAction] = []
+        self._seq = 0
+        self._journal = ReplayJournal(self.config.journal_max_events,
+                                      self.config.journal_max_bytes, self.config.journal_max_age_s)
+        self._replay: list[ev.ServerEvent] = []
+        self._timing = TimingLedger()
+        self._windows: CumulativeWindow | None = None
+        self._turn_request: str | None = None  # request id of the active model turn
+        self._units: set[str] | None = None  # model-native unit requests in flight
+        self._unit_seq = 0
+        self._aborting: set[str] | None = None  # requests aborted, not yet confirmed ended
+        self._response: _Response | None = None
+        self._overlap_ms: float | None = None  # audio ms of user speech over the response
+        self._ctx: dict[str, Any] = {}
+        self._close_reason: str | None = None
+        self._playback: dict[str, int] | None = None
+        self._log = log.bind(session_id=session_id)
+        self._emit(ev.SessionCreated, config=self.config.public(), resume_token=self.lease.token)
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        return self._state == CLOSED
+
+    @property
+    def close_reason(self) -> str | None:
+        return self._close_reason
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.session_id, self.epoch, self.turn_id)
+
+    @property
+    def timing(self) -> TimingLedger:
+        return self._timing
+
+    @property
+    def in_flight_requests(self) -> frozenset[str]:
+        ids = set(self._units or ())
+        if self._turn_request:
+            ids.add(self._turn_request)
+        return frozenset(ids)
+
+    @property
+    def aborting_requests(self) -> frozenset[str]:
+        return frozenset(self._aborting or ())
+
+    @property
+    def response_id(self) -> str | None:
+        return None if self._response is None else self._response.response_id
+
+    @property
+    def buffered_input_bytes(self) -> int:
+        return len(self._input)
+
+    def handle(self, command: Command, *, received_at: float | None = None) -> None:
+        """Apply one client command. Raises a typed DuplexError and changes nothing if illegal."""
+        now = self.clock.now()
+        trigger = command.TRIGGER
+        self.counters.commands += 1
+        try:
+            self._precheck(command, trigger)
+            self._ctx = {"command": command, "now": now,
+                         "received_at": now if received_at is None else received_at}
+            self._fire(trigger)
+        except DuplexError as err:
+            self.counters.rejected += 1
+            err.with_event_id(command.event_id)
+            raise
+        finally:
+            self._ctx = {}
+        if self._state != CLOSED:
+            self.lease.touch(now)
+            if trigger == "append":
+                self._after_append(command)  # type: ignore[arg-type]
+
+    def on_engine_output(self, output: EngineOutput) -> None:
+        """Route one engine output through the chart: deliver, count as stale, or end a turn."""
+        rid = output.request_id
+        trigger = self._classify(output)
+        self._ctx = {"output": output, "now": self.clock.now()}
+        try:
+            self._fire(trigger)
+        except IllegalTransition as err:
+            # The engine produced something its request may not produce in this state: the
+            # output is consumed and counted, the session carries on; it is never the client's
+            # fault and never delivered.
+            self.counters.invalid_outputs += 1
+            self._log.warning("engine_output_refused", request_id=rid, trigger=trigger,
+                              state=err.state)
+        finally:
+            self._ctx = {}
+        if self._state != CLOSED:
+            self.lease.touch(self.clock.now())
+        # A request of a cancelled epoch ended: once all have, barge_in is left.
+        if self._aborting and rid in self._aborting and self._is_terminal_for(output):
+            self._aborting.discard(rid)
+            if not self._aborting:
+                self._ctx = {"now": self.clock.now()}
+                try:
+                    self._fire("abort_confirmed")
+                finally:
+                    self._ctx = {}
+
+    def expire(self, reason: str) -> None:
+        self._ctx = {"now": self.clock.now(), "reason": reason}
+        try:
+            self._fire("expire")
+        finally:
+            self._ctx = {}
+
+    def fail(self, reason: str = "session_failed") -> None:
+        """The shell hit an unexpected error: close this session (and only it)."""
+        if self._state == CLOSED:
+            return
+        self._ctx = {"now": self.clock.now(), "reason": reason}
+        try:
+            self._fire("fail")
+        finally:
+            self._ctx = {}
+
+    def emit_error(self, err: DuplexError) -> None:
+        """Tell the client a command of theirs failed (for commands that were *told*)."""
+        if self._state == CLOSED:
+            return
+        self._emit(ev.ErrorEvent, code=err.code, message=err.message,
+                   error_type=type(err).__name__, client_event_id=err.event_id)
+
+    def take_actions(self) -> list[EngineAction]:
+        actions, self._actions = self._actions, []
+        return actions
+
+    def has_events(self) -> bool:
+        return bool(self._replay) or bool(self._outbox)
+
+    def take_events(self, limit: int | None = None) -> list[ev.ServerEvent]:
+        """Hand pending events to the client, stamping server_event_seq and journaling them."""
+        out: list[ev.ServerEvent] = []
+        if self._replay:
+            out, self._replay = self._replay, []
+        now = self.clock.now()
+        box = self._outbox
+        while box and (limit is None or len(out) < limit):
+            self._seq += 1
+            event = attrs.evolve(box.popleft(), seq=self._seq)
+            self._journal.record(event, now)
+            out.append(event)
+        return out
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    @property
+    def pending_events(self) -> int:
+        return len(self._outbox) + len(self._replay)
+
+    @property
+    def outbox_overflowed(self) -> bool:
+        return self._outbox.overflowed
+
+    # ------------------------------------------------------------------ the chart
+
+    def _fire(self, trigger: str) -> None:
+        source = self._state
+        resolution = self.chart.resolve(source, trigger, self._guard)
+        self._state = resolution.dest
+        for effect in resolution.effects:
+            getattr(self, "_fx_" + effect)()
+        if resolution.dest != source or resolution.effects:
+            self._log.debug("transition", trigger=trigger, src=source, dest=resolution.dest,
+                            epoch=self.epoch, turn_id=self.turn_id)
+
+    def _guard(self, name: str) -> bool:
+        return getattr(self, "_g_" + name)()
+
+    def _classify(self, output: EngineOutput) -> str:
+        rid = output.request_id
+        is_turn = rid == self._turn_request
+        is_unit = bool(self._units) and rid in self._units
+        if not (is_turn or is_unit):
+            return "stale_output"
+        if isinstance(output, Decision):
+            return "speak" if output.speak else "listen"
+        if isinstance(output, (TextDelta, AudioPacket)):
+            return "output"
+        if isinstance(output, TurnDone):
+            return "turn_done" if is_turn else "listen"
+        if isinstance(output, (EngineFailure, Aborted)):
+            return "turn_failed"
+        raise EngineProtocolError(f"unknown engine output {output!r}")
+
+    @staticmethod
+    def _is_terminal_for(output: EngineOutput) -> bool:
+        return isinstance(output, (TurnDone, EngineFailure, Aborted)) or (
+            isinstance(output, Decision) and not output.speak)
+
+    def _precheck(self, command: Command, trigger: str) -> None:
+        """Checks that must pass before any effect runs, so a refusal changes nothing."""
+        if self._state == CLOSED:
+            if trigger != "close":
+                self.chart.resolve(self._state, trigger, self._guard)  # raises SessionClosed
+            return
+        if command.epoch is not None and command.epoch < self.epoch:
+            raise StaleFence(f"command names epoch {command.epoch}; session is at {self.epoch}")
+        if isinstance(command, AppendAudio):
+            if command.sample_rate != self.config.sample_rate:
+                raise InvalidCommand(
+                    f"audio is {command.sample_rate} Hz; this session takes {self.config.sample_rate} Hz")
+            if len(self._input) + len(command.pcm) > self.config.max_input_bytes:
+                raise Backpressure(
+                    f"input buffer would exceed {self.config.max_input_bytes} bytes; commit or clear first")
+        if isinstance(command, PlaybackAck):
+            if self._playback is not None and command.played_ms < self._playback.get(command.response_id, 0):
+                raise InvalidCommand("played_ms cannot go backwards")
+
+    def _after_append(self, command: AppendAudio) -> None:
+        ms = len(command.pcm) / 2 / self.config.sample_rate * 1000.0
+        self._input_ms += ms
+        if self._overlap_ms is not None and self._state == RESPONDING:
+            self._overlap_ms += ms
+            if self._overlap_ms >= self.config.min_interruption_ms:
+                # Long speech over the response: the overlap policy says this is a barge-in.
+                self._ctx = {"now": self.clock.now(), "reason": "turn_detected",
+                             "received_at": self.clock.now()}
+                try:
+                    self._fire("barge_in")
+                finally:
+                    self._ctx = {}
+        if self.config.model_native:
+            unit_bytes = self.config.unit_samples * 2
+            while len(self._input) >= unit_bytes and self._state != CLOSED:
+                before = len(self._input)
+                self._ctx = {"now": self.clock.now()}
+                try:
+                    self._fire("unit_ready")
+                finally:
+                    self._ctx = {}
+                if len(self._input) == before:
+                    break  # the chart chose to keep buffering
+
+    # ------------------------------------------------------------------ guards
+
+    def _g_has_buffered_audio(self) -> bool:
+        return len(self._input) > 0
+
+    def _g_auto_respond(self) -> bool:
+        return self.config.auto_respond
+
+    def _g_model_native(self) -> bool:
+        return self.config.model_native
+
+    def _g_response_begun(self) -> bool:
+        return self._response is not None
+
+    def _g_aborts_settled(self) -> bool:
+        return not self._aborting
+
+    # ------------------------------------------------------------------ effects
+
+    def _emit(self, cls, **fields) -> None:
+        event = cls(seq=0, epoch=fields.pop("epoch", self.epoch), session_id=self.session_id, **fields)
+        if not self._outbox.push(event):
+            # Declared slow-consumer policy: the client stopped reading; rather than grow
+            # without bound or silently drop events, the session closes (terminals still fit).
+            if self._state != CLOSED and "closing" not in self._ctx:
+                self._ctx["closing"] = True
+                self._ctx["reason"] = "slow_consumer"
+
+    def _fx_buffer_audio(self) -> None:
+        self._input += self._ctx["command"].pcm
+
+    def _fx_clear_input(self) -> None:
+        self._input = bytearray()
+        self._emit(ev.InputCleared)
+
+    def _fx_emit_speech_started(self) -> None:
+        cmd = self._ctx["command"]
+        self._emit(ev.SpeechStarted, audio_start_ms=cmd.audio_ms, item_id=self._item_id())
+
+    def _fx_emit_speech_stopped(self) -> None:
+        cmd = self._ctx["command"]
+        self._emit(ev.SpeechStopped, audio_end_ms=cmd.audio_ms, item_id=self._item_id())
+
+    def _fx_start_overlap(self) -> None:
+        self._overlap_ms = 0.0
+
+    def _fx_end_overlap(self) -> None:
+        # The speech ended before the minimum: a backchannel; the response carries on.
+        self._overlap_ms = None
+
+    def _fx_commit_input(self) -> None:
+        self._committed = bytes(self._input)
+        self._input = bytearray()
+        ms = int(len(self._committed) / 2 / self.config.sample_rate * 1000)
+        self._emit(ev.InputCommitted, item_id=self._item_id(), audio_ms=ms)
+
+    def _item_id(self) -> str:
+        return f"item_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
+
+    def _request(self, kind: TurnKind, audio: bytes, request_id: str) -> ModelTurnRequest:
+        cmd = self._ctx.get("command")
+        instructions = getattr(cmd, "instructions", None) or self.config.instructions
+        return ModelTurnRequest(
+            request_id=request_id, fence=self.fence, kind=kind, audio=audio,
+            sample_rate=self.config.sample_rate, instructions=instructions,
+            sampling=self.config.sampling, modalities=self.config.modalities,
+            submitted_at=self._ctx["now"])
+
+    def _fx_submit_model_turn(self) -> None:
+        audio, self._committed = self._committed, b""
+        request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id())
+        self._turn_request = request.request_id
+        self._overlap_ms = None
+        self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
+        self.lease.in_flight += 1
+        self._actions.append(SubmitTurn(request))
+
+    def _fx_submit_unit(self) -> None:
+        unit_bytes = self.config.unit_samples * 2
+        audio = bytes(self._input[:unit_bytes])
+        del self._input[:unit_bytes]
+        self._unit_seq += 1
+        request = self._request(TurnKind.UNIT, audio, self.fence.request_id(self._unit_seq))
+        if self._units is None:
+            self._units = set()
+        self._units.add(request.request_id)
+        # While the turn is pending, the latest accepted unit owns the request start.
+        self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
+        self.lease.in_flight += 1
+        self._actions.append(SubmitTurn(request))
+
+    def _fx_promote_unit(self) -> None:
+        rid = self._ctx["output"].request_id
+        self._units.discard(rid)
+        self._turn_request = rid
+        # Other units still deciding would answer for a turn that has already begun.
+        if self._units:
+            self._abort(tuple(self._units), "superseded")
+            self._units = None
+
+    def _fx_emit_decision(self) -> None:
+        out = self._ctx["output"]
+        speak = isinstance(out, Decision) and out.speak
+        self._emit(ev.DecisionEvent, decision="speak" if speak else "listen", turn_id=self.turn_id)
+
+    def _fx_finish_unit(self) -> None:
+        rid = self._ctx["output"].request_id
+        if self._units and rid in self._units:
+            self._units.discard(rid)
+            self.lease.in_flight -= 1
+
+    def _fx_begin_response(self) -> None:
+        now = self._ctx["now"]
+        if self._turn_request is None:  # model-native promotion already set it
+            self._turn_request = self._ctx["output"].request_id
+        rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
+        item = f"item_{secrets.token_hex(4)}"
+        self._response = _Response(rid, item, self.epoch, self.turn_id)
+        self._timing.bind(self.turn_id, rid, now)
+        self.counters.responses += 1
+        self._emit(ev.ResponseCreated, response_id=rid, item_id=item, turn_id=self.turn_id,
+                   metrics=self._timing.snapshot())
+        self._emit(ev.OutputItemAdded, response_id=rid, item_id=item)
+        self._emit(ev.ContentPartAdded, response_id=rid, item_id=item)
+
+    def _fx_deliver_output(self) -> None:
+        out = self._ctx["output"]
+        now = self._ctx["now"]
+        r = self._response
+        if isinstance(out, TextDelta):
+            if not out.text:
+                return
+            first = self._timing.on_text(now, out.token_count)
+            r.text.append(out.text)
+            self._emit(ev.TextDeltaEvent, response_id=r.response_id, item_id=r.item_id,
+                       delta=out.text, metrics=self._timing.snapshot() if first else None)
+        else:
+            first = self._timing.on_audio(now, out.duration_s)
+            r.audio = True
+            self._emit(ev.AudioDeltaEvent, response_id=r.response_id, item_id=r.item_id,
+                       pcm=out.pcm, sample_rate=out.sample_rate,
+                       metrics=self._timing.snapshot() if first else None)
+            if out.transcript:
+                r.transcript.append(out.transcript)
+                self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id,
+                           item_id=r.item_id, delta=out.transcript)
+
+    def _close_parts(self, status: str, reason: str | None, stop_latency_s: float | None = None) -> None:
+        r = self._response
+        if r is None:
+            return
+        ids = {"response_id": r.response_id, "item_id": r.item_id, "epoch": r.epoch}
+        self._emit(ev.TextDone, text="".join(r.text), **ids)
+        if r.audio:
+            self._emit(ev.AudioDone, **ids)
+            self._emit(ev.TranscriptDone, transcript="".join(r.transcript), **ids)
+        self._emit(ev.ContentPartDone, **ids)
+        item_status = "completed" if status == "completed" else "incomplete"
+        self._emit(ev.OutputItemDone, status=item_status, **ids)
+        self._emit(ev.ResponseDone, status=status, reason=reason, turn_id=r.turn_id,
+                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s), **ids)
+        self._response = None
+
+    def _ensure_begun(self) -> None:
+        # A RESPONSE turn that ends before any output still answers its request: the client
+        # gets one created/done pair rather than silence.
+        if self._response is None:
+            self._fx_begin_response()
+
+    def _fx_emit_response_completed(self) -> None:
+        out = self._ctx["output"]
+        self._ensure_begun()
+        if isinstance(out, TurnDone) and out.metrics is not None:
+            if self._windows is None:
+                self._windows = CumulativeWindow()
+            self._timing.on_engine_metrics(self._windows.window(out.request_id, out.metrics))
+        status = "completed" if getattr(out, "reason", "completed") != "length" else "incomplete"
+        self._close_parts(status, None if status == "completed" else "max_output_tokens")
+
+    def _fx_emit_response_failed(self) -> None:
+        out = self._ctx["output"]
+        self._ensure_begun()
+        self.counters.failed += 1
+        message = getattr(out, "message", "the engine ended the request")
+        self._close_parts("failed", "engine_error")
+        self._emit(ev.ErrorEvent, code="engine_error", message=message, error_type="EngineFailed")
+
+    def _fx_emit_engine_error(self) -> None:
+        out = self._ctx["output"]
+        self._emit(ev.ErrorEvent, code="engine_error",
+                   message=getattr(out, "message", "engine request ended"), error_type="EngineFailed")
+
+    def _fx_finish_turn(self) -> None:
+        if self._windows is not None and self._turn_request is not None:
+            self._windows.forget(self._turn_request)
+        self._timing.prune(self.turn_id)
+        self._turn_request = None
+        self.turn_id += 1
+        self.lease.in_flight = max(self.lease.in_flight - 1, 0)
+        self._overlap_ms = None
+
+    def _fx_advance_epoch(self) -> None:
+        self.epoch += 1
+
+    def _abort(self, request_ids: tuple[str, ...], reason: str) -> None:
+        if not request_ids:
+            return
+        if self._aborting is None:
+            self._aborting = set()
+        self._aborting.update(request_ids)
+        self._actions.append(AbortRequests(request_ids, reason))
+
+    def _fx_abort_engine_requests(self) -> None:
+        ids = tuple(sorted(self.in_flight_requests))
+        self._turn_request = None
+        self._units = None
+        self.lease.in_flight = 0
+        self._abort(ids, self._reason())
+
+    def _fx_drop_undelivered_audio(self) -> None:
+        if self._response is not None:
+            self.counters.dropped_audio_events += self._outbox.purge_audio(self._response.response_id)
+
+    def _reason(self) -> str:
+        cmd = self._ctx.get("command")
+        return getattr(cmd, "reason", None) or self._ctx.get("reason") or "cancelled"
+
+    def _fx_emit_response_cancelled(self) -> None:
+        if self._response is None:
+            return
+        self.counters.cancelled += 1
+        received = self._ctx.get("received_at")
+        stop = None if received is None else max(self.clock.now() - received, 0.0)
+        reason = self._reason()
+        if self._state == CLOSED and reason not in ("turn_detected", "client_cancelled"):
+            reason = "session_closed"
+        self._close_parts("cancelled", reason, stop)
+
+    def _fx_reset_timing(self) -> None:
+        self._timing.reset()
+        self._overlap_ms = None
+
+    def _fx_count_stale_output(self) -> None:
+        self.counters.stale_outputs += 1
+
+    def _fx_touch_lease(self) -> None:
+        self._emit(ev.HeartbeatAck)
+
+    def _fx_record_playback(self) -> None:
+        cmd = self._ctx["command"]
+        if self._playback is None:
+            self._playback = {}
+        self._playback[cmd.response_id] = cmd.played_ms
+        if len(self._playback) > 64:  # only recent responses matter for truncation
+            self._playback.pop(next(iter(self._playback)))
+
+    def _fx_detach_lease(self) -> None:
+        self.lease.detach(self._ctx["now"])
+
+    def _fx_resume_lease(self) -> None:
+        cmd = self._ctx["command"]
+        now = self._ctx["now"]
+        replay = self._journal.since(cmd.last_seq, now)  # may raise ResyncRequired: no change
+        generation, token = self.lease.resume(now, cmd.generation, cmd.resume_token, cmd.control_id)
+        self._replay = replay + self._replay
+        self._emit(ev.SessionResumed, generation=generation, resume_token=token, replayed=len(replay))
+
+    def _fx_apply_session_update(self) -> None:
+        cmd = self._ctx["command"]
+        changes = {k: getattr(cmd, k) for k in ("auto_respond", "model_native", "instructions",
+                                                "sampling", "min_interruption_ms")
+                   if getattr(cmd, k) is not None}
+        self.config = attrs.evolve(self.config, **changes)
+        self._emit(ev.SessionUpdated, config=self.config.public())
+
+    def _fx_emit_session_closed(self) -> None:
+        reason = self._reason() if self._ctx.get("command") or self._ctx.get("reason") else "closed"
+        self._close_reason = reason
+        self._input = bytearray()
+        self._committed = b""
+        if self._windows is not None:
+            self._windows.clear()
+        self._emit(ev.SessionClosedEvent, reason=reason)

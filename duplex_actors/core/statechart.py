@@ -1,0 +1,289 @@
+"""The session statechart: the single authority over what a session may do.
+
+Theory of operation
+-------------------
+This file holds the whole lifecycle of one full-duplex session as data: five states, the
+triggers that move between them, the guards that choose between branches and the effects a
+transition performs, each by name. Nothing here does I/O or knows about time, engines or
+sockets; :mod:`duplex_actors.core.session` implements the named guards and effects, and the
+actor shell only feeds triggers in and carries effects out.
+
+The chart is defined once with the ``transitions`` library (:data:`MACHINE`), which is what
+the design-review exports (Mermaid, DOT, SCXML) are drawn from. Building a
+``transitions.Machine`` per session costs about a millisecond and 28 KiB here, so sessions do
+not get one. Instead :func:`compile_chart` reads the one Machine's events back into a frozen
+dispatch table, :data:`CHART`, that sessions share; ``tests/core/test_chart_equivalence.py``
+proves with hypothesis that the Machine and the table agree on every event sequence, guard
+outcome and effect list.
+
+States
+  idle        no user audio buffered and no model turn in flight.
+  listening   user audio is buffered (or speech is in progress); no model turn is active.
+  responding  a model turn is in flight: pending until the engine begins the response
+              (``response.created``), then streaming until the turn ends. At most one.
+  barge_in    the response was cancelled (barge-in or response.cancel): the epoch moved on,
+              the old request is being aborted; user audio keeps flowing in. Left when the
+              engine confirms the abort, or straight to responding on a new commit.
+  closed      absorbing. Every later command is refused with ``SessionClosed``.
+
+An illegal (state, trigger) pair raises the error named in :data:`REFUSALS` (or
+``IllegalTransition``) and leaves the state untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Callable, Mapping
+
+import attrs
+from transitions import Machine
+
+from ..errors import (
+    IllegalTransition,
+    InputBufferEmpty,
+    NoActiveResponse,
+    ResponseInProgress,
+    SessionClosed,
+)
+
+
+class State(str, enum.Enum):
+    IDLE = "idle"
+    LISTENING = "listening"
+    RESPONDING = "responding"
+    BARGE_IN = "barge_in"
+    CLOSED = "closed"
+
+    def __repr__(self) -> str:  # readable in hypothesis failure reports
+        return self.value
+
+
+IDLE, LISTENING, RESPONDING, BARGE_IN, CLOSED = (s.value for s in State)
+OPEN_STATES = [IDLE, LISTENING, RESPONDING, BARGE_IN]
+SAME = None  # an internal transition: state unchanged, no exit/enter
+
+
+# The two effect chains that end a response early; named once so every path that cancels does
+# exactly the same things in the same order.
+CANCEL_RESPONSE = [
+    "advance_epoch",  # fences the old work off: its output becomes stale
+    "abort_engine_requests",  # every request of the old epoch
+    "drop_undelivered_audio",  # queued packets of the cancelled response never play
+    "emit_response_cancelled",  # exactly one response.done (only if response.created went out)
+    "reset_timing",
+]
+# Close does not move the epoch: once closed, every output is stale by definition (nothing is
+# registered as in flight any more), and the epoch keeps meaning "number of cancellations".
+CLOSE_SESSION = [
+    "abort_engine_requests",
+    "drop_undelivered_audio",
+    "emit_response_cancelled",
+    "reset_timing",
+    "emit_session_closed",
+]
+END_TURN_COMPLETED = ["emit_response_completed", "finish_turn", "reset_timing"]
+END_TURN_FAILED = ["emit_response_failed", "finish_turn", "reset_timing"]
+
+
+def _row(trigger, source, dest, effects=(), conditions=(), unless=()):
+    return {
+        "trigger": trigger,
+        "source": source,
+        "dest": dest,
+        "after": list(effects),
+        "conditions": list(conditions),
+        "unless": list(unless),
+    }
+
+
+# Rows are tried in order for a (state, trigger): the first whose guards hold wins.
+TRANSITIONS = [
+    # --- user audio -------------------------------------------------------------------------
+    _row("append", IDLE, LISTENING, ["buffer_audio"]),
+    _row("append", [LISTENING, RESPONDING, BARGE_IN], SAME, ["buffer_audio"]),
+    # Model-native mode: a full audio unit goes to the model, which decides listen or speak.
+    _row("unit_ready", LISTENING, SAME, ["submit_unit"], conditions=["model_native"]),
+    _row("unit_ready", [IDLE, RESPONDING, BARGE_IN], SAME),  # keep buffering; nothing to ask
+    _row("speech_started", IDLE, LISTENING, ["emit_speech_started"]),
+    _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started"]),
+    # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
+    _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "start_overlap"]),
+    _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped"]),
+    _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "end_overlap"]),
+    _row("clear", [IDLE, LISTENING], IDLE, ["clear_input"]),
+    _row("clear", [RESPONDING, BARGE_IN], SAME, ["clear_input"]),
+    # --- end of the user's turn -------------------------------------------------------------
+    _row(
+        "commit",
+        [LISTENING, BARGE_IN],
+        RESPONDING,
+        ["commit_input", "submit_model_turn"],
+        conditions=["has_buffered_audio", "auto_respond"],
+    ),
+    _row("commit", [LISTENING, BARGE_IN], IDLE, ["commit_input"], conditions=["has_buffered_audio"]),
+    _row("create_response", [IDLE, LISTENING, BARGE_IN], RESPONDING, ["submit_model_turn"]),
+    # --- engine output (already classified as current by its fence) -------------------------
+    _row("speak", RESPONDING, SAME, ["begin_response"], unless=["response_begun"]),
+    _row("speak", RESPONDING, SAME),  # a second "speak" for a begun response changes nothing
+    _row("speak", LISTENING, RESPONDING, ["promote_unit", "begin_response"], conditions=["model_native"]),
+    _row("listen", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_decision", "finish_unit"]),
+    _row("output", RESPONDING, SAME, ["deliver_output"], conditions=["response_begun"]),
+    _row("output", RESPONDING, SAME, ["begin_response", "deliver_output"]),
+    _row("turn_done", RESPONDING, LISTENING, END_TURN_COMPLETED, conditions=["has_buffered_audio"]),
+    _row("turn_done", RESPONDING, IDLE, END_TURN_COMPLETED),
+    _row("turn_failed", RESPONDING, LISTENING, END_TURN_FAILED, conditions=["has_buffered_audio"]),
+    _row("turn_failed", RESPONDING, IDLE, END_TURN_FAILED),
+    _row("turn_failed", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_engine_error", "finish_unit"]),
+    # Output fenced off as stale is consumed and counted in every state, closed included.
+    _row("stale_output", OPEN_STATES + [CLOSED], SAME, ["count_stale_output"]),
+    # --- interruption -----------------------------------------------------------------------
+    _row("barge_in", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
+    _row("barge_in", [IDLE, LISTENING, BARGE_IN], SAME),  # nothing to interrupt: races are normal
+    _row("cancel", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
+    _row("abort_confirmed", BARGE_IN, LISTENING, conditions=["aborts_settled", "has_buffered_audio"]),
+    _row("abort_confirmed", BARGE_IN, IDLE, conditions=["aborts_settled"]),
+    _row("abort_confirmed", BARGE_IN, SAME),  # more aborts still outstanding
+    _row("abort_confirmed", [IDLE, LISTENING, RESPONDING, CLOSED], SAME),  # late confirmation
+    # --- liveness and lifecycle -------------------------------------------------------------
+    _row("heartbeat", OPEN_STATES, SAME, ["touch_lease"]),
+    _row("playback_ack", OPEN_STATES, SAME, ["record_playback"]),
+    _row("detach", OPEN_STATES, SAME, ["detach_lease"]),
+    _row("resume", OPEN_STATES, SAME, ["resume_lease"]),
+    _row("update", OPEN_STATES, SAME, ["apply_session_update"]),
+    _row("close", OPEN_STATES, CLOSED, CLOSE_SESSION),
+    _row("close", CLOSED, SAME),  # closing twice is harmless
+    _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
+    _row("fail", OPEN_STATES, CLOSED, CLOSE_SESSION),  # the session actor itself crashed
+]
+
+TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
+
+# Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
+# Engine triggers refused here are engine protocol errors; the core reports them as such.
+REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
+    **{(CLOSED, t): SessionClosed for t in TRIGGERS if t not in ("close", "stale_output", "abort_confirmed")},
+    (IDLE, "commit"): InputBufferEmpty,
+    (LISTENING, "commit"): InputBufferEmpty,
+    (BARGE_IN, "commit"): InputBufferEmpty,
+    (RESPONDING, "commit"): ResponseInProgress,
+    (RESPONDING, "create_response"): ResponseInProgress,
+    (IDLE, "cancel"): NoActiveResponse,
+    (LISTENING, "cancel"): NoActiveResponse,
+    (BARGE_IN, "cancel"): NoActiveResponse,
+}
+
+# Triggers that come from the engine rather than the client: refusing one is the engine's
+# fault (EngineProtocolError), never the client's.
+ENGINE_TRIGGERS = frozenset({"speak", "listen", "output", "turn_done", "turn_failed", "stale_output", "abort_confirmed"})
+
+# One sentence per trigger, for the generated design-review table.
+WHY = {
+    "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
+    "unit_ready": "model-native mode: each full audio unit is handed to the model to decide listen or speak",
+    "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
+    "speech_stopped": "VAD heard the end of speech; over a response a short overlap closes as a backchannel",
+    "clear": "input_audio_buffer.clear drops uncommitted user audio",
+    "commit": "the user's turn is complete; with auto_respond it starts a model turn",
+    "create_response": "response.create asks for a model turn explicitly (manual turn detection)",
+    "speak": "the engine began the response (or, model-native, decided to speak)",
+    "listen": "model-native: the model decided to keep listening for this unit",
+    "output": "a text or audio delta of the current fence is delivered",
+    "turn_done": "the engine finished the turn: exactly one response.done completed",
+    "turn_failed": "the engine failed the turn: exactly one response.done failed",
+    "stale_output": "output of an older fence is consumed and counted, never delivered",
+    "barge_in": "the user interrupted: cancel the response at once and listen again",
+    "cancel": "response.cancel: as barge-in, with reason client_cancelled",
+    "abort_confirmed": "the engine confirmed the old epoch's request ended; barge_in is left",
+    "heartbeat": "keeps the lease alive",
+    "playback_ack": "the client reports what it really played, so history keeps only heard text",
+    "detach": "the transport dropped; the session waits out its grace period",
+    "resume": "the client came back within the grace period",
+    "update": "session.update changes the session's settings",
+    "close": "close from any state; closing twice is harmless",
+    "expire": "the lease expired (idle TTL or disconnect grace): close with that reason",
+    "fail": "the session's own actor failed: close only this session",
+}
+
+
+class _ChartModel:
+    """Stand-in model so the one Machine can be built at import time (guards resolve late)."""
+
+    state = IDLE
+
+
+MACHINE = Machine(
+    model=None,
+    states=[s.value for s in State],
+    transitions=TRANSITIONS,
+    initial=IDLE,
+    auto_transitions=False,
+    send_event=False,
+    ignore_invalid_triggers=False,
+)
+
+
+# --- the compiled dispatch table ------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Branch:
+    dest: str  # equal to the source for internal transitions
+    guards: tuple[tuple[str, bool], ...]  # (guard name, required truth)
+    effects: tuple[str, ...]
+
+
+@attrs.frozen(slots=True)
+class Resolution:
+    source: str
+    trigger: str
+    dest: str
+    effects: tuple[str, ...]
+
+
+class CompiledChart:
+    """A frozen ``{(state, trigger): branches}`` table read back from a transitions Machine."""
+
+    __slots__ = ("table", "states", "triggers")
+
+    def __init__(self, table: Mapping[tuple[str, str], tuple[Branch, ...]], states, triggers):
+        self.table = dict(table)
+        self.states = tuple(states)
+        self.triggers = tuple(triggers)
+
+    def allows(self, state: str, trigger: str) -> bool:
+        return (state, trigger) in self.table
+
+    def resolve(self, state: str, trigger: str, guard: Callable[[str], bool]) -> Resolution:
+        """Pick the branch for ``trigger`` in ``state``; raise the declared refusal if none."""
+        branches = self.table.get((state, trigger))
+        if branches is not None:
+            for branch in branches:
+                if all(guard(name) is want for name, want in branch.guards):
+                    return Resolution(state, trigger, branch.dest, branch.effects)
+        raise refusal(state, trigger)
+
+
+def refusal(state: str, trigger: str) -> IllegalTransition:
+    error_type = REFUSALS.get((state, trigger), IllegalTransition)
+    if error_type is IllegalTransition:
+        return IllegalTransition(state, trigger)
+    return error_type(state, trigger)
+
+
+def compile_chart(machine: Machine) -> CompiledChart:
+    table: dict[tuple[str, str], list[Branch]] = {}
+    for trigger, event in machine.events.items():
+        for source, transitions in event.transitions.items():
+            for t in transitions:
+                guards = tuple((c.func, bool(c.target)) for c in t.conditions)
+                effects = tuple(t.after)
+                dest = source if t.dest is None else t.dest
+                table.setdefault((source, trigger), []).append(Branch(dest, guards, effects))
+    frozen = {key: tuple(branches) for key, branches in table.items()}
+    return CompiledChart(frozen, machine.states.keys(), machine.events.keys())
+
+
+CHART = compile_chart(MACHINE)
+
+GUARDS = tuple(sorted({name for bs in CHART.table.values() for b in bs for name, _ in b.guards}))
+EFFECTS = tuple(sorted({e for bs in CHART.table.values() for b in bs for e in b.effects}))

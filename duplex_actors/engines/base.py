@@ -1,0 +1,52 @@
+"""The seam every engine backend plugs into.
+
+A backend turns a :class:`ModelTurnRequest` into a stream of outputs. The shared
+:class:`~duplex_actors.actors.engine_actor.EngineActor` owns the backend, starts one stream per
+request, routes outputs to sessions by request id, and guarantees one terminal output per
+request. So a backend only has to:
+
+* ``generate(request)``: an async iterator of outputs for that request, ending after its
+  terminal output (``TurnDone`` or ``EngineFailure``; for a UNIT turn a listen ``Decision`` is
+  terminal too). Batching across concurrent requests is the backend's business: many
+  ``generate`` calls are alive at once and should share decode steps.
+* free the request's resources promptly when the consuming task is cancelled (that is how the
+  engine actor aborts), and also when ``abort(request_id)`` is called.
+* never block the event loop: model compute runs in a worker thread or process.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Protocol, runtime_checkable
+
+import attrs
+
+from ..core.engine_io import EngineOutput, ModelTurnRequest
+
+
+@attrs.frozen(slots=True)
+class EngineCapabilities:
+    #: Can decide listen/speak per audio unit (model-native duplex mode).
+    model_native: bool = False
+    #: Produces AudioPacket outputs (has a talker).
+    produces_audio: bool = False
+    #: Samples per model unit in model-native mode (16000 = 1 s at 16 kHz).
+    unit_samples: int = 16000
+    max_concurrency: int = 64
+
+
+@runtime_checkable
+class EngineBackend(Protocol):
+    name: str
+    capabilities: EngineCapabilities
+
+    async def start(self) -> None:
+        """Load weights, start worker threads. Called once by the engine actor."""
+
+    async def aclose(self) -> None:
+        """Stop and free everything; in-flight streams end."""
+
+    def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+        """Stream the outputs of one model turn."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request now; a no-op for unknown or finished ids."""

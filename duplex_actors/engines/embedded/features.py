@@ -1,0 +1,81 @@
+"""Log-mel features of pcm16 audio, in plain torch (no torchaudio).
+
+These are the thinker's audio input: 25 ms Hann windows every 10 ms, a mel filterbank, a
+clamped log. Consecutive frames are stacked into one *audio token* per ``frames_per_token``
+frames (80 ms by default) and the model projects each stack into its embedding space, so the
+user's audio really shapes the prefix the decoder attends to.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+SAMPLE_RATE = 16000
+N_FFT = 400  # 25 ms at 16 kHz
+HOP = 160  # 10 ms at 16 kHz
+
+
+def _hz_to_mel(hz: float) -> float:
+    return 2595.0 * math.log10(1.0 + hz / 700.0)
+
+
+def _mel_to_hz(mel: torch.Tensor) -> torch.Tensor:
+    return 700.0 * (10.0 ** (mel / 2595.0) - 1.0)
+
+
+@functools.lru_cache(maxsize=4)
+def mel_filterbank(n_mels: int, n_fft: int = N_FFT, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
+    """Triangular filters on the HTK mel scale, shape (n_fft // 2 + 1, n_mels)."""
+    n_bins = n_fft // 2 + 1
+    bin_hz = torch.linspace(0.0, sample_rate / 2, n_bins)
+    mel_edges = torch.linspace(_hz_to_mel(0.0), _hz_to_mel(sample_rate / 2), n_mels + 2)
+    hz_edges = _mel_to_hz(mel_edges)
+    lower, centre, upper = hz_edges[:-2], hz_edges[1:-1], hz_edges[2:]
+    rising = (bin_hz[:, None] - lower[None, :]) / (centre - lower)[None, :]
+    falling = (upper[None, :] - bin_hz[:, None]) / (upper - centre)[None, :]
+    return torch.clamp(torch.minimum(rising, falling), min=0.0)
+
+
+@functools.lru_cache(maxsize=2)
+def _window(n_fft: int) -> torch.Tensor:
+    return torch.hann_window(n_fft)
+
+
+def pcm16_to_float(pcm: bytes) -> torch.Tensor:
+    """pcm16 little-endian mono bytes -> float32 samples in [-1, 1)."""
+    if len(pcm) % 2:
+        raise ValueError("pcm16 audio must have an even number of bytes")
+    if not pcm:
+        return torch.zeros(0)
+    samples = torch.frombuffer(bytearray(pcm), dtype=torch.int16)
+    return samples.to(torch.float32) / 32768.0
+
+
+def log_mel_tokens(samples: torch.Tensor, n_tokens: int, *, n_mels: int, frames_per_token: int) -> torch.Tensor:
+    """Exactly ``n_tokens`` stacked log-mel tokens of ``samples``: shape
+    (n_tokens, n_mels * frames_per_token).
+
+    The audio is zero-padded (or its oldest part dropped) so that the frame count is exactly
+    ``n_tokens * frames_per_token``: the budget is decided by the caller (the adapter) from the
+    PCM length, and the features must match it.
+    """
+    n_frames = n_tokens * frames_per_token
+    needed = (n_frames - 1) * HOP + N_FFT
+    if samples.numel() < needed:
+        samples = torch.nn.functional.pad(samples, (0, needed - samples.numel()))
+    else:
+        # Keep the most recent audio: it is what the response should react to.
+        samples = samples[samples.numel() - needed :]
+    frames = samples.unfold(0, N_FFT, HOP)  # (n_frames, N_FFT)
+    spectrum = torch.fft.rfft(frames * _window(N_FFT), dim=-1)
+    power = spectrum.real.square() + spectrum.imag.square()
+    mel = power @ mel_filterbank(n_mels)
+    log_mel = torch.log10(torch.clamp(mel, min=1e-10))
+    # Whisper-style dynamic range: keep 8 decades below the loudest bin, then centre and scale
+    # to roughly unit range so random projections see inputs of a sane size.
+    log_mel = torch.maximum(log_mel, log_mel.max() - 8.0)
+    log_mel = (log_mel + 4.0) / 4.0
+    return log_mel.reshape(n_tokens, frames_per_token * n_mels)

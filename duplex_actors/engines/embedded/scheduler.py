@@ -1,0 +1,387 @@
+"""Continuous batching: one worker thread decodes every live sequence of every session together.
+
+Theory of operation. Callers (the backend, on the event loop) ``submit`` jobs and ``cancel``
+request ids; both only touch a lock-protected inbox and return at once. The worker thread
+owns everything else (slots, the model's cache, sampling state) and loops:
+
+1. take the inbox: drop cancelled sequences (their slots free *before* the next compute, so
+   an abort takes effect within one decode step), then admit queued jobs in FIFO order while
+   slots are free, prefilling each one's prompt into its slot;
+2. run one batched decode step over all live sequences, sample one token per row;
+3. hand every produced token / ending to the caller's ``dispatch`` in one call per step, and
+   free finished slots at once.
+
+Live sequences always sit in slots ``0 .. n-1`` (see model.py): a sequence that leaves is
+replaced by the last one, whose cache rows are copied over. Admission is bounded twice: at
+most ``max_concurrency`` live sequences, then a FIFO queue of at most ``max_queue`` waiting
+jobs; a submit past that raises :class:`EngineCapacityError` and changes nothing.
+
+Observers (tests, benchmarks, metrics) get a :class:`StepRecord` after every step and a
+:class:`SlotReleased` whenever a slot is given back; they run on the worker thread and must be
+quick.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable, Union
+
+import attrs
+import structlog
+import torch
+
+from ...errors import EngineCapacityError, EngineFailed
+from .model import Thinker
+from .sampling import SamplingParams, sample_batch
+from .vocab import Vocabulary
+
+log = structlog.get_logger("duplex_actors.engines.embedded.scheduler")
+
+
+@attrs.frozen(slots=True, eq=False)
+class DecodeJob:
+    """Everything the worker needs to run one request: the prompt the adapter built and the
+    resolved sampling parameters."""
+
+    request_id: str
+    prefix_ids: tuple[int, ...]
+    audio_features: torch.Tensor = attrs.field(repr=lambda t: f"<{tuple(t.shape)}>")
+    suffix_ids: tuple[int, ...]
+    params: SamplingParams
+    #: Model-native unit: the first token is forced to be a listen or speak decision.
+    decide_first: bool = False
+
+
+@attrs.frozen(slots=True)
+class TokenEvent:
+    request_id: str
+    token_id: int
+    step: int
+    produced_at: float
+
+
+@attrs.frozen(slots=True)
+class SequenceEnded:
+    """The last event of a job. ``reason``: eos, length, listen, aborted, closed, failed."""
+
+    request_id: str
+    reason: str
+    step: int
+    produced_at: float
+    message: str = ""
+
+
+SchedulerEvent = Union[TokenEvent, SequenceEnded]
+Sink = Callable[[SchedulerEvent], None]
+Dispatch = Callable[[list[tuple[Sink, SchedulerEvent]]], None]
+
+
+@attrs.frozen(slots=True)
+class StepRecord:
+    """One batched decode step: which requests it decoded, which joined just before it."""
+
+    index: int
+    request_ids: tuple[str, ...]
+    admitted: tuple[str, ...]
+    finished: tuple[str, ...]
+    duration_s: float
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.request_ids)
+
+
+@attrs.frozen(slots=True)
+class SlotReleased:
+    request_id: str
+    reason: str
+    #: Decode steps completed when the slot was given back.
+    steps_completed: int
+
+
+@attrs.frozen(slots=True)
+class SchedulerStats:
+    steps: int
+    active: int
+    queued: int
+    max_concurrency: int
+    max_queue: int
+    tokens: int
+
+
+Observer = Callable[[Union[StepRecord, SlotReleased]], None]
+
+# Mask rows indexed by a sequence's phase.
+_DECIDE, _TEXT_EARLY, _TEXT = 0, 1, 2
+
+
+class _Live:
+    """Worker-owned state of one live sequence (mutable on purpose: it changes every step)."""
+
+    __slots__ = ("job", "sink", "slot", "position", "next_input", "generated", "phase", "generator")
+
+    def __init__(self, job: DecodeJob, sink: Sink, slot: int, position: int, generator) -> None:
+        self.job = job
+        self.sink = sink
+        self.slot = slot
+        self.position = position
+        self.next_input = job.suffix_ids[-1]
+        self.generated = 0
+        self.phase = _DECIDE if job.decide_first else _TEXT_EARLY
+        self.generator = generator
+
+
+class BatchScheduler:
+    def __init__(
+        self,
+        model: Thinker,
+        vocab: Vocabulary,
+        dispatch: Dispatch,
+        *,
+        max_concurrency: int = 64,
+        max_queue: int = 256,
+        seed: int = 0,
+    ) -> None:
+        if not 1 <= max_concurrency <= model.cfg.max_slots:
+            raise ValueError(f"max_concurrency must be in 1..{model.cfg.max_slots}")
+        if max_queue < 0:
+            raise ValueError("max_queue must be >= 0")
+        self._model = model
+        self._vocab = vocab
+        self._dispatch = dispatch
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+        self._shared_gen = torch.Generator().manual_seed(seed)
+        self._masks = self._build_masks()
+
+        self._lock = threading.Condition()
+        self._pending: collections.deque[tuple[DecodeJob, Sink]] = collections.deque()
+        self._cancelled: set[str] = set()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._observers: list[Observer] = []
+
+        # Worker-owned.
+        self._live: list[_Live] = []
+        self._steps = 0
+        self._tokens = 0
+        self._live_count = 0  # mirrored under the lock for stats()
+
+    def _build_masks(self) -> torch.Tensor:
+        v = self._vocab
+        masks = torch.zeros(3, len(v))
+        masks[_DECIDE] = float("-inf")
+        masks[_DECIDE, [v.listen, v.speak]] = 0.0
+        for cid in v.control_ids:
+            masks[_TEXT_EARLY, cid] = float("-inf")
+            if cid != v.eos:
+                masks[_TEXT, cid] = float("-inf")
+        return masks
+
+    # --- caller side (any thread) ---------------------------------------------------------
+
+    def add_observer(self, observer: Observer) -> Callable[[], None]:
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="embedded-thinker", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the worker; every live or queued job ends with reason ``closed``."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def submit(self, job: DecodeJob, sink: Sink) -> None:
+        with self._lock:
+            if self._closing:
+                raise EngineFailed("the embedded engine is closed")
+            if len(self._pending) >= self.max_queue and self._free_slots_locked() == 0:
+                raise EngineCapacityError(
+                    f"engine queue is full ({self.max_queue} waiting, "
+                    f"{self.max_concurrency} running); retry later"
+                )
+            self._pending.append((job, sink))
+            self._lock.notify_all()
+
+    def cancel(self, request_id: str) -> None:
+        """Free ``request_id``'s slot before the next decode step (or drop it from the queue
+        now). Unknown or finished ids are a no-op."""
+        released = None
+        with self._lock:
+            for entry in self._pending:
+                if entry[0].request_id == request_id:
+                    self._pending.remove(entry)
+                    released = SlotReleased(request_id, "aborted", self._steps)
+                    break
+            else:
+                self._cancelled.add(request_id)
+                self._lock.notify_all()
+        if released is not None:
+            self._notify(released)
+
+    def stats(self) -> SchedulerStats:
+        with self._lock:
+            return SchedulerStats(
+                steps=self._steps,
+                active=self._live_count,
+                queued=len(self._pending),
+                max_concurrency=self.max_concurrency,
+                max_queue=self.max_queue,
+                tokens=self._tokens,
+            )
+
+    def _free_slots_locked(self) -> int:
+        # Jobs already queued will take free slots first; only the rest is really free.
+        return max(0, self.max_concurrency - self._live_count - len(self._pending))
+
+    def _notify(self, record) -> None:
+        for observer in list(self._observers):
+            try:
+                observer(record)
+            except Exception:  # an observer must never break decoding
+                log.exception("scheduler.observer_failed")
+
+    # --- worker thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        log.info("scheduler.started", max_concurrency=self.max_concurrency, max_queue=self.max_queue)
+        while True:
+            with self._lock:
+                while not (self._closing or self._pending or self._live or self._cancelled):
+                    self._lock.wait()
+                if self._closing:
+                    break
+                cancelled, self._cancelled = self._cancelled, set()
+                room = self.max_concurrency - len(self._live)
+                admits = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            outbox: list[tuple[Sink, SchedulerEvent]] = []
+            try:
+                self._release_cancelled(cancelled, outbox)
+                admitted = self._admit(admits, outbox)
+                if self._live:
+                    self._step(admitted, outbox)
+            except Exception as exc:  # a model failure fails its batch, not the engine
+                log.exception("scheduler.step_failed")
+                self._fail_all(f"decode step failed: {exc!r}", outbox)
+            with self._lock:
+                self._live_count = len(self._live)
+            if outbox:
+                self._dispatch(outbox)
+        self._shutdown()
+
+    def _release_cancelled(self, cancelled: set[str], outbox) -> None:
+        if not cancelled:
+            return
+        gone = [live for live in self._live if live.job.request_id in cancelled]
+        for live in gone:
+            outbox.append((live.sink, SequenceEnded(live.job.request_id, "aborted", self._steps, time.perf_counter())))
+        self._release(gone, "aborted")
+
+    def _admit(self, admits, outbox) -> tuple[str, ...]:
+        admitted = []
+        for job, sink in admits:
+            slot = len(self._live)
+            try:
+                position = self._model.prefill(slot, list(job.prefix_ids), job.audio_features, list(job.suffix_ids))
+            except Exception as exc:
+                log.warning("scheduler.prefill_failed", request_id=job.request_id, error=repr(exc))
+                outbox.append((sink, SequenceEnded(job.request_id, "failed", self._steps, time.perf_counter(), repr(exc))))
+                continue
+            gen = None
+            if job.params.seed is not None:
+                gen = torch.Generator().manual_seed(job.params.seed)
+            self._live.append(_Live(job, sink, slot, position, gen))
+            admitted.append(job.request_id)
+        return tuple(admitted)
+
+    def _step(self, admitted: tuple[str, ...], outbox) -> None:
+        began = time.perf_counter()
+        live = self._live
+        tokens = torch.tensor([s.next_input for s in live])
+        positions = torch.tensor([s.position for s in live])
+        logits = self._model.decode(tokens, positions)
+        phases = [s.phase if s.phase != _TEXT_EARLY or s.generated < s.job.params.min_tokens else _TEXT for s in live]
+        logits = logits + self._masks[torch.tensor(phases)]
+        picks = sample_batch(logits, [s.job.params for s in live], [s.generator for s in live], self._shared_gen).tolist()
+        now = time.perf_counter()
+        self._steps += 1
+        step = self._steps
+        vocab = self._vocab
+        max_len = self._model.cfg.max_len
+        finished: list[_Live] = []
+        reasons: list[str] = []
+        for seq, token in zip(live, picks):
+            rid = seq.job.request_id
+            seq.position += 1
+            seq.next_input = token
+            if seq.phase == _DECIDE:
+                outbox.append((seq.sink, TokenEvent(rid, token, step, now)))
+                if token == vocab.listen:
+                    finished.append(seq)
+                    reasons.append("listen")
+                else:
+                    seq.phase = _TEXT_EARLY
+                continue
+            if token == vocab.eos:
+                finished.append(seq)
+                reasons.append("eos")
+                continue
+            outbox.append((seq.sink, TokenEvent(rid, token, step, now)))
+            seq.generated += 1
+            self._tokens += 1
+            if seq.generated >= seq.job.params.max_tokens or seq.position + 1 >= max_len:
+                finished.append(seq)
+                reasons.append("length")
+        for seq, reason in zip(finished, reasons):
+            outbox.append((seq.sink, SequenceEnded(seq.job.request_id, reason, step, now)))
+        record = StepRecord(
+            index=step,
+            request_ids=tuple(s.job.request_id for s in live),
+            admitted=admitted,
+            finished=tuple(s.job.request_id for s in finished),
+            duration_s=now - began,
+        )
+        self._release(finished, None, reasons)
+        self._notify(record)
+
+    def _release(self, gone: list[_Live], reason: str | None, reasons: list[str] | None = None) -> None:
+        """Give slots back at once, keeping live sequences packed into slots 0..n-1."""
+        if not gone:
+            return
+        why = {id(s): (reason or reasons[i]) for i, s in enumerate(gone)}
+        for seq in sorted(gone, key=lambda s: s.slot, reverse=True):
+            last = self._live[-1]
+            if last is not seq:
+                self._model.move_slot(last.slot, seq.slot, last.position)
+                last.slot = seq.slot
+                self._live[seq.slot] = last
+            self._live.pop()
+            self._notify(SlotReleased(seq.job.request_id, why[id(seq)], self._steps))
+
+    def _fail_all(self, message: str, outbox) -> None:
+        now = time.perf_counter()
+        for seq in self._live:
+            outbox.append((seq.sink, SequenceEnded(seq.job.request_id, "failed", self._steps, now, message)))
+        self._release(list(self._live), "failed")
+
+    def _shutdown(self) -> None:
+        now = time.perf_counter()
+        outbox = [(s.sink, SequenceEnded(s.job.request_id, "closed", self._steps, now)) for s in self._live]
+        self._live.clear()
+        with self._lock:
+            outbox += [(sink, SequenceEnded(job.request_id, "closed", self._steps, now)) for job, sink in self._pending]
+            self._pending.clear()
+            self._live_count = 0
+        if outbox:
+            self._dispatch(outbox)
+        log.info("scheduler.stopped", steps=self._steps)

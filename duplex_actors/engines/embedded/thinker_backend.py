@@ -1,0 +1,226 @@
+"""The text-only embedded backend: adapter + continuous-batching scheduler behind EngineBackend.
+
+One ``generate`` call per model turn. The call builds the prompt through the adapter, submits
+a job to the shared scheduler, and turns the scheduler's token events into engine outputs.
+Tokens travel from the worker thread to the event loop once per decode step (one
+``call_soon_threadsafe`` for the whole batch, not one per token). Whatever way the consumer
+leaves (normal end, ``aclose``, task cancellation), the ``finally`` cancels the job, so an
+aborted request's slot is free before the next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+import structlog
+import torch
+
+from ...core.engine_io import (
+    Aborted,
+    Decision,
+    EngineFailure,
+    EngineMetrics,
+    EngineOutput,
+    ModelTurnRequest,
+    TextDelta,
+    TurnDone,
+    TurnKind,
+)
+from ...errors import EngineFailed, InvalidCommand
+from ..base import EngineCapabilities
+from .adapter import ModelAdapter, WordThinkerAdapter
+from .model import Thinker, ThinkerConfig
+from .sampling import SamplingParams
+from .scheduler import BatchScheduler, DecodeJob, SchedulerEvent, SequenceEnded, Sink, TokenEvent
+from .vocab import default_vocabulary
+
+log = structlog.get_logger("duplex_actors.engines.embedded")
+
+_TURN_DONE_REASON = {"eos": "completed", "length": "length", "listen": "listen"}
+
+
+def output_prior(vocab) -> torch.Tensor:
+    """Log-prior of the output bias: Zipf over word rank, a stop or comma every ~7 words, an
+    end token around every 30. It only shapes *rates*; which word comes out is the random
+    network's doing."""
+    from .vocab import PUNCTUATION, WORDS
+
+    prior = torch.full((len(vocab),), -30.0)
+    word_mass = torch.tensor([1.0 / (rank + 5) for rank in range(len(WORDS))])
+    word_mass = word_mass / word_mass.sum() * 0.82
+    for rank, word in enumerate(WORDS):
+        prior[vocab.id(word)] = torch.log(word_mass[rank])
+    for mark, mass in zip(PUNCTUATION, (0.07, 0.06, 0.015, 0.005)):
+        prior[vocab.id(mark)] = torch.log(torch.tensor(mass))
+    prior[vocab.eos] = torch.log(torch.tensor(0.03))
+    prior[vocab.listen] = 0.0  # only ever compared with speak (decision mask)
+    prior[vocab.speak] = 0.0
+    return prior
+
+
+class EmbeddedThinker:
+    """EngineBackend producing text (Decision, TextDelta, TurnDone) from the embedded thinker."""
+
+    name = "embedded-thinker"
+
+    def __init__(
+        self,
+        config: ThinkerConfig | None = None,
+        *,
+        adapter: ModelAdapter | None = None,
+        defaults: SamplingParams = SamplingParams(),
+        max_concurrency: int = 64,
+        max_queue: int = 256,
+        torch_threads: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.vocab = default_vocabulary()
+        self.config = config or ThinkerConfig(vocab_size=len(self.vocab), max_slots=max(64, max_concurrency))
+        if self.config.vocab_size != len(self.vocab):
+            raise ValueError("ThinkerConfig.vocab_size must match the vocabulary")
+        self.adapter: ModelAdapter = adapter or WordThinkerAdapter(self.config, self.vocab, defaults)
+        self.capabilities = EngineCapabilities(
+            model_native=True, produces_audio=False, unit_samples=16000, max_concurrency=max_concurrency
+        )
+        self._max_concurrency = max_concurrency
+        self._max_queue = max_queue
+        self._torch_threads = torch_threads
+        self._seed = seed
+        self.model: Thinker | None = None
+        self.scheduler: BatchScheduler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.scheduler is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        if self._torch_threads:
+            torch.set_num_threads(self._torch_threads)
+        self.model = await asyncio.to_thread(Thinker, self.config, output_prior(self.vocab))
+        self.scheduler = BatchScheduler(
+            self.model,
+            self.vocab,
+            self._dispatch,
+            max_concurrency=self._max_concurrency,
+            max_queue=self._max_queue,
+            seed=self._seed,
+        )
+        self.scheduler.start()
+        log.info(
+            "embedded.thinker_started",
+            params=self.model.parameter_count(),
+            d_model=self.config.d_model,
+            layers=self.config.n_layers,
+            vocab=len(self.vocab),
+            max_concurrency=self._max_concurrency,
+        )
+
+    async def aclose(self) -> None:
+        if self.scheduler is None:
+            return
+        scheduler, self.scheduler = self.scheduler, None
+        await asyncio.to_thread(scheduler.close)
+
+    def _dispatch(self, batch: list[tuple[Sink, SchedulerEvent]]) -> None:
+        # Called on the worker thread once per step; fans out on the event loop.
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(_fan_out, batch)
+        except RuntimeError:  # the loop closed between the check and the call
+            pass
+
+    # --- EngineBackend --------------------------------------------------------------------
+
+    async def abort(self, request_id: str) -> None:
+        if self.scheduler is not None:
+            self.scheduler.cancel(request_id)
+
+    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+        rid = request.request_id
+        scheduler = self.scheduler
+        if scheduler is None:
+            raise EngineFailed("the embedded thinker is not started")
+        try:
+            # Log-mel features: a few ms of FFT for a long turn, kept off the event loop.
+            prompt = await asyncio.to_thread(self.adapter.build_prompt, request)
+        except InvalidCommand as exc:
+            yield EngineFailure(rid, exc.message, retryable=False, produced_at=time.perf_counter())
+            return
+        params = self.adapter.sampling_for(request.fence.session_id, request.sampling)
+        inbox: asyncio.Queue[SchedulerEvent] = asyncio.Queue()
+        job = DecodeJob(rid, prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids, params, prompt.decide_first)
+        scheduler.submit(job, inbox.put_nowait)  # EngineCapacityError propagates, nothing queued
+        accepted_at = time.perf_counter()
+        ended = False
+        try:
+            unit = request.kind is TurnKind.UNIT
+            snapshot: list[int] = []
+            decided = not unit
+            began = False
+            token_times: list[float] = []
+            while True:
+                event = await inbox.get()
+                if isinstance(event, SequenceEnded):
+                    ended = True
+                    if event.reason == "aborted":
+                        yield Aborted(rid, produced_at=event.produced_at)
+                    elif event.reason in ("failed", "closed"):
+                        yield EngineFailure(rid, event.message or f"engine {event.reason}", produced_at=event.produced_at)
+                    elif event.reason == "listen" and not decided:
+                        # The scheduler ended the unit on a listen token that the adapter
+                        # did not recognise as a decision: still tell the session "listen".
+                        yield Decision(rid, speak=False, produced_at=event.produced_at)
+                    else:
+                        if not began:
+                            yield Decision(rid, speak=True, produced_at=event.produced_at)
+                        yield TurnDone(
+                            rid,
+                            _TURN_DONE_REASON.get(event.reason, event.reason),
+                            _metrics(accepted_at, token_times),
+                            produced_at=event.produced_at,
+                        )
+                    return
+                assert isinstance(event, TokenEvent)
+                if not decided:
+                    snapshot.append(event.token_id)
+                    speak = self.adapter.decide(snapshot)
+                    if speak is None:
+                        continue
+                    decided = True
+                    began = speak
+                    yield Decision(rid, speak=speak, produced_at=event.produced_at)
+                    if not speak:
+                        # Listen ends the unit; the scheduler already freed the slot.
+                        ended = True
+                        return
+                    continue
+                if not began:
+                    began = True
+                    yield Decision(rid, speak=True, produced_at=event.produced_at)
+                token_times.append(event.produced_at)
+                text = self.vocab.render(event.token_id, first=len(token_times) == 1)
+                yield TextDelta(rid, text, 1, produced_at=event.produced_at)
+        finally:
+            if not ended:
+                scheduler.cancel(rid)
+
+
+def _fan_out(batch: list[tuple[Sink, SchedulerEvent]]) -> None:
+    for sink, event in batch:
+        sink(event)
+
+
+def _metrics(accepted_at: float, token_times: list[float]) -> EngineMetrics:
+    gaps = tuple(b - a for a, b in zip(token_times, token_times[1:]))
+    return EngineMetrics(
+        source="embedded",
+        first_token_s=(token_times[0] - accepted_at) if token_times else None,
+        token_count=len(token_times),
+        inter_token_s=gaps,
+    )

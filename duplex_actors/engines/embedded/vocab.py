@@ -1,0 +1,155 @@
+"""The thinker's vocabulary: control tokens, punctuation and a few hundred common English words.
+
+The thinker has random weights, so what it says is word salad; but every token it can emit is
+a real, pronounceable word or a punctuation mark, so the talker can speak the output and
+phrases end where punctuation falls. Words carry a rough frequency rank (their order here):
+the model's output bias starts from a Zipf-like prior over that rank, so common words are
+common and a stop or comma turns up every few words.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import attrs
+
+# Control tokens first, so their ids are small and stable whatever the word list becomes.
+PAD = "<pad>"
+BOS = "<bos>"
+EOS = "<eos>"
+RESPOND = "<respond>"  # the prompt asks for a response (TurnKind.RESPONSE)
+UNIT = "<unit>"  # the prompt asks for a listen/speak decision (TurnKind.UNIT)
+LISTEN = "<listen>"
+SPEAK = "<speak>"
+CONTROL_TOKENS = (PAD, BOS, EOS, RESPOND, UNIT, LISTEN, SPEAK)
+
+PUNCTUATION = (".", ",", "?", "!")
+#: Punctuation after which a spoken phrase may end.
+PHRASE_END = frozenset(PUNCTUATION)
+
+_WORDS = """
+the i you it to and a that is of in we what this yes no so know do well not have be okay
+right think on just for with my your can me like but all they there was it's that's don't
+going get about here now one go how if or are at sure good yeah oh really see want time
+people mean would then out up some could thing things more say said make when who very much
+because let's little also maybe lot thank thanks tell need where something actually back way
+been an as by from would've work day today tomorrow will two three first next last new great
+nice idea question answer sound sounds fine love help try talk call week weather morning
+night home place start stop wait sorry please listen music play song call later again still
+always never often sometimes every other same different kind sort part point fact case plan
+sure true false better best bad worse quite pretty almost enough only even ever already soon
+long short big small old young high low early late hard easy simple clear open close left
+give take find keep put bring show turn move run walk drive read write learn hear feel seem
+look looks looking thought think thinking remember forget understand believe guess hope wish
+happen happened change check set use used using meet send pay buy sell cook eat drink sleep
+coffee tea water food lunch dinner breakfast city street road car train bus trip travel
+family friend friends name number hour minute minutes hours year years month today's weekend
+world country story book movie game team school office room house door window table phone
+computer email message news rain sun cold warm hot wind snow sky light dark color blue green
+red white black quiet loud fast slow happy glad busy free ready tired hungry interesting fun
+funny strange important possible different special perfect wonderful beautiful terrible
+around before after during since until while through over under between into across along
+again anyway though although however instead perhaps probably certainly definitely exactly
+usually especially together alone near far away inside outside above below behind ahead
+these those them their our his her its he she us him yours ours
+should must might shall may did does doing done made making went gone came come coming got
+has had having says saying asked ask tells told knew known gave given took taken
+""".split()
+
+
+def _dedupe(words: Iterable[str]) -> tuple[str, ...]:
+    seen: set[str] = set()
+    out = []
+    for w in words:
+        if w not in seen:
+            seen.add(w)
+            out.append(w)
+    return tuple(out)
+
+
+WORDS: tuple[str, ...] = _dedupe(_WORDS)
+
+
+@attrs.frozen(slots=True)
+class Vocabulary:
+    """Id <-> token mapping plus the ids the scheduler and adapter need by name."""
+
+    tokens: tuple[str, ...]
+    index: dict = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "index", {t: i for i, t in enumerate(self.tokens)})
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def id(self, token: str) -> int:
+        return self.index[token]
+
+    @property
+    def pad(self) -> int:
+        return self.index[PAD]
+
+    @property
+    def bos(self) -> int:
+        return self.index[BOS]
+
+    @property
+    def eos(self) -> int:
+        return self.index[EOS]
+
+    @property
+    def respond(self) -> int:
+        return self.index[RESPOND]
+
+    @property
+    def unit(self) -> int:
+        return self.index[UNIT]
+
+    @property
+    def listen(self) -> int:
+        return self.index[LISTEN]
+
+    @property
+    def speak(self) -> int:
+        return self.index[SPEAK]
+
+    @property
+    def control_ids(self) -> frozenset[int]:
+        return frozenset(self.index[t] for t in CONTROL_TOKENS)
+
+    @property
+    def punctuation_ids(self) -> frozenset[int]:
+        return frozenset(self.index[t] for t in PUNCTUATION)
+
+    def encode_known_words(self, text: str, limit: int) -> list[int]:
+        """Ids of the words of ``text`` that the vocabulary knows (instructions, say); the
+        rest are dropped because the thinker has no sub-word units to spell them with."""
+        ids = []
+        for raw in text.lower().split():
+            word = raw.strip(".,?!;:\"()")
+            if word in self.index and word not in CONTROL_TOKENS:
+                ids.append(self.index[word])
+                if len(ids) >= limit:
+                    break
+        return ids
+
+    def render(self, token_id: int, *, first: bool) -> str:
+        """The text a token adds to the running response: words get a leading space except
+        at the very start, punctuation attaches to the previous word, control tokens add
+        nothing."""
+        token = self.tokens[token_id]
+        if token in CONTROL_TOKENS:
+            return ""
+        if token in PHRASE_END:
+            return token
+        if token == "i":
+            token = "I"
+        return token if first else " " + token
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return "".join(self.render(t, first=(n == 0)) for n, t in enumerate(ids))
+
+
+def default_vocabulary() -> Vocabulary:
+    return Vocabulary(CONTROL_TOKENS + PUNCTUATION + WORDS)

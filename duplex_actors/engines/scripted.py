@@ -1,0 +1,156 @@
+"""ScriptedEngine: a deterministic engine for tests and runtime benchmarks.
+
+Each request plays a :class:`Script`: an optional decision, text tokens, audio packets, with
+configurable latencies, and optional failure or hang. A script may be fixed or chosen per
+request by a function, so property tests can generate engine behaviour. It records what it was
+asked (``submitted``, ``aborted``, ``active``) so tests can assert that nothing reached the
+engine after close and that aborted requests were freed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import AsyncIterator, Callable, Union
+
+import anyio
+import attrs
+
+from ..core.engine_io import (
+    AudioPacket,
+    Decision,
+    EngineFailure,
+    EngineMetrics,
+    EngineOutput,
+    ModelTurnRequest,
+    TextDelta,
+    TurnDone,
+    TurnKind,
+)
+from ..errors import EngineFailed
+from .base import EngineCapabilities
+
+
+@attrs.frozen(slots=True)
+class Script:
+    tokens: tuple[str, ...] = ("Hello", " there", ",", " how", " can", " I", " help", "?")
+    audio_packets: int = 3
+    packet_ms: int = 100
+    sample_rate: int = 16000
+    first_latency_s: float = 0.0
+    token_latency_s: float = 0.0
+    packet_latency_s: float = 0.0
+    #: For UNIT turns: speak or keep listening.
+    speak: bool = True
+    #: Fail the request after this many outputs: ``"output"`` yields EngineFailure, ``"raise"``
+    #: raises out of the stream (the engine actor must turn that into a terminal).
+    fail_after: int | None = None
+    fail_mode: str = "output"
+    #: Never finish (a hung engine), after this many outputs.
+    hang_after: int | None = None
+    #: Report engine-side metrics on TurnDone (as vLLM does).
+    report_metrics: bool = False
+
+
+ScriptSource = Union[Script, Callable[[ModelTurnRequest], Script]]
+
+
+def _tone(ms: int, rate: int, freq: float = 220.0) -> bytes:
+    n = rate * ms // 1000
+    samples = (int(3000 * math.sin(2 * math.pi * freq * i / rate)) for i in range(n))
+    return b"".join(s.to_bytes(2, "little", signed=True) for s in samples)
+
+
+class ScriptedEngine:
+    name = "scripted"
+
+    def __init__(self, script: ScriptSource = Script(), *, produces_audio: bool = True) -> None:
+        self._script = script
+        self.capabilities = EngineCapabilities(model_native=True, produces_audio=produces_audio,
+                                               unit_samples=16000, max_concurrency=1 << 20)
+        self.submitted: list[ModelTurnRequest] = []
+        self.aborted: list[str] = []
+        self.active: set[str] = set()
+        self.started = 0
+        self.closed = 0
+        self._packets: dict[tuple[int, int], bytes] = {}
+
+    def script_for(self, request: ModelTurnRequest) -> Script:
+        return self._script(request) if callable(self._script) else self._script
+
+    async def start(self) -> None:
+        self.started += 1
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.active.discard(request_id)
+
+    def _packet(self, ms: int, rate: int) -> bytes:
+        key = (ms, rate)
+        if key not in self._packets:
+            self._packets[key] = _tone(ms, rate)
+        return self._packets[key]
+
+    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+        script = self.script_for(request)
+        rid = request.request_id
+        self.submitted.append(request)
+        self.active.add(rid)
+        emitted = 0
+        first_token_at = None
+        token_times: list[float] = []
+
+        async def pause(seconds: float) -> None:
+            if seconds > 0:
+                await anyio.sleep(seconds)
+
+        def budget_left() -> bool:
+            return script.fail_after is None or emitted < script.fail_after
+
+        try:
+            await pause(script.first_latency_s)
+            if request.kind is TurnKind.UNIT and not script.speak:
+                yield Decision(rid, speak=False, produced_at=time.perf_counter())
+                return
+            yield Decision(rid, speak=True, produced_at=time.perf_counter())
+            emitted += 1
+            tokens = script.tokens if "text" in request.modalities else ()
+            packets = script.audio_packets if "audio" in request.modalities else 0
+            # Interleave text and audio the way a thinker + talker pipeline does.
+            steps = max(len(tokens), packets)
+            for i in range(steps):
+                if script.hang_after is not None and emitted >= script.hang_after:
+                    await anyio.sleep_forever()
+                if not budget_left():
+                    break
+                if i < len(tokens):
+                    await pause(script.token_latency_s)
+                    now = time.perf_counter()
+                    first_token_at = first_token_at or now
+                    token_times.append(now)
+                    yield TextDelta(rid, tokens[i], 1, produced_at=now)
+                    emitted += 1
+                if i < packets and budget_left():
+                    await pause(script.packet_latency_s)
+                    word = tokens[i] if i < len(tokens) else ""
+                    yield AudioPacket(rid, self._packet(script.packet_ms, script.sample_rate),
+                                      script.sample_rate, transcript=word,
+                                      produced_at=time.perf_counter())
+                    emitted += 1
+            if not budget_left():
+                if script.fail_mode == "raise":
+                    raise EngineFailed(f"scripted failure after {script.fail_after} outputs")
+                yield EngineFailure(rid, f"scripted failure after {script.fail_after} outputs")
+                return
+            metrics = None
+            if script.report_metrics:
+                itl = tuple(b - a for a, b in zip(token_times, token_times[1:]))
+                metrics = EngineMetrics("engine:scripted",
+                                        None if first_token_at is None else first_token_at - request.submitted_at,
+                                        len(token_times), itl)
+            yield TurnDone(rid, "completed", metrics, produced_at=time.perf_counter())
+        finally:
+            self.active.discard(rid)

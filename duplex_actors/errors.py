@@ -1,0 +1,160 @@
+"""Every error duplex_actors raises, in one place.
+
+Like h11's LocalProtocolError / RemoteProtocolError, the type says *who* broke the rules:
+
+* ``ClientError`` subclasses: the application or remote client sent something illegal. They
+  carry a stable ``code`` (the ``error.code`` of the wire ``error`` event) and never change
+  the session's state.
+* ``EngineError`` subclasses: an engine backend misbehaved or failed.
+* ``RuntimeFault`` subclasses: the runtime itself could not do what was asked (capacity,
+  backpressure); these are retryable by design.
+"""
+
+from __future__ import annotations
+
+
+class DuplexError(Exception):
+    """Base class of every error raised by duplex_actors."""
+
+    code: str = "duplex_error"
+    retryable: bool = False
+
+    def __init__(self, message: str, *, event_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        # The client's event_id, echoed in the wire error so it can match request and error.
+        self.event_id = event_id
+
+    def with_event_id(self, event_id: str | None) -> "DuplexError":
+        self.event_id = event_id
+        return self
+
+
+# --- the client broke the rules -------------------------------------------------------------
+
+
+class ClientError(DuplexError):
+    """The caller sent a command that is illegal; the session is unchanged."""
+
+    code = "invalid_request_error"
+
+
+class InvalidCommand(ClientError):
+    """A command is malformed: wrong field type, bad base64, wrong audio format, ..."""
+
+    code = "invalid_command"
+
+
+class IllegalTransition(ClientError):
+    """The statechart has no transition for this trigger in the current state."""
+
+    code = "illegal_in_state"
+
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+        super().__init__(message or f"{trigger!r} is not allowed in state {state!r}", **kw)
+        self.state = state
+        self.trigger = trigger
+
+
+class SessionClosed(IllegalTransition):
+    """The session is closed; closed is absorbing, so every later command gets this."""
+
+    code = "session_closed"
+
+    def __init__(self, state: str = "closed", trigger: str = "?", message: str | None = None, **kw):
+        super().__init__(state, trigger, message or f"session is closed; {trigger!r} refused", **kw)
+
+
+class InputBufferEmpty(IllegalTransition):
+    """A commit with no buffered user audio (OpenAI: input_audio_buffer_commit_empty)."""
+
+    code = "input_audio_buffer_commit_empty"
+
+
+class ResponseInProgress(IllegalTransition):
+    """A new model turn was asked for while one is active: at most one per session."""
+
+    code = "conversation_already_has_active_response"
+
+
+class NoActiveResponse(IllegalTransition):
+    """response.cancel with nothing to cancel (OpenAI: response_cancel_not_active)."""
+
+    code = "response_cancel_not_active"
+
+
+class StaleFence(ClientError):
+    """A command carried a fence older than the one the session has accepted."""
+
+    code = "stale_fence"
+
+
+class UnknownSession(ClientError):
+    code = "unknown_session"
+
+
+class ResumeConflict(ClientError):
+    """Resume lost the compare-and-swap on the lease generation, or the token is wrong."""
+
+    code = "resume_conflict"
+
+
+class ResyncRequired(ClientError):
+    """The replay journal no longer holds the events the client asks for."""
+
+    code = "resync_required"
+
+
+# --- the runtime could not take it now ------------------------------------------------------
+
+
+class RuntimeFault(DuplexError):
+    retryable = True
+
+
+class Backpressure(RuntimeFault):
+    """A bounded queue is full; the command was *not* accepted and may be retried."""
+
+    code = "input_backpressure"
+
+
+class MailboxFull(Backpressure):
+    code = "mailbox_full"
+
+
+class ResourceExhausted(RuntimeFault):
+    """Admission refused: too many sessions (or another declared limit)."""
+
+    code = "resource_exhausted"
+
+
+class EngineCapacityError(ResourceExhausted):
+    """The engine's admission queue is past its bound."""
+
+    code = "engine_capacity"
+
+
+class AskTimeout(RuntimeFault):
+    code = "ask_timeout"
+
+
+class RuntimeClosed(DuplexError):
+    code = "runtime_closed"
+
+
+# --- the engine broke the rules or failed ---------------------------------------------------
+
+
+class EngineError(DuplexError):
+    code = "engine_error"
+
+
+class EngineProtocolError(EngineError):
+    """The engine produced output that its fence or the statechart does not allow."""
+
+    code = "engine_protocol_error"
+
+
+class EngineFailed(EngineError):
+    code = "engine_failed"
+    retryable = True
