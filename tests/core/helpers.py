@@ -1,0 +1,38 @@
+"""Drive a SessionCore into each statechart state, for table tests."""
+
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.clock import ManualClock
+from duplex_actors.core.engine_io import Decision
+from duplex_actors.core.session import SessionConfig, SessionCore
+
+CHUNK = b"\x01\x00" * 320  # 20 ms of 16 kHz pcm16
+
+
+def core_in(state: str, **config) -> SessionCore:
+    clock = ManualClock(100.0)
+    core = SessionCore("sess_table000000", SessionConfig(**config), clock)
+    if state == "idle":
+        pass
+    elif state == "listening":
+        core.handle(cmd.AppendAudio(pcm=CHUNK))
+    elif state in ("responding", "responding_begun", "barge_in"):
+        core.handle(cmd.AppendAudio(pcm=CHUNK))
+        core.handle(cmd.CommitInput())
+        if state != "responding":
+            core.on_engine_output(Decision(core.fence.request_id(), True))
+        if state == "barge_in":
+            core.handle(cmd.BargeIn())
+    elif state == "closed":
+        core.handle(cmd.Close())
+    else:
+        raise ValueError(state)
+    core.take_actions()
+    core.take_events()
+    return core
+
+
+def snapshot(core: SessionCore) -> tuple:
+    """Everything a refused command must leave untouched."""
+    return (core.state, core.epoch, core.turn_id, core.buffered_input_bytes,
+            core.in_flight_requests, core.aborting_requests, core.response_id,
+            core.pending_events, core.lease.generation, core.lease.token)

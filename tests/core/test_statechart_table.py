@@ -1,0 +1,97 @@
+"""Every (state, client command) pair: legal ones reach the expected state, illegal ones raise
+the declared error and change nothing. The expectations are written out by hand, not read from
+the chart, so a change to the chart that alters behaviour fails here."""
+
+import pytest
+
+from duplex_actors.core import commands as cmd
+from duplex_actors.errors import (
+    InputBufferEmpty,
+    NoActiveResponse,
+    ResponseInProgress,
+    SessionClosed,
+)
+
+from .helpers import CHUNK, core_in, snapshot
+
+STATES = ["idle", "listening", "responding", "responding_begun", "barge_in", "closed"]
+
+
+def make(trigger, core):
+    return {
+        "append": lambda: cmd.AppendAudio(pcm=CHUNK),
+        "commit": lambda: cmd.CommitInput(),
+        "clear": lambda: cmd.ClearInput(),
+        "create_response": lambda: cmd.CreateResponse(),
+        "speech_started": lambda: cmd.SpeechStartedSignal(audio_ms=10),
+        "speech_stopped": lambda: cmd.SpeechStoppedSignal(audio_ms=20),
+        "barge_in": lambda: cmd.BargeIn(),
+        "cancel": lambda: cmd.CancelResponse(),
+        "heartbeat": lambda: cmd.Heartbeat(),
+        "playback_ack": lambda: cmd.PlaybackAck(response_id="resp_x", played_ms=10),
+        "detach": lambda: cmd.Detach(),
+        "resume": lambda: cmd.Resume(generation=core.lease.generation,
+                                     resume_token=core.lease.token, last_seq=core.last_seq),
+        "update": lambda: cmd.UpdateSession(instructions="be brief"),
+        "close": lambda: cmd.Close(),
+    }[trigger]()
+
+
+I, L, R, B, C = "idle", "listening", "responding", "barge_in", "closed"
+EXPECTED = {
+    "idle": {"append": L, "commit": InputBufferEmpty, "clear": I, "create_response": R,
+             "speech_started": L, "speech_stopped": I, "barge_in": I, "cancel": NoActiveResponse,
+             "heartbeat": I, "playback_ack": I, "detach": I, "resume": I, "update": I, "close": C},
+    "listening": {"append": L, "commit": R, "clear": I, "create_response": R,
+                  "speech_started": L, "speech_stopped": L, "barge_in": L,
+                  "cancel": NoActiveResponse, "heartbeat": L, "playback_ack": L, "detach": L,
+                  "resume": L, "update": L, "close": C},
+    "responding": {"append": R, "commit": ResponseInProgress, "clear": R,
+                   "create_response": ResponseInProgress, "speech_started": R,
+                   "speech_stopped": R, "barge_in": B, "cancel": B, "heartbeat": R,
+                   "playback_ack": R, "detach": R, "resume": R, "update": R, "close": C},
+    "barge_in": {"append": B, "commit": InputBufferEmpty, "clear": B, "create_response": R,
+                 "speech_started": B, "speech_stopped": B, "barge_in": B,
+                 "cancel": NoActiveResponse, "heartbeat": B, "playback_ack": B, "detach": B,
+                 "resume": B, "update": B, "close": C},
+    "closed": {t: SessionClosed for t in ["append", "commit", "clear", "create_response",
+                                          "speech_started", "speech_stopped", "barge_in",
+                                          "cancel", "heartbeat", "playback_ack", "detach",
+                                          "resume", "update"]} | {"close": C},
+}
+EXPECTED["responding_begun"] = EXPECTED["responding"]
+
+PAIRS = [(s, t) for s in STATES for t in EXPECTED[s]]
+
+
+@pytest.mark.parametrize("state,trigger", PAIRS, ids=[f"{s}-{t}" for s, t in PAIRS])
+def test_state_trigger_pair(state, trigger):
+    core = core_in(state)
+    expected = EXPECTED[state][trigger]
+    command = make(trigger, core)
+    if isinstance(expected, type):
+        before = snapshot(core)
+        with pytest.raises(expected) as info:
+            core.handle(command)
+        assert snapshot(core) == before, "a refused command changed the session"
+        assert info.value.code  # every refusal has a stable wire code
+        assert core.take_actions() == []
+    else:
+        core.handle(command)
+        assert core.state == expected
+
+
+def test_every_client_trigger_of_the_chart_is_covered():
+    from duplex_actors.core.statechart import ENGINE_TRIGGERS, TRIGGERS
+
+    client = set(TRIGGERS) - ENGINE_TRIGGERS - {"unit_ready", "expire", "fail"}
+    assert client == set(EXPECTED["idle"])
+
+
+def test_close_twice_is_harmless_and_emits_one_closed_event():
+    core = core_in("responding_begun")
+    core.handle(cmd.Close())
+    core.handle(cmd.Close())
+    types = [e.type for e in core.take_events()]
+    assert types.count("session.closed") == 1
+    assert types.count("response.done") == 1

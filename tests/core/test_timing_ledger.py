@@ -1,0 +1,125 @@
+"""Property tests of the timing ledger: TPOT weighting, request-start binding, pruning, reset,
+and the cumulative-metrics window."""
+
+import math
+
+from hypothesis import assume, given, strategies as st
+
+from duplex_actors.core.engine_io import EngineMetrics
+from duplex_actors.core.fence import Fence
+from duplex_actors.core.timing import (
+    CumulativeWindow,
+    Summary,
+    TimingLedger,
+    nearest_rank,
+    weighted_tpot,
+)
+
+times = st.floats(min_value=0.0001, max_value=0.5, allow_nan=False)
+
+
+@given(st.lists(st.tuples(times, st.integers(0, 50)), max_size=20))
+def test_weighted_tpot_equals_mean_over_all_real_intervals(segments):
+    # Expand each segment into its n - 1 intervals and average them all: that is the definition.
+    intervals = [t for t, n in segments for _ in range(max(n - 1, 0))]
+    got = weighted_tpot(segments)
+    if not intervals:
+        assert got is None
+    else:
+        assert math.isclose(got, sum(intervals) / len(intervals), rel_tol=1e-9)
+
+
+@given(st.lists(st.tuples(times, st.integers(2, 50)), min_size=1, max_size=10), times)
+def test_one_token_segments_never_skew_tpot(segments, wild):
+    assert weighted_tpot(segments + [(wild * 1000, 1), (None, 0)]) == weighted_tpot(segments)
+
+
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=200),
+       st.sampled_from([50, 90, 99]))
+def test_nearest_rank(values, p):
+    xs = sorted(values)
+    r = nearest_rank(xs, p)
+    assert r in xs
+    at_or_below = sum(1 for x in xs if x <= r)
+    assert at_or_below / len(xs) >= p / 100
+    smaller = [x for x in xs if x < r]
+    assert len(smaller) / len(xs) < p / 100
+    s = Summary.of(values)
+    assert s.count == len(values) and s.p50 <= s.p90 <= s.p99
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 100, allow_nan=False)), min_size=1, max_size=20))
+def test_latest_accepted_request_wins_while_pending(notes):
+    ledger = TimingLedger()
+    current_epoch = max(e for e, _ in notes)
+    latest = None
+    for epoch, t in notes:
+        took = ledger.note_request_start(Fence("s", epoch, 0), t, current_epoch)
+        assert took == (epoch >= current_epoch)
+        if took:
+            latest = t
+    assert ledger.pending_start(0) == latest
+
+
+@given(st.floats(0, 100), st.floats(0, 100), st.floats(0, 100))
+def test_start_is_bound_at_response_begin(t_request, t_begin, t_late):
+    ledger = TimingLedger()
+    ledger.note_request_start(Fence("s", 0, 0), t_request, 0)
+    assert ledger.bind(0, "r", t_begin) == t_request
+    assert not ledger.note_request_start(Fence("s", 0, 0), t_late, 0)
+    assert ledger.bound_start == t_request
+
+
+def test_stale_epoch_never_owns_the_start():
+    ledger = TimingLedger()
+    ledger.note_request_start(Fence("s", 2, 0), 5.0, 2)
+    assert not ledger.note_request_start(Fence("s", 1, 0), 9.0, 2)
+    assert ledger.pending_start(0) == 5.0
+
+
+@given(st.sets(st.integers(0, 20), min_size=1), st.integers(0, 20))
+def test_prune_drops_turns_up_to_the_completed_one(turns, done):
+    ledger = TimingLedger()
+    for t in turns:
+        ledger.note_request_start(Fence("s", 0, t), float(t), 0)
+    ledger.prune(done)
+    for t in turns:
+        assert (ledger.pending_start(t) is None) == (t <= done)
+
+
+@given(st.lists(st.tuples(times, st.integers(1, 4)), min_size=1, max_size=30), st.floats(0, 1))
+def test_ttft_once_never_negative_and_reset_empties(deltas, start):
+    ledger = TimingLedger()
+    ledger.note_request_start(Fence("s", 0, 0), start, 0)
+    ledger.bind(0, "r", start + 0.01)
+    now = start + 0.01
+    firsts = 0
+    for gap, n in deltas:
+        now += gap
+        firsts += ledger.on_text(now, n)
+    assert firsts == 1
+    m = ledger.snapshot()
+    assert m.ttft_ms is not None and m.ttft_ms >= 0
+    assert m.token_count == sum(n for _, n in deltas)
+    assert len(m.itl_ms) == m.token_count - 1
+    assert all(x >= 0 for x in m.itl_ms)
+    ledger.reset()
+    assert ledger.is_empty and ledger.snapshot() is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 20), st.lists(times, max_size=10)), min_size=1, max_size=8))
+def test_cumulative_window_never_reports_the_running_total(responses):
+    """An engine request serving several responses reports cumulative figures; each response's
+    window must hold only its own tokens and intervals, and the windows add up to the total."""
+    window = CumulativeWindow()
+    total_tokens, total_itl = 0, []
+    seen_tokens, seen_itl = 0, []
+    for tokens, itl in responses:
+        total_tokens += tokens
+        total_itl += itl
+        w = window.window("req", EngineMetrics("engine:x", 0.1, total_tokens, tuple(total_itl)))
+        assert w.token_count == tokens
+        assert list(w.inter_token_s) == itl
+        seen_tokens += w.token_count
+        seen_itl += list(w.inter_token_s)
+    assert seen_tokens == total_tokens and seen_itl == total_itl

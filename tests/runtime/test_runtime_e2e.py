@@ -1,0 +1,136 @@
+"""End-to-end through the real runtime (dispatcher, session actors, engine actor) on the
+scripted engine."""
+
+import runpy
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from duplex_actors import Runtime, Script, ScriptedEngine
+from duplex_actors.core import commands as cmd
+from duplex_actors.errors import InputBufferEmpty, MailboxFull, ResourceExhausted, SessionClosed
+
+CHUNK = b"\x01\x00" * 320
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def collect_until(session, type_, limit=500):
+    seen = []
+    with anyio.fail_after(10):
+        async for e in session.events():
+            seen.append(e)
+            if e.type == type_ or len(seen) >= limit:
+                return seen
+    return seen
+
+
+async def test_two_sessions_converse_and_close():
+    engine = ScriptedEngine(Script(token_latency_s=0.001))
+    async with Runtime(engine) as rt:
+        a, b = await rt.open_session(), await rt.open_session()
+        for s in (a, b):
+            s.append_audio(CHUNK)
+            await s.commit()
+        for s in (a, b):
+            evs = await collect_until(s, "response.done")
+            assert [e.type for e in evs].count("response.created") == 1
+            assert evs[-1].status == "completed"
+            assert "".join(e.delta for e in evs if e.type == "response.output_text.delta") == \
+                "Hello there, how can I help?"
+        await a.close()
+        evs = await collect_until(a, "session.closed")
+        assert evs[-1].type == "session.closed"
+        with pytest.raises(SessionClosed):
+            a.append_audio(CHUNK)
+        with pytest.raises(SessionClosed):
+            await a.commit()
+        assert rt.session_count == 1
+    assert engine.active == set()
+
+
+async def test_barge_in_aborts_the_engine_request_and_no_old_audio_follows():
+    engine = ScriptedEngine(Script(token_latency_s=0.005, packet_latency_s=0.005, audio_packets=50,
+                                   tokens=tuple(f" w{i}" for i in range(50))))
+    async with Runtime(engine) as rt:
+        s = await rt.open_session()
+        s.append_audio(CHUNK)
+        await s.commit()
+        evs = await collect_until(s, "response.output_audio.delta")
+        await s.barge_in()
+        evs += await collect_until(s, "response.done")
+        done = evs[-1]
+        assert done.status == "cancelled" and done.reason == "turn_detected"
+        with anyio.fail_after(2):
+            while engine.active:
+                await anyio.sleep(0.005)
+        assert engine.aborted == [f"{s.id}/e0/t0"]
+        # next turn works under the new epoch; nothing of epoch 0 arrives any more
+        s.append_audio(CHUNK)
+        await s.commit()
+        later = await collect_until(s, "response.done")
+        assert all(e.epoch == 1 for e in later)
+        assert rt.engine.statistics().routes == 0
+
+
+async def test_errors_of_told_commands_arrive_as_error_events_with_event_id():
+    async with Runtime(ScriptedEngine()) as rt:
+        s = await rt.open_session()
+        s.tell(cmd.CommitInput(event_id="evt_42"))
+        evs = await collect_until(s, "error")
+        err = evs[-1]
+        assert err.code == InputBufferEmpty.code and err.client_event_id == "evt_42"
+        with pytest.raises(InputBufferEmpty):
+            await s.commit()
+        assert s.state == "idle"
+
+
+async def test_admission_and_mailbox_backpressure():
+    async with Runtime(ScriptedEngine(), max_sessions=2, mailbox_capacity=4) as rt:
+        s = await rt.open_session()
+        await rt.open_session()
+        with pytest.raises(ResourceExhausted):
+            await rt.open_session()
+        accepted = 0
+        with pytest.raises(MailboxFull):
+            for _ in range(100):  # no await: the dispatcher cannot drain in between
+                s.append_audio(CHUNK)
+                accepted += 1
+        assert accepted == 4
+        await s.heartbeat()  # control lane is separate and still open
+        assert s.core.buffered_input_bytes == 4 * len(CHUNK)  # every accepted chunk, once
+
+
+async def test_engine_failure_mid_stream_gives_one_failed_done_and_session_goes_on():
+    script = {"n": 0}
+
+    def choose(request):
+        script["n"] += 1
+        return Script(fail_after=3, fail_mode="raise") if script["n"] == 1 else Script()
+
+    async with Runtime(ScriptedEngine(choose)) as rt:
+        s = await rt.open_session()
+        s.append_audio(CHUNK)
+        await s.commit()
+        evs = await collect_until(s, "response.done")
+        assert evs[-1].status == "failed"
+        s.append_audio(CHUNK)
+        await s.commit()
+        evs = await collect_until(s, "response.done")
+        assert evs[-1].status == "completed"
+
+
+def test_embedding_example_runs(capsys):
+    path = Path(__file__).resolve().parents[2] / "examples" / "embed_app.py"
+    sys.argv = [str(path)]
+    runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "turn 0: response.done status=completed" in out
+    assert "turn 1: response.done status=cancelled reason=turn_detected" in out
+    assert "session.closed reason=client_closed" in out
