@@ -55,6 +55,10 @@ class AppendAudio(Command):
     TRIGGER = "append"
     pcm: bytes = attrs.field(validator=_pcm16, converter=bytes, repr=lambda b: f"<{len(b)} bytes>")
     sample_rate: int = attrs.field(default=16000, validator=_rate)
+    #: A VAD's verdict on this chunk (None: unknown). Only speech counts towards an overlap, so
+    #: the silence a VAD waits out before saying "stopped" never turns a backchannel into a
+    #: barge-in.
+    speech: bool | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -91,6 +95,7 @@ class SpeechStoppedSignal(Command):
 class UpdateSession(Command):
     TRIGGER = "update"
     auto_respond: bool | None = None
+    server_vad: bool | None = None
     model_native: bool | None = None
     instructions: str | None = None
     sampling: SamplingOverrides | None = None

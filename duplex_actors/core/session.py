@@ -24,6 +24,7 @@ from typing import Any, Union
 import attrs
 import structlog
 
+from ..audio.overlap import OverlapPolicy, OverlapVerdict
 from ..errors import (
     Backpressure,
     DuplexError,
@@ -61,6 +62,8 @@ log = structlog.get_logger("duplex_actors.session")
 class SessionConfig:
     #: commit (client or server VAD) starts a model turn; False = wait for response.create.
     auto_respond: bool = True
+    #: server VAD: speech_stopped ends the user's turn (commit) instead of a client commit.
+    server_vad: bool = False
     #: model-native duplex: the model decides listen/speak per audio unit.
     model_native: bool = False
     sample_rate: int = 16000
@@ -82,6 +85,7 @@ class SessionConfig:
 
     def public(self) -> dict:
         return {"auto_respond": self.auto_respond, "model_native": self.model_native,
+                "server_vad": self.server_vad,
                 "sample_rate": self.sample_rate, "min_interruption_ms": self.min_interruption_ms,
                 "instructions": self.instructions, "modalities": list(self.modalities)}
 
@@ -375,9 +379,10 @@ class SessionCore:
     def _after_append(self, command: AppendAudio) -> None:
         ms = len(command.pcm) / 2 / self.config.sample_rate * 1000.0
         self._input_ms += ms
-        if self._overlap_ms is not None and self._state == RESPONDING:
+        if self._overlap_ms is not None and self._state == RESPONDING and command.speech is not False:
             self._overlap_ms += ms
-            if self._overlap_ms >= self.config.min_interruption_ms:
+            policy = OverlapPolicy(self.config.min_interruption_ms)
+            if policy.judge(self._overlap_ms, still_speaking=True) is OverlapVerdict.BARGE_IN:
                 # Long speech over the response: the overlap policy says this is a barge-in.
                 self._ctx = {"now": self.clock.now(), "reason": "turn_detected",
                              "received_at": self.clock.now()}
@@ -404,6 +409,9 @@ class SessionCore:
 
     def _g_auto_respond(self) -> bool:
         return self.config.auto_respond
+
+    def _g_server_vad(self) -> bool:
+        return self.config.server_vad
 
     def _g_model_native(self) -> bool:
         return self.config.model_native
@@ -666,7 +674,7 @@ class SessionCore:
 
     def _fx_apply_session_update(self) -> None:
         cmd = self._ctx["command"]
-        changes = {k: getattr(cmd, k) for k in ("auto_respond", "model_native", "instructions",
+        changes = {k: getattr(cmd, k) for k in ("auto_respond", "model_native", "server_vad", "instructions",
                                                 "sampling", "min_interruption_ms")
                    if getattr(cmd, k) is not None}
         self.config = attrs.evolve(self.config, **changes)

@@ -108,6 +108,21 @@ TRANSITIONS = [
     _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started"]),
     # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
     _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "start_overlap"]),
+    # Server VAD: the end of the user's speech is the end of their turn.
+    _row(
+        "speech_stopped",
+        [LISTENING, BARGE_IN],
+        RESPONDING,
+        ["emit_speech_stopped", "commit_input", "submit_model_turn"],
+        conditions=["server_vad", "has_buffered_audio", "auto_respond"],
+    ),
+    _row(
+        "speech_stopped",
+        [LISTENING, BARGE_IN],
+        IDLE,
+        ["emit_speech_stopped", "commit_input"],
+        conditions=["server_vad", "has_buffered_audio"],
+    ),
     _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped"]),
     _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "end_overlap"]),
     _row("clear", [IDLE, LISTENING], IDLE, ["clear_input"]),
@@ -181,7 +196,7 @@ WHY = {
     "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
     "unit_ready": "model-native mode: each full audio unit is handed to the model to decide listen or speak",
     "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
-    "speech_stopped": "VAD heard the end of speech; over a response a short overlap closes as a backchannel",
+    "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
     "commit": "the user's turn is complete; with auto_respond it starts a model turn",
     "create_response": "response.create asks for a model turn explicitly (manual turn detection)",

@@ -192,3 +192,21 @@ def test_close_mid_response_emits_one_done_then_one_closed_and_aborts():
     assert evs[-2:] == ["response.done", "session.closed"]
     core.on_engine_output(TextDelta(rid, "late"))
     assert core.counters.stale_outputs == 1 and core.take_events() == []
+
+
+def test_server_vad_speech_stopped_commits_and_starts_a_turn():
+    core = core_in("idle", server_vad=True)
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.handle(cmd.AppendAudio(pcm=PCM))
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=100))
+    assert core.state == "responding"
+    (submit,) = core.take_actions()
+    assert len(submit.request.audio) == len(PCM)
+    assert types(core.take_events())[-2:] == ["input_audio_buffer.speech_stopped",
+                                             "input_audio_buffer.committed"]
+
+
+def test_without_server_vad_speech_stopped_only_reports():
+    core = core_in("listening")
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=100))
+    assert core.state == "listening" and core.take_actions() == []

@@ -1,0 +1,70 @@
+"""Server VAD in front of a session: hears the user's audio and tells the session what it heard.
+
+The session's statechart decides what speech means (with ``server_vad`` on, speech_stopped
+commits the user's turn; over a response, speech longer than the overlap policy's minimum
+barges in). This module only turns audio into ``speech_started`` / ``speech_stopped`` signals
+with a real VAD model, in the order the audio arrived.
+
+The VAD model costs ~0.1 ms per 32 ms frame; for a handful of sessions running it on the event
+loop is fine, for thousands run it on the client or in a worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..core.clock import Clock, MONOTONIC
+from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
+from .turn_detection import SpeechStarted, TurnDetectionConfig, TurnDetector
+from .vad import SileroVad, VoiceActivityModel
+
+if TYPE_CHECKING:
+    from ..actors.runtime import SessionHandle
+
+
+class _RecordingVad:
+    """Remembers the last frame's speech probability, so each chunk can carry a verdict."""
+
+    def __init__(self, model: VoiceActivityModel) -> None:
+        self.model = model
+        self.sample_rate = model.sample_rate
+        self.frame_samples = model.frame_samples
+        self.last = 0.0
+
+    def probability(self, frame: bytes) -> float:
+        self.last = self.model.probability(frame)
+        return self.last
+
+    def reset(self) -> None:
+        self.model.reset()
+        self.last = 0.0
+
+
+class ServerVad:
+    def __init__(self, session: "SessionHandle", *, config: TurnDetectionConfig = TurnDetectionConfig(),
+                 vad: VoiceActivityModel | None = None, clock: Clock = MONOTONIC) -> None:
+        self.session = session
+        self._vad = _RecordingVad(vad or SileroVad())
+        self.detector = TurnDetector(config, self._vad)
+        self.clock = clock
+        self.speech_started = 0
+        self.speech_stopped = 0
+
+    @property
+    def speaking(self) -> bool:
+        return self.detector.speaking
+
+    def append(self, pcm: bytes) -> None:
+        """Report any speech boundary this audio reveals, then append it with its verdict."""
+        signals = self.detector.feed(pcm, self.clock.now() * 1000.0)
+        cfg = self.detector.config
+        speech = self.detector.speaking and self._vad.last >= cfg.threshold - cfg.hysteresis
+        # Signals first: speech_started must open the overlap before its audio is counted.
+        for signal in signals:
+            if isinstance(signal, SpeechStarted):
+                self.speech_started += 1
+                self.session.tell(SpeechStartedSignal(audio_ms=signal.audio_start_ms))
+            else:
+                self.speech_stopped += 1
+                self.session.tell(SpeechStoppedSignal(audio_ms=signal.audio_end_ms))
+        self.session.tell(AppendAudio(pcm=pcm, speech=speech))
