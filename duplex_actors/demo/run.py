@@ -55,12 +55,20 @@ def build_engine(options: DemoOptions):
     return PacedEngine(backend, lead_ms=options.lead_ms)
 
 
+_SPEECH: dict[str, bytes] = {}
+
+
 def synthesize_speech(texts) -> dict[str, bytes]:
+    """The callers' speech, synthesised once per process (Piper is deterministic)."""
     from ..audio.tts import default_tts
     from ..audio.utterances import synthesize_utterance
 
-    tts = default_tts()
-    return {text: synthesize_utterance(text, tts=tts) for text in texts}
+    missing = [t for t in texts if t not in _SPEECH]
+    if missing:
+        tts = default_tts()
+        for text in missing:
+            _SPEECH[text] = synthesize_utterance(text, tts=tts)
+    return {text: _SPEECH[text] for text in texts}
 
 
 async def run_demo(options: DemoOptions, *, console=None) -> dict:
