@@ -27,6 +27,11 @@ from torch import nn
 from torch.nn import functional as F
 
 
+#: Spread of the random network's contribution to the logits. Large enough that the audio and
+#: the context visibly change the output, small enough that the output prior still sets rates.
+LOGIT_SCALE = 1.5
+
+
 @attrs.frozen(slots=True)
 class ThinkerConfig:
     vocab_size: int
@@ -86,6 +91,9 @@ class Thinker(nn.Module):
         self.audio_proj = nn.Linear(cfg.audio_feature_dim, cfg.d_model)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
+        # Untied output head: with random weights a tied head makes every token predict
+        # itself (the residual stream still carries its own embedding) and decoding loops.
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.out_bias = nn.Parameter(
             output_prior.clone().float() if output_prior is not None else torch.zeros(cfg.vocab_size)
         )
@@ -106,7 +114,8 @@ class Thinker(nn.Module):
                 std = 1.0 / math.sqrt(module.in_features)
                 with torch.no_grad():
                     module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)
-                    module.bias.zero_()
+                    if module.bias is not None:
+                        module.bias.zero_()
         with torch.no_grad():
             for block in self.blocks:
                 # Residual branches scaled down by depth, the usual trick for stable stacks.
@@ -119,8 +128,8 @@ class Thinker(nn.Module):
     # --- compute --------------------------------------------------------------------------
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        # Tied output embedding, scaled so the random part of the logits has unit-ish spread.
-        return (self.ln_f(x) @ self.tok_emb.T) / math.sqrt(self.cfg.d_model) * 2.0 + self.out_bias
+        # The random part of the logits has a spread of ~LOGIT_SCALE nats around the prior.
+        return self.head(self.ln_f(x)) * LOGIT_SCALE + self.out_bias
 
     @torch.inference_mode()
     def prefill(

@@ -109,18 +109,20 @@ class SchedulerStats:
     max_concurrency: int
     max_queue: int
     tokens: int
+    #: Jobs accepted by submit() since start (admitted or still queued or done).
+    submitted: int
 
 
 Observer = Callable[[Union[StepRecord, SlotReleased]], None]
 
-# Mask rows indexed by a sequence's phase.
-_DECIDE, _TEXT_EARLY, _TEXT = 0, 1, 2
+# Mask rows indexed by a sequence's phase (see _build_masks).
+_DECIDE, _AFTER_WORD, _AFTER_PUNCT_EARLY, _AFTER_PUNCT = 0, 1, 2, 3
 
 
 class _Live:
     """Worker-owned state of one live sequence (mutable on purpose: it changes every step)."""
 
-    __slots__ = ("job", "sink", "slot", "position", "next_input", "generated", "phase", "generator")
+    __slots__ = ("job", "sink", "slot", "position", "next_input", "generated", "deciding", "after_punct", "generator")
 
     def __init__(self, job: DecodeJob, sink: Sink, slot: int, position: int, generator) -> None:
         self.job = job
@@ -129,8 +131,17 @@ class _Live:
         self.position = position
         self.next_input = job.suffix_ids[-1]
         self.generated = 0
-        self.phase = _DECIDE if job.decide_first else _TEXT_EARLY
+        self.deciding = job.decide_first
+        self.after_punct = True  # the start of a response behaves like a sentence start
         self.generator = generator
+
+
+def _phase(seq: _Live) -> int:
+    if seq.deciding:
+        return _DECIDE
+    if not seq.after_punct:
+        return _AFTER_WORD
+    return _AFTER_PUNCT_EARLY if seq.generated < seq.job.params.min_tokens else _AFTER_PUNCT
 
 
 class BatchScheduler:
@@ -155,6 +166,7 @@ class BatchScheduler:
         self.max_queue = max_queue
         self._shared_gen = torch.Generator().manual_seed(seed)
         self._masks = self._build_masks()
+        self._punctuation = vocab.punctuation_ids
 
         self._lock = threading.Condition()
         self._pending: collections.deque[tuple[DecodeJob, Sink]] = collections.deque()
@@ -162,6 +174,7 @@ class BatchScheduler:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._observers: list[Observer] = []
+        self._submitted = 0
 
         # Worker-owned.
         self._live: list[_Live] = []
@@ -170,14 +183,21 @@ class BatchScheduler:
         self._live_count = 0  # mirrored under the lock for stats()
 
     def _build_masks(self) -> torch.Tensor:
+        # A tiny grammar on top of the random network: no punctuation at the start or twice
+        # in a row, and the end token only right after punctuation (responses end on a
+        # sentence boundary) and only once min_tokens exist.
         v = self._vocab
-        masks = torch.zeros(3, len(v))
+        masks = torch.zeros(4, len(v))
         masks[_DECIDE] = float("-inf")
         masks[_DECIDE, [v.listen, v.speak]] = 0.0
+        punct = list(v.punctuation_ids)
         for cid in v.control_ids:
-            masks[_TEXT_EARLY, cid] = float("-inf")
+            masks[_AFTER_WORD, cid] = float("-inf")
+            masks[_AFTER_PUNCT_EARLY, cid] = float("-inf")
             if cid != v.eos:
-                masks[_TEXT, cid] = float("-inf")
+                masks[_AFTER_PUNCT, cid] = float("-inf")
+        masks[_AFTER_PUNCT_EARLY, punct] = float("-inf")
+        masks[_AFTER_PUNCT, punct] = float("-inf")
         return masks
 
     # --- caller side (any thread) ---------------------------------------------------------
@@ -211,6 +231,7 @@ class BatchScheduler:
                     f"{self.max_concurrency} running); retry later"
                 )
             self._pending.append((job, sink))
+            self._submitted += 1
             self._lock.notify_all()
 
     def cancel(self, request_id: str) -> None:
@@ -238,6 +259,7 @@ class BatchScheduler:
                 max_concurrency=self.max_concurrency,
                 max_queue=self.max_queue,
                 tokens=self._tokens,
+                submitted=self._submitted,
             )
 
     def _free_slots_locked(self) -> int:
@@ -310,7 +332,7 @@ class BatchScheduler:
         tokens = torch.tensor([s.next_input for s in live])
         positions = torch.tensor([s.position for s in live])
         logits = self._model.decode(tokens, positions)
-        phases = [s.phase if s.phase != _TEXT_EARLY or s.generated < s.job.params.min_tokens else _TEXT for s in live]
+        phases = [_phase(s) for s in live]
         logits = logits + self._masks[torch.tensor(phases)]
         picks = sample_batch(logits, [s.job.params for s in live], [s.generator for s in live], self._shared_gen).tolist()
         now = time.perf_counter()
@@ -318,19 +340,20 @@ class BatchScheduler:
         step = self._steps
         vocab = self._vocab
         max_len = self._model.cfg.max_len
+        punctuation = self._punctuation
         finished: list[_Live] = []
         reasons: list[str] = []
         for seq, token in zip(live, picks):
             rid = seq.job.request_id
             seq.position += 1
             seq.next_input = token
-            if seq.phase == _DECIDE:
+            if seq.deciding:
                 outbox.append((seq.sink, TokenEvent(rid, token, step, now)))
                 if token == vocab.listen:
                     finished.append(seq)
                     reasons.append("listen")
                 else:
-                    seq.phase = _TEXT_EARLY
+                    seq.deciding = False
                 continue
             if token == vocab.eos:
                 finished.append(seq)
@@ -338,6 +361,7 @@ class BatchScheduler:
                 continue
             outbox.append((seq.sink, TokenEvent(rid, token, step, now)))
             seq.generated += 1
+            seq.after_punct = token in punctuation
             self._tokens += 1
             if seq.generated >= seq.job.params.max_tokens or seq.position + 1 >= max_len:
                 finished.append(seq)

