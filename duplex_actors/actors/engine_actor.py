@@ -80,8 +80,8 @@ class EngineActor:
         await self.backend.start()
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            if self.stall_timeout_s:
-                tg.start_soon(self._watchdog)
+            # Always: besides stalls (only with stall_timeout_s) it retries failed aborts.
+            tg.start_soon(self._watchdog)
             task_status.started()
             try:
                 await self._loop()
@@ -210,7 +210,18 @@ class EngineActor:
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await self.backend.aclose()
-                await self.backend.start()
+            # A backend that does not come back at once is retried with backoff; an exception
+            # here would otherwise take the whole runtime down with the watchdog.
+            delay = 0.05
+            while True:
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await self.backend.start()
+                    break
+                except Exception as exc:
+                    log.error("engine_start_failed", error=f"{type(exc).__name__}: {exc}")
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
         finally:
             self._restarting = False
 

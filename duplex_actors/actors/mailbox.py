@@ -53,11 +53,13 @@ class Mailbox:
         self.refused = 0
         self.high_water = 0
 
-    def put(self, lane: Lane, message: Any) -> None:
+    def put(self, lane: Lane, message: Any, *, force: bool = False) -> None:
+        """``force``: the runtime's own control messages (expiry, shutdown close) are never
+        refused, or a client flooding its control lane could dodge expiry or crash the reaper."""
         q = self._lanes[lane]
         if q is None:
             q = self._lanes[lane] = deque()
-        if lane != Lane.ENGINE and len(q) >= self.capacity:
+        if lane != Lane.ENGINE and not force and len(q) >= self.capacity:
             self.refused += 1
             raise MailboxFull(f"{lane.name.lower()} lane is full ({self.capacity} messages)")
         q.append(message)

@@ -88,6 +88,11 @@ class SessionHandle:
     async def ask(self, command: cmd.Command, timeout: float | None = 5.0) -> None:
         await self._actor.ask(command, timeout)
 
+    def report_error(self, error) -> None:
+        """Queue an ``error`` event for this session's client (e.g. a frame that failed to
+        parse), so it arrives numbered and in order with the session's other events."""
+        self._actor.report_error(error)
+
     def append_audio(self, pcm: bytes, *, sample_rate: int = 16000, event_id: str | None = None) -> None:
         self._actor.tell(cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id))
 
@@ -192,7 +197,8 @@ class Runtime:
             with anyio.CancelScope(shield=True):
                 for actor in list(self._sessions.values()):
                     if not actor.core.closed:
-                        actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason="runtime_shutdown"), None, self.clock.now()))
+                        actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason="runtime_shutdown"), None, self.clock.now()),
+                                          force=True)
                         self._schedule(actor)
                 with anyio.move_on_after(5):
                     while self._ready:
@@ -291,7 +297,6 @@ class Runtime:
         expired = 0
         for actor in list(self._sessions.values()):
             reason = actor.core.lease.expiry(now)
-            if reason is not None and not actor.core.closed:
-                actor.expire(reason)
+            if reason is not None and not actor.core.closed and actor.expire(reason):
                 expired += 1
         return expired

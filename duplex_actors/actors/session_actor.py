@@ -42,8 +42,18 @@ class _Expire:
         self.reason = reason
 
 
+class _ReportError:
+    """An error found outside the core (e.g. by the wire codec), queued in order with data."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: DuplexError) -> None:
+        self.error = error
+
+
 class SessionActor:
-    __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "__weakref__")
+    __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "_expiring",
+                 "__weakref__")
 
     def __init__(self, core: SessionCore, runtime: "Runtime", mailbox_capacity: int) -> None:
         self.core = core
@@ -52,6 +62,7 @@ class SessionActor:
         self.scheduled = False
         self._waiter: anyio.Event | None = None
         self._finished = False  # closed and fully drained
+        self._expiring = False  # an expiry is queued (the reaper queues it once)
 
     @property
     def session_id(self) -> str:
@@ -89,9 +100,22 @@ class SessionActor:
         self.mailbox.put(Lane.ENGINE, output)
         self.runtime._schedule(self)
 
-    def expire(self, reason: str) -> None:
-        self.mailbox.put(Lane.CONTROL, _Expire(reason))
+    def report_error(self, error: DuplexError) -> None:
+        """Put an ``error`` event into this session's stream, after what is already queued."""
+        if self._finished:
+            return
+        # In the data lane so it follows the frames before it; forced: an error is never refused.
+        self.mailbox.put(Lane.DATA, _ReportError(error), force=True)
         self.runtime._schedule(self)
+
+    def expire(self, reason: str) -> bool:
+        """Queue an expiry once; returns whether this call queued it. Never refused."""
+        if self._expiring:
+            return False
+        self._expiring = True
+        self.mailbox.put(Lane.CONTROL, _Expire(reason), force=True)
+        self.runtime._schedule(self)
+        return True
 
     # -- processing (called by the dispatcher) ----------------------------------------------
 
@@ -104,7 +128,9 @@ class SessionActor:
                 break
             lane, message = item
             try:
-                if lane == Lane.ENGINE:
+                if isinstance(message, _ReportError):
+                    core.emit_error(message.error)
+                elif lane == Lane.ENGINE:
                     core.on_engine_output(message)
                 elif isinstance(message, _Expire):
                     if not core.closed:
@@ -148,6 +174,8 @@ class SessionActor:
         """The session closed: refuse what is still queued, exactly once each."""
         self._finished = True
         for lane, message in self.mailbox.drain():
+            if isinstance(message, _ReportError):
+                continue  # the session is closed: nobody is left to tell
             if lane == Lane.ENGINE:
                 self.core.on_engine_output(message)  # consumed and counted as stale
             elif isinstance(message, tuple):

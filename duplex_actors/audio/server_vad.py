@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
+
 from ..core.clock import Clock, MONOTONIC
 from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
 from .turn_detection import SpeechStarted, TurnDetectionConfig, TurnDetector
@@ -54,8 +56,13 @@ class ServerVad:
     def speaking(self) -> bool:
         return self.detector.speaking
 
-    def append(self, pcm: bytes) -> None:
-        """Report any speech boundary this audio reveals, then append it with its verdict."""
+    def append(self, audio: "bytes | AppendAudio") -> None:
+        """Report any speech boundary this audio reveals, then append it with its verdict.
+
+        ``audio`` may be the client's own AppendAudio command, so its event_id and fence stay
+        with it (an error about it then names the client's event)."""
+        command = audio if isinstance(audio, AppendAudio) else AppendAudio(pcm=audio)
+        pcm = command.pcm
         signals = self.detector.feed(pcm, self.clock.now() * 1000.0)
         cfg = self.detector.config
         speech = self.detector.speaking and self._vad.last >= cfg.threshold - cfg.hysteresis
@@ -67,4 +74,4 @@ class ServerVad:
             else:
                 self.speech_stopped += 1
                 self.session.tell(SpeechStoppedSignal(audio_ms=signal.audio_end_ms))
-        self.session.tell(AppendAudio(pcm=pcm, speech=speech))
+        self.session.tell(attrs.evolve(command, speech=speech))

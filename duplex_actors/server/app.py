@@ -1,0 +1,529 @@
+"""The Realtime websocket server: sessions of a :class:`~duplex_actors.Runtime` on the wire.
+
+Theory of operation
+-------------------
+One websocket connection is attached to at most one session at a time. A connection runs two
+tasks: the *reader* turns each text frame into a typed client event (:mod:`.wire`) and
+``tell``s it to the session without waiting for it to be processed; the *writer* iterates the
+session's events and sends each as ``event.to_wire()``. Nothing a connection does awaits
+another connection, so a client that stops reading only stalls its own writer (and, past the
+session's outbox capacity, gets its session closed as ``slow_consumer`` by the runtime).
+
+Errors: a frame that cannot become a command, or a command the session refuses, is answered
+by an ``error`` event that goes through the session's own event stream, so it carries the next
+``server_event_seq`` and is replayed after a resume like any other event. Only a connection
+without a session (failed resume, admission refused) gets an out-of-stream error with
+``server_event_seq: null``, followed by a close code.
+
+Connection end:
+* the client closes cleanly with code 1000: the session is closed (it said goodbye);
+* anything else (TCP reset, half-written frame, ping timeout, server shutdown): the session is
+  *detached* and waits out its disconnect grace for a ``session.resume``.
+
+Resume: connect to ``/v1/realtime?session_id=<id>`` and send ``session.resume`` as the first
+frame. If an older connection still holds the session (its drop went unnoticed), it is closed
+with 4001 after the new one proved it holds the current token; the session then replays every
+journaled event after the client's ``last_seq``, in order, followed by ``session.resumed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections import OrderedDict
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import attrs
+import structlog
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from ..actors.runtime import Runtime, SessionHandle
+from ..core import commands as cmd
+from ..core import events as ev
+from ..errors import (
+    DuplexError,
+    InvalidCommand,
+    ResourceExhausted,
+    ResumeConflict,
+    ResyncRequired,
+    SessionClosed,
+    UnknownSession,
+)
+from . import wire
+from .metrics import ServerMetrics
+
+log = structlog.get_logger("duplex_actors.server")
+
+#: Close codes (4000-4999 are the application's range).
+CLOSE_SUPERSEDED = 4001  # another connection resumed this session
+CLOSE_BAD_RESUME = 4400  # the first frame of a resuming connection was not a valid session.resume
+CLOSE_UNKNOWN_SESSION = 4404  # no such session (never existed, closed or expired)
+CLOSE_RESUME_CONFLICT = 4409  # stale generation or wrong resume token
+CLOSE_RESYNC_REQUIRED = 4410  # the journal no longer holds what the client missed
+CLOSE_TRY_AGAIN = 1013  # admission refused (session limit)
+
+_RESUME_CLOSE_CODES = {
+    ResumeConflict: CLOSE_RESUME_CONFLICT,
+    ResyncRequired: CLOSE_RESYNC_REQUIRED,
+    UnknownSession: CLOSE_UNKNOWN_SESSION,
+    SessionClosed: CLOSE_UNKNOWN_SESSION,
+}
+
+_SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765  # 0 picks a free port (see RealtimeServer.port)
+    #: When set, every /v1/realtime connection must present it (Authorization: Bearer <key>,
+    #: an ``api-key`` header, or the ``openai-insecure-api-key.<key>`` subprotocol).
+    api_key: str | None = None
+    limits: wire.WireLimits = wire.WireLimits()
+    path: str = "/v1/realtime"
+    #: How long a resuming connection may take to send its session.resume frame.
+    resume_wait_s: float = 10.0
+    max_connections: int = 10_000
+    #: Websocket keepalive; a peer that stops answering pings is treated as dropped (detach).
+    ping_interval_s: float | None = 20.0
+    ping_timeout_s: float | None = 20.0
+    #: SessionConfig overrides applied to every new session (e.g. disconnect_grace_s).
+    session_overrides: dict = attrs.field(factory=dict)
+    #: Builds the voice activity model for server VAD, given the session's sample rate
+    #: (None: Silero, which needs the 'embedded' extra). Tests plug a deterministic one in.
+    vad_factory: Callable[[int], Any] | None = None
+
+
+class _SessionRecord:
+    """What the server remembers about one session across its connections."""
+
+    __slots__ = ("handle", "lock", "attached", "counted_seq", "items", "vad")
+
+    def __init__(self, handle: SessionHandle) -> None:
+        self.handle = handle
+        self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
+        self.attached: _Connection | None = None
+        self.counted_seq = 0  # metrics count each event once, not again when replayed
+        self.items: OrderedDict[str, str] = OrderedDict()  # item_id -> response_id (truncate)
+        self.vad = None  # a ServerVad while turn_detection is server_vad
+
+    def remember_item(self, item_id: str, response_id: str) -> None:
+        self.items[item_id] = response_id
+        while len(self.items) > 64:
+            self.items.popitem(last=False)
+
+
+class RealtimeServer:
+    """``async with RealtimeServer(runtime, ServerConfig(port=0)) as server: ... server.url``."""
+
+    def __init__(self, runtime: Runtime, config: ServerConfig = ServerConfig()) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.metrics = ServerMetrics(runtime)
+        self._records: dict[str, _SessionRecord] = {}
+        self._server: Server | None = None
+        self._connections = 0
+        self._opened = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> "RealtimeServer":
+        self._server = await serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            process_request=self._process_request,
+            select_subprotocol=_select_subprotocol,
+            max_size=self.config.limits.transport_cap,
+            ping_interval=self.config.ping_interval_s,
+            ping_timeout=self.config.ping_timeout_s,
+            close_timeout=2.0,
+        )
+        log.info("server.listening", url=self.url)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close(close_connections=True)
+            await self._server.wait_closed()
+            self._server = None
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None, "use 'async with RealtimeServer(...)'"
+        await self._server.serve_forever()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.config.host}:{self.port}{self.config.path}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def connection_count(self) -> int:
+        return self._connections
+
+    # -- HTTP side: health, metrics, auth ---------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path.rstrip("/") or "/"
+        if path == "/health":
+            body = {"status": "ok", "sessions": self.runtime.session_count,
+                    "connections": self._connections}
+            return _respond(connection, 200, json.dumps(body) + "\n", "application/json")
+        if path == "/metrics":
+            payload, content_type = self.metrics.render()
+            return _respond(connection, 200, payload.decode("utf-8"), content_type)
+        if path != self.config.path.rstrip("/"):
+            return _respond(connection, 404, f"not found; the realtime endpoint is {self.config.path}\n")
+        if self.config.api_key is not None and not _authorized(request.headers, self.config.api_key):
+            self.metrics.auth_refused.inc()
+            log.info("server.auth_refused", remote=_remote(connection))
+            response = _respond(connection, 401, "missing or invalid API key: send "
+                                "'Authorization: Bearer <key>'\n")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="duplex-actors"'
+            return response
+        if self._connections >= self.config.max_connections:
+            return _respond(connection, 503, "too many connections; retry later\n")
+        return None
+
+    # -- websocket side ---------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        conn = _Connection(self, ws)
+        self._connections += 1
+        self.metrics.connections.inc()
+        self.metrics.connections_total.inc()
+        try:
+            query = parse_qs(urlsplit(ws.request.path).query)
+            resume_id = (query.get("session_id") or [None])[0]
+            if resume_id is not None:
+                record = await self._resume(conn, resume_id)
+            else:
+                record = await self._open(conn)
+            if record is not None:
+                await conn.run(record)
+        except Exception as exc:  # one connection's bug never takes the server down
+            log.error("server.connection_failed", error=repr(exc))
+        finally:
+            self._connections -= 1
+            self.metrics.connections.dec()
+
+    async def _open(self, conn: "_Connection") -> _SessionRecord | None:
+        self._opened += 1
+        if self._opened % 256 == 0:
+            self._sweep()
+        try:
+            handle = self.runtime.open_session_nowait(**self.config.session_overrides)
+        except DuplexError as err:
+            log.warning("server.admission_refused", code=err.code)
+            await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
+            return None
+        record = _SessionRecord(handle)
+        record.attached = conn
+        self._records[handle.id] = record
+        log.info("server.session_opened", session_id=handle.id, remote=_remote(conn.ws))
+        return record
+
+    async def _resume(self, conn: "_Connection", session_id: str) -> _SessionRecord | None:
+        ws = conn.ws
+        try:
+            request = await self._first_resume_frame(ws, session_id)
+            record = self._record_for(session_id)
+            async with record.lock:
+                handle = record.handle
+                old = record.attached
+                if old is not None:
+                    # Only a client holding the current token may push the old connection out.
+                    if not (request.command.generation == handle.generation
+                            and secrets.compare_digest(request.command.resume_token, handle.resume_token)):
+                        raise ResumeConflict("the session is attached to another connection and "
+                                             "the resume token or generation does not match")
+                    record.attached = None
+                    await old.kick()
+                await handle.ask(request.command)
+                record.attached = conn
+        except DuplexError as err:
+            self.metrics.resumes.labels(err.code).inc()
+            code = next((c for t, c in _RESUME_CLOSE_CODES.items() if isinstance(err, t)), CLOSE_BAD_RESUME)
+            log.info("server.resume_refused", session_id=session_id, code=err.code)
+            await conn.refuse(err, code)
+            return None
+        self.metrics.resumes.labels("ok").inc()
+        log.info("server.session_resumed", session_id=session_id, last_seq=request.command.last_seq,
+                 generation=handle.generation)
+        return record
+
+    async def _first_resume_frame(self, ws: ServerConnection, session_id: str) -> wire.ResumeRequest:
+        frame: Any = None
+        with anyio.move_on_after(self.config.resume_wait_s):
+            frame = await ws.recv()
+        if frame is None:
+            raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
+        request = wire.decode(frame, self.config.limits)
+        if not isinstance(request, wire.ResumeRequest):
+            raise wire.WireError("a connection opened with ?session_id= must send session.resume first",
+                                 event_id=getattr(request, "event_id", None))
+        if request.session_id != session_id:
+            raise wire.InvalidField("session_id", "does not match the session_id of the URL",
+                                    event_id=request.event_id)
+        return request
+
+    def _record_for(self, session_id: str) -> _SessionRecord:
+        record = self._records.get(session_id)
+        if record is not None and record.handle.state != "closed":
+            return record
+        handle = self.runtime.get(session_id)  # raises UnknownSession once closed or expired
+        record = self._records[session_id] = _SessionRecord(handle)
+        return record
+
+    def _forget(self, record: _SessionRecord) -> None:
+        if self._records.get(record.handle.id) is record:
+            del self._records[record.handle.id]
+
+    def _sweep(self) -> None:
+        """Drop records of sessions that closed while no connection was attached (expiry)."""
+        for session_id, record in list(self._records.items()):
+            if record.handle.state == "closed" and record.attached is None:
+                del self._records[session_id]
+
+
+class _Connection:
+    __slots__ = ("server", "ws", "record", "superseded", "writer_stopped")
+
+    def __init__(self, server: RealtimeServer, ws: ServerConnection) -> None:
+        self.server = server
+        self.ws = ws
+        self.record: _SessionRecord | None = None
+        self.superseded = False
+        self.writer_stopped = anyio.Event()
+
+    # -- refusals without a session ---------------------------------------------------------
+
+    async def refuse(self, err: DuplexError, close_code: int) -> None:
+        with contextlib.suppress(ConnectionClosed), anyio.move_on_after(2):
+            await self.ws.send(wire.encode(wire.transport_error(err)))
+            await self.ws.close(close_code, err.code[:120])
+
+    # -- the attached life ------------------------------------------------------------------
+
+    async def run(self, record: _SessionRecord) -> None:
+        self.record = record
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._write_loop)
+                await self._read_loop()
+                tg.cancel_scope.cancel()
+        finally:
+            self.writer_stopped.set()
+            with anyio.CancelScope(shield=True):
+                await self._release()
+
+    async def _read_loop(self) -> None:
+        try:
+            async for frame in self.ws:
+                self._on_frame(frame)
+        except ConnectionClosed:
+            pass  # how it ended is read from the protocol state in _release
+
+    def _on_frame(self, frame: str | bytes) -> None:
+        record = self.record
+        handle = record.handle
+        metrics = self.server.metrics
+        event = None
+        try:
+            event = wire.decode(frame, self.server.config.limits,
+                                sample_rate=handle.core.config.sample_rate)
+            if isinstance(event, wire.ResumeRequest):
+                raise wire.WireError("session.resume is only accepted as the first frame of a "
+                                     "connection opened with ?session_id=", event_id=event.event_id)
+            if isinstance(event, wire.TruncateItem):
+                event = _truncate_to_ack(record, event)
+            if isinstance(event, wire.SessionUpdate):
+                if event.turn_detection is not None:
+                    # Build the detector first: if server VAD is unavailable, nothing changes.
+                    record.vad = self._server_vad(handle, event.turn_detection)
+                elif event.vad_off:
+                    record.vad = None
+                event = event.command
+            if isinstance(event, cmd.AppendAudio) and record.vad is not None:
+                rate = handle.core.config.sample_rate
+                if event.sample_rate != rate:
+                    raise InvalidCommand(f"audio is {event.sample_rate} Hz; this session takes {rate} Hz",
+                                         event_id=event.event_id)
+                record.vad.append(event)  # speech signals first, then the client's own append
+            else:
+                handle.tell(event)
+        except DuplexError as err:
+            metrics.frames.labels("rejected").inc()
+            if err.event_id is None:
+                err.with_event_id(getattr(event, "event_id", None))
+            _report(handle, err)
+            return
+        except Exception as exc:  # a codec bug must not cost the client its connection
+            log.error("server.frame_failed", session_id=handle.id, error=repr(exc))
+            metrics.frames.labels("rejected").inc()
+            err = DuplexError(f"internal error handling this frame: {type(exc).__name__}")
+            err.code = "internal_error"
+            _report(handle, err)
+            return
+        metrics.frames.labels("decoded").inc()
+
+    def _server_vad(self, handle: SessionHandle, settings: wire.TurnDetection):
+        try:
+            from ..audio.server_vad import ServerVad
+            from ..audio.turn_detection import TurnDetectionConfig
+            from ..audio.vad import SileroVad
+
+            factory = self.server.config.vad_factory or SileroVad
+            model = factory(handle.core.config.sample_rate)
+        except ImportError as exc:
+            raise wire.NotSupported(f"server VAD is not available on this server ({exc}); "
+                                    "set turn_detection to null and commit explicitly") from None
+        config = TurnDetectionConfig(threshold=settings.threshold,
+                                     prefix_padding_ms=settings.prefix_padding_ms,
+                                     silence_duration_ms=settings.silence_duration_ms)
+        return ServerVad(handle, config=config, vad=model)
+
+    async def _write_loop(self) -> None:
+        record = self.record
+        metrics = self.server.metrics
+        try:
+            async with contextlib.aclosing(record.handle.events()) as events:
+                async for event in events:
+                    if event.seq > record.counted_seq:
+                        record.counted_seq = event.seq
+                        metrics.observe(event)
+                    if isinstance(event, ev.OutputItemAdded):
+                        record.remember_item(event.item_id, event.response_id)
+                    await self.ws.send(wire.encode(event.to_wire()))
+                    if isinstance(event, ev.SessionClosedEvent):
+                        break
+            self.server._forget(record)
+            await self.ws.close(1000, "session closed")
+        except ConnectionClosed:
+            pass
+        finally:
+            self.writer_stopped.set()
+
+    async def kick(self) -> None:
+        """Another connection resumed this session: stop writing, close, do not detach."""
+        self.superseded = True
+        with anyio.move_on_after(1.0):
+            await self.ws.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
+        if self.ws.transport is not None and not self.writer_stopped.is_set():
+            self.ws.transport.abort()
+        with anyio.move_on_after(5.0):
+            await self.writer_stopped.wait()
+
+    async def _release(self) -> None:
+        record = self.record
+        metrics = self.server.metrics
+        if record is None or record.attached is not self:
+            metrics.disconnects.labels("superseded").inc()
+            return
+        async with record.lock:
+            if record.attached is not self:
+                metrics.disconnects.labels("superseded").inc()
+                return
+            record.attached = None
+            handle = record.handle
+            if handle.state == "closed":
+                self.server._forget(record)
+                metrics.disconnects.labels("closed").inc()
+                return
+            # Read the protocol state: did the *client* start a clean close?
+            protocol = self.ws.protocol
+            said_goodbye = (protocol.close_rcvd is not None and protocol.close_rcvd.code == 1000
+                            and protocol.close_rcvd_then_sent)
+            try:
+                if said_goodbye:
+                    await handle.ask(cmd.Close(reason="client_disconnected"))
+                    metrics.disconnects.labels("closed").inc()
+                else:
+                    await handle.ask(cmd.Detach())
+                    metrics.disconnects.labels("detached").inc()
+            except DuplexError as err:  # closed meanwhile (expiry, shutdown): nothing to keep
+                log.debug("server.release_ignored", session_id=handle.id, code=err.code)
+            log.info("server.connection_released", session_id=handle.id,
+                     outcome="closed" if said_goodbye else "detached",
+                     close_code=self.ws.close_code)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _truncate_to_ack(record: _SessionRecord, event: wire.TruncateItem) -> cmd.PlaybackAck:
+    response_id = record.items.get(event.item_id)
+    if response_id is None:
+        raise wire.ItemNotFound(f"no recent assistant item {event.item_id!r} in this session",
+                                event_id=event.event_id)
+    if event.content_index != 0:
+        raise wire.InvalidField("content_index", "assistant items have one content part (0)",
+                                event_id=event.event_id)
+    return cmd.PlaybackAck(response_id=response_id, played_ms=event.audio_end_ms,
+                           event_id=event.event_id)
+
+
+def _report(handle: SessionHandle, err: DuplexError) -> None:
+    """Send ``err`` to the client as an ``error`` event inside the session's own stream."""
+    handle.report_error(err)
+
+
+def _select_subprotocol(connection: ServerConnection, subprotocols) -> str | None:
+    # Browsers send "realtime" next to the key-carrying protocol; echo only the former.
+    return "realtime" if "realtime" in subprotocols else None
+
+
+def _authorized(headers: Headers, api_key: str) -> bool:
+    offered: list[str] = []
+    auth = headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        offered.append(token.strip())
+    if headers.get("api-key"):
+        offered.append(headers["api-key"].strip())
+    for value in headers.get_all("Sec-WebSocket-Protocol"):
+        for proto in value.split(","):
+            proto = proto.strip()
+            if proto.startswith(_SUBPROTOCOL_KEY_PREFIX):
+                offered.append(proto[len(_SUBPROTOCOL_KEY_PREFIX):])
+    expected = api_key.encode("utf-8")
+    # compare every candidate, so timing does not reveal which header matched
+    return any([secrets.compare_digest(o.encode("utf-8"), expected) for o in offered])
+
+
+def _respond(connection: ServerConnection, status: int, text: str,
+             content_type: str | None = None) -> Response:
+    response = connection.respond(status, text)
+    if content_type is not None:
+        del response.headers["Content-Type"]
+        response.headers["Content-Type"] = content_type
+    return response
+
+
+def _remote(ws: ServerConnection) -> str:
+    try:
+        host, port = ws.remote_address[:2]
+        return f"{host}:{port}"
+    except Exception:
+        return "?"
+
+
+__all__ = ["RealtimeServer", "ServerConfig", "CLOSE_SUPERSEDED", "CLOSE_BAD_RESUME",
+           "CLOSE_UNKNOWN_SESSION", "CLOSE_RESUME_CONFLICT", "CLOSE_RESYNC_REQUIRED"]

@@ -1,0 +1,116 @@
+"""``duplex-actors serve``: the Realtime websocket server on a runtime with the chosen engine."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import sys
+from typing import Optional
+
+import typer
+
+
+class EngineChoice(str, enum.Enum):
+    scripted = "scripted"
+    embedded = "embedded"
+    vllm = "vllm"
+
+
+def build_engine(engine: EngineChoice, model: str | None = None):
+    """The engine backend for ``--engine``; a missing extra is a clear error, not a traceback."""
+    if engine is EngineChoice.scripted:
+        from ..engines.scripted import Script, ScriptedEngine
+
+        # Paced like a small real model, so clients see streaming rather than one burst.
+        words = tuple(f" word{i}" for i in range(24))
+        return ScriptedEngine(Script(tokens=words, audio_packets=12, packet_ms=160,
+                                     first_latency_s=0.05, token_latency_s=0.02,
+                                     packet_latency_s=0.02))
+    if engine is EngineChoice.embedded:
+        try:
+            from ..engines.embedded import make_embedded_engine
+        except ImportError as exc:
+            raise typer.BadParameter(f"the embedded engine needs the 'embedded' extra "
+                                     f"(pip install 'duplex-actors[embedded]'): {exc}") from None
+        return make_embedded_engine()
+    if not model:
+        raise typer.BadParameter("--engine vllm needs --model PATH")
+    try:
+        from ..engines.vllm_engine import make_vllm_engine
+    except ImportError as exc:
+        raise typer.BadParameter(f"the vllm engine is not available: {exc}") from None
+    return make_vllm_engine(model)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def serve(
+        host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
+        port: int = typer.Option(8765, help="TCP port; 0 picks a free one (printed at start)"),
+        engine: EngineChoice = typer.Option(EngineChoice.scripted, help="engine backend"),
+        model: Optional[str] = typer.Option(None, help="model path for --engine vllm"),
+        api_key: Optional[str] = typer.Option(
+            None, envvar="DUPLEX_API_KEY", show_envvar=True,
+            help="require this key (Authorization: Bearer <key>) on /v1/realtime"),
+        max_frame_bytes: int = typer.Option(1 << 20, help="largest client text frame parsed"),
+        max_chunk_bytes: int = typer.Option(256 << 10, help="largest decoded audio chunk per append"),
+        max_sessions: int = typer.Option(10_000, help="open sessions at most (admission)"),
+        max_connections: int = typer.Option(10_000, help="open websocket connections at most"),
+        sample_rate: int = typer.Option(16000, help="input audio rate of every session (pcm16 mono)"),
+        disconnect_grace_s: float = typer.Option(30.0, help="how long a dropped session waits for resume"),
+        idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
+    ) -> None:
+        """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics)."""
+        try:
+            import websockets  # noqa: F401
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:
+            typer.echo(f"serve needs the 'server' extra (pip install 'duplex-actors[server]'): {exc}",
+                       err=True)
+            raise typer.Exit(2) from None
+        from .wire import WireLimits
+
+        if not _is_loopback(host) and api_key is None:
+            typer.echo(f"warning: serving on {host} without --api-key; anyone who can reach it "
+                       "can open sessions", err=True)
+        backend = build_engine(engine, model)
+        limits = WireLimits(max_frame_bytes=max_frame_bytes, max_chunk_bytes=max_chunk_bytes)
+        overrides = {"sample_rate": sample_rate, "disconnect_grace_s": disconnect_grace_s,
+                     "idle_ttl_s": idle_ttl_s}
+        import anyio
+
+        anyio.run(_serve, backend, host, port, api_key, limits, overrides, max_sessions,
+                  max_connections, engine.value)
+
+
+async def _serve(backend, host, port, api_key, limits, overrides, max_sessions, max_connections,
+                 engine_name) -> None:
+    import signal
+
+    import anyio
+
+    from ..actors.runtime import Runtime
+    from ..core.session import SessionConfig
+    from .app import RealtimeServer, ServerConfig
+
+    config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
+                          max_connections=max_connections)
+    async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions) as runtime:
+        async with RealtimeServer(runtime, config) as server:
+            auth = "on" if api_key else "off"
+            print(f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
+                  f"health {server.http_url}/health, metrics {server.http_url}/metrics", flush=True)
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    print(f"shutting down ({signal.Signals(signum).name})", file=sys.stderr, flush=True)
+                    break
+    # leaving the runtime closes every session with reason runtime_shutdown
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

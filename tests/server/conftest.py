@@ -1,0 +1,60 @@
+"""Fixtures for the websocket server tests: a live server on a loopback port per test."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import AsyncIterator
+
+import pytest
+
+pytest.importorskip("websockets")
+pytest.importorskip("prometheus_client")
+
+from duplex_actors import Runtime, Script, ScriptedEngine  # noqa: E402
+from duplex_actors.server import RealtimeServer, ServerConfig  # noqa: E402
+
+# 100 ms of quiet pcm16 at 16 kHz: what a microphone sends every 100 ms.
+CHUNK_100MS = b"\x01\x00" * 1600
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@contextlib.asynccontextmanager
+async def running_server(script: Script = Script(token_latency_s=0.002), *,
+                         runtime_kw: dict | None = None, **config) -> AsyncIterator[RealtimeServer]:
+    config.setdefault("port", 0)
+    config.setdefault("host", "127.0.0.1")
+    async with Runtime(ScriptedEngine(script), **(runtime_kw or {})) as rt:
+        async with RealtimeServer(rt, ServerConfig(**config)) as server:
+            yield server
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RealtimeServer]:
+    async with running_server() as srv:
+        yield srv
+
+
+async def recv_json(ws, timeout: float = 5.0) -> dict:
+    import anyio
+
+    with anyio.fail_after(timeout):
+        return json.loads(await ws.recv())
+
+
+async def recv_until(ws, event_type: str, timeout: float = 5.0, limit: int = 500) -> list[dict]:
+    """Events up to and including the first of ``event_type`` (bounded in count and time)."""
+    import anyio
+
+    out: list[dict] = []
+    with anyio.fail_after(timeout):
+        for _ in range(limit):
+            event = json.loads(await ws.recv())
+            out.append(event)
+            if event["type"] == event_type:
+                return out
+    raise AssertionError(f"no {event_type} within {limit} events: {[e['type'] for e in out]}")

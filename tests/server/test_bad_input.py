@@ -1,0 +1,115 @@
+"""Bad input never hurts: each malformed frame gets an error event, the session survives and
+keeps everything it had accepted."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from websockets.asyncio.client import connect
+
+from duplex_actors.server.wire import WireLimits
+
+from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+LIMITS = {"max_frame_bytes": 64 * 1024, "max_chunk_bytes": 16 * 1024}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+BAD_FRAMES = [
+    ("not json at all", "invalid_json", None),
+    ('{"type": "input_audio_buffer.append", "audio": ', "invalid_json", None),
+    ('["input_audio_buffer.commit"]', "invalid_json", None),
+    (json.dumps({"type": "no.such.event", "event_id": "e1"}), "unknown_event_type", "e1"),
+    (json.dumps({"event_id": "e2"}), "invalid_value", "e2"),
+    (json.dumps({"type": "input_audio_buffer.append", "event_id": "e3"}), "invalid_value", "e3"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": 12, "event_id": "e4"}), "invalid_value", "e4"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not-base64", "event_id": "e5"}), "invalid_audio", "e5"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0\0"), "event_id": "e6"}), "invalid_audio", "e6"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0"), "sample_rate": 44100, "event_id": "e7"}), "invalid_command", "e7"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0"), "sample_rate": 24000, "event_id": "e8"}), "invalid_command", "e8"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0" * 20_000), "event_id": "e9"}), "chunk_too_large", "e9"),
+    (json.dumps({"type": "heartbeat", "pad": "x" * 70_000, "event_id": "e10"}), "frame_too_large", None),
+    (json.dumps({"type": "session.update", "session": "fast", "event_id": "e11"}), "invalid_value", "e11"),
+    (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}, "event_id": "e12"}), "unsupported_audio_format", "e12"),
+    (json.dumps({"type": "response.cancel", "event_id": "e13"}), "response_cancel_not_active", "e13"),
+    (json.dumps({"type": "conversation.item.create", "item": {"type": "message"}, "event_id": "e14"}), "not_supported", "e14"),
+    (json.dumps({"type": "conversation.item.delete", "item_id": "x", "event_id": "e15"}), "not_supported", "e15"),
+    (json.dumps({"type": "input_audio_buffer.commit", "epoch": -3, "event_id": "e16"}), "invalid_value", "e16"),
+    (json.dumps({"type": "duplex.playback_ack", "response_id": "r", "event_id": "e17"}), "invalid_value", "e17"),
+    (json.dumps({"type": "session.resume", "session_id": "s", "generation": 0, "resume_token": "t", "event_id": "e18"}), "invalid_event", "e18"),
+    (json.dumps({"type": "heartbeat", "event_id": ["not", "a", "string"]}), "invalid_value", None),
+    ("\u0000\u0001\u0002", "invalid_json", None),
+]
+
+
+async def test_each_bad_frame_gets_its_error_and_accepted_audio_is_kept():
+    async with running_server(limits=WireLimits(**LIMITS)) as server:
+        async with connect(server.url) as ws:
+            assert (await recv_json(ws))["type"] == "session.created"
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(CHUNK_100MS)}))
+            for text, code, event_id in BAD_FRAMES:
+                await ws.send(text)
+                event = await recv_json(ws)
+                assert event["type"] == "error", (text[:60], event)
+                assert event["error"]["code"] == code, (text[:60], event)
+                assert event["error"]["message"]
+                assert event["error"]["event_id"] == event_id
+                assert isinstance(event["server_event_seq"], int)
+            await ws.send(b"\x00binary")
+            event = await recv_json(ws)
+            assert event["error"]["code"] == "invalid_frame"
+            # still the same session, and the 100 ms accepted before the garbage is all there
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(CHUNK_100MS)}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            events = await recv_until(ws, "response.done")
+            committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+            assert committed["audio_ms"] == 200
+            assert events[-1]["response"]["status"] == "completed"
+        sent_errors = sum(server.metrics.client_errors.labels(code)._value.get()
+                          for code in {c for _, c, _ in BAD_FRAMES} | {"invalid_frame"})
+        assert sent_errors == len(BAD_FRAMES) + 1
+        # two were well-formed and refused by the session itself (rate, cancel with nothing)
+        assert server.metrics.frames.labels("rejected")._value.get() == len(BAD_FRAMES) + 1 - 2
+
+
+async def test_frames_past_the_transport_cap_drop_only_that_connection():
+    async with running_server(limits=WireLimits(max_frame_bytes=1024)) as server:
+        async with connect(server.url) as bystander:
+            await recv_json(bystander)
+            ws = await connect(server.url, max_size=None)
+            sid = (await recv_json(ws))["session"]["id"]
+            await ws.send(json.dumps({"type": "heartbeat", "pad": "x" * 10_000}))
+            with pytest.raises(Exception):
+                for _ in range(5):
+                    await recv_json(ws)
+            assert ws.close_code == 1009  # message too big
+            handle = server.runtime.get(sid)
+            assert handle.state != "closed"  # detached, resumable
+            await bystander.send(json.dumps({"type": "heartbeat"}))
+            assert (await recv_json(bystander))["type"] == "heartbeat.ack"
+
+
+async def test_a_client_that_stops_reading_does_not_slow_the_others():
+    from duplex_actors import Script
+
+    chatty = Script(tokens=tuple("x" * 50), audio_packets=200, packet_ms=100)
+    async with running_server(chatty) as server:
+        stalled = await connect(server.url, max_queue=1)  # its library stops reading early
+        await recv_json(stalled)
+        await stalled.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(CHUNK_100MS)}))
+        await stalled.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        # ~6 MB of audio deltas are now queued towards a reader that never reads
+        async with connect(server.url) as healthy:
+            await recv_json(healthy)
+            for _ in range(3):
+                await healthy.send(json.dumps({"type": "heartbeat"}))
+                event = await recv_until(healthy, "heartbeat.ack", timeout=2.0)
+                assert event[-1]["type"] == "heartbeat.ack"
+        stalled.transport.abort()

@@ -1,0 +1,77 @@
+"""``duplex-actors serve`` as a real process: starts, serves, stops on SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import anyio
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from duplex_actors.client import DuplexClient
+from duplex_actors.server.cli_commands import register
+
+from .conftest import CHUNK_100MS
+
+pytestmark = [pytest.mark.timeout(60)]
+
+LAUNCH = """
+import typer
+from duplex_actors.server.cli_commands import register
+app = typer.Typer()
+@app.callback()
+def root() -> None: pass
+register(app)
+app()
+"""
+
+
+def test_serve_is_registered_with_its_options():
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        pass
+
+    register(app)
+    result = CliRunner().invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0
+    for option in ("--host", "--port", "--engine", "--api-key", "--max-frame-bytes",
+                   "--max-chunk-bytes", "--max-sessions"):
+        assert option in result.output
+    bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])
+    assert bad.exit_code != 0 and "--model" in bad.output
+
+
+@pytest.mark.anyio
+async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint():
+    env = dict(os.environ, DUPLEX_API_KEY="cli-key")
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        with anyio.fail_after(30):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        assert "serving ws://127.0.0.1:" in line and "auth=on" in line, line
+        url = line.split()[2]
+        http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
+        body = await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(http + "/health", timeout=5).read())
+        assert json.loads(body)["status"] == "ok"
+        async with await DuplexClient.connect(url, api_key="cli-key") as client:
+            await client.recv()
+            await client.send_audio(CHUNK_100MS)
+            await client.commit()
+            done, _ = await client.wait_for("response.done", timeout=15)
+            assert done["response"]["status"] == "completed"
+        proc.send_signal(signal.SIGINT)
+        code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=15))
+        assert code == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,101 @@
+"""/health, /metrics and auth at connect."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from duplex_actors.client import DuplexClient
+
+from .conftest import CHUNK_100MS, recv_json, running_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def http_get(url: str, headers: dict | None = None) -> tuple[int, dict, str]:
+    def fetch():
+        request = urllib.request.Request(url, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, dict(response.headers), response.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read().decode()
+
+    return await anyio.to_thread.run_sync(fetch)
+
+
+async def test_health_reports_sessions_and_connections(server):
+    status, headers, body = await http_get(server.http_url + "/health")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == {"status": "ok", "sessions": 0, "connections": 0}
+    async with connect(server.url) as ws:
+        await recv_json(ws)
+        _, _, body = await http_get(server.http_url + "/health")
+        assert json.loads(body)["sessions"] == 1 and json.loads(body)["connections"] == 1
+
+
+async def test_unknown_paths_are_404(server):
+    status, _, body = await http_get(server.http_url + "/v2/elsewhere")
+    assert status == 404 and "/v1/realtime" in body
+
+
+def sample(text: str, name: str, labels: str = "") -> float:
+    for line in text.splitlines():
+        if line.startswith(name + labels + " ") or (not labels and line.startswith(name + " ")):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{labels} not in metrics")
+
+
+async def test_metrics_count_sessions_responses_and_latencies(server):
+    async with await DuplexClient.connect(server.url) as client:
+        await client.recv()
+        await client.send_audio(CHUNK_100MS)
+        await client.commit()
+        await client.wait_for("response.done")
+        await client.send({"type": "bogus"})
+        await client.wait_for("error")
+        status, headers, text = await http_get(server.http_url + "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain")
+        assert sample(text, "duplex_sessions", '{state="idle"}') == 1
+        assert sample(text, "duplex_sessions", '{state="responding"}') == 0
+        assert sample(text, "duplex_responses_total", '{status="completed"}') == 1
+        assert sample(text, "duplex_ttft_seconds_count") == 1
+        assert sample(text, "duplex_ttfp_seconds_count") == 1
+        assert sample(text, "duplex_client_errors_total", '{code="unknown_event_type"}') == 1
+        assert sample(text, "duplex_connections_open") == 1
+        assert sample(text, "duplex_mailbox_depth", '{stat="max"}') >= 0
+        assert sample(text, "duplex_barge_ins_total") == 0
+        assert sample(text, "duplex_engine_requests", '{outcome="submitted"}') == 1
+
+
+async def test_api_key_is_required_when_configured():
+    async with running_server(api_key="k-123") as server:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic k-123"}):
+            with pytest.raises(InvalidStatus) as info:
+                await connect(server.url, additional_headers=headers)
+            response = info.value.response
+            assert response.status_code == 401
+            assert b"API key" in response.body
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        # plain HTTP to the endpoint is refused the same way
+        status, _, body = await http_get(server.http_url + "/v1/realtime")
+        assert status == 401 and "API key" in body
+        assert server.runtime.session_count == 0  # no session was opened for a refused peer
+
+        async with connect(server.url, additional_headers={"Authorization": "Bearer k-123"}) as ws:
+            assert (await recv_json(ws))["type"] == "session.created"
+        # the browser style: the key rides in a subprotocol next to "realtime"
+        async with connect(server.url, subprotocols=["realtime", "openai-insecure-api-key.k-123"]) as ws:
+            assert ws.subprotocol == "realtime"
+            assert (await recv_json(ws))["type"] == "session.created"
+        _, _, text = await http_get(server.http_url + "/metrics")
+        assert sample(text, "duplex_auth_refused_total") == 4
+        # health and metrics stay open for probes
+        status, _, _ = await http_get(server.http_url + "/health")
+        assert status == 200

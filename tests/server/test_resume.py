@@ -1,0 +1,203 @@
+"""Abrupt disconnects detach; resume replays every missed event once, in order."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from duplex_actors import Script
+from duplex_actors.client import DuplexClient, SessionLost
+from duplex_actors.server.app import (
+    CLOSE_RESUME_CONFLICT,
+    CLOSE_RESYNC_REQUIRED,
+    CLOSE_SUPERSEDED,
+    CLOSE_UNKNOWN_SESSION,
+)
+
+from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+SLOW = Script(token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(30)), audio_packets=5,
+              packet_latency_s=0.02)
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.005)
+
+
+async def test_client_resumes_after_the_socket_dies_mid_response_and_misses_nothing():
+    async with running_server(SLOW) as server:
+        client = await DuplexClient.connect(server.url, reconnect_backoff_s=0.15)
+        async with client:
+            events = [await client.recv()]
+            await client.send_audio(CHUNK_100MS)
+            await client.commit()
+            for _ in range(200):
+                events.append(await client.recv())
+                if events[-1]["type"] == "response.output_text.delta":
+                    break
+            seq_at_drop = client.last_seq
+            client.abort_transport()  # no close frame: the server sees an abnormal closure
+            async for event in client.events():
+                events.append(event)
+                if event["type"] == "response.done":
+                    break
+            await client.heartbeat()  # and the resumed session still takes commands
+            events.append((await client.wait_for("heartbeat.ack"))[0])
+
+        types = [e["type"] for e in events]
+        seqs = [e["server_event_seq"] for e in events]
+        assert seqs == list(range(1, len(seqs) + 1)), "every event exactly once, in order"
+        assert client.reconnects == 1 and client.gaps == 0 and client.duplicates_dropped == 0
+        assert types.count("session.resumed") == 1 and types.count("response.done") == 1
+        resumed = events[types.index("session.resumed")]
+        # events were produced while the client was away, and came before session.resumed
+        assert resumed["server_event_seq"] > seq_at_drop + 1
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        assert text == "".join(SLOW.tokens)
+        done = events[types.index("response.done")]
+        assert done["response"]["status"] == "completed"
+        assert server.metrics.resumes.labels("ok")._value.get() == 1
+        # the replay was not counted twice
+        assert server.metrics.responses.labels("completed")._value.get() == 1
+
+
+async def test_abrupt_disconnect_detaches_instead_of_closing():
+    async with running_server(session_overrides={"disconnect_grace_s": 30.0}) as server:
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        session_id = created["session"]["id"]
+        ws.transport.abort()
+        handle = server.runtime.get(session_id)
+        await wait_until(lambda: handle.core.lease.detached)
+        assert handle.state != "closed" and server.runtime.session_count == 1
+
+
+async def test_half_written_frame_then_drop_detaches_and_the_session_resumes():
+    async with running_server(SLOW) as server:
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        sid, token = created["session"]["id"], created["resume_token"]
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        # A text frame header announcing 256 bytes, then only a few of them, then the drop.
+        ws.transport.write(b"\x81\xfe\x01\x00" + b"\x00\x00\x00\x00" + b'{"type": "inp')
+        ws.transport.abort()
+        handle = server.runtime.get(sid)
+        await wait_until(lambda: handle.core.lease.detached)
+
+        async with connect(f"{server.url}?session_id={sid}") as ws2:
+            await ws2.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                       "resume_token": token, "last_seq": 1}))
+            resumed = await recv_json(ws2)
+            assert resumed["type"] == "session.resumed" and resumed["replayed"] == 0
+            await ws2.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c"}))
+            events = await recv_until(ws2, "response.done")
+            committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+            assert committed["audio_ms"] == 100  # the append accepted before the drop was kept
+
+
+async def _resume_refusal(server, session_id: str, **resume) -> tuple[dict, int]:
+    async with connect(f"{server.url}?session_id={session_id}") as ws:
+        await ws.send(json.dumps({"type": "session.resume", "session_id": session_id, **resume}))
+        error = await recv_json(ws)
+        with pytest.raises(ConnectionClosed):
+            with anyio.fail_after(5):
+                await ws.recv()
+        return error, ws.close_code
+
+
+async def test_resume_refusals_have_an_error_event_and_a_close_code():
+    async with running_server(session_overrides={"journal_max_events": 3}) as server:
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        sid, token = created["session"]["id"], created["resume_token"]
+        for _ in range(6):
+            await ws.send(json.dumps({"type": "heartbeat"}))
+            await recv_json(ws)
+        ws.transport.abort()
+        handle = server.runtime.get(sid)
+        await wait_until(lambda: handle.core.lease.detached)
+
+        error, code = await _resume_refusal(server, sid, generation=0, resume_token="forged", last_seq=7)
+        assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
+        assert error["server_event_seq"] is None
+        error, code = await _resume_refusal(server, sid, generation=5, resume_token=token, last_seq=7)
+        assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
+        error, code = await _resume_refusal(server, sid, generation=0, resume_token=token, last_seq=1)
+        assert error["error"]["code"] == "resync_required" and code == CLOSE_RESYNC_REQUIRED
+        error, code = await _resume_refusal(server, "sess_nope", generation=0, resume_token=token)
+        assert error["error"]["code"] == "unknown_session" and code == CLOSE_UNKNOWN_SESSION
+        # The refusals changed nothing: the real client still resumes.
+        async with connect(f"{server.url}?session_id={sid}") as ws2:
+            await ws2.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                       "resume_token": token, "last_seq": 7}))
+            assert (await recv_json(ws2))["type"] == "session.resumed"
+
+
+async def test_first_frame_of_a_resuming_connection_must_be_session_resume(server):
+    ws = await connect(server.url)
+    sid = (await recv_json(ws))["session"]["id"]
+    async with connect(f"{server.url}?session_id={sid}") as ws2:
+        await ws2.send(json.dumps({"type": "heartbeat", "event_id": "h"}))
+        error = await recv_json(ws2)
+        assert error["type"] == "error" and error["error"]["event_id"] == "h"
+        with pytest.raises(ConnectionClosed):
+            with anyio.fail_after(5):
+                await ws2.recv()
+    # the first connection was never disturbed
+    await ws.send(json.dumps({"type": "heartbeat"}))
+    assert (await recv_json(ws))["type"] == "heartbeat.ack"
+    await ws.close()
+
+
+async def test_resume_while_the_old_connection_lingers_supersedes_it():
+    async with running_server(SLOW) as server:
+        old = await connect(server.url)
+        created = await recv_json(old)
+        sid, token = created["session"]["id"], created["resume_token"]
+        await old.send(json.dumps({"type": "input_audio_buffer.append",
+                                   "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        await old.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        seen = await recv_until(old, "response.output_text.delta")
+        last = seen[-1]["server_event_seq"]
+        await anyio.sleep(0.15)  # the old connection keeps receiving; this client ignores it
+        # The old socket is still open (its drop went unnoticed); the client comes back anyway.
+        async with connect(f"{server.url}?session_id={sid}") as new:
+            await new.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                       "resume_token": token, "last_seq": last}))
+            events = await recv_until(new, "response.done")
+            seqs = [e["server_event_seq"] for e in events]
+            assert seqs == list(range(last + 1, last + 1 + len(seqs)))
+            resumed = next(e for e in events if e["type"] == "session.resumed")
+            # what the old connection had already sent past `last` came from the journal
+            assert resumed["replayed"] >= 1
+        with pytest.raises(ConnectionClosed):
+            with anyio.fail_after(5):
+                while True:
+                    await old.recv()
+        assert old.close_code == CLOSE_SUPERSEDED
+
+
+async def test_grace_expiry_ends_the_client_with_session_lost():
+    async with running_server(session_overrides={"disconnect_grace_s": 0.1},
+                              runtime_kw={"reaper_interval_s": 0.02}) as server:
+        client = await DuplexClient.connect(server.url, reconnect_backoff_s=0.5)
+        async with client:
+            await client.recv()
+            client.abort_transport()
+            with pytest.raises(SessionLost) as info:
+                with anyio.fail_after(10):
+                    async for event in client.events():
+                        last = event
+            assert info.value.close_code == CLOSE_UNKNOWN_SESSION
+            assert last["type"] == "error" and last["error"]["code"] == "unknown_session"
+        assert server.runtime.session_count == 0

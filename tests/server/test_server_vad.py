@@ -1,0 +1,86 @@
+"""turn_detection: server_vad runs a VAD in front of the session; speech_stopped commits."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+import pytest
+from websockets.asyncio.client import connect
+
+from .conftest import recv_json, recv_until, running_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+class LoudnessVad:
+    """Deterministic stand-in for Silero: a frame is speech when it is loud."""
+
+    frame_samples = 512
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+
+    def probability(self, frame: bytes) -> float:
+        samples = memoryview(frame).cast("h")
+        return 0.95 if sum(abs(x) for x in samples) / len(samples) > 1000 else 0.02
+
+    def reset(self) -> None:
+        pass
+
+
+def tone(ms: int, amplitude: int) -> bytes:
+    n = 16 * ms
+    return b"".join(int(amplitude * math.sin(i / 5)).to_bytes(2, "little", signed=True) for i in range(n))
+
+
+def append(pcm: bytes) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+
+async def test_speech_then_silence_commits_and_responds_without_a_client_commit():
+    async with running_server(vad_factory=LoudnessVad) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 200,
+                                   "prefix_padding_ms": 0}}}}}))
+            updated = await recv_until(ws, "session.updated")
+            assert updated[-1]["session"]["auto_respond"] is True
+            for _ in range(3):
+                await ws.send(append(tone(100, 8000)))
+            for _ in range(4):
+                await ws.send(append(tone(100, 0)))
+            events = await recv_until(ws, "response.done")
+            types = [e["type"] for e in events]
+            assert types.index("input_audio_buffer.speech_started") \
+                < types.index("input_audio_buffer.speech_stopped") \
+                < types.index("input_audio_buffer.committed") < types.index("response.created")
+            stopped = events[types.index("input_audio_buffer.speech_stopped")]
+            assert 250 <= stopped["audio_end_ms"] <= 350
+            assert events[-1]["response"]["status"] == "completed"
+
+            # turn_detection null: back to explicit commits, silence commits nothing
+            await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
+            await recv_until(ws, "session.updated")
+            await ws.send(append(tone(300, 8000)))
+            await ws.send(append(tone(400, 0)))
+            await ws.send(json.dumps({"type": "heartbeat"}))
+            quiet = await recv_until(ws, "heartbeat.ack")
+            assert [e["type"] for e in quiet] == ["heartbeat.ack"]
+
+
+async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
+    def missing(rate: int):
+        raise ImportError("no VAD model installed")
+
+    async with running_server(vad_factory=missing) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps({"type": "session.update", "event_id": "u1",
+                                      "session": {"turn_detection": {"type": "server_vad"}}}))
+            error = await recv_json(ws)
+            assert error["error"]["code"] == "not_supported" and error["error"]["event_id"] == "u1"
+            sid = next(iter(server._records))
+            assert server.runtime.get(sid).core.config.auto_respond is True  # unchanged
