@@ -78,17 +78,21 @@ class EngineActor:
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.start()
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            # Always: besides stalls (only with stall_timeout_s) it retries failed aborts.
-            tg.start_soon(self._watchdog)
-            task_status.started()
-            try:
-                await self._loop()
-            finally:
-                tg.cancel_scope.cancel()
-        with anyio.CancelScope(shield=True):
-            await self.backend.aclose()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                # Always: besides stalls (only with stall_timeout_s) it retries failed aborts.
+                tg.start_soon(self._watchdog)
+                task_status.started()
+                try:
+                    await self._loop()
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            # The runtime stops us by cancellation, so closing the backend must be in a
+            # finally, shielded, or a remote engine (Ray actor, vLLM) would outlive the runtime.
+            with anyio.CancelScope(shield=True):
+                await self.backend.aclose()
 
     async def _loop(self) -> None:
         while True:
@@ -115,6 +119,13 @@ class EngineActor:
         self._poke()
 
     def abort(self, request_ids) -> None:
+        if self._tg is not None:
+            # Straight away, not through the inbox: a barge-in's stop should not wait a loop
+            # iteration for the engine task to wake (one hop less; docs/benchmarks.md). The
+            # flight is registered synchronously by submit, so nothing can be missed.
+            for rid in request_ids:
+                self._abort_now(rid)
+            return
         for rid in request_ids:
             self._inbox.append(("abort", rid))
         self._poke()

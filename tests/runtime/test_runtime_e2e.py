@@ -134,3 +134,10 @@ def test_embedding_example_runs(capsys):
     assert "turn 0: response.done status=completed" in out
     assert "turn 1: response.done status=cancelled reason=turn_detected" in out
     assert "session.closed reason=client_closed" in out
+
+
+async def test_runtime_exit_closes_the_backend():
+    engine = ScriptedEngine()
+    async with Runtime(engine):
+        assert engine.started == 1
+    assert engine.closed == 1
