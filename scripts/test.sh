@@ -8,6 +8,8 @@ bash scripts/setup.sh
 . .venv/bin/activate
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 status=0
+# The committed statecharts and design-review page must match the code.
+duplex-actors statechart --check || status=$?
 python -m pytest -q -m "not vllm" "$@" || status=$?
 if [ "${DUPLEX_SKIP_VLLM:-0}" != "1" ] && [ -f .ci/vllm.sh ]; then
     bash .ci/vllm.sh || status=$?

@@ -162,6 +162,10 @@ class EngineActor:
                         terminal = is_terminal(output)
                         if terminal:
                             flight.terminal_sent = True
+                            if isinstance(output, EngineFailure):
+                                flight.failure = output.message
+                            elif isinstance(output, Aborted):
+                                flight.aborted = True
                         self._route(output)
                         if terminal:
                             break
@@ -178,8 +182,9 @@ class EngineActor:
                 elif flight.aborted:
                     self._route(Aborted(rid, produced_at=now))
                 else:
-                    self._route(EngineFailure(rid, "stream ended without a terminal output",
-                                              produced_at=now))
+                    flight.failure = "stream ended without a terminal output"
+                    self._route(EngineFailure(rid, flight.failure, produced_at=now))
+            # Count what the session was told, so these statistics and the responses agree.
             if flight.failure is not None:
                 self.failed += 1
             elif flight.aborted:

@@ -45,6 +45,10 @@ class Lease:
     def resume(self, now: float, generation: int, token: str, control_id: str | None = None) -> tuple[int, str]:
         """Attach again; returns the new (generation, token). Raises ResumeConflict."""
         if control_id is not None and self._last_resume is not None and self._last_resume[0] == control_id:
+            # The same resume again (its answer was lost): same answer, and the client is
+            # evidently attached, so the grace timer stops.
+            self.detached_at = None
+            self.touch(now)
             return self._last_resume[1], self._last_resume[2]
         if generation != self.generation:
             raise ResumeConflict(f"lease generation is {self.generation}, resume named {generation}")

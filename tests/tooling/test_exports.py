@@ -1,0 +1,214 @@
+"""Every export format parses and says everything the live Machines say; the drift check
+passes on the committed files and fails on a modified copy; the CLI drives all of it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from transitions.extensions.diagrams import GraphMachine
+from typer.testing import CliRunner
+
+from duplex_actors.core import statechart as session_chart
+from duplex_actors.core.statechart import CHART, WHY
+from duplex_actors.tooling import lifecycles
+from duplex_actors.tooling import statechart_export as export
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = list(export.MACHINES)
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` not installed")
+
+
+def test_session_spec_is_the_compiled_chart():
+    """The export reads the same Machine the runtime compiles: same table, same priorities."""
+    spec = export.spec("session")
+    table = {key: tuple((b.dest, b.guards, b.effects) for b in branches)
+             for key, branches in CHART.table.items()}
+    assert spec.table() == table
+    assert set(spec.states) == set(CHART.states)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_json_round_trips_to_the_same_table(name):
+    spec = export.spec(name)
+    text = export.to_json(spec)
+    assert export.table_from_json(text) == spec.table()
+    data = json.loads(text)
+    assert [s["id"] for s in data["states"]] == list(spec.states)
+    assert data["initial"] == spec.initial
+
+
+def test_session_json_matches_the_runtime_table_and_why():
+    data = json.loads(export.to_json(export.spec("session")))
+    assert export.table_from_json(json.dumps(data)) == {
+        key: tuple((b.dest, b.guards, b.effects) for b in branches) for key, branches in CHART.table.items()}
+    assert {t["name"]: t["why"] for t in data["triggers"]} == WHY
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mermaid_has_every_state_and_transition(name):
+    spec = export.spec(name)
+    text = export.to_mermaid(spec)
+    lines = text.splitlines()
+    assert "stateDiagram-v2" in lines
+    assert f"    [*] --> {spec.initial}" in lines
+    for state in spec.states:
+        assert re.search(rf"^    (state \"{state}\" as )?{state}\b", text, re.M), state
+    for edge in spec.edges:
+        if edge.internal:
+            assert f"    {edge.source} : {edge.label()}" in lines, edge
+        else:
+            arrows = [l for l in lines if l.startswith(f"    {edge.source} --> {edge.target} : ")]
+            assert any(edge.trigger in l.split(" : ", 1)[1].split(" [")[0].split(" / ")[0].split(" | ")
+                       and (not edge.effects or l.endswith(" / " + ", ".join(edge.effects)))
+                       for l in arrows), edge
+    for state in spec.absorbing:
+        assert f"    {state} --> [*]" in lines
+
+
+@needs_dot
+@pytest.mark.parametrize("name", NAMES)
+def test_dot_parses_and_svg_is_svg(name):
+    spec = export.spec(name)
+    dot = export.to_dot(spec)
+    canon = subprocess.run(["dot", "-Tcanon"], input=dot, capture_output=True, text=True, check=True)
+    assert canon.stdout.startswith("digraph")
+    svg = export.render_svg(dot)
+    root = ET.fromstring(svg)
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    titles = {t.text for t in root.iter("{http://www.w3.org/2000/svg}title")}
+    assert set(spec.states) <= titles
+    assert export.svg_digest(svg) == export.dot_digest(dot)
+
+
+@needs_dot
+def test_dot_with_the_graphviz_package():
+    graphviz = pytest.importorskip("graphviz")
+    svg = graphviz.Source(export.to_dot(export.spec("session"))).pipe(format="svg").decode()
+    assert "<svg" in svg
+
+
+@pytest.mark.parametrize("machine, name", [(session_chart.MACHINE, "session"),
+                                           (lifecycles.ENGINE_REQUEST_MACHINE, "engine_request"),
+                                           (lifecycles.LEASE_MACHINE, "lease")])
+def test_edges_agree_with_transitions_own_diagram(machine, name):
+    """transitions' GraphMachine, fed the same rows, draws the same (source, target, trigger)
+    arrows as our DOT: an independent renderer of the same Machine as a cross-check."""
+    rows = []
+    for trigger, event in machine.events.items():
+        for source, transitions in event.transitions.items():
+            for t in transitions:
+                rows.append({"trigger": trigger, "source": source, "dest": t.dest,
+                             "conditions": [c.func for c in t.conditions if c.target],
+                             "unless": [c.func for c in t.conditions if not c.target]})
+    graph_machine = GraphMachine(model=None, states=list(machine.states), transitions=rows,
+                                 initial=machine.initial, auto_transitions=False, graph_engine="graphviz")
+
+    class Model:
+        pass
+
+    model = Model()
+    graph_machine.add_model(model)
+    theirs = set()
+    for match in re.finditer(r'^\s*(\w+) -> (\w+) \[label=(?:"([^"]*)"|(\w+))', model.get_graph().source, re.M):
+        source, target, quoted, bare = match.groups()
+        label = quoted if quoted is not None else bare
+        for part in label.split(" | "):
+            trigger = part.split(" ")[0]
+            if "[internal]" not in part:
+                theirs.add((source, target, trigger))
+    spec = export.spec(name)
+    ours = {(e.source, e.target, e.trigger) for e in spec.edges if not e.internal}
+    assert ours == theirs
+
+
+# --- committed files and drift ----------------------------------------------------------------
+
+def test_committed_files_match_the_code():
+    problems = export.check(ROOT)
+    assert problems == [], "\n".join(problems) + "\nregenerate: duplex-actors statechart --write"
+
+
+def _copy_committed(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "statecharts", tmp_path / "statecharts")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "design-review.md", tmp_path / "docs" / "design-review.md")
+    return tmp_path
+
+
+@pytest.mark.parametrize("victim, edit", [
+    ("statecharts/session.mmd", lambda t: t.replace("barge_in --> ", "barge_in --> idle : made up\n    barge_in --> ", 1)),
+    ("statecharts/lease.scxml", lambda t: t.replace('target="expired"', 'target="attached"', 1)),
+    ("statecharts/engine_request.json", lambda t: t.replace('"aborted"', '"failed"', 1)),
+    ("statecharts/session.dot", lambda t: t + "// hand edit\n"),
+    ("statecharts/session.svg", lambda t: re.sub(r"dot-sha256: [0-9a-f]{8}", "dot-sha256: 00000000", t)),
+    ("docs/design-review.md", lambda t: t.replace("| `idle` |", "| `idle?` |", 1)),
+])
+def test_drift_check_fails_on_a_modified_copy(tmp_path, victim, edit):
+    root = _copy_committed(tmp_path)
+    assert export.check(root) == []
+    path = root / victim
+    path.write_text(edit(path.read_text()))
+    problems = export.check(root)
+    assert len(problems) == 1 and problems[0].startswith(str(path)), problems
+
+
+def test_drift_check_reports_missing_files(tmp_path):
+    root = _copy_committed(tmp_path)
+    (root / "statecharts" / "lease.mmd").unlink()
+    assert export.check(root) == [f"{root / 'statecharts' / 'lease.mmd'}: missing"]
+
+
+# --- the command line -----------------------------------------------------------------------
+
+def _app():
+    cli = pytest.importorskip("duplex_actors.cli")
+    return cli.app
+
+
+def test_cli_check_passes_and_fails(tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(_app(), ["statechart", "--check", "--root", str(ROOT)])
+    assert ok.exit_code == 0, ok.output
+    root = _copy_committed(tmp_path)
+    (root / "statecharts" / "session.scxml").write_text("<scxml/>")
+    bad = runner.invoke(_app(), ["statechart", "--check", "--root", str(root)])
+    assert bad.exit_code == 1
+    assert "session.scxml" in bad.output
+
+
+@pytest.mark.parametrize("fmt", ["mermaid", "dot", "scxml", "json"] + (["svg"] if shutil.which("dot") else []))
+def test_cli_writes_each_format(tmp_path, fmt):
+    result = CliRunner().invoke(_app(), ["statechart", "--format", fmt, "--machine", "all", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for name in NAMES:
+        path = tmp_path / f"{name}.{export.EXTENSIONS[fmt]}"
+        assert path.read_text() == (ROOT / "statecharts" / path.name).read_text() or fmt == "svg"
+
+
+def test_cli_prints_one_machine_and_the_review_doc():
+    runner = CliRunner()
+    lease = runner.invoke(_app(), ["statechart", "--format", "mermaid", "--machine", "lease"])
+    assert lease.exit_code == 0 and lease.output == export.to_mermaid(export.spec("lease"))
+    review = runner.invoke(_app(), ["statechart", "--format", "review-md"])
+    assert review.exit_code == 0 and review.output == export.review_markdown()
+    unknown = runner.invoke(_app(), ["statechart", "--machine", "nope"])
+    assert unknown.exit_code != 0
+
+
+def test_review_doc_has_a_row_per_transition_with_its_why():
+    text = export.review_markdown()
+    for name in NAMES:
+        spec = export.spec(name)
+        assert f"## {name}" in text
+        for edge in spec.edges:
+            target = "(internal)" if edge.internal else f"`{edge.target}`"
+            row = next((l for l in text.splitlines()
+                        if l.startswith(f"| `{edge.source}` | `{edge.trigger}` |") and f"| {target} |" in l), None)
+            assert row is not None, edge
+            assert spec.why[edge.trigger] in row.replace("\\|", "|")
