@@ -42,4 +42,10 @@ from .engines.base import EngineBackend, EngineCapabilities
 from .engines.scripted import Script, ScriptedEngine
 from .errors import *  # noqa: F401,F403  (the error vocabulary is public)
 
+from .logconfig import ensure_configured as _ensure_logging
+
+# Unless the application configured structlog itself, filter below warnings: structlog's own
+# default renders every event, and the core logs each transition at debug level.
+_ensure_logging()
+
 __version__ = "0.1.0"

@@ -89,6 +89,12 @@ class StaleFence(ClientError):
     code = "stale_fence"
 
 
+class FenceAhead(ClientError):
+    """A command named an epoch the session has not reached: the client cannot know it."""
+
+    code = "fence_ahead"
+
+
 class UnknownSession(ClientError):
     code = "unknown_session"
 

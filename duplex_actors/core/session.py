@@ -29,6 +29,7 @@ from ..errors import (
     Backpressure,
     DuplexError,
     EngineProtocolError,
+    FenceAhead,
     IllegalTransition,
     InvalidCommand,
     StaleFence,
@@ -371,8 +372,12 @@ class SessionCore:
             if trigger != "close":
                 self.chart.resolve(self._state, trigger, self._guard)  # raises SessionClosed
             return
-        if command.epoch is not None and command.epoch < self.epoch:
-            raise StaleFence(f"command names epoch {command.epoch}; session is at {self.epoch}")
+        # Close is never fenced off: closing is always allowed and always harmless.
+        if command.epoch is not None and trigger != "close":
+            if command.epoch < self.epoch:
+                raise StaleFence(f"command names epoch {command.epoch}; session is at {self.epoch}")
+            if command.epoch > self.epoch:
+                raise FenceAhead(f"command names epoch {command.epoch}; session is only at {self.epoch}")
         if isinstance(command, AppendAudio):
             if command.sample_rate != self.config.sample_rate:
                 raise InvalidCommand(

@@ -1,0 +1,72 @@
+"""duplex_actors.testing: the public testing kit.
+
+* :mod:`.strategies`: hypothesis strategies for audio chunks, fenced command programs and
+  engine scripts.
+* :mod:`.machine`: ``SessionCoreMachine`` and ``RuntimeMachine``, hypothesis
+  ``RuleBasedStateMachine`` bases that check every session invariant; subclass them to check
+  your own engine backend or session policy.
+* :mod:`.pytest_plugin`: fixtures and hypothesis profiles, registered as a pytest entry point.
+
+Names are resolved lazily so that importing this package (which the pytest plugin does) never
+requires hypothesis.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    # strategies
+    "pcm16_chunks": "strategies",
+    "audio_chunks": "strategies",
+    "fences": "strategies",
+    "FenceChoice": "strategies",
+    "FencedCommand": "strategies",
+    "commands": "strategies",
+    "fenced_commands": "strategies",
+    "command_programs": "strategies",
+    "engine_scripts": "strategies",
+    "script_books": "strategies",
+    "ScriptBook": "strategies",
+    "engine_outputs": "strategies",
+    "engine_output_specs": "strategies",
+    "OutputSpec": "strategies",
+    # model and checkers
+    "SessionModel": "model",
+    "Expectation": "model",
+    "EventStreamChecker": "model",
+    # state machines
+    "SessionCoreMachine": "machine",
+    "RuntimeMachine": "machine",
+    "RecordingBackend": "machine",
+    # plugin helpers
+    "RuntimeDriver": "pytest_plugin",
+    "register_profiles": "pytest_plugin",
+    "load_profile_from_env": "pytest_plugin",
+    # re-exported for convenience: the engine every test starts with
+    "Script": None,
+    "ScriptedEngine": None,
+    "ManualClock": None,
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    if module is None:
+        import duplex_actors
+
+        value = getattr(duplex_actors, name)
+    else:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

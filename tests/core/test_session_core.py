@@ -210,3 +210,15 @@ def test_without_server_vad_speech_stopped_only_reports():
     core = core_in("listening")
     core.handle(cmd.SpeechStoppedSignal(audio_ms=100))
     assert core.state == "listening" and core.take_actions() == []
+
+
+def test_close_is_never_fenced_off_and_future_epochs_are_refused():
+    from duplex_actors.errors import FenceAhead
+
+    core = core_in("listening")
+    with pytest.raises(FenceAhead):
+        core.handle(cmd.CommitInput(epoch=3))
+    assert core.state == "listening"
+    core.handle(cmd.BargeIn(epoch=0))
+    core.handle(cmd.Close(epoch=99))
+    assert core.state == "closed"

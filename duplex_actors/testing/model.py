@@ -1,0 +1,451 @@
+"""A pure, independent model of one session, and a checker for the event stream a client sees.
+
+:class:`SessionModel` predicts, for every command and engine output, what a session must do:
+the typed error of an illegal command, the new state, epoch and turn, the engine actions
+(submit, abort), the response terminals and whether the timing ledger must be empty. It is
+written from the domain rules, not from the statechart table, so a state machine test that
+compares the two can fail when the chart (or the code behind it) is wrong. It covers the
+cascaded mode (``model_native=False``), with or without ``auto_respond``, and the overlap
+policy (speech over a response longer than ``min_interruption_ms`` is a barge-in).
+
+:class:`EventStreamChecker` watches the events a client receives, in order, and raises
+``AssertionError`` on the first one that breaks a stream invariant (one active response;
+created -> deltas -> exactly one done; non-decreasing epochs; nothing of a cancelled epoch after
+its terminal; TTFT/TTFP at most once and never negative; nothing after session.closed). It
+needs no model, so it also checks streams recorded from real deployments.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import attrs
+
+from ..core import events as ev
+from ..core.commands import Command
+from ..core.engine_io import Aborted, AudioPacket, Decision, EngineFailure, EngineOutput, TextDelta, TurnDone
+from ..core.session import SessionConfig
+from ..core.timing import SERVER
+from ..errors import (
+    Backpressure,
+    DuplexError,
+    InputBufferEmpty,
+    InvalidCommand,
+    NoActiveResponse,
+    ResponseInProgress,
+    SessionClosed,
+    FenceAhead,
+    StaleFence,
+)
+
+IDLE, LISTENING, RESPONDING, BARGE_IN, CLOSED = "idle", "listening", "responding", "barge_in", "closed"
+
+
+@attrs.define
+class Expectation:
+    """What one input must do to the session, as the model predicts it."""
+
+    trigger: str
+    error: type[DuplexError] | None = None
+    #: (request id, bytes of audio) for every SubmitTurn the input causes.
+    submits: list[tuple[str, int]] = attrs.Factory(list)
+    #: request ids of every AbortRequests the input causes.
+    aborts: list[tuple[str, ...]] = attrs.Factory(list)
+    epoch_moved: bool = False
+    #: response.created / response.done (status, reason) / session.closed, in order.
+    terminals: list[tuple] = attrs.Factory(list)
+    #: the output was consumed as stale (or refused as invalid) and changed nothing visible.
+    stale: bool = False
+    invalid: bool = False
+    #: the ledger must be empty after this input (end of response, barge-in, close).
+    timing_reset: bool = False
+
+
+@attrs.define
+class ModelResponse:
+    response_id: str
+    epoch: int
+    turn_id: int
+    start: float | None
+    first_text: float | None = None
+    first_audio: float | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if self.first_text is None or self.start is None:
+            return None
+        return (self.first_text - self.start) * 1000.0
+
+    @property
+    def ttfp_ms(self) -> float | None:
+        if self.first_audio is None or self.start is None:
+            return None
+        return (self.first_audio - self.start) * 1000.0
+
+
+class SessionModel:
+    """The expected behaviour of one session, fed the same inputs as the real one."""
+
+    def __init__(self, session_id: str, config: SessionConfig | None = None) -> None:
+        self.config = config or SessionConfig()
+        if self.config.model_native:
+            raise NotImplementedError("SessionModel covers the cascaded mode (model_native=False)")
+        self.session_id = session_id
+        self.state = IDLE
+        self.epoch = 0
+        self.turn_id = 0
+        self.buffered = 0  # bytes of uncommitted user audio
+        self.committed = 0  # bytes committed, not yet sent with a model turn
+        self.turn_request: str | None = None
+        self.request_start: float | None = None
+        self.response: ModelResponse | None = None
+        self.aborting: set[str] = set()
+        self.overlap_ms: float | None = None
+        self.stale_outputs = 0
+        self.invalid_outputs = 0
+        self.issued: list[str] = []  # every request id ever submitted, in order
+        self.terminals: list[tuple] = []  # every terminal ever expected, in order
+        self.close_issued_at: int | None = None  # len(issued) when the session closed
+        #: TTFT / TTFP (ms) each response must report, when the inputs carried times.
+        self.ttft: dict[str, float] = {}
+        self.ttfp: dict[str, float] = {}
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def command(self, command: Command, now: float | None = None) -> Expectation:
+        trigger = command.TRIGGER
+        exp = Expectation(trigger)
+        if self.state == CLOSED:
+            if trigger != "close":
+                exp.error = SessionClosed
+            return exp
+        if command.epoch is not None and trigger != "close":
+            if command.epoch < self.epoch:
+                exp.error = StaleFence
+                return exp
+            if command.epoch > self.epoch:
+                exp.error = FenceAhead
+                return exp
+        handler = getattr(self, "_c_" + trigger, None)
+        if handler is None:
+            raise NotImplementedError(f"SessionModel does not model {trigger!r}")
+        handler(command, exp, now)
+        self.terminals.extend(exp.terminals)
+        return exp
+
+    def _c_append(self, c, exp, now) -> None:
+        if c.sample_rate != self.config.sample_rate:
+            exp.error = InvalidCommand
+            return
+        if self.buffered + len(c.pcm) > self.config.max_input_bytes:
+            exp.error = Backpressure
+            return
+        if self.state == IDLE:
+            self.state = LISTENING
+        self.buffered += len(c.pcm)
+        # The overlap policy: speech over a response longer than the minimum barges in.
+        ms = len(c.pcm) / 2 / self.config.sample_rate * 1000.0
+        if self.overlap_ms is not None and self.state == RESPONDING:
+            self.overlap_ms += ms
+            if self.overlap_ms >= self.config.min_interruption_ms:
+                self._cancel(exp, "turn_detected")
+
+    def _c_commit(self, c, exp, now) -> None:
+        if self.state == RESPONDING:
+            exp.error = ResponseInProgress
+            return
+        if self.state == IDLE or self.buffered == 0:
+            exp.error = InputBufferEmpty
+            return
+        self.committed, self.buffered = self.buffered, 0
+        if self.config.auto_respond:
+            self._submit(exp, now)
+        else:
+            self.state = IDLE
+
+    def _c_create_response(self, c, exp, now) -> None:
+        if self.state == RESPONDING:
+            exp.error = ResponseInProgress
+            return
+        self._submit(exp, now)
+
+    def _c_clear(self, c, exp, now) -> None:
+        self.buffered = 0
+        if self.state in (IDLE, LISTENING):
+            self.state = IDLE
+
+    def _c_barge_in(self, c, exp, now) -> None:
+        if self.state == RESPONDING:
+            self._cancel(exp, c.reason)
+
+    def _c_cancel(self, c, exp, now) -> None:
+        if self.state != RESPONDING:
+            exp.error = NoActiveResponse
+            return
+        self._cancel(exp, c.reason)
+
+    def _c_heartbeat(self, c, exp, now) -> None:
+        pass
+
+    def _c_speech_started(self, c, exp, now) -> None:
+        if self.state == IDLE:
+            self.state = LISTENING
+        elif self.state == RESPONDING:
+            self.overlap_ms = 0.0
+
+    def _c_speech_stopped(self, c, exp, now) -> None:
+        if self.state == RESPONDING:
+            self.overlap_ms = None
+
+    def _c_close(self, c, exp, now) -> None:
+        self._close(exp, c.reason)
+
+    def close(self, reason: str) -> Expectation:
+        """The session closed for a reason of its own (expiry, failure)."""
+        exp = Expectation("close")
+        if self.state != CLOSED:
+            self._close(exp, reason)
+            self.terminals.extend(exp.terminals)
+        return exp
+
+    # -- engine outputs ---------------------------------------------------------------------
+
+    def output(self, output: EngineOutput, now: float | None = None) -> Expectation:
+        rid = output.request_id
+        exp = Expectation("output")
+        if rid == self.turn_request:
+            assert self.state == RESPONDING, "model: a live request outside responding"
+            if isinstance(output, Decision):
+                if output.speak:
+                    self._begin(exp, now)
+                else:  # "keep listening" for a committed turn: the engine broke the protocol
+                    exp.invalid = True
+                    self.invalid_outputs += 1
+            elif isinstance(output, (TextDelta, AudioPacket)):
+                self._begin(exp, now)
+                r = self.response
+                if isinstance(output, TextDelta):
+                    if output.text and output.token_count > 0 and r.first_text is None:
+                        r.first_text = now
+                        if r.ttft_ms is not None:
+                            self.ttft[r.response_id] = r.ttft_ms
+                elif r.first_audio is None:
+                    r.first_audio = now
+                    if r.ttfp_ms is not None:
+                        self.ttfp[r.response_id] = r.ttfp_ms
+            elif isinstance(output, TurnDone):
+                self._end(exp, now, "incomplete" if output.reason == "length" else "completed",
+                          None if output.reason != "length" else "max_output_tokens")
+            elif isinstance(output, (EngineFailure, Aborted)):
+                self._end(exp, now, "failed", "engine_error")
+        else:
+            exp.stale = True
+            self.stale_outputs += 1
+        # A request of a cancelled epoch ended: once all have, barge_in is left.
+        if rid in self.aborting and _terminal_for(output):
+            self.aborting.discard(rid)
+            if not self.aborting and self.state == BARGE_IN:
+                self.state = LISTENING if self.buffered else IDLE
+        self.terminals.extend(exp.terminals)
+        return exp
+
+    # -- shared paths -----------------------------------------------------------------------
+
+    def _submit(self, exp: Expectation, now) -> None:
+        rid = f"{self.session_id}/e{self.epoch}/t{self.turn_id}"
+        exp.submits.append((rid, self.committed))
+        self.issued.append(rid)
+        self.committed = 0
+        self.turn_request = rid
+        self.request_start = now
+        self.overlap_ms = None
+        self.state = RESPONDING
+
+    def _begin(self, exp: Expectation, now) -> None:
+        if self.response is not None:
+            return
+        rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
+        start = self.request_start if self.request_start is not None else now
+        self.response = ModelResponse(rid, self.epoch, self.turn_id, start)
+        exp.terminals.append(("response.created", rid))
+
+    def _finish_response(self, exp: Expectation, status: str, reason: str | None) -> None:
+        if self.response is not None:
+            exp.terminals.append(("response.done", self.response.response_id, status, reason))
+            self.response = None
+
+    def _end(self, exp: Expectation, now, status: str, reason: str | None) -> None:
+        self._begin(exp, now)  # a turn that ends before any output still answers with a pair
+        self._finish_response(exp, status, reason)
+        self.turn_request = None
+        self.request_start = None
+        self.turn_id += 1
+        self.overlap_ms = None
+        self.state = LISTENING if self.buffered else IDLE
+        exp.timing_reset = True
+
+    def _abort_in_flight(self, exp: Expectation) -> None:
+        if self.turn_request is not None:
+            self.aborting.add(self.turn_request)
+            exp.aborts.append((self.turn_request,))
+        self.turn_request = None
+        self.request_start = None
+
+    def _cancel(self, exp: Expectation, reason: str) -> None:
+        self.state = BARGE_IN
+        self.epoch += 1
+        exp.epoch_moved = True
+        self._abort_in_flight(exp)
+        self._finish_response(exp, "cancelled", reason)
+        self.overlap_ms = None
+        exp.timing_reset = True
+
+    def _close(self, exp: Expectation, reason: str) -> None:
+        self.state = CLOSED
+        self._abort_in_flight(exp)
+        done_reason = reason if reason in ("turn_detected", "client_cancelled") else "session_closed"
+        self._finish_response(exp, "cancelled", done_reason)
+        self.buffered = self.committed = 0
+        self.overlap_ms = None
+        self.close_issued_at = len(self.issued)
+        exp.terminals.append(("session.closed", reason))
+        exp.timing_reset = True
+
+    # -- comparing with a real core ---------------------------------------------------------
+
+    def mismatches(self, core) -> list[str]:
+        """Every observable way ``core`` (a SessionCore) differs from the model; [] if none."""
+        out = []
+
+        def same(name, real, want):
+            if real != want:
+                out.append(f"{name}: session has {real!r}, model expects {want!r}")
+
+        same("state", core.state, self.state)
+        same("epoch", core.epoch, self.epoch)
+        same("turn_id", core.turn_id, self.turn_id)
+        same("buffered input bytes", core.buffered_input_bytes, self.buffered)
+        same("active response", core.response_id,
+             None if self.response is None else self.response.response_id)
+        same("in-flight requests", set(core.in_flight_requests),
+             {self.turn_request} if self.turn_request else set())
+        same("requests being aborted", set(core.aborting_requests), self.aborting)
+        same("stale outputs counted", core.counters.stale_outputs, self.stale_outputs)
+        same("invalid outputs counted", core.counters.invalid_outputs, self.invalid_outputs)
+        # The ledger holds something exactly while a model turn is in flight.
+        same("timing ledger empty", core.timing.is_empty, self.state != RESPONDING)
+        return out
+
+
+def _terminal_for(output: EngineOutput) -> bool:
+    return isinstance(output, (TurnDone, EngineFailure, Aborted)) or (
+        isinstance(output, Decision) and not output.speak)
+
+
+# --- the event stream -----------------------------------------------------------------------
+
+_RESPONSE_PARTS = (ev.OutputItemAdded, ev.ContentPartAdded, ev.TextDeltaEvent, ev.AudioDeltaEvent,
+                   ev.TranscriptDeltaEvent, ev.TextDone, ev.AudioDone, ev.TranscriptDone,
+                   ev.ContentPartDone, ev.OutputItemDone)
+
+
+class EventStreamChecker:
+    """Feed it every event a client receives, in order; it raises AssertionError on a break."""
+
+    def __init__(self, *, check_seq: bool = True) -> None:
+        self.check_seq = check_seq
+        self.events: list[ev.ServerEvent] = []
+        self.last_seq = 0
+        self.last_epoch = 0
+        self.closed = False
+        self.open: ev.ResponseCreated | None = None
+        self.created: set[str] = set()
+        self.done: dict[str, ev.ResponseDone] = {}
+        self.ttft: dict[str, float] = {}
+        self.ttfp: dict[str, float] = {}
+        self.cancelled_epoch: int | None = None  # epoch of the last cancelled response.done
+        self.terminals: list[tuple] = []  # created / done / closed, as SessionModel lists them
+
+    def feed(self, events: Iterable[ev.ServerEvent]) -> None:
+        for event in events:
+            self.check(event)
+
+    def check(self, e: ev.ServerEvent) -> None:
+        where = f"event #{len(self.events) + 1} {e.type} (seq {e.seq}, epoch {e.epoch})"
+        self.events.append(e)
+        assert not self.closed, f"{where} arrived after session.closed"
+        if self.check_seq:
+            assert e.seq == self.last_seq + 1, f"{where}: server_event_seq jumped from {self.last_seq}"
+            self.last_seq = e.seq
+        assert e.epoch >= self.last_epoch, f"{where}: epoch went back from {self.last_epoch}"
+        if self.cancelled_epoch is not None and not isinstance(e, ev.SessionClosedEvent):
+            assert e.epoch > self.cancelled_epoch, (
+                f"{where}: an event of epoch {e.epoch} after that epoch's response was cancelled")
+        self.last_epoch = e.epoch
+
+        if isinstance(e, ev.ResponseCreated):
+            assert self.open is None, (
+                f"{where}: response {e.response_id} created while {self.open.response_id} is active")
+            assert e.response_id not in self.created, f"{where}: response id {e.response_id} reused"
+            self.created.add(e.response_id)
+            self.open = e
+            self.cancelled_epoch = None
+            self._metrics(where, e, e.metrics, fresh=True)
+            self.terminals.append(("response.created", e.response_id))
+        elif isinstance(e, _RESPONSE_PARTS):
+            self._inside(where, e)
+            metrics = getattr(e, "metrics", None)
+            if isinstance(e, ev.TextDeltaEvent) and metrics is not None:
+                assert e.response_id not in self.ttft, f"{where}: TTFT recorded twice"
+                assert metrics.ttft_ms is not None, f"{where}: first-token metrics without TTFT"
+                self.ttft[e.response_id] = metrics.ttft_ms
+            if isinstance(e, ev.AudioDeltaEvent) and metrics is not None:
+                assert e.response_id not in self.ttfp, f"{where}: TTFP recorded twice"
+                assert metrics.ttfp_ms is not None, f"{where}: first-packet metrics without TTFP"
+                self.ttfp[e.response_id] = metrics.ttfp_ms
+            self._metrics(where, e, metrics)
+        elif isinstance(e, ev.ResponseDone):
+            self._inside(where, e)
+            assert e.status in ev.RESPONSE_STATUSES, f"{where}: unknown status {e.status!r}"
+            self._metrics(where, e, e.metrics)
+            self.done[e.response_id] = e
+            self.open = None
+            if e.status == "cancelled":
+                self.cancelled_epoch = e.epoch
+            self.terminals.append(("response.done", e.response_id, e.status, e.reason))
+        elif isinstance(e, ev.SessionClosedEvent):
+            assert self.open is None, (
+                f"{where}: session closed while response {self.open.response_id} never got response.done")
+            self.closed = True
+            self.terminals.append(("session.closed", e.reason))
+
+    def _inside(self, where: str, e: ev.ResponseEvent) -> None:
+        assert e.response_id not in self.done, f"{where}: event for {e.response_id} after its response.done"
+        assert self.open is not None and self.open.response_id == e.response_id, (
+            f"{where}: event for {e.response_id}, which is not the active response")
+        assert e.epoch == self.open.epoch, (
+            f"{where}: epoch {e.epoch} inside a response created at epoch {self.open.epoch}")
+
+    def _metrics(self, where: str, e, m, *, fresh: bool = False) -> None:
+        if m is None:
+            return
+        assert m.response_id == e.response_id, f"{where}: metrics of {m.response_id} leaked in"
+        assert m.source == SERVER, f"{where}: metrics source is {m.source!r}, expected 'server'"
+        for name in ("ttft_ms", "ttfp_ms", "tpot_ms", "stop_latency_ms"):
+            value = getattr(m, name)
+            assert value is None or value >= 0, f"{where}: {name} is negative ({value})"
+        if fresh:  # nothing of an earlier response may leak into a new one
+            assert m.ttft_ms is None and m.ttfp_ms is None and m.token_count == 0, (
+                f"{where}: a new response starts with timing already recorded: {m}")
+            return
+        rid = e.response_id
+        if rid in self.ttft:
+            assert m.ttft_ms == self.ttft[rid], f"{where}: TTFT changed from {self.ttft[rid]} to {m.ttft_ms}"
+        if rid in self.ttfp:
+            assert m.ttfp_ms == self.ttfp[rid], f"{where}: TTFP changed from {self.ttfp[rid]} to {m.ttfp_ms}"
+
+    def assert_complete(self) -> None:
+        """The stream ended properly: session.closed came, and every response got its done."""
+        assert self.closed, "the event stream ended without session.closed"
+        missing = self.created - set(self.done)
+        assert not missing, f"responses without response.done: {sorted(missing)}"
