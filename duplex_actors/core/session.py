@@ -172,8 +172,17 @@ class SessionCore:
         self._ctx: dict[str, Any] = {}
         self._close_reason: str | None = None
         self._playback: dict[str, int] | None = None
-        self._log = log.bind(session_id=session_id)
+        # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
+        # session never logs (docs/benchmarks.md).
+        self._log = None
         self._emit(ev.SessionCreated, config=self.config.public(), resume_token=self.lease.token)
+
+    @property
+    def _logger(self):
+        logger = self._log
+        if logger is None:
+            logger = self._log = log.bind(session_id=self.session_id)
+        return logger
 
     # ------------------------------------------------------------------ public surface
 
@@ -249,8 +258,8 @@ class SessionCore:
             # output is consumed and counted, the session carries on; it is never the client's
             # fault and never delivered.
             self.counters.invalid_outputs += 1
-            self._log.warning("engine_output_refused", request_id=rid, trigger=trigger,
-                              state=err.state)
+            self._logger.warning("engine_output_refused", request_id=rid, trigger=trigger,
+                                 state=err.state)
         finally:
             self._ctx = {}
         if self._state != CLOSED:
@@ -339,8 +348,8 @@ class SessionCore:
         for effect in resolution.effects:
             getattr(self, "_fx_" + effect)()
         if resolution.dest != source or resolution.effects:
-            self._log.debug("transition", trigger=trigger, src=source, dest=resolution.dest,
-                            epoch=self.epoch, turn_id=self.turn_id)
+            self._logger.debug("transition", trigger=trigger, src=source, dest=resolution.dest,
+                               epoch=self.epoch, turn_id=self.turn_id)
 
     def _guard(self, name: str) -> bool:
         return getattr(self, "_g_" + name)()
@@ -516,6 +525,8 @@ class SessionCore:
         # Other units still deciding would answer for a turn that has already begun.
         if self._units:
             self._abort(tuple(self._units), "superseded")
+            # They no longer hold the lease: only the promoted turn does.
+            self.lease.in_flight = max(self.lease.in_flight - len(self._units), 0)
             self._units = None
 
     def _fx_emit_decision(self) -> None:

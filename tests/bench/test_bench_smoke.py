@@ -1,0 +1,138 @@
+"""Smoke tests of the benchmark suite: every piece runs at tiny sizes and produces its keys.
+
+No timing is asserted anywhere (figures on a shared machine are noise at these sizes); what is
+checked is that the suite works end to end, prints ratios and writes its files.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from duplex_actors.bench import report
+from duplex_actors.bench import runtime_bench as rb
+from duplex_actors.bench.cli_commands import register, run_suite
+
+FIGURE_KEYS = {"metric", "value", "unit", "baseline", "baseline_label", "ratio", "target", "met"}
+
+
+def _check(result: dict, name: str) -> None:
+    assert result["name"] == name
+    assert result["figures"], "a bench must print at least one figure"
+    for fig in result["figures"]:
+        assert FIGURE_KEYS <= fig.keys()
+        if fig["baseline"] and fig["value"] is not None:
+            assert fig["ratio"] == pytest.approx(fig["value"] / fig["baseline"])
+    json.dumps(result, default=str)  # JSON-able
+
+
+def test_throughput_tiny():
+    r = rb.bench_throughput(sizes=(3, 2, 2, 5, 1))
+    _check(r, "throughput")
+    assert {"append_msgs_per_s", "turn_msgs_per_s", "turns_per_s", "ask_round_trip_s",
+            "bare_put_get_per_s", "bare_ping_pong_s"} <= r["raw"].keys()
+
+
+def test_scale_tiny():
+    r = rb.bench_scale(quick=True, sessions=200)
+    _check(r, "scale")
+    for kind in ("runtime", "bare"):
+        steps = r["series"][kind]
+        assert steps[-1]["sessions"] == 200
+        assert {"sessions", "seconds", "rss_bytes"} <= steps[-1].keys()
+        assert r["raw"][kind]["tracemalloc_bytes_per_session"] > 0
+
+
+def test_realtime_tiny():
+    r = rb.bench_realtime(quick=True, sizes=(4,), seconds=0.4)
+    _check(r, "realtime")
+    row = r["rows"][0]
+    assert row["sessions"] == 4
+    for key in ("append_to_core_ms", "commit_to_engine_ms", "event_delivery_lag_ms",
+                "bare_append_ms", "cpu_fraction", "cpu_us_per_chunk", "sessions_per_core",
+                "gc_pauses", "errors"):
+        assert key in row
+    assert row["append_to_core_ms"]["n"] > 0
+    assert set(r["series"]["4"]) == {"runtime", "bare"}
+
+
+def test_barge_in_tiny():
+    r = rb.bench_barge_in(quick=True, sessions=4, seconds=1.2)
+    _check(r, "barge_in")
+    assert {"barge_ins", "stale_after_done", "dropped_undelivered_audio",
+            "stale_outputs_consumed", "engine_aborted"} <= r["counts"].keys()
+    # The one non-timing promise: no audio of a cancelled response after its response.done.
+    assert r["counts"]["stale_after_done"] == 0
+
+
+def test_percentiles_and_cdf():
+    p = rb.percentiles([float(i) for i in range(100)])
+    assert (p["n"], p["p50"], p["p99"], p["max"]) == (100, 50.0, 99.0, 99.0)
+    assert rb.percentiles([])["p99"] is None
+    cdf = rb.cdf_points([3.0, 1.0, 2.0])
+    assert cdf[-1] == (3.0, 1.0)
+
+
+def test_report_files(tmp_path):
+    results = [rb.bench_throughput(sizes=(2, 2, 1, 3, 1)),
+               rb.bench_realtime(quick=True, sizes=(3,), seconds=0.3),
+               {"name": "engine", "skipped": "torch is not installed"}]
+    lines: list[str] = []
+    for r in results:
+        report.print_result(r, lines.append)
+    assert any("ratio" in line for line in lines)
+    assert any("skipped" in line for line in lines)
+    path = report.write_json(results, tmp_path, quick=True)
+    doc = json.loads(path.read_text())
+    assert [r["name"] for r in doc["results"]] == ["throughput", "realtime", "engine"]
+    assert "| throughput |" in report.markdown_table(results)
+    pngs = report.write_pngs(results, tmp_path, lines.append)
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "realtime_cdf.png") in pngs
+
+
+def test_cli_runs_and_writes_files(tmp_path, monkeypatch):
+    import typer
+
+    from duplex_actors.bench import cli_commands
+
+    tiny = {
+        "throughput": lambda: rb.bench_throughput(sizes=(2, 2, 1, 3, 1)),
+        "engine": lambda: cli_commands._engine_bench("engine", "duplex_actors.bench.no_such_bench",
+                                                     "json", True),
+        "vllm": lambda: cli_commands._engine_bench("vllm", "duplex_actors.bench.vllm_bench",
+                                                   "no_such_module_xyz", True),
+    }
+    monkeypatch.setattr(cli_commands, "_plan", lambda quick: tiny)
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # a second command keeps typer in sub-command mode
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["bench", "--quick", "--out", str(out), "--only", "throughput",
+                                   "--only", "engine", "--only", "vllm"])
+    assert res.exit_code == 0, res.output
+    assert "ratio" in res.output
+    assert "skipped: duplex_actors.bench.no_such_bench is not present" in res.output
+    assert "skipped: 'no_such_module_xyz' is not installed" in res.output
+    doc = json.loads((out / "bench.json").read_text())
+    assert [r["name"] for r in doc["results"]] == ["throughput", "engine", "vllm"]
+    assert (out / "bench.md").exists()
+
+
+def test_embedded_figures_from_engine_bench_shape():
+    from duplex_actors.bench.cli_commands import _embedded_figures
+
+    raw = {"engine_tokens_per_s": {1: 900.0, 64: 20000.0}, "bare_tokens_per_s": {1: 1000.0, 64: 21000.0},
+           "sequential_b1_tokens_per_s": 1000.0, "targets": {"engine_vs_bare": 0.8}}
+    figs = _embedded_figures(raw)
+    assert [f["met"] for f in figs] == [True, True, True]
+    assert _embedded_figures({"unexpected": 1}) is None
+
+
+def test_unknown_bench_name_is_refused(tmp_path):
+    import typer
+
+    with pytest.raises(typer.BadParameter):
+        run_suite(True, tmp_path, ["nope"], lambda _: None)
