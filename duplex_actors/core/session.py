@@ -18,6 +18,7 @@ Guarantees (property-tested in tests/core):
 
 from __future__ import annotations
 
+import functools
 import secrets
 from typing import Any, Union
 
@@ -57,6 +58,44 @@ from .statechart import CHART, CLOSED, ENGINE_TRIGGERS, RESPONDING, CompiledChar
 from .timing import CumulativeWindow, TimingLedger
 
 log = structlog.get_logger("duplex_actors.session")
+
+
+# Each resolution's effects as SessionCore functions, looked up once per chart branch instead of
+# by name on every event (the chart's resolutions are long-lived values, so id() is stable).
+_EFFECT_FUNCTIONS: dict[int, tuple] = {}
+
+
+def _effect_functions(resolution) -> tuple:
+    functions = _EFFECT_FUNCTIONS.get(id(resolution))
+    if functions is None:
+        functions = tuple(getattr(SessionCore, "_fx_" + e) for e in resolution.effects)
+        _EFFECT_FUNCTIONS[id(resolution)] = functions
+    return functions
+
+
+def _transition_logging() -> bool:
+    """Whether debug events would be emitted at all: skip building one per transition if not.
+
+    Read from structlog's current configuration each time, so switching to debug (e.g. for
+    ``duplex-actors trace``) takes effect at once."""
+    return _debug_enabled(_current_wrapper_class())
+
+
+try:  # structlog.get_config() copies the whole configuration (~1 us): read the one field
+    from structlog._config import _CONFIG as _STRUCTLOG_CONFIG
+
+    def _current_wrapper_class():
+        return _STRUCTLOG_CONFIG.default_wrapper_class
+except ImportError:  # pragma: no cover - a structlog without that private name
+    def _current_wrapper_class():
+        return structlog.get_config()["wrapper_class"]
+
+
+@functools.lru_cache(maxsize=8)
+def _debug_enabled(wrapper_class) -> bool:
+    # structlog's filtering loggers replace methods below their level with a no-op.
+    debug = getattr(wrapper_class, "debug", None)
+    return debug is None or getattr(debug, "__name__", "") != "_nop"
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -345,9 +384,9 @@ class SessionCore:
         source = self._state
         resolution = self.chart.resolve(source, trigger, self._guard)
         self._state = resolution.dest
-        for effect in resolution.effects:
-            getattr(self, "_fx_" + effect)()
-        if resolution.dest != source or resolution.effects:
+        for effect in _effect_functions(resolution):
+            effect(self)
+        if (resolution.dest != source or resolution.effects) and _transition_logging():
             self._logger.debug("transition", trigger=trigger, src=source, dest=resolution.dest,
                                epoch=self.epoch, turn_id=self.turn_id)
 
