@@ -150,7 +150,8 @@ class Caller:
             if m is not None:
                 self.metrics.append(m.to_wire())
                 self.stats.last_ttft_ms = m.ttft_ms
-            if event.status == "completed":
+            if event.status in ("completed", "incomplete"):
+                # incomplete = stopped at the token limit: a full answer as far as the caller hears
                 self.stats.responses_completed += 1
                 # Wait for the answer to finish playing, pause, then speak again.
                 pause = self.rng.uniform(*self.behaviour.pause_s)

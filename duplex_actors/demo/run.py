@@ -49,7 +49,9 @@ def build_engine(options: DemoOptions):
 
         if not options.model:
             raise SystemExit("--engine vllm needs --model PATH")
-        backend = make_vllm_engine(options.model)
+        # A random tiny model seldom ends a reply by itself: keep replies short and end at a
+        # full stop, as a real deployment's stop rules would.
+        backend = make_vllm_engine(options.model, sampling_defaults={"max_tokens": 48, "stop": ["."]})
     else:
         raise SystemExit(f"unknown engine {options.engine!r}")
     return PacedEngine(backend, lead_ms=options.lead_ms)
