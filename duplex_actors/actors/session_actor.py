@@ -9,6 +9,7 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import anyio
@@ -52,7 +53,7 @@ class _ReportError:
 
 
 class SessionActor:
-    __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "_expiring",
+    __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "_expiring", "_unread",
                  "__weakref__")
 
     def __init__(self, core: SessionCore, runtime: "Runtime", mailbox_capacity: int) -> None:
@@ -63,6 +64,7 @@ class SessionActor:
         self._waiter: anyio.Event | None = None
         self._finished = False  # closed and fully drained
         self._expiring = False  # an expiry is queued (the reaper queues it once)
+        self._unread: deque[ServerEvent] | None = None  # taken from the core, not yet handed out
 
     @property
     def session_id(self) -> str:
@@ -153,6 +155,9 @@ class SessionActor:
     def _handle_command(self, command: Command, reply: _Reply | None, received_at: float) -> None:
         try:
             self.core.handle(command, received_at=received_at)
+            if command.TRIGGER == "resume":
+                # Taken but never handed out: the resume's replay re-sends them, in order.
+                self._unread = None
         except DuplexError as err:
             if reply is not None:
                 reply.error = err
@@ -190,13 +195,22 @@ class SessionActor:
 
     async def events(self) -> AsyncIterator[ServerEvent]:
         """Every event of this session, in order, ending with ``session.closed``."""
+        # One event at a time from a buffer the actor owns: a reader that stops between two
+        # events of a batch (break, cancel) leaves the rest to the next reader instead of
+        # taking them (seq-stamped, journaled) down with its generator.
         while True:
-            batch = self.core.take_events()
-            for event in batch:
+            if not self._unread:
+                batch = self.core.take_events()
+                if batch:
+                    self._unread = deque(batch)
+            if self._unread:
+                event = self._unread.popleft()
+                if not self._unread:
+                    self._unread = None  # an idle session keeps no empty deque
                 yield event
                 if isinstance(event, SessionClosedEvent):
                     return
-            if not batch:
+            else:
                 if self._finished and not self.core.has_events():
                     return
                 self._waiter = anyio.Event()

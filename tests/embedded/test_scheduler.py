@@ -74,12 +74,23 @@ def test_cancelling_the_consumer_frees_the_slot_within_one_step():
         other = asyncio.create_task(_drain(engine, request("sess_y")))
         task = asyncio.create_task(consume())
         await got_text.wait()
-        steps_at_abort = engine.scheduler.stats().steps
+        # "Within one step" counts from the moment the abort reaches the scheduler: how soon
+        # the event loop runs the cancelled task depends on the loop's load, not the engine.
+        scheduler = engine.scheduler
+        original_cancel = scheduler.cancel
+        at_cancel: list[int] = []
+
+        def recording_cancel(request_id):
+            at_cancel.append(scheduler.stats().steps)
+            original_cancel(request_id)
+
+        scheduler.cancel = recording_cancel
         task.cancel()
         await asyncio.wait_for(released.wait(), 5)
         await other
         await engine.aclose()
-        return rid, steps_at_abort, events
+        assert at_cancel, "cancelling the consumer never reached the scheduler"
+        return rid, at_cancel[0], events
 
     rid, steps_at_abort, events = run(main())
     release = next(e for e in events if isinstance(e, SlotReleased) and e.request_id == rid)
