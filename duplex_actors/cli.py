@@ -22,6 +22,7 @@ _PARTS = (
     ("duplex_actors.demo.cli_commands", "register", "embedded"),
     ("duplex_actors.server.cli_commands", "register", "server"),
     ("duplex_actors.bench.cli_commands", "register", None),
+    ("duplex_actors.bench.soak", "register_soak", None),
     ("duplex_actors.tooling.cli_commands", "register", None),
 )
 
