@@ -60,16 +60,18 @@ from .timing import CumulativeWindow, TimingLedger
 log = structlog.get_logger("duplex_actors.session")
 
 
-# Each resolution's effects as SessionCore functions, looked up once per chart branch instead of
-# by name on every event (the chart's resolutions are long-lived values, so id() is stable).
-_EFFECT_FUNCTIONS: dict[int, tuple] = {}
+# Effect-name tuples as SessionCore functions, looked up once per distinct tuple instead of by
+# name on every event. Keyed by the tuple's value, never by object identity: charts built by
+# tests come and go, and a recycled id() would hand one branch another's effects.
+_EFFECT_FUNCTIONS: dict[tuple[str, ...], tuple] = {}
 
 
 def _effect_functions(resolution) -> tuple:
-    functions = _EFFECT_FUNCTIONS.get(id(resolution))
+    effects = resolution.effects
+    functions = _EFFECT_FUNCTIONS.get(effects)
     if functions is None:
-        functions = tuple(getattr(SessionCore, "_fx_" + e) for e in resolution.effects)
-        _EFFECT_FUNCTIONS[id(resolution)] = functions
+        functions = tuple(getattr(SessionCore, "_fx_" + e) for e in effects)
+        _EFFECT_FUNCTIONS[effects] = functions
     return functions
 
 
