@@ -111,15 +111,24 @@ class Caller:
             elif delay < -0.5:  # fell far behind (overloaded machine): do not burst to catch up
                 next_t = time.perf_counter()
 
-    async def conversation(self, deadline: float) -> None:
-        """Speak a first turn, then react to what the model does until the deadline."""
+    async def conversation(self) -> None:
+        """Speak a first turn, then react to what the model does until the session closes."""
         self._speak_next_turn()
         async for event in self.session.events():
             self._on_event(event)
             if event.type == "session.closed":
                 return
-            if time.perf_counter() > deadline and not self._response_active:
-                await self.session.close("demo_finished")
+
+    async def hang_up(self, deadline: float, grace_s: float = 15.0) -> None:
+        """At the deadline, let an answer in progress finish (up to ``grace_s``), then close."""
+        await anyio.sleep(max(deadline - time.perf_counter(), 0))
+        with anyio.move_on_after(grace_s):
+            while self._response_active:
+                await anyio.sleep(0.05)
+        try:
+            await self.session.close("demo_finished")
+        except SessionClosed:
+            pass
 
     def _speak_next_turn(self) -> None:
         text = self.rng.choice(self.turns)
@@ -195,7 +204,8 @@ class Caller:
 
     async def run(self, deadline: float) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self.microphone, deadline + 5)
+            tg.start_soon(self.microphone, deadline + 20)
             tg.start_soon(self.scheduler, deadline)
-            await self.conversation(deadline)
+            tg.start_soon(self.hang_up, deadline)
+            await self.conversation()
             tg.cancel_scope.cancel()

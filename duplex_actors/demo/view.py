@@ -12,9 +12,9 @@ from rich.table import Table
 def _table(callers, runtime, remaining: float) -> Table:
     stats = runtime.engine.statistics()
     table = Table(title=f"duplex_actors demo — {remaining:4.0f} s left — engine in flight "
-                        f"{stats.in_flight}, submitted {stats.submitted}")
-    for column in ("caller", "state", "turns", "completed", "cancelled", "failed", "barge-ins",
-                   "backchannels", "audio pkts", "last TTFT ms"):
+                        f"{stats.in_flight}, submitted {stats.submitted}",
+                  caption="done = completed, cut = cancelled by barge-in, ack = backchannels said")
+    for column in ("#", "state", "turns", "done", "cut", "fail", "barge", "ack", "pkts", "TTFT ms"):
         table.add_column(column, justify="right")
     for c in callers:
         s = c.stats
