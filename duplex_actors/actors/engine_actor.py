@@ -252,6 +252,12 @@ class EngineActor:
             if stalled:
                 await self.restart(f"engine stalled: no output for {self.stall_timeout_s}s")
 
+    def cleanup_pending(self, request_ids) -> bool:
+        """Whether any of these requests still holds engine resources: a live stream, a route
+        waiting for its terminal, or a backend abort that failed and is being retried."""
+        return any(rid in self._flights or rid in self._routes or rid in self._abort_retry
+                   for rid in request_ids)
+
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(len(self._flights), len(self._routes), self.submitted,
                                 self.completed, self.aborted, self.failed, self.unrouted,

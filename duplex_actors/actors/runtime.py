@@ -38,6 +38,8 @@ class RuntimeStatistics:
     closed: int
     ready: int
     engine: EngineStatistics
+    #: closed sessions still holding an admission slot until engine cleanup succeeds
+    draining: int = 0
 
 
 class SessionHandle:
@@ -163,6 +165,8 @@ class Runtime:
         self.reaper_interval_s = reaper_interval_s
         self.engine = EngineActor(engine, clock=clock, stall_timeout_s=stall_timeout_s)
         self._sessions: dict[str, SessionActor] = {}
+        #: closed sessions whose aborted engine requests are not cleaned up yet
+        self._draining: dict[str, tuple[str, ...]] = {}
         self._ready: deque[SessionActor] = deque()
         self._wake: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -216,7 +220,7 @@ class Runtime:
     def open_session_nowait(self, config: SessionConfig | None = None, **overrides) -> SessionHandle:
         if not self._running:
             raise RuntimeClosed("the runtime is not running (use 'async with Runtime(...)')")
-        if len(self._sessions) >= self.max_sessions:
+        if len(self._sessions) + self._draining_count() >= self.max_sessions:
             raise ResourceExhausted(f"session limit {self.max_sessions} reached; retry later")
         config = config or self.config
         if overrides:
@@ -252,13 +256,26 @@ class Runtime:
     def _session_closed(self, actor: SessionActor) -> None:
         if self._sessions.pop(actor.session_id, None) is not None:
             self.closed += 1
+            aborted = actor.core.aborted_request_ids
+            if aborted and self.engine.cleanup_pending(aborted):
+                # Closed, but the engine has not let go of what it aborted yet (a stream still
+                # ending, or a failed backend abort being retried): the session keeps its
+                # admission slot until then, so failing cleanup cannot overbook the engine.
+                self._draining[actor.session_id] = aborted
+
+    def _draining_count(self) -> int:
+        if self._draining:
+            pending = self.engine.cleanup_pending
+            for sid in [s for s, ids in self._draining.items() if not pending(ids)]:
+                del self._draining[sid]
+        return len(self._draining)
 
     def statistics(self) -> RuntimeStatistics:
         by_state: dict[str, int] = {}
         for actor in self._sessions.values():
             by_state[actor.core.state] = by_state.get(actor.core.state, 0) + 1
         return RuntimeStatistics(len(self._sessions), by_state, self.opened, self.closed,
-                                 len(self._ready), self.engine.statistics())
+                                 len(self._ready), self.engine.statistics(), self._draining_count())
 
     # -- the dispatcher ---------------------------------------------------------------------
 

@@ -178,7 +178,7 @@ class SessionCore:
         "session_id", "config", "clock", "chart", "epoch", "turn_id", "counters", "lease",
         "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
         "_replay", "_timing", "_windows", "_turn_request", "_units", "_unit_seq", "_aborting",
-        "_response", "_overlap_ms", "_ctx", "_close_reason", "_log", "_playback", "__weakref__",
+        "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback", "__weakref__",
     )
 
     def __init__(self, session_id: str, config: SessionConfig | None = None,
@@ -212,6 +212,7 @@ class SessionCore:
         self._overlap_ms: float | None = None  # audio ms of user speech over the response
         self._ctx: dict[str, Any] = {}
         self._close_reason: str | None = None
+        self._aborted_ids: list[str] | None = None
         self._playback: dict[str, int] | None = None
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
@@ -671,12 +672,24 @@ class SessionCore:
         self.lease.in_flight = max(self.lease.in_flight - 1, 0)
         self._overlap_ms = None
 
+    @property
+    def aborted_request_ids(self) -> tuple[str, ...]:
+        """The last requests this session aborted: the engine may still hold resources for
+        them after the session closed (the runtime keeps the admission slot until it does not)."""
+        return tuple(self._aborted_ids or ())
+
     def _fx_advance_epoch(self) -> None:
         self.epoch += 1
 
     def _abort(self, request_ids: tuple[str, ...], reason: str) -> None:
         if not request_ids:
             return
+        # Remembered (bounded) so the runtime can keep this session's admission slot until the
+        # engine has really let go of what we aborted.
+        if self._aborted_ids is None:
+            self._aborted_ids = []
+        self._aborted_ids.extend(request_ids)
+        del self._aborted_ids[:-16]
         if self._aborting is None:
             self._aborting = set()
         self._aborting.update(request_ids)

@@ -114,3 +114,29 @@ async def test_terminal_events_always_fit_the_reserve():
         audit(events)
         assert [e.type for e in events if e.TERMINAL] == ["response.done", "session.closed"]
         await settle(rt)
+
+
+async def test_a_closed_session_keeps_its_slot_until_engine_cleanup_succeeds():
+    """Close mid-response while the backend's abort keeps failing: the session is closed (one
+    session.closed), but its admission slot comes back only once the retried abort went through."""
+    from duplex_actors.testing.faults import FaultyEngine
+
+    engine = FaultyEngine(ScriptedEngine(Script(token_latency_s=0.05, tokens=("x",) * 200)),
+                          abort_failures=3)
+    async with Runtime(engine, max_sessions=1, reaper_interval_s=0) as rt:
+        s = await rt.open_session()
+        s.append_audio(b"\x01\x00" * 320)
+        await s.commit()
+        async for e in s.events():
+            if e.type == "response.output_text.delta":
+                break
+        await s.close()
+        assert s.state == "closed"
+        assert rt.statistics().draining == 1
+        with pytest.raises(ResourceExhausted):
+            await rt.open_session()
+        with anyio.fail_after(10):  # the watchdog retries the abort every 0.5 s
+            while rt.statistics().draining:
+                await anyio.sleep(0.05)
+        assert engine.abort_calls >= 4 and engine.abort_ok
+        await rt.open_session()  # the slot is back
