@@ -358,16 +358,6 @@ def _append(f: _Fields, event_id, epoch, limits: WireLimits, sample_rate: int):
                            event_id=event_id, epoch=epoch)
 
 
-@_parser("input_audio_buffer.commit")
-def _commit(f, event_id, epoch, limits, sample_rate):
-    return cmd.CommitInput(event_id=event_id, epoch=epoch)
-
-
-@_parser("input_audio_buffer.clear")
-def _clear(f, event_id, epoch, limits, sample_rate):
-    return cmd.ClearInput(event_id=event_id, epoch=epoch)
-
-
 @_parser("response.create")
 def _response_create(f: _Fields, event_id, epoch, limits, sample_rate):
     response = f.object("response")
@@ -499,16 +489,6 @@ def _not_supported(f: _Fields, event_id, epoch, limits, sample_rate):
 # --- duplex extensions ----------------------------------------------------------------------
 
 
-@_parser("heartbeat")
-def _heartbeat(f, event_id, epoch, limits, sample_rate):
-    return cmd.Heartbeat(event_id=event_id, epoch=epoch)
-
-
-@_parser("duplex.barge_in")
-def _barge_in(f, event_id, epoch, limits, sample_rate):
-    return cmd.BargeIn(event_id=event_id, epoch=epoch)
-
-
 @_parser("duplex.playback_ack")
 def _playback_ack(f: _Fields, event_id, epoch, limits, sample_rate):
     return cmd.PlaybackAck(response_id=f.str("response_id", required=True, max_len=256),
@@ -516,9 +496,6 @@ def _playback_ack(f: _Fields, event_id, epoch, limits, sample_rate):
                            event_id=event_id, epoch=epoch)
 
 
-@_parser("session.close")
-def _session_close(f, event_id, epoch, limits, sample_rate):
-    return cmd.Close(event_id=event_id, epoch=epoch)
 
 
 @_parser("session.resume")
@@ -547,3 +524,21 @@ def transport_error(err: DuplexError) -> dict:
     return {"type": "error", "event_id": None, "server_event_seq": None, "epoch": None,
             "error": {"type": type(err).__name__, "code": err.code, "message": err.message,
                       "event_id": err.event_id}}
+
+
+# Events with no fields of their own beyond event_id and the fence: one parser shape for all.
+def _fieldless(command_class):
+    def parse(f, event_id, epoch, limits, sample_rate):
+        return command_class(event_id=event_id, epoch=epoch)
+
+    return parse
+
+
+for _event_type, _command_class in (
+    ("input_audio_buffer.commit", cmd.CommitInput),
+    ("input_audio_buffer.clear", cmd.ClearInput),
+    ("heartbeat", cmd.Heartbeat),
+    ("duplex.barge_in", cmd.BargeIn),
+    ("session.close", cmd.Close),
+):
+    _parser(_event_type)(_fieldless(_command_class))
