@@ -10,7 +10,7 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
 import structlog
@@ -225,8 +225,3 @@ def _internal_error(exc: BaseException) -> DuplexError:
     err.code = "internal_error"
     return err
 
-
-def describe(actor: SessionActor) -> dict[str, Any]:
-    stats = actor.mailbox.statistics()
-    return {"session_id": actor.session_id, "state": actor.core.state, "epoch": actor.core.epoch,
-            "turn_id": actor.core.turn_id, "mailbox_depth": stats.depth}

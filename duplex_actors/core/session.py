@@ -54,7 +54,7 @@ from .fence import Fence
 from .journal import ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
-from .statechart import CHART, CLOSED, ENGINE_TRIGGERS, RESPONDING, CompiledChart
+from .statechart import CHART, CLOSED, RESPONDING, CompiledChart
 from .timing import CumulativeWindow, TimingLedger
 
 log = structlog.get_logger("duplex_actors.session")
@@ -414,6 +414,8 @@ class SessionCore:
 
     @staticmethod
     def _is_terminal_for(output: EngineOutput) -> bool:
+        # Wider than engine_io.is_terminal on purpose: a listen decision ends an aborted
+        # request's part in barge_in whatever its request id looks like.
         return isinstance(output, (TurnDone, EngineFailure, Aborted)) or (
             isinstance(output, Decision) and not output.speak)
 

@@ -272,9 +272,6 @@ class CompiledChart:
             for (state, trigger), branches in self.table.items()
         }
 
-    def allows(self, state: str, trigger: str) -> bool:
-        return (state, trigger) in self.table
-
     def resolve(self, state: str, trigger: str, guard: Callable[[str], bool]) -> Resolution:
         """Pick the branch for ``trigger`` in ``state``; raise the declared refusal if none."""
         branches = self._resolved.get((state, trigger))
