@@ -6,7 +6,7 @@ owns everything else (slots, the model's cache, sampling state) and loops:
 
 1. take the inbox: drop cancelled sequences (their slots free *before* the next compute, so
    an abort takes effect within one decode step), then admit queued jobs in FIFO order while
-   slots are free, prefilling each one's prompt into its slot;
+   slots are free, prefilling all their prompts into their slots in one batched pass;
 2. run one batched decode step over all live sequences, sample one token per row;
 3. hand every produced token / ending to the caller's ``dispatch`` in one call per step, and
    free finished slots at once.
@@ -310,21 +310,35 @@ class BatchScheduler:
         self._release(gone, "aborted")
 
     def _admit(self, admits, outbox) -> tuple[str, ...]:
-        admitted = []
+        # A prompt that cannot run fails alone; the rest are prefilled together in one pass
+        # (a burst of joiners costs about what a few single prefills do).
+        ready: list[tuple[DecodeJob, Sink, torch.Tensor]] = []
         for job, sink in admits:
-            slot = len(self._live)
             try:
-                position = self._model.prefill(slot, list(job.prefix_ids), job.audio_features, list(job.suffix_ids))
+                embedded = self._model.embed_prompt(job.prefix_ids, job.audio_features, job.suffix_ids)
             except Exception as exc:
-                log.warning("scheduler.prefill_failed", request_id=job.request_id, error=repr(exc))
-                outbox.append((sink, SequenceEnded(job.request_id, "failed", self._steps, time.perf_counter(), repr(exc))))
+                self._fail_admission(job, sink, exc, outbox)
                 continue
+            ready.append((job, sink, embedded))
+        if not ready:
+            return ()
+        first = len(self._live)
+        try:
+            positions = self._model.prefill_many(first, [embedded for _, _, embedded in ready])
+        except Exception as exc:
+            for job, sink, _ in ready:
+                self._fail_admission(job, sink, exc, outbox)
+            return ()
+        for offset, ((job, sink, _), position) in enumerate(zip(ready, positions)):
             gen = None
             if job.params.seed is not None:
                 gen = torch.Generator().manual_seed(job.params.seed)
-            self._live.append(_Live(job, sink, slot, position, gen))
-            admitted.append(job.request_id)
-        return tuple(admitted)
+            self._live.append(_Live(job, sink, first + offset, position, gen))
+        return tuple(job.request_id for job, _, _ in ready)
+
+    def _fail_admission(self, job: DecodeJob, sink: Sink, exc: Exception, outbox) -> None:
+        log.warning("scheduler.prefill_failed", request_id=job.request_id, error=repr(exc))
+        outbox.append((sink, SequenceEnded(job.request_id, "failed", self._steps, time.perf_counter(), repr(exc))))
 
     def _step(self, admitted: tuple[str, ...], outbox) -> None:
         began = time.perf_counter()
