@@ -132,14 +132,14 @@ class EngineActor:
 
     # -- routing ----------------------------------------------------------------------------
 
-    def _route(self, output: EngineOutput) -> None:
+    def _route(self, output: EngineOutput, terminal: bool) -> None:
         rid = output.request_id
         deliver = self._routes.get(rid)
         if deliver is None:
             # Never creates state: an output nobody registered is counted and dropped.
             self.unrouted += 1
             return
-        if is_terminal(output):
+        if terminal:
             # The route goes only once the terminal is handed over, so late output of a
             # closing session is still consumed by it.
             del self._routes[rid]
@@ -159,14 +159,14 @@ class EngineActor:
                         flight.last_output = self.clock.now()
                         if output.request_id != rid:
                             continue  # a backend may not speak for other requests
-                        terminal = is_terminal(output)
+                        terminal = is_terminal(output, request.kind)
                         if terminal:
                             flight.terminal_sent = True
                             if isinstance(output, EngineFailure):
                                 flight.failure = output.message
                             elif isinstance(output, Aborted):
                                 flight.aborted = True
-                        self._route(output)
+                        self._route(output, terminal)
                         if terminal:
                             break
         except Exception as exc:  # a backend failure fails this request, never the runtime
@@ -178,12 +178,12 @@ class EngineActor:
                 flight.terminal_sent = True
                 now = self.clock.now()
                 if flight.failure is not None:
-                    self._route(EngineFailure(rid, flight.failure, produced_at=now))
+                    self._route(EngineFailure(rid, flight.failure, produced_at=now), True)
                 elif flight.aborted:
-                    self._route(Aborted(rid, produced_at=now))
+                    self._route(Aborted(rid, produced_at=now), True)
                 else:
                     flight.failure = "stream ended without a terminal output"
-                    self._route(EngineFailure(rid, flight.failure, produced_at=now))
+                    self._route(EngineFailure(rid, flight.failure, produced_at=now), True)
             # Count what the session was told, so these statistics and the responses agree.
             if flight.failure is not None:
                 self.failed += 1

@@ -129,7 +129,11 @@ EngineOutput = Union[Decision, TextDelta, AudioPacket, TurnDone, EngineFailure, 
 TERMINAL_OUTPUTS = (TurnDone, EngineFailure, Aborted)
 
 
-def is_terminal(output: EngineOutput) -> bool:
-    return isinstance(output, TERMINAL_OUTPUTS) or (
-        isinstance(output, Decision) and not output.speak and output.request_id.count("/") == 3
-    )
+def is_terminal(output: EngineOutput, kind: TurnKind) -> bool:
+    """Whether ``output`` ends the stream of a request of this ``kind``: the one rule the
+    engine actor, the session core and the test kit share. A listen decision ends a UNIT
+    request (the model chose not to speak for that unit); for a RESPONSE request it is not an
+    end, so the stream must still close with a real terminal."""
+    if isinstance(output, TERMINAL_OUTPUTS):
+        return True
+    return kind is TurnKind.UNIT and isinstance(output, Decision) and not output.speak

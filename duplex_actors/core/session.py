@@ -49,6 +49,7 @@ from .engine_io import (
     TextDelta,
     TurnDone,
     TurnKind,
+    is_terminal,
 )
 from .fence import Fence
 from .journal import ReplayJournal
@@ -177,7 +178,7 @@ class SessionCore:
     __slots__ = (
         "session_id", "config", "clock", "chart", "epoch", "turn_id", "counters", "lease",
         "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
-        "_replay", "_timing", "_windows", "_turn_request", "_units", "_unit_seq", "_aborting",
+        "_replay", "_timing", "_windows", "_turn_request", "_turn_kind", "_units", "_unit_seq", "_aborting",
         "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback", "__weakref__",
     )
 
@@ -205,9 +206,10 @@ class SessionCore:
         self._timing = TimingLedger()
         self._windows: CumulativeWindow | None = None
         self._turn_request: str | None = None  # request id of the active model turn
+        self._turn_kind = TurnKind.RESPONSE  # its kind (a promoted unit stays a UNIT request)
         self._units: set[str] | None = None  # model-native unit requests in flight
         self._unit_seq = 0
-        self._aborting: set[str] | None = None  # requests aborted, not yet confirmed ended
+        self._aborting: dict[str, TurnKind] | None = None  # aborted, not yet confirmed ended
         self._response: _Response | None = None
         self._overlap_ms: float | None = None  # audio ms of user speech over the response
         self._ctx: dict[str, Any] = {}
@@ -307,8 +309,8 @@ class SessionCore:
         if self._state != CLOSED:
             self.lease.touch(self.clock.now())
         # A request of a cancelled epoch ended: once all have, barge_in is left.
-        if self._aborting and rid in self._aborting and self._is_terminal_for(output):
-            self._aborting.discard(rid)
+        if self._aborting and rid in self._aborting and is_terminal(output, self._aborting[rid]):
+            del self._aborting[rid]
             if not self._aborting:
                 self._ctx = {"now": self.clock.now()}
                 try:
@@ -411,13 +413,6 @@ class SessionCore:
         if isinstance(output, (EngineFailure, Aborted)):
             return "turn_failed"
         raise EngineProtocolError(f"unknown engine output {output!r}")
-
-    @staticmethod
-    def _is_terminal_for(output: EngineOutput) -> bool:
-        # Wider than engine_io.is_terminal on purpose: a listen decision ends an aborted
-        # request's part in barge_in whatever its request id looks like.
-        return isinstance(output, (TurnDone, EngineFailure, Aborted)) or (
-            isinstance(output, Decision) and not output.speak)
 
     def _precheck(self, command: Command, trigger: str) -> None:
         """Checks that must pass before any effect runs, so a refusal changes nothing."""
@@ -543,6 +538,7 @@ class SessionCore:
         audio, self._committed = self._committed, b""
         request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id())
         self._turn_request = request.request_id
+        self._turn_kind = TurnKind.RESPONSE
         self._overlap_ms = None
         self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
         self.lease.in_flight += 1
@@ -566,9 +562,10 @@ class SessionCore:
         rid = self._ctx["output"].request_id
         self._units.discard(rid)
         self._turn_request = rid
+        self._turn_kind = TurnKind.UNIT
         # Other units still deciding would answer for a turn that has already begun.
         if self._units:
-            self._abort(tuple(self._units), "superseded")
+            self._abort(dict.fromkeys(self._units, TurnKind.UNIT), "superseded")
             # They no longer hold the lease: only the promoted turn does.
             self.lease.in_flight = max(self.lease.in_flight - len(self._units), 0)
             self._units = None
@@ -588,6 +585,7 @@ class SessionCore:
         now = self._ctx["now"]
         if self._turn_request is None:  # model-native promotion already set it
             self._turn_request = self._ctx["output"].request_id
+            self._turn_kind = TurnKind.RESPONSE
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
         item = f"item_{secrets.token_hex(4)}"
         self._response = _Response(rid, item, self.epoch, self.turn_id)
@@ -683,9 +681,12 @@ class SessionCore:
     def _fx_advance_epoch(self) -> None:
         self.epoch += 1
 
-    def _abort(self, request_ids: tuple[str, ...], reason: str) -> None:
-        if not request_ids:
+    def _abort(self, requests: dict[str, TurnKind], reason: str) -> None:
+        """Abort these requests (id -> kind). The kind is kept until each one ends, because
+        what counts as its end depends on it (engine_io.is_terminal)."""
+        if not requests:
             return
+        request_ids = tuple(sorted(requests))
         # Remembered (bounded) so the runtime can keep this session's admission slot until the
         # engine has really let go of what we aborted.
         if self._aborted_ids is None:
@@ -693,16 +694,18 @@ class SessionCore:
         self._aborted_ids.extend(request_ids)
         del self._aborted_ids[:-16]
         if self._aborting is None:
-            self._aborting = set()
-        self._aborting.update(request_ids)
+            self._aborting = {}
+        self._aborting.update(requests)
         self._actions.append(AbortRequests(request_ids, reason))
 
     def _fx_abort_engine_requests(self) -> None:
-        ids = tuple(sorted(self.in_flight_requests))
+        requests = dict.fromkeys(self._units or (), TurnKind.UNIT)
+        if self._turn_request:
+            requests[self._turn_request] = self._turn_kind
         self._turn_request = None
         self._units = None
         self.lease.in_flight = 0
-        self._abort(ids, self._reason())
+        self._abort(requests, self._reason())
 
     def _fx_drop_undelivered_audio(self) -> None:
         if self._response is not None:

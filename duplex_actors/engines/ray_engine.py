@@ -321,7 +321,7 @@ class RayEngine:
             try:
                 async for ref in stream:
                     for output in await ref:
-                        if is_terminal(output):
+                        if is_terminal(output, request.kind):
                             done = True
                             yield output
                             return

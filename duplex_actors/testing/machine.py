@@ -55,7 +55,7 @@ from typing import Any
 import anyio
 import attrs
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ..actors.runtime import Runtime, SessionHandle
 from ..core import commands as cmd
@@ -304,6 +304,7 @@ class _Trace:
         self.entries: list[TraceEntry] = []
         self.by_event_id: dict[str, TraceEntry] = {}
         self.submitted: dict[str, int] = {}  # request id -> tick the core asked for it
+        self.kinds: dict[str, TurnKind] = {}  # request id -> its kind (what ends its stream)
 
     def add(self, entry: TraceEntry) -> None:
         self.entries.append(entry)
@@ -312,6 +313,7 @@ class _Trace:
         for action in entry.actions:
             if isinstance(action, SubmitTurn):
                 self.submitted[action.request.request_id] = entry.tick
+                self.kinds[action.request.request_id] = action.request.kind
 
 
 class _TracingCore(SessionCore):
@@ -404,7 +406,7 @@ class RecordingBackend:
                 if output.request_id != rid:
                     self.violations.append(f"{rid}: output for another request: {output!r}")
                 record.outputs += 1
-                record.terminal = record.terminal or is_terminal(output)
+                record.terminal = record.terminal or is_terminal(output, request.kind)
                 yield output
             record.end = "normal"
             if not record.terminal:
@@ -573,9 +575,11 @@ class RuntimeMachine(RuleBasedStateMachine):
         # A terminal for a request whose stream is still running is something no backend can
         # produce (the engine actor stops a stream after its terminal), so it is not injected:
         # it would end the turn in the session while the engine keeps the stream.
-        if spec.terminal and rid in self.runtime.engine._flights:
+        output = spec(rid)
+        terminal = is_terminal(output, self.trace.kinds.get(rid, TurnKind.RESPONSE))
+        if terminal and rid in self.runtime.engine._flights:
             return
-        self.runtime.engine._route(spec(rid))
+        self.runtime.engine._route(output, terminal)
 
     # -- rules ------------------------------------------------------------------------------
     # Each rule is one round trip to the loop: its action, then the full check, so the state

@@ -338,8 +338,9 @@ class SessionModel:
 
 
 def _terminal_for(output: EngineOutput) -> bool:
-    return isinstance(output, (TurnDone, EngineFailure, Aborted)) or (
-        isinstance(output, Decision) and not output.speak)
+    # The model only issues RESPONSE requests, which only a real terminal ends (a listen
+    # decision would end a model-native UNIT request, which this model never issues).
+    return isinstance(output, (TurnDone, EngineFailure, Aborted))
 
 
 # --- the event stream -----------------------------------------------------------------------

@@ -304,10 +304,6 @@ class OutputSpec:
             return EngineFailure(request_id, "synthetic failure")
         return Aborted(request_id)
 
-    @property
-    def terminal(self) -> bool:
-        return self.kind in ("done", "failure", "aborted") or (self.kind == "decision" and not self.speak)
-
 
 _NON_TERMINAL_SPECS = st.one_of(
     st.builds(OutputSpec, st.just("decision"), speak=st.booleans()),

@@ -143,6 +143,31 @@ def test_model_native_units_listen_then_speak():
     assert evs.count("response.created") == 1 and evs.count("response.done") == 1
 
 
+def test_a_listen_decision_ends_an_aborted_unit_request_but_not_an_aborted_response():
+    # Response request: only a real terminal ends it, so barge_in waits for one.
+    core = core_in("barge_in")
+    rid = f"{core.session_id}/e0/t0"
+    core.on_engine_output(Decision(rid, False))
+    assert core.state == "barge_in" and core.aborting_requests == {rid}
+    core.on_engine_output(Aborted(rid))
+    assert core.state == "idle" and not core.aborting_requests
+
+    # Model-native units: u2 speaks (and is promoted, staying a UNIT request), u1 is
+    # superseded; after a barge-in a listen decision ends each of them.
+    core = core_in("idle", model_native=True, unit_samples=1600)
+    core.handle(cmd.AppendAudio(pcm=PCM))
+    core.handle(cmd.AppendAudio(pcm=PCM))
+    u1, u2 = (a.request.request_id for a in core.take_actions())
+    core.on_engine_output(Decision(u2, True))
+    assert core.state == "responding" and core.aborting_requests == {u1}
+    core.handle(cmd.BargeIn())
+    assert core.state == "barge_in" and core.aborting_requests == {u1, u2}
+    core.on_engine_output(Decision(u1, False))
+    assert core.aborting_requests == {u2}
+    core.on_engine_output(Decision(u2, False))
+    assert core.state != "barge_in" and not core.aborting_requests
+
+
 def test_input_backpressure_and_bad_audio_change_nothing():
     core = core_in("idle", max_input_bytes=len(PCM))
     core.handle(cmd.AppendAudio(pcm=PCM))

@@ -40,11 +40,11 @@ async def collect(engine, request: ModelTurnRequest) -> list:
     return [out async for out in engine.generate(request)]
 
 
-def check_protocol(outputs: list, request_id: str) -> None:
+def check_protocol(outputs: list, request_id: str, kind: TurnKind = TurnKind.RESPONSE) -> None:
     """Decision first, then text, then exactly one terminal, last; all for this request."""
     assert outputs, "the stream produced nothing"
     assert all(o.request_id == request_id for o in outputs)
-    terminals = [o for o in outputs if is_terminal(o)]
+    terminals = [o for o in outputs if is_terminal(o, kind)]
     assert len(terminals) == 1 and outputs[-1] is terminals[0], outputs[-3:]
     if any(isinstance(o, TextDelta) for o in outputs):
         assert isinstance(outputs[0], Decision) and outputs[0].speak
