@@ -125,6 +125,7 @@ def run(quick: bool = True, threads: int = 1) -> dict:
             "layers": engine.config.n_layers,
             "vocab": engine.config.vocab_size,
             "torch_threads": torch.get_num_threads(),
+            "kv_cache": str(model.k_cache.dtype).removeprefix("torch."),
         },
         "max_tokens": max_tokens,
         "prompt_positions": len(prompt.prefix_ids) + prompt.budget.tokens + len(prompt.suffix_ids),
@@ -141,7 +142,8 @@ def _print(report: dict) -> None:
     m = report["model"]
     print(
         f"embedded thinker: {m['params'] / 1e6:.2f} M params, d_model {m['d_model']}, {m['layers']} layers, "
-        f"vocab {m['vocab']}, torch threads {m['torch_threads']}; {report['max_tokens']} tokens per request, "
+        f"vocab {m['vocab']}, {m['kv_cache']} KV cache, torch threads {m['torch_threads']}; "
+        f"{report['max_tokens']} tokens per request, "
         f"{report['prompt_positions']}-position prompt"
     )
     print(f"{'concurrent':>10} {'engine tok/s':>13} {'bare tok/s':>11} {'engine/bare':>12}")

@@ -84,3 +84,32 @@ def test_dense_layer_computes_what_torch_linear_computes():
         for shape in [(1, 32), (17, 32), (3, 5, 32)]:
             x = torch.randn(*shape)
             assert torch.allclose(dense(x), reference(x), atol=1e-5)
+
+
+def test_a_bfloat16_kv_cache_computes_nearly_what_float32_does():
+    cfg = dict(vocab_size=50, d_model=32, n_layers=2, n_heads=2, d_ff=64, n_mels=8,
+               frames_per_token=2, max_audio_tokens=12, max_new_tokens=8, max_slots=8)
+    full = Thinker(ThinkerConfig(kv_dtype="float32", **cfg))
+    half = Thinker(ThinkerConfig(kv_dtype="bfloat16", **cfg))
+    assert half.k_cache.dtype == torch.bfloat16 and full.k_cache.dtype == torch.float32
+    prompts = _prompts(full)
+    logits = []
+    for model in (full, half):
+        positions = model.prefill_many(0, [model.embed_prompt(*p) for p in prompts])
+        step = _next_logits(model, positions, prompts)
+        assert step.dtype == torch.float32
+        logits.append(step)
+    # bf16 keeps ~3 significant digits of each key and value; the logits move by far less
+    # than the gaps that decide which token wins.
+    assert (logits[0] - logits[1]).abs().max() < 0.05
+    assert not torch.equal(logits[0], logits[1]), "the two caches were not really different"
+
+
+def test_kv_dtype_auto_resolves_to_a_supported_dtype():
+    from duplex_actors.engines.embedded.model import resolve_kv_dtype
+
+    assert resolve_kv_dtype("float32") is torch.float32
+    assert resolve_kv_dtype("bfloat16") is torch.bfloat16
+    assert resolve_kv_dtype("auto") in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError):
+        ThinkerConfig(vocab_size=10, kv_dtype="float16")

@@ -48,6 +48,11 @@ class ThinkerConfig:
     max_new_tokens: int = 64
     max_slots: int = 64
     seed: int = 20240617
+    #: KV cache storage: "float32", "bfloat16", or "auto" (bfloat16 where the CPU computes it
+    #: natively, else float32). A batched decode step's attention is memory-bound (it reads
+    #: every live row's whole cache), so halving its bytes speeds large batches; a CPU
+    #: without native bf16 would emulate it, slower than float32.
+    kv_dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "float32", "bfloat16")))
 
     @property
     def head_dim(self) -> int:
@@ -124,8 +129,9 @@ class Thinker(nn.Module):
         self._init_random(gen)
         self.register_buffer("pos_emb", _sinusoids(cfg.max_len, cfg.d_model), persistent=False)
         shape = (cfg.n_layers, cfg.max_slots, cfg.n_heads, cfg.max_len, cfg.head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+        kv_dtype = resolve_kv_dtype(cfg.kv_dtype)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=kv_dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=kv_dtype), persistent=False)
         self.requires_grad_(False)
         self.eval()
 
@@ -223,7 +229,7 @@ class Thinker(nn.Module):
         for layer, block in enumerate(self.blocks):
             qkv = block.qkv(block.ln1(x).view(count * longest, cfg.d_model))
             q, k, v = qkv.view(count, longest, 3, H, D).permute(2, 0, 3, 1, 4)
-            self.k_cache[layer, slots, :, :longest] = k
+            self.k_cache[layer, slots, :, :longest] = k  # (cast to the cache's dtype)
             self.v_cache[layer, slots, :, :longest] = v
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             attn = attn.transpose(1, 2).reshape(count * longest, cfg.d_model)
@@ -241,17 +247,19 @@ class Thinker(nn.Module):
         n = tokens.shape[0]
         H, D = cfg.n_heads, cfg.head_dim
         span = int(positions.max()) + 1
+        kv_dtype = self.k_cache.dtype
         rows = torch.arange(n)
         # Row i may attend to cache positions 0 .. positions[i].
         mask = (torch.arange(span)[None, :] <= positions[:, None]).view(n, 1, 1, span)
         x = self.tok_emb[tokens] + self.pos_emb[positions]
         for layer, block in enumerate(self.blocks):
             q, k, v = block.qkv(block.ln1(x)).view(n, 3, H, D).unbind(1)
-            self.k_cache[layer, rows, :, positions] = k
-            self.v_cache[layer, rows, :, positions] = v
+            self.k_cache[layer, rows, :, positions] = k.to(kv_dtype)
+            self.v_cache[layer, rows, :, positions] = v.to(kv_dtype)
             keys = self.k_cache[layer, :n, :, :span]
             values = self.v_cache[layer, :n, :, :span]
-            attn = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask)
+            attn = F.scaled_dot_product_attention(q.unsqueeze(2).to(kv_dtype), keys, values, attn_mask=mask)
+            attn = attn.to(x.dtype)
             x = x + block.proj(attn.reshape(n, cfg.d_model))
             x = x + block.fc2(F.gelu(block.fc1(block.ln2(x))))
         return self._logits(x)
@@ -261,3 +269,21 @@ class Thinker(nn.Module):
         """Copy the first ``length`` cache positions of ``src`` into ``dst`` (slot compaction)."""
         self.k_cache[:, dst, :, :length] = self.k_cache[:, src, :, :length]
         self.v_cache[:, dst, :, :length] = self.v_cache[:, src, :, :length]
+
+
+def resolve_kv_dtype(name: str) -> torch.dtype:
+    """The KV cache dtype for a ThinkerConfig.kv_dtype setting."""
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    return torch.bfloat16 if _native_bf16() else torch.float32
+
+
+def _native_bf16() -> bool:
+    # torch exposes the check only under torch.cpu's private names; without them, assume no.
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except Exception:
+        return False
