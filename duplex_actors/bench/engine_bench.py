@@ -11,7 +11,7 @@ For 1, 16 and 64 concurrent requests it measures:
 
 Every request decodes exactly ``max_tokens`` tokens greedily (the end token is held back by
 ``min_tokens``), so all three do the same work. Targets: engine >= 80% of bare at each
-concurrency, and engine at 64 >= 10x sequential. Each figure is the best of a few repeats
+concurrency, and engine at 64 >= 10x sequential. Each figure is the best of a few interleaved rounds
 (the machine is shared; the best run is the least disturbed one).
 
     python -m duplex_actors.bench.engine_bench [--full]
@@ -78,7 +78,7 @@ def _bare_run(model: Thinker, prompt, n: int, max_tokens: int) -> tuple[float, i
 def run(quick: bool = True, threads: int = 1) -> dict:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     max_tokens = 48 if quick else 64
-    repeats = 3 if quick else 5
+    repeats = 4 if quick else 7
     sequential_requests = 4 if quick else 16
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens)
     audio = _audio()
@@ -98,17 +98,17 @@ def run(quick: bool = True, threads: int = 1) -> dict:
             _bare_run(model, prompt, 4, 8)
             engine_tps: dict = {}
             bare_tps: dict = {}
-            # Interleave the arms so a burst of load elsewhere hits both alike.
-            for n in CONCURRENCY:
-                for _ in range(repeats):
+            best_seq = 0.0
+            # Interleave every arm in every round, so a burst of load elsewhere hits them alike
+            # (a baseline measured only in a quiet or only in a busy moment skews its ratio).
+            for _ in range(repeats):
+                for n in CONCURRENCY:
                     seconds, tokens = await _engine_run(engine, n, audio)
                     if tokens != n * max_tokens:
                         raise RuntimeError(f"engine produced {tokens} tokens, expected {n * max_tokens}")
                     engine_tps[n] = max(engine_tps.get(n, 0.0), tokens / seconds)
                     seconds, tokens = _bare_run(model, prompt, n, max_tokens)
                     bare_tps[n] = max(bare_tps.get(n, 0.0), tokens / seconds)
-            best_seq = 0.0
-            for _ in range(repeats):
                 began = time.perf_counter()
                 total = sum(_bare_run(model, prompt, 1, max_tokens)[1] for _ in range(sequential_requests))
                 best_seq = max(best_seq, total / (time.perf_counter() - began))
