@@ -309,11 +309,17 @@ class Runtime:
             self.reap_now()
 
     def reap_now(self) -> int:
-        """Expire every session whose lease ran out; returns how many."""
+        """Expire every session whose lease ran out; returns how many.
+
+        The same pass ages out each session's replay journal: a session that stopped talking
+        records nothing, and only recording evicts, so without it the journal's age limit
+        would not bound what a quiet session holds."""
         now = self.clock.now()
         expired = 0
         for actor in list(self._sessions.values()):
-            reason = actor.core.lease.expiry(now)
-            if reason is not None and not actor.core.closed and actor.expire(reason):
+            core = actor.core
+            reason = core.lease.expiry(now)
+            if reason is not None and not core.closed and actor.expire(reason):
                 expired += 1
+            core.expire_journal()
         return expired

@@ -4,6 +4,14 @@ After a reconnect the client names the last seq it received; the journal hands b
 event in order, exactly once. It keeps at most ``max_events`` / ``max_bytes`` / ``max_age_s``;
 when what the client needs has been evicted, it says so (``ResyncRequired``) rather than
 replaying a stream with a hole in it.
+
+Memory: the journal holds what the session delivered in the last ``max_age_s`` (and never more
+than ``max_events``), so across a runtime it grows with the event *rate*, not with time: about
+sessions x min(events per second x max_age_s, max_events) entries of ~290 bytes each (plus
+audio that is not shared; measured, docs/reliability.md section 5).
+Eviction runs when something is recorded or replayed, and on :meth:`expire`, which the runtime's
+reaper calls, so a session that has gone quiet lets go of its last events once they are older
+than ``max_age_s`` instead of keeping them for as long as it stays open.
 """
 
 from __future__ import annotations
@@ -45,6 +53,19 @@ class ReplayJournal:
             _, size, ev = items.popleft()
             self._bytes -= size
             self._evicted_through = ev.seq
+
+    def expire(self, now: float) -> int:
+        """Drop what is older than ``max_age_s`` without recording anything; returns how many.
+
+        An emptied journal also gives back its deque (an idle session keeps none)."""
+        items = self._items
+        if not items:
+            return 0
+        before = len(items)
+        self._evict(now)
+        if not items:
+            self._items = None
+        return before - len(items)
 
     def since(self, last_seq: int, now: float) -> list[ServerEvent]:
         """Every held event with seq > last_seq, or ResyncRequired if some were evicted."""

@@ -67,6 +67,12 @@ log = structlog.get_logger("duplex_actors.session")
 _EFFECT_FUNCTIONS: dict[tuple[str, ...], tuple] = {}
 
 
+# Guard names as SessionCore functions, for the same reason, and one more: getattr with a name
+# built per call leaves each new string in CPython's type attribute cache (up to 4096 of them),
+# which a memory trace of a long run shows as slow growth in _guard (3.11; bounded, but noise).
+_GUARD_FUNCTIONS: dict[str, object] = {}
+
+
 def _effect_functions(resolution) -> tuple:
     effects = resolution.effects
     functions = _EFFECT_FUNCTIONS.get(effects)
@@ -371,6 +377,19 @@ class SessionCore:
             out.append(event)
         return out
 
+    def expire_journal(self) -> int:
+        """Drop journaled events older than the journal's age limit; returns how many.
+
+        The journal evicts as it records, so without this a session that went quiet would keep
+        its last events (up to ``journal_max_events``) for as long as it stays open. The runtime
+        calls it from its reaper; a resume that needed them gets ``ResyncRequired``, exactly as
+        if the session had gone on talking."""
+        return self._journal.expire(self.clock.now())
+
+    @property
+    def journaled_events(self) -> int:
+        return len(self._journal)
+
     @property
     def last_seq(self) -> int:
         return self._seq
@@ -396,7 +415,10 @@ class SessionCore:
                                epoch=self.epoch, turn_id=self.turn_id)
 
     def _guard(self, name: str) -> bool:
-        return getattr(self, "_g_" + name)()
+        function = _GUARD_FUNCTIONS.get(name)
+        if function is None:
+            function = _GUARD_FUNCTIONS[name] = getattr(SessionCore, "_g_" + name)
+        return function(self)
 
     def _classify(self, output: EngineOutput) -> str:
         rid = output.request_id
