@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 import attrs
 import structlog
@@ -37,21 +37,26 @@ from .model import Thinker
 from .sampling import SamplingParams, sample_batch
 from .vocab import Vocabulary
 
+if TYPE_CHECKING:
+    from .adapter import Prompt
+
 log = structlog.get_logger("duplex_actors.engines.embedded.scheduler")
 
 
 @attrs.frozen(slots=True, eq=False)
 class DecodeJob:
-    """Everything the worker needs to run one request: the prompt the adapter built and the
-    resolved sampling parameters."""
+    """Everything the worker needs to run one request: how to build its prompt, and the
+    resolved sampling parameters.
+
+    ``prompt`` is called on the worker thread when the job is admitted (it computes the audio
+    features: FFTs that belong off the event loop, and that cost less there than a thread-pool
+    hop per request does). It returns a :class:`~.adapter.Prompt`; if it raises, the job ends
+    ``failed`` alone.
+    """
 
     request_id: str
-    prefix_ids: tuple[int, ...]
-    audio_features: torch.Tensor = attrs.field(repr=lambda t: f"<{tuple(t.shape)}>")
-    suffix_ids: tuple[int, ...]
+    prompt: Callable[[], "Prompt"]
     params: SamplingParams
-    #: Model-native unit: the first token is forced to be a listen or speak decision.
-    decide_first: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -124,14 +129,15 @@ class _Live:
 
     __slots__ = ("job", "sink", "slot", "position", "next_input", "generated", "deciding", "after_punct", "generator")
 
-    def __init__(self, job: DecodeJob, sink: Sink, slot: int, position: int, generator) -> None:
+    def __init__(self, job: DecodeJob, prompt: "Prompt", sink: Sink, slot: int, position: int, generator) -> None:
         self.job = job
         self.sink = sink
         self.slot = slot
         self.position = position
-        self.next_input = job.suffix_ids[-1]
+        self.next_input = prompt.suffix_ids[-1]
         self.generated = 0
-        self.deciding = job.decide_first
+        # Model-native unit: the first token is forced to be a listen or speak decision.
+        self.deciding = prompt.decide_first
         self.after_punct = True  # the start of a response behaves like a sentence start
         self.generator = generator
 
@@ -312,29 +318,30 @@ class BatchScheduler:
     def _admit(self, admits, outbox) -> tuple[str, ...]:
         # A prompt that cannot run fails alone; the rest are prefilled together in one pass
         # (a burst of joiners costs about what a few single prefills do).
-        ready: list[tuple[DecodeJob, Sink, torch.Tensor]] = []
+        ready: list[tuple[DecodeJob, Sink, Prompt, torch.Tensor]] = []
         for job, sink in admits:
             try:
-                embedded = self._model.embed_prompt(job.prefix_ids, job.audio_features, job.suffix_ids)
+                prompt = job.prompt()
+                embedded = self._model.embed_prompt(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids)
             except Exception as exc:
                 self._fail_admission(job, sink, exc, outbox)
                 continue
-            ready.append((job, sink, embedded))
+            ready.append((job, sink, prompt, embedded))
         if not ready:
             return ()
         first = len(self._live)
         try:
-            positions = self._model.prefill_many(first, [embedded for _, _, embedded in ready])
+            positions = self._model.prefill_many(first, [entry[3] for entry in ready])
         except Exception as exc:
-            for job, sink, _ in ready:
+            for job, sink, _, _ in ready:
                 self._fail_admission(job, sink, exc, outbox)
             return ()
-        for offset, ((job, sink, _), position) in enumerate(zip(ready, positions)):
+        for offset, ((job, sink, prompt, _), position) in enumerate(zip(ready, positions)):
             gen = None
             if job.params.seed is not None:
                 gen = torch.Generator().manual_seed(job.params.seed)
-            self._live.append(_Live(job, sink, first + offset, position, gen))
-        return tuple(job.request_id for job, _, _ in ready)
+            self._live.append(_Live(job, prompt, sink, first + offset, position, gen))
+        return tuple(entry[0].request_id for entry in ready)
 
     def _fail_admission(self, job: DecodeJob, sink: Sink, exc: Exception, outbox) -> None:
         log.warning("scheduler.prefill_failed", request_id=job.request_id, error=repr(exc))

@@ -1,7 +1,8 @@
 """The text-only embedded backend: adapter + continuous-batching scheduler behind EngineBackend.
 
-One ``generate`` call per model turn. The call builds the prompt through the adapter, submits
-a job to the shared scheduler, and turns the scheduler's token events into engine outputs.
+One ``generate`` call per model turn. The call checks the audio, submits a job to the shared
+scheduler (whose worker builds the prompt through the adapter when it admits the job), and
+turns the scheduler's token events into engine outputs.
 Tokens travel from the worker thread to the event loop once per decode step (one
 ``call_soon_threadsafe`` for the whole batch, not one per token). Whatever way the consumer
 leaves (normal end, ``aclose``, task cancellation), the ``finally`` cancels the job, so an
@@ -11,6 +12,8 @@ aborted request's slot is free before the next decode step.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import time
 from typing import AsyncIterator
 
@@ -148,15 +151,16 @@ class EmbeddedThinker:
         if scheduler is None:
             raise EngineFailed("the embedded thinker is not started")
         try:
-            # Log-mel features: a few ms of FFT for a long turn, kept off the event loop.
-            prompt = await asyncio.to_thread(self.adapter.build_prompt, request)
+            # Checked here, where a bad request can still be refused as the caller's fault; the
+            # prompt itself (log-mel FFTs) is built on the worker thread when admitted.
+            self.adapter.audio_budget(request.audio, request.sample_rate)
         except InvalidCommand as exc:
             yield EngineFailure(rid, exc.message, retryable=False, produced_at=time.perf_counter())
             return
         params = self.adapter.sampling_for(request.fence.session_id, request.sampling)
-        inbox: asyncio.Queue[SchedulerEvent] = asyncio.Queue()
-        job = DecodeJob(rid, prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids, params, prompt.decide_first)
-        scheduler.submit(job, inbox.put_nowait)  # EngineCapacityError propagates, nothing queued
+        inbox = _Inbox()
+        job = DecodeJob(rid, functools.partial(self.adapter.build_prompt, request), params)
+        scheduler.submit(job, inbox.put)  # EngineCapacityError propagates, nothing queued
         accepted_at = time.perf_counter()
         ended = False
         try:
@@ -166,7 +170,7 @@ class EmbeddedThinker:
             began = False
             token_times: list[float] = []
             while True:
-                event = await inbox.get()
+                event = inbox.pop() if inbox.events else await inbox.get()
                 if isinstance(event, SequenceEnded):
                     ended = True
                     if event.reason == "aborted":
@@ -215,6 +219,41 @@ class EmbeddedThinker:
 def _fan_out(batch: list[tuple[Sink, SchedulerEvent]]) -> None:
     for sink, event in batch:
         sink(event)
+
+
+class _Inbox:
+    """One request's scheduler events, on the event loop: a deque and at most one waiter.
+
+    Lighter than asyncio.Queue on purpose: the loop handles one event per live request per
+    decode step, and while it does, the worker thread waits for the GIL; every microsecond
+    spent here is taken from the decode steps of all sessions.
+    """
+
+    __slots__ = ("events", "_waiter")
+
+    def __init__(self) -> None:
+        self.events: collections.deque[SchedulerEvent] = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, event: SchedulerEvent) -> None:
+        self.events.append(event)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def pop(self) -> SchedulerEvent:
+        return self.events.popleft()
+
+    async def get(self) -> SchedulerEvent:
+        while not self.events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.events.popleft()
 
 
 def _metrics(accepted_at: float, token_times: list[float]) -> EngineMetrics:
