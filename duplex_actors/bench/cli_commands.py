@@ -44,8 +44,9 @@ def _engine_bench(name: str, module: str, needs: str, quick: bool) -> dict[str, 
 
 def _embedded_figures(raw: dict[str, Any]) -> list[dict[str, Any]] | None:
     """engine_bench returns tokens/s per concurrency for the engine and a bare decode loop of
-    the same model; show them as figures with ratios (its targets: >= 0.8x bare at each
-    concurrency, and batch 64 >= 10x sequential batch-1)."""
+    the same model, each pair from the round whose ratio was the median; show them as figures
+    with ratios (its targets: >= 0.8x bare at each concurrency, and batch 64 >= 10x sequential
+    batch-1)."""
     from .runtime_bench import figure
 
     try:
@@ -53,14 +54,15 @@ def _embedded_figures(raw: dict[str, Any]) -> list[dict[str, Any]] | None:
         figs = []
         for n in engine:
             ratio_ok = engine[n] / bare[n] >= raw.get("targets", {}).get("engine_vs_bare", 0.8)
-            figs.append(figure(f"embedded engine, {n} concurrent requests", engine[n], "tok/s",
+            figs.append(figure(f"embedded engine, {n} concurrent requests (median of paired rounds)", engine[n], "tok/s",
                                bare[n], "bare batched decode loop, same model",
                                target=">= 0.8x bare", met=ratio_ok, higher_is_better=True))
         seq = raw["sequential_b1_tokens_per_s"]
         top = max(engine, key=lambda k: int(k))
-        figs.append(figure(f"embedded engine at {top} vs sequential batch 1", engine[top], "tok/s",
-                           seq, "bare loop, batch 1, one request after another",
-                           target=">= 10x", met=engine[top] / seq >= 10, higher_is_better=True))
+        paired = raw.get("engine64_paired_tokens_per_s", engine[top])
+        figs.append(figure(f"embedded engine at {top} vs sequential batch 1 (median of paired rounds)", paired,
+                           "tok/s", seq, "bare loop, batch 1, one request after another",
+                           target=">= 10x", met=paired / seq >= 10, higher_is_better=True))
         return figs
     except (KeyError, TypeError, ZeroDivisionError, ValueError):
         return None  # an unexpected shape: printed key by key instead
