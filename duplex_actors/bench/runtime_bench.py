@@ -156,6 +156,9 @@ class StampingEngine:
         pass
 
     async def abort(self, request_id: str) -> None:
+        self.abort_nowait(request_id)
+
+    def abort_nowait(self, request_id: str) -> None:
         self.abort_called.setdefault(request_id, now())
 
     async def generate(self, request: ModelTurnRequest):

@@ -49,4 +49,8 @@ class EngineBackend(Protocol):
         """Stream the outputs of one model turn."""
 
     async def abort(self, request_id: str) -> None:
-        """Stop a request now; a no-op for unknown or finished ids."""
+        """Stop a request now; a no-op for unknown or finished ids.
+
+        A backend whose abort never needs to wait may also offer ``abort_nowait(request_id)``
+        (synchronous, same contract): the engine actor then calls it on the barge-in path itself
+        instead of starting a task for ``abort``, one event-loop iteration sooner."""

@@ -38,6 +38,10 @@ class PacedEngine:
     async def abort(self, request_id: str) -> None:
         await self.backend.abort(request_id)
 
+    @property
+    def abort_nowait(self):
+        return self.backend.abort_nowait  # AttributeError (none) if the backend has none
+
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
         playback_start: float | None = None
         scheduled_s = 0.0  # audio released so far

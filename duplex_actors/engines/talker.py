@@ -132,6 +132,10 @@ class SpeakingEngine:
     async def abort(self, request_id: str) -> None:
         await self.thinker.abort(request_id)
 
+    @property
+    def abort_nowait(self):
+        return self.thinker.abort_nowait  # AttributeError (none) if the thinker has none
+
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
         inner = self.thinker.generate(request)
         if "audio" not in request.modalities:

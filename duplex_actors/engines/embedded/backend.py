@@ -51,6 +51,10 @@ class EmbeddedEngine:
     async def abort(self, request_id: str) -> None:
         await self._front.abort(request_id)
 
+    @property
+    def abort_nowait(self):
+        return self._front.abort_nowait  # AttributeError (none) if the front has none
+
 
 def make_embedded_engine(
     *,
