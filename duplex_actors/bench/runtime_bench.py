@@ -783,12 +783,15 @@ def _ms(p: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- 4. barge-in
 
 
-async def _barge_in(n: int, seconds: float, warmup: float) -> dict[str, Any]:
+async def _barge_in(n: int, seconds: float, warmup: float, gc_policy: Any = "default",
+                    ) -> dict[str, Any]:
     """N sessions at real cadence; each repeatedly commits, lets the (long, paced) response
     play a little, then barges in. Measures the stop path and checks nothing stale leaks."""
     from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
 
+    if gc_policy == "default":
+        gc_policy = GcPolicy()  # what ``serve`` runs with
     # A long answer paced like real speech: one packet per 20 ms, never finishes by itself.
     engine = StampingEngine(tokens=1000, packets=1000, interval_s=0.02)
     rng = random.Random(7)
@@ -826,7 +829,7 @@ async def _barge_in(n: int, seconds: float, warmup: float) -> dict[str, Any]:
 
     slots_n = 20
     with _GcPauses() as gcp:
-        async with Runtime(engine, reaper_interval_s=0, gc_policy=GcPolicy()) as rt:
+        async with Runtime(engine, reaper_interval_s=0, gc_policy=gc_policy) as rt:
             handles = [rt.open_session_nowait() for _ in range(n)]
             slots = [handles[i::slots_n] for i in range(slots_n)]
             current: dict[str, str] = {}  # session id -> request id of the playing response

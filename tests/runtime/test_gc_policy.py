@@ -65,3 +65,20 @@ async def test_closed_sessions_are_freed_while_frozen():
         await anyio.sleep(0.02)
         gc_policy.freeze_young()
         assert [r for r in refs if r() is not None] == []
+
+
+async def test_reclaim_takes_back_cycles_frozen_while_alive():
+    class Node:
+        pass
+
+    policy = GcPolicy(freeze_interval_s=None, reclaim_interval_s=0.02)
+    async with Runtime(ScriptedEngine(), reaper_interval_s=0, gc_policy=policy):
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        ref = weakref.ref(a)
+        gc.freeze()  # as the policy's periodic freeze would, while the pair is alive
+        del a, b
+        gc.collect()
+        assert ref() is not None  # frozen: a full collection does not see it
+        await anyio.sleep(0.1)  # a periodic reclaim
+        assert ref() is None
