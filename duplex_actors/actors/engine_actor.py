@@ -24,7 +24,7 @@ import structlog
 
 from ..core.clock import Clock, MONOTONIC
 from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
-from ..engines.base import EngineBackend
+from ..engines.base import EngineBackend, sync_abort
 
 log = structlog.get_logger("duplex_actors.engine")
 
@@ -198,7 +198,7 @@ class EngineActor:
             return
         flight.aborted = True
         flight.scope.cancel()
-        nowait = _sync_abort(self.backend)
+        nowait = sync_abort(self.backend)
         if nowait is None:
             self._tg.start_soon(self._backend_abort, rid)
             return
@@ -274,13 +274,3 @@ class EngineActor:
                                 self.completed, self.aborted, self.failed, self.unrouted,
                                 self.restarts, len(self._abort_retry))
 
-
-def _sync_abort(backend):
-    """The backend's ``abort_nowait``, if the class that defines its ``abort`` defines it too: a
-    subclass that overrides ``abort`` alone (to count or fail aborts) must still be called."""
-    for klass in type(backend).__mro__:
-        if "abort" in vars(klass):
-            if "abort_nowait" not in vars(klass):
-                return None
-            break
-    return getattr(backend, "abort_nowait", None)

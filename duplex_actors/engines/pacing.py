@@ -17,7 +17,7 @@ from typing import AsyncIterator
 import anyio
 
 from ..core.engine_io import AudioPacket, EngineOutput, ModelTurnRequest
-from .base import EngineBackend
+from .base import EngineBackend, delegated_sync_abort
 
 
 class PacedEngine:
@@ -40,7 +40,7 @@ class PacedEngine:
 
     @property
     def abort_nowait(self):
-        return self.backend.abort_nowait  # AttributeError (none) if the backend has none
+        return delegated_sync_abort(self.backend)
 
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
         playback_start: float | None = None

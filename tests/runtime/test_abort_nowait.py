@@ -5,7 +5,8 @@ import anyio
 import pytest
 
 from duplex_actors import Runtime, Script, ScriptedEngine
-from duplex_actors.actors.engine_actor import _sync_abort
+from duplex_actors.engines.base import sync_abort
+from duplex_actors.engines.pacing import PacedEngine
 
 CHUNK = b"\x01\x00" * 320
 LONG = Script(tokens=("a",) * 500, token_latency_s=0.01, audio_packets=0)
@@ -30,8 +31,11 @@ class CountingAborts(ScriptedEngine):
 
 
 def test_sync_abort_only_where_abort_is_defined_with_it():
-    assert _sync_abort(ScriptedEngine()) is not None
-    assert _sync_abort(CountingAborts()) is None
+    assert sync_abort(ScriptedEngine()) is not None
+    assert sync_abort(CountingAborts()) is None
+    # through a wrapper too
+    assert sync_abort(PacedEngine(ScriptedEngine())) is not None
+    assert sync_abort(PacedEngine(CountingAborts())) is None
 
 
 async def barge_in_once(engine, aborted_at_once) -> None:

@@ -12,7 +12,7 @@ from typing import AsyncIterator
 import attrs
 
 from ...core.engine_io import EngineOutput, ModelTurnRequest
-from ..base import EngineCapabilities
+from ..base import EngineCapabilities, delegated_sync_abort
 from ..talker import SpeakingEngine, Talker, TalkerConfig
 from .model import ThinkerConfig
 from .sampling import SamplingParams
@@ -53,7 +53,7 @@ class EmbeddedEngine:
 
     @property
     def abort_nowait(self):
-        return self._front.abort_nowait  # AttributeError (none) if the front has none
+        return delegated_sync_abort(self._front)
 
 
 def make_embedded_engine(
