@@ -586,7 +586,10 @@ async def _realtime_runtime(n: int, seconds: float, warmup: float, turn_s: float
                     if recording and cpu0 is None:
                         cpu0, wall0 = time.process_time(), t
 
+                cpu_start, wall_start = time.process_time(), now()
                 late = await _paced(slots, CHUNK_MS / 1000, start + warmup + seconds, tick, mark)
+                if cpu0 is None:  # no tick after the warm-up (a starved machine): whole window
+                    cpu0, wall0 = cpu_start, wall_start
                 cpu = time.process_time() - cpu0
                 wall = now() - wall0
                 probe.recording = recording = gcp.recording = False
@@ -626,7 +629,10 @@ async def _realtime_bare(n: int, seconds: float, warmup: float) -> dict[str, Any
             recording = True
             cpu0, wall0 = time.process_time(), t
 
+    cpu_start, wall_start = time.process_time(), now()
     await _paced(slots, CHUNK_MS / 1000, start + warmup + seconds, tick, mark)
+    if cpu0 is None:  # no tick after the warm-up (a starved machine): whole window
+        cpu0, wall0 = cpu_start, wall_start
     cpu = time.process_time() - cpu0
     wall = now() - wall0
     recording = False
