@@ -3,6 +3,7 @@
 Public names are re-exported here; the modules behind them are the implementation.
 """
 
+from .actors.gc_policy import GcPolicy
 from .actors.mailbox import MailboxStatistics
 from .actors.runtime import Runtime, RuntimeStatistics, SessionHandle
 from .core.clock import ManualClock, MonotonicClock

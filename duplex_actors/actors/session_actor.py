@@ -124,13 +124,18 @@ class SessionActor:
     def process(self, budget: int) -> bool:
         """Process up to ``budget`` messages; returns whether more are waiting."""
         core = self.core
+        mailbox = self.mailbox
         for _ in range(budget):
-            item = self.mailbox.pop()
+            item = mailbox.pop()
             if item is None:
                 break
             lane, message = item
             try:
-                if isinstance(message, _ReportError):
+                # Client commands are (command, reply, received_at) tuples and nothing else is:
+                # test for them first, they are nearly all the traffic (audio appends).
+                if type(message) is tuple:
+                    self._handle_command(*message)
+                elif isinstance(message, _ReportError):
                     core.emit_error(message.error)
                 elif lane == Lane.ENGINE:
                     core.on_engine_output(message)

@@ -52,6 +52,7 @@ from .engine_io import (
     is_terminal,
 )
 from .fence import Fence
+from .input_buffer import InputBuffer
 from .journal import ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
@@ -200,7 +201,7 @@ class SessionCore:
         now = clock.now()
         self.lease = Lease(now, self.config.idle_ttl_s, self.config.disconnect_grace_s)
         self._state = "idle"
-        self._input = bytearray()
+        self._input = InputBuffer()
         self._input_ms = 0.0  # audio ms received since the session opened (VAD timeline)
         self._committed = b""
         self._outbox = Outbox(self.config.outbox_capacity, self.config.outbox_reserve)
@@ -520,7 +521,7 @@ class SessionCore:
         self._input += self._ctx["command"].pcm
 
     def _fx_clear_input(self) -> None:
-        self._input = bytearray()
+        self._input = InputBuffer()
         self._emit(ev.InputCleared)
 
     def _fx_emit_speech_started(self) -> None:
@@ -540,7 +541,7 @@ class SessionCore:
 
     def _fx_commit_input(self) -> None:
         self._committed = bytes(self._input)
-        self._input = bytearray()
+        self._input = InputBuffer()
         ms = int(len(self._committed) / 2 / self.config.sample_rate * 1000)
         self._emit(ev.InputCommitted, item_id=self._item_id(), audio_ms=ms)
 
@@ -788,7 +789,7 @@ class SessionCore:
     def _fx_emit_session_closed(self) -> None:
         reason = self._reason() if self._ctx.get("command") or self._ctx.get("reason") else "closed"
         self._close_reason = reason
-        self._input = bytearray()
+        self._input = InputBuffer()
         self._committed = b""
         if self._windows is not None:
             self._windows.clear()

@@ -16,7 +16,7 @@ request. So a backend only has to:
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol, runtime_checkable
+from typing import AsyncIterator, Callable, Protocol, runtime_checkable
 
 import attrs
 
@@ -49,4 +49,28 @@ class EngineBackend(Protocol):
         """Stream the outputs of one model turn."""
 
     async def abort(self, request_id: str) -> None:
-        """Stop a request now; a no-op for unknown or finished ids."""
+        """Stop a request now; a no-op for unknown or finished ids.
+
+        A backend whose abort never needs to wait may also offer ``abort_nowait(request_id)``
+        (synchronous, same contract): the engine actor then calls it on the barge-in path itself
+        instead of starting a task for ``abort``, one event-loop iteration sooner."""
+
+
+def sync_abort(backend) -> Callable[[str], None] | None:
+    """The backend's ``abort_nowait``, if the class that defines its ``abort`` defines it too:
+    a subclass that overrides ``abort`` alone (to count or fail aborts) must still be called
+    through it. Wrappers delegate with this, so the rule holds through them as well."""
+    for klass in type(backend).__mro__:
+        if "abort" in vars(klass):
+            if "abort_nowait" not in vars(klass):
+                return None
+            break
+    return getattr(backend, "abort_nowait", None)
+
+
+def delegated_sync_abort(inner) -> Callable[[str], None]:
+    """For a wrapper's ``abort_nowait`` property: the inner backend's, or AttributeError."""
+    nowait = sync_abort(inner)
+    if nowait is None:
+        raise AttributeError("abort_nowait")
+    return nowait

@@ -17,7 +17,7 @@ from typing import AsyncIterator
 import anyio
 
 from ..core.engine_io import AudioPacket, EngineOutput, ModelTurnRequest
-from .base import EngineBackend
+from .base import EngineBackend, delegated_sync_abort
 
 
 class PacedEngine:
@@ -37,6 +37,10 @@ class PacedEngine:
 
     async def abort(self, request_id: str) -> None:
         await self.backend.abort(request_id)
+
+    @property
+    def abort_nowait(self):
+        return delegated_sync_abort(self.backend)
 
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
         playback_start: float | None = None

@@ -90,6 +90,9 @@ class ScriptedEngine:
         self.closed += 1
 
     async def abort(self, request_id: str) -> None:
+        self.abort_nowait(request_id)
+
+    def abort_nowait(self, request_id: str) -> None:
         if self.record:
             self.aborted.append(request_id)
         self.active.discard(request_id)

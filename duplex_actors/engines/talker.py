@@ -28,7 +28,7 @@ import attrs
 import structlog
 
 from ..core.engine_io import AudioPacket, EngineOutput, ModelTurnRequest, TextDelta, TurnDone
-from .base import EngineBackend, EngineCapabilities
+from .base import EngineBackend, EngineCapabilities, delegated_sync_abort
 
 log = structlog.get_logger("duplex_actors.engines.talker")
 
@@ -131,6 +131,10 @@ class SpeakingEngine:
 
     async def abort(self, request_id: str) -> None:
         await self.thinker.abort(request_id)
+
+    @property
+    def abort_nowait(self):
+        return delegated_sync_abort(self.thinker)
 
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
         inner = self.thinker.generate(request)

@@ -89,13 +89,16 @@ async def _serve(backend, host, port, api_key, limits, overrides, max_sessions, 
 
     import anyio
 
+    from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
     from ..core.session import SessionConfig
     from .app import RealtimeServer, ServerConfig
 
     config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
                           max_connections=max_connections)
-    async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions) as runtime:
+    # A server runs for hours with thousands of journals: keep full GC passes off the loop.
+    async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions,
+                       gc_policy=GcPolicy()) as runtime:
         async with RealtimeServer(runtime, config) as server:
             auth = "on" if api_key else "off"
             print(f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "

@@ -12,7 +12,7 @@ from typing import AsyncIterator
 import attrs
 
 from ...core.engine_io import EngineOutput, ModelTurnRequest
-from ..base import EngineCapabilities
+from ..base import EngineCapabilities, delegated_sync_abort
 from ..talker import SpeakingEngine, Talker, TalkerConfig
 from .model import ThinkerConfig
 from .sampling import SamplingParams
@@ -50,6 +50,10 @@ class EmbeddedEngine:
 
     async def abort(self, request_id: str) -> None:
         await self._front.abort(request_id)
+
+    @property
+    def abort_nowait(self):
+        return delegated_sync_abort(self._front)
 
 
 def make_embedded_engine(

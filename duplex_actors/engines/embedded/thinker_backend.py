@@ -142,6 +142,9 @@ class EmbeddedThinker:
     # --- EngineBackend --------------------------------------------------------------------
 
     async def abort(self, request_id: str) -> None:
+        self.abort_nowait(request_id)
+
+    def abort_nowait(self, request_id: str) -> None:
         if self.scheduler is not None:
             self.scheduler.cancel(request_id)
 

