@@ -585,12 +585,9 @@ class SessionCore:
         self._units.discard(rid)
         self._turn_request = rid
         self._turn_kind = TurnKind.UNIT
-        # Other units still deciding would answer for a turn that has already begun.
-        if self._units:
-            self._abort(dict.fromkeys(self._units, TurnKind.UNIT), "superseded")
-            # They no longer hold the lease: only the promoted turn does.
-            self.lease.in_flight = max(self.lease.in_flight - len(self._units), 0)
-            self._units = None
+        # Other units still deciding would answer for a turn that has already begun; they no
+        # longer hold the lease, only the promoted turn does.
+        self._fx_abort_units()
 
     def _fx_emit_decision(self) -> None:
         out = self._ctx["output"]
@@ -719,6 +716,16 @@ class SessionCore:
             self._aborting = {}
         self._aborting.update(requests)
         self._actions.append(AbortRequests(request_ids, reason))
+
+    def _fx_abort_units(self) -> None:
+        # Unregistered first, so their later output classifies as stale; each one's end still
+        # settles its abort (engine_io.is_terminal), which is what releases the engine's slot.
+        units = self._units
+        if not units:
+            return
+        self._units = None
+        self.lease.in_flight = max(self.lease.in_flight - len(units), 0)
+        self._abort(dict.fromkeys(units, TurnKind.UNIT), "superseded")
 
     def _fx_abort_engine_requests(self) -> None:
         requests = dict.fromkeys(self._units or (), TurnKind.UNIT)

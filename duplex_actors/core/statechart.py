@@ -113,29 +113,32 @@ TRANSITIONS = [
         "speech_stopped",
         [LISTENING, BARGE_IN],
         RESPONDING,
-        ["emit_speech_stopped", "commit_input", "submit_model_turn"],
+        ["emit_speech_stopped", "abort_units", "commit_input", "submit_model_turn"],
         conditions=["server_vad", "has_buffered_audio", "auto_respond"],
     ),
     _row(
         "speech_stopped",
         [LISTENING, BARGE_IN],
         IDLE,
-        ["emit_speech_stopped", "commit_input"],
+        ["emit_speech_stopped", "abort_units", "commit_input"],
         conditions=["server_vad", "has_buffered_audio"],
     ),
     _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped"]),
     _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "end_overlap"]),
-    _row("clear", [IDLE, LISTENING], IDLE, ["clear_input"]),
-    _row("clear", [RESPONDING, BARGE_IN], SAME, ["clear_input"]),
+    # Units still deciding about audio that is committed or cleared are fenced off: their
+    # output would otherwise interleave into the response or answer audio nobody keeps.
+    _row("clear", [IDLE, LISTENING], IDLE, ["abort_units", "clear_input"]),
+    _row("clear", [RESPONDING, BARGE_IN], SAME, ["abort_units", "clear_input"]),
     # --- end of the user's turn -------------------------------------------------------------
     _row(
         "commit",
         [LISTENING, BARGE_IN],
         RESPONDING,
-        ["commit_input", "submit_model_turn"],
+        ["abort_units", "commit_input", "submit_model_turn"],
         conditions=["has_buffered_audio", "auto_respond"],
     ),
-    _row("commit", [LISTENING, BARGE_IN], IDLE, ["commit_input"], conditions=["has_buffered_audio"]),
+    _row("commit", [LISTENING, BARGE_IN], IDLE, ["abort_units", "commit_input"],
+         conditions=["has_buffered_audio"]),
     _row("create_response", [IDLE, LISTENING, BARGE_IN], RESPONDING, ["submit_model_turn"]),
     # --- engine output (already classified as current by its fence) -------------------------
     _row("speak", RESPONDING, SAME, ["begin_response"], unless=["response_begun"]),
