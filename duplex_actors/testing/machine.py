@@ -96,6 +96,17 @@ def _check_actions(actions: list, exp: Expectation, where: str) -> None:
             assert a.request.kind is TurnKind.RESPONSE, f"{where}: unexpected {a.request.kind}"
 
 
+def check_lease_accounting(core: SessionCore, where: str = "") -> None:
+    """The lease counts exactly the requests the session has registered as in flight.
+
+    A count with no request behind it pins the session against idle expiry for ever (a turn
+    that ended without releasing the lease); a request with no count lets it expire mid-turn."""
+    registered = core.in_flight_requests
+    assert core.lease.in_flight == len(registered), (
+        f"{where}: lease counts {core.lease.in_flight} in flight, the session has registered "
+        f"{sorted(registered)}")
+
+
 def _snapshot(core: SessionCore) -> tuple:
     """Everything an illegal command must leave untouched."""
     counters = attrs.asdict(core.counters)
@@ -258,6 +269,10 @@ class SessionCoreMachine(RuleBasedStateMachine):
     def matches_model(self):
         problems = self.model.mismatches(self.core)
         assert not problems, "session differs from the model:\n  " + "\n  ".join(problems)
+
+    @invariant()
+    def in_flight_count_matches_registered_requests(self):
+        check_lease_accounting(self.core, f"after step {self.steps}")
 
     @invariant()
     def epoch_never_decreases(self):
@@ -674,6 +689,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         core = self.handle.core
         problems = self.model.mismatches(core)
         assert not problems, "session differs from the model:\n  " + "\n  ".join(problems)
+        check_lease_accounting(core, f"after {self.replayed} processed messages")
         new, self.fed = self.received[self.fed:], len(self.received)
         self.checker.feed(new)
         n = len(self.checker.terminals)
