@@ -223,12 +223,6 @@ WHY = {
 }
 
 
-class _ChartModel:
-    """Stand-in model so the one Machine can be built at import time (guards resolve late)."""
-
-    state = IDLE
-
-
 MACHINE = Machine(
     model=None,
     states=[s.value for s in State],
@@ -286,10 +280,7 @@ class CompiledChart:
 
 
 def refusal(state: str, trigger: str) -> IllegalTransition:
-    error_type = REFUSALS.get((state, trigger), IllegalTransition)
-    if error_type is IllegalTransition:
-        return IllegalTransition(state, trigger)
-    return error_type(state, trigger)
+    return REFUSALS.get((state, trigger), IllegalTransition)(state, trigger)
 
 
 def compile_chart(machine: Machine) -> CompiledChart:
