@@ -135,12 +135,14 @@ def merged_external_edges(chart: ChartSpec) -> list[tuple[str, str, str]]:
 def to_mermaid(chart: ChartSpec) -> str:
     """``stateDiagram-v2``: external transitions are arrows; internal ones (state unchanged)
     are listed inside their state box, the UML way (``trigger [guard] / effects``)."""
-    lines = ["---", f"title: {chart.name}", "---", "stateDiagram-v2", "    direction LR",
-             f"    [*] --> {_mermaid_id(chart.initial)}"]
+    lines = ["---", f"title: {chart.name}", "---", "stateDiagram-v2", "    direction LR"]
+    # Every state is declared by name first: Mermaid titles a box with the first description
+    # it meets, so a box whose first line were a self-transition would be titled with it.
+    for state in chart.states:
+        lines.append(f"    state \"{state}\" as {_mermaid_id(state)}")
+    lines.append(f"    [*] --> {_mermaid_id(chart.initial)}")
     for state in chart.states:
         internal = [e for e in chart.edges_from(state) if e.internal]
-        if not internal:
-            lines.append(f"    state \"{state}\" as {_mermaid_id(state)}")
         for edge in internal:
             lines.append(f"    {_mermaid_id(state)} : {edge.label()}")
     for source, target, label in merged_external_edges(chart):

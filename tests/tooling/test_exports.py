@@ -58,7 +58,14 @@ def test_mermaid_has_every_state_and_transition(name):
     assert "stateDiagram-v2" in lines
     assert f"    [*] --> {spec.initial}" in lines
     for state in spec.states:
-        assert re.search(rf"^    (state \"{state}\" as )?{state}\b", text, re.M), state
+        # Declared by name before anything else mentions it: Mermaid titles a box with the
+        # first description it sees, so a box with self-transitions would otherwise be titled
+        # with one of them instead of the state's name.
+        declaration = f"    state \"{state}\" as {state}"
+        assert declaration in lines, state
+        first_mention = next(i for i, line in enumerate(lines)
+                             if re.match(rf"^    (state \"{state}\" as )?{state}\b", line))
+        assert lines[first_mention] == declaration, (state, lines[first_mention])
     for edge in spec.edges:
         if edge.internal:
             assert f"    {edge.source} : {edge.label()}" in lines, edge
