@@ -219,3 +219,19 @@ def test_review_doc_has_a_row_per_transition_with_its_why():
                         if l.startswith(f"| `{edge.source}` | `{edge.trigger}` |") and f"| {target} |" in l), None)
             assert row is not None, edge
             assert spec.why[edge.trigger] in row.replace("\\|", "|")
+
+
+@pytest.mark.parametrize("fmt", ["mermaid", "dot", "scxml", "json"])
+def test_cli_prints_exactly_one_document_or_refuses(fmt):
+    # Several documents back to back on stdout are not one valid document of any format.
+    runner = CliRunner()
+    for args in ([], ["--machine", "all"]):
+        result = runner.invoke(_app(), ["statechart", "--format", fmt, *args])
+        assert result.exit_code != 0, (args, result.output[:200])
+        assert "--machine" in result.output
+    one = runner.invoke(_app(), ["statechart", "--format", fmt, "--machine", "session"])
+    assert one.exit_code == 0 and one.output == export.render(export.spec("session"), fmt)
+    if fmt == "json":
+        json.loads(one.output)
+    if fmt == "scxml":
+        ET.fromstring(one.output)
