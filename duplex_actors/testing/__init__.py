@@ -5,7 +5,8 @@
 * :mod:`.machine`: ``SessionCoreMachine`` and ``RuntimeMachine``, hypothesis
   ``RuleBasedStateMachine`` bases that check every session invariant; subclass them to check
   your own engine backend or session policy.
-* :mod:`.pytest_plugin`: fixtures and hypothesis profiles, registered as a pytest entry point.
+* :mod:`.pytest_plugin`: fixtures and hypothesis profiles; the pytest entry point itself is the
+  top-level module ``duplex_actors_pytest`` (it must not import this package).
 
 Names are resolved lazily so that importing this package (which the pytest plugin does) never
 requires hypothesis.
