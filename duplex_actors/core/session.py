@@ -25,7 +25,6 @@ from typing import Any, Union
 import attrs
 import structlog
 
-from ..audio.overlap import OverlapPolicy, OverlapVerdict
 from ..errors import (
     Backpressure,
     DuplexError,
@@ -55,6 +54,7 @@ from .fence import Fence
 from .journal import ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
+from .overlap import OverlapPolicy, OverlapVerdict
 from .statechart import CHART, CLOSED, RESPONDING, CompiledChart
 from .timing import CumulativeWindow, TimingLedger
 
@@ -333,8 +333,6 @@ class SessionCore:
 
     def fail(self, reason: str = "session_failed") -> None:
         """The shell hit an unexpected error: close this session (and only it)."""
-        if self._state == CLOSED:
-            return
         self._ctx = {"now": self.clock.now(), "reason": reason}
         try:
             self._fire("fail")
@@ -464,15 +462,14 @@ class SessionCore:
         self._input_ms += ms
         if self._overlap_ms is not None and self._state == RESPONDING and command.speech is not False:
             self._overlap_ms += ms
-            policy = OverlapPolicy(self.config.min_interruption_ms)
-            if policy.judge(self._overlap_ms, still_speaking=True) is OverlapVerdict.BARGE_IN:
-                # Long speech over the response: the overlap policy says this is a barge-in.
-                self._ctx = {"now": self.clock.now(), "reason": "turn_detected",
-                             "received_at": self.clock.now()}
-                try:
-                    self._fire("barge_in")
-                finally:
-                    self._ctx = {}
+            # The chart decides (overlap_is_interruption): a long overlap cancels as a barge-in
+            # does, with the reason a detected turn has.
+            now = self.clock.now()
+            self._ctx = {"now": now, "reason": "turn_detected", "received_at": now}
+            try:
+                self._fire("overlap")
+            finally:
+                self._ctx = {}
         if self.config.model_native:
             unit_bytes = self.config.unit_samples * 2
             while len(self._input) >= unit_bytes and self._state != CLOSED:
@@ -504,6 +501,13 @@ class SessionCore:
 
     def _g_aborts_settled(self) -> bool:
         return not self._aborting
+
+    def _g_overlap_is_interruption(self) -> bool:
+        overlap = self._overlap_ms
+        if overlap is None:
+            return False
+        verdict = OverlapPolicy(self.config.min_interruption_ms).judge(overlap, still_speaking=True)
+        return verdict is OverlapVerdict.BARGE_IN
 
     # ------------------------------------------------------------------ effects
 

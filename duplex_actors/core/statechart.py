@@ -108,6 +108,10 @@ TRANSITIONS = [
     _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started"]),
     # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
     _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "start_overlap"]),
+    # Each chunk of speech over the response grows the overlap; the policy (core/overlap.py)
+    # says when it has become an interruption rather than a backchannel.
+    _row("overlap", RESPONDING, BARGE_IN, CANCEL_RESPONSE, conditions=["overlap_is_interruption"]),
+    _row("overlap", RESPONDING, SAME),
     # Server VAD: the end of the user's speech is the end of their turn.
     _row(
         "speech_stopped",
@@ -172,6 +176,9 @@ TRANSITIONS = [
     _row("close", CLOSED, SAME),  # closing twice is harmless
     _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("fail", OPEN_STATES, CLOSED, CLOSE_SESSION),  # the session actor itself crashed
+    # A lease that runs out, or a failure noticed, as the session closes: already done.
+    _row("expire", CLOSED, SAME),
+    _row("fail", CLOSED, SAME),
 ]
 
 TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
@@ -179,7 +186,8 @@ TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 # Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
 # Engine triggers refused here are engine protocol errors; the core reports them as such.
 REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
-    **{(CLOSED, t): SessionClosed for t in TRIGGERS if t not in ("close", "stale_output", "abort_confirmed")},
+    **{(CLOSED, t): SessionClosed for t in TRIGGERS
+       if t not in ("close", "stale_output", "abort_confirmed", "expire", "fail")},
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
@@ -190,15 +198,42 @@ REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
     (BARGE_IN, "cancel"): NoActiveResponse,
 }
 
-# Triggers that come from the engine rather than the client: refusing one is the engine's
-# fault (EngineProtocolError), never the client's.
-ENGINE_TRIGGERS = frozenset({"speak", "listen", "output", "turn_done", "turn_failed", "stale_output", "abort_confirmed"})
+
+
+class Origin(str, enum.Enum):
+    """Who raises a trigger, and so whose fault a refusal of it is."""
+
+    #: a client command (core/commands.py): refusing it raises the typed error to the client.
+    CLIENT = "client"
+    #: an engine output, classified by its fence: refusing it is the engine's fault, counted
+    #: as an invalid output, never the client's.
+    ENGINE = "engine"
+    #: the session itself: its own measurements (a full audio unit, the overlap grown), its
+    #: lease running out, or its actor failing.
+    SELF = "self"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+TRIGGER_ORIGINS: Mapping[str, Origin] = {
+    **dict.fromkeys(("append", "commit", "clear", "create_response", "speech_started", "speech_stopped",
+                     "update", "barge_in", "cancel", "heartbeat", "playback_ack", "detach", "resume",
+                     "close"), Origin.CLIENT),
+    **dict.fromkeys(("speak", "listen", "output", "turn_done", "turn_failed", "stale_output",
+                     "abort_confirmed"), Origin.ENGINE),
+    **dict.fromkeys(("unit_ready", "overlap", "expire", "fail"), Origin.SELF),
+}
+CLIENT_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.CLIENT)
+ENGINE_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.ENGINE)
+SELF_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.SELF)
 
 # One sentence per trigger, for the generated design-review table.
 WHY = {
     "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
     "unit_ready": "model-native mode: each full audio unit is handed to the model to decide listen or speak",
     "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
+    "overlap": "speech over the response grew: once the overlap policy calls it an interruption it cancels as a barge-in does",
     "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
     "commit": "the user's turn is complete; with auto_respond it starts a model turn",
@@ -218,8 +253,8 @@ WHY = {
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
     "close": "close from any state; closing twice is harmless",
-    "expire": "the lease expired (idle TTL or disconnect grace): close with that reason",
-    "fail": "the session's own actor failed: close only this session",
+    "expire": "the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do once closed",
+    "fail": "the session's own actor failed: close only this session; nothing to do once closed",
 }
 
 
