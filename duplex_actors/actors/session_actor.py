@@ -143,8 +143,6 @@ class SessionActor:
                 log.error("session_failed", session_id=self.session_id, error=repr(exc))
                 core.emit_error(_internal_error(exc))
                 core.fail("session_failed")
-        if core.outbox_overflowed and not core.closed:
-            core.fail("slow_consumer")
         self._flush_actions()
         if core.closed and not self._finished:
             self._finish()

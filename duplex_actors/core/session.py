@@ -11,7 +11,8 @@ Guarantees (property-tested in tests/core):
 * an illegal command raises a typed error and changes nothing;
 * closed is absorbing and produces no engine action after the close's own aborts;
 * at most one response is active; every response.created gets exactly one response.done;
-* the epoch moves exactly on cancel (barge-in, response.cancel) and close;
+* the epoch moves exactly on cancel (barge-in, response.cancel); close does not move it (once
+  closed, nothing is registered as in flight, so every output is stale anyway);
 * output of an older fence is consumed and counted, never delivered;
 * timing state is empty after end of response, barge-in and close.
 """
@@ -295,6 +296,8 @@ class SessionCore:
             self.lease.touch(now)
             if trigger == "append":
                 self._after_append(command)  # type: ignore[arg-type]
+            if self._outbox.overflowed:
+                self._close_slow_consumer()
 
     def on_engine_output(self, output: EngineOutput) -> None:
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""
@@ -323,6 +326,16 @@ class SessionCore:
                     self._fire("abort_confirmed")
                 finally:
                     self._ctx = {}
+        if self._outbox.overflowed and self._state != CLOSED:
+            self._close_slow_consumer()
+
+    def _close_slow_consumer(self) -> None:
+        # After the step that overflowed, never inside it: its effects ran to completion.
+        self._ctx = {"now": self.clock.now(), "reason": "slow_consumer"}
+        try:
+            self._fire("outbox_overflow")
+        finally:
+            self._ctx = {}
 
     def expire(self, reason: str) -> None:
         self._ctx = {"now": self.clock.now(), "reason": reason}
@@ -513,12 +526,9 @@ class SessionCore:
 
     def _emit(self, cls, **fields) -> None:
         event = cls(seq=0, epoch=fields.pop("epoch", self.epoch), session_id=self.session_id, **fields)
-        if not self._outbox.push(event):
-            # Declared slow-consumer policy: the client stopped reading; rather than grow
-            # without bound or silently drop events, the session closes (terminals still fit).
-            if self._state != CLOSED and "closing" not in self._ctx:
-                self._ctx["closing"] = True
-                self._ctx["reason"] = "slow_consumer"
+        # A push that does not fit marks the outbox overflowed; the chart's outbox_overflow row
+        # closes the session once the current step is done (_close_slow_consumer).
+        self._outbox.push(event)
 
     def _fx_buffer_audio(self) -> None:
         self._input += self._ctx["command"].pcm

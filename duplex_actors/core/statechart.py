@@ -176,6 +176,9 @@ TRANSITIONS = [
     _row("close", CLOSED, SAME),  # closing twice is harmless
     _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("fail", OPEN_STATES, CLOSED, CLOSE_SESSION),  # the session actor itself crashed
+    # The declared slow-consumer policy: rather than grow without bound or drop events
+    # silently, a session whose client stopped reading closes (its terminals still fit).
+    _row("outbox_overflow", OPEN_STATES, CLOSED, CLOSE_SESSION),
     # A lease that runs out, or a failure noticed, as the session closes: already done.
     _row("expire", CLOSED, SAME),
     _row("fail", CLOSED, SAME),
@@ -222,7 +225,7 @@ TRIGGER_ORIGINS: Mapping[str, Origin] = {
                      "close"), Origin.CLIENT),
     **dict.fromkeys(("speak", "listen", "output", "turn_done", "turn_failed", "stale_output",
                      "abort_confirmed"), Origin.ENGINE),
-    **dict.fromkeys(("unit_ready", "overlap", "expire", "fail"), Origin.SELF),
+    **dict.fromkeys(("unit_ready", "overlap", "outbox_overflow", "expire", "fail"), Origin.SELF),
 }
 CLIENT_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.CLIENT)
 ENGINE_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.ENGINE)
@@ -255,6 +258,7 @@ WHY = {
     "close": "close from any state; closing twice is harmless",
     "expire": "the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do once closed",
     "fail": "the session's own actor failed: close only this session; nothing to do once closed",
+    "outbox_overflow": "the client stopped reading and an event did not fit: close as slow_consumer",
 }
 
 

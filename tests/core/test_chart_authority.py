@@ -78,3 +78,17 @@ def test_expiring_or_failing_a_closed_session_is_a_chart_row_that_changes_nothin
     before = snapshot(core)
     getattr(core, trigger)("idle_ttl_expired")
     assert snapshot(core) == before and core.take_events() == [] and core.take_actions() == []
+
+
+def test_a_client_that_stops_reading_is_closed_by_the_chart_not_by_the_shell():
+    core = core_in("idle", outbox_capacity=20, outbox_reserve=4)
+    recorder = RecordingChart()
+    core.chart = recorder
+    for _ in range(40):  # each heartbeat is acknowledged with one event nobody reads
+        if core.closed:
+            break
+        core.handle(cmd.Heartbeat())
+    assert core.closed and core.close_reason == "slow_consumer"
+    assert recorder.steps[-1] == ("idle", "outbox_overflow", "closed")
+    events = core.take_events()
+    assert events[-1].type == "session.closed" and events[-1].reason == "slow_consumer"
