@@ -85,7 +85,11 @@ END_TURN_COMPLETED = ["emit_response_completed", "finish_turn", "reset_timing"]
 END_TURN_FAILED = ["emit_response_failed", "finish_turn", "reset_timing"]
 
 
-def _row(trigger, source, dest, effects=(), conditions=(), unless=()):
+def row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
+    """One transition: ``trigger`` from ``source`` (a state or a list) to ``dest`` (``SAME``
+    for an internal transition), taken when every guard in ``conditions`` holds and none in
+    ``unless`` does, performing ``effects`` in order. Guards and effects are names of the
+    session core's ``_g_<name>`` and ``_fx_<name>`` methods."""
     return {
         "trigger": trigger,
         "source": source,
@@ -95,6 +99,8 @@ def _row(trigger, source, dest, effects=(), conditions=(), unless=()):
         "unless": list(unless),
     }
 
+
+_row = row  # short, for the table below
 
 # Rows are tried in order for a (state, trigger): the first whose guards hold wins.
 TRANSITIONS = [
@@ -262,15 +268,20 @@ WHY = {
 }
 
 
-MACHINE = Machine(
-    model=None,
-    states=[s.value for s in State],
-    transitions=TRANSITIONS,
-    initial=IDLE,
-    auto_transitions=False,
-    send_event=False,
-    ignore_invalid_triggers=False,
-)
+def build_machine(transitions) -> Machine:
+    """The transitions Machine of a table of rows (the shipped chart's, or a policy's)."""
+    return Machine(
+        model=None,
+        states=[s.value for s in State],
+        transitions=transitions,
+        initial=IDLE,
+        auto_transitions=False,
+        send_event=False,
+        ignore_invalid_triggers=False,
+    )
+
+
+MACHINE = build_machine(TRANSITIONS)
 
 
 # --- the compiled dispatch table ------------------------------------------------------------

@@ -133,7 +133,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
         self.clock = ManualClock(1000.0)
         config = self.session_config()
         self.core = self.make_core(self.session_id, config, self.clock)
-        self.model = SessionModel(self.session_id, config)
+        self.model = self.make_model(self.session_id, config)
         self.checker = EventStreamChecker()
         self.reading = True  # the client reads events after every step (a slow one does not)
         self.last_epoch = 0
@@ -145,6 +145,11 @@ class SessionCoreMachine(RuleBasedStateMachine):
     def session_config(self) -> SessionConfig:
         """The config of the session under test (cascaded mode; model_native is not modelled)."""
         return TEST_CONFIG
+
+    def make_model(self, session_id: str, config: SessionConfig) -> SessionModel:
+        """The reference model the session is compared with: override to swap in your own
+        (a SessionModel subclass that knows your policy's extra rules)."""
+        return SessionModel(session_id, config)
 
     def make_core(self, session_id: str, config: SessionConfig, clock: ManualClock) -> SessionCore:
         """Build the core under test: override to check your own chart or core subclass."""
@@ -488,7 +493,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             self._rt_cm = self.portal.wrap_async_context_manager(self.runtime)
             self._rt_cm.__enter__()
             self.handle = self.portal.call(self._open)
-            self.model = SessionModel(self.handle.id, config)
+            self.model = self.make_model(self.handle.id, config)
             self.checker = EventStreamChecker()
             self._consumer = self.portal.start_task_soon(self._consume)
         except BaseException:
@@ -508,6 +513,10 @@ class RuntimeMachine(RuleBasedStateMachine):
     def runtime_options(self) -> dict:
         """Extra keyword arguments for :class:`~duplex_actors.Runtime`."""
         return {}
+
+    def make_model(self, session_id: str, config: SessionConfig) -> SessionModel:
+        """The reference model the session is compared with (see SessionCoreMachine)."""
+        return SessionModel(session_id, config)
 
     # -- plumbing (runs on the machine's event loop) ----------------------------------------
 
