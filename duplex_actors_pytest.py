@@ -14,7 +14,9 @@ Installed with the package, so any project that has duplex_actors and pytest get
   with the environment variable ``HYPOTHESIS_PROFILE`` (or hypothesis' own
   ``--hypothesis-profile``). Nothing is loaded unless one of the two is set, so the plugin
   never changes the settings of a project that did not ask for it.
-* fixtures ``manual_clock``, ``scripted_engine`` and ``duplex_runtime``.
+* fixtures ``manual_clock``, ``scripted_engine`` and ``duplex_runtime``; and for ``@given``
+  tests, whose examples must not share them, the session-scoped factories
+  ``make_manual_clock``, ``make_scripted_engine`` and ``start_duplex_runtime``.
 
 ``duplex_runtime`` is for *synchronous* tests: it runs a started :class:`~duplex_actors.Runtime`
 on the scripted engine in a private event loop thread (an anyio blocking portal) and hands the
@@ -28,6 +30,7 @@ hypothesis installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
@@ -135,20 +138,61 @@ def manual_clock():
 @pytest.fixture
 def scripted_engine():
     """A fresh :class:`~duplex_actors.ScriptedEngine` with a fast default script."""
-    from duplex_actors import Script, ScriptedEngine
-
-    return ScriptedEngine(Script(token_latency_s=0.0005, packet_latency_s=0.0005))
+    return _fast_scripted_engine()
 
 
 @pytest.fixture
 def duplex_runtime(scripted_engine) -> Iterator[RuntimeDriver]:
     """A started Runtime on ``scripted_engine``, for synchronous tests (see RuntimeDriver)."""
+    with start_runtime_driver(scripted_engine) as driver:
+        yield driver
+
+
+def _fast_scripted_engine(script: Any = None):
+    from duplex_actors import Script, ScriptedEngine
+
+    return ScriptedEngine(script if script is not None else
+                          Script(token_latency_s=0.0005, packet_latency_s=0.0005))
+
+
+@contextlib.contextmanager
+def start_runtime_driver(engine: Any = None) -> Iterator[RuntimeDriver]:
+    """Start a Runtime on ``engine`` (default: a fast scripted one) in its own event loop
+    thread; stopped when the block ends."""
     from anyio.from_thread import start_blocking_portal
 
     from duplex_actors import Runtime
     from duplex_actors.core.clock import MONOTONIC
 
+    engine = _fast_scripted_engine() if engine is None else engine
     with start_blocking_portal() as portal:
-        runtime = Runtime(scripted_engine, reaper_interval_s=0)
+        runtime = Runtime(engine, reaper_interval_s=0)
         with portal.wrap_async_context_manager(runtime) as rt:
-            yield RuntimeDriver(portal, rt, scripted_engine, MONOTONIC)
+            yield RuntimeDriver(portal, rt, engine, MONOTONIC)
+
+
+# --- the same, for @given tests ------------------------------------------------------------------
+# hypothesis runs every example of a @given test inside one call of the test function, so a
+# function-scoped fixture would be shared by all examples (and hypothesis refuses it). These are
+# session-scoped factories instead, holding no state: each example makes its own.
+
+
+@pytest.fixture(scope="session")
+def make_manual_clock() -> Callable[..., Any]:
+    """``make_manual_clock(start=0.0)``: a fresh ManualClock per call."""
+    from duplex_actors import ManualClock
+
+    return ManualClock
+
+
+@pytest.fixture(scope="session")
+def make_scripted_engine() -> Callable[..., Any]:
+    """``make_scripted_engine(script=None)``: a fresh ScriptedEngine per call (a fast script
+    unless one is given)."""
+    return _fast_scripted_engine
+
+
+@pytest.fixture(scope="session")
+def start_duplex_runtime() -> Callable[..., Any]:
+    """``with start_duplex_runtime(engine=None) as driver:`` a started Runtime per block."""
+    return start_runtime_driver

@@ -60,6 +60,7 @@ _EXPORTS = {
     "RuntimeDriver": "pytest_plugin",
     "register_profiles": "pytest_plugin",
     "load_profile_from_env": "pytest_plugin",
+    "start_runtime_driver": "pytest_plugin",
     # re-exported for convenience: the engine every test starts with
     "Script": None,
     "ScriptedEngine": None,
