@@ -317,15 +317,14 @@ class SessionCore:
             self._ctx = {}
         if self._state != CLOSED:
             self.lease.touch(self.clock.now())
-        # A request of a cancelled epoch ended: once all have, barge_in is left.
+        # An aborted request ended (what counts as its end depends on its kind): the chart
+        # settles its abort, and leaves barge_in once no other is outstanding.
         if self._aborting and rid in self._aborting and is_terminal(output, self._aborting[rid]):
-            del self._aborting[rid]
-            if not self._aborting:
-                self._ctx = {"now": self.clock.now()}
-                try:
-                    self._fire("abort_confirmed")
-                finally:
-                    self._ctx = {}
+            self._ctx = {"output": output, "now": self.clock.now()}
+            try:
+                self._fire("abort_confirmed")
+            finally:
+                self._ctx = {}
         if self._outbox.overflowed and self._state != CLOSED:
             self._close_slow_consumer()
 
@@ -513,7 +512,12 @@ class SessionCore:
         return self._response is not None
 
     def _g_aborts_settled(self) -> bool:
-        return not self._aborting
+        # No abort outstanding besides the one whose end is being confirmed (if any is).
+        aborting = self._aborting
+        if not aborting:
+            return True
+        output = self._ctx.get("output")
+        return output is not None and len(aborting) == 1 and output.request_id in aborting
 
     def _g_overlap_is_interruption(self) -> bool:
         overlap = self._overlap_ms
@@ -749,6 +753,9 @@ class SessionCore:
         self._units = None
         self.lease.in_flight = 0
         self._abort(requests, self._reason())
+
+    def _fx_settle_abort(self) -> None:
+        self._aborting.pop(self._ctx["output"].request_id, None)
 
     def _fx_drop_undelivered_audio(self) -> None:
         if self._response is not None:

@@ -168,10 +168,14 @@ TRANSITIONS = [
     _row("barge_in", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
     _row("barge_in", [IDLE, LISTENING, BARGE_IN], SAME),  # nothing to interrupt: races are normal
     _row("cancel", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
-    _row("abort_confirmed", BARGE_IN, LISTENING, conditions=["aborts_settled", "has_buffered_audio"]),
-    _row("abort_confirmed", BARGE_IN, IDLE, conditions=["aborts_settled"]),
-    _row("abort_confirmed", BARGE_IN, SAME),  # more aborts still outstanding
-    _row("abort_confirmed", [IDLE, LISTENING, RESPONDING, CLOSED], SAME),  # late confirmation
+    # Each aborted request's end settles its abort; the one that settles the last leaves
+    # barge_in (aborts_settled: no other abort outstanding).
+    _row("abort_confirmed", BARGE_IN, LISTENING, ["settle_abort"],
+         conditions=["aborts_settled", "has_buffered_audio"]),
+    _row("abort_confirmed", BARGE_IN, IDLE, ["settle_abort"], conditions=["aborts_settled"]),
+    _row("abort_confirmed", BARGE_IN, SAME, ["settle_abort"]),  # more aborts still outstanding
+    # late confirmation (e.g. of units fenced off by a commit), or after close
+    _row("abort_confirmed", [IDLE, LISTENING, RESPONDING, CLOSED], SAME, ["settle_abort"]),
     # --- liveness and lifecycle -------------------------------------------------------------
     _row("heartbeat", OPEN_STATES, SAME, ["touch_lease"]),
     _row("playback_ack", OPEN_STATES, SAME, ["record_playback"]),
@@ -255,7 +259,7 @@ WHY = {
     "stale_output": "output of an older fence is consumed and counted, never delivered",
     "barge_in": "the user interrupted: cancel the response at once and listen again",
     "cancel": "response.cancel: as barge-in, with reason client_cancelled",
-    "abort_confirmed": "the engine confirmed the old epoch's request ended; barge_in is left",
+    "abort_confirmed": "an aborted request ended: its abort is settled; once none is outstanding, barge_in is left",
     "heartbeat": "keeps the lease alive",
     "playback_ack": "the client reports what it really played, so history keeps only heard text",
     "detach": "the transport dropped; the session waits out its grace period",

@@ -92,3 +92,24 @@ def test_a_client_that_stops_reading_is_closed_by_the_chart_not_by_the_shell():
     assert recorder.steps[-1] == ("idle", "outbox_overflow", "closed")
     events = core.take_events()
     assert events[-1].type == "session.closed" and events[-1].reason == "slow_consumer"
+
+
+def test_every_aborted_requests_end_is_settled_by_the_chart():
+    from duplex_actors.core.engine_io import Decision
+
+    core = core_in("idle", model_native=True, unit_samples=1600)
+    core.handle(cmd.AppendAudio(pcm=SPEECH))
+    core.handle(cmd.AppendAudio(pcm=SPEECH))
+    u1, u2 = (a.request.request_id for a in core.take_actions())
+    core.on_engine_output(Decision(u2, True))  # u2 speaks; u1 is superseded and aborted
+    core.handle(cmd.BargeIn())  # u2 is aborted too
+    recorder = RecordingChart()
+    core.chart = recorder
+    core.on_engine_output(Decision(u1, False))  # u1 ends: one abort still outstanding
+    assert ("barge_in", "abort_confirmed", "barge_in") in recorder.steps
+    assert core.aborting_requests == {u2}
+    core.on_engine_output(Decision(u2, False))  # the last one: barge_in is left
+    assert recorder.steps[-1][1:] == ("abort_confirmed", "idle")
+    assert not core.aborting_requests
+    for branches in (CHART.table[(s, "abort_confirmed")] for s in ("idle", "barge_in", "closed")):
+        assert all(b.effects == ("settle_abort",) for b in branches)
