@@ -6,11 +6,15 @@
 #   .ci/mermaid.sh --setup-only  # only set up (scripts/test.sh: the main suite then renders)
 #
 # No browser is downloaded: puppeteer's download is skipped and Debian's chromium package is
-# used (installed with apt when missing). Needs node >= 18 and npm.
+# used (installed with apt when missing, as are node and npm). mermaid-cli 12 declares node
+# >= 22.13; it renders on the node 20 of this project's machines (npm only warns).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HERE="$ROOT/.ci/mermaid"
 CHROMIUM="${CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}"
+if ! command -v npm >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
 if [[ -z "$CHROMIUM" ]]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
     CHROMIUM="$(command -v chromium)"
