@@ -68,6 +68,7 @@ def _session_spec() -> ChartSpec:
         state_docs=_session_state_docs(),
         refusals=refusals,
         default_refusal="IllegalTransition",
+        origins={trigger: origin.value for trigger, origin in session_chart.TRIGGER_ORIGINS.items()},
     )
 
 
@@ -238,7 +239,9 @@ def to_json(chart: ChartSpec) -> str:
         "initial": chart.initial,
         "states": [{"id": s, "absorbing": s in chart.absorbing, "doc": chart.state_docs.get(s, "")}
                    for s in chart.states],
-        "triggers": [{"name": t, "why": chart.why.get(t, "")} for t in chart.triggers],
+        "triggers": [{"name": t, "why": chart.why.get(t, ""),
+                      **({"origin": chart.origins[t]} if t in chart.origins else {})}
+                     for t in chart.triggers],
         "guards": [{"name": g, "doc": chart.guard_docs.get(g, "")} for g in chart.guards],
         "transitions": [
             {"source": e.source, "trigger": e.trigger, "target": e.target, "priority": e.priority,
@@ -300,6 +303,11 @@ def review_markdown() -> str:
         for state in chart.states:
             mark = " (absorbing)" if state in chart.absorbing else ""
             out.append(f"| `{state}`{mark} | {_cell(chart.state_docs.get(state, ''))} |")
+        if chart.origins:
+            out += ["", "### Triggers", "",
+                    "Who raises each trigger: a client command, an engine output, or the session itself.",
+                    "", "| trigger | origin |", "| --- | --- |"]
+            out += [f"| `{t}` | {chart.origins.get(t, '')} |" for t in chart.triggers]
         if chart.guard_docs:
             out += ["", "### Guards", "", "| guard | holds when |", "| --- | --- |"]
             out += [f"| `{g}` | {_cell(chart.guard_docs.get(g, ''))} |" for g in chart.guards]

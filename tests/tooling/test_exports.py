@@ -235,3 +235,14 @@ def test_cli_prints_exactly_one_document_or_refuses(fmt):
         json.loads(one.output)
     if fmt == "scxml":
         ET.fromstring(one.output)
+
+
+def test_trigger_origins_reach_the_json_and_the_review_doc():
+    from duplex_actors.core.statechart import TRIGGER_ORIGINS
+
+    data = json.loads(export.to_json(export.spec("session")))
+    assert {t["name"]: t["origin"] for t in data["triggers"]} == {
+        t: o.value for t, o in TRIGGER_ORIGINS.items()}
+    review = export.review_markdown()
+    for trigger, origin in TRIGGER_ORIGINS.items():
+        assert f"| `{trigger}` | {origin.value} |" in review
