@@ -246,7 +246,8 @@ WHY = {
     "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
     "unit_ready": "model-native mode: each full audio unit is handed to the model to decide listen or speak",
     "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
-    "overlap": "speech over the response grew: once the overlap policy calls it an interruption it cancels as a barge-in does",
+    "overlap": ("speech over the response grew: once the overlap policy calls it an interruption it "
+                "cancels as a barge-in does"),
     "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
     "commit": "the user's turn is complete; with auto_respond it starts a model turn",
@@ -259,14 +260,16 @@ WHY = {
     "stale_output": "output of an older fence is consumed and counted, never delivered",
     "barge_in": "the user interrupted: cancel the response at once and listen again",
     "cancel": "response.cancel: as barge-in, with reason client_cancelled",
-    "abort_confirmed": "an aborted request ended: its abort is settled; once none is outstanding, barge_in is left",
+    "abort_confirmed": ("an aborted request ended: its abort is settled; once none is outstanding, "
+                        "barge_in is left"),
     "heartbeat": "keeps the lease alive",
     "playback_ack": "the client reports what it really played, so history keeps only heard text",
     "detach": "the transport dropped; the session waits out its grace period",
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
     "close": "close from any state; closing twice is harmless",
-    "expire": "the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do once closed",
+    "expire": ("the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do "
+               "once closed"),
     "fail": "the session's own actor failed: close only this session; nothing to do once closed",
     "outbox_overflow": "the client stopped reading and an event did not fit: close as slow_consumer",
 }

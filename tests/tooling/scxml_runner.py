@@ -59,7 +59,8 @@ class Interpreter:
         return [e.split(":", 1)[1] for e in logged if e.startswith("effect:")]
 
 
-statemachine_io = pytest.importorskip("statemachine.io", reason="the second round trip needs python-statemachine")
+statemachine_io = pytest.importorskip("statemachine.io",
+                                      reason="the second round trip needs python-statemachine")
 
 
 def _statechart_class(text: str):
