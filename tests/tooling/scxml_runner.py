@@ -59,8 +59,6 @@ class Interpreter:
         return [e.split(":", 1)[1] for e in logged if e.startswith("effect:")]
 
 
-statemachine_io = pytest.importorskip("statemachine.io",
-                                      reason="the second round trip needs python-statemachine")
 
 
 def _statechart_class(text: str):
@@ -69,6 +67,8 @@ def _statechart_class(text: str):
     # Restricted (untrusted) evaluation: the document must run as written, no eval. Errors in
     # its expressions are raised rather than turned into error.execution events, so a document
     # it cannot evaluate fails the test instead of quietly taking no transition.
+    statemachine_io = pytest.importorskip("statemachine.io",
+                                          reason="the second round trip needs python-statemachine")
     cls = statemachine_io.load(text, format="scxml")
     cls.catch_errors_as_events = False
     return cls
