@@ -6,6 +6,8 @@ would make the model unbearable. So speech over a response only barges in once i
 going. (LiveKit's default minimum is 0.5 s; vLLM-Omni treats <= 0.7 s as short acks.)
 
 Pure: the caller says how long the overlap has lasted and whether the user is still talking.
+The session chart asks it on every chunk of speech over a response (the
+``overlap_is_interruption`` guard of the ``overlap`` row); no timer is involved.
 """
 
 from __future__ import annotations
@@ -39,8 +41,3 @@ class OverlapPolicy:
         if overlap_ms >= self.min_interruption_ms:
             return OverlapVerdict.BARGE_IN
         return OverlapVerdict.UNDECIDED if still_speaking else OverlapVerdict.BACKCHANNEL
-
-    def deadline_ms(self, overlap_started_ms: float) -> float:
-        """When an overlap that began at ``overlap_started_ms`` becomes a barge-in if the
-        user is still talking (for a timer in the session actor)."""
-        return overlap_started_ms + self.min_interruption_ms
