@@ -10,6 +10,13 @@ export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 status=0
 # The committed statecharts and design-review page must match the code.
 duplex-actors statechart --check || status=$?
+# Every committed .mmd must render with Mermaid's own renderer (tests/tooling/test_mermaid_render.py,
+# required to run, not skipped, once the renderer is set up).
+if bash .ci/mermaid.sh --setup-only; then
+    export DUPLEX_REQUIRE_MERMAID=1
+else
+    status=1
+fi
 python -m pytest -q -m "not vllm" "$@" || status=$?
 if [ "${DUPLEX_SKIP_VLLM:-0}" != "1" ] && [ -f .ci/vllm.sh ]; then
     bash .ci/vllm.sh || status=$?

@@ -14,10 +14,16 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import FlakyFailure
 from hypothesis.stateful import run_state_machine_as_test
 
-from duplex_actors import CHART, Decision, EngineCapabilities, TextDelta, TurnDone
-from duplex_actors.core.statechart import Branch, CompiledChart
-from duplex_actors.core.session import SessionCore
-from duplex_actors.testing import RuntimeMachine, SessionCoreMachine
+from duplex_actors import Decision, EngineCapabilities, TextDelta, TurnDone
+from duplex_actors.testing import (
+    CANCEL_RESPONSE,
+    TRANSITIONS,
+    RuntimeMachine,
+    SessionCore,
+    SessionCoreMachine,
+    policy_chart,
+    row,
+)
 
 FIND = settings(max_examples=150, deadline=None, stateful_step_count=30, database=None,
                 phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
@@ -108,13 +114,12 @@ def test_hypothesis_finds_an_engine_that_never_sends_a_terminal():
 # --- a session policy that forgets response.done on barge-in -------------------------------------
 
 
-def chart_without_cancel_terminal() -> CompiledChart:
+def chart_without_cancel_terminal():
     """The shipped chart, except that a barge-in no longer ends the response it interrupts."""
-    table = dict(CHART.table)
-    table[("responding", "barge_in")] = tuple(
-        Branch(b.dest, b.guards, tuple(e for e in b.effects if e != "emit_response_cancelled"))
-        for b in table[("responding", "barge_in")])
-    return CompiledChart(table, CHART.states, CHART.triggers)
+    rows = [r for r in TRANSITIONS if (r["trigger"], r["source"]) != ("barge_in", "responding")]
+    rows.insert(0, row("barge_in", "responding", "barge_in",
+                       [e for e in CANCEL_RESPONSE if e != "emit_response_cancelled"]))
+    return policy_chart(rows)
 
 
 class ForgetfulPolicyMachine(SessionCoreMachine):

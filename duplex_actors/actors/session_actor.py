@@ -10,7 +10,7 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
 import anyio
 import structlog
@@ -23,9 +23,20 @@ from ..errors import AskTimeout, DuplexError, SessionClosed
 from .mailbox import Mailbox
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .engine_actor import EngineActor
 
 log = structlog.get_logger("duplex_actors.actor")
+
+
+class SessionHost(Protocol):
+    """What a session actor needs of whatever runs it (the Runtime), named here so that this
+    module does not import the runtime that imports it."""
+
+    engine: "EngineActor"
+
+    def _schedule(self, actor: "SessionActor") -> None: ...
+
+    def _session_closed(self, actor: "SessionActor") -> None: ...
 
 
 class _Reply:
@@ -56,7 +67,7 @@ class SessionActor:
     __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "_expiring", "_unread",
                  "__weakref__")
 
-    def __init__(self, core: SessionCore, runtime: "Runtime", mailbox_capacity: int) -> None:
+    def __init__(self, core: SessionCore, runtime: SessionHost, mailbox_capacity: int) -> None:
         self.core = core
         self.runtime = runtime
         self.mailbox = Mailbox(mailbox_capacity)
@@ -148,8 +159,6 @@ class SessionActor:
                 log.error("session_failed", session_id=self.session_id, error=repr(exc))
                 core.emit_error(_internal_error(exc))
                 core.fail("session_failed")
-        if core.outbox_overflowed and not core.closed:
-            core.fail("slow_consumer")
         self._flush_actions()
         if core.closed and not self._finished:
             self._finish()

@@ -1,46 +1,4 @@
-"""Overlap policy: is the user's speech over an active response a backchannel or a barge-in?
+"""The overlap policy moved to :mod:`duplex_actors.core.overlap` (the statechart's guard uses
+it); kept here for imports that predate the move."""
 
-A listener says "mm-hm" or "yeah" while the model talks; cancelling the response for that
-would make the model unbearable. So speech over a response only barges in once it has lasted
-``min_interruption_ms``; an overlap that ends sooner was a backchannel and the response keeps
-going. (LiveKit's default minimum is 0.5 s; vLLM-Omni treats <= 0.7 s as short acks.)
-
-Pure: the caller says how long the overlap has lasted and whether the user is still talking.
-"""
-
-from __future__ import annotations
-
-import enum
-
-import attrs
-
-
-class OverlapVerdict(enum.Enum):
-    #: The user is still talking and has not reached the minimum yet: keep speaking, watch.
-    UNDECIDED = "undecided"
-    #: The overlap ended before the minimum: keep the response going.
-    BACKCHANNEL = "backchannel"
-    #: The overlap reached the minimum: cancel the response and listen.
-    BARGE_IN = "barge_in"
-
-
-@attrs.frozen(slots=True)
-class OverlapPolicy:
-    min_interruption_ms: float = attrs.field(default=500.0)
-
-    @min_interruption_ms.validator
-    def _check(self, _attribute, value: float) -> None:
-        if value < 0:
-            raise ValueError("min_interruption_ms must be >= 0")
-
-    def judge(self, overlap_ms: float, *, still_speaking: bool) -> OverlapVerdict:
-        if overlap_ms < 0:
-            raise ValueError("an overlap cannot last a negative time")
-        if overlap_ms >= self.min_interruption_ms:
-            return OverlapVerdict.BARGE_IN
-        return OverlapVerdict.UNDECIDED if still_speaking else OverlapVerdict.BACKCHANNEL
-
-    def deadline_ms(self, overlap_started_ms: float) -> float:
-        """When an overlap that began at ``overlap_started_ms`` becomes a barge-in if the
-        user is still talking (for a timer in the session actor)."""
-        return overlap_started_ms + self.min_interruption_ms
+from ..core.overlap import OverlapPolicy, OverlapVerdict  # noqa: F401

@@ -1,9 +1,11 @@
-"""Server VAD in front of a session: hears the user's audio and tells the session what it heard.
+"""Server VAD in front of a session: hears the user's audio and says what it heard.
 
 The session's statechart decides what speech means (with ``server_vad`` on, speech_stopped
 commits the user's turn; over a response, speech longer than the overlap policy's minimum
-barges in). This module only turns audio into ``speech_started`` / ``speech_stopped`` signals
-with a real VAD model, in the order the audio arrived.
+barges in). This module only turns audio into ``speech_started`` / ``speech_stopped``
+signals with a real VAD model, in the order the audio arrived. :meth:`ServerVad.hear` returns
+them as commands for the caller to send (sans-IO, like the core); :meth:`ServerVad.append` is
+the convenience that tells them to the session it was given.
 
 The VAD model costs ~0.1 ms per 32 ms frame; for a handful of sessions running it on the event
 loop is fine, for thousands run it on the client or in a worker.
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..core.clock import Clock, MONOTONIC
-from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
+from ..core.commands import AppendAudio, Command, SpeechStartedSignal, SpeechStoppedSignal
 from .turn_detection import SpeechStarted, TurnDetectionConfig, TurnDetector
 from .vad import SileroVad, VoiceActivityModel
 
@@ -43,7 +45,8 @@ class _RecordingVad:
 
 
 class ServerVad:
-    def __init__(self, session: "SessionHandle", *, config: TurnDetectionConfig = TurnDetectionConfig(),
+    def __init__(self, session: "SessionHandle | None" = None, *,
+                 config: TurnDetectionConfig = TurnDetectionConfig(),
                  vad: VoiceActivityModel | None = None, clock: Clock = MONOTONIC) -> None:
         self.session = session
         self._vad = _RecordingVad(vad or SileroVad())
@@ -56,22 +59,31 @@ class ServerVad:
     def speaking(self) -> bool:
         return self.detector.speaking
 
-    def append(self, audio: "bytes | AppendAudio") -> None:
-        """Report any speech boundary this audio reveals, then append it with its verdict.
+    def hear(self, audio: "bytes | AppendAudio") -> list[Command]:
+        """The commands this audio amounts to, in the order the session must get them: any
+        speech boundary it reveals, then the audio itself carrying the VAD's verdict.
 
         ``audio`` may be the client's own AppendAudio command, so its event_id and fence stay
         with it (an error about it then names the client's event)."""
         command = audio if isinstance(audio, AppendAudio) else AppendAudio(pcm=audio)
-        pcm = command.pcm
-        signals = self.detector.feed(pcm, self.clock.now() * 1000.0)
+        signals = self.detector.feed(command.pcm, self.clock.now() * 1000.0)
         cfg = self.detector.config
         speech = self.detector.speaking and self._vad.last >= cfg.threshold - cfg.hysteresis
         # Signals first: speech_started must open the overlap before its audio is counted.
+        out: list[Command] = []
         for signal in signals:
             if isinstance(signal, SpeechStarted):
                 self.speech_started += 1
-                self.session.tell(SpeechStartedSignal(audio_ms=signal.audio_start_ms))
+                out.append(SpeechStartedSignal(audio_ms=signal.audio_start_ms))
             else:
                 self.speech_stopped += 1
-                self.session.tell(SpeechStoppedSignal(audio_ms=signal.audio_end_ms))
-        self.session.tell(attrs.evolve(command, speech=speech))
+                out.append(SpeechStoppedSignal(audio_ms=signal.audio_end_ms))
+        out.append(attrs.evolve(command, speech=speech))
+        return out
+
+    def append(self, audio: "bytes | AppendAudio") -> None:
+        """:meth:`hear` ``audio`` and tell the results to the session given at construction."""
+        if self.session is None:
+            raise TypeError("this ServerVad has no session to tell; use hear() and send the commands")
+        for command in self.hear(audio):
+            self.session.tell(command)

@@ -37,6 +37,11 @@ class Command:
     event_id: str | None = None
     epoch: int | None = attrs.field(default=None, validator=_optional_epoch)
 
+    def _repr_pretty_(self, printer, cycle) -> None:
+        # hypothesis (and IPython) print a failing example with this: the short repr (audio
+        # as its length) rather than every byte of it.
+        printer.text(repr(self))
+
 
 def _pcm16(instance, attribute, value):
     if not isinstance(value, (bytes, bytearray, memoryview)):

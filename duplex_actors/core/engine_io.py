@@ -23,6 +23,12 @@ class TurnKind(enum.Enum):
     UNIT = "unit"
 
 
+def _short_pretty(self, printer, cycle) -> None:
+    # hypothesis (and IPython) print a failing example with this: the short repr (audio as its
+    # length) rather than every byte of it.
+    printer.text(repr(self))
+
+
 @attrs.frozen(slots=True)
 class SamplingOverrides:
     """Per-session sampling knobs. ``None`` means "the engine's default"; adapters merge these
@@ -49,6 +55,8 @@ class ModelTurnRequest:
     modalities: tuple[str, ...] = ("text", "audio")
     #: Runtime clock time the request was handed to the engine.
     submitted_at: float = 0.0
+
+    _repr_pretty_ = _short_pretty
 
 
 # --- outputs --------------------------------------------------------------------------------
@@ -84,6 +92,8 @@ class AudioPacket:
     @property
     def duration_s(self) -> float:
         return len(self.pcm) / 2 / self.sample_rate
+
+    _repr_pretty_ = _short_pretty
 
 
 @attrs.frozen(slots=True)

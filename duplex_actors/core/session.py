@@ -11,7 +11,8 @@ Guarantees (property-tested in tests/core):
 * an illegal command raises a typed error and changes nothing;
 * closed is absorbing and produces no engine action after the close's own aborts;
 * at most one response is active; every response.created gets exactly one response.done;
-* the epoch moves exactly on cancel (barge-in, response.cancel) and close;
+* the epoch moves exactly on cancel (barge-in, response.cancel); close does not move it (once
+  closed, nothing is registered as in flight, so every output is stale anyway);
 * output of an older fence is consumed and counted, never delivered;
 * timing state is empty after end of response, barge-in and close.
 """
@@ -25,7 +26,6 @@ from typing import Any, Union
 import attrs
 import structlog
 
-from ..audio.overlap import OverlapPolicy, OverlapVerdict
 from ..errors import (
     Backpressure,
     DuplexError,
@@ -56,6 +56,7 @@ from .input_buffer import InputBuffer
 from .journal import ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
+from .overlap import OverlapPolicy, OverlapVerdict
 from .statechart import CHART, CLOSED, RESPONDING, CompiledChart
 from .timing import CumulativeWindow, TimingLedger
 
@@ -296,6 +297,8 @@ class SessionCore:
             self.lease.touch(now)
             if trigger == "append":
                 self._after_append(command)  # type: ignore[arg-type]
+            if self._outbox.overflowed:
+                self._close_slow_consumer()
 
     def on_engine_output(self, output: EngineOutput) -> None:
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""
@@ -315,15 +318,24 @@ class SessionCore:
             self._ctx = {}
         if self._state != CLOSED:
             self.lease.touch(self.clock.now())
-        # A request of a cancelled epoch ended: once all have, barge_in is left.
+        # An aborted request ended (what counts as its end depends on its kind): the chart
+        # settles its abort, and leaves barge_in once no other is outstanding.
         if self._aborting and rid in self._aborting and is_terminal(output, self._aborting[rid]):
-            del self._aborting[rid]
-            if not self._aborting:
-                self._ctx = {"now": self.clock.now()}
-                try:
-                    self._fire("abort_confirmed")
-                finally:
-                    self._ctx = {}
+            self._ctx = {"output": output, "now": self.clock.now()}
+            try:
+                self._fire("abort_confirmed")
+            finally:
+                self._ctx = {}
+        if self._outbox.overflowed and self._state != CLOSED:
+            self._close_slow_consumer()
+
+    def _close_slow_consumer(self) -> None:
+        # After the step that overflowed, never inside it: its effects ran to completion.
+        self._ctx = {"now": self.clock.now(), "reason": "slow_consumer"}
+        try:
+            self._fire("outbox_overflow")
+        finally:
+            self._ctx = {}
 
     def expire(self, reason: str) -> None:
         self._ctx = {"now": self.clock.now(), "reason": reason}
@@ -334,8 +346,6 @@ class SessionCore:
 
     def fail(self, reason: str = "session_failed") -> None:
         """The shell hit an unexpected error: close this session (and only it)."""
-        if self._state == CLOSED:
-            return
         self._ctx = {"now": self.clock.now(), "reason": reason}
         try:
             self._fire("fail")
@@ -465,15 +475,14 @@ class SessionCore:
         self._input_ms += ms
         if self._overlap_ms is not None and self._state == RESPONDING and command.speech is not False:
             self._overlap_ms += ms
-            policy = OverlapPolicy(self.config.min_interruption_ms)
-            if policy.judge(self._overlap_ms, still_speaking=True) is OverlapVerdict.BARGE_IN:
-                # Long speech over the response: the overlap policy says this is a barge-in.
-                self._ctx = {"now": self.clock.now(), "reason": "turn_detected",
-                             "received_at": self.clock.now()}
-                try:
-                    self._fire("barge_in")
-                finally:
-                    self._ctx = {}
+            # The chart decides (overlap_is_interruption): a long overlap cancels as a barge-in
+            # does, with the reason a detected turn has.
+            now = self.clock.now()
+            self._ctx = {"now": now, "reason": "turn_detected", "received_at": now}
+            try:
+                self._fire("overlap")
+            finally:
+                self._ctx = {}
         if self.config.model_native:
             unit_bytes = self.config.unit_samples * 2
             while len(self._input) >= unit_bytes and self._state != CLOSED:
@@ -504,18 +513,27 @@ class SessionCore:
         return self._response is not None
 
     def _g_aborts_settled(self) -> bool:
-        return not self._aborting
+        # No abort outstanding besides the one whose end is being confirmed (if any is).
+        aborting = self._aborting
+        if not aborting:
+            return True
+        output = self._ctx.get("output")
+        return output is not None and len(aborting) == 1 and output.request_id in aborting
+
+    def _g_overlap_is_interruption(self) -> bool:
+        overlap = self._overlap_ms
+        if overlap is None:
+            return False
+        verdict = OverlapPolicy(self.config.min_interruption_ms).judge(overlap, still_speaking=True)
+        return verdict is OverlapVerdict.BARGE_IN
 
     # ------------------------------------------------------------------ effects
 
     def _emit(self, cls, **fields) -> None:
         event = cls(seq=0, epoch=fields.pop("epoch", self.epoch), session_id=self.session_id, **fields)
-        if not self._outbox.push(event):
-            # Declared slow-consumer policy: the client stopped reading; rather than grow
-            # without bound or silently drop events, the session closes (terminals still fit).
-            if self._state != CLOSED and "closing" not in self._ctx:
-                self._ctx["closing"] = True
-                self._ctx["reason"] = "slow_consumer"
+        # A push that does not fit marks the outbox overflowed; the chart's outbox_overflow row
+        # closes the session once the current step is done (_close_slow_consumer).
+        self._outbox.push(event)
 
     def _fx_buffer_audio(self) -> None:
         self._input += self._ctx["command"].pcm
@@ -586,12 +604,9 @@ class SessionCore:
         self._units.discard(rid)
         self._turn_request = rid
         self._turn_kind = TurnKind.UNIT
-        # Other units still deciding would answer for a turn that has already begun.
-        if self._units:
-            self._abort(dict.fromkeys(self._units, TurnKind.UNIT), "superseded")
-            # They no longer hold the lease: only the promoted turn does.
-            self.lease.in_flight = max(self.lease.in_flight - len(self._units), 0)
-            self._units = None
+        # Other units still deciding would answer for a turn that has already begun; they no
+        # longer hold the lease, only the promoted turn does.
+        self._fx_abort_units()
 
     def _fx_emit_decision(self) -> None:
         out = self._ctx["output"]
@@ -721,6 +736,16 @@ class SessionCore:
         self._aborting.update(requests)
         self._actions.append(AbortRequests(request_ids, reason))
 
+    def _fx_abort_units(self) -> None:
+        # Unregistered first, so their later output classifies as stale; each one's end still
+        # settles its abort (engine_io.is_terminal), which is what releases the engine's slot.
+        units = self._units
+        if not units:
+            return
+        self._units = None
+        self.lease.in_flight = max(self.lease.in_flight - len(units), 0)
+        self._abort(dict.fromkeys(units, TurnKind.UNIT), "superseded")
+
     def _fx_abort_engine_requests(self) -> None:
         requests = dict.fromkeys(self._units or (), TurnKind.UNIT)
         if self._turn_request:
@@ -729,6 +754,9 @@ class SessionCore:
         self._units = None
         self.lease.in_flight = 0
         self._abort(requests, self._reason())
+
+    def _fx_settle_abort(self) -> None:
+        self._aborting.pop(self._ctx["output"].request_id, None)
 
     def _fx_drop_undelivered_audio(self) -> None:
         if self._response is not None:

@@ -85,7 +85,11 @@ END_TURN_COMPLETED = ["emit_response_completed", "finish_turn", "reset_timing"]
 END_TURN_FAILED = ["emit_response_failed", "finish_turn", "reset_timing"]
 
 
-def _row(trigger, source, dest, effects=(), conditions=(), unless=()):
+def row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
+    """One transition: ``trigger`` from ``source`` (a state or a list) to ``dest`` (``SAME``
+    for an internal transition), taken when every guard in ``conditions`` holds and none in
+    ``unless`` does, performing ``effects`` in order. Guards and effects are names of the
+    session core's ``_g_<name>`` and ``_fx_<name>`` methods."""
     return {
         "trigger": trigger,
         "source": source,
@@ -95,6 +99,8 @@ def _row(trigger, source, dest, effects=(), conditions=(), unless=()):
         "unless": list(unless),
     }
 
+
+_row = row  # short, for the table below
 
 # Rows are tried in order for a (state, trigger): the first whose guards hold wins.
 TRANSITIONS = [
@@ -108,34 +114,41 @@ TRANSITIONS = [
     _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started"]),
     # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
     _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "start_overlap"]),
+    # Each chunk of speech over the response grows the overlap; the policy (core/overlap.py)
+    # says when it has become an interruption rather than a backchannel.
+    _row("overlap", RESPONDING, BARGE_IN, CANCEL_RESPONSE, conditions=["overlap_is_interruption"]),
+    _row("overlap", RESPONDING, SAME),
     # Server VAD: the end of the user's speech is the end of their turn.
     _row(
         "speech_stopped",
         [LISTENING, BARGE_IN],
         RESPONDING,
-        ["emit_speech_stopped", "commit_input", "submit_model_turn"],
+        ["emit_speech_stopped", "abort_units", "commit_input", "submit_model_turn"],
         conditions=["server_vad", "has_buffered_audio", "auto_respond"],
     ),
     _row(
         "speech_stopped",
         [LISTENING, BARGE_IN],
         IDLE,
-        ["emit_speech_stopped", "commit_input"],
+        ["emit_speech_stopped", "abort_units", "commit_input"],
         conditions=["server_vad", "has_buffered_audio"],
     ),
     _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped"]),
     _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "end_overlap"]),
-    _row("clear", [IDLE, LISTENING], IDLE, ["clear_input"]),
-    _row("clear", [RESPONDING, BARGE_IN], SAME, ["clear_input"]),
+    # Units still deciding about audio that is committed or cleared are fenced off: their
+    # output would otherwise interleave into the response or answer audio nobody keeps.
+    _row("clear", [IDLE, LISTENING], IDLE, ["abort_units", "clear_input"]),
+    _row("clear", [RESPONDING, BARGE_IN], SAME, ["abort_units", "clear_input"]),
     # --- end of the user's turn -------------------------------------------------------------
     _row(
         "commit",
         [LISTENING, BARGE_IN],
         RESPONDING,
-        ["commit_input", "submit_model_turn"],
+        ["abort_units", "commit_input", "submit_model_turn"],
         conditions=["has_buffered_audio", "auto_respond"],
     ),
-    _row("commit", [LISTENING, BARGE_IN], IDLE, ["commit_input"], conditions=["has_buffered_audio"]),
+    _row("commit", [LISTENING, BARGE_IN], IDLE, ["abort_units", "commit_input"],
+         conditions=["has_buffered_audio"]),
     _row("create_response", [IDLE, LISTENING, BARGE_IN], RESPONDING, ["submit_model_turn"]),
     # --- engine output (already classified as current by its fence) -------------------------
     _row("speak", RESPONDING, SAME, ["begin_response"], unless=["response_begun"]),
@@ -155,10 +168,14 @@ TRANSITIONS = [
     _row("barge_in", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
     _row("barge_in", [IDLE, LISTENING, BARGE_IN], SAME),  # nothing to interrupt: races are normal
     _row("cancel", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
-    _row("abort_confirmed", BARGE_IN, LISTENING, conditions=["aborts_settled", "has_buffered_audio"]),
-    _row("abort_confirmed", BARGE_IN, IDLE, conditions=["aborts_settled"]),
-    _row("abort_confirmed", BARGE_IN, SAME),  # more aborts still outstanding
-    _row("abort_confirmed", [IDLE, LISTENING, RESPONDING, CLOSED], SAME),  # late confirmation
+    # Each aborted request's end settles its abort; the one that settles the last leaves
+    # barge_in (aborts_settled: no other abort outstanding).
+    _row("abort_confirmed", BARGE_IN, LISTENING, ["settle_abort"],
+         conditions=["aborts_settled", "has_buffered_audio"]),
+    _row("abort_confirmed", BARGE_IN, IDLE, ["settle_abort"], conditions=["aborts_settled"]),
+    _row("abort_confirmed", BARGE_IN, SAME, ["settle_abort"]),  # more aborts still outstanding
+    # late confirmation (e.g. of units fenced off by a commit), or after close
+    _row("abort_confirmed", [IDLE, LISTENING, RESPONDING, CLOSED], SAME, ["settle_abort"]),
     # --- liveness and lifecycle -------------------------------------------------------------
     _row("heartbeat", OPEN_STATES, SAME, ["touch_lease"]),
     _row("playback_ack", OPEN_STATES, SAME, ["record_playback"]),
@@ -169,6 +186,12 @@ TRANSITIONS = [
     _row("close", CLOSED, SAME),  # closing twice is harmless
     _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("fail", OPEN_STATES, CLOSED, CLOSE_SESSION),  # the session actor itself crashed
+    # The declared slow-consumer policy: rather than grow without bound or drop events
+    # silently, a session whose client stopped reading closes (its terminals still fit).
+    _row("outbox_overflow", OPEN_STATES, CLOSED, CLOSE_SESSION),
+    # A lease that runs out, or a failure noticed, as the session closes: already done.
+    _row("expire", CLOSED, SAME),
+    _row("fail", CLOSED, SAME),
 ]
 
 TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
@@ -176,7 +199,8 @@ TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 # Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
 # Engine triggers refused here are engine protocol errors; the core reports them as such.
 REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
-    **{(CLOSED, t): SessionClosed for t in TRIGGERS if t not in ("close", "stale_output", "abort_confirmed")},
+    **{(CLOSED, t): SessionClosed for t in TRIGGERS
+       if t not in ("close", "stale_output", "abort_confirmed", "expire", "fail")},
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
@@ -187,15 +211,43 @@ REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
     (BARGE_IN, "cancel"): NoActiveResponse,
 }
 
-# Triggers that come from the engine rather than the client: refusing one is the engine's
-# fault (EngineProtocolError), never the client's.
-ENGINE_TRIGGERS = frozenset({"speak", "listen", "output", "turn_done", "turn_failed", "stale_output", "abort_confirmed"})
+
+
+class Origin(str, enum.Enum):
+    """Who raises a trigger, and so whose fault a refusal of it is."""
+
+    #: a client command (core/commands.py): refusing it raises the typed error to the client.
+    CLIENT = "client"
+    #: an engine output, classified by its fence: refusing it is the engine's fault, counted
+    #: as an invalid output, never the client's.
+    ENGINE = "engine"
+    #: the session itself: its own measurements (a full audio unit, the overlap grown), its
+    #: lease running out, or its actor failing.
+    SELF = "self"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+TRIGGER_ORIGINS: Mapping[str, Origin] = {
+    **dict.fromkeys(("append", "commit", "clear", "create_response", "speech_started", "speech_stopped",
+                     "update", "barge_in", "cancel", "heartbeat", "playback_ack", "detach", "resume",
+                     "close"), Origin.CLIENT),
+    **dict.fromkeys(("speak", "listen", "output", "turn_done", "turn_failed", "stale_output",
+                     "abort_confirmed"), Origin.ENGINE),
+    **dict.fromkeys(("unit_ready", "overlap", "outbox_overflow", "expire", "fail"), Origin.SELF),
+}
+CLIENT_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.CLIENT)
+ENGINE_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.ENGINE)
+SELF_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.SELF)
 
 # One sentence per trigger, for the generated design-review table.
 WHY = {
     "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
     "unit_ready": "model-native mode: each full audio unit is handed to the model to decide listen or speak",
     "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
+    "overlap": ("speech over the response grew: once the overlap policy calls it an interruption it "
+                "cancels as a barge-in does"),
     "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
     "commit": "the user's turn is complete; with auto_respond it starts a model turn",
@@ -208,33 +260,35 @@ WHY = {
     "stale_output": "output of an older fence is consumed and counted, never delivered",
     "barge_in": "the user interrupted: cancel the response at once and listen again",
     "cancel": "response.cancel: as barge-in, with reason client_cancelled",
-    "abort_confirmed": "the engine confirmed the old epoch's request ended; barge_in is left",
+    "abort_confirmed": ("an aborted request ended: its abort is settled; once none is outstanding, "
+                        "barge_in is left"),
     "heartbeat": "keeps the lease alive",
     "playback_ack": "the client reports what it really played, so history keeps only heard text",
     "detach": "the transport dropped; the session waits out its grace period",
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
     "close": "close from any state; closing twice is harmless",
-    "expire": "the lease expired (idle TTL or disconnect grace): close with that reason",
-    "fail": "the session's own actor failed: close only this session",
+    "expire": ("the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do "
+               "once closed"),
+    "fail": "the session's own actor failed: close only this session; nothing to do once closed",
+    "outbox_overflow": "the client stopped reading and an event did not fit: close as slow_consumer",
 }
 
 
-class _ChartModel:
-    """Stand-in model so the one Machine can be built at import time (guards resolve late)."""
+def build_machine(transitions) -> Machine:
+    """The transitions Machine of a table of rows (the shipped chart's, or a policy's)."""
+    return Machine(
+        model=None,
+        states=[s.value for s in State],
+        transitions=transitions,
+        initial=IDLE,
+        auto_transitions=False,
+        send_event=False,
+        ignore_invalid_triggers=False,
+    )
 
-    state = IDLE
 
-
-MACHINE = Machine(
-    model=None,
-    states=[s.value for s in State],
-    transitions=TRANSITIONS,
-    initial=IDLE,
-    auto_transitions=False,
-    send_event=False,
-    ignore_invalid_triggers=False,
-)
+MACHINE = build_machine(TRANSITIONS)
 
 
 # --- the compiled dispatch table ------------------------------------------------------------
@@ -283,10 +337,7 @@ class CompiledChart:
 
 
 def refusal(state: str, trigger: str) -> IllegalTransition:
-    error_type = REFUSALS.get((state, trigger), IllegalTransition)
-    if error_type is IllegalTransition:
-        return IllegalTransition(state, trigger)
-    return error_type(state, trigger)
+    return REFUSALS.get((state, trigger), IllegalTransition)(state, trigger)
 
 
 def compile_chart(machine: Machine) -> CompiledChart:

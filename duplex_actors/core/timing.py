@@ -100,7 +100,7 @@ class _ActiveResponse:
     __slots__ = ("response_id", "turn_id", "start", "first_text", "first_audio", "last_token",
                  "tokens", "itl", "audio_s", "last_audio", "engine")
 
-    def __init__(self, response_id: str, turn_id: int, start: float) -> None:
+    def __init__(self, response_id: str, turn_id: int, start: float | None) -> None:
         self.response_id = response_id
         self.turn_id = turn_id
         self.start = start
@@ -146,11 +146,14 @@ class TimingLedger:
         entry = self._starts.get(turn_id) if self._starts else None
         return None if entry is None else entry[1]
 
-    def bind(self, turn_id: int, response_id: str, now: float) -> float:
-        """The response began: fix its request start (or ``now`` if none was noted)."""
+    def bind(self, turn_id: int, response_id: str, now: float) -> float | None:
+        """The response began at ``now``: fix its request start, the one noted for the turn.
+
+        With none noted the start stays unknown (None) and so do TTFT, TTFP and RTF: measuring
+        from ``now`` would label a figure from the wrong origin ``source="server"``."""
         start = self.pending_start(turn_id)
-        self._active = _ActiveResponse(response_id, turn_id, now if start is None else start)
-        return self._active.start
+        self._active = _ActiveResponse(response_id, turn_id, start)
+        return start
 
     @property
     def bound_start(self) -> float | None:
@@ -196,9 +199,10 @@ class TimingLedger:
             return None
         # itl always holds tokens - 1 intervals, so its mean is the per-response TPOT.
         tpot = sum(a.itl) / len(a.itl) if a.itl else None
+        start = a.start
         rtf = None
-        if a.audio_s > 0 and a.last_audio is not None:
-            rtf = (a.last_audio - a.start) / a.audio_s
+        if a.audio_s > 0 and a.last_audio is not None and start is not None:
+            rtf = (a.last_audio - start) / a.audio_s
         eng = a.engine
         engine_tpot = None
         if eng is not None and eng.inter_token_s:
@@ -207,8 +211,8 @@ class TimingLedger:
             response_id=a.response_id,
             turn_id=a.turn_id,
             source=SERVER,
-            ttft_ms=None if a.first_text is None else _ms(a.first_text - a.start),
-            ttfp_ms=None if a.first_audio is None else _ms(a.first_audio - a.start),
+            ttft_ms=None if a.first_text is None or start is None else _ms(a.first_text - start),
+            ttfp_ms=None if a.first_audio is None or start is None else _ms(a.first_audio - start),
             tpot_ms=_ms(tpot),
             token_count=a.tokens,
             itl_ms=tuple(x * 1000.0 for x in a.itl),

@@ -96,6 +96,17 @@ def _check_actions(actions: list, exp: Expectation, where: str) -> None:
             assert a.request.kind is TurnKind.RESPONSE, f"{where}: unexpected {a.request.kind}"
 
 
+def check_lease_accounting(core: SessionCore, where: str = "") -> None:
+    """The lease counts exactly the requests the session has registered as in flight.
+
+    A count with no request behind it pins the session against idle expiry for ever (a turn
+    that ended without releasing the lease); a request with no count lets it expire mid-turn."""
+    registered = core.in_flight_requests
+    assert core.lease.in_flight == len(registered), (
+        f"{where}: lease counts {core.lease.in_flight} in flight, the session has registered "
+        f"{sorted(registered)}")
+
+
 def _snapshot(core: SessionCore) -> tuple:
     """Everything an illegal command must leave untouched."""
     counters = attrs.asdict(core.counters)
@@ -122,7 +133,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
         self.clock = ManualClock(1000.0)
         config = self.session_config()
         self.core = self.make_core(self.session_id, config, self.clock)
-        self.model = SessionModel(self.session_id, config)
+        self.model = self.make_model(self.session_id, config)
         self.checker = EventStreamChecker()
         self.reading = True  # the client reads events after every step (a slow one does not)
         self.last_epoch = 0
@@ -134,6 +145,11 @@ class SessionCoreMachine(RuleBasedStateMachine):
     def session_config(self) -> SessionConfig:
         """The config of the session under test (cascaded mode; model_native is not modelled)."""
         return TEST_CONFIG
+
+    def make_model(self, session_id: str, config: SessionConfig) -> SessionModel:
+        """The reference model the session is compared with: override to swap in your own
+        (a SessionModel subclass that knows your policy's extra rules)."""
+        return SessionModel(session_id, config)
 
     def make_core(self, session_id: str, config: SessionConfig, clock: ManualClock) -> SessionCore:
         """Build the core under test: override to check your own chart or core subclass."""
@@ -258,6 +274,10 @@ class SessionCoreMachine(RuleBasedStateMachine):
     def matches_model(self):
         problems = self.model.mismatches(self.core)
         assert not problems, "session differs from the model:\n  " + "\n  ".join(problems)
+
+    @invariant()
+    def in_flight_count_matches_registered_requests(self):
+        check_lease_accounting(self.core, f"after step {self.steps}")
 
     @invariant()
     def epoch_never_decreases(self):
@@ -473,7 +493,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             self._rt_cm = self.portal.wrap_async_context_manager(self.runtime)
             self._rt_cm.__enter__()
             self.handle = self.portal.call(self._open)
-            self.model = SessionModel(self.handle.id, config)
+            self.model = self.make_model(self.handle.id, config)
             self.checker = EventStreamChecker()
             self._consumer = self.portal.start_task_soon(self._consume)
         except BaseException:
@@ -493,6 +513,10 @@ class RuntimeMachine(RuleBasedStateMachine):
     def runtime_options(self) -> dict:
         """Extra keyword arguments for :class:`~duplex_actors.Runtime`."""
         return {}
+
+    def make_model(self, session_id: str, config: SessionConfig) -> SessionModel:
+        """The reference model the session is compared with (see SessionCoreMachine)."""
+        return SessionModel(session_id, config)
 
     # -- plumbing (runs on the machine's event loop) ----------------------------------------
 
@@ -674,6 +698,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         core = self.handle.core
         problems = self.model.mismatches(core)
         assert not problems, "session differs from the model:\n  " + "\n  ".join(problems)
+        check_lease_accounting(core, f"after {self.replayed} processed messages")
         new, self.fed = self.received[self.fed:], len(self.received)
         self.checker.feed(new)
         n = len(self.checker.terminals)

@@ -1,121 +1,25 @@
-"""The duplex_actors pytest plugin (entry point ``pytest11: duplex_actors``).
+"""The pytest plugin's helpers under their package path.
 
-Installed with the package, so any project that has duplex_actors and pytest gets it:
-
-* hypothesis profiles ``ci`` (200 examples, no deadline) and ``dev`` (1000 examples), selected
-  with the environment variable ``HYPOTHESIS_PROFILE`` (or hypothesis' own
-  ``--hypothesis-profile``). Nothing is loaded unless one of the two is set, so the plugin
-  never changes the settings of a project that did not ask for it.
-* fixtures ``manual_clock``, ``scripted_engine`` and ``duplex_runtime``.
-
-``duplex_runtime`` is for *synchronous* tests: it runs a started :class:`~duplex_actors.Runtime`
-on the scripted engine in a private event loop thread (an anyio blocking portal) and hands the
-test a :class:`RuntimeDriver`, whose ``call`` runs a coroutine function on that loop and waits
-for it. Async tests do not need a fixture: ``async with Runtime(ScriptedEngine()) as rt`` in the
-test body, under anyio's own pytest plugin (``@pytest.mark.anyio``).
-
-Everything heavy is imported lazily, so loading the plugin costs nothing and works without
-hypothesis installed.
+The plugin itself is the top-level module :mod:`duplex_actors_pytest` (entry point
+``pytest11: duplex_actors``), so that loading it imports nothing of this package; see there.
+An environment installed before the move still names this module as the entry point: it
+re-exports the plugin's hooks and fixtures, so that keeps working.
 """
 
-from __future__ import annotations
-
-import os
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
-
-import pytest
-
-T = TypeVar("T")
-
-PROFILE_ENV = "HYPOTHESIS_PROFILE"
-#: examples per hypothesis test (state machine tests included) in each registered profile.
-PROFILES = {"ci": 200, "dev": 1000}
-
-
-def register_profiles() -> bool:
-    """Register the ``ci`` and ``dev`` hypothesis profiles; False when hypothesis is missing."""
-    try:
-        from hypothesis import HealthCheck, settings
-    except ImportError:  # pragma: no cover - hypothesis is in the 'test' extra
-        return False
-    common = dict(deadline=None, print_blob=True,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    settings.register_profile("ci", max_examples=PROFILES["ci"], **common)
-    settings.register_profile("dev", max_examples=PROFILES["dev"], **common)
-    return True
-
-
-def load_profile_from_env(default: str | None = None) -> str | None:
-    """Load the profile named by ``HYPOTHESIS_PROFILE`` (or ``default``); returns its name."""
-    name = os.environ.get(PROFILE_ENV, default)
-    if not name or not register_profiles():
-        return None
-    from hypothesis import settings
-
-    settings.load_profile(name)
-    return name
-
-
-register_profiles()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # hypothesis' own option wins; otherwise the environment variable, if set.
-    if getattr(config.option, "hypothesis_profile", None):
-        return
-    load_profile_from_env()
-
-
-# --- fixtures -------------------------------------------------------------------------------
-
-
-class RuntimeDriver:
-    """A started Runtime living in its own event loop thread, driven from synchronous code."""
-
-    def __init__(self, portal: Any, runtime: Any, engine: Any, clock: Any) -> None:
-        self.portal = portal
-        self.runtime = runtime
-        self.engine = engine
-        self.clock = clock
-
-    def call(self, func: Callable[..., Awaitable[T] | T], *args: Any) -> T:
-        """Run ``func(*args)`` on the runtime's loop (awaiting it if async) and return its value."""
-        return self.portal.call(func, *args)
-
-    def open_session(self, **overrides: Any):
-        return self.portal.call(lambda: self.runtime.open_session_nowait(**overrides))
-
-    def sleep(self, seconds: float) -> None:
-        import anyio
-
-        self.portal.call(anyio.sleep, seconds)
-
-
-@pytest.fixture
-def manual_clock():
-    """A :class:`~duplex_actors.ManualClock` at t=0 that the test moves by hand."""
-    from duplex_actors import ManualClock
-
-    return ManualClock()
-
-
-@pytest.fixture
-def scripted_engine():
-    """A fresh :class:`~duplex_actors.ScriptedEngine` with a fast default script."""
-    from duplex_actors import Script, ScriptedEngine
-
-    return ScriptedEngine(Script(token_latency_s=0.0005, packet_latency_s=0.0005))
-
-
-@pytest.fixture
-def duplex_runtime(scripted_engine) -> Iterator[RuntimeDriver]:
-    """A started Runtime on ``scripted_engine``, for synchronous tests (see RuntimeDriver)."""
-    from anyio.from_thread import start_blocking_portal
-
-    from duplex_actors import Runtime
-    from duplex_actors.core.clock import MONOTONIC
-
-    with start_blocking_portal() as portal:
-        runtime = Runtime(scripted_engine, reaper_interval_s=0)
-        with portal.wrap_async_context_manager(runtime) as rt:
-            yield RuntimeDriver(portal, rt, scripted_engine, MONOTONIC)
+from duplex_actors_pytest import (  # noqa: F401
+    PROFILE_ENV,
+    PROFILES,
+    RuntimeDriver,
+    duplex_runtime,
+    load_profile_from_env,
+    make_manual_clock,
+    make_scripted_engine,
+    manual_clock,
+    pytest_configure,
+    pytest_load_initial_conftests,
+    register_profiles,
+    scripted_engine,
+    start_duplex_runtime,
+    start_runtime_driver,
+    stop_rewriting_the_library,
+)

@@ -75,6 +75,8 @@ class ChartSpec:
     refusals: Mapping[tuple[str, str], str] = attrs.field(factory=dict)
     #: Error named for pairs with no edge and no entry in ``refusals``.
     default_refusal: str | None = None
+    #: Who raises each trigger (client, engine, self), where the chart declares it.
+    origins: Mapping[str, str] = attrs.field(factory=dict)
 
     def edges_from(self, state: str) -> tuple[Edge, ...]:
         return tuple(e for e in self.edges if e.source == state)
@@ -121,6 +123,7 @@ def spec_from_machine(
     guard_docs: Mapping[str, str] | None = None,
     refusals: Mapping[tuple[str, str], str] | None = None,
     default_refusal: str | None = None,
+    origins: Mapping[str, str] | None = None,
 ) -> ChartSpec:
     """Read a transitions Machine back into a :class:`ChartSpec` (it is never written by hand)."""
     states = tuple(machine.states.keys())
@@ -154,6 +157,7 @@ def spec_from_machine(
         guard_docs=dict(guard_docs or {}),
         refusals=dict(refusals or {}),
         default_refusal=default_refusal,
+        origins=dict(origins or {}),
     )
 
 

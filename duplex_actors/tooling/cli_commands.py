@@ -15,7 +15,9 @@ TRACE_FORMATS = ("mermaid-sequence", "timeline")
 def statechart(
     format: str = typer.Option("mermaid", "--format", "-f",
                                help="mermaid | dot | svg | scxml | json | review-md"),
-    machine: str = typer.Option("all", "--machine", "-m", help="session | engine_request | lease | all"),
+    machine: Optional[str] = typer.Option(
+        None, "--machine", "-m",
+        help="session | engine_request | lease; all only with --out (one file per machine)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="write <machine>.<ext> files into this directory"),
     check: bool = typer.Option(False, "--check",
@@ -51,6 +53,12 @@ def statechart(
         else:
             sys.stdout.write(text)
         return
+    if machine is None or (machine == "all" and out is None):
+        # Standard output carries one document: several back to back are no valid SCXML, JSON,
+        # DOT or Mermaid document, so a reader would choke on the second one.
+        typer.echo(f"choose one machine with --machine ({', '.join(export.MACHINES)}), "
+                   "or --machine all with --out DIR for one file each", err=True)
+        raise typer.Exit(2)
     names = list(export.MACHINES) if machine == "all" else [machine]
     for name in names:
         if name not in export.MACHINES:

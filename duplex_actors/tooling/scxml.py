@@ -8,6 +8,12 @@ How a chart maps onto SCXML
 * Guards are booleans in an ECMAScript ``<datamodel>`` (one ``<data>`` per guard, false until
   set). The host sets them before delivering each event, exactly as the runtime evaluates its
   guard methods at that moment. ``cond`` is their conjunction (``unless`` guards negated).
+* Every expression is written in the part of ECMAScript that also reads as Python once
+  ``true``/``false``/``&&`` are mapped to ``True``/``False``/``and`` (the mapping Python SCXML
+  interpreters apply to ``cond``): a negated guard is ``name == false``, never ``!name``, and
+  the initial value is ``1 == 0``, never the bare ``false`` that such an interpreter does not
+  map inside ``<data>``. So the same file runs unmodified in scjson (ECMAScript) and in
+  python-statemachine (a restricted Python datamodel).
 * Branches of one (state, trigger) appear in priority order: SCXML takes the first enabled
   transition in document order, which is the rule the runtime's compiled chart follows.
 * An internal transition (state unchanged) is a transition without ``target``: SCXML runs its
@@ -31,6 +37,8 @@ from .chartspec import ChartSpec
 NS = "http://www.w3.org/2005/07/scxml"
 EFFECT_LABEL = "effect"
 REFUSAL_LABEL = "refusal"
+#: false in ECMAScript and in Python alike (see the module docstring)
+INITIAL_GUARD_VALUE = "1 == 0"
 
 ET.register_namespace("", NS)
 
@@ -42,7 +50,7 @@ def _q(tag: str) -> str:
 def cond_expression(guards: tuple[tuple[str, bool], ...]) -> str | None:
     if not guards:
         return None
-    return " && ".join(name if want else f"!{name}" for name, want in guards)
+    return " && ".join(name if want else f"{name} == false" for name, want in guards)
 
 
 def to_scxml(spec: ChartSpec) -> str:
@@ -55,7 +63,7 @@ def to_scxml(spec: ChartSpec) -> str:
         datamodel = ET.SubElement(root, _q("datamodel"))
         datamodel.append(ET.Comment(" guard values: the host sets them before each event "))
         for guard in spec.guards:
-            ET.SubElement(datamodel, _q("data"), {"id": guard, "expr": "false"})
+            ET.SubElement(datamodel, _q("data"), {"id": guard, "expr": INITIAL_GUARD_VALUE})
     for state in spec.states:
         edges = spec.edges_from(state)
         refusable = any(error for _, _, error in spec.refused(state))

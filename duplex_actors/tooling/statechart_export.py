@@ -68,6 +68,7 @@ def _session_spec() -> ChartSpec:
         state_docs=_session_state_docs(),
         refusals=refusals,
         default_refusal="IllegalTransition",
+        origins={trigger: origin.value for trigger, origin in session_chart.TRIGGER_ORIGINS.items()},
     )
 
 
@@ -135,12 +136,14 @@ def merged_external_edges(chart: ChartSpec) -> list[tuple[str, str, str]]:
 def to_mermaid(chart: ChartSpec) -> str:
     """``stateDiagram-v2``: external transitions are arrows; internal ones (state unchanged)
     are listed inside their state box, the UML way (``trigger [guard] / effects``)."""
-    lines = ["---", f"title: {chart.name}", "---", "stateDiagram-v2", "    direction LR",
-             f"    [*] --> {_mermaid_id(chart.initial)}"]
+    lines = ["---", f"title: {chart.name}", "---", "stateDiagram-v2", "    direction LR"]
+    # Every state is declared by name first: Mermaid titles a box with the first description
+    # it meets, so a box whose first line were a self-transition would be titled with it.
+    for state in chart.states:
+        lines.append(f"    state \"{state}\" as {_mermaid_id(state)}")
+    lines.append(f"    [*] --> {_mermaid_id(chart.initial)}")
     for state in chart.states:
         internal = [e for e in chart.edges_from(state) if e.internal]
-        if not internal:
-            lines.append(f"    state \"{state}\" as {_mermaid_id(state)}")
         for edge in internal:
             lines.append(f"    {_mermaid_id(state)} : {edge.label()}")
     for source, target, label in merged_external_edges(chart):
@@ -236,7 +239,9 @@ def to_json(chart: ChartSpec) -> str:
         "initial": chart.initial,
         "states": [{"id": s, "absorbing": s in chart.absorbing, "doc": chart.state_docs.get(s, "")}
                    for s in chart.states],
-        "triggers": [{"name": t, "why": chart.why.get(t, "")} for t in chart.triggers],
+        "triggers": [{"name": t, "why": chart.why.get(t, ""),
+                      **({"origin": chart.origins[t]} if t in chart.origins else {})}
+                     for t in chart.triggers],
         "guards": [{"name": g, "doc": chart.guard_docs.get(g, "")} for g in chart.guards],
         "transitions": [
             {"source": e.source, "trigger": e.trigger, "target": e.target, "priority": e.priority,
@@ -298,6 +303,11 @@ def review_markdown() -> str:
         for state in chart.states:
             mark = " (absorbing)" if state in chart.absorbing else ""
             out.append(f"| `{state}`{mark} | {_cell(chart.state_docs.get(state, ''))} |")
+        if chart.origins:
+            out += ["", "### Triggers", "",
+                    "Who raises each trigger: a client command, an engine output, or the session itself.",
+                    "", "| trigger | origin |", "| --- | --- |"]
+            out += [f"| `{t}` | {chart.origins.get(t, '')} |" for t in chart.triggers]
         if chart.guard_docs:
             out += ["", "### Guards", "", "| guard | holds when |", "| --- | --- |"]
             out += [f"| `{g}` | {_cell(chart.guard_docs.get(g, ''))} |" for g in chart.guards]

@@ -19,12 +19,10 @@ from typing import Iterable, Iterator, Mapping
 
 import attrs
 
-from ..core.statechart import CHART, ENGINE_TRIGGERS, CompiledChart
+from ..core.statechart import CHART, ENGINE_TRIGGERS, SELF_TRIGGERS, CompiledChart
 
 FORMATS = ("mermaid-sequence", "timeline")
 
-# Steps the session takes on its own (from its own policies, the lease reaper, its actor).
-SELF_TRIGGERS = frozenset({"unit_ready", "expire", "fail"})
 # Effects that reach the engine, and effects that produce events for the client.
 ENGINE_EFFECTS = {"submit_model_turn": "submit model turn", "submit_unit": "submit audio unit",
                   "abort_engine_requests": "abort requests"}
@@ -106,7 +104,7 @@ def step_effects(step: Step, chart: CompiledChart = CHART) -> tuple[str, ...]:
 
 
 def _origin(trigger: str) -> str:
-    if trigger in ENGINE_TRIGGERS and trigger not in SELF_TRIGGERS:
+    if trigger in ENGINE_TRIGGERS:
         return "Engine"
     if trigger in SELF_TRIGGERS:
         return "Session"

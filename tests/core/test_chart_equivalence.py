@@ -6,7 +6,8 @@ construction cost once."""
 from hypothesis import given, strategies as st
 from transitions import MachineError
 
-from duplex_actors.core.statechart import CHART, GUARDS, MACHINE, TRIGGERS, refusal
+from duplex_actors.core.statechart import CHART, GUARDS, MACHINE, REFUSALS, TRIGGERS
+from duplex_actors.errors import IllegalTransition
 
 
 class _Model:
@@ -41,17 +42,22 @@ def test_machine_and_compiled_table_agree(sequence):
         for trigger, guards in sequence:
             model.guard_values = guards
             model.effects = []
+            machine_source = model.state
             try:
                 took = MACHINE.events[trigger].trigger(model)
                 machine_outcome = ("ok", model.state, tuple(model.effects)) if took else ("refused",)
             except MachineError:
                 machine_outcome = ("refused",)
+            # What the Machine refused, the table must refuse with the error REFUSALS declares
+            # for the Machine's own state (IllegalTransition where it declares none).
+            expected_error = REFUSALS.get((machine_source, trigger), IllegalTransition)
             try:
                 res = CHART.resolve(state, trigger, guards.__getitem__)
                 table_outcome = ("ok", res.dest, res.effects)
                 state = res.dest
-            except Exception as err:
-                assert type(err) is type(refusal(state, trigger))
+            except IllegalTransition as err:
+                assert type(err) is expected_error, (machine_source, trigger, type(err))
+                assert (err.state, err.trigger) == (machine_source, trigger)
                 table_outcome = ("refused",)
             assert machine_outcome == table_outcome, (state, trigger, guards)
             assert model.state == state
@@ -68,4 +74,12 @@ def test_closed_is_absorbing_in_the_chart():
     for (state, trigger), branches in CHART.table.items():
         if state == "closed":
             assert all(b.dest == "closed" for b in branches), trigger
-            assert all(not b.effects for b in branches if trigger != "stale_output")
+            # only bookkeeping of what arrives after the close
+            assert all(set(b.effects) <= {"count_stale_output", "settle_abort"} for b in branches), trigger
+
+
+def test_every_declared_refusal_names_a_pair_the_machine_can_refuse():
+    # A refusal declared for a pair the Machine always takes (an unguarded transition) is dead.
+    for (state, trigger), error in REFUSALS.items():
+        transitions = MACHINE.events[trigger].transitions.get(state, [])
+        assert all(t.conditions for t in transitions), (state, trigger, error.__name__)

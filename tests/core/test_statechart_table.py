@@ -82,10 +82,9 @@ def test_state_trigger_pair(state, trigger):
 
 
 def test_every_client_trigger_of_the_chart_is_covered():
-    from duplex_actors.core.statechart import ENGINE_TRIGGERS, TRIGGERS
+    from duplex_actors.core.statechart import CLIENT_TRIGGERS
 
-    client = set(TRIGGERS) - ENGINE_TRIGGERS - {"unit_ready", "expire", "fail"}
-    assert client == set(EXPECTED["idle"])
+    assert CLIENT_TRIGGERS == set(EXPECTED["idle"])
 
 
 def test_close_twice_is_harmless_and_emits_one_closed_event():

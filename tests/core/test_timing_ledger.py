@@ -123,3 +123,34 @@ def test_cumulative_window_never_reports_the_running_total(responses):
         seen_tokens += w.token_count
         seen_itl += list(w.inter_token_s)
     assert seen_tokens == total_tokens and seen_itl == total_itl
+
+
+@given(times, st.lists(st.tuples(times, st.floats(0.01, 0.5)), min_size=1, max_size=12), times)
+def test_no_noted_request_start_means_no_server_figures_never_a_fabricated_one(begin, packets, text_gap):
+    ledger = TimingLedger()  # nothing noted: the response began with no known request start
+    assert ledger.bind(0, "r", begin) is None
+    assert ledger.bound_start is None
+    now = begin
+    for gap, duration in packets:
+        now += gap
+        ledger.on_audio(now, duration)
+    ledger.on_text(now + text_gap, 3)
+    m = ledger.snapshot()
+    assert m.source == "server"
+    assert m.ttft_ms is None and m.ttfp_ms is None and m.rtf is None
+    assert m.audio_ms > 0 and m.token_count == 3  # what does not depend on the start stays
+
+
+@given(times, st.lists(st.tuples(times, st.floats(0.01, 0.5)), min_size=1, max_size=12))
+def test_rtf_spans_from_the_request_start_to_the_last_audio_packet(start, packets):
+    ledger = TimingLedger()
+    ledger.note_request_start(Fence("s", 0, 0), start, 0)
+    ledger.bind(0, "r", start + 0.001)
+    now = start + 0.001
+    for gap, duration in packets:
+        now += gap
+        ledger.on_audio(now, duration)
+    produced = sum(d for _, d in packets)
+    m = ledger.snapshot()
+    assert math.isclose(m.rtf, (now - start) / produced, rel_tol=1e-9)
+    assert math.isclose(m.audio_ms, produced * 1000.0, rel_tol=1e-9)

@@ -118,3 +118,34 @@ def test_stream_checker_catches_two_active_responses_and_unfinished_close():
     checker.check(_event(ev.ResponseCreated, 1, response_id="r1", turn_id=0))
     with pytest.raises(AssertionError, match="never got response.done"):
         checker.check(_event(ev.SessionClosedEvent, 2, reason="client_closed"))
+
+
+# --- fixtures under @given: each example gets its own ----------------------------------------------
+
+@settings(max_examples=5, deadline=None)
+@given(st.floats(0.001, 5.0))
+def test_clock_factory_gives_each_example_a_fresh_clock(make_manual_clock, dt):
+    clock = make_manual_clock()
+    assert clock.now() == 0.0  # nothing left over from an earlier example
+    clock.advance(dt)
+    assert clock.now() == dt
+
+
+@settings(max_examples=3, deadline=None)
+@given(st.integers(1, 3))
+def test_runtime_factory_runs_a_turn_per_example(make_scripted_engine, start_duplex_runtime, chunks):
+    engine = make_scripted_engine()
+    with start_duplex_runtime(engine) as driver:
+        session = driver.open_session()
+        for _ in range(chunks):
+            session.append_audio(b"\0\0" * 1600)
+        driver.call(session.commit)
+
+        async def until_done():
+            with anyio.fail_after(5):
+                async for event in session.events():
+                    if event.type == "response.done":
+                        return event.status
+
+        assert driver.call(until_done) == "completed"
+    assert len(engine.submitted) == 1  # a fresh engine: only this example's turn

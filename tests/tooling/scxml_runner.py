@@ -1,4 +1,5 @@
-"""Drive an exported SCXML document through scjson's interpreter (an independent engine).
+"""Drive an exported SCXML document through two independent interpreters: scjson's
+(ECMAScript datamodel) and python-statemachine's (a restricted Python datamodel).
 
 The chart's guards are ECMAScript data in the document; before each event the host (here: the
 test) sets them, as the runtime evaluates its guard methods at that moment. Effects come back
@@ -7,8 +8,10 @@ through the interpreter's ``<log label="effect">`` entries, in the order it ran 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import io
 
 import pytest
 
@@ -54,3 +57,48 @@ class Interpreter:
         refusals = [e.split(":", 1)[1] for e in logged if e.startswith("refusal:")]
         self.refusal = refusals[0] if refusals else None
         return [e.split(":", 1)[1] for e in logged if e.startswith("effect:")]
+
+
+
+
+def _statechart_class(text: str):
+    # Loaded afresh for each machine (~40 ms): python-statemachine (3.2) initialises a loaded
+    # class's <datamodel> for its first instance only.
+    # Restricted (untrusted) evaluation: the document must run as written, no eval. Errors in
+    # its expressions are raised rather than turned into error.execution events, so a document
+    # it cannot evaluate fails the test instead of quietly taking no transition.
+    statemachine_io = pytest.importorskip("statemachine.io",
+                                          reason="the second round trip needs python-statemachine")
+    cls = statemachine_io.load(text, format="scxml")
+    cls.catch_errors_as_events = False
+    return cls
+
+
+class StatemachineInterpreter:
+    """The same interface as :class:`Interpreter`, on python-statemachine.
+
+    Its ``<log>`` prints ``label: 'value'`` lines; they are read back as the effects and the
+    refusal of each step."""
+
+    def __init__(self, text: str) -> None:
+        self.machine = _statechart_class(text)()
+        self.refusal: str | None = None
+
+    @property
+    def state(self) -> str:
+        active = [s.id for s in self.machine.configuration]
+        assert len(active) == 1, f"flat charts have one active state, got {active}"
+        return active[0]
+
+    def send(self, event: str, guards: dict[str, bool]) -> list[str]:
+        model = self.machine.model
+        for name, value in guards.items():
+            assert hasattr(model, name), f"guard {name} is not declared in the datamodel"
+            setattr(model, name, bool(value))
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            self.machine.send(event)
+        logged = [line.split(": ", 1) for line in printed.getvalue().splitlines()]
+        refusals = [value.strip("'") for label, value in logged if label == "refusal"]
+        self.refusal = refusals[0] if refusals else None
+        return [value.strip("'") for label, value in logged if label == "effect"]

@@ -58,7 +58,14 @@ def test_mermaid_has_every_state_and_transition(name):
     assert "stateDiagram-v2" in lines
     assert f"    [*] --> {spec.initial}" in lines
     for state in spec.states:
-        assert re.search(rf"^    (state \"{state}\" as )?{state}\b", text, re.M), state
+        # Declared by name before anything else mentions it: Mermaid titles a box with the
+        # first description it sees, so a box with self-transitions would otherwise be titled
+        # with one of them instead of the state's name.
+        declaration = f"    state \"{state}\" as {state}"
+        assert declaration in lines, state
+        first_mention = next(i for i, line in enumerate(lines)
+                             if re.match(rf"^    (state \"{state}\" as )?{state}\b", line))
+        assert lines[first_mention] == declaration, (state, lines[first_mention])
     for edge in spec.edges:
         if edge.internal:
             assert f"    {edge.source} : {edge.label()}" in lines, edge
@@ -212,3 +219,30 @@ def test_review_doc_has_a_row_per_transition_with_its_why():
                         if l.startswith(f"| `{edge.source}` | `{edge.trigger}` |") and f"| {target} |" in l), None)
             assert row is not None, edge
             assert spec.why[edge.trigger] in row.replace("\\|", "|")
+
+
+@pytest.mark.parametrize("fmt", ["mermaid", "dot", "scxml", "json"])
+def test_cli_prints_exactly_one_document_or_refuses(fmt):
+    # Several documents back to back on stdout are not one valid document of any format.
+    runner = CliRunner()
+    for args in ([], ["--machine", "all"]):
+        result = runner.invoke(_app(), ["statechart", "--format", fmt, *args])
+        assert result.exit_code != 0, (args, result.output[:200])
+        assert "--machine" in result.output
+    one = runner.invoke(_app(), ["statechart", "--format", fmt, "--machine", "session"])
+    assert one.exit_code == 0 and one.output == export.render(export.spec("session"), fmt)
+    if fmt == "json":
+        json.loads(one.output)
+    if fmt == "scxml":
+        ET.fromstring(one.output)
+
+
+def test_trigger_origins_reach_the_json_and_the_review_doc():
+    from duplex_actors.core.statechart import TRIGGER_ORIGINS
+
+    data = json.loads(export.to_json(export.spec("session")))
+    assert {t["name"]: t["origin"] for t in data["triggers"]} == {
+        t: o.value for t, o in TRIGGER_ORIGINS.items()}
+    review = export.review_markdown()
+    for trigger, origin in TRIGGER_ORIGINS.items():
+        assert f"| `{trigger}` | {origin.value} |" in review
