@@ -290,12 +290,15 @@ class ResponseDone(ResponseEvent):
     reason: str | None = None
     turn_id: int
     metrics: ResponseMetrics | None = None
+    #: The response's output items (message, function calls) as wire dicts: clients read
+    #: function calls from here (pipecat does).
+    output: tuple = ()
 
     def body(self):
         details = {"type": self.status, "reason": self.reason} if self.reason else None
         return {"response": {"id": self.response_id, "object": "realtime.response",
                              "status": self.status, "status_details": details,
-                             "turn_id": self.turn_id,
+                             "output": list(self.output), "turn_id": self.turn_id,
                              "metrics": self.metrics.to_wire() if self.metrics else None}}
 
 

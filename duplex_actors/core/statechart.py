@@ -165,6 +165,8 @@ TRANSITIONS = [
     _row("detach", OPEN_STATES, SAME, ["detach_lease"]),
     _row("resume", OPEN_STATES, SAME, ["resume_lease"]),
     _row("update", OPEN_STATES, SAME, ["apply_session_update"]),
+    # A function's output joins the conversation for the next model turn; it starts nothing.
+    _row("function_output", OPEN_STATES, SAME, ["record_function_output"]),
     _row("close", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("close", CLOSED, SAME),  # closing twice is harmless
     _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
@@ -214,6 +216,7 @@ WHY = {
     "detach": "the transport dropped; the session waits out its grace period",
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
+    "function_output": "a function_call_output item answers a function call; the next model turn receives it",
     "close": "close from any state; closing twice is harmless",
     "expire": "the lease expired (idle TTL or disconnect grace): close with that reason",
     "fail": "the session's own actor failed: close only this session",

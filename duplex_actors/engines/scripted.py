@@ -1,7 +1,10 @@
 """ScriptedEngine: a deterministic engine for tests and runtime benchmarks.
 
 Each request plays a :class:`Script`: an optional decision, text tokens, audio packets, with
-configurable latencies, and optional failure or hang. A script may be fixed or chosen per
+configurable latencies, and optional failure or hang. Function tools follow one rule (see
+:meth:`ScriptedEngine.tool_call_for`): a request that offers tools and carries no function
+output calls one tool; a request carrying function outputs answers with the script's tokens
+followed by the outputs, so a test can see the output reached the engine. A script may be fixed or chosen per
 request by a function, so property tests can generate engine behaviour. It records what it was
 asked (``submitted``, ``aborted``, ``active``) so tests can assert that nothing reached the
 engine after close and that aborted requests were freed.
@@ -9,6 +12,7 @@ engine after close and that aborted requests were freed.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from typing import AsyncIterator, Callable, Union
@@ -22,6 +26,7 @@ from ..core.engine_io import (
     EngineFailure,
     EngineMetrics,
     EngineOutput,
+    FunctionCall,
     ModelTurnRequest,
     TextDelta,
     TurnDone,
@@ -50,6 +55,8 @@ class Script:
     hang_after: int | None = None
     #: Report engine-side metrics on TurnDone (as vLLM does).
     report_metrics: bool = False
+    #: The JSON arguments of a function call made by the tool rule.
+    tool_arguments: str = "{}"
 
 
 ScriptSource = Union[Script, Callable[[ModelTurnRequest], Script]]
@@ -82,6 +89,19 @@ class ScriptedEngine:
 
     def script_for(self, request: ModelTurnRequest) -> Script:
         return self._script(request) if callable(self._script) else self._script
+
+    @staticmethod
+    def tool_call_for(request: ModelTurnRequest) -> str | None:
+        """The tool rule: which function this request calls, if any. A RESPONSE turn that
+        offers tools (``tool_choice`` not "none") and carries no function output calls the
+        tool ``tool_choice`` names, else the first declared one. A turn that carries function
+        outputs is the follow-up: it answers instead of calling again."""
+        if request.kind is not TurnKind.RESPONSE or not request.tools or request.function_results:
+            return None
+        if request.tool_choice == "none":
+            return None
+        names = [t.name for t in request.tools]
+        return request.tool_choice if request.tool_choice in names else names[0]
 
     async def start(self) -> None:
         self.started += 1
@@ -124,7 +144,17 @@ class ScriptedEngine:
                 return
             yield Decision(rid, speak=True, produced_at=time.perf_counter())
             emitted += 1
+            tool = self.tool_call_for(request)
+            if tool is not None:
+                # A call-only response, as Realtime models answer when they use a tool.
+                # Deterministic and unique: the request id names session, epoch and turn.
+                call_id = "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest()
+                yield FunctionCall(rid, call_id, tool, script.tool_arguments,
+                                   produced_at=time.perf_counter())
+                yield TurnDone(rid, "completed", produced_at=time.perf_counter())
+                return
             tokens = script.tokens if "text" in request.modalities else ()
+            tokens += tuple(f" {result.output}" for result in request.function_results)
             packets = script.audio_packets if "audio" in request.modalities else 0
             # Interleave text and audio the way a thinker + talker pipeline does.
             steps = max(len(tokens), packets)
