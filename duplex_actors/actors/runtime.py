@@ -8,7 +8,7 @@ primitive used is anyio's, so trio is expected to work but is not part of the te
 from __future__ import annotations
 
 from collections import deque
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
 import attrs
@@ -19,13 +19,16 @@ from ..core.clock import Clock, MONOTONIC
 from ..core.engine_io import SamplingOverrides
 from ..core.events import ServerEvent
 from ..core.fence import new_session_id
-from ..core.session import SessionConfig, SessionCore
+from ..core.session import InputTranscript, SessionConfig, SessionCore, TranscribeInput
 from ..engines.base import EngineBackend
 from ..errors import ResourceExhausted, RuntimeClosed, UnknownSession
 from ..logconfig import ensure_configured
 from .engine_actor import EngineActor, EngineStatistics
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
+
+if TYPE_CHECKING:  # the recogniser is an optional extra
+    from ..audio.transcription import Transcriber
 
 log = structlog.get_logger("duplex_actors.runtime")
 
@@ -151,6 +154,7 @@ class Runtime:
         dispatch_budget: int = 64,
         reaper_interval_s: float = 5.0,
         stall_timeout_s: float | None = None,
+        transcriber: "Transcriber | None" = None,
     ) -> None:
         if engine is None:
             from ..engines.scripted import ScriptedEngine
@@ -164,6 +168,9 @@ class Runtime:
         self.dispatch_budget = dispatch_budget
         self.reaper_interval_s = reaper_interval_s
         self.engine = EngineActor(engine, clock=clock, stall_timeout_s=stall_timeout_s)
+        #: Input transcription for sessions that ask for it (audio/transcription.py); None:
+        #: such requests get a transcription ``failed`` event.
+        self.transcriber = transcriber
         self._sessions: dict[str, SessionActor] = {}
         #: closed sessions whose aborted engine requests are not cleaned up yet
         self._draining: dict[str, tuple[str, ...]] = {}
@@ -278,6 +285,26 @@ class Runtime:
                                  len(self._ready), self.engine.statistics(), self._draining_count())
 
     # -- the dispatcher ---------------------------------------------------------------------
+
+    def transcribe(self, action: TranscribeInput, deliver) -> None:
+        """Transcribe a committed turn off the event loop; ``deliver`` gets the result."""
+        if self.transcriber is None:
+            deliver(InputTranscript(action.item_id, error="input transcription is not available on "
+                                                          "this server (install the 'transcription' extra)"))
+            return
+        if self._tg is None:
+            return  # not running: nothing will read the result
+
+        async def run() -> None:
+            try:
+                text = await self.transcriber.transcribe(action.audio, action.sample_rate)
+                result = InputTranscript(action.item_id, text=text)
+            except Exception as exc:  # the recogniser's failure is this turn's, not the runtime's
+                log.warning("transcription_failed", item_id=action.item_id, error=repr(exc))
+                result = InputTranscript(action.item_id, error=f"transcription failed: {type(exc).__name__}")
+            deliver(result)
+
+        self._tg.start_soon(run)
 
     def _schedule(self, actor: SessionActor) -> None:
         if not actor.scheduled:

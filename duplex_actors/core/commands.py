@@ -103,6 +103,8 @@ class UpdateSession(Command):
     #: Replaces the session's function tools as a whole (``()`` removes them all).
     tools: tuple[FunctionTool, ...] | None = None
     tool_choice: str | None = None
+    #: Input transcription: a model name turns it on, False turns it off, None leaves it.
+    transcription: str | bool | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -38,6 +38,7 @@ from ..errors import (
 )
 from . import events as ev
 from . import function_events as fev
+from . import transcription_events as tev
 from .clock import Clock, MONOTONIC
 from .commands import AddFunctionOutput, AppendAudio, Command, PlaybackAck
 from .engine_io import (
@@ -130,6 +131,9 @@ class SessionConfig:
     #: function tools the model may call (session.update ``tools``) and the ``tool_choice``.
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: str = "auto"
+    #: input transcription: the model name the client asked for (None: off). The runtime's
+    #: transcriber does the work, whatever the name.
+    transcription: str | None = None
     #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
     max_input_bytes: int = 16000 * 2 * 120
     outbox_capacity: int = 2048
@@ -156,12 +160,30 @@ class SubmitTurn:
 
 
 @attrs.frozen(slots=True)
+class TranscribeInput:
+    """Transcribe a committed turn's audio (off the event loop) for ``item_id``."""
+
+    item_id: str
+    audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    sample_rate: int = 16000
+
+
+@attrs.frozen(slots=True)
+class InputTranscript:
+    """What the recogniser made of ``item_id``'s audio; ``error`` set when it failed."""
+
+    item_id: str
+    text: str = ""
+    error: str | None = None
+
+
+@attrs.frozen(slots=True)
 class AbortRequests:
     request_ids: tuple[str, ...]
     reason: str
 
 
-EngineAction = Union[SubmitTurn, AbortRequests]
+EngineAction = Union[SubmitTurn, AbortRequests, TranscribeInput]
 
 
 @attrs.define(slots=True)
@@ -340,6 +362,14 @@ class SessionCore:
                     self._fire("abort_confirmed")
                 finally:
                     self._ctx = {}
+
+    def on_transcript(self, result: InputTranscript) -> None:
+        """A committed turn's transcript arrived: the chart decides whether it is sent."""
+        self._ctx = {"transcript": result, "now": self.clock.now()}
+        try:
+            self._fire("transcript")
+        finally:
+            self._ctx = {}
 
     def expire(self, reason: str) -> None:
         self._ctx = {"now": self.clock.now(), "reason": reason}
@@ -562,7 +592,10 @@ class SessionCore:
         self._committed = bytes(self._input)
         self._input = bytearray()
         ms = int(len(self._committed) / 2 / self.config.sample_rate * 1000)
-        self._emit(ev.InputCommitted, item_id=self._item_id(), audio_ms=ms)
+        item_id = self._item_id()
+        self._emit(ev.InputCommitted, item_id=item_id, audio_ms=ms)
+        if self.config.transcription is not None:
+            self._actions.append(TranscribeInput(item_id, self._committed, self.config.sample_rate))
 
     def _item_id(self) -> str:
         return f"item_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
@@ -685,6 +718,15 @@ class SessionCore:
             self._emit(fev.FunctionArgumentsDelta, delta=out.arguments, **ids)
         self._emit(fev.FunctionArgumentsDone, **ids)
         self._emit(fev.FunctionCallItemDone, **ids)
+
+    def _fx_emit_transcript(self) -> None:
+        result = self._ctx["transcript"]
+        if result.error is not None:
+            self._emit(tev.TranscriptionFailed, item_id=result.item_id, message=result.error)
+            return
+        if result.text:
+            self._emit(tev.TranscriptionDelta, item_id=result.item_id, delta=result.text)
+        self._emit(tev.TranscriptionCompleted, item_id=result.item_id, transcript=result.text)
 
     def _fx_record_function_output(self) -> None:
         cmd = self._ctx["command"]
@@ -849,6 +891,8 @@ class SessionCore:
         changes = {k: getattr(cmd, k) for k in ("auto_respond", "model_native", "server_vad", "instructions",
                                                 "sampling", "min_interruption_ms", "tools", "tool_choice")
                    if getattr(cmd, k) is not None}
+        if cmd.transcription is not None:
+            changes["transcription"] = cmd.transcription or None  # False turns it off
         self.config = attrs.evolve(self.config, **changes)
         self._emit(ev.SessionUpdated, config=self.config.public())
 

@@ -167,6 +167,10 @@ TRANSITIONS = [
     _row("update", OPEN_STATES, SAME, ["apply_session_update"]),
     # A function's output joins the conversation for the next model turn; it starts nothing.
     _row("function_output", OPEN_STATES, SAME, ["record_function_output"]),
+    # A committed turn's transcript came back from the recogniser (it runs beside the model
+    # turn, so in any state); once closed, a late one is consumed and not sent.
+    _row("transcript", OPEN_STATES, SAME, ["emit_transcript"]),
+    _row("transcript", CLOSED, SAME),
     _row("close", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("close", CLOSED, SAME),  # closing twice is harmless
     _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
@@ -178,7 +182,7 @@ TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 # Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
 # Engine triggers refused here are engine protocol errors; the core reports them as such.
 REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
-    **{(CLOSED, t): SessionClosed for t in TRIGGERS if t not in ("close", "stale_output", "abort_confirmed")},
+    **{(CLOSED, t): SessionClosed for t in TRIGGERS if t not in ("close", "stale_output", "abort_confirmed", "transcript")},
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
@@ -216,6 +220,7 @@ WHY = {
     "detach": "the transport dropped; the session waits out its grace period",
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
+    "transcript": "the recogniser finished a committed turn's transcript (off the event loop); sent unless closed",
     "function_output": "a function_call_output item answers a function call; the next model turn receives it",
     "close": "close from any state; closing twice is harmless",
     "expire": "the lease expired (idle TTL or disconnect grace): close with that reason",

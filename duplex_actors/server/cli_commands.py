@@ -95,7 +95,12 @@ async def _serve(backend, host, port, api_key, limits, overrides, max_sessions, 
 
     config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
                           max_connections=max_connections)
-    async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions) as runtime:
+    from ..audio.transcription import default_transcriber
+
+    # Loaded lazily on the first transcribed turn (in a worker thread); None without the extra.
+    transcriber = default_transcriber()
+    async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions,
+                       transcriber=transcriber) as runtime:
         async with RealtimeServer(runtime, config) as server:
             auth = "on" if api_key else "off"
             print(f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "

@@ -464,6 +464,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, sample_rate):
     if sampling:
         changes["sampling"] = SamplingOverrides(**sampling)
     changes.update(_session_tools(s))
+    changes.update(_session_transcription(s, audio_in))
     return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),
                          turn_detection=detection, vad_off=vad_off)
 
@@ -507,6 +508,25 @@ def _session_tools(s: _Fields) -> dict[str, Any]:
     elif choice is not None:
         raise s.fail("tool_choice", f"must be a string or an object, not {_json_type(choice)}")
     return changes
+
+
+def _session_transcription(s: _Fields, audio_in: _Fields | None) -> dict[str, Any]:
+    """Input transcription: GA ``audio.input.transcription`` or beta ``input_audio_transcription``
+    (``{"model": ..., "language", "prompt"}``, or null to turn it off)."""
+    holders = [(h, k) for h, k in ((audio_in, "transcription"), (s, "input_audio_transcription"))
+               if h is not None and h.has(k)]
+    if not holders:
+        return {}
+    holder, key = holders[0]
+    if holder.obj[key] is None:
+        return {"transcription": False}
+    settings = holder.object(key)
+    language = settings.str("language", max_len=32)
+    if language not in (None, "", "en") and not language.startswith("en-"):
+        raise NotSupported(f"input transcription language {language!r} is not supported; the "
+                           "recogniser is English only")
+    settings.str("prompt")  # type-checked; the recogniser takes no prompt
+    return {"transcription": settings.str("model", max_len=256) or "pocketsphinx"}
 
 
 def _function_call_output(f: _Fields, event_id, epoch) -> cmd.AddFunctionOutput:
