@@ -24,11 +24,13 @@ GA_RATE = 24000
 
 @pytest.fixture(scope="session")
 def serve_url():
-    """``duplex-actors serve --engine scripted --port 0`` as a user starts it, with a key."""
+    """``duplex-actors serve --engine scripted --port 0`` as a user starts it, with a key.
+    DUPLEX_INTEROP_SERVE_ARGS adds arguments (for diagnosis, e.g. ``--sample-rate 24000`` to
+    see what fails after the input rate)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "duplex_actors", "serve", "--engine", "scripted", "--port", "0",
-         "--api-key", API_KEY],
+         "--api-key", API_KEY, *os.environ.get("DUPLEX_INTEROP_SERVE_ARGS", "").split()],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
