@@ -172,6 +172,18 @@ EngineOutput = Union[Decision, TextDelta, AudioPacket, FunctionCall, TurnDone, E
 TERMINAL_OUTPUTS = (TurnDone, EngineFailure, Aborted)
 
 
+def forced_tool(request: ModelTurnRequest) -> str | None:
+    """The function a request *forces* the model to call, if any: ``tool_choice`` names one of
+    its tools, or is "required" (then the first tool). A follow-up turn (it carries function
+    outputs) forces nothing, so a forced call is not repeated forever."""
+    if request.kind is not TurnKind.RESPONSE or not request.tools or request.function_results:
+        return None
+    names = [t.name for t in request.tools]
+    if request.tool_choice in names:
+        return request.tool_choice
+    return names[0] if request.tool_choice == "required" else None
+
+
 def is_terminal(output: EngineOutput, kind: TurnKind) -> bool:
     """Whether ``output`` ends the stream of a request of this ``kind``: the one rule the
     engine actor, the session core and the test kit share. A listen decision ends a UNIT
