@@ -139,7 +139,8 @@ def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | No
     speech = _speech() if vad_turns else None
     r = anyio.run(_run, turns, vad_turns, speech)
     bare, commit, added = _ms(r["bare"]), _ms(r["commit"]), _ms(r["commit_added"])
-    label = f"bare engine: generate() -> first AudioPacket (scripted, {FIRST_LATENCY_S * 1000:.0f} ms first latency)"
+    label = (f"bare engine: generate() -> first AudioPacket (scripted, "
+             f"{FIRST_LATENCY_S * 1000:.0f} ms first latency)")
     figs = []
     for q in ("p50", "p99"):
         figs.append(figure(f"commit -> first response.output_audio.delta over the socket, {q}",

@@ -504,7 +504,8 @@ class SessionCore:
                     f"input buffer would exceed {self.config.max_input_bytes} bytes; commit or clear first")
         if isinstance(command, AddFunctionOutput):
             if self._calls is None or command.call_id not in self._calls:
-                raise UnknownFunctionCall(f"no function call with call_id {command.call_id!r} in this session")
+                raise UnknownFunctionCall(
+                    f"no function call with call_id {command.call_id!r} in this session")
         if isinstance(command, PlaybackAck):
             if self._playback is not None and command.played_ms < self._playback.get(command.response_id, 0):
                 raise InvalidCommand("played_ms cannot go backwards")

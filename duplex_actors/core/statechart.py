@@ -182,7 +182,8 @@ TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 # Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
 # Engine triggers refused here are engine protocol errors; the core reports them as such.
 REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
-    **{(CLOSED, t): SessionClosed for t in TRIGGERS if t not in ("close", "stale_output", "abort_confirmed", "transcript")},
+    **{(CLOSED, t): SessionClosed for t in TRIGGERS
+       if t not in ("close", "stale_output", "abort_confirmed", "transcript")},
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
@@ -220,7 +221,8 @@ WHY = {
     "detach": "the transport dropped; the session waits out its grace period",
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
-    "transcript": "the recogniser finished a committed turn's transcript (off the event loop); sent unless closed",
+    "transcript": "the recogniser finished a committed turn's transcript (off the event loop); "
+                  "sent unless closed",
     "function_output": "a function_call_output item answers a function call; the next model turn receives it",
     "close": "close from any state; closing twice is harmless",
     "expire": "the lease expired (idle TTL or disconnect grace): close with that reason",

@@ -32,7 +32,8 @@ def test_forced_tool_choice_calls_that_tool_and_auto_decodes():
         engine = small_engine()
         await engine.start()
         try:
-            named = await _outputs(engine, attrs.evolve(request("sess_t"), tools=TOOLS, tool_choice="get_time"))
+            named = await _outputs(engine, attrs.evolve(request("sess_t"), tools=TOOLS,
+                                                        tool_choice="get_time"))
             required = await _outputs(engine, attrs.evolve(request("sess_r"), tools=TOOLS,
                                                            tool_choice="required"))
             auto = await _outputs(engine, attrs.evolve(request("sess_a"), tools=TOOLS))
