@@ -13,6 +13,7 @@ engine after close and that aborted requests were freed.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from typing import AsyncIterator, Callable, Union
@@ -55,11 +56,37 @@ class Script:
     hang_after: int | None = None
     #: Report engine-side metrics on TurnDone (as vLLM does).
     report_metrics: bool = False
-    #: The JSON arguments of a function call made by the tool rule.
-    tool_arguments: str = "{}"
+    #: The JSON arguments of a function call made by the tool rule; None: an example built from
+    #: the tool's parameter schema (see :func:`example_arguments`).
+    tool_arguments: str | None = None
 
 
 ScriptSource = Union[Script, Callable[[ModelTurnRequest], Script]]
+
+
+_EXAMPLES = {"string": "example", "integer": 1, "number": 1, "boolean": True, "array": [],
+             "object": {}, "null": None}
+
+
+def example_arguments(parameters: str) -> str:
+    """Arguments that satisfy a JSON schema's required properties, deterministically: the
+    first ``enum`` value, else a fixed example per type. A real client validates the call's
+    arguments against its function's signature before running it, so ``{}`` would be refused
+    by any function with a required parameter."""
+    try:
+        schema = json.loads(parameters)
+    except ValueError:
+        return "{}"
+    props = schema.get("properties") or {} if isinstance(schema, dict) else {}
+    args = {}
+    for name in schema.get("required") or () if isinstance(schema, dict) else ():
+        prop = props.get(name) if isinstance(props.get(name), dict) else {}
+        if prop.get("enum"):
+            args[name] = prop["enum"][0]
+        else:
+            kind = prop.get("type", "string")
+            args[name] = _EXAMPLES.get(kind if isinstance(kind, str) else kind[0], "example")
+    return json.dumps(args)
 
 
 def _tone(ms: int, rate: int, freq: float = 220.0) -> bytes:
@@ -149,8 +176,11 @@ class ScriptedEngine:
                 # A call-only response, as Realtime models answer when they use a tool.
                 # Deterministic and unique: the request id names session, epoch and turn.
                 call_id = "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest()
-                yield FunctionCall(rid, call_id, tool, script.tool_arguments,
-                                   produced_at=time.perf_counter())
+                arguments = script.tool_arguments
+                if arguments is None:
+                    schema = next(t.parameters for t in request.tools if t.name == tool)
+                    arguments = example_arguments(schema)
+                yield FunctionCall(rid, call_id, tool, arguments, produced_at=time.perf_counter())
                 yield TurnDone(rid, "completed", produced_at=time.perf_counter())
                 return
             tokens = script.tokens if "text" in request.modalities else ()

@@ -15,6 +15,18 @@ from .helpers import CHUNK, core_in
 TOOL = FunctionTool("get_weather", "Weather in a city", '{"type":"object"}')
 
 
+def test_scripted_example_arguments_fill_required_parameters_from_the_schema():
+    from duplex_actors.engines.scripted import example_arguments
+
+    schema = {"type": "object", "required": ["city", "days", "unit", "alerts"],
+              "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                             "unit": {"type": "string", "enum": ["c", "f"]},
+                             "alerts": {"type": "boolean"}, "note": {"type": "string"}}}
+    assert json.loads(example_arguments(json.dumps(schema))) == {
+        "city": "example", "days": 1, "unit": "c", "alerts": True}
+    assert example_arguments("{}") == "{}" and example_arguments("not json") == "{}"
+
+
 def _submitted(core):
     return [a.request for a in core.take_actions() if isinstance(a, SubmitTurn)]
 

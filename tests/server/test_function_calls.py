@@ -126,3 +126,16 @@ async def test_tool_choice_none_answers_without_calling():
         assert not [e for e in events if e["type"].startswith("response.function_call")]
         assert any(e["type"] == "response.output_text.delta" for e in events)
         await ws.close()
+
+
+async def test_scripted_serve_engine_calls_with_arguments_that_fit_the_schema():
+    async with running_server() as server:  # the default script: arguments from the schema
+        ws = await _open(server)
+        await _send(ws, type="session.update", session={"tools": [WEATHER],
+                                                        "audio": {"input": {"turn_detection": None}}})
+        await recv_until(ws, "session.updated")
+        await _send(ws, type="response.create")
+        events = await recv_until(ws, "response.done")
+        done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+        assert json.loads(done["arguments"]) == {"city": "example"}
+        await ws.close()
