@@ -75,6 +75,9 @@ class ClearInput(Command):
 class CreateResponse(Command):
     TRIGGER = "create_response"
     instructions: str | None = None
+    #: The client's ``response.metadata`` (key/value pairs), echoed on the response object:
+    #: clients match a response to their request by it (livekit's generate_reply does).
+    metadata: tuple[tuple[str, str], ...] | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -201,7 +201,8 @@ class SessionCounters:
 class _Response:
     """The one response in progress (created, not yet done)."""
 
-    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio", "calls")
+    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio", "calls",
+                 "metadata")
 
     def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int) -> None:
         self.response_id = response_id
@@ -212,6 +213,7 @@ class _Response:
         self.transcript: list[str] = []
         self.audio = False
         self.calls: list[fev.CallRecord] | None = None
+        self.metadata: dict | None = None
 
 
 class SessionCore:
@@ -220,7 +222,7 @@ class SessionCore:
         "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
         "_replay", "_timing", "_windows", "_turn_request", "_turn_kind", "_units", "_unit_seq", "_aborting",
         "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback",
-        "_calls", "_function_results", "__weakref__",
+        "_calls", "_function_results", "_turn_metadata", "__weakref__",
     )
 
     def __init__(self, session_id: str, config: SessionConfig | None = None,
@@ -261,6 +263,7 @@ class SessionCore:
         # and the outputs received since the last model turn. Both None until tools are used.
         self._calls: dict[str, str] | None = None
         self._function_results: list[FunctionResult] | None = None
+        self._turn_metadata: dict | None = None  # response.create metadata of the pending turn
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
@@ -619,6 +622,8 @@ class SessionCore:
             self._function_results = None
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
+        metadata = getattr(self._ctx.get("command"), "metadata", None)
+        self._turn_metadata = dict(metadata) if metadata else None
         self._overlap_ms = None
         self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
         self.lease.in_flight += 1
@@ -669,10 +674,11 @@ class SessionCore:
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
         item = f"item_{secrets.token_hex(4)}"
         self._response = _Response(rid, item, self.epoch, self.turn_id)
+        self._response.metadata, self._turn_metadata = self._turn_metadata, None
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
         self._emit(ev.ResponseCreated, response_id=rid, item_id=item, turn_id=self.turn_id,
-                   metrics=self._timing.snapshot())
+                   metrics=self._timing.snapshot(), metadata=self._response.metadata)
         self._emit(ev.OutputItemAdded, response_id=rid, item_id=item)
         self._emit(ev.ContentPartAdded, response_id=rid, item_id=item)
 
@@ -763,7 +769,7 @@ class SessionCore:
         self._emit(ev.OutputItemDone, status=item_status, **ids)
         self._emit(ev.ResponseDone, status=status, reason=reason, turn_id=r.turn_id,
                    metrics=self._timing.snapshot(stop_latency_s=stop_latency_s),
-                   output=self._output_items(r, item_status), **ids)
+                   output=self._output_items(r, item_status), metadata=r.metadata, **ids)
         self._response = None
 
     def _ensure_begun(self) -> None:

@@ -367,7 +367,23 @@ def _response_create(f: _Fields, event_id, epoch, limits, sample_rate):
         if conversation not in (None, "auto"):
             raise NotSupported("out-of-band responses (response.conversation other than 'auto') "
                                "are not supported")
-    return cmd.CreateResponse(instructions=instructions, event_id=event_id, epoch=epoch)
+    metadata = _response_metadata(response) if response is not None else None
+    return cmd.CreateResponse(instructions=instructions, metadata=metadata, event_id=event_id, epoch=epoch)
+
+
+def _response_metadata(response: _Fields) -> tuple[tuple[str, str], ...] | None:
+    """``response.metadata``: at most 16 string pairs (OpenAI's limits), echoed on the response."""
+    metadata = response.object("metadata")
+    if metadata is None:
+        return None
+    if len(metadata.obj) > 16:
+        raise response.fail("metadata", "has more than 16 keys")
+    pairs = []
+    for key in metadata.obj:
+        if len(key) > 64:
+            raise response.fail("metadata", f"key {key[:64]!r}... is longer than 64 characters")
+        pairs.append((key, metadata.str(key, required=True, max_len=512)))
+    return tuple(pairs)
 
 
 @_parser("response.cancel")
