@@ -129,3 +129,37 @@ async def test_a_non_english_transcription_request_is_refused():
                 err = await recv_until(ws, "error")
                 assert err[-1]["error"]["code"] == "not_supported"
                 assert err[-1]["error"]["event_id"] == "t1"
+
+
+async def test_a_real_serve_process_transcribes_24k_input(speech):
+    """`python -m duplex_actors serve` as users start it: the transcription worker processes
+    re-run the CLI's main module by path, which must neither fail nor start a second CLI."""
+    import re
+    import subprocess
+    import sys
+
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    text = SENTENCES[0]
+    pcm = synthesize_utterance(text, sample_rate=24000)
+    proc = subprocess.Popen([sys.executable, "-m", "duplex_actors", "serve", "--port", "0",
+                             "--sample-rate", "24000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        url = re.search(r"(ws://\S+/v1/realtime)", line).group(1)
+        async with websockets.connect(url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "input_audio_transcription": {"model": "whisper-1"}, "turn_detection": None}}))
+            await recv_until(ws, "session.updated")
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            events = await recv_until(ws, "conversation.item.input_audio_transcription.completed",
+                                      timeout=60)
+            assert not [e for e in events if e["type"].endswith("transcription.failed")]
+            assert word_error_rate(text, events[-1]["transcript"]) <= 0.25, events[-1]["transcript"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
