@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import traceback
 
 import pytest
 
@@ -32,6 +34,19 @@ async def get_weather(city: str) -> str:
     return get_weather_impl(city)
 
 
+class _ErrorLog(logging.Handler):
+    def __init__(self, sink: list[str]) -> None:
+        super().__init__(logging.ERROR)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        cause = ""
+        if record.exc_info:  # which handler failed names the event: _handle_<event type>
+            where = traceback.extract_tb(record.exc_info[2])[-1].name
+            cause = f" in {where}: {record.exc_info[1]!r}"
+        self.sink.append(f"logged: {record.getMessage()[:200]}{cause[:300]}")
+
+
 class Harness:
     def __init__(self, serve_url: str, turn_detection) -> None:
         self.serve_url = serve_url
@@ -46,9 +61,13 @@ class Harness:
         self.session = self.model.session()
         self.session.on("openai_server_event_received", self.raw.append)
         self.session.on("error", lambda ev: self.errors.append(repr(getattr(ev, "error", ev))[:400]))
+        # The plugin logs (and drops) an event it fails to handle instead of raising: count it.
+        self._log = _ErrorLog(self.errors)
+        logging.getLogger("livekit.agents").addHandler(self._log)
         return self
 
     async def __aexit__(self, *exc):
+        logging.getLogger("livekit.agents").removeHandler(self._log)
         await self.session.aclose()
         await self.model.aclose()
         await self.http.close()
