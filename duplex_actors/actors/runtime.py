@@ -292,8 +292,9 @@ class Runtime:
             deliver(InputTranscript(action.item_id, error="input transcription is not available on "
                                                           "this server (install the 'transcription' extra)"))
             return
-        if self._tg is None:
-            return  # not running: nothing will read the result
+        if self._tg is None:  # not running (closing): still answer the turn, never drop it
+            deliver(InputTranscript(action.item_id, error="the runtime is not running"))
+            return
 
         async def run() -> None:
             try:
