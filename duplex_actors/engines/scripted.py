@@ -3,8 +3,8 @@
 Each request plays a :class:`Script`: an optional decision, text tokens, audio packets, with
 configurable latencies, and optional failure or hang. Function tools follow one rule (see
 :meth:`ScriptedEngine.tool_call_for`): a request that offers tools and carries no function
-output calls one tool; a request carrying function outputs answers with the script's tokens
-followed by the outputs, so a test can see the output reached the engine. A script may be fixed or chosen per
+output calls one tool; a request carrying function outputs answers with the outputs followed
+by the script's tokens, so a test can see the output reached the engine. A script may be fixed or chosen per
 request by a function, so property tests can generate engine behaviour. It records what it was
 asked (``submitted``, ``aborted``, ``active``) so tests can assert that nothing reached the
 engine after close and that aborted requests were freed.
@@ -184,7 +184,11 @@ class ScriptedEngine:
                 yield TurnDone(rid, "completed", produced_at=time.perf_counter())
                 return
             tokens = script.tokens if "text" in request.modalities else ()
-            tokens += tuple(f" {result.output}" for result in request.function_results)
+            # The function outputs come first, so the first audio packet's transcript carries
+            # them too (audio-only clients read the transcript, which covers only as many
+            # tokens as there are packets).
+            if tokens and request.function_results:
+                tokens = tuple(f"{result.output} " for result in request.function_results) + tokens
             packets = script.audio_packets if "audio" in request.modalities else 0
             # Interleave text and audio the way a thinker + talker pipeline does.
             steps = max(len(tokens), packets)

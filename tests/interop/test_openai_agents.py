@@ -82,16 +82,19 @@ def _responses_done(n: int):
     return lambda event, rec: len(rec.done_responses()) >= n
 
 
-def _runner(turn_detection) -> RealtimeRunner:
-    agent = RealtimeAgent(name="assistant", instructions="Be brief.", tools=[get_weather])
+def _runner(turn_detection, tools: list) -> RealtimeRunner:
+    # Tools only where the test is about them: the scripted engine calls an offered tool on
+    # every first turn (docs/engines.md), which would turn a plain turn into a tool call.
+    agent = RealtimeAgent(name="assistant", instructions="Be brief.", tools=tools)
     settings = {"model_name": "gpt-realtime", "output_modalities": ["audio"]}
     if turn_detection != "default":
         settings["turn_detection"] = turn_detection
     return RealtimeRunner(agent, config={"model_settings": settings})
 
 
-async def _open(serve_url, turn_detection="default"):
-    return await _runner(turn_detection).run(model_config={"url": serve_url, "api_key": API_KEY})
+async def _open(serve_url, turn_detection="default", tools: list | None = None):
+    runner = _runner(turn_detection, tools or [])
+    return await runner.run(model_config={"url": serve_url, "api_key": API_KEY})
 
 
 async def test_text_turn(serve_url):
@@ -146,7 +149,7 @@ async def test_server_vad_turn_with_barge_in(serve_url, speech_24k):
 
 async def test_tool_call(serve_url):
     calls.clear()
-    session = await _open(serve_url, turn_detection=None)
+    session = await _open(serve_url, turn_detection=None, tools=[get_weather])
     async with session:
         rec = Recorder(session)
         await session.send_message("What is the weather in Paris?")

@@ -84,7 +84,7 @@ async def test_tool_call_round_trip_over_the_socket():
         await _send(ws, type="response.create")
         follow = await recv_until(ws, "response.done")
         text = next(e for e in follow if e["type"] == "response.output_text.done")["text"]
-        assert text == 'It is {"temp_c": 21}'
+        assert text == '{"temp_c": 21} It is'
         assert not [e for e in follow if e["type"].startswith("response.function_call")]
         assert follow[-1]["response"]["status"] == "completed"
         await ws.close()
