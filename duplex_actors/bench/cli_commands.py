@@ -13,7 +13,7 @@ import typer
 
 from . import report
 
-BENCHES = ("throughput", "scale", "realtime", "barge_in", "engine", "vllm")
+BENCHES = ("throughput", "scale", "realtime", "barge_in", "wire", "engine", "vllm")
 #: Benches run only when named with --only (they start heavy machinery of their own).
 OPT_IN = ("ray",)
 _HINTS = {
@@ -68,6 +68,14 @@ def _embedded_figures(raw: dict[str, Any]) -> list[dict[str, Any]] | None:
         return None  # an unexpected shape: printed key by key instead
 
 
+def _wire(quick: bool) -> dict[str, Any]:
+    if importlib.util.find_spec("websockets") is None:
+        return {"name": "wire", "skipped": "'websockets' is not installed (extra 'server')"}
+    from .wire_bench import bench_wire
+
+    return bench_wire(quick)
+
+
 def _plan(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
     from . import runtime_bench as rb
 
@@ -76,6 +84,7 @@ def _plan(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
         "scale": lambda: rb.bench_scale(quick),
         "realtime": lambda: rb.bench_realtime(quick),
         "barge_in": lambda: rb.bench_barge_in(quick),
+        "wire": lambda: _wire(quick),
         "engine": lambda: _engine_bench("engine", "duplex_actors.bench.engine_bench", "torch", quick),
         "vllm": lambda: _engine_bench("vllm", "duplex_actors.bench.vllm_bench", "vllm", quick),
         "ray": lambda: _engine_bench("ray", "duplex_actors.bench.ray_bench", "ray", quick),

@@ -16,7 +16,7 @@ from typing import ClassVar
 import attrs
 
 from ..errors import InvalidCommand
-from .engine_io import SamplingOverrides
+from .engine_io import FunctionTool, SamplingOverrides
 
 
 class Lane(enum.IntEnum):
@@ -80,6 +80,9 @@ class ClearInput(Command):
 class CreateResponse(Command):
     TRIGGER = "create_response"
     instructions: str | None = None
+    #: The client's ``response.metadata`` (key/value pairs), echoed on the response object:
+    #: clients match a response to their request by it (livekit's generate_reply does).
+    metadata: tuple[tuple[str, str], ...] | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -105,6 +108,22 @@ class UpdateSession(Command):
     instructions: str | None = None
     sampling: SamplingOverrides | None = None
     min_interruption_ms: int | None = None
+    #: Replaces the session's function tools as a whole (``()`` removes them all).
+    tools: tuple[FunctionTool, ...] | None = None
+    tool_choice: str | None = None
+    #: Input transcription: a model name turns it on, False turns it off, None leaves it.
+    transcription: str | bool | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class AddFunctionOutput(Command):
+    """The client ran a function the model called and sends what it returned (an OpenAI
+    ``function_call_output`` item). Kept for the next model turn; no response starts."""
+
+    TRIGGER = "function_output"
+    call_id: str = attrs.field(validator=attrs.validators.min_len(1))
+    output: str
+    item_id: str | None = None
 
 
 # --- control lane ---------------------------------------------------------------------------
@@ -165,5 +184,5 @@ class Close(Command):
 
 
 MAILBOX_COMMANDS = (AppendAudio, CommitInput, ClearInput, CreateResponse, SpeechStartedSignal,
-                    SpeechStoppedSignal, UpdateSession, BargeIn, CancelResponse, Heartbeat,
-                    PlaybackAck, Detach, Resume, Close)
+                    SpeechStoppedSignal, UpdateSession, AddFunctionOutput, BargeIn, CancelResponse,
+                    Heartbeat, PlaybackAck, Detach, Resume, Close)

@@ -42,6 +42,28 @@ class SamplingOverrides:
 
 
 @attrs.frozen(slots=True)
+class FunctionTool:
+    """A function the client declared in ``session.update`` (``tools``): the model may call it.
+
+    ``parameters`` is the JSON schema as JSON text, so the request stays frozen and hashable."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"
+
+
+@attrs.frozen(slots=True)
+class FunctionResult:
+    """What a function returned: the client's ``function_call_output`` item for ``call_id``.
+    The next model turn receives it, so the model can answer with the result."""
+
+    call_id: str
+    output: str
+    #: The function's name, when the session still knows which call this answers.
+    name: str | None = None
+
+
+@attrs.frozen(slots=True)
 class ModelTurnRequest:
     request_id: str
     fence: Fence
@@ -55,6 +77,12 @@ class ModelTurnRequest:
     modalities: tuple[str, ...] = ("text", "audio")
     #: Runtime clock time the request was handed to the engine.
     submitted_at: float = 0.0
+    #: Functions the model may call this turn, and how: "auto", "none", "required" or a
+    #: function's name (the client's ``tool_choice``).
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: str = "auto"
+    #: Function outputs the client sent since the previous model turn, oldest first.
+    function_results: tuple[FunctionResult, ...] = ()
 
     _repr_pretty_ = _short_pretty
 
@@ -97,6 +125,21 @@ class AudioPacket:
 
 
 @attrs.frozen(slots=True)
+class FunctionCall:
+    """The model calls one of the request's tools. ``arguments`` is a JSON text (an object).
+
+    Not terminal: a response may call several functions and say something as well; the client
+    runs the function and sends its output as a ``function_call_output`` item, and the next
+    model turn (``response.create``) gets it in ``ModelTurnRequest.function_results``."""
+
+    request_id: str
+    call_id: str
+    name: str
+    arguments: str = "{}"
+    produced_at: float = 0.0
+
+
+@attrs.frozen(slots=True)
 class EngineMetrics:
     """Figures an engine measured itself (e.g. vLLM's RequestStateStats), cumulative for the
     request. ``source`` names the engine so the response metrics can say where they came from."""
@@ -135,8 +178,20 @@ class Aborted:
     produced_at: float = 0.0
 
 
-EngineOutput = Union[Decision, TextDelta, AudioPacket, TurnDone, EngineFailure, Aborted]
+EngineOutput = Union[Decision, TextDelta, AudioPacket, FunctionCall, TurnDone, EngineFailure, Aborted]
 TERMINAL_OUTPUTS = (TurnDone, EngineFailure, Aborted)
+
+
+def forced_tool(request: ModelTurnRequest) -> str | None:
+    """The function a request *forces* the model to call, if any: ``tool_choice`` names one of
+    its tools, or is "required" (then the first tool). A follow-up turn (it carries function
+    outputs) forces nothing, so a forced call is not repeated forever."""
+    if request.kind is not TurnKind.RESPONSE or not request.tools or request.function_results:
+        return None
+    names = [t.name for t in request.tools]
+    if request.tool_choice in names:
+        return request.tool_choice
+    return names[0] if request.tool_choice == "required" else None
 
 
 def is_terminal(output: EngineOutput, kind: TurnKind) -> bool:

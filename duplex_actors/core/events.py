@@ -176,10 +176,12 @@ class ResponseCreated(ResponseEvent):
     TYPE = "response.created"
     turn_id: int
     metrics: ResponseMetrics | None = None
+    metadata: dict | None = None  # the client's response.create metadata, echoed
 
     def body(self):
         return {"response": {"id": self.response_id, "object": "realtime.response",
-                             "status": "in_progress", "turn_id": self.turn_id,
+                             "status": "in_progress", "metadata": self.metadata,
+                             "turn_id": self.turn_id,
                              "metrics": self.metrics.to_wire() if self.metrics else None}}
 
 
@@ -290,11 +292,16 @@ class ResponseDone(ResponseEvent):
     reason: str | None = None
     turn_id: int
     metrics: ResponseMetrics | None = None
+    #: The response's output items (message, function calls) as wire dicts: clients read
+    #: function calls from here (pipecat does).
+    output: tuple = ()
+    metadata: dict | None = None
 
     def body(self):
         details = {"type": self.status, "reason": self.reason} if self.reason else None
         return {"response": {"id": self.response_id, "object": "realtime.response",
                              "status": self.status, "status_details": details,
+                             "output": list(self.output), "metadata": self.metadata,
                              "turn_id": self.turn_id,
                              "metrics": self.metrics.to_wire() if self.metrics else None}}
 

@@ -33,17 +33,23 @@ from ..errors import (
     FenceAhead,
     IllegalTransition,
     InvalidCommand,
+    UnknownFunctionCall,
     StaleFence,
 )
 from . import events as ev
+from . import function_events as fev
+from . import transcription_events as tev
 from .clock import Clock, MONOTONIC
-from .commands import AppendAudio, Command, PlaybackAck
+from .commands import AddFunctionOutput, AppendAudio, Command, PlaybackAck
 from .engine_io import (
     Aborted,
     AudioPacket,
     Decision,
     EngineFailure,
     EngineOutput,
+    FunctionCall,
+    FunctionResult,
+    FunctionTool,
     ModelTurnRequest,
     SamplingOverrides,
     TextDelta,
@@ -124,6 +130,12 @@ class SessionConfig:
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()
     modalities: tuple[str, ...] = ("text", "audio")
+    #: function tools the model may call (session.update ``tools``) and the ``tool_choice``.
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: str = "auto"
+    #: input transcription: the model name the client asked for (None: off). The runtime's
+    #: transcriber does the work, whatever the name.
+    transcription: str | None = None
     #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
     max_input_bytes: int = 16000 * 2 * 120
     outbox_capacity: int = 2048
@@ -138,7 +150,10 @@ class SessionConfig:
         return {"auto_respond": self.auto_respond, "model_native": self.model_native,
                 "server_vad": self.server_vad,
                 "sample_rate": self.sample_rate, "min_interruption_ms": self.min_interruption_ms,
-                "instructions": self.instructions, "modalities": list(self.modalities)}
+                "instructions": self.instructions, "modalities": list(self.modalities),
+                "tools": [{"type": "function", "name": t.name, "description": t.description,
+                           "parameters": t.parameters} for t in self.tools],
+                "tool_choice": self.tool_choice}
 
 
 @attrs.frozen(slots=True)
@@ -147,12 +162,30 @@ class SubmitTurn:
 
 
 @attrs.frozen(slots=True)
+class TranscribeInput:
+    """Transcribe a committed turn's audio (off the event loop) for ``item_id``."""
+
+    item_id: str
+    audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    sample_rate: int = 16000
+
+
+@attrs.frozen(slots=True)
+class InputTranscript:
+    """What the recogniser made of ``item_id``'s audio; ``error`` set when it failed."""
+
+    item_id: str
+    text: str = ""
+    error: str | None = None
+
+
+@attrs.frozen(slots=True)
 class AbortRequests:
     request_ids: tuple[str, ...]
     reason: str
 
 
-EngineAction = Union[SubmitTurn, AbortRequests]
+EngineAction = Union[SubmitTurn, AbortRequests, TranscribeInput]
 
 
 @attrs.define(slots=True)
@@ -170,7 +203,8 @@ class SessionCounters:
 class _Response:
     """The one response in progress (created, not yet done)."""
 
-    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio")
+    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio", "calls",
+                 "metadata")
 
     def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int) -> None:
         self.response_id = response_id
@@ -180,6 +214,8 @@ class _Response:
         self.text: list[str] = []
         self.transcript: list[str] = []
         self.audio = False
+        self.calls: list[fev.CallRecord] | None = None
+        self.metadata: dict | None = None
 
 
 class SessionCore:
@@ -187,7 +223,8 @@ class SessionCore:
         "session_id", "config", "clock", "chart", "epoch", "turn_id", "counters", "lease",
         "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
         "_replay", "_timing", "_windows", "_turn_request", "_turn_kind", "_units", "_unit_seq", "_aborting",
-        "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback", "__weakref__",
+        "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback",
+        "_calls", "_function_results", "_turn_metadata", "__weakref__",
     )
 
     def __init__(self, session_id: str, config: SessionConfig | None = None,
@@ -224,6 +261,11 @@ class SessionCore:
         self._close_reason: str | None = None
         self._aborted_ids: list[str] | None = None
         self._playback: dict[str, int] | None = None
+        # call_id -> function name of recent calls (what a function_call_output may answer),
+        # and the outputs received since the last model turn. Both None until tools are used.
+        self._calls: dict[str, str] | None = None
+        self._function_results: list[FunctionResult] | None = None
+        self._turn_metadata: dict | None = None  # response.create metadata of the pending turn
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
@@ -337,6 +379,14 @@ class SessionCore:
         finally:
             self._ctx = {}
 
+    def on_transcript(self, result: InputTranscript) -> None:
+        """A committed turn's transcript arrived: the chart decides whether it is sent."""
+        self._ctx = {"transcript": result, "now": self.clock.now()}
+        try:
+            self._fire("transcript")
+        finally:
+            self._ctx = {}
+
     def expire(self, reason: str) -> None:
         self._ctx = {"now": self.clock.now(), "reason": reason}
         try:
@@ -439,7 +489,7 @@ class SessionCore:
             return "stale_output"
         if isinstance(output, Decision):
             return "speak" if output.speak else "listen"
-        if isinstance(output, (TextDelta, AudioPacket)):
+        if isinstance(output, (TextDelta, AudioPacket, FunctionCall)):
             return "output"
         if isinstance(output, TurnDone):
             return "turn_done" if is_turn else "listen"
@@ -466,6 +516,10 @@ class SessionCore:
             if len(self._input) + len(command.pcm) > self.config.max_input_bytes:
                 raise Backpressure(
                     f"input buffer would exceed {self.config.max_input_bytes} bytes; commit or clear first")
+        if isinstance(command, AddFunctionOutput):
+            if self._calls is None or command.call_id not in self._calls:
+                raise UnknownFunctionCall(
+                    f"no function call with call_id {command.call_id!r} in this session")
         if isinstance(command, PlaybackAck):
             if self._playback is not None and command.played_ms < self._playback.get(command.response_id, 0):
                 raise InvalidCommand("played_ms cannot go backwards")
@@ -561,7 +615,10 @@ class SessionCore:
         self._committed = bytes(self._input)
         self._input = InputBuffer()
         ms = int(len(self._committed) / 2 / self.config.sample_rate * 1000)
-        self._emit(ev.InputCommitted, item_id=self._item_id(), audio_ms=ms)
+        item_id = self._item_id()
+        self._emit(ev.InputCommitted, item_id=item_id, audio_ms=ms)
+        if self.config.transcription is not None:
+            self._actions.append(TranscribeInput(item_id, self._committed, self.config.sample_rate))
 
     def _item_id(self) -> str:
         return f"item_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
@@ -573,13 +630,19 @@ class SessionCore:
             request_id=request_id, fence=self.fence, kind=kind, audio=audio,
             sample_rate=self.config.sample_rate, instructions=instructions,
             sampling=self.config.sampling, modalities=self.config.modalities,
-            submitted_at=self._ctx["now"])
+            submitted_at=self._ctx["now"], tools=self.config.tools,
+            tool_choice=self.config.tool_choice)
 
     def _fx_submit_model_turn(self) -> None:
         audio, self._committed = self._committed, b""
         request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id())
+        if self._function_results:
+            request = attrs.evolve(request, function_results=tuple(self._function_results))
+            self._function_results = None
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
+        metadata = getattr(self._ctx.get("command"), "metadata", None)
+        self._turn_metadata = dict(metadata) if metadata else None
         self._overlap_ms = None
         self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
         self.lease.in_flight += 1
@@ -627,10 +690,11 @@ class SessionCore:
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
         item = f"item_{secrets.token_hex(4)}"
         self._response = _Response(rid, item, self.epoch, self.turn_id)
+        self._response.metadata, self._turn_metadata = self._turn_metadata, None
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
         self._emit(ev.ResponseCreated, response_id=rid, item_id=item, turn_id=self.turn_id,
-                   metrics=self._timing.snapshot())
+                   metrics=self._timing.snapshot(), metadata=self._response.metadata)
         self._emit(ev.OutputItemAdded, response_id=rid, item_id=item)
         self._emit(ev.ContentPartAdded, response_id=rid, item_id=item)
 
@@ -638,6 +702,9 @@ class SessionCore:
         out = self._ctx["output"]
         now = self._ctx["now"]
         r = self._response
+        if isinstance(out, FunctionCall):
+            self._deliver_function_call(out, r)
+            return
         if isinstance(out, TextDelta):
             if not out.text:
                 return
@@ -656,6 +723,54 @@ class SessionCore:
                 self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id,
                            item_id=r.item_id, delta=out.transcript)
 
+    def _deliver_function_call(self, out: FunctionCall, r: _Response) -> None:
+        if r.calls is None:
+            r.calls = []
+        # The assistant message is output item 0 (opened with the response); calls follow it.
+        call = fev.CallRecord(item_id=f"item_{secrets.token_hex(4)}", call_id=out.call_id,
+                              name=out.name, arguments=out.arguments, output_index=len(r.calls) + 1)
+        r.calls.append(call)
+        if self._calls is None:
+            self._calls = {}
+        self._calls[out.call_id] = out.name
+        if len(self._calls) > 64:  # only recent calls get answered
+            self._calls.pop(next(iter(self._calls)))
+        ids = {"response_id": r.response_id, "call": call}
+        self._emit(fev.FunctionCallItemAdded, **ids)
+        if out.arguments:
+            self._emit(fev.FunctionArgumentsDelta, delta=out.arguments, **ids)
+        self._emit(fev.FunctionArgumentsDone, **ids)
+        self._emit(fev.FunctionCallItemDone, **ids)
+
+    def _fx_emit_transcript(self) -> None:
+        result = self._ctx["transcript"]
+        if result.error is not None:
+            self._emit(tev.TranscriptionFailed, item_id=result.item_id, message=result.error)
+            return
+        if result.text:
+            self._emit(tev.TranscriptionDelta, item_id=result.item_id, delta=result.text)
+        self._emit(tev.TranscriptionCompleted, item_id=result.item_id, transcript=result.text)
+
+    def _fx_record_function_output(self) -> None:
+        cmd = self._ctx["command"]
+        if self._function_results is None:
+            self._function_results = []
+        self._function_results.append(FunctionResult(cmd.call_id, cmd.output, self._calls.get(cmd.call_id)))
+        item_id = cmd.item_id or f"item_{secrets.token_hex(4)}"
+        for cls in (fev.FunctionOutputItem, fev.FunctionOutputItemDone):
+            self._emit(cls, item_id=item_id, call_id=cmd.call_id, output=cmd.output)
+
+    @staticmethod
+    def _output_items(r: _Response, item_status: str) -> tuple:
+        content = []
+        if r.text:
+            content.append({"type": "output_text", "text": "".join(r.text)})
+        if r.audio:
+            content.append({"type": "output_audio", "transcript": "".join(r.transcript)})
+        message = {"id": r.item_id, "object": "realtime.item", "type": "message",
+                   "role": "assistant", "status": item_status, "content": content}
+        return (message, *(c.item("completed") for c in r.calls or ()))
+
     def _close_parts(self, status: str, reason: str | None, stop_latency_s: float | None = None) -> None:
         r = self._response
         if r is None:
@@ -669,7 +784,8 @@ class SessionCore:
         item_status = "completed" if status == "completed" else "incomplete"
         self._emit(ev.OutputItemDone, status=item_status, **ids)
         self._emit(ev.ResponseDone, status=status, reason=reason, turn_id=r.turn_id,
-                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s), **ids)
+                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s),
+                   output=self._output_items(r, item_status), metadata=r.metadata, **ids)
         self._response = None
 
     def _ensure_begun(self) -> None:
@@ -809,8 +925,10 @@ class SessionCore:
     def _fx_apply_session_update(self) -> None:
         cmd = self._ctx["command"]
         changes = {k: getattr(cmd, k) for k in ("auto_respond", "model_native", "server_vad", "instructions",
-                                                "sampling", "min_interruption_ms")
+                                                "sampling", "min_interruption_ms", "tools", "tool_choice")
                    if getattr(cmd, k) is not None}
+        if cmd.transcription is not None:
+            changes["transcription"] = cmd.transcription or None  # False turns it off
         self.config = attrs.evolve(self.config, **changes)
         self._emit(ev.SessionUpdated, config=self.config.public())
 

@@ -182,6 +182,12 @@ TRANSITIONS = [
     _row("detach", OPEN_STATES, SAME, ["detach_lease"]),
     _row("resume", OPEN_STATES, SAME, ["resume_lease"]),
     _row("update", OPEN_STATES, SAME, ["apply_session_update"]),
+    # A function's output joins the conversation for the next model turn; it starts nothing.
+    _row("function_output", OPEN_STATES, SAME, ["record_function_output"]),
+    # A committed turn's transcript came back from the recogniser (it runs beside the model
+    # turn, so in any state); once closed, a late one is consumed and not sent.
+    _row("transcript", OPEN_STATES, SAME, ["emit_transcript"]),
+    _row("transcript", CLOSED, SAME),
     _row("close", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("close", CLOSED, SAME),  # closing twice is harmless
     _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
@@ -200,7 +206,7 @@ TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 # Engine triggers refused here are engine protocol errors; the core reports them as such.
 REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
     **{(CLOSED, t): SessionClosed for t in TRIGGERS
-       if t not in ("close", "stale_output", "abort_confirmed", "expire", "fail")},
+       if t not in ("close", "stale_output", "abort_confirmed", "expire", "fail", "transcript")},
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
@@ -232,10 +238,12 @@ class Origin(str, enum.Enum):
 TRIGGER_ORIGINS: Mapping[str, Origin] = {
     **dict.fromkeys(("append", "commit", "clear", "create_response", "speech_started", "speech_stopped",
                      "update", "barge_in", "cancel", "heartbeat", "playback_ack", "detach", "resume",
-                     "close"), Origin.CLIENT),
+                     "function_output", "close"), Origin.CLIENT),
     **dict.fromkeys(("speak", "listen", "output", "turn_done", "turn_failed", "stale_output",
                      "abort_confirmed"), Origin.ENGINE),
-    **dict.fromkeys(("unit_ready", "overlap", "outbox_overflow", "expire", "fail"), Origin.SELF),
+    # A transcript is the session's own measurement of committed audio (a recogniser beside it).
+    **dict.fromkeys(("unit_ready", "overlap", "outbox_overflow", "expire", "fail", "transcript"),
+                    Origin.SELF),
 }
 CLIENT_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.CLIENT)
 ENGINE_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.ENGINE)
@@ -267,6 +275,9 @@ WHY = {
     "detach": "the transport dropped; the session waits out its grace period",
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
+    "transcript": "the recogniser finished a committed turn's transcript (off the event loop); "
+                  "sent unless closed",
+    "function_output": "a function_call_output item answers a function call; the next model turn receives it",
     "close": "close from any state; closing twice is harmless",
     "expire": ("the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do "
                "once closed"),

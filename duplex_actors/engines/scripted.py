@@ -1,7 +1,10 @@
 """ScriptedEngine: a deterministic engine for tests and runtime benchmarks.
 
 Each request plays a :class:`Script`: an optional decision, text tokens, audio packets, with
-configurable latencies, and optional failure or hang. A script may be fixed or chosen per
+configurable latencies, and optional failure or hang. Function tools follow one rule (see
+:meth:`ScriptedEngine.tool_call_for`): a request that offers tools and carries no function
+output calls one tool; a request carrying function outputs answers with the outputs followed
+by the script's tokens, so a test can see the output reached the engine. A script may be fixed or chosen per
 request by a function, so property tests can generate engine behaviour. It records what it was
 asked (``submitted``, ``aborted``, ``active``) so tests can assert that nothing reached the
 engine after close and that aborted requests were freed.
@@ -9,6 +12,8 @@ engine after close and that aborted requests were freed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from typing import AsyncIterator, Callable, Union
@@ -22,6 +27,7 @@ from ..core.engine_io import (
     EngineFailure,
     EngineMetrics,
     EngineOutput,
+    FunctionCall,
     ModelTurnRequest,
     TextDelta,
     TurnDone,
@@ -50,9 +56,37 @@ class Script:
     hang_after: int | None = None
     #: Report engine-side metrics on TurnDone (as vLLM does).
     report_metrics: bool = False
+    #: The JSON arguments of a function call made by the tool rule; None: an example built from
+    #: the tool's parameter schema (see :func:`example_arguments`).
+    tool_arguments: str | None = None
 
 
 ScriptSource = Union[Script, Callable[[ModelTurnRequest], Script]]
+
+
+_EXAMPLES = {"string": "example", "integer": 1, "number": 1, "boolean": True, "array": [],
+             "object": {}, "null": None}
+
+
+def example_arguments(parameters: str) -> str:
+    """Arguments that satisfy a JSON schema's required properties, deterministically: the
+    first ``enum`` value, else a fixed example per type. A real client validates the call's
+    arguments against its function's signature before running it, so ``{}`` would be refused
+    by any function with a required parameter."""
+    try:
+        schema = json.loads(parameters)
+    except ValueError:
+        return "{}"
+    props = schema.get("properties") or {} if isinstance(schema, dict) else {}
+    args = {}
+    for name in schema.get("required") or () if isinstance(schema, dict) else ():
+        prop = props.get(name) if isinstance(props.get(name), dict) else {}
+        if prop.get("enum"):
+            args[name] = prop["enum"][0]
+        else:
+            kind = prop.get("type", "string")
+            args[name] = _EXAMPLES.get(kind if isinstance(kind, str) else kind[0], "example")
+    return json.dumps(args)
 
 
 def _tone(ms: int, rate: int, freq: float = 220.0) -> bytes:
@@ -82,6 +116,19 @@ class ScriptedEngine:
 
     def script_for(self, request: ModelTurnRequest) -> Script:
         return self._script(request) if callable(self._script) else self._script
+
+    @staticmethod
+    def tool_call_for(request: ModelTurnRequest) -> str | None:
+        """The tool rule: which function this request calls, if any. A RESPONSE turn that
+        offers tools (``tool_choice`` not "none") and carries no function output calls the
+        tool ``tool_choice`` names, else the first declared one. A turn that carries function
+        outputs is the follow-up: it answers instead of calling again."""
+        if request.kind is not TurnKind.RESPONSE or not request.tools or request.function_results:
+            return None
+        if request.tool_choice == "none":
+            return None
+        names = [t.name for t in request.tools]
+        return request.tool_choice if request.tool_choice in names else names[0]
 
     async def start(self) -> None:
         self.started += 1
@@ -127,7 +174,24 @@ class ScriptedEngine:
                 return
             yield Decision(rid, speak=True, produced_at=time.perf_counter())
             emitted += 1
+            tool = self.tool_call_for(request)
+            if tool is not None:
+                # A call-only response, as Realtime models answer when they use a tool.
+                # Deterministic and unique: the request id names session, epoch and turn.
+                call_id = "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest()
+                arguments = script.tool_arguments
+                if arguments is None:
+                    schema = next(t.parameters for t in request.tools if t.name == tool)
+                    arguments = example_arguments(schema)
+                yield FunctionCall(rid, call_id, tool, arguments, produced_at=time.perf_counter())
+                yield TurnDone(rid, "completed", produced_at=time.perf_counter())
+                return
             tokens = script.tokens if "text" in request.modalities else ()
+            # The function outputs come first, so the first audio packet's transcript carries
+            # them too (audio-only clients read the transcript, which covers only as many
+            # tokens as there are packets).
+            if tokens and request.function_results:
+                tokens = tuple(f"{result.output} " for result in request.function_results) + tokens
             packets = script.audio_packets if "audio" in request.modalities else 0
             # Interleave text and audio the way a thinker + talker pipeline does.
             steps = max(len(tokens), packets)

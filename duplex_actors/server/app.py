@@ -395,6 +395,9 @@ class _Connection:
         except ImportError as exc:
             raise wire.NotSupported(f"server VAD is not available on this server ({exc}); "
                                     "set turn_detection to null and commit explicitly") from None
+        except ValueError as exc:  # the VAD model refuses this rate (Silero: 8 or 16 kHz only)
+            raise wire.NotSupported(f"server VAD cannot run on this session's audio ({exc}); "
+                                    "set turn_detection to null and commit explicitly") from None
         config = TurnDetectionConfig(threshold=settings.threshold,
                                      prefix_padding_ms=settings.prefix_padding_ms,
                                      silence_duration_ms=settings.silence_duration_ms)

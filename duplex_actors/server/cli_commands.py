@@ -96,9 +96,13 @@ async def _serve(backend, host, port, api_key, limits, overrides, max_sessions, 
 
     config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
                           max_connections=max_connections)
+    from ..audio.transcription import default_transcriber
+
+    # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.
+    transcriber = default_transcriber()
     # A server runs for hours with thousands of journals: keep full GC passes off the loop.
     async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions,
-                       gc_policy=GcPolicy()) as runtime:
+                       gc_policy=GcPolicy(), transcriber=transcriber) as runtime:
         async with RealtimeServer(runtime, config) as server:
             auth = "on" if api_key else "off"
             print(f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "

@@ -30,7 +30,7 @@ from typing import Any, Callable, Union
 import attrs
 
 from ..core import commands as cmd
-from ..core.engine_io import SamplingOverrides
+from ..core.engine_io import FunctionTool, SamplingOverrides
 from ..errors import ClientError, DuplexError, InvalidCommand
 
 # --- declared limits ------------------------------------------------------------------------
@@ -367,7 +367,23 @@ def _response_create(f: _Fields, event_id, epoch, limits, sample_rate):
         if conversation not in (None, "auto"):
             raise NotSupported("out-of-band responses (response.conversation other than 'auto') "
                                "are not supported")
-    return cmd.CreateResponse(instructions=instructions, event_id=event_id, epoch=epoch)
+    metadata = _response_metadata(response) if response is not None else None
+    return cmd.CreateResponse(instructions=instructions, metadata=metadata, event_id=event_id, epoch=epoch)
+
+
+def _response_metadata(response: _Fields) -> tuple[tuple[str, str], ...] | None:
+    """``response.metadata``: at most 16 string pairs (OpenAI's limits), echoed on the response."""
+    metadata = response.object("metadata")
+    if metadata is None:
+        return None
+    if len(metadata.obj) > 16:
+        raise response.fail("metadata", "has more than 16 keys")
+    pairs = []
+    for key in metadata.obj:
+        if len(key) > 64:
+            raise response.fail("metadata", f"key {key[:64]!r}... is longer than 64 characters")
+        pairs.append((key, metadata.str(key, required=True, max_len=512)))
+    return tuple(pairs)
 
 
 @_parser("response.cancel")
@@ -463,8 +479,78 @@ def _session_update(f: _Fields, event_id, epoch, limits, sample_rate):
                     sampling[key] = value
     if sampling:
         changes["sampling"] = SamplingOverrides(**sampling)
+    changes.update(_session_tools(s))
+    changes.update(_session_transcription(s, audio_in))
     return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),
                          turn_detection=detection, vad_off=vad_off)
+
+
+# --- function tools -----------------------------------------------------------------------
+
+_MAX_TOOLS = 128
+
+
+def _session_tools(s: _Fields) -> dict[str, Any]:
+    """``session.tools`` and ``session.tool_choice`` as UpdateSession fields (only those given)."""
+    changes: dict[str, Any] = {}
+    if s.has("tools") and s.obj["tools"] is not None:
+        tools = s.obj["tools"]
+        if not isinstance(tools, list):
+            raise s.fail("tools", f"must be an array, not {_json_type(tools)}")
+        if len(tools) > _MAX_TOOLS:
+            raise s.fail("tools", f"has more than {_MAX_TOOLS} entries")
+        parsed = []
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                raise s.fail(f"tools[{i}]", f"must be an object, not {_json_type(tool)}")
+            t = _Fields(tool, f"{s.prefix}tools[{i}].", s.event_id)
+            kind = t.str("type") or "function"
+            if kind != "function":
+                raise NotSupported(f"tool type {kind!r} is not supported; only function tools are")
+            parameters = tool.get("parameters", {})
+            if not isinstance(parameters, dict):
+                raise t.fail("parameters", f"must be an object, not {_json_type(parameters)}")
+            parsed.append(FunctionTool(name=t.str("name", required=True, max_len=256),
+                                       description=t.str("description") or "",
+                                       parameters=json.dumps(parameters, separators=(",", ":"))))
+        changes["tools"] = tuple(parsed)
+    choice = s.obj.get("tool_choice")
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise s.fail("tool_choice", f"must be 'auto', 'none', 'required' or a function, not {choice!r}")
+        changes["tool_choice"] = choice
+    elif isinstance(choice, dict):
+        changes["tool_choice"] = s.object("tool_choice").str("name", required=True, max_len=256)
+    elif choice is not None:
+        raise s.fail("tool_choice", f"must be a string or an object, not {_json_type(choice)}")
+    return changes
+
+
+def _session_transcription(s: _Fields, audio_in: _Fields | None) -> dict[str, Any]:
+    """Input transcription: GA ``audio.input.transcription`` or beta ``input_audio_transcription``
+    (``{"model": ..., "language", "prompt"}``, or null to turn it off)."""
+    holders = [(h, k) for h, k in ((audio_in, "transcription"), (s, "input_audio_transcription"))
+               if h is not None and h.has(k)]
+    if not holders:
+        return {}
+    holder, key = holders[0]
+    if holder.obj[key] is None:
+        return {"transcription": False}
+    settings = holder.object(key)
+    language = settings.str("language", max_len=32)
+    if language not in (None, "", "en") and not language.startswith("en-"):
+        raise NotSupported(f"input transcription language {language!r} is not supported; the "
+                           "recogniser is English only")
+    settings.str("prompt")  # type-checked; the recogniser takes no prompt
+    return {"transcription": settings.str("model", max_len=256) or "pocketsphinx"}
+
+
+def _function_call_output(f: _Fields, event_id, epoch) -> cmd.AddFunctionOutput:
+    """A ``conversation.item.create`` whose item is a ``function_call_output``."""
+    item = f.object("item", required=True)
+    return cmd.AddFunctionOutput(call_id=item.str("call_id", required=True, max_len=256),
+                                 output=item.str("output", required=True, max_len=1 << 20),
+                                 item_id=item.str("id", max_len=256), event_id=event_id, epoch=epoch)
 
 
 @_parser("conversation.item.truncate")
@@ -479,6 +565,10 @@ def _item_truncate(f: _Fields, event_id, epoch, limits, sample_rate):
          "output_audio_buffer.clear", "transcription_session.update")
 def _not_supported(f: _Fields, event_id, epoch, limits, sample_rate):
     kind = f.obj["type"]
+    item = f.obj.get("item")
+    if kind == "conversation.item.create" and isinstance(item, dict) \
+            and item.get("type") == "function_call_output":
+        return _function_call_output(f, event_id, epoch)
     if kind.startswith("conversation.item."):
         raise NotSupported(f"{kind} is not supported: sessions keep no editable conversation "
                            "history; stream audio and commit, or use response.create with "

@@ -23,7 +23,8 @@ import attrs
 
 from ..core import events as ev
 from ..core.commands import Command
-from ..core.engine_io import Aborted, AudioPacket, Decision, EngineFailure, EngineOutput, TextDelta, TurnDone
+from ..core.engine_io import (Aborted, AudioPacket, Decision, EngineFailure, EngineOutput, FunctionCall,
+                               TextDelta, TurnDone)
 from ..core.session import SessionConfig
 from ..core.timing import SERVER
 from ..errors import (
@@ -221,6 +222,8 @@ class SessionModel:
                 else:  # "keep listening" for a committed turn: the engine broke the protocol
                     exp.invalid = True
                     self.invalid_outputs += 1
+            elif isinstance(output, FunctionCall):
+                self._begin(exp, now)
             elif isinstance(output, (TextDelta, AudioPacket)):
                 self._begin(exp, now)
                 r = self.response

@@ -136,3 +136,15 @@ def test_unknown_bench_name_is_refused(tmp_path):
 
     with pytest.raises(typer.BadParameter):
         run_suite(True, tmp_path, ["nope"], lambda _: None)
+
+
+def test_wire_tiny():
+    pytest.importorskip("websockets")
+    from duplex_actors.bench.wire_bench import bench_wire
+
+    r = bench_wire(quick=True, turns=3, vad_turns=0)
+    _check(r, "wire")
+    assert r["commit_ms"]["n"] == 3 and r["bare_ms"]["n"] == 3
+    assert r["commit_added_ms"]["p50"] is not None
+    metrics = [f["metric"] for f in r["figures"]]
+    assert any("server-added on the commit path" in m and m.endswith("p99") for m in metrics)

@@ -10,6 +10,7 @@ from duplex_actors.errors import (
     NoActiveResponse,
     ResponseInProgress,
     SessionClosed,
+    UnknownFunctionCall,
 )
 
 from .helpers import CHUNK, core_in, snapshot
@@ -33,6 +34,9 @@ def make(trigger, core):
         "resume": lambda: cmd.Resume(generation=core.lease.generation,
                                      resume_token=core.lease.token, last_seq=core.last_seq),
         "update": lambda: cmd.UpdateSession(instructions="be brief"),
+        # No call was issued in these cores: the output answers nothing (legal path:
+        # tests/core/test_function_calls.py).
+        "function_output": lambda: cmd.AddFunctionOutput(call_id="call_x", output="1"),
         "close": lambda: cmd.Close(),
     }[trigger]()
 
@@ -59,6 +63,9 @@ EXPECTED = {
                                           "cancel", "heartbeat", "playback_ack", "detach",
                                           "resume", "update"]} | {"close": C},
 }
+for _state in (I, L, R, B):
+    EXPECTED[_state]["function_output"] = UnknownFunctionCall
+EXPECTED[C]["function_output"] = SessionClosed
 EXPECTED["responding_begun"] = EXPECTED["responding"]
 
 PAIRS = [(s, t) for s in STATES for t in EXPECTED[s]]

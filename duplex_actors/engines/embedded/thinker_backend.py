@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import hashlib
 import time
 from typing import AsyncIterator
 
@@ -26,10 +27,12 @@ from ...core.engine_io import (
     EngineFailure,
     EngineMetrics,
     EngineOutput,
+    FunctionCall,
     ModelTurnRequest,
     TextDelta,
     TurnDone,
     TurnKind,
+    forced_tool,
 )
 from ...errors import EngineFailed, InvalidCommand
 from ..base import EngineCapabilities
@@ -159,6 +162,17 @@ class EmbeddedThinker:
             self.adapter.audio_budget(request.audio, request.sample_rate)
         except InvalidCommand as exc:
             yield EngineFailure(rid, exc.message, retryable=False, produced_at=time.perf_counter())
+            return
+        tool = forced_tool(request)
+        if tool is not None:
+            # The documented trigger: random weights cannot choose a tool or write its
+            # arguments, so this engine calls a function only when the client forces one
+            # (tool_choice "required" or a function's name), with empty arguments.
+            now = time.perf_counter()
+            yield Decision(rid, speak=True, produced_at=now)
+            yield FunctionCall(rid, "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest(),
+                               tool, "{}", produced_at=now)
+            yield TurnDone(rid, "completed", produced_at=time.perf_counter())
             return
         params = self.adapter.sampling_for(request.fence.session_id, request.sampling)
         inbox = _Inbox()

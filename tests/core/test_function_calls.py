@@ -1,0 +1,109 @@
+"""Function calls through the sans-IO core: tools reach the engine request, a FunctionCall output
+becomes its own output item with argument events, and a function output reaches the next turn."""
+
+import json
+
+import pytest
+
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.engine_io import Decision, FunctionCall, FunctionTool, TextDelta, TurnDone
+from duplex_actors.core.session import SubmitTurn
+from duplex_actors.errors import UnknownFunctionCall
+
+from .helpers import CHUNK, core_in
+
+TOOL = FunctionTool("get_weather", "Weather in a city", '{"type":"object"}')
+
+
+def test_scripted_example_arguments_fill_required_parameters_from_the_schema():
+    from duplex_actors.engines.scripted import example_arguments
+
+    schema = {"type": "object", "required": ["city", "days", "unit", "alerts"],
+              "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                             "unit": {"type": "string", "enum": ["c", "f"]},
+                             "alerts": {"type": "boolean"}, "note": {"type": "string"}}}
+    assert json.loads(example_arguments(json.dumps(schema))) == {
+        "city": "example", "days": 1, "unit": "c", "alerts": True}
+    assert example_arguments("{}") == "{}" and example_arguments("not json") == "{}"
+
+
+def _submitted(core):
+    return [a.request for a in core.take_actions() if isinstance(a, SubmitTurn)]
+
+
+def test_tools_reach_the_request_and_a_call_becomes_its_own_item():
+    core = core_in("idle")
+    core.handle(cmd.UpdateSession(tools=(TOOL,), tool_choice="required"))
+    core.handle(cmd.AppendAudio(pcm=CHUNK))
+    core.handle(cmd.CommitInput())
+    (request,) = _submitted(core)
+    assert request.tools == (TOOL,) and request.tool_choice == "required"
+    assert request.function_results == ()
+    rid = request.request_id
+    core.take_events()
+    core.on_engine_output(Decision(rid, True))
+    core.on_engine_output(FunctionCall(rid, "call_1", "get_weather", '{"city":"Oslo"}'))
+    core.on_engine_output(TurnDone(rid))
+    events = [e.to_wire() for e in core.take_events()]
+    types = [e["type"] for e in events]
+    calls = [e for e in events if e["type"] == "response.output_item.added"
+             and e["item"]["type"] == "function_call"]
+    assert len(calls) == 1 and calls[0]["output_index"] == 1  # the message is item 0
+    assert calls[0]["item"]["call_id"] == "call_1"
+    done = events[types.index("response.function_call_arguments.done")]
+    assert json.loads(done["arguments"]) == {"city": "Oslo"} and done["name"] == "get_weather"
+    assert types.index("response.function_call_arguments.delta") < types.index(
+        "response.function_call_arguments.done") < types.index("response.done")
+    output = events[-1]["response"]["output"]
+    assert [i["type"] for i in output] == ["message", "function_call"]
+    assert output[1]["arguments"] == '{"city":"Oslo"}'
+    assert core.state == "idle"
+
+
+def test_function_output_is_kept_for_exactly_the_next_turn():
+    core = core_in("idle")
+    core.handle(cmd.UpdateSession(tools=(TOOL,)))
+    core.handle(cmd.CreateResponse())
+    (request,) = _submitted(core)
+    core.on_engine_output(FunctionCall(request.request_id, "call_7", "get_weather", "{}"))
+    core.on_engine_output(TurnDone(request.request_id))
+    core.take_events()
+    core.handle(cmd.AddFunctionOutput(call_id="call_7", output='{"t":3}', item_id="item_out"))
+    events = [e.to_wire() for e in core.take_events()]
+    assert [e["type"] for e in events] == ["conversation.item.added", "conversation.item.done"]
+    assert events[0]["item"] == {"id": "item_out", "object": "realtime.item",
+                                 "type": "function_call_output", "status": "completed",
+                                 "call_id": "call_7", "output": '{"t":3}'}
+    assert core.take_actions() == []  # an output starts no response by itself
+    core.handle(cmd.CreateResponse())
+    (follow,) = _submitted(core)
+    assert [(r.call_id, r.output, r.name) for r in follow.function_results] == [
+        ("call_7", '{"t":3}', "get_weather")]
+    core.on_engine_output(TextDelta(follow.request_id, "ok"))
+    core.on_engine_output(TurnDone(follow.request_id))
+    core.handle(cmd.CreateResponse())
+    (third,) = _submitted(core)
+    assert third.function_results == ()
+
+
+def test_output_for_an_unknown_call_is_refused_and_changes_nothing():
+    core = core_in("listening")
+    with pytest.raises(UnknownFunctionCall) as info:
+        core.handle(cmd.AddFunctionOutput(call_id="call_x", output="1", event_id="e1"))
+    assert info.value.code == "unknown_function_call" and info.value.event_id == "e1"
+    assert core.take_events() == [] and core.state == "listening"
+
+
+def test_a_stale_function_call_is_counted_not_delivered():
+    core = core_in("idle")
+    core.handle(cmd.UpdateSession(tools=(TOOL,)))
+    core.handle(cmd.CreateResponse())
+    (request,) = _submitted(core)
+    core.on_engine_output(Decision(request.request_id, True))
+    core.handle(cmd.CancelResponse())
+    core.take_events()
+    core.on_engine_output(FunctionCall(request.request_id, "call_late", "get_weather", "{}"))
+    assert core.counters.stale_outputs == 1
+    assert not [e for e in core.take_events() if "function_call" in e.type]
+    with pytest.raises(UnknownFunctionCall):  # a call never delivered cannot be answered
+        core.handle(cmd.AddFunctionOutput(call_id="call_late", output="1"))

@@ -1,0 +1,75 @@
+"""Third-party Realtime clients against a real ``duplex-actors serve`` (scripted engine).
+
+The clients (openai-agents, pipecat-ai, livekit-plugins-openai) live in their own venv
+(``.ci/interop.sh``); each test module skips itself when its client is not importable, so the
+main venv skips them. The clients are used unmodified, configured only the way a user would:
+base URL, API key, model name, and their own session settings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+API_KEY = "sk-interop-test"
+#: What the user says (piper speaks it at 24 kHz, the GA clients' input rate).
+UTTERANCE = "What is the weather like in Paris today?"
+GA_RATE = 24000
+
+
+@pytest.fixture(scope="session")
+def serve_url():
+    """``duplex-actors serve --engine scripted --port 0`` as a user starts it, with a key.
+    DUPLEX_INTEROP_SERVE_ARGS adds arguments (for diagnosis, e.g. ``--sample-rate 24000`` to
+    see what fails after the input rate)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "duplex_actors", "serve", "--engine", "scripted", "--port", "0",
+         "--api-key", API_KEY, *os.environ.get("DUPLEX_INTEROP_SERVE_ARGS", "").split()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line or proc.poll() is not None:
+                break
+        match = re.search(r"(ws://\S+/v1/realtime)", line)
+        if not match:
+            raise RuntimeError(f"serve did not start: {line!r} {proc.stderr.read()[-2000:]}")
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def speech_24k() -> bytes:
+    """Real speech (piper, packaged voice), pcm16 mono 24 kHz, with 1 s of silence after it
+    so a server VAD sees the end of the turn."""
+    pytest.importorskip("piper")
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    return synthesize_utterance(UTTERANCE, sample_rate=GA_RATE) + b"\x00\x00" * GA_RATE
+
+
+def chunks(pcm: bytes, ms: int = 100, rate: int = GA_RATE):
+    step = rate * ms // 1000 * 2
+    return [pcm[i:i + step] for i in range(0, len(pcm), step)]
+
+
+def get_weather_impl(city: str) -> str:
+    return f"sunny in {city}"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"  # every client here is asyncio-only

@@ -1,0 +1,165 @@
+"""Input transcription on real speech: piper speaks known sentences, PocketSphinx (the packaged
+English model, nothing downloaded) transcribes each committed turn off the event loop, and the
+transcript reaches the client as conversation.item.input_audio_transcription.* events."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import anyio
+import pytest
+import websockets
+
+from duplex_actors import Runtime, Script, ScriptedEngine
+from duplex_actors.audio.transcription import word_error_rate
+from duplex_actors.server import RealtimeServer, ServerConfig
+
+from .conftest import recv_json, recv_until
+
+pytest.importorskip("pocketsphinx")
+pytest.importorskip("piper")
+pytestmark = pytest.mark.anyio
+
+SENTENCES = ("What is the weather like in Paris today?",
+             "I need help planning a trip to the city next week.",
+             "Could you tell me a short story about a train?")
+
+
+@pytest.fixture(scope="module")
+def transcriber():
+    from duplex_actors.audio.transcription import PocketsphinxTranscriber
+
+    return PocketsphinxTranscriber()
+
+
+@pytest.fixture(scope="module")
+def speech():
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    return {text: synthesize_utterance(text) for text in SENTENCES}
+
+
+def test_word_error_rate_counts_edits_over_words():
+    assert word_error_rate("the cat sat", "the cat sat") == 0.0
+    assert word_error_rate("The cat, sat.", "the bat sat down") == pytest.approx(2 / 3)
+    assert word_error_rate("a b c d", "a c d") == pytest.approx(1 / 4)
+
+
+def test_pocketsphinx_gets_most_words_of_piper_speech_right(transcriber, speech):
+    errors = words = 0
+    for text, pcm in speech.items():
+        hypothesis = transcriber.transcribe_blocking(pcm, 16000)
+        n = len(text.split())
+        errors += word_error_rate(text, hypothesis) * n
+        words += n
+        print(f"{text!r} -> {hypothesis!r}")
+    wer = errors / words
+    print(f"WER {wer:.3f} over {words} words")
+    assert wer <= 0.15, f"WER {wer:.2f}"
+
+
+def test_24k_input_is_resampled_for_the_recogniser(transcriber):
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    text = SENTENCES[0]
+    hypothesis = transcriber.transcribe_blocking(synthesize_utterance(text, sample_rate=24000), 24000)
+    assert word_error_rate(text, hypothesis) <= 0.25, hypothesis
+
+
+async def test_transcription_runs_off_the_loop_and_reaches_the_client(transcriber, speech):
+    text, pcm = SENTENCES[0], speech[SENTENCES[0]]
+    async with Runtime(ScriptedEngine(Script(token_latency_s=0.002)), transcriber=transcriber) as rt:
+        async with RealtimeServer(rt, ServerConfig(host="127.0.0.1", port=0)) as server:
+            async with websockets.connect(server.url) as ws:
+                await recv_json(ws)
+                await ws.send(json.dumps({"type": "session.update", "session": {
+                    "audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"},
+                                        "turn_detection": None}}}}))
+                await recv_until(ws, "session.updated")
+                for i in range(0, len(pcm), 3200):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(pcm[i:i + 3200]).decode()}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                committed = await recv_until(ws, "input_audio_buffer.committed")
+                item_id = committed[-1]["item_id"]
+                # The loop stays responsive while the recogniser works: heartbeats are answered
+                # long before the transcript is ready.
+                started = time.perf_counter()
+                await ws.send(json.dumps({"type": "heartbeat"}))
+                await recv_until(ws, "heartbeat.ack")
+                ack_s = time.perf_counter() - started
+                events = await recv_until(ws, "conversation.item.input_audio_transcription.completed",
+                                          timeout=60)
+                done_s = time.perf_counter() - started
+                completed = events[-1]
+                delta = [e for e in events if e["type"].endswith("input_audio_transcription.delta")]
+                assert completed["item_id"] == item_id and completed["content_index"] == 0
+                assert [d["delta"] for d in delta] == [completed["transcript"]]
+                assert word_error_rate(text, completed["transcript"]) <= 0.15, completed["transcript"]
+                assert ack_s < done_s / 2, (ack_s, done_s)
+
+
+async def test_without_a_transcriber_the_turn_gets_a_failed_event():
+    async with Runtime(ScriptedEngine()) as rt:
+        async with RealtimeServer(rt, ServerConfig(host="127.0.0.1", port=0)) as server:
+            async with websockets.connect(server.url) as ws:
+                await recv_json(ws)
+                await ws.send(json.dumps({"type": "session.update", "session": {
+                    "input_audio_transcription": {"model": "whisper-1"}}}))
+                await recv_until(ws, "session.updated")
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(b"\x01\x00" * 1600).decode()}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                with anyio.fail_after(5):
+                    failed = await recv_until(ws, "conversation.item.input_audio_transcription.failed")
+                assert "not available" in failed[-1]["error"]["message"]
+                # The turn itself still gets its response.
+                assert (await recv_until(ws, "response.done"))[-1]["response"]["status"] == "completed"
+
+
+async def test_a_non_english_transcription_request_is_refused():
+    async with Runtime(ScriptedEngine()) as rt:
+        async with RealtimeServer(rt, ServerConfig(host="127.0.0.1", port=0)) as server:
+            async with websockets.connect(server.url) as ws:
+                await recv_json(ws)
+                await ws.send(json.dumps({"type": "session.update", "event_id": "t1", "session": {
+                    "audio": {"input": {"transcription": {"model": "x", "language": "fr"}}}}}))
+                err = await recv_until(ws, "error")
+                assert err[-1]["error"]["code"] == "not_supported"
+                assert err[-1]["error"]["event_id"] == "t1"
+
+
+async def test_a_real_serve_process_transcribes_24k_input(speech):
+    """`python -m duplex_actors serve` as users start it: the transcription worker processes
+    re-run the CLI's main module by path, which must neither fail nor start a second CLI."""
+    import re
+    import subprocess
+    import sys
+
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    text = SENTENCES[0]
+    pcm = synthesize_utterance(text, sample_rate=24000)
+    proc = subprocess.Popen([sys.executable, "-m", "duplex_actors", "serve", "--port", "0",
+                             "--sample-rate", "24000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        url = re.search(r"(ws://\S+/v1/realtime)", line).group(1)
+        async with websockets.connect(url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "input_audio_transcription": {"model": "whisper-1"}, "turn_detection": None}}))
+            await recv_until(ws, "session.updated")
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            events = await recv_until(ws, "conversation.item.input_audio_transcription.completed",
+                                      timeout=60)
+            assert not [e for e in events if e["type"].endswith("transcription.failed")]
+            assert word_error_rate(text, events[-1]["transcript"]) <= 0.25, events[-1]["transcript"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
