@@ -8,7 +8,7 @@ primitive used is anyio's, so trio is expected to work but is not part of the te
 from __future__ import annotations
 
 from collections import deque
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import anyio
 import attrs
@@ -151,6 +151,7 @@ class Runtime:
         dispatch_budget: int = 64,
         reaper_interval_s: float = 5.0,
         stall_timeout_s: float | None = None,
+        session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         if engine is None:
             from ..engines.scripted import ScriptedEngine
@@ -163,6 +164,8 @@ class Runtime:
         self.mailbox_capacity = mailbox_capacity
         self.dispatch_budget = dispatch_budget
         self.reaper_interval_s = reaper_interval_s
+        #: Makes each new session's id; ``serve --workers`` puts the owning worker in it.
+        self.session_ids = session_ids
         self.engine = EngineActor(engine, clock=clock, stall_timeout_s=stall_timeout_s)
         self._sessions: dict[str, SessionActor] = {}
         #: closed sessions whose aborted engine requests are not cleaned up yet
@@ -227,7 +230,7 @@ class Runtime:
             if "sampling" in overrides and isinstance(overrides["sampling"], dict):
                 overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
             config = attrs.evolve(config, **overrides)
-        core = SessionCore(new_session_id(), config, self.clock)
+        core = SessionCore(self.session_ids(), config, self.clock)
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor
         self.opened += 1
