@@ -43,7 +43,7 @@ import signal
 import socket
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import attrs
@@ -90,6 +90,16 @@ class WorkerSettings:
     session_overrides: dict = attrs.field(factory=dict)
     max_sessions: int = 10_000  # per worker
     max_connections: int = 10_000  # per worker
+    #: Builds the backend in the engine process instead of ``engine``/``model`` (picklable: a
+    #: module-level function). The benchmark uses it for an unpaced engine.
+    engine_factory: Callable[[], Any] | None = None
+
+    def build_engine(self):
+        if self.engine_factory is not None:
+            return self.engine_factory()
+        from .cli_commands import EngineChoice, build_engine
+
+        return build_engine(EngineChoice(self.engine), self.model)
 
 
 # --------------------------------------------------------------------------- child processes
@@ -97,7 +107,6 @@ class WorkerSettings:
 
 def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
     from ..engines.engine_process import serve_engine
-    from .cli_commands import EngineChoice, build_engine
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -105,7 +114,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         try:
-            await serve_engine(lambda: build_engine(EngineChoice(settings.engine), settings.model), path,
+            await serve_engine(settings.build_engine, path,
                                ready=lambda: ready.send(os.getpid()), stop=stop)
         finally:
             _ignore_stop_signals()
@@ -312,8 +321,9 @@ async def _send_fd(loop: asyncio.AbstractEventLoop, handoff: socket.socket, conn
 
 
 def serve_workers(workers: int, host: str, port: int, settings: WorkerSettings, *,
-                  startup_timeout_s: float = 60.0) -> None:
-    """Run the engine process, ``workers`` worker processes and the front until SIGINT/SIGTERM."""
+                  startup_timeout_s: float = 60.0, on_ready: Callable[[int], None] | None = None) -> None:
+    """Run the engine process, ``workers`` worker processes and the front until SIGINT/SIGTERM.
+    ``on_ready(port)`` is called once the public port accepts connections."""
     ctx = multiprocessing.get_context("spawn")  # no forked copies of the parent's loop or threads
     folder = tempfile.mkdtemp(prefix="duplex-workers-")  # 0700: only we can reach the sockets
     engine_path = os.path.join(folder, "engine.sock")
@@ -347,14 +357,14 @@ def serve_workers(workers: int, host: str, port: int, settings: WorkerSettings, 
             handoff.connect(handoff_path)
             handoff.setblocking(False)
             worker.handoff = handoff
-        asyncio.run(_run_front(pool, host, port, settings, engine_pid, engine_path))
+        asyncio.run(_run_front(pool, host, port, settings, engine_pid, engine_path, on_ready))
     finally:
         _stop_children(children)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 async def _run_front(pool: list[_Worker], host: str, port: int, settings: WorkerSettings,
-                     engine_pid: int, engine_path: str) -> None:
+                     engine_pid: int, engine_path: str, on_ready: Callable[[int], None] | None) -> None:
     listener = socket.create_server((host, port), backlog=1024)
     listener.setblocking(False)
     bound = listener.getsockname()[1]
@@ -365,6 +375,8 @@ async def _run_front(pool: list[_Worker], host: str, port: int, settings: Worker
     for worker in pool:
         print(f"worker {worker.index} pid={worker.pid} ws://127.0.0.1:{worker.port}/v1/realtime", flush=True)
     print(f"engine pid={engine_pid} socket={engine_path}", flush=True)
+    if on_ready is not None:
+        on_ready(bound)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
