@@ -206,6 +206,9 @@ def run(quick: bool = False, *, sessions: int = 32, clients: int = 1, rounds: in
         # cores busy while measuring: the server's process tree, and the load clients
         "server_cores": per_arm("server_cores", 2),
         "client_cores": per_arm("client_cores", 2),
+        # what one turn costs the server's processes, whatever share of the machine they got
+        "server_cpu_ms_per_turn": {arm: [round(1000 * f[arm]["server_cores"] / f[arm]["turns_per_s"], 2)
+                                         for f in per_round] for arm in arms},
         "ratio_vs_bare": {arm: round(median_ratio(arm, "bare"), 3) for arm in arms if arm != "bare"},
         "ratio_2_vs_1_workers": round(median_ratio("workers=2", "workers=1"), 3),
     }
