@@ -86,11 +86,18 @@ class SessionDirectory:
         entry = self.replicas.get(token)
         return entry[0] if entry else None
 
-    def least_loaded(self) -> str | None:
+    def assign_new(self) -> str | None:
+        """The URL of the live replica with the fewest sessions, counting this one in now:
+        a burst of new sessions spreads out instead of all going to whoever reported least."""
         now = time.monotonic()
-        live = [(sessions, url) for url, sessions, at in self.replicas.values()
+        live = [(sessions, token) for token, (_, sessions, at) in self.replicas.items()
                 if now - at <= self.stale_after_s]
-        return min(live)[1] if live else None
+        if not live:
+            return None
+        _, token = min(live)
+        url, sessions, at = self.replicas[token]
+        self.replicas[token] = (url, sessions + 1, at)
+        return url
 
     def snapshot(self) -> dict[str, tuple[str, int]]:
         return {token: (url, sessions) for token, (url, sessions, _) in self.replicas.items()}
@@ -282,7 +289,7 @@ class SessionRouter:
             if url is None:
                 raise UnknownSession(f"no session replica owns {session_id!r}")
             return f"{url}?session_id={session_id}"
-        url = await directory.least_loaded.remote()
+        url = await directory.assign_new.remote()
         if url is None:  # replicas have not reported yet: ask one, which waits until it serves
             url = (await self.sessions_handle.describe.remote())["url"]
         return url
@@ -337,5 +344,55 @@ def shutdown_app(name: str = "default") -> None:
         ray.kill(_directory())
 
 
+def _named_engine(engine: str, model: str | None) -> EngineBackend:
+    from ..server.cli_commands import EngineChoice, build_engine
+
+    return build_engine(EngineChoice(engine), model)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Deploy (or ``--shutdown``) the application on a running Ray cluster (docs/scale-out.md)."""
+    import argparse
+    import functools
+
+    parser = argparse.ArgumentParser(prog="python -m duplex_actors.scaleout.ray_serve")
+    parser.add_argument("--address", default="auto", help="Ray cluster address (ray.init)")
+    parser.add_argument("--engine", default="scripted", choices=["scripted", "embedded", "vllm"])
+    parser.add_argument("--model", default=None, help="model path for --engine vllm")
+    parser.add_argument("--session-replicas", type=int, default=2)
+    parser.add_argument("--engine-min-replicas", type=int, default=1)
+    parser.add_argument("--engine-max-replicas", type=int, default=4)
+    parser.add_argument("--engine-target-ongoing", type=int, default=8,
+                        help="model turns in flight per engine replica the autoscaler aims at")
+    parser.add_argument("--engine-gpus", type=float, default=0.0, help="GPUs per engine replica")
+    parser.add_argument("--http-host", default="127.0.0.1", help="where Serve's proxy serves /route")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--shutdown", action="store_true", help="delete the application and exit")
+    args = parser.parse_args(argv)
+
+    import ray
+    from ray import serve
+
+    ray.init(address=args.address)
+    if args.shutdown:
+        shutdown_app("duplex")
+        return
+    serve.start(http_options={"host": args.http_host, "port": args.http_port})
+    app = build_app(functools.partial(_named_engine, args.engine, args.model),
+                    session_replicas=args.session_replicas, api_key=args.api_key,
+                    engine_autoscaling={"min_replicas": args.engine_min_replicas,
+                                        "max_replicas": args.engine_max_replicas,
+                                        "target_ongoing_requests": args.engine_target_ongoing},
+                    engine_actor_options={"num_gpus": args.engine_gpus} if args.engine_gpus else None)
+    serve.run(app, name="duplex", route_prefix="/")
+    print(f"duplex-actors on Ray Serve: GET http://{args.http_host}:{args.http_port}/route"
+          "[?session_id=...] answers the websocket URL to open", flush=True)
+
+
 __all__ = ["build_app", "shutdown_app", "ServeEngine", "SessionDirectory", "SessionReplica",
            "SessionRouter", "EngineReplica", "replica_of"]
+
+
+if __name__ == "__main__":
+    main()

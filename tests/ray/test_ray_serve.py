@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import functools
 import json
+import socket
+import urllib.error
+import urllib.request
 
 import anyio
 import pytest
@@ -23,6 +26,7 @@ from duplex_actors.scaleout.ray_serve import build_app, replica_of, shutdown_app
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.timeout(300)]
 APP = "duplex-test"
+HTTP_PORT = 0
 CHUNK = b"\x01\x00" * 1600
 SLOW = Script(token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(20)), audio_packets=4,
               packet_latency_s=0.02)
@@ -32,7 +36,12 @@ SLOW = Script(token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(20)), a
 def router(ray_cluster):
     from ray import serve
 
-    serve.start(proxy_location="Disabled")  # websockets go straight to session replicas
+    global HTTP_PORT
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        HTTP_PORT = probe.getsockname()[1]
+    # Serve's proxy answers GET /route; websockets go straight to the session replicas.
+    serve.start(http_options={"host": "127.0.0.1", "port": HTTP_PORT})
     try:
         handle = serve.run(build_app(functools.partial(ScriptedEngine, SLOW), session_replicas=1,
                                      host="127.0.0.1",
@@ -41,7 +50,7 @@ def router(ray_cluster):
                                      session_actor_options={"num_cpus": 0},
                                      engine_actor_options={"num_cpus": 0},
                                      report_interval_s=0.2),
-                           name=APP, route_prefix=None)
+                           name=APP, route_prefix="/")
         yield handle
     finally:
         shutdown_app(APP)
@@ -104,3 +113,21 @@ async def test_the_route_for_a_session_no_replica_owns_is_unknown_session(router
     with pytest.raises(UnknownSession):
         await router.route.remote("sess_0123456789abcdef")
 
+
+
+async def test_the_route_over_http_through_serves_proxy_gives_the_owner(router):
+    def get(query: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{HTTP_PORT}/route{query}", timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    status, body = await anyio.to_thread.run_sync(get, "")
+    assert status == 200 and body["url"].startswith("ws://127.0.0.1:")
+    async with await DuplexClient.connect(body["url"]) as client:
+        session_id = (await client.recv())["session"]["id"]
+        status, owner = await anyio.to_thread.run_sync(get, f"?session_id={session_id}")
+        assert status == 200 and owner["url"] == f"{body['url']}?session_id={session_id}"
+    status, missing = await anyio.to_thread.run_sync(get, "?session_id=sess_rdeadbeef_00")
+    assert status == 404 and missing["error"]["code"] == "unknown_session"
