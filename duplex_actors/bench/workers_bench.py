@@ -97,12 +97,13 @@ async def _session(url: str, stop_at: float, counts: list[int]) -> None:
             counts[0] += 1
 
 
-def _client_main(url: str, sessions: int, warmup_s: float, duration_s: float, result) -> None:
+def _client_main(urls: list[str], warmup_s: float, duration_s: float, result) -> None:
+    """One load process: a session per URL in ``urls``."""
     async def main() -> None:
         counts = [0]
         start = time.perf_counter()
         stop_at = start + warmup_s + duration_s
-        tasks = [asyncio.create_task(_session(url, stop_at, counts)) for _ in range(sessions)]
+        tasks = [asyncio.create_task(_session(url, stop_at, counts)) for url in urls]
         await asyncio.sleep(warmup_s)
         base = counts[0]
         t0 = time.perf_counter()
@@ -123,34 +124,43 @@ def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float,
         if not ready_recv.poll(120):
             raise RuntimeError(f"{target.__name__} did not start")
         url = f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
-        pipes, procs = [], []
-        per_client = [sessions // clients + (1 if i < sessions % clients else 0) for i in range(clients)]
-        for n in per_client:
-            receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_client_main, args=(url, n, warmup_s, duration_s, send))
-            proc.start()
-            pipes.append(receive)
-            procs.append(proc)
-        time.sleep(warmup_s)
-        server_cpu0 = _tree_cpu_s(server.pid)
-        turns, seconds, client_cpu = 0, 0.0, 0.0
-        for receive, proc in zip(pipes, procs):
-            if not receive.poll(duration_s + 120):
-                raise RuntimeError("a load client did not finish")
-            n, s, c = receive.recv()
-            turns += n
-            seconds = max(seconds, s)
-            client_cpu += c
-            proc.join(10)
-        server_cpu = _tree_cpu_s(server.pid) - server_cpu0
-        return {"turns_per_s": turns / seconds, "server_cores": server_cpu / seconds,
-                "client_cores": client_cpu / seconds}
+        load = run_load(ctx, [url] * sessions, clients=clients, warmup_s=warmup_s, duration_s=duration_s,
+                        cpu_of=lambda: _tree_cpu_s(server.pid))
+        return {"turns_per_s": load["turns_per_s"], "server_cores": load["server_cores"],
+                "client_cores": load["client_cores"]}
     finally:
         os.kill(server.pid, signal.SIGTERM)
         server.join(30)
         if server.is_alive():
             server.kill()
             server.join(5)
+
+
+def run_load(ctx, urls: list[str], *, clients: int, warmup_s: float, duration_s: float,
+             cpu_of) -> dict[str, float]:
+    """Keep a session per URL busy from ``clients`` processes; turns/s and cores used
+    (``cpu_of()`` reads the server side's CPU seconds so far)."""
+    pipes, procs = [], []
+    for i in range(clients):
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_client_main, args=(urls[i::clients], warmup_s, duration_s, send))
+        proc.start()
+        pipes.append(receive)
+        procs.append(proc)
+    time.sleep(warmup_s)
+    server_cpu0 = cpu_of()
+    turns, seconds, client_cpu = 0, 0.0, 0.0
+    for receive, proc in zip(pipes, procs):
+        if not receive.poll(duration_s + 120):
+            raise RuntimeError("a load client did not finish")
+        n, s, c = receive.recv()
+        turns += n
+        seconds = max(seconds, s)
+        client_cpu += c
+        proc.join(10)
+    server_cpu = cpu_of() - server_cpu0
+    return {"turns_per_s": turns / seconds, "server_cores": server_cpu / seconds,
+            "client_cores": client_cpu / seconds}
 
 
 def _tree_cpu_s(root: int) -> float:

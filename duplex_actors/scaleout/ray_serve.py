@@ -49,6 +49,8 @@ from ..errors import UnknownSession
 log = structlog.get_logger(__name__)
 
 DIRECTORY_NAME = "duplex-session-directory"
+#: A fixed namespace: replicas, the router and the deploying driver all find the same actor.
+DIRECTORY_NAMESPACE = "duplex_actors"
 _OWNED_ID = re.compile(r"^sess_r([0-9a-f]{8})_[0-9a-f]+$")
 
 
@@ -106,13 +108,7 @@ class SessionDirectory:
 def _directory():
     import ray
 
-    return ray.get_actor(DIRECTORY_NAME, namespace=_namespace())
-
-
-def _namespace() -> str:
-    import ray
-
-    return ray.get_runtime_context().namespace
+    return ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -134,15 +130,50 @@ class EngineReplica:
         await self._ensure_started()
         return self.backend.name, self.backend.capabilities
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
-        # Serve cancels this generator when the caller cancels the stream: the backend's
-        # stream is closed here, and its finally frees the request.
+    async def active(self) -> list[str]:
+        """The hosted backend's open request ids, if it keeps them (tests, introspection)."""
+        return sorted(getattr(self.backend, "active", ()))
+
+    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[list[EngineOutput]]:
+        """Yields lists: everything the backend produced since the last item. A paced engine
+        gets one output per item (no added wait); a burst shares one Serve item, which is
+        where this path's cost is (one streamed item costs far more than one output)."""
         await self._ensure_started()
-        async with contextlib.aclosing(self.backend.generate(request)) as stream:
-            async for output in stream:
-                yield output
-                if is_terminal(output, request.kind):
+        ready: asyncio.Queue = asyncio.Queue()
+        end = object()
+
+        async def pump() -> None:
+            try:
+                async with contextlib.aclosing(self.backend.generate(request)) as stream:
+                    async for output in stream:
+                        ready.put_nowait(output)
+                        if is_terminal(output, request.kind):
+                            return
+            except Exception as exc:  # one request's failure, never the replica's
+                ready.put_nowait(EngineFailure(request.request_id, f"engine backend raised "
+                                               f"{type(exc).__name__}: {exc}", produced_at=time.perf_counter()))
+            finally:
+                ready.put_nowait(end)
+
+        # Serve cancels this generator when the caller cancels the stream; cancelling the pump
+        # then closes the backend's stream, whose finally frees the request.
+        task = asyncio.ensure_future(pump())
+        try:
+            while True:
+                batch = [await ready.get()]
+                while not ready.empty():
+                    batch.append(ready.get_nowait())
+                finished = batch[-1] is end
+                if finished:
+                    batch.pop()
+                if batch:
+                    yield batch
+                if finished:
                     return
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 class ServeEngine:
@@ -173,11 +204,12 @@ class ServeEngine:
         self._calls[rid] = call
         finished = False
         try:
-            async for output in call:
-                yield output
-                if is_terminal(output, request.kind) or isinstance(output, EngineFailure):
-                    finished = True
-                    return
+            async for batch in call:
+                for output in batch:
+                    yield output
+                    if is_terminal(output, request.kind) or isinstance(output, EngineFailure):
+                        finished = True
+                        return
             finished = True
             yield EngineFailure(rid, "engine deployment stream ended without a terminal output")
         except Exception as exc:
@@ -319,8 +351,8 @@ def build_app(engine_factory: Callable[[], EngineBackend], *, session_replicas: 
     import ray
     from ray import serve
 
-    ray.remote(SessionDirectory).options(name=DIRECTORY_NAME, get_if_exists=True, lifetime="detached",
-                                         num_cpus=0).remote()
+    ray.remote(SessionDirectory).options(name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE,
+                                         get_if_exists=True, lifetime="detached", num_cpus=0).remote()
     autoscaling = engine_autoscaling or {"min_replicas": 1, "max_replicas": 4,
                                          "target_ongoing_requests": 8}
     engine = serve.deployment(name="engine", autoscaling_config=autoscaling, max_ongoing_requests=256,

@@ -1,5 +1,5 @@
 """The Ray Serve application on a real local Ray cluster: router (ingress) + one session-runtime
-replica + the engine deployment (autoscaling 1..2). A turn runs through it over a real
+replica + the engine deployment (autoscaling config pinned to 1 replica). A turn runs through it over a real
 websocket, and a dropped session resumes through the router's affinity route."""
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def router(ray_cluster):
     try:
         handle = serve.run(build_app(functools.partial(ScriptedEngine, SLOW), session_replicas=1,
                                      host="127.0.0.1",
-                                     engine_autoscaling={"min_replicas": 1, "max_replicas": 2,
+                                     # max 1: the active-request checks must reach the one replica
+                                     engine_autoscaling={"min_replicas": 1, "max_replicas": 1,
                                                          "target_ongoing_requests": 4},
                                      session_actor_options={"num_cpus": 0},
                                      engine_actor_options={"num_cpus": 0},
@@ -131,3 +132,26 @@ async def test_the_route_over_http_through_serves_proxy_gives_the_owner(router):
         assert status == 200 and owner["url"] == f"{body['url']}?session_id={session_id}"
     status, missing = await anyio.to_thread.run_sync(get, "?session_id=sess_rdeadbeef_00")
     assert status == 404 and missing["error"]["code"] == "unknown_session"
+
+
+async def test_barge_in_cancels_the_turn_on_the_engine_replica_and_the_next_turn_completes(router):
+    from ray import serve
+
+    engine = serve.get_deployment_handle("engine", app_name=APP)
+    url = await router.route.remote(None)
+    async with await DuplexClient.connect(url) as client:
+        await client.recv()
+        await client.send_audio(CHUNK)
+        await client.commit()
+        await client.wait_for("response.output_text.delta", timeout=30)
+        assert len(await engine.active.remote()) == 1  # the turn is open on the engine replica
+        await client.barge_in()
+        done, _ = await client.wait_for("response.done", timeout=30)
+        assert done["response"]["status"] == "cancelled"
+        with anyio.fail_after(10):  # the cancelled Serve call closed the backend's stream
+            while await engine.active.remote():
+                await anyio.sleep(0.05)
+        await client.send_audio(CHUNK)
+        await client.commit()
+        done, _ = await client.wait_for("response.done", timeout=30)
+        assert done["response"]["status"] == "completed"
