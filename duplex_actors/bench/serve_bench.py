@@ -89,7 +89,8 @@ def run(quick: bool = False, *, sessions: int = 32, clients: int = 1, replicas: 
         for r in range(rounds):
             figures = {}
             for arm in (arms if r % 2 == 0 else list(reversed(arms))):
-                kw = {"sessions": sessions, "clients": clients, "warmup_s": warmup_s, "duration_s": duration_s}
+                kw = {"sessions": sessions, "clients": clients, "warmup_s": warmup_s,
+                      "duration_s": duration_s}
                 figures[arm] = (_bare_arm(ctx, **kw) if arm == "bare"
                                 else _serve_arm(ctx, int(arm.split("=")[1]), **kw))
             per_round.append(figures)

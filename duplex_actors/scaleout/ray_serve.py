@@ -150,8 +150,8 @@ class EngineReplica:
                         if is_terminal(output, request.kind):
                             return
             except Exception as exc:  # one request's failure, never the replica's
-                ready.put_nowait(EngineFailure(request.request_id, f"engine backend raised "
-                                               f"{type(exc).__name__}: {exc}", produced_at=time.perf_counter()))
+                message = f"engine backend raised {type(exc).__name__}: {exc}"
+                ready.put_nowait(EngineFailure(request.request_id, message, produced_at=time.perf_counter()))
             finally:
                 ready.put_nowait(end)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 
 import anyio
@@ -35,7 +36,7 @@ async def hosted(script: Script = Script(token_latency_s=0.001)):
     backend = ScriptedEngine(script)
     async with EngineHostServer(backend, path) as host:
         yield host, backend, path
-    os.rmdir(folder) if not os.listdir(folder) else None
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def request(n: int, kind: TurnKind = TurnKind.RESPONSE) -> ModelTurnRequest:
@@ -79,7 +80,7 @@ async def test_a_conversation_through_the_engine_process_matches_the_in_process_
 
 async def test_two_runtimes_share_one_backend_with_requests_in_flight_together():
     slow = Script(token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(10)), audio_packets=0)
-    async with hosted(slow) as (host, backend, path):
+    async with hosted(slow) as (_host, _backend, path):
         a, b = EngineProcessClient(path), EngineProcessClient(path)
         async with Runtime(a) as rt_a, Runtime(b) as rt_b:
             sessions = [await rt_a.open_session(), await rt_b.open_session()]
@@ -101,7 +102,7 @@ async def test_two_runtimes_share_one_backend_with_requests_in_flight_together()
 
 async def test_cancelling_the_consumer_frees_the_request_in_the_host():
     endless = Script(token_latency_s=0.01, tokens=("x",) * 10_000, audio_packets=0)
-    async with hosted(endless) as (host, backend, path):
+    async with hosted(endless) as (_host, backend, path):
         client = EngineProcessClient(path)
         await client.start()
         req = request(1)
@@ -128,7 +129,7 @@ async def test_cancelling_the_consumer_frees_the_request_in_the_host():
 
 async def test_abort_ends_the_stream_with_exactly_one_aborted_terminal():
     endless = Script(token_latency_s=0.01, tokens=("x",) * 10_000, audio_packets=0)
-    async with hosted(endless) as (host, backend, path):
+    async with hosted(endless) as (_host, backend, path):
         client = EngineProcessClient(path)
         await client.start()
         req = request(2)
