@@ -160,6 +160,8 @@ class EngineHostServer:
     async def __aexit__(self, *exc) -> None:
         if self._server is not None:
             self._server.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         for conn in list(self.connections):
             for task in list(conn.pumps.values()):
                 task.cancel()

@@ -105,7 +105,21 @@ class WorkerSettings:
 # --------------------------------------------------------------------------- child processes
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the front dies, even by SIGKILL, so no worker
+    or engine process outlives it (elsewhere this is a no-op; the front's shutdown still
+    stops its children)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the front died before the request took effect
+            os._exit(1)
+
+
 def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
+    _die_with_parent()
     from ..engines.engine_process import serve_engine
 
     async def main() -> None:
@@ -124,6 +138,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
 
 def _worker_main(index: int, settings: WorkerSettings, engine_path: str, handoff_path: str,
                  ready) -> None:
+    _die_with_parent()
     asyncio.run(_run_worker(index, settings, engine_path, handoff_path, ready))
 
 
@@ -164,6 +179,8 @@ async def _run_worker(index: int, settings: WorkerSettings, engine_path: str, ha
         # leaving the runtime closed every session with reason runtime_shutdown
     finally:
         listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(handoff_path)
         await backend.aclose()
         _ignore_stop_signals()
 
@@ -255,7 +272,12 @@ class FrontDoor:
         loop = asyncio.get_running_loop()
         tasks: set[asyncio.Task] = set()
         while True:
-            conn, _ = await loop.sock_accept(self.listener)
+            try:
+                conn, _ = await loop.sock_accept(self.listener)
+            except OSError as exc:  # out of descriptors, a reset before accept: keep serving
+                log.warning("front.accept_failed", error=repr(exc))
+                await asyncio.sleep(0.1)
+                continue
             task = asyncio.create_task(self._route(conn))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -383,14 +405,18 @@ async def _run_front(pool: list[_Worker], host: str, port: int, settings: Worker
         loop.add_signal_handler(signum, stop.set)
     serving = asyncio.create_task(front.serve())
     watching = asyncio.create_task(_watch_workers(pool))
-    await stop.wait()
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     print("shutting down", file=sys.stderr, flush=True)
-    serving.cancel()
-    watching.cancel()
+    failed = serving.done() and not serving.cancelled() and serving.exception() is not None
+    for task in (serving, watching, stopping):
+        task.cancel()
     listener.close()
     for worker in pool:
         if worker.handoff is not None:
             worker.handoff.close()
+    if failed:  # the front itself broke: say so (serve_workers still stops the children)
+        raise serving.exception()
 
 
 async def _watch_workers(pool: list[_Worker]) -> None:

@@ -281,3 +281,27 @@ def test_a_dead_workers_resumes_get_503_and_new_sessions_go_to_the_survivor_then
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
         assert not os.path.exists(s.engine_socket)
+
+
+def test_killing_the_front_takes_the_workers_and_the_engine_process_with_it():
+    with serve_workers(2) as s:
+        s.process.kill()  # SIGKILL: no shutdown code runs in the front
+        s.process.wait(10)
+        deadline = time.monotonic() + 20
+        alive = [s.engine_pid, *s.worker_pids]
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [pid for pid in alive if _running(pid)]
+        assert alive == [], "children outlived the front"
+        # they cleaned up their sockets; only the front could remove the folder itself
+        folder = os.path.dirname(s.engine_socket)
+        assert os.listdir(folder) == []
+        os.rmdir(folder)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
