@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import multiprocessing
 import os
@@ -124,10 +125,23 @@ def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float,
         if not ready_recv.poll(120):
             raise RuntimeError(f"{target.__name__} did not start")
         url = f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
+        roles0: dict[str, float] = {}
+
+        def cpu_of() -> float:  # the first call is the start of the window
+            roles = _tree_cpu_by_name(server.pid)
+            if not roles0:
+                roles0.update(roles)
+            roles1.update(roles)
+            return sum(roles.values())
+
+        roles1: dict[str, float] = {}
         load = run_load(ctx, [url] * sessions, clients=clients, warmup_s=warmup_s, duration_s=duration_s,
-                        cpu_of=lambda: _tree_cpu_s(server.pid))
+                        cpu_of=cpu_of)
+        turns = load["turns_per_s"] * load["seconds"]
+        per_turn = {role: round(1000 * (roles1[role] - roles0.get(role, 0.0)) / turns, 3)
+                    for role in roles1 if turns}
         return {"turns_per_s": load["turns_per_s"], "server_cores": load["server_cores"],
-                "client_cores": load["client_cores"]}
+                "client_cores": load["client_cores"], "cpu_ms_per_turn_by_process": per_turn}
     finally:
         os.kill(server.pid, signal.SIGTERM)
         server.join(30)
@@ -160,11 +174,17 @@ def run_load(ctx, urls: list[str], *, clients: int, warmup_s: float, duration_s:
         proc.join(10)
     server_cpu = cpu_of() - server_cpu0
     return {"turns_per_s": turns / seconds, "server_cores": server_cpu / seconds,
-            "client_cores": client_cpu / seconds}
+            "client_cores": client_cpu / seconds, "seconds": seconds}
 
 
 def _tree_cpu_s(root: int) -> float:
     """CPU seconds (user + system) used so far by ``root`` and every process under it."""
+    return sum(_tree_cpu_by_name(root).values())
+
+
+def _tree_cpu_by_name(root: int) -> dict[str, float]:
+    """CPU seconds so far of ``root`` and every process under it, summed by process name
+    (``/proc/PID/comm``; the workers name themselves ``dx-worker<i>`` and ``dx-engine``)."""
     tick = os.sysconf("SC_CLK_TCK")
     stats = {}
     for entry in os.listdir("/proc"):
@@ -174,15 +194,23 @@ def _tree_cpu_s(root: int) -> float:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/comm") as f:
+                name = f.read().strip()
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, name)
     tree, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
-        for pid, (ppid, _) in stats.items():
+        for pid, (ppid, _, _) in stats.items():
             if ppid == parent and pid not in tree:
                 tree.add(pid)
                 frontier.append(pid)
-    return sum(stats[pid][1] for pid in tree if pid in stats)
+    by_name: dict[str, float] = {}
+    for pid in tree:
+        if pid in stats:
+            _, cpu, name = stats[pid]
+            role = "front/server" if pid == root else name
+            by_name[role] = by_name.get(role, 0.0) + cpu
+    return by_name
 
 
 def run(quick: bool = False, *, sessions: int = 32, clients: int = 1, rounds: int | None = None,
@@ -219,6 +247,9 @@ def run(quick: bool = False, *, sessions: int = 32, clients: int = 1, rounds: in
         # what one turn costs the server's processes, whatever share of the machine they got
         "server_cpu_ms_per_turn": {arm: [round(1000 * f[arm]["server_cores"] / f[arm]["turns_per_s"], 2)
                                          for f in per_round] for arm in arms},
+        # where a turn's CPU goes: the front (or the whole bare server), each worker, the engine
+        "cpu_ms_per_turn_by_process": {arm: [f[arm]["cpu_ms_per_turn_by_process"] for f in per_round]
+                                       for arm in arms},
         "ratio_vs_bare": {arm: round(median_ratio(arm, "bare"), 3) for arm in arms if arm != "bare"},
         "ratio_2_vs_1_workers": round(median_ratio("workers=2", "workers=1"), 3),
     }

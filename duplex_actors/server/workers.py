@@ -105,21 +105,24 @@ class WorkerSettings:
 # --------------------------------------------------------------------------- child processes
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the front dies, even by SIGKILL, so no worker
-    or engine process outlives it (elsewhere this is a no-op; the front's shutdown still
-    stops its children)."""
+def _become_child(name: str) -> None:
+    """On Linux: name this process (``ps``, ``top`` and the benchmark show ``dx-worker0``,
+    ``dx-engine``), and have the kernel SIGTERM it when the front dies, even by SIGKILL, so no
+    worker or engine process outlives it. Elsewhere a no-op; the front's shutdown still stops
+    its children."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the front died before the request took effect
             os._exit(1)
 
 
 def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
-    _die_with_parent()
+    _become_child("dx-engine")
     from ..engines.engine_process import serve_engine
 
     async def main() -> None:
@@ -138,7 +141,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
 
 def _worker_main(index: int, settings: WorkerSettings, engine_path: str, handoff_path: str,
                  ready) -> None:
-    _die_with_parent()
+    _become_child(f"dx-worker{index}")
     asyncio.run(_run_worker(index, settings, engine_path, handoff_path, ready))
 
 
