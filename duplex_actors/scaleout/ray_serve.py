@@ -86,7 +86,9 @@ class SessionDirectory:
 
     def owner(self, token: str) -> str | None:
         entry = self.replicas.get(token)
-        return entry[0] if entry else None
+        if entry is None or time.monotonic() - entry[2] > self.stale_after_s:
+            return None  # a replica that stopped reporting is gone, and its sessions with it
+        return entry[0]
 
     def assign_new(self) -> str | None:
         """The URL of the live replica with the fewest sessions, counting this one in now:

@@ -345,33 +345,55 @@ async def _send_fd(loop: asyncio.AbstractEventLoop, handoff: socket.socket, conn
 # --------------------------------------------------------------------------- the parent
 
 
+class _EngineSupervisor:
+    """Starts the engine process, and starts it again if it dies (the workers reconnect on
+    their next turn; the turns that were in flight end as failed)."""
+
+    def __init__(self, ctx, settings: WorkerSettings, path: str, startup_timeout_s: float) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.path = path
+        self.startup_timeout_s = startup_timeout_s
+        self.process: Any = None
+        self.restarts = 0
+
+    def spawn(self):
+        """Start the process; returns the pipe its pid arrives on once its socket accepts.
+        Call from the front's main thread: the child's parent-death signal is tied to the
+        thread that started it."""
+        ready, ready_send = self.ctx.Pipe(duplex=False)
+        self.process = self.ctx.Process(target=_engine_main, args=(self.settings, self.path, ready_send),
+                                        name="duplex-engine")
+        self.process.start()
+        return ready
+
+    def wait_ready(self, ready) -> int:
+        if not ready.poll(self.startup_timeout_s):
+            raise RuntimeError("the engine process did not start in time")
+        return ready.recv()
+
+    def start(self) -> int:
+        return self.wait_ready(self.spawn())
+
+
 def serve_workers(workers: int, host: str, port: int, settings: WorkerSettings, *,
                   startup_timeout_s: float = 60.0, on_ready: Callable[[int], None] | None = None) -> None:
     """Run the engine process, ``workers`` worker processes and the front until SIGINT/SIGTERM.
     ``on_ready(port)`` is called once the public port accepts connections."""
     ctx = multiprocessing.get_context("spawn")  # no forked copies of the parent's loop or threads
     folder = tempfile.mkdtemp(prefix="duplex-workers-")  # 0700: only we can reach the sockets
-    engine_path = os.path.join(folder, "engine.sock")
-    children: list[Any] = []
+    engine = _EngineSupervisor(ctx, settings, os.path.join(folder, "engine.sock"), startup_timeout_s)
+    pool: list[_Worker] = []
     try:
-        engine_ready, engine_ready_send = ctx.Pipe(duplex=False)
-        engine = ctx.Process(target=_engine_main, args=(settings, engine_path, engine_ready_send),
-                             name="duplex-engine")
-        engine.start()
-        children.append(engine)
-        if not engine_ready.poll(startup_timeout_s):
-            raise RuntimeError("the engine process did not start in time")
-        engine_pid = engine_ready.recv()
-        pool: list[_Worker] = []
+        engine_pid = engine.start()
         pipes = []
         for index in range(workers):
             handoff_path = os.path.join(folder, f"worker{index}.sock")
             receive, send = ctx.Pipe(duplex=False)
             process = ctx.Process(target=_worker_main,
-                                  args=(index, settings, engine_path, handoff_path, send),
+                                  args=(index, settings, engine.path, handoff_path, send),
                                   name=f"duplex-worker-{index}")
             process.start()
-            children.append(process)
             pool.append(_Worker(index, process))
             pipes.append((receive, handoff_path))
         for worker, (receive, handoff_path) in zip(pool, pipes):
@@ -382,14 +404,15 @@ def serve_workers(workers: int, host: str, port: int, settings: WorkerSettings, 
             handoff.connect(handoff_path)
             handoff.setblocking(False)
             worker.handoff = handoff
-        asyncio.run(_run_front(pool, host, port, settings, engine_pid, engine_path, on_ready))
+        asyncio.run(_run_front(pool, host, port, settings, engine, engine_pid, on_ready))
     finally:
-        _stop_children(children)
+        _stop_children([worker.process for worker in pool], engine.process)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 async def _run_front(pool: list[_Worker], host: str, port: int, settings: WorkerSettings,
-                     engine_pid: int, engine_path: str, on_ready: Callable[[int], None] | None) -> None:
+                     engine: _EngineSupervisor, engine_pid: int,
+                     on_ready: Callable[[int], None] | None) -> None:
     listener = socket.create_server((host, port), backlog=1024)
     listener.setblocking(False)
     bound = listener.getsockname()[1]
@@ -399,7 +422,7 @@ async def _run_front(pool: list[_Worker], host: str, port: int, settings: Worker
           f"workers={len(pool)}); health http://{host}:{bound}/health (answered by one worker)", flush=True)
     for worker in pool:
         print(f"worker {worker.index} pid={worker.pid} ws://127.0.0.1:{worker.port}/v1/realtime", flush=True)
-    print(f"engine pid={engine_pid} socket={engine_path}", flush=True)
+    print(f"engine pid={engine_pid} socket={engine.path}", flush=True)
     if on_ready is not None:
         on_ready(bound)
     loop = asyncio.get_running_loop()
@@ -407,7 +430,7 @@ async def _run_front(pool: list[_Worker], host: str, port: int, settings: Worker
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     serving = asyncio.create_task(front.serve())
-    watching = asyncio.create_task(_watch_workers(pool))
+    watching = asyncio.create_task(_watch_children(pool, engine))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     print("shutting down", file=sys.stderr, flush=True)
@@ -422,19 +445,29 @@ async def _run_front(pool: list[_Worker], host: str, port: int, settings: Worker
         raise serving.exception()
 
 
-async def _watch_workers(pool: list[_Worker]) -> None:
-    """Mark a worker dead as soon as its process exits, so new sessions skip it."""
+async def _watch_children(pool: list[_Worker], engine: _EngineSupervisor) -> None:
+    """Mark a worker dead as soon as its process exits, so new sessions skip it; start the
+    engine process again if it exits (at most once a second)."""
     while True:
         for worker in pool:
             if worker.alive and not worker.process.is_alive():
                 worker.alive = False
                 log.error("front.worker_exited", worker=worker.index, exitcode=worker.process.exitcode)
+        if not engine.process.is_alive():
+            log.error("front.engine_exited", exitcode=engine.process.exitcode)
+            try:
+                pid = await asyncio.to_thread(engine.wait_ready, engine.spawn())
+                engine.restarts += 1
+                print(f"engine restarted pid={pid}", file=sys.stderr, flush=True)
+            except Exception as exc:  # try again on the next pass
+                log.error("front.engine_restart_failed", error=repr(exc))
+            await asyncio.sleep(1.0)
         await asyncio.sleep(0.5)
 
 
-def _stop_children(children: list[Any]) -> None:
+def _stop_children(workers: list[Any], engine: Any) -> None:
     # Workers first (they close their sessions, which aborts their engine requests), engine last.
-    for group in (children[1:], children[:1]):
+    for group in (workers, [engine] if engine is not None else []):
         for process in group:
             if process.is_alive():
                 with contextlib.suppress(ProcessLookupError):

@@ -305,3 +305,33 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again():
+    with serve_workers(2) as s:
+        async def main():
+            client, _ = await open_on(s.url, 1)
+            try:
+                await client.send_audio(CHUNK_100MS)
+                await client.commit()
+                await client.wait_for("response.output_text.delta", timeout=20)
+                os.kill(s.engine_pid, signal.SIGKILL)
+                failed, _ = await client.wait_for("response.done", timeout=20)
+                # the front starts a new engine process; the worker reconnects on its next turn
+                statuses = []
+                for _ in range(40):
+                    await client.send_audio(CHUNK_100MS)
+                    await client.commit()
+                    done, _ = await client.wait_for("response.done", timeout=30)
+                    statuses.append(done["response"]["status"])
+                    if statuses[-1] == "completed":
+                        break
+                    await anyio.sleep(0.5)
+            finally:
+                await client.close()
+            return failed, statuses
+
+        failed, statuses = run(main)
+        assert failed["response"]["status"] == "failed"
+        assert statuses[-1] == "completed", statuses
+        assert set(statuses[:-1]) <= {"failed"}
