@@ -74,7 +74,7 @@ def _bare_arm(ctx, *, sessions: int, clients: int, warmup_s: float, duration_s: 
         server.join(30)
 
 
-def run(quick: bool = False, *, sessions: int = 32, clients: int = 1, replicas: tuple[int, ...] = (1, 2),
+def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, replicas: tuple[int, ...] = (1, 2),
         rounds: int | None = None, duration_s: float | None = None, warmup_s: float = 1.0) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     rounds = rounds or (1 if quick else 2)
