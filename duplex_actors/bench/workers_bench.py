@@ -14,8 +14,9 @@ The load is ``sessions`` websocket sessions kept busy for ``duration_s``: each s
 audio, commits and reads until its ``response.done``, then again. It runs in ``clients``
 separate processes that do no JSON parsing (a substring test finds ``response.done``), so the
 load generator costs as little CPU as it can. Two load processes by default: with one, its
-single loop was what limited the two-worker arm (measured: 32 sessions from one process gave
-0.75-1.25x for two workers over one, 64 from two gave 1.8x in the same conditions). Turns per second is counted across all of them.
+single loop was what limited the two-worker arm (measured on the loaded shared machine: 32
+sessions from one process gave 0.75-1.25x for two workers over one; 64 from two gave 1.27x
+over 3 rounds and 1.8x in a one-round run). Turns per second is counted across all of them.
 Arms run back to back in each round, in alternating order, and the ratio reported is the
 median over rounds of the per-round ratio (machine speed drifts between rounds on a shared
 machine; a ratio within one round does not).
