@@ -240,9 +240,11 @@ class ServeEngine:
 class SessionReplica:
     """Body of the ``sessions`` deployment: a runtime and a websocket server per replica."""
 
-    def __init__(self, engine_handle: Any, host: str | None = None, port: int = 0,
-                 session_overrides: dict | None = None, max_sessions: int = 10_000,
-                 api_key: str | None = None, report_interval_s: float = 1.0) -> None:
+    async def __init__(self, engine_handle: Any, host: str | None = None, port: int = 0,
+                       session_overrides: dict | None = None, max_sessions: int = 10_000,
+                       api_key: str | None = None, report_interval_s: float = 1.0) -> None:
+        # Serve awaits an async constructor on the replica's loop: the replica counts as
+        # started only once its websocket server listens, and a failure fails the replica.
         self.token = secrets.token_hex(4)
         self.engine_handle = engine_handle
         self.host = host
@@ -257,7 +259,8 @@ class SessionReplica:
         self._stop = asyncio.Event()
         self._failure: BaseException | None = None
         # The runtime's task group must be entered and left by one task: it gets its own.
-        self._task = asyncio.get_event_loop().create_task(self._serve())
+        self._task = asyncio.get_running_loop().create_task(self._serve())
+        await self._wait_ready()
 
     async def _serve(self) -> None:
         import ray
