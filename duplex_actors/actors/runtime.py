@@ -8,7 +8,7 @@ primitive used is anyio's, so trio is expected to work but is not part of the te
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import anyio
 import attrs
@@ -157,6 +157,7 @@ class Runtime:
         stall_timeout_s: float | None = None,
         gc_policy: _gc.GcPolicy | None = None,
         transcriber: "Transcriber | None" = None,
+        session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         """``gc_policy``: keep the cyclic collector's pauses off the hot path (see
         actors/gc_policy.py). Process-wide, so it is opt-in: ``serve`` and the benches turn it on."""
@@ -172,6 +173,8 @@ class Runtime:
         self.dispatch_budget = dispatch_budget
         self.reaper_interval_s = reaper_interval_s
         self.gc_policy = gc_policy
+        #: Makes each new session's id; ``serve --workers`` puts the owning worker in it.
+        self.session_ids = session_ids
         self.engine = EngineActor(engine, clock=clock, stall_timeout_s=stall_timeout_s)
         #: Input transcription for sessions that ask for it (audio/transcription.py); None:
         #: such requests get a transcription ``failed`` event.
@@ -246,7 +249,7 @@ class Runtime:
             if "sampling" in overrides and isinstance(overrides["sampling"], dict):
                 overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
             config = attrs.evolve(config, **overrides)
-        core = SessionCore(new_session_id(), config, self.clock)
+        core = SessionCore(self.session_ids(), config, self.clock)
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor
         self.opened += 1

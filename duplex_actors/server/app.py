@@ -28,9 +28,11 @@ journaled event after the client's ``last_seq``, in order, followed by ``session
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
+import socket
 from collections import OrderedDict
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
@@ -160,6 +162,16 @@ class RealtimeServer:
     async def serve_forever(self) -> None:
         assert self._server is not None, "use 'async with RealtimeServer(...)'"
         await self._server.serve_forever()
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve a connection that was accepted elsewhere: ``serve --workers`` front process
+        accepts, reads only the request line, and passes the socket here; the handshake, auth
+        and everything after it run exactly as for a connection this server accepted."""
+        assert self._server is not None, "use 'async with RealtimeServer(...)'"
+        # asyncio.Server keeps the protocol factory websockets gave it; reusing it means the
+        # adopted connection gets the same limits, keepalive and handler as accepted ones.
+        factory = self._server.server._protocol_factory
+        await asyncio.get_running_loop().connect_accepted_socket(factory, sock)
 
     @property
     def port(self) -> int:

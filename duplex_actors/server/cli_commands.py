@@ -59,6 +59,8 @@ def register(app: typer.Typer) -> None:
         sample_rate: int = typer.Option(16000, help="input audio rate of every session (pcm16 mono)"),
         disconnect_grace_s: float = typer.Option(30.0, help="how long a dropped session waits for resume"),
         idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
+        workers: int = typer.Option(1, min=1, help="session processes sharing one engine process "
+                                    "(resumes are routed to the owning worker); see docs/scale-out.md"),
     ) -> None:
         """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics)."""
         try:
@@ -73,10 +75,17 @@ def register(app: typer.Typer) -> None:
         if not _is_loopback(host) and api_key is None:
             typer.echo(f"warning: serving on {host} without --api-key; anyone who can reach it "
                        "can open sessions", err=True)
-        backend = build_engine(engine, model)
         limits = WireLimits(max_frame_bytes=max_frame_bytes, max_chunk_bytes=max_chunk_bytes)
         overrides = {"sample_rate": sample_rate, "disconnect_grace_s": disconnect_grace_s,
                      "idle_ttl_s": idle_ttl_s}
+        if workers > 1:  # the engine is built in its own process, not here
+            from .workers import WorkerSettings, serve_workers
+
+            serve_workers(workers, host, port, WorkerSettings(
+                engine=engine.value, model=model, api_key=api_key, limits=limits,
+                session_overrides=overrides, max_sessions=max_sessions, max_connections=max_connections))
+            return
+        backend = build_engine(engine, model)
         import anyio
 
         anyio.run(_serve, backend, host, port, api_key, limits, overrides, max_sessions,

@@ -1,0 +1,1 @@
+"""Running duplex_actors across machines (Ray Serve)."""

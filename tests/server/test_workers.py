@@ -1,0 +1,337 @@
+"""``serve --workers 2`` end to end: real processes (front, two workers, one engine process),
+real sockets, the project's own client.
+
+One server is shared by the tests that leave it healthy; the tests that kill a worker or stop
+the server start their own."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from duplex_actors.client import DuplexClient, SessionLost
+from duplex_actors.engines.engine_process import EngineProcessClient
+from duplex_actors.server.workers import FrontDoor, _Worker, owner_of, worker_session_id
+
+from .conftest import CHUNK_100MS
+
+pytestmark = [pytest.mark.timeout(120)]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Served:
+    def __init__(self, process: subprocess.Popen, lines: list[str]) -> None:
+        self.process = process
+        self.url = lines[0].split()[2]
+        self.http = self.url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
+        self.worker_pids = [int(line.split()[2].split("=")[1]) for line in lines[1:-1]]
+        self.worker_urls = [line.split()[3] for line in lines[1:-1]]
+        self.engine_pid = int(lines[-1].split()[1].split("=")[1])
+        self.engine_socket = lines[-1].split()[2].split("=", 1)[1]
+
+
+@contextlib.contextmanager
+def serve_workers(workers: int = 2, *extra: str):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # stderr to a file: a pipe nobody reads would fill up with logs and stall the server
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "duplex_actors", "serve", "--workers", str(workers), "--port", "0",
+             *extra], stdout=subprocess.PIPE, stderr=errors, text=True, env=env, cwd=ROOT)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line.strip()) for line in process.stdout],
+                         daemon=True).start()
+        try:
+            first: list[str] = []
+            while len(first) < workers + 2:
+                try:
+                    first.append(lines.get(timeout=60))
+                except queue.Empty:
+                    errors.seek(0)
+                    raise AssertionError(f"serve --workers did not start: {errors.read()[-3000:]}")
+            yield Served(process, first)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(5)
+
+
+@pytest.fixture(scope="module")
+def served():
+    with serve_workers(2) as s:
+        yield s
+
+
+def run(fn, *args):
+    return anyio.run(fn, *args, backend="asyncio")
+
+
+async def open_on(url: str, worker: int, **options) -> tuple[DuplexClient, dict]:
+    """A client whose session the front put on ``worker`` (new sessions alternate)."""
+    for _ in range(8):
+        client = await DuplexClient.connect(url, **options)
+        created = await client.recv()
+        if owner_of(created["session"]["id"]) == worker:
+            return client, created
+        await client.close()
+    raise AssertionError(f"no session landed on worker {worker} in 8 tries")
+
+
+async def one_turn(client: DuplexClient, timeout: float = 20.0) -> list[dict]:
+    await client.send_audio(CHUNK_100MS)
+    await client.commit()
+    done, events = await client.wait_for("response.done", timeout=timeout)
+    assert done["response"]["status"] == "completed", done
+    return events
+
+
+# --------------------------------------------------------------------------- routing, no processes
+
+
+def test_the_front_sends_a_resume_to_its_owner_and_new_sessions_round_robin():
+    front = FrontDoor([_Worker(0, None), _Worker(1, None), _Worker(2, None)], listener=None)
+    new = [front.choose(b"GET /v1/realtime HTTP/1.1").index for _ in range(6)]
+    assert new == [0, 1, 2, 0, 1, 2]
+    sid = worker_session_id(2)
+    assert owner_of(sid) == 2 and owner_of("sess_0123abcd") is None
+    for _ in range(3):
+        assert front.choose(f"GET /v1/realtime?model=x&session_id={sid} HTTP/1.1".encode()).index == 2
+    front.workers[2].alive = False
+    assert front.choose(f"GET /v1/realtime?session_id={sid} HTTP/1.1".encode()) is None
+    assert {front.choose(b"GET /health HTTP/1.1").index for _ in range(4)} == {0, 1}
+    # An id no worker minted goes to any worker, which answers 4404 the usual way.
+    assert front.choose(b"GET /v1/realtime?session_id=sess_w9_ab HTTP/1.1").index in (0, 1)
+
+
+# --------------------------------------------------------------------------- a live server
+
+
+def test_new_sessions_land_on_both_workers_and_each_completes_a_turn(served):
+    async def main():
+        clients = [await DuplexClient.connect(served.url) for _ in range(4)]
+        owners = []
+        try:
+            created = [await c.recv() for c in clients]
+            owners = [owner_of(e["session"]["id"]) for e in created]
+            async with anyio.create_task_group() as tg:
+                for c in clients:
+                    tg.start_soon(one_turn, c)
+        finally:
+            for c in clients:
+                await c.close()
+        return owners
+
+    owners = run(main)
+    assert sorted(owners) == [0, 0, 1, 1]
+
+
+def test_health_through_the_front_answers(served):
+    with urllib.request.urlopen(served.http + "/health", timeout=10) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "ok"
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+def test_a_dropped_session_resumes_on_its_owner_and_misses_nothing(served, worker):
+    async def main():
+        client, created = await open_on(served.url, worker, reconnect_backoff_s=0.1)
+        events = [created]
+        try:
+            await client.send_audio(CHUNK_100MS)
+            await client.commit()
+            for _ in range(200):
+                events.append(await client.recv(timeout=10))
+                if events[-1]["type"] == "response.output_text.delta":
+                    break
+            client.abort_transport()  # no close frame: the worker detaches the session
+            async for event in client.events():
+                events.append(event)
+                if event["type"] == "response.done":
+                    break
+            await client.heartbeat()  # the resumed session still takes commands
+            ack, before_ack = await client.wait_for("heartbeat.ack", timeout=10)
+            events.extend([*before_ack, ack])
+        finally:
+            await client.close()
+        return client, events
+
+    client, events = run(main)
+    types = [e["type"] for e in events]
+    seqs = [e["server_event_seq"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1)), "every event exactly once, in order"
+    assert client.reconnects == 1 and client.gaps == 0 and client.duplicates_dropped == 0
+    assert types.count("session.resumed") == 1 and types.count("response.done") == 1
+    assert events[-1]["type"] == "heartbeat.ack"
+    done = next(e for e in events if e["type"] == "response.done")
+    assert done["response"]["status"] == "completed"
+    assert owner_of(client.session_id) == worker
+
+
+def test_closing_a_session_on_one_worker_leaves_the_other_workers_session_alone(served):
+    async def main():
+        a, _ = await open_on(served.url, 0)
+        b, _ = await open_on(served.url, 1)
+        try:
+            await b.send_audio(CHUNK_100MS)
+            await b.commit()
+            await b.wait_for("response.created", timeout=10)
+            await a.send({"type": "session.close"})
+            closed, _ = await a.wait_for("session.closed", timeout=10)
+            done, b_events = await b.wait_for("response.done", timeout=20)
+            await b.heartbeat()
+            await b.wait_for("heartbeat.ack", timeout=10)
+            second = await one_turn(b)  # and b keeps working after a is gone
+        finally:
+            await a.close()
+            await b.close()
+        return closed, done, b_events + second
+
+    closed, done, b_events = run(main)
+    assert closed["reason"] == "client_closed"
+    assert done["response"]["status"] == "completed"
+    assert not [e for e in b_events if e["type"] == "error"]
+
+
+def test_one_engine_process_has_both_workers_turns_in_flight_at_once(served):
+    async def main():
+        a, _ = await open_on(served.url, 0)
+        b, _ = await open_on(served.url, 1)
+        probe = EngineProcessClient(served.engine_socket)
+        try:
+            before = await probe.remote_statistics()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one_turn, a)
+                tg.start_soon(one_turn, b)
+            after = await probe.remote_statistics()
+        finally:
+            await probe.aclose()
+            await a.close()
+            await b.close()
+        return before, after
+
+    before, after = run(main)
+    assert after["pid"] == served.engine_pid
+    assert after["connections"] == 3  # the two workers and this probe
+    assert after["streams_total"] - before["streams_total"] == 2
+    assert after["max_runtimes_in_flight"] == 2
+
+
+# --------------------------------------------------------------------------- failure and shutdown
+
+
+def test_a_dead_workers_resumes_get_503_and_new_sessions_go_to_the_survivor_then_sigterm_stops_all():
+    with serve_workers(2) as s:
+        async def doomed_session():
+            client, created = await open_on(s.url, 1, auto_reconnect=False)
+            client.abort_transport()
+            return created["session"]["id"]
+
+        doomed = run(doomed_session)
+        os.kill(s.worker_pids[1], signal.SIGKILL)
+        time.sleep(1.5)  # the front's watcher marks it dead within 0.5 s
+
+        async def after_the_loss():
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(f"{s.url}?session_id={doomed}"):
+                    pass
+            clients = [await DuplexClient.connect(s.url) for _ in range(3)]
+            owners = [owner_of((await c.recv())["session"]["id"]) for c in clients]
+            await one_turn(clients[0])
+            for c in clients:
+                await c.close()
+            return refused.value.response.status_code, owners
+
+        status, owners = run(after_the_loss)
+        assert status == 503 and owners == [0, 0, 0]
+
+        async def shutdown():
+            # A session is open: SIGTERM ends it as the single-process server does (the
+            # worker's server closes its connections, then its runtime closes the sessions).
+            client = await DuplexClient.connect(s.url, auto_reconnect=False)
+            await client.recv()
+            s.process.send_signal(signal.SIGTERM)
+            try:
+                closed, _ = await client.wait_for("session.closed", timeout=20)
+                assert closed["reason"] == "runtime_shutdown"
+            except SessionLost:
+                pass  # the connection went away first (close code 1001)
+            await client.close()
+
+        run(shutdown)
+        assert s.process.wait(30) == 0
+        for pid in [s.engine_pid, *s.worker_pids]:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert not os.path.exists(s.engine_socket)
+
+
+def test_killing_the_front_takes_the_workers_and_the_engine_process_with_it():
+    with serve_workers(2) as s:
+        s.process.kill()  # SIGKILL: no shutdown code runs in the front
+        s.process.wait(10)
+        deadline = time.monotonic() + 20
+        alive = [s.engine_pid, *s.worker_pids]
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [pid for pid in alive if _running(pid)]
+        assert alive == [], "children outlived the front"
+        # they cleaned up their sockets; only the front could remove the folder itself
+        folder = os.path.dirname(s.engine_socket)
+        assert os.listdir(folder) == []
+        os.rmdir(folder)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again():
+    with serve_workers(2) as s:
+        async def main():
+            client, _ = await open_on(s.url, 1)
+            try:
+                await client.send_audio(CHUNK_100MS)
+                await client.commit()
+                await client.wait_for("response.output_text.delta", timeout=20)
+                os.kill(s.engine_pid, signal.SIGKILL)
+                failed, _ = await client.wait_for("response.done", timeout=20)
+                # the front starts a new engine process; the worker reconnects on its next turn
+                statuses = []
+                for _ in range(40):
+                    await client.send_audio(CHUNK_100MS)
+                    await client.commit()
+                    done, _ = await client.wait_for("response.done", timeout=30)
+                    statuses.append(done["response"]["status"])
+                    if statuses[-1] == "completed":
+                        break
+                    await anyio.sleep(0.5)
+            finally:
+                await client.close()
+            return failed, statuses
+
+        failed, statuses = run(main)
+        assert failed["response"]["status"] == "failed"
+        assert statuses[-1] == "completed", statuses
+        assert set(statuses[:-1]) <= {"failed"}
