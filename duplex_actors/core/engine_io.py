@@ -49,6 +49,9 @@ class ModelTurnRequest:
     modalities: tuple[str, ...] = ("text", "audio")
     #: Runtime clock time the request was handed to the engine.
     submitted_at: float = 0.0
+    #: Words the user (or a system/developer message, or a tool's output) added to the
+    #: conversation since the last response, in order: conversation.item.create's text input.
+    input_text: str = ""
 
 
 # --- outputs --------------------------------------------------------------------------------

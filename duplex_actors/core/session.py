@@ -19,7 +19,6 @@ Guarantees (property-tested in tests/core):
 from __future__ import annotations
 
 import functools
-import secrets
 from typing import Any, Union
 
 import attrs
@@ -33,11 +32,13 @@ from ..errors import (
     FenceAhead,
     IllegalTransition,
     InvalidCommand,
+    InvalidItem,
     StaleFence,
 )
 from . import events as ev
 from .clock import Clock, MONOTONIC
-from .commands import AppendAudio, Command, PlaybackAck
+from .commands import AppendAudio, Command, CreateItem, CreateResponse, PlaybackAck, TruncateItem
+from .conversation import ContentPart, Conversation, Item
 from .engine_io import (
     Aborted,
     AudioPacket,
@@ -109,8 +110,13 @@ def _debug_enabled(wrapper_class) -> bool:
 
 @attrs.frozen(slots=True, kw_only=True)
 class SessionConfig:
-    #: commit (client or server VAD) starts a model turn; False = wait for response.create.
+    #: server VAD's end of speech starts a model turn (OpenAI's turn_detection.create_response);
+    #: False = wait for response.create.
     auto_respond: bool = True
+    #: An explicit commit starts a model turn too. On for embedders (commit, then read the
+    #: reply); the Realtime server turns it off, because in OpenAI's GA contract a client commit
+    #: only adds the audio to the conversation and a response needs response.create.
+    respond_on_commit: bool = True
     #: server VAD: speech_stopped ends the user's turn (commit) instead of a client commit.
     server_vad: bool = False
     #: model-native duplex: the model decides listen/speak per audio unit.
@@ -121,7 +127,12 @@ class SessionConfig:
     min_interruption_ms: int = 500
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()
+    #: What a response streams. ("text", "audio"): text deltas and audio (with per-packet
+    #: transcripts) side by side; ("audio",): OpenAI's audio responses, the words streamed only
+    #: as the audio's transcript; ("text",): text, no audio.
     modalities: tuple[str, ...] = ("text", "audio")
+    #: Items the conversation keeps (oldest forgotten first).
+    max_items: int = 256
     #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
     max_input_bytes: int = 16000 * 2 * 120
     outbox_capacity: int = 2048
@@ -133,8 +144,8 @@ class SessionConfig:
     journal_max_age_s: float = 60.0
 
     def public(self) -> dict:
-        return {"auto_respond": self.auto_respond, "model_native": self.model_native,
-                "server_vad": self.server_vad,
+        return {"auto_respond": self.auto_respond, "respond_on_commit": self.respond_on_commit,
+                "model_native": self.model_native, "server_vad": self.server_vad,
                 "sample_rate": self.sample_rate, "min_interruption_ms": self.min_interruption_ms,
                 "instructions": self.instructions, "modalities": list(self.modalities)}
 
@@ -168,9 +179,11 @@ class SessionCounters:
 class _Response:
     """The one response in progress (created, not yet done)."""
 
-    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio")
+    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio",
+                 "modalities", "metadata", "audio_ms", "output_tokens")
 
-    def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int) -> None:
+    def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int,
+                 modalities: tuple[str, ...], metadata: dict | None) -> None:
         self.response_id = response_id
         self.item_id = item_id
         self.epoch = epoch
@@ -178,6 +191,27 @@ class _Response:
         self.text: list[str] = []
         self.transcript: list[str] = []
         self.audio = False
+        self.modalities = modalities
+        self.metadata = metadata
+        self.audio_ms = 0.0
+        self.output_tokens = 0
+
+    @property
+    def spoken(self) -> bool:
+        """OpenAI's audio response: the words travel as the audio's transcript only."""
+        return "audio" in self.modalities and "text" not in self.modalities
+
+    @property
+    def part_type(self) -> str:
+        return "audio" if "audio" in self.modalities else "text"
+
+    def item(self, status: str) -> Item:
+        words = "".join(self.transcript if self.spoken or "text" not in self.modalities else self.text)
+        if self.part_type == "audio":
+            part = ContentPart(type="output_audio", transcript=words, audio_ms=int(self.audio_ms))
+        else:
+            part = ContentPart(type="output_text", text=words)
+        return Item(id=self.item_id, type="message", role="assistant", status=status, content=(part,))
 
 
 class SessionCore:
@@ -186,6 +220,7 @@ class SessionCore:
         "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
         "_replay", "_timing", "_windows", "_turn_request", "_turn_kind", "_units", "_unit_seq", "_aborting",
         "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback", "__weakref__",
+        "_conversation", "_item_seq", "_next_input_item", "_pending_text", "_committed_ms",
     )
 
     def __init__(self, session_id: str, config: SessionConfig | None = None,
@@ -222,6 +257,11 @@ class SessionCore:
         self._close_reason: str | None = None
         self._aborted_ids: list[str] | None = None
         self._playback: dict[str, int] | None = None
+        self._conversation = Conversation(self.config.max_items)
+        self._item_seq = 0
+        self._next_input_item: str | None = None  # the item the buffered audio will become
+        self._pending_text: list[str] = []  # user/system words not yet answered by a response
+        self._committed_ms = 0
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
@@ -499,6 +539,13 @@ class SessionCore:
     def _g_model_native(self) -> bool:
         return self.config.model_native
 
+    def _g_respond_on_commit(self) -> bool:
+        return self.config.respond_on_commit
+
+    def _g_names_active_response(self) -> bool:
+        wanted = getattr(self._ctx.get("command"), "response_id", None)
+        return wanted is None or wanted == self.response_id
+
     def _g_response_begun(self) -> bool:
         return self._response is not None
 
@@ -521,15 +568,16 @@ class SessionCore:
 
     def _fx_clear_input(self) -> None:
         self._input = bytearray()
+        self._next_input_item = None
         self._emit(ev.InputCleared)
 
     def _fx_emit_speech_started(self) -> None:
         cmd = self._ctx["command"]
-        self._emit(ev.SpeechStarted, audio_start_ms=cmd.audio_ms, item_id=self._item_id())
+        self._emit(ev.SpeechStarted, audio_start_ms=cmd.audio_ms, item_id=self._input_item_id())
 
     def _fx_emit_speech_stopped(self) -> None:
         cmd = self._ctx["command"]
-        self._emit(ev.SpeechStopped, audio_end_ms=cmd.audio_ms, item_id=self._item_id())
+        self._emit(ev.SpeechStopped, audio_end_ms=cmd.audio_ms, item_id=self._input_item_id())
 
     def _fx_start_overlap(self) -> None:
         self._overlap_ms = 0.0
@@ -539,32 +587,61 @@ class SessionCore:
         self._overlap_ms = None
 
     def _fx_commit_input(self) -> None:
-        self._committed = bytes(self._input)
+        # Audio committed but not yet answered accumulates: several commits before one
+        # response.create all reach the engine (OpenAI's conversation keeps every user item).
+        audio = bytes(self._input)
         self._input = bytearray()
-        ms = int(len(self._committed) / 2 / self.config.sample_rate * 1000)
-        self._emit(ev.InputCommitted, item_id=self._item_id(), audio_ms=ms)
+        self._committed += audio
+        ms = int(len(audio) / 2 / self.config.sample_rate * 1000)
+        item = Item(id=self._input_item_id(), role="user",
+                    content=(ContentPart(type="input_audio", audio_ms=ms),))
+        self._next_input_item = None
+        previous = self._conversation.add(item)
+        self._emit(ev.InputCommitted, item_id=item.id, audio_ms=ms, previous_item_id=previous)
+        self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
+        self._emit(ev.ItemDone, item=item, previous_item_id=previous)
 
-    def _item_id(self) -> str:
-        return f"item_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
+    def _new_item_id(self) -> str:
+        self._item_seq += 1
+        return f"item_{self.session_id[-8:]}_{self._item_seq}"
+
+    def _input_item_id(self) -> str:
+        """The id the buffered user audio will have once committed (speech events name it)."""
+        if self._next_input_item is None:
+            self._next_input_item = self._new_item_id()
+        return self._next_input_item
 
     def _request(self, kind: TurnKind, audio: bytes, request_id: str) -> ModelTurnRequest:
         cmd = self._ctx.get("command")
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
+        shown = self._response_modalities()
         return ModelTurnRequest(
             request_id=request_id, fence=self.fence, kind=kind, audio=audio,
             sample_rate=self.config.sample_rate, instructions=instructions,
-            sampling=self.config.sampling, modalities=self.config.modalities,
-            submitted_at=self._ctx["now"])
+            sampling=self.config.sampling,
+            # The engine always writes the words: an audio response's transcript is its text.
+            modalities=("text", "audio") if "audio" in shown else ("text",),
+            submitted_at=self._ctx["now"], input_text=" ".join(self._pending_text))
+
+    def _response_modalities(self) -> tuple[str, ...]:
+        override = getattr(self._ctx.get("command"), "modalities", None)
+        if isinstance(self._ctx.get("command"), CreateResponse) and override:
+            return override
+        return self.config.modalities
 
     def _fx_submit_model_turn(self) -> None:
         audio, self._committed = self._committed, b""
         request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id())
+        self._pending_text = []
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
         self._overlap_ms = None
         self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
         self.lease.in_flight += 1
         self._actions.append(SubmitTurn(request))
+        # The response exists as soon as it is accepted (OpenAI sends response.created then,
+        # not at the first token), so a cancel right after it still gets its created + done.
+        self._fx_begin_response()
 
     def _fx_submit_unit(self) -> None:
         unit_bytes = self.config.unit_samples * 2
@@ -609,14 +686,19 @@ class SessionCore:
             self._turn_request = self._ctx["output"].request_id
             self._turn_kind = TurnKind.RESPONSE
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
-        item = f"item_{secrets.token_hex(4)}"
-        self._response = _Response(rid, item, self.epoch, self.turn_id)
+        cmd = self._ctx.get("command")
+        metadata = getattr(cmd, "metadata", None) if isinstance(cmd, CreateResponse) else None
+        r = self._response = _Response(rid, self._new_item_id(), self.epoch, self.turn_id,
+                                       self._response_modalities(), metadata)
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
-        self._emit(ev.ResponseCreated, response_id=rid, item_id=item, turn_id=self.turn_id,
-                   metrics=self._timing.snapshot())
-        self._emit(ev.OutputItemAdded, response_id=rid, item_id=item)
-        self._emit(ev.ContentPartAdded, response_id=rid, item_id=item)
+        self._emit(ev.ResponseCreated, response_id=rid, item_id=r.item_id, turn_id=self.turn_id,
+                   metrics=self._timing.snapshot(), modalities=r.modalities, metadata=metadata)
+        item = r.item("in_progress")
+        self._emit(ev.OutputItemAdded, response_id=rid, item_id=r.item_id, item=item)
+        previous = self._conversation.add(item)
+        self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
+        self._emit(ev.ContentPartAdded, response_id=rid, item_id=r.item_id, part_type=r.part_type)
 
     def _fx_deliver_output(self) -> None:
         out = self._ctx["output"]
@@ -626,16 +708,26 @@ class SessionCore:
             if not out.text:
                 return
             first = self._timing.on_text(now, out.token_count)
-            r.text.append(out.text)
-            self._emit(ev.TextDeltaEvent, response_id=r.response_id, item_id=r.item_id,
-                       delta=out.text, metrics=self._timing.snapshot() if first else None)
+            r.output_tokens += out.token_count
+            metrics = self._timing.snapshot() if first else None
+            if r.spoken:  # the words of an audio response go out once, as its transcript
+                r.transcript.append(out.text)
+                self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id, item_id=r.item_id,
+                           delta=out.text, metrics=metrics)
+            else:
+                r.text.append(out.text)
+                self._emit(ev.TextDeltaEvent, response_id=r.response_id, item_id=r.item_id,
+                           delta=out.text, metrics=metrics)
         else:
+            if "audio" not in r.modalities:
+                return  # a text-only response: audio the engine sent anyway is not the client's
             first = self._timing.on_audio(now, out.duration_s)
             r.audio = True
+            r.audio_ms += out.duration_s * 1000.0
             self._emit(ev.AudioDeltaEvent, response_id=r.response_id, item_id=r.item_id,
                        pcm=out.pcm, sample_rate=out.sample_rate,
                        metrics=self._timing.snapshot() if first else None)
-            if out.transcript:
+            if out.transcript and not r.spoken:
                 r.transcript.append(out.transcript)
                 self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id,
                            item_id=r.item_id, delta=out.transcript)
@@ -645,15 +737,23 @@ class SessionCore:
         if r is None:
             return
         ids = {"response_id": r.response_id, "item_id": r.item_id, "epoch": r.epoch}
-        self._emit(ev.TextDone, text="".join(r.text), **ids)
-        if r.audio:
+        if not r.spoken:
+            self._emit(ev.TextDone, text="".join(r.text), **ids)
+        if r.spoken or r.audio:
             self._emit(ev.AudioDone, **ids)
             self._emit(ev.TranscriptDone, transcript="".join(r.transcript), **ids)
-        self._emit(ev.ContentPartDone, **ids)
         item_status = "completed" if status == "completed" else "incomplete"
-        self._emit(ev.OutputItemDone, status=item_status, **ids)
+        item = r.item(item_status)
+        self._emit(ev.ContentPartDone, part_type=r.part_type,
+                   text=item.content[0].transcript or item.content[0].text or "", **ids)
+        self._emit(ev.OutputItemDone, status=item_status, item=item, **ids)
+        self._conversation.replace(item)
+        if r.item_id in self._conversation:
+            self._emit(ev.ItemDone, item=item, previous_item_id=self._conversation.previous_of(r.item_id),
+                       epoch=r.epoch)
         self._emit(ev.ResponseDone, status=status, reason=reason, turn_id=r.turn_id,
-                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s), **ids)
+                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s), modalities=r.modalities,
+                   metadata=r.metadata, output=(item,), output_tokens=r.output_tokens, **ids)
         self._response = None
 
     def _ensure_begun(self) -> None:
@@ -777,10 +877,51 @@ class SessionCore:
         self._replay = replay + self._replay
         self._emit(ev.SessionResumed, generation=generation, resume_token=token, replayed=len(replay))
 
+    # --- conversation items ---------------------------------------------------------------
+
+    def _fx_add_item(self) -> None:
+        cmd: CreateItem = self._ctx["command"]
+        item = cmd.item if cmd.item.id else attrs.evolve(cmd.item, id=self._new_item_id())
+        previous = self._conversation.add(item, cmd.previous_item_id)  # checks before changing
+        if item.text:
+            # Words the next response answers (user text, system/developer notes, tool output).
+            self._pending_text.append(item.text)
+        self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
+        self._emit(ev.ItemDone, item=item, previous_item_id=previous)
+
+    def _fx_remove_item(self) -> None:
+        item = self._conversation.delete(self._ctx["command"].item_id)
+        self._emit(ev.ItemDeleted, item_id=item.id)
+
+    def _fx_send_item(self) -> None:
+        self._emit(ev.ItemRetrieved, item=self._conversation.get(self._ctx["command"].item_id))
+
+    def _fx_cut_item_audio(self) -> None:
+        cmd: TruncateItem = self._ctx["command"]
+        item = self._conversation.get(cmd.item_id)
+        if item.role != "assistant":
+            raise InvalidItem("item_id", "only assistant messages can be truncated")
+        if cmd.content_index >= len(item.content):
+            raise InvalidItem("content_index", f"the item has {len(item.content)} content part(s)")
+        part = item.content[cmd.content_index]
+        if part.type != "output_audio":
+            raise InvalidItem("content_index", "only audio content can be truncated")
+        if cmd.audio_end_ms > part.audio_ms:
+            raise InvalidItem("audio_end_ms", f"is past the end of the item's audio ({part.audio_ms} ms)")
+        parts = list(item.content)
+        parts[cmd.content_index] = attrs.evolve(part, audio_ms=cmd.audio_end_ms)
+        self._conversation.replace(attrs.evolve(item, content=tuple(parts)))
+        if self._playback is None:
+            self._playback = {}
+        self._playback[item.id] = cmd.audio_end_ms  # what the user really heard of it
+        self._emit(ev.ItemTruncated, item_id=item.id, content_index=cmd.content_index,
+                   audio_end_ms=cmd.audio_end_ms)
+
     def _fx_apply_session_update(self) -> None:
         cmd = self._ctx["command"]
-        changes = {k: getattr(cmd, k) for k in ("auto_respond", "model_native", "server_vad", "instructions",
-                                                "sampling", "min_interruption_ms")
+        changes = {k: getattr(cmd, k) for k in ("auto_respond", "respond_on_commit", "model_native",
+                                                "server_vad", "instructions", "sampling",
+                                                "min_interruption_ms", "modalities")
                    if getattr(cmd, k) is not None}
         self.config = attrs.evolve(self.config, **changes)
         self._emit(ev.SessionUpdated, config=self.config.public())
@@ -790,6 +931,8 @@ class SessionCore:
         self._close_reason = reason
         self._input = bytearray()
         self._committed = b""
+        self._pending_text = []
+        self._conversation.clear()
         if self._windows is not None:
             self._windows.clear()
         self._emit(ev.SessionClosedEvent, reason=reason)

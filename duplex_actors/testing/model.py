@@ -5,7 +5,9 @@ the typed error of an illegal command, the new state, epoch and turn, the engine
 (submit, abort), the response terminals and whether the timing ledger must be empty. It is
 written from the domain rules, not from the statechart table, so a state machine test that
 compares the two can fail when the chart (or the code behind it) is wrong. It covers the
-cascaded mode (``model_native=False``), with or without ``auto_respond``, and the overlap
+cascaded mode (``model_native=False``), with or without ``respond_on_commit`` (OpenAI's GA
+contract: a commit only adds audio to the conversation; committing during a response is
+allowed), response.created at acceptance, cancels that name a response, and the overlap
 policy (speech over a response longer than ``min_interruption_ms`` is a barge-in).
 
 :class:`EventStreamChecker` watches the events a client receives, in order, and raises
@@ -33,6 +35,7 @@ from ..errors import (
     InvalidCommand,
     NoActiveResponse,
     ResponseInProgress,
+    ResponseNotFound,
     SessionClosed,
     FenceAhead,
     StaleFence,
@@ -151,14 +154,15 @@ class SessionModel:
                 self._cancel(exp, "turn_detected")
 
     def _c_commit(self, c, exp, now) -> None:
-        if self.state == RESPONDING:
-            exp.error = ResponseInProgress
-            return
         if self.state == IDLE or self.buffered == 0:
             exp.error = InputBufferEmpty
             return
-        self.committed, self.buffered = self.buffered, 0
-        if self.config.auto_respond:
+        # Committed audio waits for the next response, however many commits come first.
+        self.committed += self.buffered
+        self.buffered = 0
+        if self.state == RESPONDING:
+            return  # allowed during a response; it starts nothing
+        if self.config.respond_on_commit:
             self._submit(exp, now)
         else:
             self.state = IDLE
@@ -181,6 +185,10 @@ class SessionModel:
     def _c_cancel(self, c, exp, now) -> None:
         if self.state != RESPONDING:
             exp.error = NoActiveResponse
+            return
+        if c.response_id is not None and (self.response is None
+                                          or c.response_id != self.response.response_id):
+            exp.error = ResponseNotFound
             return
         self._cancel(exp, c.reason)
 
@@ -260,6 +268,7 @@ class SessionModel:
         self.request_start = now
         self.overlap_ms = None
         self.state = RESPONDING
+        self._begin(exp, now)  # response.created goes out when the turn is accepted
 
     def _begin(self, exp: Expectation, now) -> None:
         if self.response is not None:
@@ -396,7 +405,7 @@ class EventStreamChecker:
         elif isinstance(e, _RESPONSE_PARTS):
             self._inside(where, e)
             metrics = getattr(e, "metrics", None)
-            if isinstance(e, ev.TextDeltaEvent) and metrics is not None:
+            if isinstance(e, (ev.TextDeltaEvent, ev.TranscriptDeltaEvent)) and metrics is not None:
                 assert e.response_id not in self.ttft, f"{where}: TTFT recorded twice"
                 assert metrics.ttft_ms is not None, f"{where}: first-token metrics without TTFT"
                 self.ttft[e.response_id] = metrics.ttft_ms
