@@ -21,11 +21,13 @@ class DuplexError(Exception):
     #: The client field the error is about (``error.param`` on the wire), when there is one.
     param: str | None = None
 
-    def __init__(self, message: str, *, event_id: str | None = None) -> None:
+    def __init__(self, message: str, *, event_id: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         # The client's event_id, echoed in the wire error so it can match request and error.
         self.event_id = event_id
+        if param is not None:
+            self.param = param
 
     def with_event_id(self, event_id: str | None) -> "DuplexError":
         self.event_id = event_id

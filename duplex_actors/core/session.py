@@ -27,6 +27,7 @@ import structlog
 from ..audio.overlap import OverlapPolicy, OverlapVerdict
 from ..errors import (
     Backpressure,
+    ClientError,
     DuplexError,
     EngineProtocolError,
     FenceAhead,
@@ -386,7 +387,9 @@ class SessionCore:
         if self._state == CLOSED:
             return
         self._emit(ev.ErrorEvent, code=err.code, message=err.message,
-                   error_type=type(err).__name__, client_event_id=err.event_id)
+                   error_type="invalid_request_error" if isinstance(err, ClientError) else "server_error",
+                   error_class=type(err).__name__, client_event_id=err.event_id,
+                   param=getattr(err, "param", None))
 
     def take_actions(self) -> list[EngineAction]:
         actions = self._actions
@@ -778,12 +781,13 @@ class SessionCore:
         self.counters.failed += 1
         message = getattr(out, "message", "the engine ended the request")
         self._close_parts("failed", "engine_error")
-        self._emit(ev.ErrorEvent, code="engine_error", message=message, error_type="EngineFailed")
+        self._emit(ev.ErrorEvent, code="engine_error", message=message, error_type="server_error",
+                   error_class="EngineFailed")
 
     def _fx_emit_engine_error(self) -> None:
         out = self._ctx["output"]
-        self._emit(ev.ErrorEvent, code="engine_error",
-                   message=getattr(out, "message", "engine request ended"), error_type="EngineFailed")
+        self._emit(ev.ErrorEvent, code="engine_error", message=getattr(out, "message", "engine request ended"),
+                   error_type="server_error", error_class="EngineFailed")
 
     def _fx_finish_turn(self) -> None:
         if self._windows is not None and self._turn_request is not None:
