@@ -458,6 +458,8 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.fed = 0
         self.replayed = 0
         self.sent: dict[Lane, list[str]] = {Lane.CONTROL: [], Lane.DATA: []}
+        self.lane_of: dict[str, Lane] = {}  # event id -> the lane its command was queued on
+        self.trigger_of: dict[str, str] = {}
         self.ids = itertools.count(1)
         self.handle: SessionHandle | None = None
         self._checked_in_step = False
@@ -521,18 +523,34 @@ class RuntimeMachine(RuleBasedStateMachine):
     def _accepts(self, command: cmd.Command) -> bool:
         # Mirrors the actor: a finished session still takes close (closing twice is harmless).
         actor = self.handle._actor
-        lane = command.LANE
+        lane = self._lane_for(command)
         open_ = not actor._finished or command.TRIGGER == "close"
         return open_ and actor.mailbox.lane_depth(lane) < actor.mailbox.capacity
+
+    def _lane_for(self, command: cmd.Command) -> Lane:
+        """The lane the command must be queued on: its own, except that a cancel queues behind
+        a response.create (or a commit) still waiting, so it cannot overtake what it cancels."""
+        if isinstance(command, cmd.CancelResponse):
+            waiting = [e for e in self.sent[Lane.DATA] if e not in self.trace.by_event_id
+                       and self.trigger_of[e] in ("create_response", "commit")]
+            if waiting:
+                return Lane.DATA
+        return command.LANE
+
+    def _record_sent(self, eid: str, command: cmd.Command, lane: Lane) -> None:
+        self.sent[lane].append(eid)
+        self.lane_of[eid] = lane
+        self.trigger_of[eid] = command.TRIGGER
 
     def _tell(self, step: dst.FencedCommand) -> None:
         eid = f"m{next(self.ids)}"
         command = step.bind(self.handle.epoch, eid)
+        lane = self._lane_for(command)
         try:
             self.handle.tell(command)
         except (MailboxFull, SessionClosed):
             return
-        self.sent[command.LANE].append(eid)
+        self._record_sent(eid, command, lane)
         self._check_mailbox()
 
     async def _ask(self, step: dst.FencedCommand) -> None:
@@ -540,7 +558,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         command = step.bind(self.handle.epoch, eid)
         accepted = self._accepts(command)
         if accepted:
-            self.sent[command.LANE].append(eid)
+            self._record_sent(eid, command, self._lane_for(command))
         outcome: BaseException | None = None
         try:
             await self.handle.ask(command, timeout=self.ask_timeout_s)
@@ -683,7 +701,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         processed: dict[Lane, list[str]] = {Lane.CONTROL: [], Lane.DATA: []}
         for entry in entries:
             if entry.kind == "command" and entry.item.event_id is not None:
-                processed[entry.item.LANE].append(entry.item.event_id)
+                processed[self.lane_of.get(entry.item.event_id, entry.item.LANE)].append(entry.item.event_id)
         for lane, ids in processed.items():
             assert ids == self.sent[lane][:len(ids)], (
                 f"{lane.name} lane: processed {ids}, accepted in order {self.sent[lane]}")

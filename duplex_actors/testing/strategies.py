@@ -127,7 +127,7 @@ def fences(*, stale: bool = True, ahead: bool = False) -> st.SearchStrategy[Fenc
 
 
 COMMAND_KINDS = ("append", "commit", "clear", "create_response", "barge_in", "cancel",
-                 "heartbeat", "close", "speech_started", "speech_stopped")
+                 "cancel_other", "heartbeat", "close", "speech_started", "speech_stopped")
 
 
 @attrs.frozen(slots=True)
@@ -153,7 +153,8 @@ class FencedCommand:
 _COMMAND_TYPES: dict[str, type[cmd.Command]] = {
     "append": cmd.AppendAudio, "commit": cmd.CommitInput, "clear": cmd.ClearInput,
     "create_response": cmd.CreateResponse, "barge_in": cmd.BargeIn,
-    "cancel": cmd.CancelResponse, "heartbeat": cmd.Heartbeat, "close": cmd.Close,
+    "cancel": cmd.CancelResponse, "cancel_other": cmd.CancelResponse,
+    "heartbeat": cmd.Heartbeat, "close": cmd.Close,
     "speech_started": cmd.SpeechStartedSignal, "speech_stopped": cmd.SpeechStoppedSignal,
 }
 
@@ -164,11 +165,13 @@ def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, **fields) ->
         return cmd.AppendAudio(pcm=pcm, **fields)
     if kind in ("speech_started", "speech_stopped"):
         return _COMMAND_TYPES[kind](audio_ms=audio_ms, **fields)
+    if kind == "cancel_other":  # names a response that is never the active one: refused
+        return cmd.CancelResponse(response_id="resp_not_the_active_one", **fields)
     return _COMMAND_TYPES[kind](**fields)
 
 
 _DEFAULT_WEIGHTS = {"append": 6, "commit": 3, "clear": 1, "create_response": 1, "barge_in": 2,
-                    "cancel": 1, "heartbeat": 1, "close": 1, "speech_started": 1,
+                    "cancel": 1, "cancel_other": 1, "heartbeat": 1, "close": 1, "speech_started": 1,
                     "speech_stopped": 1}
 
 
