@@ -280,8 +280,7 @@ class ResponseDone(ResponseEvent):
     metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
     #: The response's output items (one assistant message, or none if it never began).
     output: tuple[Item, ...] = ()
-    #: Token counts as the engine reported them (input: prompt, output: generated).
-    input_tokens: int = 0
+    #: Tokens the response generated (text deltas' token counts).
     output_tokens: int = 0
 
 

@@ -146,12 +146,10 @@ def _with_metrics(body: dict, metrics) -> dict:
 
 
 def _rate_limits(done: ev.ResponseDone) -> dict:
-    # This server enforces no request or token quota per client, so nothing is ever used up:
-    # the figures say "no limit reached" rather than inventing one.
+    # This server enforces no request or token quota per client: the list of limits that apply
+    # is empty, rather than invented figures a client could read as "nothing left".
     return {"type": "rate_limits.updated", "event_id": f"{event_id(done)}_rl",
-            "server_event_seq": None, "epoch": done.epoch,
-            "rate_limits": [{"name": "requests", "limit": 0, "remaining": 0, "reset_seconds": 0.0},
-                            {"name": "tokens", "limit": 0, "remaining": 0, "reset_seconds": 0.0}]}
+            "server_event_seq": None, "epoch": done.epoch, "rate_limits": []}
 
 
 # --- one body per event type -----------------------------------------------------------------
@@ -185,8 +183,9 @@ def _response_done(e: ev.ResponseDone, wire):
             details["duplex_reason"] = e.reason  # e.g. session_closed, engine_error
         if e.status == "failed":
             details["error"] = {"type": "server_error", "code": e.reason or "engine_error"}
-    usage = {"total_tokens": e.output_tokens + e.input_tokens, "input_tokens": e.input_tokens,
-             "output_tokens": e.output_tokens}
+    # Engines report what they generated, not what their prompt cost: input tokens are left
+    # out (null) rather than guessed.
+    usage = {"output_tokens": e.output_tokens}
     return {"response": _response_object(e, wire, status=e.status, details=details,
                                           output=[item_object(i) for i in e.output], usage=usage)}
 
