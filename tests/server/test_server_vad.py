@@ -114,3 +114,31 @@ async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
             sid = next(iter(server._records))
             config = server.runtime.get(sid).core.config
             assert config.auto_respond is False and config.server_vad is False  # unchanged
+
+
+def tone_24k(ms: int, amplitude: int) -> bytes:
+    n = 24 * ms
+    return b"".join(int(amplitude * math.sin(i / 7.5)).to_bytes(2, "little", signed=True) for i in range(n))
+
+
+async def test_24khz_wire_audio_reaches_the_vad_resampled_to_the_session_rate():
+    rates: list[int] = []
+
+    class RecordingVad(LoudnessVad):
+        def __init__(self, sample_rate: int) -> None:
+            super().__init__(sample_rate)
+            rates.append(sample_rate)
+
+    async with running_server(vad_factory=RecordingVad) as server:
+        async with connect(server.url) as ws:
+            created = await recv_json(ws)
+            assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+            for pcm in (tone_24k(300, 8000), tone_24k(800, 0)):
+                await ws.send(append(pcm))
+            events = await recv_until(ws, "response.done")
+            stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+            # 300 ms of speech read as 300 ms (the raw 24 kHz bytes taken as 16 kHz would be 450)
+            assert 250 <= stopped["audio_end_ms"] <= 400, stopped
+            committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+            assert 0 < committed["audio_ms"] <= 1100
+        assert rates and set(rates) == {16000}  # the VAD runs at the session's 16 kHz
