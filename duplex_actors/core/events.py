@@ -9,7 +9,7 @@ converting audio to the client's declared format on the way.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 

@@ -786,8 +786,8 @@ class SessionCore:
 
     def _fx_emit_engine_error(self) -> None:
         out = self._ctx["output"]
-        self._emit(ev.ErrorEvent, code="engine_error", message=getattr(out, "message", "engine request ended"),
-                   error_type="server_error", error_class="EngineFailed")
+        self._emit(ev.ErrorEvent, code="engine_error", error_type="server_error", error_class="EngineFailed",
+                   message=getattr(out, "message", "engine request ended"))
 
     def _fx_finish_turn(self) -> None:
         if self._windows is not None and self._turn_request is not None:

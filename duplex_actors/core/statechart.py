@@ -210,7 +210,8 @@ WHY = {
     "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
     "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
-    "commit": "the user's audio becomes a conversation item; with respond_on_commit (embedders) it starts a model turn",
+    "commit": "the user's audio becomes a conversation item; with respond_on_commit (embedders) it "
+              "starts a model turn",
     "create_item": "conversation.item.create adds user text, a system/developer message or a tool's output",
     "delete_item": "conversation.item.delete removes an item",
     "retrieve_item": "conversation.item.retrieve sends an item back",
@@ -223,7 +224,8 @@ WHY = {
     "turn_failed": "the engine failed the turn: exactly one response.done failed",
     "stale_output": "output of an older fence is consumed and counted, never delivered",
     "barge_in": "the user interrupted: cancel the response at once and listen again",
-    "cancel": "response.cancel: as barge-in, with reason client_cancelled; a cancel naming another response is refused",
+    "cancel": "response.cancel: as barge-in, with reason client_cancelled; a cancel naming another "
+              "response is refused",
     "abort_confirmed": "the engine confirmed the old epoch's request ended; barge_in is left",
     "heartbeat": "keeps the lease alive",
     "playback_ack": "the client reports what it really played, so history keeps only heard text",

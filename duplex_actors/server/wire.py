@@ -35,7 +35,8 @@ import attrs
 from ..core import commands as cmd
 from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
 from ..core.engine_io import SamplingOverrides
-from ..errors import ClientError, DuplexError, InvalidCommand, ItemNotFound
+from ..errors import ClientError, DuplexError, InvalidCommand
+from ..errors import ItemNotFound  # noqa: F401  (was defined here; kept importable)
 from .audio_format import G711_RATE, LEGACY_NAMES, PCM, PCM_RATES, PCMA, PCMU, AudioFormat
 
 # --- declared limits ------------------------------------------------------------------------
