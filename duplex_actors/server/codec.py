@@ -239,5 +239,18 @@ _BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
     ev.ResponseDone: _response_done,
 }
 
+
+
+def event_classes() -> list[type[ev.ServerEvent]]:
+    """Every concrete session event type (what the codec must be able to encode)."""
+    out, todo = [], [ev.ServerEvent]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.TYPE not in ("event",) and cls is not ev.ResponseEvent:
+            out.append(cls)
+    return out
+
+
 #: Our events that OpenAI's set does not define (they skip GA schema validation).
-EXTENSION_TYPES = frozenset(cls.TYPE for cls in _BODIES if cls.EXTENSION) | {"heartbeat.ack"}
+EXTENSION_TYPES = frozenset(cls.TYPE for cls in event_classes() if cls.EXTENSION)

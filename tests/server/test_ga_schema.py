@@ -13,6 +13,7 @@ import json
 import typing
 
 import anyio
+import attrs
 import pytest
 from websockets.asyncio.client import connect
 
@@ -218,3 +219,18 @@ def test_the_validation_can_fail():
     for broken in ({k: v for k, v in good.items() if k != "part"}, {**good, "output_index": "0"}):
         with pytest.raises(pydantic.ValidationError):
             GA_MODELS["response.content_part.added"].model_validate(broken, strict=True)
+
+
+def test_every_session_event_type_is_ga_or_a_declared_extension():
+    """A new core event must either be one of OpenAI's (and get a codec body) or be declared an
+    extension: nothing unknown reaches a GA client by accident."""
+    from duplex_actors.server import codec
+
+    for cls in codec.event_classes():
+        if cls.EXTENSION:
+            assert cls.TYPE not in GA_MODELS, f"{cls.TYPE} is OpenAI's: it cannot be an extension"
+            continue
+        assert cls.TYPE in GA_MODELS, f"{cls.__name__} ({cls.TYPE}) is neither GA nor an extension"
+        assert cls in codec._BODIES or not attrs.fields(cls)[3:], f"{cls.__name__} has no codec body"
+    assert codec.EXTENSION_TYPES == {"session.resumed", "session.closed", "heartbeat.ack",
+                                     "duplex.decision"}
