@@ -23,8 +23,9 @@ import attrs
 
 from ..errors import InvalidItem, ItemNotFound
 
-#: Item kinds a client may create with conversation.item.create.
-CREATABLE_ROLES = ("user", "system", "developer")
+#: Message roles a client may create with conversation.item.create (assistant: history a client
+#: replays, e.g. after reconnecting; it is kept but never read as new input).
+CREATABLE_ROLES = ("user", "system", "developer", "assistant")
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -887,7 +887,7 @@ class SessionCore:
         cmd: CreateItem = self._ctx["command"]
         item = cmd.item if cmd.item.id else attrs.evolve(cmd.item, id=self._new_item_id())
         previous = self._conversation.add(item, cmd.previous_item_id)  # checks before changing
-        if item.text:
+        if item.text and item.role != "assistant":
             # Words the next response answers (user text, system/developer notes, tool output).
             self._pending_text.append(item.text)
         self._emit(ev.ItemAdded, item=item, previous_item_id=previous)

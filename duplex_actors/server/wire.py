@@ -597,7 +597,8 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
 # --- conversation items -----------------------------------------------------------------------
 
 
-def _content_text(item: _Fields, allowed: tuple[str, ...]) -> tuple[ContentPart, ...]:
+def _content_text(item: _Fields, allowed: tuple[str, ...],
+                  as_type: str = "input_text") -> tuple[ContentPart, ...]:
     content = item.obj.get("content")
     if not isinstance(content, list) or not content:
         raise item.fail("content", "must be a non-empty list of content parts")
@@ -609,7 +610,7 @@ def _content_text(item: _Fields, allowed: tuple[str, ...]) -> tuple[ContentPart,
         kind = part.str("type", required=True)
         if kind not in allowed:
             raise part.fail("type", f"{kind!r} is not supported here; use {' or '.join(allowed)}")
-        parts.append(ContentPart(type="input_text", text=part.str("text", required=True)))
+        parts.append(ContentPart(type=as_type, text=part.str("text", required=True)))
     return tuple(parts)
 
 
@@ -621,10 +622,12 @@ def _item_create(f: _Fields, event_id, epoch, limits, rates):
     if kind == "message":
         role = item.str("role", required=True)
         if role not in CREATABLE_ROLES:
-            raise item.fail("role", f"must be one of {', '.join(CREATABLE_ROLES)} (assistant "
-                            "messages come from responses)")
-        allowed = ("input_text",) if role == "user" else ("input_text", "text")
-        value = Item(id=item_id, role=role, content=_content_text(item, allowed))
+            raise item.fail("role", f"must be one of {', '.join(CREATABLE_ROLES)}")
+        if role == "assistant":  # replayed history: text only (audio is never kept)
+            parts = _content_text(item, ("output_text", "text"), as_type="output_text")
+        else:
+            parts = _content_text(item, ("input_text",) if role == "user" else ("input_text", "text"))
+        value = Item(id=item_id, role=role, content=parts)
     elif kind == "function_call_output":
         value = Item(id=item_id, type=kind, call_id=item.str("call_id", required=True, max_len=256),
                      output=item.str("output", required=True))

@@ -108,3 +108,21 @@ async def test_item_ids_are_unique_and_linked_and_edits_check_their_ranges():
             await send(ws, type="conversation.item.retrieve", item_id=assistant, event_id="gone")
             gone = await recv_json(ws)
             assert (gone["error"]["code"], gone["error"]["event_id"]) == ("item_not_found", "gone")
+
+
+async def test_replayed_assistant_history_is_kept_but_never_read_as_input():
+    engine = ScriptedEngine(SCRIPT)
+    async with Runtime(engine) as rt, RealtimeServer(rt, ServerConfig(port=0)) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await send(ws, type="conversation.item.create", item=user_text("my name is Ada"))
+            await send(ws, type="conversation.item.create", item={
+                "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi Ada"}]})
+            events = await recv_until(ws, "conversation.item.done")
+            events += await recv_until(ws, "conversation.item.done")
+            assistant = events[-1]["item"]
+            assert assistant["role"] == "assistant"
+            assert assistant["content"] == [{"type": "output_text", "text": "Hi Ada"}]
+            await send(ws, type="response.create")
+            await recv_until(ws, "response.done")
+            assert engine.submitted[0].input_text == "my name is Ada"

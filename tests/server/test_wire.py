@@ -58,6 +58,7 @@ def test_append_in_a_declared_format_is_left_for_the_server_to_convert():
     (frame(type="session.update", event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="session.update", session={"type": "transcription"}, event_id="x"), wire.NotSupported, "not_supported"),
     (frame(type="conversation.item.create", item={}, event_id="x"), wire.InvalidField, "invalid_value"),
+    (frame(type="conversation.item.create", item={"type": "message", "role": "tool", "content": []}, event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="conversation.item.create", item={"type": "message", "role": "assistant", "content": []}, event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="conversation.item.create", item={"type": "message", "role": "user", "content": [{"type": "input_audio"}]}, event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="conversation.item.create", item={"type": "mcp_call"}, event_id="x"), wire.NotSupported, "not_supported"),
