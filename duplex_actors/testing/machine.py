@@ -81,9 +81,11 @@ _STREAM = st.lists(dst.engine_output_specs(terminal=False), max_size=4)
 # Weighted by repetition; close is rare so most runs spend their steps on an open session.
 _COMMAND_KINDS = ("commit", "commit", "commit", "clear", "create_response", "create_response",
                   "barge_in", "barge_in", "barge_in", "cancel", "cancel", "heartbeat",
-                  "speech_started", "speech_started", "speech_stopped", "close")
+                  "speech_started", "speech_started", "speech_stopped", "close", "cancel_other",
+                  "create_item", "delete_item", "retrieve_item")
 _BURST_KINDS = ("append", "commit", "clear", "create_response", "barge_in", "cancel", "heartbeat",
-                "speech_started", "speech_stopped")
+                "speech_started", "speech_stopped", "cancel_other", "create_item", "delete_item",
+                "retrieve_item")
 
 
 def _check_actions(actions: list, exp: Expectation, where: str) -> None:
@@ -198,10 +200,12 @@ class SessionCoreMachine(RuleBasedStateMachine):
         epoch = fence.resolve(self.core.epoch)
         self.send(cmd.AppendAudio(pcm=pcm, sample_rate=rate, epoch=epoch, event_id=f"c{self.steps}"))
 
-    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), audio_ms=st.integers(0, 10_000))
-    def command(self, kind, fence, audio_ms):
+    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), audio_ms=st.integers(0, 10_000),
+          item=st.integers(0, len(dst.ITEM_IDS) - 1))
+    def command(self, kind, fence, audio_ms, item):
         epoch = fence.resolve(self.core.epoch)
-        self.send(dst.make_command(kind, audio_ms=audio_ms, epoch=epoch, event_id=f"c{self.steps}"))
+        self.send(dst.make_command(kind, audio_ms=audio_ms, item=item, epoch=epoch,
+                                   event_id=f"c{self.steps}"))
 
     @rule(pcm=dst.pcm16_chunks(60, 200))
     def user_turn(self, pcm):
@@ -625,9 +629,10 @@ class RuntimeMachine(RuleBasedStateMachine):
     def append(self, pcm, fence, ask):
         self.step(self._send, dst.FencedCommand("append", fence, pcm), ask)
 
-    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), ask=st.booleans())
-    def command(self, kind, fence, ask):
-        self.step(self._send, dst.FencedCommand(kind, fence), ask)
+    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), ask=st.booleans(),
+          item=st.integers(0, len(dst.ITEM_IDS) - 1))
+    def command(self, kind, fence, ask, item):
+        self.step(self._send, dst.FencedCommand(kind, fence, item=item), ask)
 
     @rule(pcm=dst.pcm16_chunks(60, 200), interrupt=st.sampled_from((None, "barge_in", "cancel", "close")),
           ms=st.sampled_from((0, 1, 3, 8)))

@@ -38,6 +38,8 @@ from ..errors import (
     ResponseNotFound,
     SessionClosed,
     FenceAhead,
+    InvalidItem,
+    ItemNotFound,
     StaleFence,
 )
 
@@ -109,6 +111,10 @@ class SessionModel:
         self.issued: list[str] = []  # every request id ever submitted, in order
         self.terminals: list[tuple] = []  # every terminal ever expected, in order
         self.close_issued_at: int | None = None  # len(issued) when the session closed
+        #: The conversation's item ids in order (items the session names itself are placeholders:
+        #: only their count matters, for the oldest-first eviction at ``config.max_items``).
+        self.items: list[str] = []
+        self._auto_items = 0
         #: TTFT / TTFP (ms) each response must report, when the inputs carried times.
         self.ttft: dict[str, float] = {}
         self.ttfp: dict[str, float] = {}
@@ -160,6 +166,7 @@ class SessionModel:
         # Committed audio waits for the next response, however many commits come first.
         self.committed += self.buffered
         self.buffered = 0
+        self._add_auto_item()  # the user's audio item
         if self.state == RESPONDING:
             return  # allowed during a response; it starts nothing
         if self.config.respond_on_commit:
@@ -194,6 +201,32 @@ class SessionModel:
 
     def _c_heartbeat(self, c, exp, now) -> None:
         pass
+
+    # Conversation items never move the state; unknown ids and duplicates are refused.
+    def _c_create_item(self, c, exp, now) -> None:
+        if c.item.id in self.items or (c.previous_item_id not in (None, "root")
+                                       and c.previous_item_id not in self.items):
+            exp.error = InvalidItem
+            return
+        self._add_item(c.item.id)
+
+    def _c_delete_item(self, c, exp, now) -> None:
+        if c.item_id not in self.items:
+            exp.error = ItemNotFound
+            return
+        self.items.remove(c.item_id)
+
+    def _c_retrieve_item(self, c, exp, now) -> None:
+        if c.item_id not in self.items:
+            exp.error = ItemNotFound
+
+    def _add_item(self, item_id: str) -> None:
+        self.items.append(item_id)
+        del self.items[:-self.config.max_items]
+
+    def _add_auto_item(self) -> None:
+        self._auto_items += 1
+        self._add_item(f"<auto {self._auto_items}>")
 
     def _c_speech_started(self, c, exp, now) -> None:
         if self.state == IDLE:
@@ -277,6 +310,7 @@ class SessionModel:
         start = self.request_start if self.request_start is not None else now
         self.response = ModelResponse(rid, self.epoch, self.turn_id, start)
         exp.terminals.append(("response.created", rid))
+        self._add_auto_item()  # the response's assistant item
 
     def _finish_response(self, exp: Expectation, status: str, reason: str | None) -> None:
         if self.response is not None:
@@ -315,6 +349,7 @@ class SessionModel:
         done_reason = reason if reason in ("turn_detected", "client_cancelled") else "session_closed"
         self._finish_response(exp, "cancelled", done_reason)
         self.buffered = self.committed = 0
+        self.items = []
         self.overlap_ms = None
         self.close_issued_at = len(self.issued)
         exp.terminals.append(("session.closed", reason))
