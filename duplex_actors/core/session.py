@@ -221,7 +221,7 @@ class SessionCore:
         "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
         "_replay", "_timing", "_windows", "_turn_request", "_turn_kind", "_units", "_unit_seq", "_aborting",
         "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback", "__weakref__",
-        "_conversation", "_item_seq", "_next_input_item", "_pending_text", "_committed_ms",
+        "_conversation", "_item_seq", "_next_input_item", "_pending_text",
     )
 
     def __init__(self, session_id: str, config: SessionConfig | None = None,
@@ -262,7 +262,6 @@ class SessionCore:
         self._item_seq = 0
         self._next_input_item: str | None = None  # the item the buffered audio will become
         self._pending_text: list[str] = []  # user/system words not yet answered by a response
-        self._committed_ms = 0
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
