@@ -3,8 +3,9 @@
 ::
 
     async with await DuplexClient.connect("ws://127.0.0.1:8765/v1/realtime", api_key=key) as c:
-        await c.send_audio(pcm)
-        await c.commit()
+        await c.send_audio(pcm)             # pcm16 at 24 kHz unless the session declared another
+        await c.commit()                    # adds the audio to the conversation (GA) ...
+        await c.create_response()           # ... and this asks for the reply
         async for event in c.events():      # dicts, exactly as sent by the server
             ...
 
@@ -326,6 +327,8 @@ class DuplexClient:
         return await self.send(event)
 
     async def commit(self) -> str:
+        """Commit the buffered audio. As in OpenAI's GA contract this creates no response by
+        itself (server VAD's ``create_response`` or :meth:`create_response` does)."""
         return await self.send({"type": "input_audio_buffer.commit"})
 
     async def clear(self) -> str:
@@ -337,8 +340,12 @@ class DuplexClient:
             event["response"] = {"instructions": instructions}
         return await self.send(event)
 
-    async def cancel(self) -> str:
-        return await self.send({"type": "response.cancel"})
+    async def cancel(self, response_id: str | None = None) -> str:
+        """Cancel the active response (or only ``response_id``, if it is the active one)."""
+        event: dict[str, Any] = {"type": "response.cancel"}
+        if response_id is not None:
+            event["response_id"] = response_id
+        return await self.send(event)
 
     async def barge_in(self) -> str:
         return await self.send({"type": "duplex.barge_in"})

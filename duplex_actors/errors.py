@@ -18,12 +18,16 @@ class DuplexError(Exception):
 
     code: str = "duplex_error"
     retryable: bool = False
+    #: The client field the error is about (``error.param`` on the wire), when there is one.
+    param: str | None = None
 
-    def __init__(self, message: str, *, event_id: str | None = None) -> None:
+    def __init__(self, message: str, *, event_id: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         # The client's event_id, echoed in the wire error so it can match request and error.
         self.event_id = event_id
+        if param is not None:
+            self.param = param
 
     def with_event_id(self, event_id: str | None) -> "DuplexError":
         self.event_id = event_id
@@ -87,6 +91,34 @@ class NoActiveResponse(IllegalTransition):
     """response.cancel with nothing to cancel (OpenAI: response_cancel_not_active)."""
 
     code = "response_cancel_not_active"
+
+
+class ItemNotFound(ClientError):
+    """A conversation item id the session does not hold (never existed, deleted, evicted)."""
+
+    code = "item_not_found"
+
+
+class InvalidItem(ClientError):
+    """A conversation item or a range inside one (truncate) is not acceptable; ``param`` says
+    which field."""
+
+    code = "invalid_value"
+
+    def __init__(self, param: str, message: str, **kw) -> None:
+        super().__init__(f"{param}: {message}", **kw)
+        self.param = param
+
+
+class ResponseNotFound(IllegalTransition):
+    """A cancel names a response that is not the session's active one; nothing is cancelled."""
+
+    code = "response_not_found"
+
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+        super().__init__(state, trigger, message or "response_id does not name the active "
+                         "response; nothing was cancelled", **kw)
+        self.param = "response_id"
 
 
 class StaleFence(ClientError):

@@ -153,6 +153,11 @@ class EngineActor:
         if flight is None:  # aborted before it started
             return
         try:
+            if flight.aborted:
+                # Aborted between submit and this task starting (a response.cancel processed
+                # right after its response.create): never start the stream; the finally below
+                # still answers with the request's one terminal (Aborted).
+                return
             with flight.scope:
                 async with contextlib.aclosing(self.backend.generate(request)) as stream:
                     async for output in stream:

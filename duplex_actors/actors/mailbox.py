@@ -80,6 +80,11 @@ class Mailbox:
     def __bool__(self) -> bool:
         return any(self._lanes)
 
+    def holds(self, lane: Lane, predicate) -> bool:
+        """Whether a message queued on ``lane`` satisfies ``predicate`` (a linear scan)."""
+        q = self._lanes[lane]
+        return bool(q) and any(predicate(message) for message in q)
+
     def lane_depth(self, lane: Lane) -> int:
         q = self._lanes[lane]
         return len(q) if q else 0

@@ -15,12 +15,17 @@ from typing import TYPE_CHECKING, AsyncIterator, Protocol
 import anyio
 import structlog
 
-from ..core.commands import Command, Lane
+from ..core.commands import CancelResponse, Command, CommitInput, CreateResponse, Lane
 from ..core.engine_io import EngineOutput
 from ..core.events import ServerEvent, SessionClosedEvent
 from ..core.session import AbortRequests, InputTranscript, SessionCore, SubmitTurn, TranscribeInput
 from ..errors import AskTimeout, DuplexError, SessionClosed
 from .mailbox import Mailbox
+
+
+def _starts_a_response(message) -> bool:
+    command = message[0] if isinstance(message, tuple) else message
+    return isinstance(command, (CreateResponse, CommitInput))
 
 if TYPE_CHECKING:
     from .engine_actor import EngineActor
@@ -86,14 +91,14 @@ class SessionActor:
     def tell(self, command: Command) -> None:
         """Queue a command; errors come back as ``error`` events. Raises MailboxFull/SessionClosed."""
         self._check_open(command)
-        self.mailbox.put(command.LANE, (command, None, self.core.clock.now()))
+        self.mailbox.put(self._lane(command), (command, None, self.core.clock.now()))
         self.runtime._schedule(self)
 
     async def ask(self, command: Command, timeout: float | None = 5.0) -> None:
         """Queue a command and wait until it was processed; its error is raised here."""
         self._check_open(command)
         reply = _Reply()
-        self.mailbox.put(command.LANE, (command, reply, self.core.clock.now()))
+        self.mailbox.put(self._lane(command), (command, reply, self.core.clock.now()))
         self.runtime._schedule(self)
         try:
             with anyio.fail_after(timeout):
@@ -103,6 +108,14 @@ class SessionActor:
             raise AskTimeout(f"{command.TRIGGER!r} not processed within {timeout}s") from None
         if reply.error is not None:
             raise reply.error
+
+    def _lane(self, command: Command) -> Lane:
+        # A cancel must not overtake the response.create it cancels: while one is still queued
+        # on the data lane, the cancel queues behind it (OpenAI: cancel right after create
+        # gets that response's created + cancelled done). Otherwise it jumps the audio.
+        if isinstance(command, CancelResponse) and self.mailbox.holds(Lane.DATA, _starts_a_response):
+            return Lane.DATA
+        return command.LANE
 
     def _check_open(self, command: Command) -> None:
         if self._finished and command.TRIGGER != "close":

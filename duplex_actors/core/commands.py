@@ -16,6 +16,7 @@ from typing import ClassVar
 import attrs
 
 from ..errors import InvalidCommand
+from .conversation import Item
 from .engine_io import FunctionTool, SamplingOverrides
 
 
@@ -80,9 +81,10 @@ class ClearInput(Command):
 class CreateResponse(Command):
     TRIGGER = "create_response"
     instructions: str | None = None
-    #: The client's ``response.metadata`` (key/value pairs), echoed on the response object:
-    #: clients match a response to their request by it (livekit's generate_reply does).
-    metadata: tuple[tuple[str, str], ...] | None = None
+    #: Overrides the session's output modalities for this response (("text",) or ("audio",)).
+    modalities: tuple[str, ...] | None = None
+    #: Echoed on response.created and response.done (OpenAI: up to 16 string pairs).
+    metadata: dict[str, str] | None = attrs.field(default=None, eq=False, hash=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -103,6 +105,8 @@ class SpeechStoppedSignal(Command):
 class UpdateSession(Command):
     TRIGGER = "update"
     auto_respond: bool | None = None
+    respond_on_commit: bool | None = None
+    modalities: tuple[str, ...] | None = None
     server_vad: bool | None = None
     model_native: bool | None = None
     instructions: str | None = None
@@ -126,6 +130,41 @@ class AddFunctionOutput(Command):
     item_id: str | None = None
 
 
+# --- conversation items (data lane: ordered with the audio and commits around them) --------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CreateItem(Command):
+    """``conversation.item.create``: add a user/system/developer message or a function output."""
+
+    TRIGGER = "create_item"
+    #: A ready item (its id may be empty: the session then allocates one).
+    item: "Item"
+    previous_item_id: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class DeleteItem(Command):
+    TRIGGER = "delete_item"
+    item_id: str
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RetrieveItem(Command):
+    TRIGGER = "retrieve_item"
+    item_id: str
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TruncateItem(Command):
+    """``conversation.item.truncate``: the user heard ``audio_end_ms`` of an assistant item."""
+
+    TRIGGER = "truncate_item"
+    item_id: str
+    content_index: int = attrs.field(validator=attrs.validators.ge(0))
+    audio_end_ms: int = attrs.field(validator=attrs.validators.ge(0))
+
+
 # --- control lane ---------------------------------------------------------------------------
 
 
@@ -141,6 +180,8 @@ class CancelResponse(Command):
     LANE = Lane.CONTROL
     TRIGGER = "cancel"
     reason: str = "client_cancelled"
+    #: When given, it must name the active response; otherwise nothing is cancelled.
+    response_id: str | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -184,5 +225,6 @@ class Close(Command):
 
 
 MAILBOX_COMMANDS = (AppendAudio, CommitInput, ClearInput, CreateResponse, SpeechStartedSignal,
-                    SpeechStoppedSignal, UpdateSession, AddFunctionOutput, BargeIn, CancelResponse,
-                    Heartbeat, PlaybackAck, Detach, Resume, Close)
+                    SpeechStoppedSignal, UpdateSession, AddFunctionOutput, CreateItem, DeleteItem,
+                    RetrieveItem, TruncateItem, BargeIn, CancelResponse, Heartbeat,
+                    PlaybackAck, Detach, Resume, Close)

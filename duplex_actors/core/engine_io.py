@@ -83,6 +83,9 @@ class ModelTurnRequest:
     tool_choice: str = "auto"
     #: Function outputs the client sent since the previous model turn, oldest first.
     function_results: tuple[FunctionResult, ...] = ()
+    #: Words the user (or a system/developer message, or a tool's output) added to the
+    #: conversation since the last response, in order: conversation.item.create's text input.
+    input_text: str = ""
 
     _repr_pretty_ = _short_pretty
 

@@ -1,18 +1,19 @@
 """Outgoing server events, named as in the OpenAI Realtime API (GA) plus duplex extensions.
 
 Every event carries ``server_event_seq`` (monotonic per session, what resume replays by) and
-the ``epoch`` it was produced under; events inside a response carry ``response_id``. Audio is
-kept as raw pcm16 bytes here; the wire layer base64-encodes it. ``to_wire()`` gives the JSON
-shape clients of the Realtime API already parse.
+the ``epoch`` it was produced under; events inside a response carry ``response_id``. They are
+typed values only: audio is raw pcm16 bytes at the engine's rate, and nothing here knows JSON.
+The server's codec (:mod:`duplex_actors.server.codec`) turns each into the Realtime GA shape,
+converting audio to the client's declared format on the way.
 """
 
 from __future__ import annotations
 
-import base64
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 
+from .conversation import Item
 from .timing import ResponseMetrics
 
 
@@ -32,14 +33,7 @@ class ServerEvent:
     def type(self) -> str:
         return self.TYPE
 
-    def body(self) -> dict[str, Any]:
-        return {}
 
-    def to_wire(self) -> dict[str, Any]:
-        wire = {"type": self.TYPE, "event_id": f"evt_{self.session_id[-8:]}_{self.seq}",
-                "server_event_seq": self.seq, "epoch": self.epoch}
-        wire.update(self.body())
-        return wire
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -47,9 +41,6 @@ class ResponseEvent(ServerEvent):
     response_id: str
     item_id: str = ""
 
-    def body(self) -> dict[str, Any]:
-        return {"response_id": self.response_id, "item_id": self.item_id, "output_index": 0,
-                "content_index": 0}
 
 
 # --- session ------------------------------------------------------------------------------
@@ -61,9 +52,6 @@ class SessionCreated(ServerEvent):
     config: dict = attrs.field(factory=dict)
     resume_token: str = ""
 
-    def body(self):
-        return {"session": {"id": self.session_id, "object": "realtime.session", **self.config},
-                "resume_token": self.resume_token}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -71,8 +59,6 @@ class SessionUpdated(ServerEvent):
     TYPE = "session.updated"
     config: dict = attrs.field(factory=dict)
 
-    def body(self):
-        return {"session": {"id": self.session_id, "object": "realtime.session", **self.config}}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -83,9 +69,6 @@ class SessionResumed(ServerEvent):
     resume_token: str
     replayed: int
 
-    def body(self):
-        return {"generation": self.generation, "resume_token": self.resume_token,
-                "replayed": self.replayed}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -95,8 +78,6 @@ class SessionClosedEvent(ServerEvent):
     TERMINAL = True
     reason: str
 
-    def body(self):
-        return {"reason": self.reason}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -111,12 +92,14 @@ class ErrorEvent(ServerEvent):
     TERMINAL = True  # an error answers a command; it must never be squeezed out
     code: str
     message: str
+    #: OpenAI's error type: invalid_request_error (the client's fault) or server_error.
     error_type: str = "invalid_request_error"
     client_event_id: str | None = None
+    #: The client field the error is about, when there is one.
+    param: str | None = None
+    #: Our exception class name (e.g. InputBufferEmpty), for logs and our own client.
+    error_class: str | None = None
 
-    def body(self):
-        return {"error": {"type": self.error_type, "code": self.code, "message": self.message,
-                          "event_id": self.client_event_id}}
 
 
 # --- input audio buffer -------------------------------------------------------------------
@@ -128,8 +111,6 @@ class SpeechStarted(ServerEvent):
     audio_start_ms: int
     item_id: str
 
-    def body(self):
-        return {"audio_start_ms": self.audio_start_ms, "item_id": self.item_id}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -138,8 +119,6 @@ class SpeechStopped(ServerEvent):
     audio_end_ms: int
     item_id: str
 
-    def body(self):
-        return {"audio_end_ms": self.audio_end_ms, "item_id": self.item_id}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -147,14 +126,50 @@ class InputCommitted(ServerEvent):
     TYPE = "input_audio_buffer.committed"
     item_id: str
     audio_ms: int
+    previous_item_id: str | None = None
 
-    def body(self):
-        return {"item_id": self.item_id, "previous_item_id": None, "audio_ms": self.audio_ms}
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class InputCleared(ServerEvent):
     TYPE = "input_audio_buffer.cleared"
+
+
+# --- conversation -------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ItemAdded(ServerEvent):
+    TYPE = "conversation.item.added"
+    item: Item
+    previous_item_id: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ItemDone(ServerEvent):
+    TYPE = "conversation.item.done"
+    item: Item
+    previous_item_id: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ItemRetrieved(ServerEvent):
+    TYPE = "conversation.item.retrieved"
+    item: Item
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ItemDeleted(ServerEvent):
+    TYPE = "conversation.item.deleted"
+    item_id: str
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ItemTruncated(ServerEvent):
+    TYPE = "conversation.item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -164,8 +179,6 @@ class DecisionEvent(ServerEvent):
     decision: str  # "listen" | "speak"
     turn_id: int
 
-    def body(self):
-        return {"decision": self.decision, "turn_id": self.turn_id}
 
 
 # --- response -----------------------------------------------------------------------------
@@ -176,28 +189,23 @@ class ResponseCreated(ResponseEvent):
     TYPE = "response.created"
     turn_id: int
     metrics: ResponseMetrics | None = None
-    metadata: dict | None = None  # the client's response.create metadata, echoed
+    modalities: tuple[str, ...] = ("audio",)
+    metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
 
-    def body(self):
-        return {"response": {"id": self.response_id, "object": "realtime.response",
-                             "status": "in_progress", "metadata": self.metadata,
-                             "turn_id": self.turn_id,
-                             "metrics": self.metrics.to_wire() if self.metrics else None}}
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class OutputItemAdded(ResponseEvent):
     TYPE = "response.output_item.added"
+    item: Item
 
-    def body(self):
-        return {"response_id": self.response_id, "output_index": 0,
-                "item": {"id": self.item_id, "type": "message", "role": "assistant",
-                         "status": "in_progress"}}
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class ContentPartAdded(ResponseEvent):
     TYPE = "response.content_part.added"
+    #: "audio" (a spoken response, its words in the transcript) or "text"
+    part_type: str = "audio"
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -206,12 +214,6 @@ class TextDeltaEvent(ResponseEvent):
     delta: str
     metrics: ResponseMetrics | None = None  # set on the first delta (it carries TTFT)
 
-    def body(self):
-        b = super().body()
-        b["delta"] = self.delta
-        if self.metrics is not None:
-            b["metrics"] = self.metrics.to_wire()
-        return b
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -221,24 +223,14 @@ class AudioDeltaEvent(ResponseEvent):
     sample_rate: int = 16000
     metrics: ResponseMetrics | None = None  # set on the first packet (it carries TTFP)
 
-    def body(self):
-        b = super().body()
-        b["delta"] = base64.b64encode(self.pcm).decode("ascii")
-        b["sample_rate"] = self.sample_rate
-        if self.metrics is not None:
-            b["metrics"] = self.metrics.to_wire()
-        return b
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class TranscriptDeltaEvent(ResponseEvent):
     TYPE = "response.output_audio_transcript.delta"
     delta: str
+    metrics: ResponseMetrics | None = None  # set on the first delta of an audio response (TTFT)
 
-    def body(self):
-        b = super().body()
-        b["delta"] = self.delta
-        return b
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -246,10 +238,6 @@ class TextDone(ResponseEvent):
     TYPE = "response.output_text.done"
     text: str
 
-    def body(self):
-        b = super().body()
-        b["text"] = self.text
-        return b
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -262,26 +250,22 @@ class TranscriptDone(ResponseEvent):
     TYPE = "response.output_audio_transcript.done"
     transcript: str
 
-    def body(self):
-        b = super().body()
-        b["transcript"] = self.transcript
-        return b
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class ContentPartDone(ResponseEvent):
     TYPE = "response.content_part.done"
+    part_type: str = "audio"
+    #: The part's final words (its text, or the transcript of its audio).
+    text: str = ""
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class OutputItemDone(ResponseEvent):
     TYPE = "response.output_item.done"
     status: str = "completed"
+    item: Item
 
-    def body(self):
-        return {"response_id": self.response_id, "output_index": 0,
-                "item": {"id": self.item_id, "type": "message", "role": "assistant",
-                         "status": self.status}}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -292,18 +276,13 @@ class ResponseDone(ResponseEvent):
     reason: str | None = None
     turn_id: int
     metrics: ResponseMetrics | None = None
-    #: The response's output items (message, function calls) as wire dicts: clients read
-    #: function calls from here (pipecat does).
-    output: tuple = ()
-    metadata: dict | None = None
+    modalities: tuple[str, ...] = ("audio",)
+    metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
+    #: The response's output items (one assistant message, or none if it never began).
+    output: tuple[Item, ...] = ()
+    #: Tokens the response generated (text deltas' token counts).
+    output_tokens: int = 0
 
-    def body(self):
-        details = {"type": self.status, "reason": self.reason} if self.reason else None
-        return {"response": {"id": self.response_id, "object": "realtime.response",
-                             "status": self.status, "status_details": details,
-                             "output": list(self.output), "metadata": self.metadata,
-                             "turn_id": self.turn_id,
-                             "metrics": self.metrics.to_wire() if self.metrics else None}}
 
 
 RESPONSE_STATUSES = ("completed", "cancelled", "failed", "incomplete")

@@ -20,7 +20,6 @@ Guarantees (property-tested in tests/core):
 from __future__ import annotations
 
 import functools
-import secrets
 from typing import Any, Union
 
 import attrs
@@ -28,11 +27,13 @@ import structlog
 
 from ..errors import (
     Backpressure,
+    ClientError,
     DuplexError,
     EngineProtocolError,
     FenceAhead,
     IllegalTransition,
     InvalidCommand,
+    InvalidItem,
     UnknownFunctionCall,
     StaleFence,
 )
@@ -40,7 +41,9 @@ from . import events as ev
 from . import function_events as fev
 from . import transcription_events as tev
 from .clock import Clock, MONOTONIC
-from .commands import AddFunctionOutput, AppendAudio, Command, PlaybackAck
+from .commands import (AddFunctionOutput, AppendAudio, Command, CreateItem, CreateResponse,
+                       PlaybackAck, TruncateItem)
+from .conversation import ContentPart, Conversation, Item
 from .engine_io import (
     Aborted,
     AudioPacket,
@@ -117,8 +120,13 @@ def _debug_enabled(wrapper_class) -> bool:
 
 @attrs.frozen(slots=True, kw_only=True)
 class SessionConfig:
-    #: commit (client or server VAD) starts a model turn; False = wait for response.create.
+    #: server VAD's end of speech starts a model turn (OpenAI's turn_detection.create_response);
+    #: False = wait for response.create.
     auto_respond: bool = True
+    #: An explicit commit starts a model turn too. On for embedders (commit, then read the
+    #: reply); the Realtime server turns it off, because in OpenAI's GA contract a client commit
+    #: only adds the audio to the conversation and a response needs response.create.
+    respond_on_commit: bool = True
     #: server VAD: speech_stopped ends the user's turn (commit) instead of a client commit.
     server_vad: bool = False
     #: model-native duplex: the model decides listen/speak per audio unit.
@@ -129,6 +137,9 @@ class SessionConfig:
     min_interruption_ms: int = 500
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()
+    #: What a response streams. ("text", "audio"): text deltas and audio (with per-packet
+    #: transcripts) side by side; ("audio",): OpenAI's audio responses, the words streamed only
+    #: as the audio's transcript; ("text",): text, no audio.
     modalities: tuple[str, ...] = ("text", "audio")
     #: function tools the model may call (session.update ``tools``) and the ``tool_choice``.
     tools: tuple[FunctionTool, ...] = ()
@@ -136,6 +147,8 @@ class SessionConfig:
     #: input transcription: the model name the client asked for (None: off). The runtime's
     #: transcriber does the work, whatever the name.
     transcription: str | None = None
+    #: Items the conversation keeps (oldest forgotten first).
+    max_items: int = 256
     #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
     max_input_bytes: int = 16000 * 2 * 120
     outbox_capacity: int = 2048
@@ -147,13 +160,13 @@ class SessionConfig:
     journal_max_age_s: float = 60.0
 
     def public(self) -> dict:
-        return {"auto_respond": self.auto_respond, "model_native": self.model_native,
-                "server_vad": self.server_vad,
+        return {"auto_respond": self.auto_respond, "respond_on_commit": self.respond_on_commit,
+                "model_native": self.model_native, "server_vad": self.server_vad,
                 "sample_rate": self.sample_rate, "min_interruption_ms": self.min_interruption_ms,
                 "instructions": self.instructions, "modalities": list(self.modalities),
                 "tools": [{"type": "function", "name": t.name, "description": t.description,
                            "parameters": t.parameters} for t in self.tools],
-                "tool_choice": self.tool_choice}
+                "tool_choice": self.tool_choice, "transcription": self.transcription}
 
 
 @attrs.frozen(slots=True)
@@ -203,10 +216,11 @@ class SessionCounters:
 class _Response:
     """The one response in progress (created, not yet done)."""
 
-    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio", "calls",
-                 "metadata")
+    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio",
+                 "modalities", "metadata", "audio_ms", "output_tokens", "calls")
 
-    def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int) -> None:
+    def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int,
+                 modalities: tuple[str, ...], metadata: dict | None) -> None:
         self.response_id = response_id
         self.item_id = item_id
         self.epoch = epoch
@@ -215,7 +229,36 @@ class _Response:
         self.transcript: list[str] = []
         self.audio = False
         self.calls: list[fev.CallRecord] | None = None
-        self.metadata: dict | None = None
+        self.modalities = modalities
+        self.metadata = metadata
+        self.audio_ms = 0.0
+        self.output_tokens = 0
+
+    @property
+    def spoken(self) -> bool:
+        """OpenAI's audio response: the words travel as the audio's transcript only."""
+        return "audio" in self.modalities and "text" not in self.modalities
+
+    @property
+    def part_type(self) -> str:
+        return "audio" if "audio" in self.modalities else "text"
+
+    def item(self, status: str) -> Item:
+        words = "".join(self.transcript if self.spoken or "text" not in self.modalities else self.text)
+        if self.part_type == "audio":
+            part = ContentPart(type="output_audio", transcript=words, audio_ms=int(self.audio_ms))
+        else:
+            part = ContentPart(type="output_text", text=words)
+        return Item(id=self.item_id, type="message", role="assistant", status=status, content=(part,))
+
+
+def _answered_call(command: Command) -> str | None:
+    """The call_id a command answers with a function output, if it does."""
+    if isinstance(command, AddFunctionOutput):
+        return command.call_id
+    if isinstance(command, CreateItem) and command.item.type == "function_call_output":
+        return command.item.call_id or ""
+    return None
 
 
 class SessionCore:
@@ -224,7 +267,8 @@ class SessionCore:
         "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
         "_replay", "_timing", "_windows", "_turn_request", "_turn_kind", "_units", "_unit_seq", "_aborting",
         "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback",
-        "_calls", "_function_results", "_turn_metadata", "__weakref__",
+        "_calls", "_function_results", "__weakref__",
+        "_conversation", "_item_seq", "_next_input_item", "_pending_text",
     )
 
     def __init__(self, session_id: str, config: SessionConfig | None = None,
@@ -265,7 +309,10 @@ class SessionCore:
         # and the outputs received since the last model turn. Both None until tools are used.
         self._calls: dict[str, str] | None = None
         self._function_results: list[FunctionResult] | None = None
-        self._turn_metadata: dict | None = None  # response.create metadata of the pending turn
+        self._conversation = Conversation(self.config.max_items)
+        self._item_seq = 0
+        self._next_input_item: str | None = None  # the item the buffered audio will become
+        self._pending_text: list[str] = []  # user/system words not yet answered by a response
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
@@ -407,7 +454,9 @@ class SessionCore:
         if self._state == CLOSED:
             return
         self._emit(ev.ErrorEvent, code=err.code, message=err.message,
-                   error_type=type(err).__name__, client_event_id=err.event_id)
+                   error_type="invalid_request_error" if isinstance(err, ClientError) else "server_error",
+                   error_class=type(err).__name__, client_event_id=err.event_id,
+                   param=getattr(err, "param", None))
 
     def take_actions(self) -> list[EngineAction]:
         actions = self._actions
@@ -516,10 +565,9 @@ class SessionCore:
             if len(self._input) + len(command.pcm) > self.config.max_input_bytes:
                 raise Backpressure(
                     f"input buffer would exceed {self.config.max_input_bytes} bytes; commit or clear first")
-        if isinstance(command, AddFunctionOutput):
-            if self._calls is None or command.call_id not in self._calls:
-                raise UnknownFunctionCall(
-                    f"no function call with call_id {command.call_id!r} in this session")
+        call_id = _answered_call(command)
+        if call_id is not None and (self._calls is None or call_id not in self._calls):
+            raise UnknownFunctionCall(f"no function call with call_id {call_id!r} in this session")
         if isinstance(command, PlaybackAck):
             if self._playback is not None and command.played_ms < self._playback.get(command.response_id, 0):
                 raise InvalidCommand("played_ms cannot go backwards")
@@ -563,6 +611,13 @@ class SessionCore:
     def _g_model_native(self) -> bool:
         return self.config.model_native
 
+    def _g_respond_on_commit(self) -> bool:
+        return self.config.respond_on_commit
+
+    def _g_names_active_response(self) -> bool:
+        wanted = getattr(self._ctx.get("command"), "response_id", None)
+        return wanted is None or wanted == self.response_id
+
     def _g_response_begun(self) -> bool:
         return self._response is not None
 
@@ -594,15 +649,16 @@ class SessionCore:
 
     def _fx_clear_input(self) -> None:
         self._input = InputBuffer()
+        self._next_input_item = None
         self._emit(ev.InputCleared)
 
     def _fx_emit_speech_started(self) -> None:
         cmd = self._ctx["command"]
-        self._emit(ev.SpeechStarted, audio_start_ms=cmd.audio_ms, item_id=self._item_id())
+        self._emit(ev.SpeechStarted, audio_start_ms=cmd.audio_ms, item_id=self._input_item_id())
 
     def _fx_emit_speech_stopped(self) -> None:
         cmd = self._ctx["command"]
-        self._emit(ev.SpeechStopped, audio_end_ms=cmd.audio_ms, item_id=self._item_id())
+        self._emit(ev.SpeechStopped, audio_end_ms=cmd.audio_ms, item_id=self._input_item_id())
 
     def _fx_start_overlap(self) -> None:
         self._overlap_ms = 0.0
@@ -612,26 +668,50 @@ class SessionCore:
         self._overlap_ms = None
 
     def _fx_commit_input(self) -> None:
-        self._committed = bytes(self._input)
+        # Audio committed but not yet answered accumulates: several commits before one
+        # response.create all reach the engine (OpenAI's conversation keeps every user item).
+        audio = bytes(self._input)
         self._input = InputBuffer()
-        ms = int(len(self._committed) / 2 / self.config.sample_rate * 1000)
-        item_id = self._item_id()
-        self._emit(ev.InputCommitted, item_id=item_id, audio_ms=ms)
+        self._committed += audio
+        ms = int(len(audio) / 2 / self.config.sample_rate * 1000)
+        item = Item(id=self._input_item_id(), role="user",
+                    content=(ContentPart(type="input_audio", audio_ms=ms),))
+        self._next_input_item = None
+        previous = self._conversation.add(item)
+        self._emit(ev.InputCommitted, item_id=item.id, audio_ms=ms, previous_item_id=previous)
+        self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
+        self._emit(ev.ItemDone, item=item, previous_item_id=previous)
         if self.config.transcription is not None:
-            self._actions.append(TranscribeInput(item_id, self._committed, self.config.sample_rate))
+            self._actions.append(TranscribeInput(item.id, audio, self.config.sample_rate))
 
-    def _item_id(self) -> str:
-        return f"item_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
+    def _new_item_id(self) -> str:
+        self._item_seq += 1
+        return f"item_{self.session_id[-8:]}_{self._item_seq}"
+
+    def _input_item_id(self) -> str:
+        """The id the buffered user audio will have once committed (speech events name it)."""
+        if self._next_input_item is None:
+            self._next_input_item = self._new_item_id()
+        return self._next_input_item
 
     def _request(self, kind: TurnKind, audio: bytes, request_id: str) -> ModelTurnRequest:
         cmd = self._ctx.get("command")
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
+        shown = self._response_modalities()
         return ModelTurnRequest(
             request_id=request_id, fence=self.fence, kind=kind, audio=audio,
             sample_rate=self.config.sample_rate, instructions=instructions,
-            sampling=self.config.sampling, modalities=self.config.modalities,
-            submitted_at=self._ctx["now"], tools=self.config.tools,
-            tool_choice=self.config.tool_choice)
+            sampling=self.config.sampling,
+            # The engine always writes the words: an audio response's transcript is its text.
+            modalities=("text", "audio") if "audio" in shown else ("text",),
+            submitted_at=self._ctx["now"], input_text=" ".join(self._pending_text),
+            tools=self.config.tools, tool_choice=self.config.tool_choice)
+
+    def _response_modalities(self) -> tuple[str, ...]:
+        override = getattr(self._ctx.get("command"), "modalities", None)
+        if isinstance(self._ctx.get("command"), CreateResponse) and override:
+            return override
+        return self.config.modalities
 
     def _fx_submit_model_turn(self) -> None:
         audio, self._committed = self._committed, b""
@@ -639,14 +719,16 @@ class SessionCore:
         if self._function_results:
             request = attrs.evolve(request, function_results=tuple(self._function_results))
             self._function_results = None
+        self._pending_text = []
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
-        metadata = getattr(self._ctx.get("command"), "metadata", None)
-        self._turn_metadata = dict(metadata) if metadata else None
         self._overlap_ms = None
         self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
         self.lease.in_flight += 1
         self._actions.append(SubmitTurn(request))
+        # The response exists as soon as it is accepted (OpenAI sends response.created then,
+        # not at the first token), so a cancel right after it still gets its created + done.
+        self._fx_begin_response()
 
     def _fx_submit_unit(self) -> None:
         unit_bytes = self.config.unit_samples * 2
@@ -688,15 +770,19 @@ class SessionCore:
             self._turn_request = self._ctx["output"].request_id
             self._turn_kind = TurnKind.RESPONSE
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
-        item = f"item_{secrets.token_hex(4)}"
-        self._response = _Response(rid, item, self.epoch, self.turn_id)
-        self._response.metadata, self._turn_metadata = self._turn_metadata, None
+        cmd = self._ctx.get("command")
+        metadata = getattr(cmd, "metadata", None) if isinstance(cmd, CreateResponse) else None
+        r = self._response = _Response(rid, self._new_item_id(), self.epoch, self.turn_id,
+                                       self._response_modalities(), metadata)
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
-        self._emit(ev.ResponseCreated, response_id=rid, item_id=item, turn_id=self.turn_id,
-                   metrics=self._timing.snapshot(), metadata=self._response.metadata)
-        self._emit(ev.OutputItemAdded, response_id=rid, item_id=item)
-        self._emit(ev.ContentPartAdded, response_id=rid, item_id=item)
+        self._emit(ev.ResponseCreated, response_id=rid, item_id=r.item_id, turn_id=self.turn_id,
+                   metrics=self._timing.snapshot(), modalities=r.modalities, metadata=metadata)
+        item = r.item("in_progress")
+        self._emit(ev.OutputItemAdded, response_id=rid, item_id=r.item_id, item=item)
+        previous = self._conversation.add(item)
+        self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
+        self._emit(ev.ContentPartAdded, response_id=rid, item_id=r.item_id, part_type=r.part_type)
 
     def _fx_deliver_output(self) -> None:
         out = self._ctx["output"]
@@ -709,16 +795,26 @@ class SessionCore:
             if not out.text:
                 return
             first = self._timing.on_text(now, out.token_count)
-            r.text.append(out.text)
-            self._emit(ev.TextDeltaEvent, response_id=r.response_id, item_id=r.item_id,
-                       delta=out.text, metrics=self._timing.snapshot() if first else None)
+            r.output_tokens += out.token_count
+            metrics = self._timing.snapshot() if first else None
+            if r.spoken:  # the words of an audio response go out once, as its transcript
+                r.transcript.append(out.text)
+                self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id, item_id=r.item_id,
+                           delta=out.text, metrics=metrics)
+            else:
+                r.text.append(out.text)
+                self._emit(ev.TextDeltaEvent, response_id=r.response_id, item_id=r.item_id,
+                           delta=out.text, metrics=metrics)
         else:
+            if "audio" not in r.modalities:
+                return  # a text-only response: audio the engine sent anyway is not the client's
             first = self._timing.on_audio(now, out.duration_s)
             r.audio = True
+            r.audio_ms += out.duration_s * 1000.0
             self._emit(ev.AudioDeltaEvent, response_id=r.response_id, item_id=r.item_id,
                        pcm=out.pcm, sample_rate=out.sample_rate,
                        metrics=self._timing.snapshot() if first else None)
-            if out.transcript:
+            if out.transcript and not r.spoken:
                 r.transcript.append(out.transcript)
                 self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id,
                            item_id=r.item_id, delta=out.transcript)
@@ -727,7 +823,7 @@ class SessionCore:
         if r.calls is None:
             r.calls = []
         # The assistant message is output item 0 (opened with the response); calls follow it.
-        call = fev.CallRecord(item_id=f"item_{secrets.token_hex(4)}", call_id=out.call_id,
+        call = fev.CallRecord(item_id=self._new_item_id(), call_id=out.call_id,
                               name=out.name, arguments=out.arguments, output_index=len(r.calls) + 1)
         r.calls.append(call)
         if self._calls is None:
@@ -741,6 +837,8 @@ class SessionCore:
             self._emit(fev.FunctionArgumentsDelta, delta=out.arguments, **ids)
         self._emit(fev.FunctionArgumentsDone, **ids)
         self._emit(fev.FunctionCallItemDone, **ids)
+        # A call is a conversation item of its own (GA): retrievable, and what an output answers.
+        self._conversation.add(call.to_item())
 
     def _fx_emit_transcript(self) -> None:
         result = self._ctx["transcript"]
@@ -752,40 +850,41 @@ class SessionCore:
         self._emit(tev.TranscriptionCompleted, item_id=result.item_id, transcript=result.text)
 
     def _fx_record_function_output(self) -> None:
-        cmd = self._ctx["command"]
+        cmd: AddFunctionOutput = self._ctx["command"]
+        item = Item(id=cmd.item_id or "", type="function_call_output", call_id=cmd.call_id,
+                    output=cmd.output)
+        self._add_item(item, None)
+
+    def _record_function_result(self, item: Item) -> None:
+        """A ``function_call_output`` item answers one of this session's calls: the next model
+        turn receives it (checked in _precheck: only calls this session made are answered)."""
         if self._function_results is None:
             self._function_results = []
-        self._function_results.append(FunctionResult(cmd.call_id, cmd.output, self._calls.get(cmd.call_id)))
-        item_id = cmd.item_id or f"item_{secrets.token_hex(4)}"
-        for cls in (fev.FunctionOutputItem, fev.FunctionOutputItemDone):
-            self._emit(cls, item_id=item_id, call_id=cmd.call_id, output=cmd.output)
-
-    @staticmethod
-    def _output_items(r: _Response, item_status: str) -> tuple:
-        content = []
-        if r.text:
-            content.append({"type": "output_text", "text": "".join(r.text)})
-        if r.audio:
-            content.append({"type": "output_audio", "transcript": "".join(r.transcript)})
-        message = {"id": r.item_id, "object": "realtime.item", "type": "message",
-                   "role": "assistant", "status": item_status, "content": content}
-        return (message, *(c.item("completed") for c in r.calls or ()))
+        name = self._calls.get(item.call_id) if self._calls else None
+        self._function_results.append(FunctionResult(item.call_id or "", item.output or "", name))
 
     def _close_parts(self, status: str, reason: str | None, stop_latency_s: float | None = None) -> None:
         r = self._response
         if r is None:
             return
         ids = {"response_id": r.response_id, "item_id": r.item_id, "epoch": r.epoch}
-        self._emit(ev.TextDone, text="".join(r.text), **ids)
-        if r.audio:
+        if not r.spoken:
+            self._emit(ev.TextDone, text="".join(r.text), **ids)
+        if r.spoken or r.audio:
             self._emit(ev.AudioDone, **ids)
             self._emit(ev.TranscriptDone, transcript="".join(r.transcript), **ids)
-        self._emit(ev.ContentPartDone, **ids)
         item_status = "completed" if status == "completed" else "incomplete"
-        self._emit(ev.OutputItemDone, status=item_status, **ids)
+        item = r.item(item_status)
+        self._emit(ev.ContentPartDone, part_type=r.part_type,
+                   text=item.content[0].transcript or item.content[0].text or "", **ids)
+        self._emit(ev.OutputItemDone, status=item_status, item=item, **ids)
+        self._conversation.replace(item)
+        if r.item_id in self._conversation:
+            self._emit(ev.ItemDone, item=item, previous_item_id=self._conversation.previous_of(r.item_id),
+                       epoch=r.epoch)
         self._emit(ev.ResponseDone, status=status, reason=reason, turn_id=r.turn_id,
-                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s),
-                   output=self._output_items(r, item_status), metadata=r.metadata, **ids)
+                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s), modalities=r.modalities,
+                   metadata=r.metadata, output=(item, *(c.to_item() for c in r.calls or ())), output_tokens=r.output_tokens, **ids)
         self._response = None
 
     def _ensure_begun(self) -> None:
@@ -810,12 +909,13 @@ class SessionCore:
         self.counters.failed += 1
         message = getattr(out, "message", "the engine ended the request")
         self._close_parts("failed", "engine_error")
-        self._emit(ev.ErrorEvent, code="engine_error", message=message, error_type="EngineFailed")
+        self._emit(ev.ErrorEvent, code="engine_error", message=message, error_type="server_error",
+                   error_class="EngineFailed")
 
     def _fx_emit_engine_error(self) -> None:
         out = self._ctx["output"]
-        self._emit(ev.ErrorEvent, code="engine_error",
-                   message=getattr(out, "message", "engine request ended"), error_type="EngineFailed")
+        self._emit(ev.ErrorEvent, code="engine_error", error_type="server_error", error_class="EngineFailed",
+                   message=getattr(out, "message", "engine request ended"))
 
     def _fx_finish_turn(self) -> None:
         if self._windows is not None and self._turn_request is not None:
@@ -922,10 +1022,58 @@ class SessionCore:
         self._replay = replay + self._replay
         self._emit(ev.SessionResumed, generation=generation, resume_token=token, replayed=len(replay))
 
+    # --- conversation items ---------------------------------------------------------------
+
+    def _fx_add_item(self) -> None:
+        cmd: CreateItem = self._ctx["command"]
+        self._add_item(cmd.item, cmd.previous_item_id)
+
+    def _add_item(self, item: Item, previous_item_id: str | None) -> None:
+        if not item.id:
+            item = attrs.evolve(item, id=self._new_item_id())
+        previous = self._conversation.add(item, previous_item_id)  # checks before changing
+        if item.type == "function_call_output":
+            self._record_function_result(item)
+        elif item.text and item.role != "assistant":
+            # Words the next response answers (user text, system/developer notes).
+            self._pending_text.append(item.text)
+        self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
+        self._emit(ev.ItemDone, item=item, previous_item_id=previous)
+
+    def _fx_remove_item(self) -> None:
+        item = self._conversation.delete(self._ctx["command"].item_id)
+        self._emit(ev.ItemDeleted, item_id=item.id)
+
+    def _fx_send_item(self) -> None:
+        self._emit(ev.ItemRetrieved, item=self._conversation.get(self._ctx["command"].item_id))
+
+    def _fx_cut_item_audio(self) -> None:
+        cmd: TruncateItem = self._ctx["command"]
+        item = self._conversation.get(cmd.item_id)
+        if item.role != "assistant":
+            raise InvalidItem("item_id", "only assistant messages can be truncated")
+        if cmd.content_index >= len(item.content):
+            raise InvalidItem("content_index", f"the item has {len(item.content)} content part(s)")
+        part = item.content[cmd.content_index]
+        if part.type != "output_audio":
+            raise InvalidItem("content_index", "only audio content can be truncated")
+        if cmd.audio_end_ms > part.audio_ms:
+            raise InvalidItem("audio_end_ms", f"is past the end of the item's audio ({part.audio_ms} ms)")
+        parts = list(item.content)
+        parts[cmd.content_index] = attrs.evolve(part, audio_ms=cmd.audio_end_ms)
+        self._conversation.replace(attrs.evolve(item, content=tuple(parts)))
+        if self._playback is None:
+            self._playback = {}
+        self._playback[item.id] = cmd.audio_end_ms  # what the user really heard of it
+        self._emit(ev.ItemTruncated, item_id=item.id, content_index=cmd.content_index,
+                   audio_end_ms=cmd.audio_end_ms)
+
     def _fx_apply_session_update(self) -> None:
         cmd = self._ctx["command"]
-        changes = {k: getattr(cmd, k) for k in ("auto_respond", "model_native", "server_vad", "instructions",
-                                                "sampling", "min_interruption_ms", "tools", "tool_choice")
+        changes = {k: getattr(cmd, k) for k in ("auto_respond", "respond_on_commit", "model_native",
+                                                "server_vad", "instructions", "sampling",
+                                                "min_interruption_ms", "modalities", "tools",
+                                                "tool_choice")
                    if getattr(cmd, k) is not None}
         if cmd.transcription is not None:
             changes["transcription"] = cmd.transcription or None  # False turns it off
@@ -937,6 +1085,8 @@ class SessionCore:
         self._close_reason = reason
         self._input = InputBuffer()
         self._committed = b""
+        self._pending_text = []
+        self._conversation.clear()
         if self._windows is not None:
             self._windows.clear()
         self._emit(ev.SessionClosedEvent, reason=reason)

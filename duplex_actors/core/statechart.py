@@ -43,6 +43,7 @@ from ..errors import (
     InputBufferEmpty,
     NoActiveResponse,
     ResponseInProgress,
+    ResponseNotFound,
     SessionClosed,
 )
 
@@ -140,16 +141,25 @@ TRANSITIONS = [
     _row("clear", [IDLE, LISTENING], IDLE, ["abort_units", "clear_input"]),
     _row("clear", [RESPONDING, BARGE_IN], SAME, ["abort_units", "clear_input"]),
     # --- end of the user's turn -------------------------------------------------------------
+    # A client commit adds the audio to the conversation. Only embedders that asked for it
+    # (respond_on_commit) get a response from it; Realtime clients ask with response.create.
     _row(
         "commit",
         [LISTENING, BARGE_IN],
         RESPONDING,
         ["abort_units", "commit_input", "submit_model_turn"],
-        conditions=["has_buffered_audio", "auto_respond"],
+        conditions=["has_buffered_audio", "respond_on_commit"],
     ),
     _row("commit", [LISTENING, BARGE_IN], IDLE, ["abort_units", "commit_input"],
          conditions=["has_buffered_audio"]),
+    # Committing while a response plays is allowed (GA): the audio waits for the next response.
+    _row("commit", RESPONDING, SAME, ["abort_units", "commit_input"], conditions=["has_buffered_audio"]),
     _row("create_response", [IDLE, LISTENING, BARGE_IN], RESPONDING, ["submit_model_turn"]),
+    # --- conversation items -----------------------------------------------------------------
+    _row("create_item", OPEN_STATES, SAME, ["add_item"]),
+    _row("delete_item", OPEN_STATES, SAME, ["remove_item"]),
+    _row("retrieve_item", OPEN_STATES, SAME, ["send_item"]),
+    _row("truncate_item", OPEN_STATES, SAME, ["cut_item_audio"]),
     # --- engine output (already classified as current by its fence) -------------------------
     _row("speak", RESPONDING, SAME, ["begin_response"], unless=["response_begun"]),
     _row("speak", RESPONDING, SAME),  # a second "speak" for a begun response changes nothing
@@ -167,7 +177,8 @@ TRANSITIONS = [
     # --- interruption -----------------------------------------------------------------------
     _row("barge_in", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
     _row("barge_in", [IDLE, LISTENING, BARGE_IN], SAME),  # nothing to interrupt: races are normal
-    _row("cancel", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
+    # A cancel that names a response must name the active one; otherwise nothing is cancelled.
+    _row("cancel", RESPONDING, BARGE_IN, CANCEL_RESPONSE, conditions=["names_active_response"]),
     # Each aborted request's end settles its abort; the one that settles the last leaves
     # barge_in (aborts_settled: no other abort outstanding).
     _row("abort_confirmed", BARGE_IN, LISTENING, ["settle_abort"],
@@ -210,7 +221,8 @@ REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
-    (RESPONDING, "commit"): ResponseInProgress,
+    (RESPONDING, "commit"): InputBufferEmpty,
+    (RESPONDING, "cancel"): ResponseNotFound,
     (RESPONDING, "create_response"): ResponseInProgress,
     (IDLE, "cancel"): NoActiveResponse,
     (LISTENING, "cancel"): NoActiveResponse,
@@ -238,7 +250,8 @@ class Origin(str, enum.Enum):
 TRIGGER_ORIGINS: Mapping[str, Origin] = {
     **dict.fromkeys(("append", "commit", "clear", "create_response", "speech_started", "speech_stopped",
                      "update", "barge_in", "cancel", "heartbeat", "playback_ack", "detach", "resume",
-                     "function_output", "close"), Origin.CLIENT),
+                     "function_output", "create_item", "delete_item", "retrieve_item", "truncate_item",
+                     "close"), Origin.CLIENT),
     **dict.fromkeys(("speak", "listen", "output", "turn_done", "turn_failed", "stale_output",
                      "abort_confirmed"), Origin.ENGINE),
     # A transcript is the session's own measurement of committed audio (a recogniser beside it).
@@ -258,7 +271,12 @@ WHY = {
                 "cancels as a barge-in does"),
     "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
-    "commit": "the user's turn is complete; with auto_respond it starts a model turn",
+    "commit": "the user's audio becomes a conversation item; with respond_on_commit (embedders) it "
+              "starts a model turn",
+    "create_item": "conversation.item.create adds user text, a system/developer message or a tool's output",
+    "delete_item": "conversation.item.delete removes an item",
+    "retrieve_item": "conversation.item.retrieve sends an item back",
+    "truncate_item": "conversation.item.truncate: the user heard only this much of an assistant item",
     "create_response": "response.create asks for a model turn explicitly (manual turn detection)",
     "speak": "the engine began the response (or, model-native, decided to speak)",
     "listen": "model-native: the model decided to keep listening for this unit",
@@ -267,7 +285,8 @@ WHY = {
     "turn_failed": "the engine failed the turn: exactly one response.done failed",
     "stale_output": "output of an older fence is consumed and counted, never delivered",
     "barge_in": "the user interrupted: cancel the response at once and listen again",
-    "cancel": "response.cancel: as barge-in, with reason client_cancelled",
+    "cancel": "response.cancel: as barge-in, with reason client_cancelled; a cancel naming another "
+              "response is refused",
     "abort_confirmed": ("an aborted request ended: its abort is settled; once none is outstanding, "
                         "barge_in is left"),
     "heartbeat": "keeps the lease alive",

@@ -21,8 +21,6 @@ class TranscriptionDelta(ServerEvent):
     item_id: str
     delta: str
 
-    def body(self):
-        return {"item_id": self.item_id, "content_index": 0, "delta": self.delta}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -31,9 +29,6 @@ class TranscriptionCompleted(ServerEvent):
     item_id: str
     transcript: str
 
-    def body(self):
-        return {"item_id": self.item_id, "content_index": 0, "transcript": self.transcript,
-                "usage": {"type": "duration", "seconds": 0}}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -42,7 +37,3 @@ class TranscriptionFailed(ServerEvent):
     item_id: str
     message: str
 
-    def body(self):
-        return {"item_id": self.item_id, "content_index": 0,
-                "error": {"type": "transcription_error", "code": "transcription_failed",
-                          "message": self.message, "param": None}}

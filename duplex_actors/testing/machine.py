@@ -81,9 +81,11 @@ _STREAM = st.lists(dst.engine_output_specs(terminal=False), max_size=4)
 # Weighted by repetition; close is rare so most runs spend their steps on an open session.
 _COMMAND_KINDS = ("commit", "commit", "commit", "clear", "create_response", "create_response",
                   "barge_in", "barge_in", "barge_in", "cancel", "cancel", "heartbeat",
-                  "speech_started", "speech_started", "speech_stopped", "close")
+                  "speech_started", "speech_started", "speech_stopped", "close", "cancel_other",
+                  "create_item", "delete_item", "retrieve_item")
 _BURST_KINDS = ("append", "commit", "clear", "create_response", "barge_in", "cancel", "heartbeat",
-                "speech_started", "speech_stopped")
+                "speech_started", "speech_stopped", "cancel_other", "create_item", "delete_item",
+                "retrieve_item")
 
 
 def _check_actions(actions: list, exp: Expectation, where: str) -> None:
@@ -214,10 +216,12 @@ class SessionCoreMachine(RuleBasedStateMachine):
         epoch = fence.resolve(self.core.epoch)
         self.send(cmd.AppendAudio(pcm=pcm, sample_rate=rate, epoch=epoch, event_id=f"c{self.steps}"))
 
-    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), audio_ms=st.integers(0, 10_000))
-    def command(self, kind, fence, audio_ms):
+    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), audio_ms=st.integers(0, 10_000),
+          item=st.integers(0, len(dst.ITEM_IDS) - 1))
+    def command(self, kind, fence, audio_ms, item):
         epoch = fence.resolve(self.core.epoch)
-        self.send(dst.make_command(kind, audio_ms=audio_ms, epoch=epoch, event_id=f"c{self.steps}"))
+        self.send(dst.make_command(kind, audio_ms=audio_ms, item=item, epoch=epoch,
+                                   event_id=f"c{self.steps}"))
 
     @rule(pcm=dst.pcm16_chunks(60, 200))
     def user_turn(self, pcm):
@@ -478,6 +482,8 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.fed = 0
         self.replayed = 0
         self.sent: dict[Lane, list[str]] = {Lane.CONTROL: [], Lane.DATA: []}
+        self.lane_of: dict[str, Lane] = {}  # event id -> the lane its command was queued on
+        self.trigger_of: dict[str, str] = {}
         self.ids = itertools.count(1)
         self.handle: SessionHandle | None = None
         self._checked_in_step = False
@@ -545,18 +551,34 @@ class RuntimeMachine(RuleBasedStateMachine):
     def _accepts(self, command: cmd.Command) -> bool:
         # Mirrors the actor: a finished session still takes close (closing twice is harmless).
         actor = self.handle._actor
-        lane = command.LANE
+        lane = self._lane_for(command)
         open_ = not actor._finished or command.TRIGGER == "close"
         return open_ and actor.mailbox.lane_depth(lane) < actor.mailbox.capacity
+
+    def _lane_for(self, command: cmd.Command) -> Lane:
+        """The lane the command must be queued on: its own, except that a cancel queues behind
+        a response.create (or a commit) still waiting, so it cannot overtake what it cancels."""
+        if isinstance(command, cmd.CancelResponse):
+            waiting = [e for e in self.sent[Lane.DATA] if e not in self.trace.by_event_id
+                       and self.trigger_of[e] in ("create_response", "commit")]
+            if waiting:
+                return Lane.DATA
+        return command.LANE
+
+    def _record_sent(self, eid: str, command: cmd.Command, lane: Lane) -> None:
+        self.sent[lane].append(eid)
+        self.lane_of[eid] = lane
+        self.trigger_of[eid] = command.TRIGGER
 
     def _tell(self, step: dst.FencedCommand) -> None:
         eid = f"m{next(self.ids)}"
         command = step.bind(self.handle.epoch, eid)
+        lane = self._lane_for(command)
         try:
             self.handle.tell(command)
         except (MailboxFull, SessionClosed):
             return
-        self.sent[command.LANE].append(eid)
+        self._record_sent(eid, command, lane)
         self._check_mailbox()
 
     async def _ask(self, step: dst.FencedCommand) -> None:
@@ -564,7 +586,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         command = step.bind(self.handle.epoch, eid)
         accepted = self._accepts(command)
         if accepted:
-            self.sent[command.LANE].append(eid)
+            self._record_sent(eid, command, self._lane_for(command))
         outcome: BaseException | None = None
         try:
             await self.handle.ask(command, timeout=self.ask_timeout_s)
@@ -631,9 +653,10 @@ class RuntimeMachine(RuleBasedStateMachine):
     def append(self, pcm, fence, ask):
         self.step(self._send, dst.FencedCommand("append", fence, pcm), ask)
 
-    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), ask=st.booleans())
-    def command(self, kind, fence, ask):
-        self.step(self._send, dst.FencedCommand(kind, fence), ask)
+    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), ask=st.booleans(),
+          item=st.integers(0, len(dst.ITEM_IDS) - 1))
+    def command(self, kind, fence, ask, item):
+        self.step(self._send, dst.FencedCommand(kind, fence, item=item), ask)
 
     @rule(pcm=dst.pcm16_chunks(60, 200), interrupt=st.sampled_from((None, "barge_in", "cancel", "close")),
           ms=st.sampled_from((0, 1, 3, 8)))
@@ -708,7 +731,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         processed: dict[Lane, list[str]] = {Lane.CONTROL: [], Lane.DATA: []}
         for entry in entries:
             if entry.kind == "command" and entry.item.event_id is not None:
-                processed[entry.item.LANE].append(entry.item.event_id)
+                processed[self.lane_of.get(entry.item.event_id, entry.item.LANE)].append(entry.item.event_id)
         for lane, ids in processed.items():
             assert ids == self.sent[lane][:len(ids)], (
                 f"{lane.name} lane: processed {ids}, accepted in order {self.sent[lane]}")

@@ -5,7 +5,9 @@ the typed error of an illegal command, the new state, epoch and turn, the engine
 (submit, abort), the response terminals and whether the timing ledger must be empty. It is
 written from the domain rules, not from the statechart table, so a state machine test that
 compares the two can fail when the chart (or the code behind it) is wrong. It covers the
-cascaded mode (``model_native=False``), with or without ``auto_respond``, and the overlap
+cascaded mode (``model_native=False``), with or without ``respond_on_commit`` (OpenAI's GA
+contract: a commit only adds audio to the conversation; committing during a response is
+allowed), response.created at acceptance, cancels that name a response, and the overlap
 policy (speech over a response longer than ``min_interruption_ms`` is a barge-in).
 
 :class:`EventStreamChecker` watches the events a client receives, in order, and raises
@@ -34,8 +36,11 @@ from ..errors import (
     InvalidCommand,
     NoActiveResponse,
     ResponseInProgress,
+    ResponseNotFound,
     SessionClosed,
     FenceAhead,
+    InvalidItem,
+    ItemNotFound,
     StaleFence,
 )
 
@@ -107,6 +112,10 @@ class SessionModel:
         self.issued: list[str] = []  # every request id ever submitted, in order
         self.terminals: list[tuple] = []  # every terminal ever expected, in order
         self.close_issued_at: int | None = None  # len(issued) when the session closed
+        #: The conversation's item ids in order (items the session names itself are placeholders:
+        #: only their count matters, for the oldest-first eviction at ``config.max_items``).
+        self.items: list[str] = []
+        self._auto_items = 0
         #: TTFT / TTFP (ms) each response must report, when the inputs carried times.
         self.ttft: dict[str, float] = {}
         self.ttfp: dict[str, float] = {}
@@ -152,14 +161,16 @@ class SessionModel:
                 self._cancel(exp, "turn_detected")
 
     def _c_commit(self, c, exp, now) -> None:
-        if self.state == RESPONDING:
-            exp.error = ResponseInProgress
-            return
         if self.state == IDLE or self.buffered == 0:
             exp.error = InputBufferEmpty
             return
-        self.committed, self.buffered = self.buffered, 0
-        if self.config.auto_respond:
+        # Committed audio waits for the next response, however many commits come first.
+        self.committed += self.buffered
+        self.buffered = 0
+        self._add_auto_item()  # the user's audio item
+        if self.state == RESPONDING:
+            return  # allowed during a response; it starts nothing
+        if self.config.respond_on_commit:
             self._submit(exp, now)
         else:
             self.state = IDLE
@@ -183,10 +194,40 @@ class SessionModel:
         if self.state != RESPONDING:
             exp.error = NoActiveResponse
             return
+        if c.response_id is not None and (self.response is None
+                                          or c.response_id != self.response.response_id):
+            exp.error = ResponseNotFound
+            return
         self._cancel(exp, c.reason)
 
     def _c_heartbeat(self, c, exp, now) -> None:
         pass
+
+    # Conversation items never move the state; unknown ids and duplicates are refused.
+    def _c_create_item(self, c, exp, now) -> None:
+        if c.item.id in self.items or (c.previous_item_id not in (None, "root")
+                                       and c.previous_item_id not in self.items):
+            exp.error = InvalidItem
+            return
+        self._add_item(c.item.id)
+
+    def _c_delete_item(self, c, exp, now) -> None:
+        if c.item_id not in self.items:
+            exp.error = ItemNotFound
+            return
+        self.items.remove(c.item_id)
+
+    def _c_retrieve_item(self, c, exp, now) -> None:
+        if c.item_id not in self.items:
+            exp.error = ItemNotFound
+
+    def _add_item(self, item_id: str) -> None:
+        self.items.append(item_id)
+        del self.items[:-self.config.max_items]
+
+    def _add_auto_item(self) -> None:
+        self._auto_items += 1
+        self._add_item(f"<auto {self._auto_items}>")
 
     def _c_speech_started(self, c, exp, now) -> None:
         if self.state == IDLE:
@@ -263,6 +304,7 @@ class SessionModel:
         self.request_start = now
         self.overlap_ms = None
         self.state = RESPONDING
+        self._begin(exp, now)  # response.created goes out when the turn is accepted
 
     def _begin(self, exp: Expectation, now) -> None:
         if self.response is not None:
@@ -271,6 +313,7 @@ class SessionModel:
         start = self.request_start if self.request_start is not None else now
         self.response = ModelResponse(rid, self.epoch, self.turn_id, start)
         exp.terminals.append(("response.created", rid))
+        self._add_auto_item()  # the response's assistant item
 
     def _finish_response(self, exp: Expectation, status: str, reason: str | None) -> None:
         if self.response is not None:
@@ -309,6 +352,7 @@ class SessionModel:
         done_reason = reason if reason in ("turn_detected", "client_cancelled") else "session_closed"
         self._finish_response(exp, "cancelled", done_reason)
         self.buffered = self.committed = 0
+        self.items = []
         self.overlap_ms = None
         self.close_issued_at = len(self.issued)
         exp.terminals.append(("session.closed", reason))
@@ -399,7 +443,7 @@ class EventStreamChecker:
         elif isinstance(e, _RESPONSE_PARTS):
             self._inside(where, e)
             metrics = getattr(e, "metrics", None)
-            if isinstance(e, ev.TextDeltaEvent) and metrics is not None:
+            if isinstance(e, (ev.TextDeltaEvent, ev.TranscriptDeltaEvent)) and metrics is not None:
                 assert e.response_id not in self.ttft, f"{where}: TTFT recorded twice"
                 assert metrics.ttft_ms is not None, f"{where}: first-token metrics without TTFT"
                 self.ttft[e.response_id] = metrics.ttft_ms

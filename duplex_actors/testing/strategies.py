@@ -32,6 +32,7 @@ import attrs
 from hypothesis import strategies as st
 
 from ..core import commands as cmd
+from ..core.conversation import ContentPart, Item
 from ..core.engine_io import (
     Aborted,
     AudioPacket,
@@ -127,7 +128,11 @@ def fences(*, stale: bool = True, ahead: bool = False) -> st.SearchStrategy[Fenc
 
 
 COMMAND_KINDS = ("append", "commit", "clear", "create_response", "barge_in", "cancel",
-                 "heartbeat", "close", "speech_started", "speech_stopped")
+                 "cancel_other", "heartbeat", "close", "speech_started", "speech_stopped",
+                 "create_item", "delete_item", "retrieve_item")
+
+#: Item ids programs create, delete and retrieve (a small pool, so they collide and miss).
+ITEM_IDS = tuple(f"item_kit_{n}" for n in range(4))
 
 
 @attrs.frozen(slots=True)
@@ -139,11 +144,12 @@ class FencedCommand:
     pcm: bytes = attrs.field(default=b"", repr=lambda b: f"<{len(b)} bytes>")
     audio_ms: int = 0
     stale_by: int = 1
+    item: int = 0  # which of ITEM_IDS an item command names
 
     def bind(self, epoch: int, event_id: str | None = None) -> cmd.Command:
         """The concrete command for a session whose current epoch is ``epoch``."""
         fields = {"epoch": self.fence.resolve(epoch, back=self.stale_by), "event_id": event_id}
-        return make_command(self.kind, pcm=self.pcm, audio_ms=self.audio_ms, **fields)
+        return make_command(self.kind, pcm=self.pcm, audio_ms=self.audio_ms, item=self.item, **fields)
 
     @property
     def lane(self) -> cmd.Lane:
@@ -153,22 +159,34 @@ class FencedCommand:
 _COMMAND_TYPES: dict[str, type[cmd.Command]] = {
     "append": cmd.AppendAudio, "commit": cmd.CommitInput, "clear": cmd.ClearInput,
     "create_response": cmd.CreateResponse, "barge_in": cmd.BargeIn,
-    "cancel": cmd.CancelResponse, "heartbeat": cmd.Heartbeat, "close": cmd.Close,
+    "cancel": cmd.CancelResponse, "cancel_other": cmd.CancelResponse,
+    "heartbeat": cmd.Heartbeat, "close": cmd.Close, "create_item": cmd.CreateItem,
+    "delete_item": cmd.DeleteItem, "retrieve_item": cmd.RetrieveItem,
     "speech_started": cmd.SpeechStartedSignal, "speech_stopped": cmd.SpeechStoppedSignal,
 }
 
 
-def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, **fields) -> cmd.Command:
+def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, item: int = 0,
+                 **fields) -> cmd.Command:
     """Build the command of ``kind`` (one of :data:`COMMAND_KINDS`) with common fields."""
+    item_id = ITEM_IDS[item % len(ITEM_IDS)]
+    if kind == "create_item":
+        text = Item(id=item_id, role="user", content=(ContentPart(type="input_text", text="hello"),))
+        return cmd.CreateItem(item=text, **fields)
+    if kind in ("delete_item", "retrieve_item"):
+        return _COMMAND_TYPES[kind](item_id=item_id, **fields)
     if kind == "append":
         return cmd.AppendAudio(pcm=pcm, **fields)
     if kind in ("speech_started", "speech_stopped"):
         return _COMMAND_TYPES[kind](audio_ms=audio_ms, **fields)
+    if kind == "cancel_other":  # names a response that is never the active one: refused
+        return cmd.CancelResponse(response_id="resp_not_the_active_one", **fields)
     return _COMMAND_TYPES[kind](**fields)
 
 
 _DEFAULT_WEIGHTS = {"append": 6, "commit": 3, "clear": 1, "create_response": 1, "barge_in": 2,
-                    "cancel": 1, "heartbeat": 1, "close": 1, "speech_started": 1,
+                    "cancel": 1, "cancel_other": 1, "heartbeat": 1, "create_item": 1,
+                    "delete_item": 1, "retrieve_item": 1, "close": 1, "speech_started": 1,
                     "speech_stopped": 1}
 
 
@@ -190,6 +208,7 @@ def fenced_commands(kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *,
         pcm=audio,
         audio_ms=st.integers(0, 60_000),
         stale_by=st.integers(1, 3),
+        item=st.integers(0, len(ITEM_IDS) - 1),
     ).map(lambda c: c if c.kind == "append" else attrs.evolve(c, pcm=b""))
 
 

@@ -88,7 +88,8 @@ def _per_session_state(core: SessionCore) -> dict:
 
 
 def test_per_response_state_stays_bounded_over_many_responses():
-    core = SessionCore("sess_bounded000000", SessionConfig(journal_max_age_s=15.0), ManualClock(100.0))
+    core = SessionCore("sess_bounded000000", SessionConfig(journal_max_age_s=15.0, max_items=16),
+                       ManualClock(100.0))  # a small item cap, reached during the warm-up
     tracemalloc.start()  # before the warm-up, so what it leaves alive is traced too
     try:
         i = _run(core, 20, 0)  # warm-up: past the journal's age limit and every cap (64 playbacks)

@@ -10,6 +10,8 @@ from duplex_actors.core.engine_io import Decision, FunctionCall, FunctionTool, T
 from duplex_actors.core.session import SubmitTurn
 from duplex_actors.errors import UnknownFunctionCall
 
+from duplex_actors.server.codec import WireSession, encode
+
 from .helpers import CHUNK, core_in
 
 TOOL = FunctionTool("get_weather", "Weather in a city", '{"type":"object"}')
@@ -25,6 +27,11 @@ def test_scripted_example_arguments_fill_required_parameters_from_the_schema():
     assert json.loads(example_arguments(json.dumps(schema))) == {
         "city": "example", "days": 1, "unit": "c", "alerts": True}
     assert example_arguments("{}") == "{}" and example_arguments("not json") == "{}"
+
+
+def _wire(events):
+    # The wire shape is the server codec's (the core's events are typed values).
+    return [encode(e, WireSession())[0] for e in events]
 
 
 def _submitted(core):
@@ -44,7 +51,7 @@ def test_tools_reach_the_request_and_a_call_becomes_its_own_item():
     core.on_engine_output(Decision(rid, True))
     core.on_engine_output(FunctionCall(rid, "call_1", "get_weather", '{"city":"Oslo"}'))
     core.on_engine_output(TurnDone(rid))
-    events = [e.to_wire() for e in core.take_events()]
+    events = _wire(core.take_events())
     types = [e["type"] for e in events]
     calls = [e for e in events if e["type"] == "response.output_item.added"
              and e["item"]["type"] == "function_call"]
@@ -69,7 +76,7 @@ def test_function_output_is_kept_for_exactly_the_next_turn():
     core.on_engine_output(TurnDone(request.request_id))
     core.take_events()
     core.handle(cmd.AddFunctionOutput(call_id="call_7", output='{"t":3}', item_id="item_out"))
-    events = [e.to_wire() for e in core.take_events()]
+    events = _wire(core.take_events())
     assert [e["type"] for e in events] == ["conversation.item.added", "conversation.item.done"]
     assert events[0]["item"] == {"id": "item_out", "object": "realtime.item",
                                  "type": "function_call_output", "status": "completed",

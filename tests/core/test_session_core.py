@@ -34,12 +34,13 @@ def test_full_turn_event_order_and_metrics():
     core.on_engine_output(TurnDone(rid))
     evs = core.take_events()
     assert types(evs) == [
-        "input_audio_buffer.committed", "response.created", "response.output_item.added",
+        "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done",
+        "response.created", "response.output_item.added", "conversation.item.added",
         "response.content_part.added", "response.output_text.delta",
         "response.output_audio.delta", "response.output_audio_transcript.delta",
         "response.output_text.delta", "response.output_text.done", "response.output_audio.done",
         "response.output_audio_transcript.done", "response.content_part.done",
-        "response.output_item.done", "response.done"]
+        "response.output_item.done", "conversation.item.done", "response.done"]
     done = evs[-1]
     assert done.status == "completed"
     m = done.metrics
@@ -49,10 +50,10 @@ def test_full_turn_event_order_and_metrics():
     assert m.tpot_ms == pytest.approx(50.0)
     assert m.token_count == 2
     assert m.rtf == pytest.approx(0.080 / 0.100)
-    first_text = evs[4]
+    first_text = evs[7]
     assert first_text.metrics.ttft_ms == pytest.approx(60.0)
-    assert evs[5].metrics.ttfp_ms == pytest.approx(80.0)
-    assert evs[7].metrics is None  # only the first delta carries TTFT
+    assert evs[8].metrics.ttfp_ms == pytest.approx(80.0)
+    assert evs[10].metrics is None  # only the first delta carries TTFT
     assert [e.seq for e in evs] == sorted(e.seq for e in evs)
     assert core.state == "idle" and core.turn_id == 1 and core.timing.is_empty
 
@@ -227,8 +228,9 @@ def test_server_vad_speech_stopped_commits_and_starts_a_turn():
     assert core.state == "responding"
     (submit,) = core.take_actions()
     assert len(submit.request.audio) == len(PCM)
-    assert types(core.take_events())[-2:] == ["input_audio_buffer.speech_stopped",
-                                             "input_audio_buffer.committed"]
+    assert types(core.take_events())[-8:-4] == [
+        "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+        "conversation.item.added", "conversation.item.done"]
 
 
 def test_without_server_vad_speech_stopped_only_reports():

@@ -5,10 +5,13 @@ the chart, so a change to the chart that alters behaviour fails here."""
 import pytest
 
 from duplex_actors.core import commands as cmd
+from duplex_actors.core.conversation import ContentPart, Item
 from duplex_actors.errors import (
     InputBufferEmpty,
+    ItemNotFound,
     NoActiveResponse,
     ResponseInProgress,
+    ResponseNotFound,
     SessionClosed,
     UnknownFunctionCall,
 )
@@ -38,10 +41,19 @@ def make(trigger, core):
         # tests/core/test_function_calls.py).
         "function_output": lambda: cmd.AddFunctionOutput(call_id="call_x", output="1"),
         "close": lambda: cmd.Close(),
+        "create_item": lambda: cmd.CreateItem(item=Item(id="", role="user", content=(
+            ContentPart(type="input_text", text="hello"),))),
+        "delete_item": lambda: cmd.DeleteItem(item_id="item_unknown"),
+        "retrieve_item": lambda: cmd.RetrieveItem(item_id="item_unknown"),
+        "truncate_item": lambda: cmd.TruncateItem(item_id="item_unknown", content_index=0,
+                                                  audio_end_ms=0),
+        "cancel_other": lambda: cmd.CancelResponse(response_id="resp_other"),
     }[trigger]()
 
 
 I, L, R, B, C = "idle", "listening", "responding", "barge_in", "closed"
+# Item edits never move the state; an unknown item is refused (and changes nothing).
+ITEMS = {"delete_item": ItemNotFound, "retrieve_item": ItemNotFound, "truncate_item": ItemNotFound}
 EXPECTED = {
     "idle": {"append": L, "commit": InputBufferEmpty, "clear": I, "create_response": R,
              "speech_started": L, "speech_stopped": I, "barge_in": I, "cancel": NoActiveResponse,
@@ -50,7 +62,7 @@ EXPECTED = {
                   "speech_started": L, "speech_stopped": L, "barge_in": L,
                   "cancel": NoActiveResponse, "heartbeat": L, "playback_ack": L, "detach": L,
                   "resume": L, "update": L, "close": C},
-    "responding": {"append": R, "commit": ResponseInProgress, "clear": R,
+    "responding": {"append": R, "commit": InputBufferEmpty, "clear": R,
                    "create_response": ResponseInProgress, "speech_started": R,
                    "speech_stopped": R, "barge_in": B, "cancel": B, "heartbeat": R,
                    "playback_ack": R, "detach": R, "resume": R, "update": R, "close": C},
@@ -66,6 +78,12 @@ EXPECTED = {
 for _state in (I, L, R, B):
     EXPECTED[_state]["function_output"] = UnknownFunctionCall
 EXPECTED[C]["function_output"] = SessionClosed
+for _state, _cell in EXPECTED.items():
+    if _state == "closed":
+        _cell.update({t: SessionClosed for t in ["create_item", *ITEMS, "cancel_other"]})
+    else:
+        _cell.update({"create_item": _state, **ITEMS,
+                      "cancel_other": ResponseNotFound if _state == R else NoActiveResponse})
 EXPECTED["responding_begun"] = EXPECTED["responding"]
 
 PAIRS = [(s, t) for s in STATES for t in EXPECTED[s]]
@@ -91,7 +109,24 @@ def test_state_trigger_pair(state, trigger):
 def test_every_client_trigger_of_the_chart_is_covered():
     from duplex_actors.core.statechart import CLIENT_TRIGGERS
 
-    assert CLIENT_TRIGGERS == set(EXPECTED["idle"])
+    assert CLIENT_TRIGGERS == set(EXPECTED["idle"]) - {"cancel_other"}
+
+
+def test_commit_during_a_response_adds_the_audio_and_starts_nothing():
+    core = core_in("responding_begun")
+    rid = core.response_id
+    core.handle(cmd.AppendAudio(pcm=CHUNK))
+    core.handle(cmd.CommitInput())
+    assert core.state == "responding" and core.response_id == rid
+    assert core.take_actions() == []
+    assert [e.type for e in core.take_events()] == [
+        "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+
+
+def test_a_commit_responds_only_when_the_session_asks_for_it():
+    core = core_in("listening", respond_on_commit=False)
+    core.handle(cmd.CommitInput())
+    assert core.state == "idle" and core.take_actions() == []
 
 
 def test_close_twice_is_harmless_and_emits_one_closed_event():

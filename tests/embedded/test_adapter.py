@@ -77,3 +77,15 @@ def test_unit_prompts_ask_for_a_decision_and_response_prompts_do_not():
     resp = adapter.build_prompt(request("s"))
     assert unit.decide_first and unit.suffix_ids == (adapter.vocab.unit,)
     assert not resp.decide_first and resp.suffix_ids == (adapter.vocab.respond,)
+
+
+def test_typed_user_text_reaches_the_prompt_as_words():
+    """conversation.item.create text is read like instructions: the words the vocabulary knows."""
+    adapter = _adapter()
+    vocab = adapter.vocab
+    known = [w for w in ("hello", "how", "are", "you") if w in vocab.index]
+    assert known, "the test needs words the vocabulary knows"
+    plain = adapter.build_prompt(request("s"))
+    typed = adapter.build_prompt(attrs.evolve(request("s"), input_text=" ".join(known) + " zzzqx"))
+    assert typed.prefix_ids[: len(plain.prefix_ids)] == plain.prefix_ids
+    assert typed.prefix_ids[len(plain.prefix_ids):] == tuple(vocab.index[w] for w in known)

@@ -120,7 +120,8 @@ async def test_close_ends_with_one_session_closed_even_when_abort_fails_and_abor
         r = Reader(s)
         s.append_audio(CHUNK * 5)
         await s.commit()
-        await r.until_type("response.created")
+        # the engine must hold the request (response.created goes out before it starts)
+        await r.until_type("response.output_text.delta")
         await s.close()
         await s.close()  # closing twice is harmless
         events = await r.drain()

@@ -14,8 +14,10 @@ pytest.importorskip("prometheus_client")
 from duplex_actors import Runtime, Script, ScriptedEngine  # noqa: E402
 from duplex_actors.server import RealtimeServer, ServerConfig  # noqa: E402
 
-# 100 ms of quiet pcm16 at 16 kHz: what a microphone sends every 100 ms.
-CHUNK_100MS = b"\x01\x00" * 1600
+# 100 ms of quiet pcm16 at 24 kHz (the GA wire rate): what a microphone sends every 100 ms.
+CHUNK_100MS = b"\x01\x00" * 2400
+# The same at 16 kHz, for sessions that declared audio/pcm at 16000 Hz (our extension).
+CHUNK_100MS_16K = b"\x01\x00" * 1600
 
 
 @pytest.fixture

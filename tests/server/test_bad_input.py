@@ -33,14 +33,16 @@ BAD_FRAMES = [
     (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not-base64", "event_id": "e5"}), "invalid_audio", "e5"),
     (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0\0"), "event_id": "e6"}), "invalid_audio", "e6"),
     (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0"), "sample_rate": 44100, "event_id": "e7"}), "invalid_command", "e7"),
-    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0"), "sample_rate": 24000, "event_id": "e8"}), "invalid_command", "e8"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0"), "sample_rate": 16000, "event_id": "e8"}), "invalid_command", "e8"),
     (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0" * 20_000), "event_id": "e9"}), "chunk_too_large", "e9"),
     (json.dumps({"type": "heartbeat", "pad": "x" * 70_000, "event_id": "e10"}), "frame_too_large", None),
     (json.dumps({"type": "session.update", "session": "fast", "event_id": "e11"}), "invalid_value", "e11"),
     (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}, "event_id": "e12"}), "unsupported_audio_format", "e12"),
     (json.dumps({"type": "response.cancel", "event_id": "e13"}), "response_cancel_not_active", "e13"),
-    (json.dumps({"type": "conversation.item.create", "item": {"type": "message"}, "event_id": "e14"}), "not_supported", "e14"),
-    (json.dumps({"type": "conversation.item.delete", "item_id": "x", "event_id": "e15"}), "not_supported", "e15"),
+    (json.dumps({"type": "conversation.item.create", "item": {"type": "message"}, "event_id": "e14"}), "invalid_value", "e14"),
+    (json.dumps({"type": "conversation.item.delete", "item_id": "x", "event_id": "e15"}), "item_not_found", "e15"),
+    (json.dumps({"type": "response.cancel", "response_id": "resp_x", "event_id": "e19"}), "response_cancel_not_active", "e19"),
+    (json.dumps({"type": "conversation.item.truncate", "item_id": "x", "content_index": 0, "audio_end_ms": 5, "event_id": "e20"}), "item_not_found", "e20"),
     (json.dumps({"type": "input_audio_buffer.commit", "epoch": -3, "event_id": "e16"}), "invalid_value", "e16"),
     (json.dumps({"type": "duplex.playback_ack", "response_id": "r", "event_id": "e17"}), "invalid_value", "e17"),
     (json.dumps({"type": "session.resume", "session_id": "s", "generation": 0, "resume_token": "t", "event_id": "e18"}), "invalid_event", "e18"),
@@ -57,6 +59,8 @@ async def test_each_bad_frame_gets_its_error_and_accepted_audio_is_kept():
             for text, code, event_id in BAD_FRAMES:
                 await ws.send(text)
                 event = await recv_json(ws)
+                if event["type"] == "session.updated":  # the refused field's error came first
+                    event = await recv_json(ws)
                 assert event["type"] == "error", (text[:60], event)
                 assert event["error"]["code"] == code, (text[:60], event)
                 assert event["error"]["message"]
@@ -68,15 +72,19 @@ async def test_each_bad_frame_gets_its_error_and_accepted_audio_is_kept():
             # still the same session, and the 100 ms accepted before the garbage is all there
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(CHUNK_100MS)}))
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send(json.dumps({"type": "response.create"}))
             events = await recv_until(ws, "response.done")
             committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
-            assert committed["audio_ms"] == 200
+            assert committed["audio_ms"] == 200  # 24 kHz on the wire, every sample in the session
             assert events[-1]["response"]["status"] == "completed"
         sent_errors = sum(server.metrics.client_errors.labels(code)._value.get()
                           for code in {c for _, c, _ in BAD_FRAMES} | {"invalid_frame"})
         assert sent_errors == len(BAD_FRAMES) + 1
-        # two were well-formed and refused by the session itself (rate, cancel with nothing)
-        assert server.metrics.frames.labels("rejected")._value.get() == len(BAD_FRAMES) + 1 - 2
+        # four were well-formed and refused by the session itself (two cancels with nothing to
+        # cancel, an unknown item deleted and truncated): the codec refused the rest
+        session_refused = {"e13", "e15", "e19", "e20"}
+        rejected = server.metrics.frames.labels("rejected")._value.get()
+        assert rejected == len(BAD_FRAMES) + 1 - len(session_refused)
 
 
 async def test_frames_past_the_transport_cap_drop_only_that_connection():
@@ -105,6 +113,7 @@ async def test_a_client_that_stops_reading_does_not_slow_the_others():
         await recv_json(stalled)
         await stalled.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(CHUNK_100MS)}))
         await stalled.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await stalled.send(json.dumps({"type": "response.create"}))
         # ~6 MB of audio deltas are now queued towards a reader that never reads
         async with connect(server.url) as healthy:
             await recv_json(healthy)

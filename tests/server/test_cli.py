@@ -66,6 +66,7 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
             await client.recv()
             await client.send_audio(CHUNK_100MS)
             await client.commit()
+            await client.create_response()
             done, _ = await client.wait_for("response.done", timeout=15)
             assert done["response"]["status"] == "completed"
         proc.send_signal(signal.SIGINT)

@@ -12,20 +12,23 @@ from .conftest import CHUNK_100MS, running_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
-RESPONSE_ORDER = ["response.created", "response.output_item.added", "response.content_part.added"]
-CLOSING_ORDER = ["response.output_text.done", "response.output_audio.done",
-                 "response.output_audio_transcript.done", "response.content_part.done",
-                 "response.output_item.done", "response.done"]
+# GA order of an audio response (the session default): its words stream once, as the transcript.
+RESPONSE_ORDER = ["response.created", "response.output_item.added", "conversation.item.added",
+                  "response.content_part.added"]
+CLOSING_ORDER = ["response.output_audio.done", "response.output_audio_transcript.done",
+                 "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                 "response.done"]
 
 
 def assert_response_shape(events: list[dict]) -> None:
     types = [e["type"] for e in events]
     start = types.index("response.created")
     body = types[start:]
-    assert body[:3] == RESPONSE_ORDER
+    assert body[:4] == RESPONSE_ORDER
     assert body[-len(CLOSING_ORDER):] == CLOSING_ORDER
-    middle = body[3:-len(CLOSING_ORDER)]
+    middle = body[4:-len(CLOSING_ORDER)]
     assert middle and all(t.endswith(".delta") for t in middle)
+    assert "response.output_text.delta" not in middle  # no words twice
     rid = events[start]["response"]["id"]
     assert all(e.get("response_id", rid) == rid for e in events[start:-1])
     assert events[-1]["response"]["id"] == rid
@@ -39,6 +42,7 @@ async def test_full_turn_streams_a_response_in_order(server):
         for _ in range(3):
             await client.send_audio(CHUNK_100MS)
         await client.commit()
+        await client.create_response()
         done, before = await client.wait_for("response.done")
         events = before + [done]
         committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
@@ -46,8 +50,10 @@ async def test_full_turn_streams_a_response_in_order(server):
         assert_response_shape(events)
         assert done["response"]["status"] == "completed"
         assert done["response"]["metrics"]["ttft_ms"] is not None
-        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
         assert text == "".join(Script().tokens)
+        rate_limits, _ = await client.wait_for("rate_limits.updated")  # after each response
+        assert rate_limits["server_event_seq"] is None
         seqs = [created["server_event_seq"]] + [e["server_event_seq"] for e in events]
         assert seqs == list(range(1, len(seqs) + 1))
         assert all(e["epoch"] == 0 for e in events)
@@ -59,12 +65,13 @@ async def test_cancel_ends_the_response_once_with_client_cancelled():
             await client.recv()
             await client.update_session({"turn_detection": None})
             updated, _ = await client.wait_for("session.updated")
-            assert updated["session"]["auto_respond"] is False
+            assert updated["session"]["audio"]["input"]["turn_detection"] is None
+            assert updated["session"]["duplex"]["auto_respond"] is False
             await client.send_audio(CHUNK_100MS)
             await client.commit()
             await client.wait_for("input_audio_buffer.committed")
             await client.create_response(instructions="count")
-            await client.wait_for("response.output_text.delta")
+            await client.wait_for("response.output_audio_transcript.delta")
             await client.cancel()
             done, _ = await client.wait_for("response.done")
             assert done["response"]["status"] == "cancelled"
@@ -83,7 +90,8 @@ async def test_barge_in_cancels_with_turn_detected_and_is_counted():
             await client.recv()
             await client.send_audio(CHUNK_100MS)
             await client.commit()
-            await client.wait_for("response.output_text.delta")
+            await client.create_response()
+            await client.wait_for("response.output_audio_transcript.delta")
             await client.barge_in()
             done, _ = await client.wait_for("response.done")
             assert done["response"]["status"] == "cancelled"
@@ -92,6 +100,7 @@ async def test_barge_in_cancels_with_turn_detected_and_is_counted():
             # listening again: a new turn works
             await client.send_audio(CHUNK_100MS)
             await client.commit()
+            await client.create_response()
             await client.cancel()
             second, _ = await client.wait_for("response.done")
             assert second["response"]["id"] != done["response"]["id"]
@@ -106,24 +115,27 @@ async def test_extensions_heartbeat_playback_ack_and_truncate(server):
         assert ack["server_event_seq"] == 2
         await client.send_audio(CHUNK_100MS)
         await client.commit()
+        await client.create_response()
         done, events = await client.wait_for("response.done")
         item = next(e for e in events if e["type"] == "response.output_item.added")["item"]["id"]
         await client.ack_playback(done["response"]["id"], 120)
         await client.send({"type": "conversation.item.truncate", "item_id": item, "content_index": 0,
-                           "audio_end_ms": 150})
+                           "audio_end_ms": 15})
+        truncated, between = await client.wait_for("conversation.item.truncated")
+        assert (truncated["item_id"], truncated["audio_end_ms"]) == (item, 15)
+        assert not [e for e in between if e["type"] == "error"]  # the ack was accepted
         bad = await client.send({"type": "conversation.item.truncate", "item_id": "item_nope",
                                  "content_index": 0, "audio_end_ms": 1})
         backwards = await client.ack_playback(done["response"]["id"], 10)
         # Two refusals, nothing else: the unknown item (a data-lane frame) and the backwards ack
         # (control lane, which is drained first, so their order is not fixed).
-        first, between = await client.wait_for("error")
-        assert not [e for e in between if e["type"] == "error"]  # ack and truncate were accepted
+        first, _ = await client.wait_for("error")
         second, _ = await client.wait_for("error")
         refusals = {e["error"]["event_id"]: e["error"]["code"] for e in (first, second)}
         assert refusals[bad] == "item_not_found"
         assert backwards in refusals  # played_ms cannot go backwards
         playback = server.runtime.get(client.session_id).core._playback
-        assert playback == {done["response"]["id"]: 150}
+        assert playback == {done["response"]["id"]: 120, item: 15}
 
 
 async def test_illegal_in_state_is_an_error_event_and_the_session_carries_on(server):
@@ -138,6 +150,7 @@ async def test_illegal_in_state_is_an_error_event_and_the_session_carries_on(ser
         assert (error["error"]["code"], error["error"]["event_id"]) == ("response_cancel_not_active", cancel_id)
         await client.send_audio(CHUNK_100MS)
         await client.commit()
+        await client.create_response()
         done, _ = await client.wait_for("response.done")
         assert done["response"]["status"] == "completed"
 
@@ -171,6 +184,7 @@ async def test_many_clients_in_parallel_each_get_their_own_session(server):
             await client.recv()
             await client.send_audio(CHUNK_100MS)
             await client.commit()
+            await client.create_response()
             done, _ = await client.wait_for("response.done", timeout=10)
             results[i] = client.session_id
             assert done["response"]["status"] == "completed"

@@ -108,5 +108,6 @@ async def test_malformed_frames_never_hurt_the_server_or_the_session(fuzz_server
         await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                   "audio": base64.b64encode(CHUNK_100MS[:2000]).decode()}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
         events = await recv_until(ws, "response.done")
         assert events[-1]["response"]["status"] == "completed"

@@ -57,6 +57,7 @@ async def test_metrics_count_sessions_responses_and_latencies(server):
         await client.recv()
         await client.send_audio(CHUNK_100MS)
         await client.commit()
+        await client.create_response()
         await client.wait_for("response.done")
         await client.send({"type": "bogus"})
         await client.wait_for("error")

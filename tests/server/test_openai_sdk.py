@@ -11,7 +11,7 @@ openai = pytest.importorskip("openai")
 
 from duplex_actors import Script  # noqa: E402
 
-from .conftest import CHUNK_100MS, running_server  # noqa: E402
+from .conftest import CHUNK_100MS_16K, running_server  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -62,7 +62,7 @@ async def test_sdk_session_update_audio_response_and_cancel():
             assert handle.core.config.auto_respond is False
 
             for _ in range(3):
-                await connection.input_audio_buffer.append(audio=base64.b64encode(CHUNK_100MS).decode())
+                await connection.input_audio_buffer.append(audio=base64.b64encode(CHUNK_100MS_16K).decode())
             await connection.input_audio_buffer.commit()
             committed = await next_of(connection, "input_audio_buffer.committed")
             assert field(committed, "item_id")
@@ -71,7 +71,7 @@ async def test_sdk_session_update_audio_response_and_cancel():
             seen: list = []
             created_resp = await next_of(connection, "response.created", seen=seen)
             response_id = field(field(created_resp, "response"), "id")
-            delta = await next_of(connection, "response.output_text.delta", seen=seen)
+            delta = await next_of(connection, "response.output_audio_transcript.delta", seen=seen)
             assert field(delta, "delta") == "t0 "
             await connection.response.cancel()
             done = await next_of(connection, "response.done", seen=seen)
@@ -81,7 +81,9 @@ async def test_sdk_session_update_audio_response_and_cancel():
             types = [field(e, "type") for e in seen]
             assert types.count("response.done") == 1
             assert types.index("response.created") < types.index("response.output_item.added") \
-                < types.index("response.content_part.added") < types.index("response.output_text.delta")
+                < types.index("response.content_part.added") \
+                < types.index("response.output_audio_transcript.delta")
+            assert "response.output_text.delta" not in types  # an audio response: words once
 
             # a second, uninterrupted response streams to completion
             await connection.response.create(response={"instructions": "again"})
@@ -89,7 +91,7 @@ async def test_sdk_session_update_audio_response_and_cancel():
             done = await next_of(connection, "response.done", seen=seen, timeout=10)
             assert field(field(done, "response"), "status") == "completed"
             text = "".join(field(e, "delta") for e in seen
-                           if field(e, "type") == "response.output_text.delta")
+                           if field(e, "type") == "response.output_audio_transcript.delta")
             assert text == "".join(SLOW.tokens)
 
             # errors reach the SDK as error events carrying our event_id
@@ -112,4 +114,43 @@ async def test_sdk_with_a_wrong_key_is_refused():
                 pass
         assert "401" in str(info.value)
         assert server.runtime.session_count == 0
+        await client.close()
+
+
+async def test_sdk_default_ga_session_text_in_audio_out_and_typed_events():
+    """No session.update at all: the SDK's defaults (audio/pcm 24 kHz) work as they are."""
+    async with running_server(SLOW) as server:
+        client = sdk_client(server, "unused")
+        async with realtime(client).connect(model="gpt-realtime") as connection:
+            created = await next_of(connection, "session.created")
+            assert not isinstance(created, dict), "the SDK could not parse session.created"
+            session = field(created, "session")
+            assert field(field(field(session, "audio"), "output"), "format").rate == 24000
+
+            await connection.conversation.item.create(item={
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
+            added = await next_of(connection, "conversation.item.added")
+            assert field(field(added, "item"), "role") == "user"
+            await connection.response.create(response={"metadata": {"turn": "1"}})
+            seen: list = []
+            created_resp = await next_of(connection, "response.created", seen=seen)
+            assert field(field(created_resp, "response"), "metadata") == {"turn": "1"}
+            # a cancel naming another response is refused and cancels nothing
+            await connection.response.cancel(response_id="resp_not_this_one")
+            error = await next_of(connection, "error", seen=seen)
+            assert field(field(error, "error"), "code") == "response_not_found"
+            assert field(field(error, "error"), "param") == "response_id"
+            done = await next_of(connection, "response.done", seen=seen, timeout=10)
+            response = field(done, "response")
+            assert field(response, "status") == "completed"
+            assert field(response, "output_modalities") == ["audio"]
+            unparsed = [field(e, "type") for e in seen if isinstance(e, dict)]
+            assert not unparsed, f"the SDK did not recognise {unparsed}"
+            audio = [e for e in seen if field(e, "type") == "response.output_audio.delta"]
+            assert audio and len(base64.b64decode(field(audio[0], "delta"))) % 2 == 0
+            transcript = "".join(field(e, "delta") for e in seen
+                                 if field(e, "type") == "response.output_audio_transcript.delta")
+            assert transcript == "".join(SLOW.tokens)
+            limits = await next_of(connection, "rate_limits.updated")
+            assert not isinstance(limits, dict)
         await client.close()

