@@ -406,10 +406,14 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
         modalities = _modalities(response, "output_modalities")
         meta = response.object("metadata")
         if meta is not None:
-            if len(meta.obj) > 16 or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64
-                                             and len(v) <= 512 for k, v in meta.obj.items()):
-                raise response.fail("metadata", "must map at most 16 keys (<= 64 chars) to strings "
-                                    "(<= 512 chars)")
+            # OpenAI's limits: at most 16 pairs, keys <= 64 and values <= 512 characters; a bad
+            # value is named by its key (param response.metadata.<key>).
+            if len(meta.obj) > 16:
+                raise response.fail("metadata", "has more than 16 keys")
+            for key in meta.obj:
+                if len(key) > 64:
+                    raise response.fail("metadata", f"key {key[:64]!r}... is longer than 64 characters")
+                meta.str(key, required=True, max_len=512)
             metadata = dict(meta.obj)
     return cmd.CreateResponse(instructions=instructions, modalities=modalities, metadata=metadata,
                               event_id=event_id, epoch=epoch)

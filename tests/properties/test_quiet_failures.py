@@ -22,4 +22,6 @@ PCM = b"\x01\x00" * 3200  # 200 ms
 def test_hypothesis_prints_audio_values_as_their_short_repr(value):
     printed = pretty(value)
     assert printed == repr(value)
-    assert "6400 bytes" in printed and len(printed) < 400
+    # The bound tells "audio as its length" from "audio as bytes" (200 ms of pcm prints as
+    # ~25,000 characters); it is not a budget for the number of fields a value has.
+    assert "6400 bytes" in printed and len(printed) < 1000

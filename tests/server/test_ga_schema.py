@@ -134,11 +134,23 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
             await r.send(type="conversation.item.delete", item_id=assistant)
             await r.until("conversation.item.deleted")
 
-            # 4. system message, function output, cancel right after create, cancel of another id
+            # 4. a function call, its output, a system message, cancel right after create, cancel
+            #    of another id
+            weather = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                      "required": ["city"]}}
+            await r.send(type="session.update", session={"type": "realtime", "tools": [weather],
+                                                         "tool_choice": "required"})
+            await r.until("session.updated")
+            await r.send(type="response.create")
+            call = next(e for e in await r.until("response.done")
+                        if e["type"] == "response.function_call_arguments.done")
+            await r.send(type="session.update", session={"type": "realtime", "tool_choice": "none"})
+            await r.until("session.updated")
             await r.send(type="conversation.item.create", item={
                 "type": "message", "role": "system", "content": [{"type": "input_text", "text": "be brief"}]})
             await r.send(type="conversation.item.create", item={
-                "type": "function_call_output", "call_id": "call_1", "output": "{\"temp\": 21}"})
+                "type": "function_call_output", "call_id": call["call_id"], "output": "{\"temp\": 21}"})
             await r.until("conversation.item.done")
             await r.until("conversation.item.done")
             await r.send(type="response.create")

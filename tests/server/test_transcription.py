@@ -76,6 +76,8 @@ async def test_transcription_runs_off_the_loop_and_reaches_the_client(transcribe
                 await recv_json(ws)
                 await ws.send(json.dumps({"type": "session.update", "session": {
                     "audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"},
+                                        # the speech fixture is 16 kHz pcm (GA's default is 24)
+                                        "format": {"type": "audio/pcm", "rate": 16000},
                                         "turn_detection": None}}}}))
                 await recv_until(ws, "session.updated")
                 for i in range(0, len(pcm), 3200):
@@ -107,11 +109,12 @@ async def test_without_a_transcriber_the_turn_gets_a_failed_event():
             async with websockets.connect(server.url) as ws:
                 await recv_json(ws)
                 await ws.send(json.dumps({"type": "session.update", "session": {
-                    "input_audio_transcription": {"model": "whisper-1"}}}))
+                    "input_audio_transcription": {"model": "whisper-1"}, "turn_detection": None}}))
                 await recv_until(ws, "session.updated")
                 await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                           "audio": base64.b64encode(b"\x01\x00" * 1600).decode()}))
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                await ws.send(json.dumps({"type": "response.create"}))  # GA: commit alone never responds
                 with anyio.fail_after(5):
                     failed = await recv_until(ws, "conversation.item.input_audio_transcription.failed")
                 assert "not available" in failed[-1]["error"]["message"]
