@@ -39,7 +39,6 @@ import anyio
 import attrs
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
@@ -55,7 +54,7 @@ from ..errors import (
     SessionClosed,
     UnknownSession,
 )
-from . import wire
+from . import guard, wire
 from .metrics import ServerMetrics
 
 log = structlog.get_logger("duplex_actors.server")
@@ -66,7 +65,10 @@ CLOSE_BAD_RESUME = 4400  # the first frame of a resuming connection was not a va
 CLOSE_UNKNOWN_SESSION = 4404  # no such session (never existed, closed or expired)
 CLOSE_RESUME_CONFLICT = 4409  # stale generation or wrong resume token
 CLOSE_RESYNC_REQUIRED = 4410  # the journal no longer holds what the client missed
-CLOSE_TRY_AGAIN = 1013  # admission refused (session limit)
+CLOSE_TRY_AGAIN = 1013  # admission refused (session limit, quota)
+CLOSE_POLICY_VIOLATION = 1008  # too many refused frames (ServerConfig.invalid_frames_per_s)
+CLOSE_SLOW_CONSUMER = 4008  # a send did not drain within ServerConfig.write_timeout_s
+CLOSE_GOING_AWAY = 1001  # the server is shutting down (after session.closed)
 
 _RESUME_CLOSE_CODES = {
     ResumeConflict: CLOSE_RESUME_CONFLICT,
@@ -74,8 +76,6 @@ _RESUME_CLOSE_CODES = {
     UnknownSession: CLOSE_UNKNOWN_SESSION,
     SessionClosed: CLOSE_UNKNOWN_SESSION,
 }
-
-_SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -93,6 +93,19 @@ class ServerConfig:
     #: Websocket keepalive; a peer that stops answering pings is treated as dropped (detach).
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
+    #: More accepted keys (each session is bound to the key that opened it; see guard.py).
+    api_keys: tuple[str, ...] = ()
+    #: A send that has not drained after this long means the client stopped reading: the
+    #: connection is closed with CLOSE_SLOW_CONSUMER (the session detaches, as for any drop).
+    write_timeout_s: float = 10.0
+    #: Flood policy: refused frames allowed per second (sustained) and at once (burst); past it
+    #: the session closes (reason invalid_frame_flood) and the connection with 1008.
+    invalid_frames_per_s: float = 20.0
+    invalid_frames_burst: int = 100
+    #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013.
+    max_sessions_per_key: int | None = None
+    max_sessions_per_address: int | None = None
+    max_detached_sessions: int | None = None
     #: SessionConfig overrides applied to every new session (e.g. disconnect_grace_s).
     session_overrides: dict = attrs.field(factory=dict)
     #: Builds the voice activity model for server VAD, given the session's sample rate
@@ -103,10 +116,11 @@ class ServerConfig:
 class _SessionRecord:
     """What the server remembers about one session across its connections."""
 
-    __slots__ = ("handle", "lock", "attached", "counted_seq", "items", "vad")
+    __slots__ = ("handle", "lock", "attached", "counted_seq", "items", "vad", "owner")
 
-    def __init__(self, handle: SessionHandle) -> None:
+    def __init__(self, handle: SessionHandle, owner: bytes | None = None) -> None:
         self.handle = handle
+        self.owner = owner  # digest of the API key that opened the session (None: no auth)
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
@@ -130,6 +144,9 @@ class RealtimeServer:
         self._server: Server | None = None
         self._connections = 0
         self._opened = 0
+        self.quotas = guard.AdmissionQuotas(max_per_key=config.max_sessions_per_key,
+                                            max_per_address=config.max_sessions_per_address,
+                                            max_detached=config.max_detached_sessions)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -191,7 +208,7 @@ class RealtimeServer:
             return _respond(connection, 200, payload.decode("utf-8"), content_type)
         if path != self.config.path.rstrip("/"):
             return _respond(connection, 404, f"not found; the realtime endpoint is {self.config.path}\n")
-        if self.config.api_key is not None and not _authorized(request.headers, self.config.api_key):
+        if self._keys and guard.accepted_key(request.headers, self._keys) is None:
             self.metrics.auth_refused.inc()
             log.info("server.auth_refused", remote=_remote(connection))
             response = _respond(connection, 401, "missing or invalid API key: send "
@@ -201,6 +218,10 @@ class RealtimeServer:
         if self._connections >= self.config.max_connections:
             return _respond(connection, 503, "too many connections; retry later\n")
         return None
+
+    @property
+    def _keys(self) -> tuple[str, ...]:
+        return ((self.config.api_key,) if self.config.api_key is not None else ()) + self.config.api_keys
 
     # -- websocket side ---------------------------------------------------------------------
 
@@ -228,15 +249,18 @@ class RealtimeServer:
         self._opened += 1
         if self._opened % 256 == 0:
             self._sweep()
+        address = _address(conn.ws)
         try:
+            self.quotas.check(conn.key, address, sweep=self._sweep)
             handle = self.runtime.open_session_nowait(**self.config.session_overrides)
         except DuplexError as err:
-            log.warning("server.admission_refused", code=err.code)
+            log.warning("server.admission_refused", code=err.code, remote=address)
             await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
             return None
-        record = _SessionRecord(handle)
+        record = _SessionRecord(handle, owner=conn.key)
         record.attached = conn
         self._records[handle.id] = record
+        self.quotas.opened(handle.id, conn.key, address)
         log.info("server.session_opened", session_id=handle.id, remote=_remote(conn.ws))
         return record
 
@@ -247,6 +271,9 @@ class RealtimeServer:
             record = self._record_for(session_id)
             async with record.lock:
                 handle = record.handle
+                if record.owner is not None and not secrets.compare_digest(record.owner, conn.key or b""):
+                    # Resume tokens are bound to the API key that opened the session.
+                    raise ResumeConflict("this session was opened with another API key")
                 old = record.attached
                 if old is not None:
                     # Only a client holding the current token may push the old connection out.
@@ -258,6 +285,7 @@ class RealtimeServer:
                     await old.kick()
                 await handle.ask(request.command)
                 record.attached = conn
+                self.quotas.attached(session_id)
         except DuplexError as err:
             self.metrics.resumes.labels(err.code).inc()
             code = next((c for t, c in _RESUME_CLOSE_CODES.items() if isinstance(err, t)), CLOSE_BAD_RESUME)
@@ -295,16 +323,19 @@ class RealtimeServer:
     def _forget(self, record: _SessionRecord) -> None:
         if self._records.get(record.handle.id) is record:
             del self._records[record.handle.id]
+        self.quotas.released(record.handle.id)
 
     def _sweep(self) -> None:
         """Drop records of sessions that closed while no connection was attached (expiry)."""
         for session_id, record in list(self._records.items()):
             if record.handle.state == "closed" and record.attached is None:
                 del self._records[session_id]
+                self.quotas.released(session_id)
 
 
 class _Connection:
-    __slots__ = ("server", "ws", "record", "superseded", "writer_stopped")
+    __slots__ = ("server", "ws", "record", "superseded", "writer_stopped", "key", "flood", "flooding",
+                 "end_code")
 
     def __init__(self, server: RealtimeServer, ws: ServerConnection) -> None:
         self.server = server
@@ -312,6 +343,14 @@ class _Connection:
         self.record: _SessionRecord | None = None
         self.superseded = False
         self.writer_stopped = anyio.Event()
+        keys = server._keys
+        self.key = guard.key_digest(guard.accepted_key(ws.request.headers, keys)) if keys else None
+        config = server.config
+        self.flood = guard.FloodGuard(config.invalid_frames_per_s, config.invalid_frames_burst,
+                                      server.runtime.clock.now())
+        self.flooding = False
+        #: how the writer closes the socket after session.closed
+        self.end_code: tuple[int, str] = (1000, "session closed")
 
     # -- refusals without a session ---------------------------------------------------------
 
@@ -338,9 +377,28 @@ class _Connection:
         try:
             async for frame in self.ws:
                 self._on_frame(frame)
+                if self.flooding:
+                    await self._close_for_flood()
+                    return
         except ConnectionClosed:
             pass  # how it ended is read from the protocol state in _release
 
+    async def _close_for_flood(self) -> None:
+        """Declared flood policy: the session closes (``invalid_frame_flood``), the client
+        gets its session.closed, then close 1008. Frames after the budget are not read."""
+        handle = self.record.handle
+        log.warning("server.flood_closed", session_id=handle.id, refused=self.flood.refused,
+                    remote=_remote(self.ws))
+        self.server.metrics.disconnects.labels("flood").inc()
+        self.end_code = (CLOSE_POLICY_VIOLATION, "too many invalid frames")
+        with contextlib.suppress(DuplexError):
+            await handle.ask(cmd.Close(reason="invalid_frame_flood"), timeout=2.0)
+        with anyio.move_on_after(self.server.config.write_timeout_s):
+            await self.writer_stopped.wait()
+        with contextlib.suppress(ConnectionClosed), anyio.move_on_after(1.0):
+            await self.ws.close(*self.end_code)
+        if self.ws.transport is not None:
+            self.ws.transport.abort()
     def _on_frame(self, frame: str | bytes) -> None:
         record = self.record
         handle = record.handle
@@ -374,6 +432,7 @@ class _Connection:
             if err.event_id is None:
                 err.with_event_id(getattr(event, "event_id", None))
             _report(handle, err)
+            self.flooding = self.flood.over_budget(self.server.runtime.clock.now())
             return
         except Exception as exc:  # a codec bug must not cost the client its connection
             log.error("server.frame_failed", session_id=handle.id, error=repr(exc))
@@ -381,6 +440,7 @@ class _Connection:
             err = DuplexError(f"internal error handling this frame: {type(exc).__name__}")
             err.code = "internal_error"
             _report(handle, err)
+            self.flooding = self.flood.over_budget(self.server.runtime.clock.now())
             return
         metrics.frames.labels("decoded").inc()
 
@@ -411,15 +471,30 @@ class _Connection:
                         metrics.observe(event)
                     if isinstance(event, ev.OutputItemAdded):
                         record.remember_item(event.item_id, event.response_id)
-                    await self.ws.send(wire.encode(event.to_wire()))
+                    with anyio.fail_after(self.server.config.write_timeout_s):
+                        await self.ws.send(wire.encode(event.to_wire()))
                     if isinstance(event, ev.SessionClosedEvent):
                         break
             self.server._forget(record)
-            await self.ws.close(1000, "session closed")
+            await self.ws.close(*self.end_code)
         except ConnectionClosed:
             pass
+        except TimeoutError:
+            await self._drop_slow_consumer()
         finally:
             self.writer_stopped.set()
+
+    async def _drop_slow_consumer(self) -> None:
+        """The client stopped reading: a send did not drain within write_timeout_s. Its
+        connection (and the memory buffered for it) goes; its session detaches as on any drop."""
+        log.warning("server.slow_consumer_dropped", session_id=self.record.handle.id,
+                    timeout_s=self.server.config.write_timeout_s, remote=_remote(self.ws))
+        self.server.metrics.disconnects.labels("slow_consumer").inc()
+        # The close frame cannot get past a full buffer: give it a moment, then cut the socket.
+        with contextlib.suppress(ConnectionClosed), anyio.move_on_after(0.5):
+            await self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: writes did not drain")
+        if self.ws.transport is not None:
+            self.ws.transport.abort()
 
     async def kick(self) -> None:
         """Another connection resumed this session: stop writing, close, do not detach."""
@@ -457,6 +532,7 @@ class _Connection:
                     metrics.disconnects.labels("closed").inc()
                 else:
                     await handle.ask(cmd.Detach())
+                    self.server.quotas.detached(handle.id)
                     metrics.disconnects.labels("detached").inc()
             except DuplexError as err:  # closed meanwhile (expiry, shutdown): nothing to keep
                 log.debug("server.release_ignored", session_id=handle.id, code=err.code)
@@ -490,24 +566,6 @@ def _select_subprotocol(connection: ServerConnection, subprotocols) -> str | Non
     return "realtime" if "realtime" in subprotocols else None
 
 
-def _authorized(headers: Headers, api_key: str) -> bool:
-    offered: list[str] = []
-    auth = headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        offered.append(token.strip())
-    if headers.get("api-key"):
-        offered.append(headers["api-key"].strip())
-    for value in headers.get_all("Sec-WebSocket-Protocol"):
-        for proto in value.split(","):
-            proto = proto.strip()
-            if proto.startswith(_SUBPROTOCOL_KEY_PREFIX):
-                offered.append(proto[len(_SUBPROTOCOL_KEY_PREFIX):])
-    expected = api_key.encode("utf-8")
-    # compare every candidate, so timing does not reveal which header matched
-    return any([secrets.compare_digest(o.encode("utf-8"), expected) for o in offered])
-
-
 def _respond(connection: ServerConnection, status: int, text: str,
              content_type: str | None = None) -> Response:
     response = connection.respond(status, text)
@@ -515,6 +573,14 @@ def _respond(connection: ServerConnection, status: int, text: str,
         del response.headers["Content-Type"]
         response.headers["Content-Type"] = content_type
     return response
+
+
+def _address(ws: ServerConnection) -> str:
+    """The client's IP address (quotas count per address, not per port)."""
+    try:
+        return str(ws.remote_address[0])
+    except Exception:
+        return "?"
 
 
 def _remote(ws: ServerConnection) -> str:
