@@ -25,13 +25,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from typing import Any, Callable, Union
 
 import attrs
 
 from ..core import commands as cmd
 from ..core.engine_io import SamplingOverrides
-from ..errors import ClientError, DuplexError, InvalidCommand
+from ..errors import ClientError, DuplexError, InvalidCommand, InvalidSampling, UnencodableText
 
 # --- declared limits ------------------------------------------------------------------------
 
@@ -274,6 +275,26 @@ def _depth_ok(value: Any, limit: int) -> bool:
     return True
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_unencodable(value: Any) -> None:
+    """Refuse a frame whose strings (keys included) hold a lone surrogate: it would reach the
+    session and its replay journal, and fail later when an event echoing it is encoded."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise UnencodableText("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                                      "which is not valid Unicode text")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 # --- the decoder ----------------------------------------------------------------------------
 
 
@@ -292,6 +313,14 @@ def decode(frame: str | bytes, limits: WireLimits = WireLimits(), *, sample_rate
         raise InvalidJSON(f"frame is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise InvalidJSON(f"an event must be a JSON object, not {_json_type(obj)}")
+    if "\\u" in frame:  # only a \uXXXX escape can smuggle a lone surrogate past UTF-8 decoding
+        try:
+            _refuse_unencodable(obj)
+        except UnencodableText as err:
+            echo = obj.get("event_id")
+            if isinstance(echo, str) and len(echo) <= 512 and not _SURROGATE.search(echo):
+                err.with_event_id(echo)
+            raise
     event_id = obj.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise InvalidField("event_id", f"must be a string, not {_json_type(event_id)}")
@@ -462,7 +491,10 @@ def _session_update(f: _Fields, event_id, epoch, limits, sample_rate):
                 if value is not None:
                     sampling[key] = value
     if sampling:
-        changes["sampling"] = SamplingOverrides(**sampling)
+        try:
+            changes["sampling"] = SamplingOverrides(**sampling)
+        except InvalidSampling as err:
+            raise err.with_event_id(event_id) from None
     return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),
                          turn_detection=detection, vad_off=vad_off)
 

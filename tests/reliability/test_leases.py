@@ -168,6 +168,30 @@ async def test_replayed_resume_with_same_control_id_is_idempotent_and_late_one_c
         assert len(r.of_type("session.resumed")) == 3
 
 
+async def test_a_replayed_control_id_with_other_credentials_is_a_conflict_not_a_takeover():
+    rt, clock = manual_runtime()
+    async with rt:
+        s = await rt.open_session()
+        r = Reader(s)
+        await r.until_type("session.created")
+        gen, token = s.generation, s.resume_token
+        await s.detach()
+        await rt.resume(s.id, gen, token, last_seq=1, control_id="ctl-1")
+        answer = (s.generation, s.resume_token)
+        await s.detach()
+        # Idempotency never skips authentication: the control_id alone answers nothing.
+        for forged_gen, forged_token in ((gen, "forged"), (answer[0], "forged"), (gen + 7, token)):
+            with pytest.raises(ResumeConflict):
+                await rt.resume(s.id, forged_gen, forged_token, last_seq=1, control_id="ctl-1")
+        assert (s.generation, s.resume_token) == answer and s.core.lease.detached
+        # The genuine retry (same credentials as the original) still gets the same answer.
+        await rt.resume(s.id, gen, token, last_seq=1, control_id="ctl-1")
+        assert (s.generation, s.resume_token) == answer and not s.core.lease.detached
+        await s.close()
+        await r.drain()
+        assert len(r.of_type("session.resumed")) == 2
+
+
 async def test_journal_overflow_answers_resync_required_and_changes_nothing():
     rt, clock = manual_runtime()
     async with rt:
