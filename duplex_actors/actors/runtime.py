@@ -149,7 +149,8 @@ class Runtime:
         max_sessions: int = 100_000,
         mailbox_capacity: int = 256,
         dispatch_budget: int = 64,
-        reaper_interval_s: float = 5.0,
+        # Expiry is late by at most this (plus a dispatch): 0.5 s keeps it under a second.
+        reaper_interval_s: float = 0.5,
         stall_timeout_s: float | None = None,
     ) -> None:
         if engine is None:
@@ -199,11 +200,7 @@ class Runtime:
         self._running = False
         try:
             with anyio.CancelScope(shield=True):
-                for actor in list(self._sessions.values()):
-                    if not actor.core.closed:
-                        actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason="runtime_shutdown"), None, self.clock.now()),
-                                          force=True)
-                        self._schedule(actor)
+                self.close_all("runtime_shutdown")
                 with anyio.move_on_after(5):
                     while self._ready:
                         await anyio.sleep(0.001)
@@ -211,6 +208,17 @@ class Runtime:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(*exc)
         return False
+
+    def close_all(self, reason: str) -> int:
+        """Queue a close of every open session (never refused); returns how many."""
+        queued = 0
+        for actor in list(self._sessions.values()):
+            if not actor.core.closed:
+                actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason=reason), None, self.clock.now()),
+                                  force=True)
+                self._schedule(actor)
+                queued += 1
+        return queued
 
     # -- sessions ---------------------------------------------------------------------------
 

@@ -43,7 +43,8 @@ def _in_range(instance, attribute, value) -> None:
     name = attribute.name
     low, high = SAMPLING_RANGES[name]
     integral = isinstance(low, int)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and not isinstance(value, int)):
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if wrong_type or (integral and not isinstance(value, int)):
         raise InvalidSampling(name, f"must be {'an integer' if integral else 'a number'}, "
                                     f"not {type(value).__name__}")
     if value != value or not (low <= value <= high) or (name == "top_p" and value == 0.0):

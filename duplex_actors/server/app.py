@@ -144,6 +144,7 @@ class RealtimeServer:
         self._server: Server | None = None
         self._connections = 0
         self._opened = 0
+        self._shutting_down = False
         self.quotas = guard.AdmissionQuotas(max_per_key=config.max_sessions_per_key,
                                             max_per_address=config.max_sessions_per_address,
                                             max_detached=config.max_detached_sessions)
@@ -166,6 +167,26 @@ class RealtimeServer:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
+        """Graceful stop (SIGTERM): stop accepting connections; let responses in flight finish
+        for up to ``drain_timeout_s``; close every session (``session.closed`` with reason
+        ``runtime_shutdown``, after a ``response.done`` for any response cut short); let each
+        connection deliver that, then close it with 1001 (going away)."""
+        if self._server is None or self._shutting_down:
+            return
+        self._shutting_down = True
+        self._server.close(close_connections=False)  # stop listening; connections stay
+        log.info("server.draining", sessions=self.runtime.session_count, connections=self._connections)
+        with anyio.move_on_after(drain_timeout_s):
+            while any(h.core.response_id is not None for h in self.runtime.sessions()):
+                await anyio.sleep(0.02)
+        self.runtime.close_all("runtime_shutdown")
+        with anyio.move_on_after(max(self.config.write_timeout_s, 1.0)):
+            while self._connections:
+                await anyio.sleep(0.02)
+        log.info("server.drained", connections_left=self._connections)
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -476,7 +497,10 @@ class _Connection:
                     if isinstance(event, ev.SessionClosedEvent):
                         break
             self.server._forget(record)
-            await self.ws.close(*self.end_code)
+            code = self.end_code
+            if self.server._shutting_down and code[0] == 1000:
+                code = (CLOSE_GOING_AWAY, "server shutting down")
+            await self.ws.close(*code)
         except ConnectionClosed:
             pass
         except TimeoutError:

@@ -59,6 +59,17 @@ def register(app: typer.Typer) -> None:
         sample_rate: int = typer.Option(16000, help="input audio rate of every session (pcm16 mono)"),
         disconnect_grace_s: float = typer.Option(30.0, help="how long a dropped session waits for resume"),
         idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
+        stall_timeout_s: float = typer.Option(
+            15.0, help="restart the engine when a request produced nothing this long (0: off); "
+                       "its responses end failed"),
+        write_timeout_s: float = typer.Option(
+            10.0, help="close a connection whose sends do not drain this long (client stopped reading)"),
+        max_sessions_per_key: Optional[int] = typer.Option(None, help="open sessions per API key"),
+        max_sessions_per_address: Optional[int] = typer.Option(None, help="open sessions per client address"),
+        max_detached_sessions: Optional[int] = typer.Option(
+            None, help="sessions waiting for a resume, at most; beyond, new sessions are refused"),
+        drain_timeout_s: float = typer.Option(
+            10.0, help="on SIGTERM/SIGINT, how long responses in flight may take to finish"),
     ) -> None:
         """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics)."""
         try:
@@ -79,32 +90,40 @@ def register(app: typer.Typer) -> None:
                      "idle_ttl_s": idle_ttl_s}
         import anyio
 
-        anyio.run(_serve, backend, host, port, api_key, limits, overrides, max_sessions,
-                  max_connections, engine.value)
+        from .app import ServerConfig
+
+        config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
+                              max_connections=max_connections, write_timeout_s=write_timeout_s,
+                              max_sessions_per_key=max_sessions_per_key,
+                              max_sessions_per_address=max_sessions_per_address,
+                              max_detached_sessions=max_detached_sessions)
+        runtime_options = {"max_sessions": max_sessions, "stall_timeout_s": stall_timeout_s or None}
+        anyio.run(_serve, backend, config, overrides, runtime_options, engine.value, drain_timeout_s)
 
 
-async def _serve(backend, host, port, api_key, limits, overrides, max_sessions, max_connections,
-                 engine_name) -> None:
+async def _serve(backend, config, overrides: dict, runtime_options: dict, engine_name: str,
+                 drain_timeout_s: float) -> None:
     import signal
 
     import anyio
 
     from ..actors.runtime import Runtime
     from ..core.session import SessionConfig
-    from .app import RealtimeServer, ServerConfig
+    from .app import RealtimeServer
 
-    config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
-                          max_connections=max_connections)
-    async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions) as runtime:
+    async with Runtime(backend, config=SessionConfig(**overrides), **runtime_options) as runtime:
         async with RealtimeServer(runtime, config) as server:
-            auth = "on" if api_key else "off"
+            auth = "on" if config.api_key else "off"
             print(f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
                   f"health {server.http_url}/health, metrics {server.http_url}/metrics", flush=True)
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    print(f"shutting down ({signal.Signals(signum).name})", file=sys.stderr, flush=True)
+                    print(f"shutting down ({signal.Signals(signum).name}): draining", file=sys.stderr,
+                          flush=True)
                     break
-    # leaving the runtime closes every session with reason runtime_shutdown
+            # Drain before anything is torn down: every response ends with response.done, every
+            # session with session.closed (runtime_shutdown), then each connection closes 1001.
+            await server.shutdown(drain_timeout_s)
 
 
 def _is_loopback(host: str) -> bool:

@@ -222,8 +222,7 @@ def test_one_request_with_bad_sampling_fails_alone_and_its_batch_neighbours_comp
                                              "unsamplable_temperature": unsamplable_temperature}[poison])
         await engine.start()
         try:
-            return await asyncio.gather(_drain(engine, request("sess_a")), _drain(engine, request("sess_bad")),
-                                        _drain(engine, request("sess_b")))
+            return await asyncio.gather(*(_drain(engine, request(sid)) for sid in ("sess_a", "sess_bad", "sess_b")))
         finally:
             await engine.aclose()
 

@@ -17,7 +17,8 @@ class RawWebSocket:
         self.writer = writer
 
     @classmethod
-    async def connect(cls, url: str, *, rcvbuf: int | None = None, headers: dict | None = None) -> "RawWebSocket":
+    async def connect(cls, url: str, *, rcvbuf: int | None = None,
+                      headers: dict | None = None) -> "RawWebSocket":
         parts = urlsplit(url)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
@@ -72,7 +73,8 @@ class RawWebSocket:
 
         return await asyncio.wait_for(read(), timeout)
 
-    async def read_until_close(self, timeout: float = 10.0, limit: int = 100_000) -> tuple[list[bytes], int | None]:
+    async def read_until_close(self, timeout: float = 10.0,
+                               limit: int = 100_000) -> tuple[list[bytes], int | None]:
         """Text payloads up to the close frame, and its code (None when the socket just ended)."""
         texts: list[bytes] = []
         for _ in range(limit):

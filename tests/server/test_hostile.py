@@ -45,7 +45,8 @@ async def open_and_drop(server, **connect_kw) -> tuple[str, str]:
     return sid, token
 
 
-async def resume_refused(server, sid: str, connect_kw: dict | None = None, **resume) -> tuple[dict, int, list]:
+async def resume_refused(server, sid: str, connect_kw: dict | None = None,
+                         **resume) -> tuple[dict, int, list]:
     """Send one session.resume; return the error, the close code and any other event seen."""
     async with connect(f"{server.url}?session_id={sid}", **(connect_kw or {})) as ws:
         await ws.send(json.dumps({"type": "session.resume", "session_id": sid, **resume}))
@@ -215,8 +216,8 @@ async def test_sampling_values_out_of_range_are_refused_at_the_wire_and_change_n
                 assert error["error"]["code"] == "invalid_value" and error["error"]["event_id"] == f"s{i}"
                 assert param in error["error"]["message"]
             assert handle.core.config.sampling == before
-            await ws.send(json.dumps({"type": "session.update", "event_id": "ok",
-                                      "session": {"duplex": {"sampling": {"seed": 2**63 - 1, "top_p": 1.0}}}}))
+            largest = {"duplex": {"sampling": {"seed": 2**63 - 1, "top_p": 1.0}}}
+            await ws.send(json.dumps({"type": "session.update", "event_id": "ok", "session": largest}))
             assert (await recv_json(ws))["type"] == "session.updated"
             assert handle.core.config.sampling.seed == 2**63 - 1
 
@@ -236,7 +237,8 @@ async def test_lone_surrogates_are_refused_at_decode_and_never_reach_the_journal
             error = await recv_json(ws)
             assert error["error"]["code"] == "invalid_text" and error["error"]["event_id"] == f"u{i}"
         # A well-formed surrogate *pair* is just an emoji, and is accepted.
-        await ws.send('{"type": "session.update", "event_id": "ok", "session": {"instructions": "hi \\ud83d\\ude00"}}')
+        await ws.send('{"type": "session.update", "event_id": "ok", '
+                      '"session": {"instructions": "hi \\ud83d\\ude00"}}')
         updated = await recv_json(ws)
         assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "hi \U0001F600"
         ws.transport.abort()
@@ -305,10 +307,12 @@ async def test_detached_sessions_are_capped_and_the_per_key_quota_holds():
         await open_and_drop(server, **k2)
         async with connect(server.url, **k1) as ws:
             error = await recv_json(ws)
-            assert error["error"]["code"] == "quota_exceeded" and "waiting for a resume" in error["error"]["message"]
+            assert error["error"]["code"] == "quota_exceeded"
+            assert "waiting for a resume" in error["error"]["message"]
         assert server.quotas.detached_count == 2
 
-    async with running_server(session_overrides=GRACE, api_keys=("k1", "k2"), max_sessions_per_key=2) as server:
+    async with running_server(session_overrides=GRACE, api_keys=("k1", "k2"),
+                              max_sessions_per_key=2) as server:
         k1 = {"additional_headers": {"Authorization": "Bearer k1"}}
         k2 = {"additional_headers": {"Authorization": "Bearer k2"}}
         await open_and_drop(server, **k1)
