@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
         sample_rate: int = typer.Option(16000, help="input audio rate of every session (pcm16 mono)"),
         disconnect_grace_s: float = typer.Option(30.0, help="how long a dropped session waits for resume"),
         idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
+        journal_max_age_s: float = typer.Option(60.0, help="how long events stay replayable for a resume"),
         stall_timeout_s: float = typer.Option(
             15.0, help="restart the engine when a request produced nothing this long (0: off); "
                        "its responses end failed"),
@@ -87,7 +88,7 @@ def register(app: typer.Typer) -> None:
         backend = build_engine(engine, model)
         limits = WireLimits(max_frame_bytes=max_frame_bytes, max_chunk_bytes=max_chunk_bytes)
         overrides = {"sample_rate": sample_rate, "disconnect_grace_s": disconnect_grace_s,
-                     "idle_ttl_s": idle_ttl_s}
+                     "idle_ttl_s": idle_ttl_s, "journal_max_age_s": journal_max_age_s}
         import anyio
 
         from .app import ServerConfig
