@@ -211,14 +211,20 @@ class Runtime:
 
     def close_all(self, reason: str) -> int:
         """Queue a close of every open session (never refused); returns how many."""
-        queued = 0
-        for actor in list(self._sessions.values()):
-            if not actor.core.closed:
-                actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason=reason), None, self.clock.now()),
-                                  force=True)
-                self._schedule(actor)
-                queued += 1
-        return queued
+        return sum(self._force_close(actor, reason) for actor in list(self._sessions.values()))
+
+    def force_close(self, session_id: str, reason: str) -> bool:
+        """Queue a close the session's mailbox cannot refuse (a policy of the runtime's owner,
+        e.g. the server's flood policy, must hold even when the client filled its lanes)."""
+        actor = self._sessions.get(session_id)
+        return actor is not None and self._force_close(actor, reason)
+
+    def _force_close(self, actor: SessionActor, reason: str) -> bool:
+        if actor.core.closed:
+            return False
+        actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason=reason), None, self.clock.now()), force=True)
+        self._schedule(actor)
+        return True
 
     # -- sessions ---------------------------------------------------------------------------
 

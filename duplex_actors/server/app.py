@@ -412,8 +412,8 @@ class _Connection:
                     remote=_remote(self.ws))
         self.server.metrics.disconnects.labels("flood").inc()
         self.end_code = (CLOSE_POLICY_VIOLATION, "too many invalid frames")
-        with contextlib.suppress(DuplexError):
-            await handle.ask(cmd.Close(reason="invalid_frame_flood"), timeout=2.0)
+        # Forced: a flooder may have filled its control lane, and the policy must still hold.
+        self.server.runtime.force_close(handle.id, "invalid_frame_flood")
         with anyio.move_on_after(self.server.config.write_timeout_s):
             await self.writer_stopped.wait()
         with contextlib.suppress(ConnectionClosed), anyio.move_on_after(1.0):

@@ -321,3 +321,21 @@ async def test_detached_sessions_are_capped_and_the_per_key_quota_holds():
             error = await recv_json(ws)
             assert error["error"]["code"] == "quota_exceeded" and "API key" in error["error"]["message"]
         await one_turn(server.url, **k2)  # another tenant is not affected
+
+
+async def test_the_flood_policy_holds_when_the_flooder_has_filled_its_control_lane():
+    # Valid control commands faster than the session takes them: its control lane (4 here)
+    # fills, each refusal (mailbox_full) counts toward the budget, and the policy's close must
+    # still get through the full lane.
+    async with running_server(invalid_frames_per_s=5.0, invalid_frames_burst=20,
+                              runtime_kw={"mailbox_capacity": 4}) as server:
+        flooder = await RawWebSocket.connect(server.url, rcvbuf=4096)
+        for _ in range(3000):
+            flooder.send_text('{"type": "response.cancel"}')
+        with contextlib.suppress(ConnectionError):
+            await flooder.drain()
+        texts, code = await flooder.read_until_close()
+        events = [json.loads(t) for t in texts]
+        assert code == CLOSE_POLICY_VIOLATION
+        assert server.metrics.frames.labels("rejected")._value.get() > 20  # the lane did refuse
+        assert events[-1]["type"] == "session.closed" and events[-1]["reason"] == "invalid_frame_flood"
