@@ -31,6 +31,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from typing import Any, Callable
@@ -263,7 +264,10 @@ async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal
     command = [sys.executable, "-m", "duplex_actors", "serve", "--port", "0",
                "--max-sessions", str(sessions * 4), "--max-connections", str(sessions * 8),
                "--disconnect-grace-s", str(grace), "--journal-max-age-s", str(journal_max_age_s)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # The server's log goes to a file: an undrained pipe fills (64 KiB) and then blocks the
+    # server's event loop on its next log line, which a long run reaches within minutes.
+    log_file = tempfile.NamedTemporaryFile("w+", prefix="wire-soak-serve-", suffix=".log", delete=False)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True,
                             env=dict(os.environ))
     stats: Counter = Counter()
     samples: list[tuple[float, float]] = []
@@ -271,7 +275,8 @@ async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
         if "serving" not in line:
-            raise RuntimeError(f"serve did not start: {line!r} {proc.stderr.read()}")
+            raise RuntimeError(f"serve did not start: {line!r}; see {log_file.name}")
+        asyncio.get_running_loop().run_in_executor(None, proc.stdout.read)  # keep stdout drained
         url = line.split()[2]
         http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
         t0 = time.monotonic()
@@ -304,7 +309,11 @@ async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal
         # Every normal client closed its session; hostile leftovers expire after the grace.
         left = None
         for _ in range(int((grace + 5) / 0.25)):
-            left = (await _health(http))["sessions"]
+            try:
+                left = (await _health(http))["sessions"]
+            except OSError as exc:  # an unresponsive server is a finding, not a crash of the bench
+                stats[f"health_failed:{type(exc).__name__}"] += 1
+                left = None
             if left == 0:
                 break
             await asyncio.sleep(0.25)
@@ -323,7 +332,8 @@ async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal
             "lost": stats["lost"], "duplicates": stats["duplicates"],
             "terminal_violations": stats["terminal_violations"],
             "defence_failures": stats["defence_failures"], "client_failures": len(failures),
-            "sessions_left": left, "server_exit_code": exit_code,
+            "sessions_left": left, "server_exit_code": exit_code, "server_log": log_file.name,
+            "client_failure_examples": [repr(f)[:300] for f in failures[:5]],
             "counts": dict(sorted(stats.items())),
         }
         growth = (samples[-1][1] - at_warmup) if at_warmup is not None else None
