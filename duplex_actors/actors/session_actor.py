@@ -148,8 +148,12 @@ class SessionActor:
                 elif lane == Lane.ENGINE:
                     core.on_engine_output(message)
                 elif isinstance(message, _Expire):
-                    if not core.closed:
-                        core.expire(message.reason)
+                    self._expiring = False
+                    # The reaper decided before what is queued ahead of this ran: a resume
+                    # processed since renewed the lease, and must not be closed under the client.
+                    reason = core.lease.expiry(core.clock.now())
+                    if not core.closed and reason is not None:
+                        core.expire(reason)
                 else:
                     self._handle_command(*message)
             except Exception as exc:  # a bug in one session fails that session only

@@ -23,9 +23,10 @@ def build_engine(engine: EngineChoice, model: str | None = None):
 
         # Paced like a small real model, so clients see streaming rather than one burst.
         words = tuple(f" word{i}" for i in range(24))
+        # record=False: the request log (every request with its audio) would grow without bound.
         return ScriptedEngine(Script(tokens=words, audio_packets=12, packet_ms=160,
                                      first_latency_s=0.05, token_latency_s=0.02,
-                                     packet_latency_s=0.02))
+                                     packet_latency_s=0.02), record=False)
     if engine is EngineChoice.embedded:
         try:
             from ..engines.embedded import make_embedded_engine
