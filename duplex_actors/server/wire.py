@@ -32,7 +32,7 @@ import attrs
 
 from ..core import commands as cmd
 from ..core.engine_io import SamplingOverrides
-from ..errors import ClientError, DuplexError, InvalidCommand, InvalidSampling, UnencodableText
+from ..errors import ClientError, DuplexError, InvalidCommand, UnencodableText
 
 # --- declared limits ------------------------------------------------------------------------
 
@@ -491,10 +491,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, sample_rate):
                 if value is not None:
                     sampling[key] = value
     if sampling:
-        try:
-            changes["sampling"] = SamplingOverrides(**sampling)
-        except InvalidSampling as err:
-            raise err.with_event_id(event_id) from None
+        changes["sampling"] = SamplingOverrides(**sampling)  # may raise InvalidSampling
     return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),
                          turn_detection=detection, vad_off=vad_off)
 
