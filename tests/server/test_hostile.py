@@ -21,7 +21,7 @@ from duplex_actors.server.app import (
 )
 
 from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
-from .rawws import RawWebSocket
+from duplex_actors.testing.raw_websocket import RawWebSocket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
