@@ -53,12 +53,11 @@ class Lease:
                control_id: str | None = None) -> tuple[int, str]:
         """Attach again; returns the new (generation, token). Raises ResumeConflict."""
         last = self._last_resume
-        if control_id is not None and last is not None and last[0] == control_id:
-            if not secrets.compare_digest(_credentials_digest(generation, token), last[1]):
-                raise ResumeConflict("a resume with this control_id was already answered, "
-                                     "for other credentials")
+        if (control_id is not None and last is not None and last[0] == control_id
+                and secrets.compare_digest(_credentials_digest(generation, token), last[1])):
             # The same resume again (its answer was lost): same answer, and the client is
-            # evidently attached, so the grace timer stops.
+            # evidently attached, so the grace timer stops. Other credentials with this
+            # control_id are no replay: they face the compare-and-swap below like any resume.
             self.detached_at = None
             self.touch(now)
             return last[2], last[3]
