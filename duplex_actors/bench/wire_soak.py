@@ -235,7 +235,8 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
             for frame in frames:
                 await ws.send(frame)
                 answer = await _recv(ws)
-                refused = answer["type"] == "error" and answer["error"]["code"] in ("invalid_value", "invalid_text")
+                code = answer["error"]["code"] if answer["type"] == "error" else None
+                refused = code in ("invalid_value", "invalid_text")
                 if not refused:
                     stats["defence_failures"] += 1
                     stats["defence_failed:poke"] += 1

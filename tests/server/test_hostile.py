@@ -339,3 +339,35 @@ async def test_the_flood_policy_holds_when_the_flooder_has_filled_its_control_la
         assert code == CLOSE_POLICY_VIOLATION
         assert server.metrics.frames.labels("rejected")._value.get() > 20  # the lane did refuse
         assert events[-1]["type"] == "session.closed" and events[-1]["reason"] == "invalid_frame_flood"
+
+
+async def test_a_resume_queued_before_the_reaper_fires_is_not_closed_by_that_stale_expiry(monkeypatch):
+    # Found by the 500-client wire soak. Fault injection: the reaper fires right after the
+    # server queued the client's session.resume, before the session processed it.
+    from duplex_actors import ManualClock
+    from duplex_actors.actors.mailbox import Mailbox
+    from duplex_actors.core import commands as cmd
+
+    clock = ManualClock(1000.0)
+    async with running_server(session_overrides={"disconnect_grace_s": 5.0},
+                              runtime_kw={"clock": clock, "reaper_interval_s": 0}) as server:
+        sid, token = await open_and_drop(server)
+        clock.advance(6.0)  # the grace has run out; the reaper has not looked yet
+        original_put = Mailbox.put
+        fired = []
+
+        def put_then_reap(self, lane, message, *, force=False):
+            original_put(self, lane, message, force=force)
+            if isinstance(message, tuple) and isinstance(message[0], cmd.Resume) and not fired:
+                fired.append(server.runtime.reap_now())
+
+        monkeypatch.setattr(Mailbox, "put", put_then_reap)
+        async with connect(f"{server.url}?session_id={sid}") as ws:
+            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                      "resume_token": token, "last_seq": 1}))
+            assert (await recv_json(ws))["type"] == "session.resumed"
+            assert fired == [1], "the reaper saw the lease expired and queued an expiry"
+            await ws.send(json.dumps({"type": "heartbeat", "event_id": "hb"}))
+            after = await recv_json(ws)
+            assert after["type"] == "heartbeat.ack", after
+            assert server.runtime.get(sid).state != "closed"
