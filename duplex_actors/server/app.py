@@ -560,6 +560,10 @@ class _Connection:
                     metrics.disconnects.labels("detached").inc()
             except DuplexError as err:  # closed meanwhile (expiry, shutdown): nothing to keep
                 log.debug("server.release_ignored", session_id=handle.id, code=err.code)
+            if handle.state == "closed":
+                # Forget it now: the periodic sweep (every 256 opens) would otherwise keep the
+                # closed session, journal and all, alive until then.
+                self.server._forget(record)
             log.info("server.connection_released", session_id=handle.id,
                      outcome="closed" if said_goodbye else "detached",
                      close_code=self.ws.close_code)

@@ -371,3 +371,13 @@ async def test_a_resume_queued_before_the_reaper_fires_is_not_closed_by_that_sta
             after = await recv_json(ws)
             assert after["type"] == "heartbeat.ack", after
             assert server.runtime.get(sid).state != "closed"
+
+
+async def test_a_session_closed_by_its_clients_goodbye_is_forgotten_at_once():
+    # Churning clients (open, talk, close 1000) must not leave closed sessions, journals and
+    # all, in the server's records until the next sweep (found by the 60 s wire soak: RSS rose).
+    async with running_server(max_sessions_per_address=5) as server:
+        for _ in range(3):
+            await one_turn(server.url)  # closes with 1000 at the end
+        await wait_until(lambda: server.runtime.session_count == 0)
+        await wait_until(lambda: not server._records and len(server.quotas) == 0)
