@@ -144,6 +144,7 @@ class RealtimeServer:
         self._server: Server | None = None
         self._connections = 0
         self._opened = 0
+        self._swept_at = runtime.clock.now()
         self._shutting_down = False
         self.quotas = guard.AdmissionQuotas(max_per_key=config.max_sessions_per_key,
                                             max_per_address=config.max_sessions_per_address,
@@ -268,7 +269,11 @@ class RealtimeServer:
 
     async def _open(self, conn: "_Connection") -> _SessionRecord | None:
         self._opened += 1
-        if self._opened % 256 == 0:
+        now = self.runtime.clock.now()
+        # Sessions that expired while detached are only found by a sweep: often enough that a
+        # slow trickle of opens does not keep their journals for long either.
+        if self._opened % 256 == 0 or now - self._swept_at >= 10.0:
+            self._swept_at = now
             self._sweep()
         address = _address(conn.ws)
         try:

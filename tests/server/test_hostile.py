@@ -381,3 +381,20 @@ async def test_a_session_closed_by_its_clients_goodbye_is_forgotten_at_once():
             await one_turn(server.url)  # closes with 1000 at the end
         await wait_until(lambda: server.runtime.session_count == 0)
         await wait_until(lambda: not server._records and len(server.quotas) == 0)
+
+
+async def test_a_session_that_expired_while_detached_is_forgotten_by_the_next_open_after_10_s():
+    from duplex_actors import ManualClock
+
+    clock = ManualClock(1000.0)
+    async with running_server(session_overrides={"disconnect_grace_s": 1.0},
+                              runtime_kw={"clock": clock, "reaper_interval_s": 0}) as server:
+        sid, _ = await open_and_drop(server)
+        clock.advance(2.0)
+        assert server.runtime.reap_now() == 1
+        await wait_until(lambda: sid not in [h.id for h in server.runtime.sessions()])
+        assert sid in server._records  # nobody was attached to see it close
+        clock.advance(10.0)
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            assert sid not in server._records and len(server.quotas) == 1
