@@ -112,12 +112,6 @@ class UnencodableText(InvalidCommand):
     code = "invalid_text"
 
 
-class PolicyViolation(ClientError):
-    """The client broke a declared server policy (e.g. a flood of invalid frames)."""
-
-    code = "policy_violation"
-
-
 class UnknownSession(ClientError):
     code = "unknown_session"
 
