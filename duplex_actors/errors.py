@@ -133,6 +133,23 @@ class FenceAhead(ClientError):
     code = "fence_ahead"
 
 
+class InvalidSampling(InvalidCommand):
+    """A sampling parameter is out of the range every engine accepts; ``param`` names it."""
+
+    code = "invalid_value"
+
+    def __init__(self, param: str, message: str, **kw) -> None:
+        super().__init__(f"{param}: {message}", **kw)
+        self.param = param
+
+
+class UnencodableText(InvalidCommand):
+    """A client string holds a lone surrogate (a JSON ``\\ud800`` escape): it cannot be encoded
+    as UTF-8, so it is refused before it can reach a session or the replay journal."""
+
+    code = "invalid_text"
+
+
 class UnknownSession(ClientError):
     code = "unknown_session"
 
@@ -170,6 +187,12 @@ class ResourceExhausted(RuntimeFault):
     """Admission refused: too many sessions (or another declared limit)."""
 
     code = "resource_exhausted"
+
+
+class QuotaExceeded(ResourceExhausted):
+    """Admission refused by a per-key or per-address quota, or the cap on detached sessions."""
+
+    code = "quota_exceeded"
 
 
 class EngineCapacityError(ResourceExhausted):

@@ -153,7 +153,8 @@ class Runtime:
         max_sessions: int = 100_000,
         mailbox_capacity: int = 256,
         dispatch_budget: int = 64,
-        reaper_interval_s: float = 5.0,
+        # Expiry is late by at most this (plus a dispatch): 0.5 s keeps it under a second.
+        reaper_interval_s: float = 0.5,
         stall_timeout_s: float | None = None,
         gc_policy: _gc.GcPolicy | None = None,
         transcriber: "Transcriber | None" = None,
@@ -217,11 +218,7 @@ class Runtime:
         self._running = False
         try:
             with anyio.CancelScope(shield=True):
-                for actor in list(self._sessions.values()):
-                    if not actor.core.closed:
-                        actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason="runtime_shutdown"), None, self.clock.now()),
-                                          force=True)
-                        self._schedule(actor)
+                self.close_all("runtime_shutdown")
                 with anyio.move_on_after(5):
                     while self._ready:
                         await anyio.sleep(0.001)
@@ -233,6 +230,23 @@ class Runtime:
                 if self.gc_policy is not None:
                     _gc.stop()
         return False
+
+    def close_all(self, reason: str) -> int:
+        """Queue a close of every open session (never refused); returns how many."""
+        return sum(self._force_close(actor, reason) for actor in list(self._sessions.values()))
+
+    def force_close(self, session_id: str, reason: str) -> bool:
+        """Queue a close the session's mailbox cannot refuse (a policy of the runtime's owner,
+        e.g. the server's flood policy, must hold even when the client filled its lanes)."""
+        actor = self._sessions.get(session_id)
+        return actor is not None and self._force_close(actor, reason)
+
+    def _force_close(self, actor: SessionActor, reason: str) -> bool:
+        if actor.core.closed:
+            return False
+        actor.mailbox.put(cmd.Lane.CONTROL, (cmd.Close(reason=reason), None, self.clock.now()), force=True)
+        self._schedule(actor)
+        return True
 
     # -- sessions ---------------------------------------------------------------------------
 

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("duplex_actors.actor")
 
+#: Reported (out-of-core) errors a session queues at most; more are counted and dropped.
+MAX_QUEUED_ERRORS = 64
+
 
 class SessionHost(Protocol):
     """What a session actor needs of whatever runs it (the Runtime), named here so that this
@@ -70,7 +73,7 @@ class _ReportError:
 
 class SessionActor:
     __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "_expiring", "_unread",
-                 "__weakref__")
+                 "_queued_errors", "dropped_errors", "__weakref__")
 
     def __init__(self, core: SessionCore, runtime: SessionHost, mailbox_capacity: int) -> None:
         self.core = core
@@ -81,6 +84,8 @@ class SessionActor:
         self._finished = False  # closed and fully drained
         self._expiring = False  # an expiry is queued (the reaper queues it once)
         self._unread: deque[ServerEvent] | None = None  # taken from the core, not yet handed out
+        self._queued_errors = 0  # reported errors waiting in the data lane
+        self.dropped_errors = 0  # reported errors refused past MAX_QUEUED_ERRORS
 
     @property
     def session_id(self) -> str:
@@ -135,7 +140,14 @@ class SessionActor:
         """Put an ``error`` event into this session's stream, after what is already queued."""
         if self._finished:
             return
-        # In the data lane so it follows the frames before it; forced: an error is never refused.
+        if self._queued_errors >= MAX_QUEUED_ERRORS:
+            # A client producing errors faster than its session processes them gets them
+            # counted, not queued: forced puts must not make the mailbox unbounded.
+            self.dropped_errors += 1
+            return
+        self._queued_errors += 1
+        # In the data lane so it follows the frames before it; forced past the lane's capacity
+        # (bounded by MAX_QUEUED_ERRORS instead) since a full lane is itself what it reports.
         self.mailbox.put(Lane.DATA, _ReportError(error), force=True)
         self.runtime._schedule(self)
 
@@ -165,14 +177,19 @@ class SessionActor:
                 if type(message) is tuple:
                     self._handle_command(*message)
                 elif isinstance(message, _ReportError):
+                    self._queued_errors -= 1
                     core.emit_error(message.error)
                 elif isinstance(message, InputTranscript):
                     core.on_transcript(message)
                 elif lane == Lane.ENGINE:
                     core.on_engine_output(message)
                 elif isinstance(message, _Expire):
-                    if not core.closed:
-                        core.expire(message.reason)
+                    self._expiring = False
+                    # The reaper decided before what is queued ahead of this ran: a resume
+                    # processed since renewed the lease, and must not be closed under the client.
+                    reason = core.lease.expiry(core.clock.now())
+                    if not core.closed and reason is not None:
+                        core.expire(reason)
                 else:
                     self._handle_command(*message)
             except Exception as exc:  # a bug in one session fails that session only

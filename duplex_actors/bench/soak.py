@@ -460,10 +460,22 @@ def register_soak(app) -> None:
     def soak(sessions: int = typer.Option(1000, help="Concurrent sessions."),
              seconds: float = typer.Option(600.0, help="How long to run."),
              seed: int = typer.Option(0, help="Random seed."),
-             json_out: str = typer.Option("", "--json", help="Also write the report here.")) -> None:
+             json_out: str = typer.Option("", "--json", help="Also write the report here."),
+             wire: bool = typer.Option(False, "--wire", help="Websocket clients against a real "
+                                       "`serve` process (bench/wire_soak.py) instead of in-process."),
+             hostile: float = typer.Option(0.05, help="--wire: fraction of hostile clients."),
+             journal_max_age_s: float = typer.Option(
+                 60.0, help="--wire: the server's journal age; warm-up is 1.5x this")) -> None:
         """Soak the runtime: sessions with barge-ins, disconnects and resumes; report leaks."""
-        report = run(sessions, seconds, seed=seed, progress=typer.echo)
-        typer.echo(summary(report))
+        if wire:
+            from . import wire_soak
+
+            report = wire_soak.run(sessions, seconds, seed=seed, hostile=hostile,
+                                   journal_max_age_s=journal_max_age_s, progress=typer.echo)
+            typer.echo(wire_soak.summary(report))
+        else:
+            report = run(sessions, seconds, seed=seed, progress=typer.echo)
+            typer.echo(summary(report))
         if json_out:
             with open(json_out, "w") as f:
                 json.dump(report, f, indent=2)

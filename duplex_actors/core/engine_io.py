@@ -13,6 +13,7 @@ from typing import Union
 
 import attrs
 
+from ..errors import InvalidSampling
 from .fence import Fence
 
 
@@ -29,16 +30,45 @@ def _short_pretty(self, printer, cycle) -> None:
     printer.text(repr(self))
 
 
+#: The range every engine accepts for each sampling knob (inclusive unless said otherwise).
+#: Checked when the overrides are built, i.e. at the wire: a value outside it would otherwise
+#: reach an engine's batch and could fail the batch neighbours too (a seed past 64 bits fails
+#: torch's manual_seed, a NaN temperature poisons a tensor).
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_k": (0, 100_000),
+    "top_p": (0.0, 1.0),  # exclusive of 0: nothing would be left to sample
+    "max_tokens": (1, 32_768),
+    "seed": (0, 2**63 - 1),
+}
+
+
+def _in_range(instance, attribute, value) -> None:
+    if value is None:
+        return
+    name = attribute.name
+    low, high = SAMPLING_RANGES[name]
+    integral = isinstance(low, int)
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if wrong_type or (integral and not isinstance(value, int)):
+        raise InvalidSampling(name, f"must be {'an integer' if integral else 'a number'}, "
+                                    f"not {type(value).__name__}")
+    if value != value or not (low <= value <= high) or (name == "top_p" and value == 0.0):
+        bounds = f"({low}, {high}]" if name == "top_p" else f"[{low}, {high}]"
+        raise InvalidSampling(name, f"must be in {bounds}, got {value!r}")
+
+
 @attrs.frozen(slots=True)
 class SamplingOverrides:
     """Per-session sampling knobs. ``None`` means "the engine's default"; adapters merge these
-    onto a copy of their defaults and never mutate the engine's own."""
+    onto a copy of their defaults and never mutate the engine's own. Building one with a value
+    outside :data:`SAMPLING_RANGES` raises :class:`~duplex_actors.errors.InvalidSampling`."""
 
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
+    temperature: float | None = attrs.field(default=None, validator=_in_range)
+    top_k: int | None = attrs.field(default=None, validator=_in_range)
+    top_p: float | None = attrs.field(default=None, validator=_in_range)
+    max_tokens: int | None = attrs.field(default=None, validator=_in_range)
+    seed: int | None = attrs.field(default=None, validator=_in_range)
 
 
 @attrs.frozen(slots=True)

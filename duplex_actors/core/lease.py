@@ -4,10 +4,16 @@ Sans-IO: every method takes ``now``. Every activity touches the lease; an in-fli
 blocks idle expiry (a long answer is not idleness). Resume is a compare-and-swap on
 ``generation`` plus a rotating token; the same resume replayed (same ``control_id``) gets the
 same answer instead of a conflict, so a client that retries after a lost reply is safe.
+
+Idempotency never skips authentication: a replay is answered from the cache only when it
+presents the very generation and token the original resume presented (its digest is kept,
+not the token). A ``control_id`` alone is not a credential: it travels in clear and may be
+guessed or replayed, and answering it would hand the new token to whoever sent it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 from ..errors import ResumeConflict
@@ -28,7 +34,8 @@ class Lease:
         self.generation = 0
         self.token = secrets.token_urlsafe(12)
         self.in_flight = 0
-        self._last_resume: tuple[str, int, str] | None = None  # control_id, generation, token
+        #: control_id, credentials digest it presented, and the (generation, token) it got
+        self._last_resume: tuple[str, bytes, int, str] | None = None
 
     def touch(self, now: float) -> None:
         if now > self.last_activity:
@@ -42,24 +49,29 @@ class Lease:
         if self.detached_at is None:
             self.detached_at = now
 
-    def resume(self, now: float, generation: int, token: str, control_id: str | None = None) -> tuple[int, str]:
+    def resume(self, now: float, generation: int, token: str,
+               control_id: str | None = None) -> tuple[int, str]:
         """Attach again; returns the new (generation, token). Raises ResumeConflict."""
-        if control_id is not None and self._last_resume is not None and self._last_resume[0] == control_id:
+        last = self._last_resume
+        if (control_id is not None and last is not None and last[0] == control_id
+                and secrets.compare_digest(_credentials_digest(generation, token), last[1])):
             # The same resume again (its answer was lost): same answer, and the client is
-            # evidently attached, so the grace timer stops.
+            # evidently attached, so the grace timer stops. Other credentials with this
+            # control_id are no replay: they face the compare-and-swap below like any resume.
             self.detached_at = None
             self.touch(now)
-            return self._last_resume[1], self._last_resume[2]
+            return last[2], last[3]
         if generation != self.generation:
             raise ResumeConflict(f"lease generation is {self.generation}, resume named {generation}")
         if not secrets.compare_digest(token, self.token):
             raise ResumeConflict("resume token does not match")
+        presented = _credentials_digest(generation, token)
         self.generation += 1
         self.token = secrets.token_urlsafe(12)
         self.detached_at = None
         self.touch(now)
         if control_id is not None:
-            self._last_resume = (control_id, self.generation, self.token)
+            self._last_resume = (control_id, presented, self.generation, self.token)
         return self.generation, self.token
 
     def expiry(self, now: float) -> str | None:
@@ -69,3 +81,7 @@ class Lease:
         if self.in_flight == 0 and now - self.last_activity >= self.idle_ttl:
             return IDLE_TTL_EXPIRED
         return None
+
+
+def _credentials_digest(generation: int, token: str) -> bytes:
+    return hashlib.sha256(f"{generation}:{token}".encode("utf-8", "surrogatepass")).digest()

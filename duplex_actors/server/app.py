@@ -40,7 +40,6 @@ import anyio
 import attrs
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
@@ -56,7 +55,7 @@ from ..errors import (
     SessionClosed,
     UnknownSession,
 )
-from . import codec, wire
+from . import codec, guard, wire
 from .audio_format import InputConverter
 from .metrics import ServerMetrics
 
@@ -68,7 +67,10 @@ CLOSE_BAD_RESUME = 4400  # the first frame of a resuming connection was not a va
 CLOSE_UNKNOWN_SESSION = 4404  # no such session (never existed, closed or expired)
 CLOSE_RESUME_CONFLICT = 4409  # stale generation or wrong resume token
 CLOSE_RESYNC_REQUIRED = 4410  # the journal no longer holds what the client missed
-CLOSE_TRY_AGAIN = 1013  # admission refused (session limit)
+CLOSE_TRY_AGAIN = 1013  # admission refused (session limit, quota)
+CLOSE_POLICY_VIOLATION = 1008  # too many refused frames (ServerConfig.invalid_frames_per_s)
+CLOSE_SLOW_CONSUMER = 4008  # a send did not drain within ServerConfig.write_timeout_s
+CLOSE_GOING_AWAY = 1001  # the server is shutting down (after session.closed)
 
 _RESUME_CLOSE_CODES = {
     ResumeConflict: CLOSE_RESUME_CONFLICT,
@@ -76,8 +78,6 @@ _RESUME_CLOSE_CODES = {
     UnknownSession: CLOSE_UNKNOWN_SESSION,
     SessionClosed: CLOSE_UNKNOWN_SESSION,
 }
-
-_SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -95,6 +95,19 @@ class ServerConfig:
     #: Websocket keepalive; a peer that stops answering pings is treated as dropped (detach).
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
+    #: More accepted keys (each session is bound to the key that opened it; see guard.py).
+    api_keys: tuple[str, ...] = ()
+    #: A send that has not drained after this long means the client stopped reading: the
+    #: connection is closed with CLOSE_SLOW_CONSUMER (the session detaches, as for any drop).
+    write_timeout_s: float = 10.0
+    #: Flood policy: refused frames allowed per second (sustained) and at once (burst); past it
+    #: the session closes (reason invalid_frame_flood) and the connection with 1008.
+    invalid_frames_per_s: float = 20.0
+    invalid_frames_burst: int = 100
+    #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013.
+    max_sessions_per_key: int | None = None
+    max_sessions_per_address: int | None = None
+    max_detached_sessions: int | None = None
     #: SessionConfig overrides applied to every new session (e.g. disconnect_grace_s).
     session_overrides: dict = attrs.field(factory=dict)
     #: Builds the voice activity model for server VAD, given the session's sample rate
@@ -115,10 +128,13 @@ GA_SESSION = {"respond_on_commit": False, "modalities": ("audio",)}
 class _SessionRecord:
     """What the server remembers about one session across its connections."""
 
-    __slots__ = ("handle", "lock", "attached", "counted_seq", "vad", "vad_settings", "wire", "converter")
+    __slots__ = ("handle", "lock", "attached", "counted_seq", "vad", "vad_settings", "wire", "converter",
+                 "owner")
 
-    def __init__(self, handle: SessionHandle, model: str = "duplex-actors") -> None:
+    def __init__(self, handle: SessionHandle, model: str = "duplex-actors",
+                 owner: bytes | None = None) -> None:
         self.handle = handle
+        self.owner = owner  # digest of the API key that opened the session (None: no auth)
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
@@ -153,6 +169,11 @@ class RealtimeServer:
         self._connections = 0
         self._opened = 0
         self._vad_ok: bool | None = None
+        self._swept_at = runtime.clock.now()
+        self._shutting_down = False
+        self.quotas = guard.AdmissionQuotas(max_per_key=config.max_sessions_per_key,
+                                            max_per_address=config.max_sessions_per_address,
+                                            max_detached=config.max_detached_sessions)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -172,6 +193,26 @@ class RealtimeServer:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
+        """Graceful stop (SIGTERM): stop accepting connections; let responses in flight finish
+        for up to ``drain_timeout_s``; close every session (``session.closed`` with reason
+        ``runtime_shutdown``, after a ``response.done`` for any response cut short); let each
+        connection deliver that, then close it with 1001 (going away)."""
+        if self._server is None or self._shutting_down:
+            return
+        self._shutting_down = True
+        self._server.close(close_connections=False)  # stop listening; connections stay
+        log.info("server.draining", sessions=self.runtime.session_count, connections=self._connections)
+        with anyio.move_on_after(drain_timeout_s):
+            while any(h.core.response_id is not None for h in self.runtime.sessions()):
+                await anyio.sleep(0.02)
+        self.runtime.close_all("runtime_shutdown")
+        with anyio.move_on_after(max(self.config.write_timeout_s, 1.0)):
+            while self._connections:
+                await anyio.sleep(0.02)
+        log.info("server.drained", connections_left=self._connections)
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -224,7 +265,7 @@ class RealtimeServer:
             return _respond(connection, 200, payload.decode("utf-8"), content_type)
         if path != self.config.path.rstrip("/"):
             return _respond(connection, 404, f"not found; the realtime endpoint is {self.config.path}\n")
-        if self.config.api_key is not None and not _authorized(request.headers, self.config.api_key):
+        if self._keys and guard.accepted_key(request.headers, self._keys) is None:
             self.metrics.auth_refused.inc()
             log.info("server.auth_refused", remote=_remote(connection))
             response = _respond(connection, 401, "missing or invalid API key: send "
@@ -234,6 +275,10 @@ class RealtimeServer:
         if self._connections >= self.config.max_connections:
             return _respond(connection, 503, "too many connections; retry later\n")
         return None
+
+    @property
+    def _keys(self) -> tuple[str, ...]:
+        return ((self.config.api_key,) if self.config.api_key is not None else ()) + self.config.api_keys
 
     # -- websocket side ---------------------------------------------------------------------
 
@@ -259,22 +304,29 @@ class RealtimeServer:
 
     async def _open(self, conn: "_Connection") -> _SessionRecord | None:
         self._opened += 1
-        if self._opened % 256 == 0:
+        now = self.runtime.clock.now()
+        # Sessions that expired while detached are only found by a sweep: often enough that a
+        # slow trickle of opens does not keep their journals for long either.
+        if self._opened % 256 == 0 or now - self._swept_at >= 10.0:
+            self._swept_at = now
             self._sweep()
         vad = self.config.server_vad_by_default and self._vad_available()
         overrides = {**GA_SESSION, "server_vad": vad, "auto_respond": vad,
                      **self.config.session_overrides}
+        address = _address(conn.ws)
         try:
+            self.quotas.check(conn.key, address, sweep=self._sweep)
             handle = self.runtime.open_session_nowait(**overrides)
         except DuplexError as err:
-            log.warning("server.admission_refused", code=err.code)
+            log.warning("server.admission_refused", code=err.code, remote=address)
             await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
             return None
-        record = _SessionRecord(handle, self.config.model_name)
+        record = _SessionRecord(handle, self.config.model_name, owner=conn.key)
         if vad and handle.core.config.server_vad:
             record.set_vad(wire.TurnDetection(), handle.core.config.auto_respond)
         record.attached = conn
         self._records[handle.id] = record
+        self.quotas.opened(handle.id, conn.key, address)
         log.info("server.session_opened", session_id=handle.id, remote=_remote(conn.ws))
         return record
 
@@ -285,6 +337,9 @@ class RealtimeServer:
             record = self._record_for(session_id)
             async with record.lock:
                 handle = record.handle
+                if record.owner is not None and not secrets.compare_digest(record.owner, conn.key or b""):
+                    # Resume tokens are bound to the API key that opened the session.
+                    raise ResumeConflict("this session was opened with another API key")
                 old = record.attached
                 if old is not None:
                     # Only a client holding the current token may push the old connection out.
@@ -296,6 +351,7 @@ class RealtimeServer:
                     await old.kick()
                 await handle.ask(request.command)
                 record.attached = conn
+                self.quotas.attached(session_id)
         except DuplexError as err:
             self.metrics.resumes.labels(err.code).inc()
             code = next((c for t, c in _RESUME_CLOSE_CODES.items() if isinstance(err, t)), CLOSE_BAD_RESUME)
@@ -354,16 +410,19 @@ class RealtimeServer:
     def _forget(self, record: _SessionRecord) -> None:
         if self._records.get(record.handle.id) is record:
             del self._records[record.handle.id]
+        self.quotas.released(record.handle.id)
 
     def _sweep(self) -> None:
         """Drop records of sessions that closed while no connection was attached (expiry)."""
         for session_id, record in list(self._records.items()):
             if record.handle.state == "closed" and record.attached is None:
                 del self._records[session_id]
+                self.quotas.released(session_id)
 
 
 class _Connection:
-    __slots__ = ("server", "ws", "record", "superseded", "writer_stopped")
+    __slots__ = ("server", "ws", "record", "superseded", "writer_stopped", "key", "flood", "flooding",
+                 "end_code")
 
     def __init__(self, server: RealtimeServer, ws: ServerConnection) -> None:
         self.server = server
@@ -371,6 +430,14 @@ class _Connection:
         self.record: _SessionRecord | None = None
         self.superseded = False
         self.writer_stopped = anyio.Event()
+        keys = server._keys
+        self.key = guard.key_digest(guard.accepted_key(ws.request.headers, keys)) if keys else None
+        config = server.config
+        self.flood = guard.FloodGuard(config.invalid_frames_per_s, config.invalid_frames_burst,
+                                      server.runtime.clock.now())
+        self.flooding = False
+        #: how the writer closes the socket after session.closed
+        self.end_code: tuple[int, str] = (1000, "session closed")
 
     # -- refusals without a session ---------------------------------------------------------
 
@@ -397,9 +464,28 @@ class _Connection:
         try:
             async for frame in self.ws:
                 self._on_frame(frame)
+                if self.flooding:
+                    await self._close_for_flood()
+                    return
         except ConnectionClosed:
             pass  # how it ended is read from the protocol state in _release
 
+    async def _close_for_flood(self) -> None:
+        """Declared flood policy: the session closes (``invalid_frame_flood``), the client
+        gets its session.closed, then close 1008. Frames after the budget are not read."""
+        handle = self.record.handle
+        log.warning("server.flood_closed", session_id=handle.id, refused=self.flood.refused,
+                    remote=_remote(self.ws))
+        self.server.metrics.disconnects.labels("flood").inc()
+        self.end_code = (CLOSE_POLICY_VIOLATION, "too many invalid frames")
+        # Forced: a flooder may have filled its control lane, and the policy must still hold.
+        self.server.runtime.force_close(handle.id, "invalid_frame_flood")
+        with anyio.move_on_after(self.server.config.write_timeout_s):
+            await self.writer_stopped.wait()
+        with contextlib.suppress(ConnectionClosed), anyio.move_on_after(1.0):
+            await self.ws.close(*self.end_code)
+        if self.ws.transport is not None:
+            self.ws.transport.abort()
     def _on_frame(self, frame: str | bytes) -> None:
         record = self.record
         handle = record.handle
@@ -439,6 +525,7 @@ class _Connection:
             if err.event_id is None:
                 err.with_event_id(getattr(event, "event_id", None))
             _report(handle, err)
+            self.flooding = self.flood.over_budget(self.server.runtime.clock.now())
             return
         except Exception as exc:  # a codec bug must not cost the client its connection
             log.error("server.frame_failed", session_id=handle.id, error=repr(exc))
@@ -446,6 +533,7 @@ class _Connection:
             err = DuplexError(f"internal error handling this frame: {type(exc).__name__}")
             err.code = "internal_error"
             _report(handle, err)
+            self.flooding = self.flood.over_budget(self.server.runtime.clock.now())
             return
         metrics.frames.labels("decoded").inc()
 
@@ -506,16 +594,36 @@ class _Connection:
                     if event.seq > record.counted_seq:
                         record.counted_seq = event.seq
                         metrics.observe(event)
-                    for obj in codec.encode(event, record.wire):
-                        await self.ws.send(wire.encode(obj))
+                    # A client that stops reading is closed after write_timeout_s (guard.py's
+                    # policy), so it never pins its connection and outbox forever.
+                    with anyio.fail_after(self.server.config.write_timeout_s):
+                        for obj in codec.encode(event, record.wire):
+                            await self.ws.send(wire.encode(obj))
                     if isinstance(event, ev.SessionClosedEvent):
                         break
             self.server._forget(record)
-            await self.ws.close(1000, "session closed")
+            code = self.end_code
+            if self.server._shutting_down and code[0] == 1000:
+                code = (CLOSE_GOING_AWAY, "server shutting down")
+            await self.ws.close(*code)
         except ConnectionClosed:
             pass
+        except TimeoutError:
+            await self._drop_slow_consumer()
         finally:
             self.writer_stopped.set()
+
+    async def _drop_slow_consumer(self) -> None:
+        """The client stopped reading: a send did not drain within write_timeout_s. Its
+        connection (and the memory buffered for it) goes; its session detaches as on any drop."""
+        log.warning("server.slow_consumer_dropped", session_id=self.record.handle.id,
+                    timeout_s=self.server.config.write_timeout_s, remote=_remote(self.ws))
+        self.server.metrics.disconnects.labels("slow_consumer").inc()
+        # The close frame cannot get past a full buffer: give it a moment, then cut the socket.
+        with contextlib.suppress(ConnectionClosed), anyio.move_on_after(0.5):
+            await self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: writes did not drain")
+        if self.ws.transport is not None:
+            self.ws.transport.abort()
 
     async def kick(self) -> None:
         """Another connection resumed this session: stop writing, close, do not detach."""
@@ -553,9 +661,14 @@ class _Connection:
                     metrics.disconnects.labels("closed").inc()
                 else:
                     await handle.ask(cmd.Detach())
+                    self.server.quotas.detached(handle.id)
                     metrics.disconnects.labels("detached").inc()
             except DuplexError as err:  # closed meanwhile (expiry, shutdown): nothing to keep
                 log.debug("server.release_ignored", session_id=handle.id, code=err.code)
+            if handle.state == "closed":
+                # Forget it now: the periodic sweep (every 256 opens) would otherwise keep the
+                # closed session, journal and all, alive until then.
+                self.server._forget(record)
             log.info("server.connection_released", session_id=handle.id,
                      outcome="closed" if said_goodbye else "detached",
                      close_code=self.ws.close_code)
@@ -594,24 +707,6 @@ def _select_subprotocol(connection: ServerConnection, subprotocols) -> str | Non
     return "realtime" if "realtime" in subprotocols else None
 
 
-def _authorized(headers: Headers, api_key: str) -> bool:
-    offered: list[str] = []
-    auth = headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        offered.append(token.strip())
-    if headers.get("api-key"):
-        offered.append(headers["api-key"].strip())
-    for value in headers.get_all("Sec-WebSocket-Protocol"):
-        for proto in value.split(","):
-            proto = proto.strip()
-            if proto.startswith(_SUBPROTOCOL_KEY_PREFIX):
-                offered.append(proto[len(_SUBPROTOCOL_KEY_PREFIX):])
-    expected = api_key.encode("utf-8")
-    # compare every candidate, so timing does not reveal which header matched
-    return any([secrets.compare_digest(o.encode("utf-8"), expected) for o in offered])
-
-
 def _respond(connection: ServerConnection, status: int, text: str,
              content_type: str | None = None) -> Response:
     response = connection.respond(status, text)
@@ -619,6 +714,14 @@ def _respond(connection: ServerConnection, status: int, text: str,
         del response.headers["Content-Type"]
         response.headers["Content-Type"] = content_type
     return response
+
+
+def _address(ws: ServerConnection) -> str:
+    """The client's IP address (quotas count per address, not per port)."""
+    try:
+        return str(ws.remote_address[0])
+    except Exception:
+        return "?"
 
 
 def _remote(ws: ServerConnection) -> str:

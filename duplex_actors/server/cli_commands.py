@@ -23,9 +23,10 @@ def build_engine(engine: EngineChoice, model: str | None = None):
 
         # Paced like a small real model, so clients see streaming rather than one burst.
         words = tuple(f" word{i}" for i in range(24))
+        # record=False: the request log (every request with its audio) would grow without bound.
         return ScriptedEngine(Script(tokens=words, audio_packets=12, packet_ms=160,
                                      first_latency_s=0.05, token_latency_s=0.02,
-                                     packet_latency_s=0.02))
+                                     packet_latency_s=0.02), record=False)
     if engine is EngineChoice.embedded:
         try:
             from ..engines.embedded import make_embedded_engine
@@ -62,6 +63,18 @@ def register(app: typer.Typer) -> None:
         idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
         workers: int = typer.Option(1, min=1, help="session processes sharing one engine process "
                                     "(resumes are routed to the owning worker); see docs/scale-out.md"),
+        journal_max_age_s: float = typer.Option(60.0, help="how long events stay replayable for a resume"),
+        stall_timeout_s: float = typer.Option(
+            15.0, help="restart the engine when a request produced nothing this long (0: off); "
+                       "its responses end failed"),
+        write_timeout_s: float = typer.Option(
+            10.0, help="close a connection whose sends do not drain this long (client stopped reading)"),
+        max_sessions_per_key: Optional[int] = typer.Option(None, help="open sessions per API key"),
+        max_sessions_per_address: Optional[int] = typer.Option(None, help="open sessions per client address"),
+        max_detached_sessions: Optional[int] = typer.Option(
+            None, help="sessions waiting for a resume, at most; beyond, new sessions are refused"),
+        drain_timeout_s: float = typer.Option(
+            10.0, help="on SIGTERM/SIGINT, how long responses in flight may take to finish"),
     ) -> None:
         """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics)."""
         try:
@@ -78,7 +91,7 @@ def register(app: typer.Typer) -> None:
                        "can open sessions", err=True)
         limits = WireLimits(max_frame_bytes=max_frame_bytes, max_chunk_bytes=max_chunk_bytes)
         overrides = {"sample_rate": sample_rate, "disconnect_grace_s": disconnect_grace_s,
-                     "idle_ttl_s": idle_ttl_s}
+                     "idle_ttl_s": idle_ttl_s, "journal_max_age_s": journal_max_age_s}
         if workers > 1:  # the engine is built in its own process, not here
             from .workers import WorkerSettings, serve_workers
 
@@ -89,12 +102,19 @@ def register(app: typer.Typer) -> None:
         backend = build_engine(engine, model)
         import anyio
 
-        anyio.run(_serve, backend, host, port, api_key, limits, overrides, max_sessions,
-                  max_connections, engine.value)
+        from .app import ServerConfig
+
+        config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
+                              max_connections=max_connections, write_timeout_s=write_timeout_s,
+                              max_sessions_per_key=max_sessions_per_key,
+                              max_sessions_per_address=max_sessions_per_address,
+                              max_detached_sessions=max_detached_sessions)
+        runtime_options = {"max_sessions": max_sessions, "stall_timeout_s": stall_timeout_s or None}
+        anyio.run(_serve, backend, config, overrides, runtime_options, engine.value, drain_timeout_s)
 
 
-async def _serve(backend, host, port, api_key, limits, overrides, max_sessions, max_connections,
-                 engine_name) -> None:
+async def _serve(backend, config, overrides: dict, runtime_options: dict, engine_name: str,
+                 drain_timeout_s: float) -> None:
     import signal
 
     import anyio
@@ -102,26 +122,27 @@ async def _serve(backend, host, port, api_key, limits, overrides, max_sessions, 
     from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
     from ..core.session import SessionConfig
-    from .app import RealtimeServer, ServerConfig
+    from .app import RealtimeServer
 
-    config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
-                          max_connections=max_connections)
     from ..audio.transcription import default_transcriber
 
     # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.
     transcriber = default_transcriber()
     # A server runs for hours with thousands of journals: keep full GC passes off the loop.
-    async with Runtime(backend, config=SessionConfig(**overrides), max_sessions=max_sessions,
-                       gc_policy=GcPolicy(), transcriber=transcriber) as runtime:
+    async with Runtime(backend, config=SessionConfig(**overrides), gc_policy=GcPolicy(),
+                       transcriber=transcriber, **runtime_options) as runtime:
         async with RealtimeServer(runtime, config) as server:
-            auth = "on" if api_key else "off"
+            auth = "on" if config.api_key else "off"
             print(f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
                   f"health {server.http_url}/health, metrics {server.http_url}/metrics", flush=True)
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    print(f"shutting down ({signal.Signals(signum).name})", file=sys.stderr, flush=True)
+                    print(f"shutting down ({signal.Signals(signum).name}): draining", file=sys.stderr,
+                          flush=True)
                     break
-    # leaving the runtime closes every session with reason runtime_shutdown
+            # Drain before anything is torn down: every response ends with response.done, every
+            # session with session.closed (runtime_shutdown), then each connection closes 1001.
+            await server.shutdown(drain_timeout_s)
 
 
 def _is_loopback(host: str) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import secrets
 from typing import Any, Callable, Union
 
@@ -35,7 +36,7 @@ import attrs
 from ..core import commands as cmd
 from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
 from ..core.engine_io import FunctionTool, SamplingOverrides
-from ..errors import ClientError, DuplexError, InvalidCommand
+from ..errors import ClientError, DuplexError, InvalidCommand, UnencodableText
 from ..errors import ItemNotFound  # noqa: F401  (was defined here; kept importable)
 from .audio_format import G711_RATE, LEGACY_NAMES, PCM, PCM_RATES, PCMA, PCMU, AudioFormat
 
@@ -286,6 +287,26 @@ def _depth_ok(value: Any, limit: int) -> bool:
     return True
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_unencodable(value: Any) -> None:
+    """Refuse a frame whose strings (keys included) hold a lone surrogate: it would reach the
+    session and its replay journal, and fail later when an event echoing it is encoded."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise UnencodableText("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                                      "which is not valid Unicode text")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 # --- the decoder ----------------------------------------------------------------------------
 
 
@@ -306,6 +327,14 @@ def decode(frame: str | bytes, limits: WireLimits = WireLimits(), *, sample_rate
         raise InvalidJSON(f"frame is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise InvalidJSON(f"an event must be a JSON object, not {_json_type(obj)}")
+    if "\\u" in frame:  # only a \uXXXX escape can smuggle a lone surrogate past UTF-8 decoding
+        try:
+            _refuse_unencodable(obj)
+        except UnencodableText as err:
+            echo = obj.get("event_id")
+            if isinstance(echo, str) and len(echo) <= 512 and not _SURROGATE.search(echo):
+                err.with_event_id(echo)
+            raise
     event_id = obj.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise InvalidField("event_id", f"must be a string, not {_json_type(event_id)}")
@@ -598,8 +627,14 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
     for reader in (turn_detection, input_format, output_format, voice, instructions, modalities,
                    temperature, max_tokens, duplex, tools, transcription):
         field(reader)
-    if sampling:
-        changes["sampling"] = SamplingOverrides(**sampling)
+
+    def sampling_overrides():
+        # Range-checked here (InvalidSampling names the knob): a refused knob drops the sampling
+        # change only, never the rest of the update.
+        if sampling:
+            changes["sampling"] = SamplingOverrides(**sampling)
+
+    field(sampling_overrides)
     return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),
                          errors=tuple(errors), **found)
 

@@ -77,7 +77,7 @@ ENGINE_REQUEST_MACHINE = Machine(
 ATTACHED, DETACHED, EXPIRED = "attached", "detached", "expired"
 
 # Resume is a compare-and-swap on (generation, token); replaying the resume that was already
-# accepted (same control id) answers as before instead of conflicting. A lease that is resumed
+# accepted (same control id, same credentials) answers as before instead of conflicting. A lease that is resumed
 # is simply attached again under a new generation, so "resumed" is not a state of its own.
 LEASE_TRANSITIONS = [
     _row("touch", [ATTACHED, DETACHED], None, ["refresh_activity"]),
@@ -112,7 +112,8 @@ LEASE_STATES = {
 }
 
 LEASE_GUARDS = {
-    "replays_last_resume": "the resume carries the control id of the last accepted resume",
+    "replays_last_resume": "the resume carries the control id of the last accepted resume and the "
+                           "generation and token that resume carried (a control id alone is no credential)",
     "credentials_match": "generation and token equal the lease's current ones",
     "grace_elapsed": "detached for at least the disconnect grace",
     "idle_ttl_elapsed": "no turn in flight and no activity for at least the idle TTL",

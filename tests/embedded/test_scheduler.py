@@ -189,3 +189,44 @@ def test_unit_turns_get_a_decision_first_and_listen_is_terminal():
             assert outs == [outs[0]]
     decisions = {outs[0].speak for outs in results}
     assert decisions == {True, False}, "48 different units all decided the same way"
+
+
+def _poison_session(engine, session_id: str, poison) -> None:
+    """Give one session sampling parameters that slipped past validation (``poison`` edits the
+    resolved params): what the scheduler must survive without failing that session's neighbours."""
+    adapter = engine.adapter
+    original = adapter.sampling_for
+
+    def sampling_for(sid, overrides=SamplingOverrides()):
+        params = original(sid, overrides)
+        return poison(params) if sid == session_id else params
+
+    adapter.sampling_for = sampling_for
+
+
+@pytest.mark.parametrize("poison", ["seed_past_64_bits", "unsamplable_temperature"])
+def test_one_request_with_bad_sampling_fails_alone_and_its_batch_neighbours_complete(poison):
+    import attrs
+
+    def seed_past_64_bits(params):
+        return attrs.evolve(params, seed=2**70)  # torch's manual_seed refuses it at admission
+
+    def unsamplable_temperature(params):
+        params = attrs.evolve(params, temperature=0.7)
+        object.__setattr__(params, "temperature", complex(1, 1))  # fails in the batched sampler
+        return params
+
+    async def main():
+        engine = small_engine(sampling=LONG)
+        _poison_session(engine, "sess_bad", {"seed_past_64_bits": seed_past_64_bits,
+                                             "unsamplable_temperature": unsamplable_temperature}[poison])
+        await engine.start()
+        try:
+            return await asyncio.gather(*(_drain(engine, request(sid)) for sid in ("sess_a", "sess_bad", "sess_b")))
+        finally:
+            await engine.aclose()
+
+    a, bad, b = run(main())
+    assert isinstance(a[-1], TurnDone) and isinstance(b[-1], TurnDone), "a neighbour was failed"
+    assert sum(isinstance(o, TextDelta) for o in a) >= 10 and sum(isinstance(o, TextDelta) for o in b) >= 10
+    assert not isinstance(bad[-1], TurnDone), f"the bad request should fail: {bad[-1]!r}"

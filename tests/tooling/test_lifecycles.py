@@ -157,7 +157,8 @@ def test_each_engine_request_end_is_reached():
 lease_ops = st.lists(st.one_of(
     st.tuples(st.just("touch"), st.floats(0, 40)),
     st.tuples(st.just("detach"), st.floats(0, 40)),
-    st.tuples(st.just("resume"), st.sampled_from(["good", "bad_generation", "bad_token", "replay"])),
+    st.tuples(st.just("resume"), st.sampled_from(["good", "bad_generation", "bad_token", "replay",
+                                                  "forged_replay"])),
     st.tuples(st.just("reap"), st.sampled_from([0.0, 5.0, 29.0, 30.0, 31.0, 299.0, 300.0, 400.0])),
     st.tuples(st.just("in_flight"), st.sampled_from([1, -1])),
 ), min_size=1, max_size=40)
@@ -169,7 +170,7 @@ def test_lease_follows_the_lease_chart(ops):
     now = 0.0
     lease = Lease(now, idle_ttl=300.0, grace=30.0)
     state = LEASE.initial
-    accepted_control_ids: list[str] = []
+    accepted: list[tuple[str, int, str]] = []  # control id and the credentials it presented
     machine = _interpreter(LEASE)
     for i, (op, arg) in enumerate(ops):
         guards = dict.fromkeys(LEASE.guards, False)
@@ -184,10 +185,16 @@ def test_lease_follows_the_lease_chart(ops):
             continue  # not a lifecycle step: it only feeds the idle guard
         control_id = None
         if op == "resume":
-            replay = arg == "replay" and bool(accepted_control_ids)
-            control_id = accepted_control_ids[-1] if replay else f"c{i}"
+            generation = lease.generation + (1 if arg == "bad_generation" else 0)
+            token = lease.token + ("x" if arg in ("bad_token", "forged_replay") else "")
+            control_id = f"c{i}"
+            replay = arg == "replay" and bool(accepted)
+            if replay:  # the very request again: its control id and the credentials it carried
+                control_id, generation, token = accepted[-1]
+            elif arg == "forged_replay" and accepted:  # the last control id, other credentials
+                control_id = accepted[-1][0]
             guards["replays_last_resume"] = replay
-            guards["credentials_match"] = arg in ("good", "replay")  # replay sends the right pair
+            guards["credentials_match"] = (generation, token) == (lease.generation, lease.token)
         edge = LEASE.resolve(state, op, guards)
 
         # The real lease.
@@ -197,12 +204,10 @@ def test_lease_follows_the_lease_chart(ops):
         elif op == "detach":
             lease.detach(now)
         elif op == "resume":
-            generation = lease.generation + (1 if arg == "bad_generation" else 0)
-            token = lease.token + ("x" if arg == "bad_token" else "")
             try:
                 lease.resume(now, generation, token, control_id)
                 if not guards["replays_last_resume"]:
-                    accepted_control_ids.append(control_id)
+                    accepted.append((control_id, generation, token))
             except ResumeConflict:
                 outcome = "refused"
         elif op == "reap":

@@ -318,28 +318,28 @@ class BatchScheduler:
     def _admit(self, admits, outbox) -> tuple[str, ...]:
         # A prompt that cannot run fails alone; the rest are prefilled together in one pass
         # (a burst of joiners costs about what a few single prefills do).
-        ready: list[tuple[DecodeJob, Sink, Prompt, torch.Tensor]] = []
+        ready: list[tuple[DecodeJob, Sink, Prompt, torch.Tensor, torch.Generator | None]] = []
         for job, sink in admits:
             try:
+                # The request's own generator first: a seed torch cannot take fails this job
+                # here, alone, instead of the whole admission pass.
+                gen = None if job.params.seed is None else torch.Generator().manual_seed(job.params.seed)
                 prompt = job.prompt()
                 embedded = self._model.embed_prompt(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids)
             except Exception as exc:
                 self._fail_admission(job, sink, exc, outbox)
                 continue
-            ready.append((job, sink, prompt, embedded))
+            ready.append((job, sink, prompt, embedded, gen))
         if not ready:
             return ()
         first = len(self._live)
         try:
             positions = self._model.prefill_many(first, [entry[3] for entry in ready])
         except Exception as exc:
-            for job, sink, _, _ in ready:
+            for job, sink, _, _, _ in ready:
                 self._fail_admission(job, sink, exc, outbox)
             return ()
-        for offset, ((job, sink, prompt, _), position) in enumerate(zip(ready, positions)):
-            gen = None
-            if job.params.seed is not None:
-                gen = torch.Generator().manual_seed(job.params.seed)
+        for offset, ((job, sink, prompt, _, gen), position) in enumerate(zip(ready, positions)):
             self._live.append(_Live(job, prompt, sink, first + offset, position, gen))
         return tuple(entry[0].request_id for entry in ready)
 
@@ -355,7 +355,7 @@ class BatchScheduler:
         logits = self._model.decode(tokens, positions)
         phases = [_phase(s) for s in live]
         logits = logits + self._masks[torch.tensor(phases)]
-        picks = sample_batch(logits, [s.job.params for s in live], [s.generator for s in live], self._shared_gen).tolist()
+        picks, sampling_errors = self._sample(logits, live)
         now = time.perf_counter()
         self._steps += 1
         step = self._steps
@@ -366,6 +366,12 @@ class BatchScheduler:
         reasons: list[str] = []
         for seq, token in zip(live, picks):
             rid = seq.job.request_id
+            if token is None:
+                error = f"sampling failed: {sampling_errors[rid]!r}"
+                outbox.append((seq.sink, SequenceEnded(rid, "failed", step, now, error)))
+                finished.append(seq)
+                reasons.append("failed")
+                continue
             seq.position += 1
             seq.next_input = token
             if seq.deciding:
@@ -388,7 +394,8 @@ class BatchScheduler:
                 finished.append(seq)
                 reasons.append("length")
         for seq, reason in zip(finished, reasons):
-            outbox.append((seq.sink, SequenceEnded(seq.job.request_id, reason, step, now)))
+            if reason != "failed":  # a failed row got its SequenceEnded, with the error, above
+                outbox.append((seq.sink, SequenceEnded(seq.job.request_id, reason, step, now)))
         record = StepRecord(
             index=step,
             request_ids=tuple(s.job.request_id for s in live),
@@ -398,6 +405,26 @@ class BatchScheduler:
         )
         self._release(finished, None, reasons)
         self._notify(record)
+
+    def _sample(self, logits: torch.Tensor, live: list[_Live]) -> tuple[list[int | None], dict]:
+        """One token per live sequence. Should the batched sampler fail (one request's knobs it
+        cannot take), each row is sampled alone and only the rows that still fail end
+        ``failed``: one request's parameters never fail its batch neighbours."""
+        try:
+            return sample_batch(logits, [s.job.params for s in live], [s.generator for s in live],
+                                self._shared_gen).tolist(), {}
+        except Exception as batch_exc:
+            log.warning("scheduler.batch_sampling_failed", error=repr(batch_exc), batch=len(live))
+        picks: list[int | None] = []
+        errors: dict[str, Exception] = {}
+        for row, seq in enumerate(live):
+            try:
+                picks.append(sample_batch(logits[row:row + 1], [seq.job.params], [seq.generator],
+                                          self._shared_gen).tolist()[0])
+            except Exception as exc:
+                picks.append(None)
+                errors[seq.job.request_id] = exc
+        return picks, errors
 
     def _release(self, gone: list[_Live], reason: str | None, reasons: list[str] | None = None) -> None:
         """Give slots back at once, keeping live sequences packed into slots 0..n-1."""

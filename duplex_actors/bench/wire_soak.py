@@ -1,0 +1,368 @@
+"""The soak over the wire: N websocket clients against a real ``duplex-actors serve`` process.
+
+Where ``soak.py`` drives the runtime in-process, this one starts ``serve`` as a subprocess and
+speaks to it only through sockets, so the codec, the connection shell, the resume path and the
+server's defences are all in the loop. Each normal client talks in turns, barges in (cancels
+mid-response), drops its socket right after a commit (the events on the wire are lost to it),
+reconnects after up to 1 s and resumes from the last seq it kept, and sometimes closes and
+opens a new session. Each checks its own stream: a seq gap is a *lost* event, a seq at or below
+one already seen a *duplicate*, a ``response.created`` without exactly one ``response.done``
+(or a second one) a *terminal violation*.
+
+A fraction of clients is hostile and must be refused without hurting anyone: *flooders* send
+hundreds of invalid frames without reading (expected: the flood policy's 1008), *forgers*
+resume a dropped session with a forged token (expected: 4409, no journal), *pokers* send
+out-of-range sampling values and lone surrogates (expected: typed error events, connection
+kept). A hostile client whose refusal did not come is counted as a defence failure.
+
+RSS is the server process's (``/proc/<pid>/status``): at start, after warm-up (at least 1.5x
+the journal age, since each journal fills for that long), at the end, and the slope after
+warm-up. At the end every client closes; the server must reach 0 sessions (hostile sessions
+expire after the disconnect grace) and exit 0 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any, Callable
+
+PCM_100MS = b"\x01\x00" * 1600
+_EXPECTED_ERRORS = {"response_cancel_not_active", "conversation_already_has_active_response"}
+
+
+def _server_rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _slope_per_min(points: list[tuple[float, float]]) -> float:
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    var = sum((p[0] - mx) ** 2 for p in points)
+    return 0.0 if var == 0 else sum((p[0] - mx) * (p[1] - my) for p in points) / var * 60.0
+
+
+class _Stream:
+    """One client's view of one session's event stream, checked as it arrives."""
+
+    __slots__ = ("stats", "last", "open", "closed", "sid", "generation", "token", "dones")
+
+    def __init__(self, stats: Counter) -> None:
+        self.stats = stats
+        self.last = 0
+        self.open: set[str] = set()
+        self.closed = False
+        self.sid = ""
+        self.generation = 0
+        self.token = ""
+        self.dones = 0
+
+    def take(self, event: dict) -> bool:
+        """Account one event; False for a duplicate the client drops."""
+        seq = event.get("server_event_seq")
+        stats = self.stats
+        if seq is None:
+            return True
+        if seq <= self.last:
+            stats["duplicates"] += 1
+            return False
+        if seq > self.last + 1:
+            stats["lost"] += seq - self.last - 1
+        self.last = seq
+        stats["events"] += 1
+        kind = event["type"]
+        if self.closed:
+            stats["terminal_violations"] += 1  # anything after session.closed
+        if kind == "response.created":
+            rid = event["response"]["id"]
+            if rid in self.open:
+                stats["terminal_violations"] += 1
+            self.open.add(rid)
+        elif kind == "response.done":
+            rid = event["response"]["id"]
+            if rid not in self.open:
+                stats["terminal_violations"] += 1  # a second done, or one without created
+            self.open.discard(rid)
+            self.dones += 1
+            stats[f"responses_{event['response']['status']}"] += 1
+        elif kind == "session.closed":
+            self.closed = True
+        elif kind == "error":
+            code = event["error"]["code"]
+            stats["errors_expected" if code in _EXPECTED_ERRORS else "errors_unexpected"] += 1
+            if code not in _EXPECTED_ERRORS:
+                stats[f"error:{code}"] += 1
+        return True
+
+
+async def _recv(ws, timeout: float = 20.0) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+def _append() -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(PCM_100MS).decode()})
+
+
+async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str):
+    from websockets.asyncio.client import connect
+
+    ws = await connect(f"{url}?session_id={stream.sid}")
+    await ws.send(json.dumps({"type": "session.resume", "session_id": stream.sid,
+                              "generation": stream.generation, "resume_token": stream.token,
+                              "last_seq": stream.last, "control_id": control_id}))
+    while True:
+        event = await _recv(ws)
+        if event["type"] == "error" and event.get("server_event_seq") is None:
+            stats[f"resume_refused:{event['error']['code']}"] += 1
+            await ws.close()
+            return None
+        stream.take(event)
+        if event["type"] == "session.resumed":
+            stream.generation, stream.token = event["generation"], event["resume_token"]
+            stats["resumes"] += 1
+            return ws
+
+
+async def _normal_client(url: str, rng: random.Random, deadline: float, stats: Counter,
+                         p_barge: float, p_drop: float, p_churn: float) -> None:
+    from websockets.asyncio.client import connect
+
+    while time.monotonic() < deadline:
+        stream = _Stream(stats)
+        ws = await connect(url)
+        created = await _recv(ws)
+        stream.take(created)
+        stream.sid, stream.token = created["session"]["id"], created["resume_token"]
+        stats["sessions_opened"] += 1
+        resumes = 0
+        while time.monotonic() < deadline and ws is not None:
+            await ws.send(_append())
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            stats["turns"] += 1
+            barge = rng.random() < p_barge
+            drop_after = rng.randint(1, 12) if rng.random() < p_drop else None
+            seen = 0
+            dones = stream.dones
+            while stream.dones == dones:
+                event = await _recv(ws)
+                seen += 1
+                stream.take(event)
+                if stream.dones > dones:
+                    break
+                if barge and event["type"] == "response.output_text.delta":
+                    barge = False
+                    stats["barge_ins"] += 1
+                    await ws.send(json.dumps({"type": "response.cancel"}))
+                if drop_after is not None and seen >= drop_after:
+                    drop_after = None
+                    stats["drops"] += 1
+                    ws.transport.abort()
+                    await asyncio.sleep(rng.uniform(0.05, 1.0))
+                    resumes += 1
+                    ws = await _resume(url, stream, stats, f"{stream.sid}-r{resumes}")
+                    if ws is None:
+                        break
+                    # (the loop ends here if the response's done came with the replay)
+            await asyncio.sleep(rng.uniform(0.05, 0.3))
+            if ws is not None and rng.random() < p_churn:
+                break
+        if ws is not None:
+            await ws.close()  # 1000: the server closes the session (client_disconnected)
+        if stream.open:
+            stats["responses_left_open"] += len(stream.open)
+
+
+async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: Counter) -> None:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    while time.monotonic() < deadline:
+        kind = rng.choice(("flood", "forge", "poke"))
+        stats[f"hostile_{kind}"] += 1
+        ws = await connect(url)
+        created = await _recv(ws)
+        sid = created["session"]["id"]
+        if kind == "flood":
+            for i in range(400):
+                await ws.send(f"garbage {i}")
+            try:
+                while True:
+                    await _recv(ws, 10.0)
+            except ConnectionClosed:
+                pass
+            except asyncio.TimeoutError:
+                pass
+            if ws.close_code != 1008:
+                stats["defence_failures"] += 1
+                stats[f"defence_failed:flood:{ws.close_code}"] += 1
+        elif kind == "forge":
+            ws.transport.abort()
+            await asyncio.sleep(0.05)
+            thief = await connect(f"{url}?session_id={sid}")
+            await thief.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                         "resume_token": "forged", "last_seq": 0, "control_id": "x"}))
+            answer = await _recv(thief)
+            try:
+                extra = await _recv(thief, 5.0)
+            except (ConnectionClosed, asyncio.TimeoutError):
+                extra = None
+            if answer["type"] != "error" or answer["error"]["code"] != "resume_conflict" or extra is not None:
+                stats["defence_failures"] += 1
+                stats["defence_failed:forge"] += 1
+        else:
+            frames = [json.dumps({"type": "session.update", "event_id": "p1",
+                                  "session": {"duplex": {"sampling": {"seed": 2**70}}}}),
+                      '{"type": "session.update", "event_id": "p2", "session": {"instructions": "\\ud800"}}']
+            for frame in frames:
+                await ws.send(frame)
+                answer = await _recv(ws)
+                code = answer["error"]["code"] if answer["type"] == "error" else None
+                refused = code in ("invalid_value", "invalid_text")
+                if not refused:
+                    stats["defence_failures"] += 1
+                    stats["defence_failed:poke"] += 1
+            await ws.close()
+        await asyncio.sleep(rng.uniform(0.5, 2.0))
+
+
+async def _sample(pid: int, t0: float, samples: list, every: float) -> None:
+    while True:
+        samples.append((time.monotonic() - t0, _server_rss_mb(pid)))
+        await asyncio.sleep(every)
+
+
+async def _health(http: str) -> dict:
+    import urllib.request
+
+    def get() -> dict:
+        return json.loads(urllib.request.urlopen(http + "/health", timeout=5).read())
+
+    return await asyncio.to_thread(get)
+
+
+async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal_max_age_s: float,
+               progress: Callable[[str], None] | None) -> dict[str, Any]:
+    grace = 3.0
+    command = [sys.executable, "-m", "duplex_actors", "serve", "--port", "0",
+               "--max-sessions", str(sessions * 4), "--max-connections", str(sessions * 8),
+               "--disconnect-grace-s", str(grace), "--journal-max-age-s", str(journal_max_age_s)]
+    # The server's log goes to a file: an undrained pipe fills (64 KiB) and then blocks the
+    # server's event loop on its next log line, which a long run reaches within minutes.
+    log_file = tempfile.NamedTemporaryFile("w+", prefix="wire-soak-serve-", suffix=".log", delete=False)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True,
+                            env=dict(os.environ))
+    stats: Counter = Counter()
+    samples: list[tuple[float, float]] = []
+    report: dict[str, Any] = {}
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        if "serving" not in line:
+            raise RuntimeError(f"serve did not start: {line!r}; see {log_file.name}")
+        asyncio.get_running_loop().run_in_executor(None, proc.stdout.read)  # keep stdout drained
+        url = line.split()[2]
+        http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
+        t0 = time.monotonic()
+        deadline = t0 + seconds
+        warmup_s = 1.5 * journal_max_age_s
+        rng = random.Random(seed)
+        n_hostile = int(round(sessions * hostile))
+        sampler = asyncio.create_task(_sample(proc.pid, t0, samples, max(1.0, seconds / 60)))
+        tasks = []
+        for i in range(sessions):
+            crng = random.Random(rng.getrandbits(64))
+            if i < n_hostile:
+                tasks.append(_hostile_client(url, crng, deadline, stats))
+            else:
+                tasks.append(_normal_client(url, crng, deadline, stats, 0.2, 0.08, 0.03))
+
+        async def ticker() -> None:
+            while progress is not None:
+                await asyncio.sleep(max(5.0, seconds / 20))
+                progress(f"t={time.monotonic() - t0:6.1f}s server_rss={_server_rss_mb(proc.pid):7.1f}MiB "
+                         f"events={stats['events']} lost={stats['lost']} dup={stats['duplicates']} "
+                         f"resumes={stats['resumes']}")
+
+        tick = asyncio.create_task(ticker())
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        tick.cancel()
+        failures = [r for r in results if isinstance(r, BaseException)]
+        for failure in failures:
+            stats[f"client_failed:{type(failure).__name__}"] += 1
+        # Every normal client closed its session; hostile leftovers expire after the grace.
+        left = None
+        for _ in range(int((grace + 5) / 0.25)):
+            try:
+                left = (await _health(http))["sessions"]
+            except OSError as exc:  # an unresponsive server is a finding, not a crash of the bench
+                stats[f"health_failed:{type(exc).__name__}"] += 1
+                left = None
+            if left == 0:
+                break
+            await asyncio.sleep(0.25)
+        sampler.cancel()
+        samples.append((time.monotonic() - t0, _server_rss_mb(proc.pid)))
+        proc.send_signal(signal.SIGTERM)
+        exit_code = await asyncio.to_thread(proc.wait, 30)
+        after = [s for s in samples if s[0] >= warmup_s]
+        at_warmup = after[0][1] if after else None
+        report = {
+            "sessions": sessions, "seconds": seconds, "seed": seed, "hostile_fraction": hostile,
+            "journal_max_age_s": journal_max_age_s, "warmup_s": warmup_s,
+            "rss_mb": {"start": samples[0][1], "after_warmup": at_warmup, "end": samples[-1][1],
+                       "peak": max(s[1] for s in samples)},
+            "rss_slope_mb_per_min_after_warmup": _slope_per_min(after),
+            "lost": stats["lost"], "duplicates": stats["duplicates"],
+            "terminal_violations": stats["terminal_violations"],
+            "defence_failures": stats["defence_failures"], "client_failures": len(failures),
+            "sessions_left": left, "server_exit_code": exit_code, "server_log": log_file.name,
+            "client_failure_examples": [repr(f)[:300] for f in failures[:5]],
+            "counts": dict(sorted(stats.items())),
+        }
+        growth = (samples[-1][1] - at_warmup) if at_warmup is not None else None
+        report["rss_growth_after_warmup_mb"] = growth
+        report["ok"] = (report["lost"] == 0 and report["duplicates"] == 0
+                        and report["terminal_violations"] == 0 and report["defence_failures"] == 0
+                        and not failures and left == 0 and exit_code == 0
+                        and stats["errors_unexpected"] == 0
+                        and (growth is None or growth <= max(16.0, 0.05 * at_warmup)))
+        return report
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run(sessions: int = 500, seconds: float = 600.0, *, seed: int = 0, hostile: float = 0.05,
+        journal_max_age_s: float = 60.0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    return asyncio.run(_run(sessions, seconds, seed, hostile, journal_max_age_s, progress))
+
+
+def summary(report: dict[str, Any]) -> str:
+    rss = report["rss_mb"]
+    return (f"wire soak {report['sessions']} clients x {report['seconds']:.0f}s "
+            f"(hostile {report['hostile_fraction']:.0%}): lost={report['lost']} "
+            f"duplicates={report['duplicates']} terminal_violations={report['terminal_violations']} "
+            f"defence_failures={report['defence_failures']} client_failures={report['client_failures']} "
+            f"sessions_left={report['sessions_left']} exit={report['server_exit_code']}; server RSS MiB "
+            f"start={rss['start']:.1f} after_warmup={rss['after_warmup'] or 0:.1f} end={rss['end']:.1f} "
+            f"peak={rss['peak']:.1f} slope={report['rss_slope_mb_per_min_after_warmup']:+.2f}/min; "
+            f"ok={report['ok']}")

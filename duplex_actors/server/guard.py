@@ -1,0 +1,159 @@
+"""What the websocket server holds against clients that do not play by the rules.
+
+Theory of operation
+-------------------
+Each defence is a small sans-IO object (times are passed in, nothing here touches a socket),
+so its policy is tested without a server and the server calls it in a line or two:
+
+* :func:`accepted_key`: which configured API key a handshake presented. The server binds each
+  session to the digest of the key that opened it; a resume must present the same key, so a
+  leaked resume token alone does not let another tenant take a session over.
+* :class:`FloodGuard`: a token bucket over *refused* frames of one connection. Refusals cost
+  the server a decode and an ``error`` event each; past the budget the connection is closed
+  with 1008 (policy violation) and its session closed with reason ``invalid_frame_flood``.
+* :class:`AdmissionQuotas`: open sessions per API key and per client address, and detached
+  sessions in total. Connect-then-abort cycles otherwise hold a slot each for the whole
+  disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
+
+The slow-consumer write deadline lives in the connection's writer (``ServerConfig.write_timeout_s``):
+it needs the socket, and it is one ``fail_after`` around a send.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections import Counter
+
+from websockets.datastructures import Headers
+
+from ..errors import QuotaExceeded
+
+SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
+
+
+def key_digest(key: str | None) -> bytes | None:
+    """What the server keeps of a key: its digest, so records never hold the secret itself."""
+    return None if key is None else hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def presented_keys(headers: Headers) -> list[str]:
+    offered: list[str] = []
+    auth = headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        offered.append(token.strip())
+    if headers.get("api-key"):
+        offered.append(headers["api-key"].strip())
+    for value in headers.get_all("Sec-WebSocket-Protocol"):
+        for proto in value.split(","):
+            proto = proto.strip()
+            if proto.startswith(SUBPROTOCOL_KEY_PREFIX):
+                offered.append(proto[len(SUBPROTOCOL_KEY_PREFIX):])
+    return offered
+
+
+def accepted_key(headers: Headers, keys: tuple[str, ...]) -> str | None:
+    """The configured key this handshake presented, or None."""
+    found = None
+    for offered in presented_keys(headers):
+        raw = offered.encode("utf-8", "surrogatepass")
+        for key in keys:
+            # compare every pair, so timing does not reveal which header or key matched
+            if secrets.compare_digest(raw, key.encode("utf-8")) and found is None:
+                found = key
+    return found
+
+
+class FloodGuard:
+    """Token bucket over refused frames: ``burst`` at once, ``rate`` per second sustained."""
+
+    __slots__ = ("rate", "burst", "_tokens", "_last", "refused")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("need rate > 0 and burst >= 1")
+        self.rate = rate
+        self.burst = burst
+        self._tokens = float(burst)
+        self._last = now
+        self.refused = 0
+
+    def over_budget(self, now: float) -> bool:
+        """Count one refused frame at ``now``; True once the client has exceeded the budget."""
+        self.refused += 1
+        if now > self._last:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+        self._tokens -= 1.0
+        return self._tokens < 0.0
+
+
+class AdmissionQuotas:
+    """Open sessions per key and per address, and detached sessions in total.
+
+    The server reports each session's life: ``opened``, ``detached``/``attached``, ``released``
+    (closed or forgotten). ``check`` raises QuotaExceeded before a session is opened. Counts may
+    include sessions that expired while detached and were not reported yet; ``check`` takes a
+    ``sweep`` callback the server uses to report those before it refuses anyone.
+    """
+
+    __slots__ = ("max_per_key", "max_per_address", "max_detached", "_owner", "_by_key",
+                 "_by_address", "_detached")
+
+    def __init__(self, *, max_per_key: int | None, max_per_address: int | None,
+                 max_detached: int | None) -> None:
+        self.max_per_key = max_per_key
+        self.max_per_address = max_per_address
+        self.max_detached = max_detached
+        self._owner: dict[str, tuple[bytes | None, str]] = {}
+        self._by_key: Counter = Counter()
+        self._by_address: Counter = Counter()
+        self._detached: set[str] = set()
+
+    def check(self, key: bytes | None, address: str, sweep=None) -> None:
+        reason = self._refusal(key, address)
+        if reason is not None and sweep is not None:
+            sweep()
+            reason = self._refusal(key, address)
+        if reason is not None:
+            raise QuotaExceeded(reason)
+
+    def _refusal(self, key: bytes | None, address: str) -> str | None:
+        if self.max_per_key is not None and key is not None and self._by_key[key] >= self.max_per_key:
+            return f"this API key already holds {self.max_per_key} sessions; close one or retry later"
+        if self.max_per_address is not None and self._by_address[address] >= self.max_per_address:
+            return f"this address already holds {self.max_per_address} sessions; close one or retry later"
+        if self.max_detached is not None and len(self._detached) >= self.max_detached:
+            return (f"{self.max_detached} sessions are waiting for a resume; new sessions are "
+                    "refused until some resume or expire")
+        return None
+
+    def opened(self, session_id: str, key: bytes | None, address: str) -> None:
+        self._owner[session_id] = (key, address)
+        self._by_key[key] += 1
+        self._by_address[address] += 1
+
+    def detached(self, session_id: str) -> None:
+        if session_id in self._owner:
+            self._detached.add(session_id)
+
+    def attached(self, session_id: str) -> None:
+        self._detached.discard(session_id)
+
+    def released(self, session_id: str) -> None:
+        owner = self._owner.pop(session_id, None)
+        if owner is None:
+            return
+        self._detached.discard(session_id)
+        for counter, name in ((self._by_key, owner[0]), (self._by_address, owner[1])):
+            counter[name] -= 1
+            if counter[name] <= 0:
+                del counter[name]
+
+    @property
+    def detached_count(self) -> int:
+        return len(self._detached)
+
+    def __len__(self) -> int:
+        return len(self._owner)

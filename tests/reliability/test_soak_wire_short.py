@@ -1,0 +1,34 @@
+"""The soak over the wire, short form: 30 websocket clients (a sixth of them hostile) for 20 s
+against a real `duplex-actors serve` subprocess, with barge-ins, dropped sockets and resumes.
+Zero events lost or duplicated, every terminal exactly once, every hostile client refused, the
+server back at 0 sessions and exiting 0 on SIGTERM, its RSS level after warm-up (1.5x the
+6 s journal age). About 30 s. The 60 s CI form is the same test with DUPLEX_WIRE_SOAK_S=60."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("websockets")
+
+from duplex_actors.bench import wire_soak  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def test_wire_soak_short_form_loses_nothing_duplicates_nothing_and_refuses_every_hostile_client():
+    seconds = float(os.environ.get("DUPLEX_WIRE_SOAK_S", "20"))
+    report = wire_soak.run(sessions=30, seconds=seconds, seed=3, hostile=1 / 6, journal_max_age_s=6.0)
+    print(wire_soak.summary(report))
+    c = report["counts"]
+    assert report["lost"] == 0 and report["duplicates"] == 0 and report["terminal_violations"] == 0
+    assert report["defence_failures"] == 0 and report["client_failures"] == 0, c
+    assert c.get("errors_unexpected", 0) == 0, c
+    assert report["sessions_left"] == 0 and report["server_exit_code"] == 0
+    # The run really did what it claims to exercise.
+    assert c["drops"] >= 5 and c["resumes"] >= 5 and c["barge_ins"] >= 10, c
+    assert c["hostile_flood"] >= 1 and c["hostile_forge"] >= 1 and c["hostile_poke"] >= 1, c
+    assert c["responses_completed"] >= 100, c
+    assert report["rss_mb"]["after_warmup"] is not None
+    assert report["ok"], report

@@ -1,0 +1,54 @@
+"""The server's defences as pure objects (times passed in): flood budget, quotas, key match."""
+
+from __future__ import annotations
+
+import pytest
+from websockets.datastructures import Headers
+
+from duplex_actors.errors import QuotaExceeded
+from duplex_actors.server import guard
+
+
+def test_flood_guard_allows_the_burst_then_the_sustained_rate():
+    g = guard.FloodGuard(rate=10.0, burst=5, now=0.0)
+    assert [g.over_budget(0.0) for _ in range(6)] == [False] * 5 + [True]
+    # A second later 10 more tokens came back (capped at the burst of 5, and one is owed).
+    g2 = guard.FloodGuard(rate=10.0, burst=5, now=0.0)
+    for _ in range(5):
+        g2.over_budget(0.0)
+    assert not g2.over_budget(1.0) and g2.refused == 6
+    # Ten refusals per second forever is within a 10/s budget.
+    g3 = guard.FloodGuard(rate=10.0, burst=5, now=0.0)
+    assert not any(g3.over_budget(i / 10) for i in range(1000))
+
+
+def test_quotas_count_per_key_and_address_and_detached_and_release_gives_back():
+    q = guard.AdmissionQuotas(max_per_key=2, max_per_address=3, max_detached=1)
+    ka, kb = guard.key_digest("a"), guard.key_digest("b")
+    q.opened("s1", ka, "10.0.0.1")
+    q.opened("s2", ka, "10.0.0.2")
+    with pytest.raises(QuotaExceeded, match="API key"):
+        q.check(ka, "10.0.0.3")
+    q.check(kb, "10.0.0.1")
+    q.opened("s3", kb, "10.0.0.1")
+    q.opened("s4", kb, "10.0.0.1")
+    with pytest.raises(QuotaExceeded, match="address"):
+        q.check(None, "10.0.0.1")
+    q.detached("s1")
+    with pytest.raises(QuotaExceeded, match="waiting for a resume"):
+        q.check(None, "10.0.0.9")
+    swept = []
+    q.check(None, "10.0.0.9", sweep=lambda: (swept.append(1), q.released("s1")))  # expired meanwhile
+    assert swept == [1] and q.detached_count == 0 and len(q) == 3
+    q.released("s1")  # twice is harmless
+    assert len(q) == 3
+
+
+def test_accepted_key_finds_the_configured_key_in_any_of_the_three_places():
+    keys = ("k1", "k2")
+    assert guard.accepted_key(Headers({"Authorization": "Bearer k2"}), keys) == "k2"
+    assert guard.accepted_key(Headers({"api-key": "k1"}), keys) == "k1"
+    assert guard.accepted_key(Headers({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.k2"}),
+                              keys) == "k2"
+    assert guard.accepted_key(Headers({"Authorization": "Bearer nope"}), keys) is None
+    assert guard.key_digest("k1") != guard.key_digest("k2") and guard.key_digest(None) is None

@@ -1,0 +1,400 @@
+"""Hostile clients over a real socket (issue 13): each test is a way a client attacked or
+starved `serve`, and what the server does about it instead."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import time
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from duplex_actors import Script
+from duplex_actors.server.app import (
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_RESUME_CONFLICT,
+    CLOSE_TRY_AGAIN,
+)
+
+from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
+from duplex_actors.testing.raw_websocket import RawWebSocket
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+GRACE = {"disconnect_grace_s": 30.0}
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.005)
+
+
+async def open_and_drop(server, **connect_kw) -> tuple[str, str]:
+    """Open a session, then lose the socket (no close frame): the session detaches."""
+    ws = await connect(server.url, **connect_kw)
+    created = await recv_json(ws)
+    sid, token = created["session"]["id"], created["resume_token"]
+    ws.transport.abort()
+    handle = server.runtime.get(sid)
+    await wait_until(lambda: handle.core.lease.detached)
+    return sid, token
+
+
+async def resume_refused(server, sid: str, connect_kw: dict | None = None,
+                         **resume) -> tuple[dict, int, list]:
+    """Send one session.resume; return the error, the close code and any other event seen."""
+    async with connect(f"{server.url}?session_id={sid}", **(connect_kw or {})) as ws:
+        await ws.send(json.dumps({"type": "session.resume", "session_id": sid, **resume}))
+        error = await recv_json(ws)
+        others = []
+        with contextlib.suppress(ConnectionClosed):
+            with anyio.fail_after(5):
+                while True:
+                    others.append(json.loads(await ws.recv()))
+        return error, ws.close_code, others
+
+
+async def one_turn(url: str, **connect_kw) -> float:
+    """Open a session, speak, commit, read to response.done; the seconds the turn took."""
+    async with connect(url, **connect_kw) as ws:
+        await recv_json(ws)
+        began = time.perf_counter()
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = await recv_until(ws, "response.done", timeout=20)
+        assert events[-1]["response"]["status"] == "completed"
+        return time.perf_counter() - began
+
+
+# --- session takeover --------------------------------------------------------------------------
+
+
+async def test_replaying_the_last_resume_control_id_with_forged_credentials_does_not_take_over():
+    async with running_server(session_overrides=GRACE) as server:
+        sid, token = await open_and_drop(server)
+        # The owner resumes (control_id ctl-1), then loses that connection too.
+        async with connect(f"{server.url}?session_id={sid}") as ws:
+            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                      "resume_token": token, "last_seq": 1, "control_id": "ctl-1"}))
+            resumed = (await recv_until(ws, "session.resumed"))[-1]
+            ws.transport.abort()
+        handle = server.runtime.get(sid)
+        await wait_until(lambda: handle.core.lease.detached)
+        assert resumed["generation"] == 1
+
+        # An attacker who saw (or guessed) the control_id replays it with forged credentials.
+        for forged in ({"generation": 0, "resume_token": "forged"},
+                       {"generation": 1, "resume_token": "forged"},
+                       {"generation": 5, "resume_token": token}):
+            error, code, others = await resume_refused(server, sid, last_seq=0, control_id="ctl-1", **forged)
+            assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
+            assert others == [], "a refused resume must not receive the session's journal"
+        assert handle.generation == 1 and handle.core.lease.detached
+
+        # The owner's genuine retry of ctl-1 (its answer was lost) still gets the same answer.
+        async with connect(f"{server.url}?session_id={sid}") as ws:
+            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                      "resume_token": token, "last_seq": 1, "control_id": "ctl-1"}))
+            again = (await recv_until(ws, "session.resumed"))[-1]
+            assert (again["generation"], again["resume_token"]) == (1, resumed["resume_token"])
+
+
+async def test_a_resume_token_only_works_with_the_api_key_that_opened_the_session():
+    async with running_server(session_overrides=GRACE, api_keys=("key-a", "key-b")) as server:
+        as_a = {"additional_headers": {"Authorization": "Bearer key-a"}}
+        as_b = {"additional_headers": {"Authorization": "Bearer key-b"}}
+        sid, token = await open_and_drop(server, **as_a)
+        error, code, others = await resume_refused(server, sid, as_b, generation=0, resume_token=token,
+                                                   last_seq=0)
+        assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
+        assert others == [] and server.runtime.get(sid).generation == 0
+        async with connect(f"{server.url}?session_id={sid}", **as_a) as ws:
+            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                      "resume_token": token, "last_seq": 1}))
+            assert (await recv_json(ws))["type"] == "session.resumed"
+
+
+# --- flooding, bounded errors, slow consumers -----------------------------------------------
+
+
+async def test_a_client_flooding_bad_frames_is_closed_by_the_flood_policy_and_neighbours_keep_their_pace():
+    script = Script(token_latency_s=0.005, tokens=tuple(f"w{i} " for i in range(20)))
+    async with running_server(script, invalid_frames_per_s=20.0, invalid_frames_burst=50) as server:
+        baseline = await one_turn(server.url)
+        flooder = await RawWebSocket.connect(server.url, rcvbuf=4096)
+        for i in range(3000):
+            flooder.send_text(f"not json {i}")
+        with contextlib.suppress(ConnectionError):
+            await flooder.drain()
+        during = await one_turn(server.url)
+        texts, code = await flooder.read_until_close()
+        events = [json.loads(t) for t in texts]
+        errors = [e for e in events if e["type"] == "error"]
+        assert code == CLOSE_POLICY_VIOLATION
+        assert events[-1]["type"] == "session.closed" and events[-1]["reason"] == "invalid_frame_flood"
+        # Reading stops at the first frame past the budget; the close overtakes answers still queued.
+        assert len(errors) <= 51
+        assert server.metrics.disconnects.labels("flood")._value.get() == 1
+        assert during < max(2.0, 5 * baseline), (baseline, during)
+        await wait_until(lambda: server.connection_count == 0)
+
+
+async def test_errors_of_a_client_that_floods_and_never_reads_stay_bounded():
+    # Flood policy off (a huge budget): the bound must hold on its own.
+    overrides = {"outbox_capacity": 256, "outbox_reserve": 16}
+    async with running_server(invalid_frames_per_s=1e9, invalid_frames_burst=10**9,
+                              session_overrides=overrides) as server:
+        flooder = await RawWebSocket.connect(server.url, rcvbuf=4096)
+        await wait_until(lambda: server.runtime.session_count == 1)
+        actor = server.runtime.sessions()[0]._actor
+        frames = 5000
+        for i in range(frames):
+            flooder.send_text(f"not json {i}")
+        await flooder.drain()
+        rejected = server.metrics.frames.labels("rejected")
+        await wait_until(lambda: rejected._value.get() >= frames, timeout=20)
+        await wait_until(lambda: not actor.mailbox)
+        core = actor.core
+        held = core.pending_events + len(actor._unread or ())
+        assert held <= 2 * overrides["outbox_capacity"], held
+        assert core._outbox.dropped_errors + actor.dropped_errors > 0
+        assert core.state != "closed", "errors alone do not close a session"
+        flooder.abort()
+
+
+async def test_a_raw_socket_that_stops_reading_is_disconnected_by_the_write_timeout():
+    # Big audio packets: the response is ~8 MB on the wire, far more than the socket buffers.
+    script = Script(token_latency_s=0.001, audio_packets=200, packet_ms=1000, packet_latency_s=0.001)
+    async with running_server(script, write_timeout_s=0.5, session_overrides=GRACE) as server:
+        stalled = await RawWebSocket.connect(server.url, rcvbuf=4096)
+        await wait_until(lambda: server.runtime.session_count == 1)
+        handle = server.runtime.sessions()[0]
+        stalled.send_text(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        stalled.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        await stalled.drain()
+        # ... and never reads again.
+        await wait_until(lambda: server.connection_count == 0, timeout=15)
+        assert server.metrics.disconnects.labels("slow_consumer")._value.get() == 1
+        # The connection went, the session waits for a resume like after any drop.
+        await wait_until(lambda: handle.core.lease.detached or handle.state == "closed")
+        await one_turn(server.url)  # the server is fine
+        stalled.abort()
+
+
+# --- input validation -------------------------------------------------------------------------
+
+
+BAD_SAMPLING = [
+    ({"duplex": {"sampling": {"seed": 2**70}}}, "seed"),
+    ({"duplex": {"sampling": {"seed": -1}}}, "seed"),
+    ({"duplex": {"sampling": {"top_p": 0}}}, "top_p"),
+    ({"duplex": {"sampling": {"top_p": 1.5}}}, "top_p"),
+    ({"duplex": {"sampling": {"temperature": 9.0}}}, "temperature"),
+    ({"duplex": {"sampling": {"top_k": 10**9}}}, "top_k"),
+    ({"duplex": {"sampling": {"max_tokens": 10**9}}}, "max_tokens"),
+    ({"temperature": 1e300}, "temperature"),
+]
+
+
+async def test_sampling_values_out_of_range_are_refused_at_the_wire_and_change_nothing():
+    async with running_server() as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            handle = server.runtime.sessions()[0]
+            before = handle.core.config.sampling
+            for i, (session, param) in enumerate(BAD_SAMPLING):
+                await ws.send(json.dumps({"type": "session.update", "event_id": f"s{i}", "session": session}))
+                error = await recv_json(ws)
+                assert error["type"] == "error", error
+                assert error["error"]["code"] == "invalid_value" and error["error"]["event_id"] == f"s{i}"
+                assert param in error["error"]["message"]
+            assert handle.core.config.sampling == before
+            largest = {"duplex": {"sampling": {"seed": 2**63 - 1, "top_p": 1.0}}}
+            await ws.send(json.dumps({"type": "session.update", "event_id": "ok", "session": largest}))
+            assert (await recv_json(ws))["type"] == "session.updated"
+            assert handle.core.config.sampling.seed == 2**63 - 1
+
+
+async def test_lone_surrogates_are_refused_at_decode_and_never_reach_the_journal():
+    async with running_server(session_overrides=GRACE) as server:
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        sid, token = created["session"]["id"], created["resume_token"]
+        # Sent as the JSON escapes a hostile client would write (valid UTF-8 on the wire).
+        for i, frame in enumerate([
+            '{"type": "session.update", "event_id": "u%d", "session": {"instructions": "hi \\ud800"}}',
+            '{"type": "response.create", "event_id": "u%d", "response": {"instructions": "\\udfff"}}',
+            '{"type": "heartbeat", "event_id": "u%d", "\\ud83d": 1}',
+        ]):
+            await ws.send(frame % i)
+            error = await recv_json(ws)
+            assert error["error"]["code"] == "invalid_text" and error["error"]["event_id"] == f"u{i}"
+        # A well-formed surrogate *pair* is just an emoji, and is accepted.
+        await ws.send('{"type": "session.update", "event_id": "ok", '
+                      '"session": {"instructions": "hi \\ud83d\\ude00"}}')
+        updated = await recv_json(ws)
+        assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "hi \U0001F600"
+        ws.transport.abort()
+        handle = server.runtime.get(sid)
+        await wait_until(lambda: handle.core.lease.detached)
+        # Everything journaled encodes: the replay of the whole stream goes through.
+        async with connect(f"{server.url}?session_id={sid}") as ws2:
+            await ws2.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                       "resume_token": token, "last_seq": 1}))
+            replay = await recv_until(ws2, "session.resumed")
+            assert [e["type"] for e in replay].count("error") == 3
+            assert replay[-1]["replayed"] == len(replay) - 1
+
+
+async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_the_session_can_resume():
+    async with running_server(session_overrides=GRACE) as server:
+        raw = await RawWebSocket.connect(server.url)
+        created = json.loads((await raw.read_frame())[1])
+        sid, token = created["session"]["id"], created["resume_token"]
+        raw.send_frame(b'{"type": "heartbeat", "x": "\xff\xfe"}')
+        await raw.drain()
+        _, code = await raw.read_until_close()
+        assert code == 1007  # RFC 6455 section 8.1: invalid UTF-8 fails the connection
+        handle = server.runtime.get(sid)
+        await wait_until(lambda: handle.core.lease.detached)
+        async with connect(f"{server.url}?session_id={sid}") as ws:
+            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                      "resume_token": token, "last_seq": 1}))
+            assert (await recv_json(ws))["type"] == "session.resumed"
+
+
+# --- admission quotas -------------------------------------------------------------------------
+
+
+async def refused_open(server) -> tuple[dict, int]:
+    async with connect(server.url) as ws:
+        error = await recv_json(ws)
+        with pytest.raises(ConnectionClosed):
+            with anyio.fail_after(5):
+                await ws.recv()
+        return error, ws.close_code
+
+
+async def test_connect_then_abort_cycles_hit_the_per_address_quota_with_a_typed_refusal():
+    async with running_server(session_overrides=GRACE, max_sessions_per_address=3) as server:
+        dropped = [await open_and_drop(server) for _ in range(3)]
+        error, code = await refused_open(server)
+        assert error["error"]["code"] == "quota_exceeded" and code == CLOSE_TRY_AGAIN
+        assert server.runtime.session_count == 3
+        # Resuming one and saying goodbye gives its slot back.
+        sid, token = dropped[0]
+        async with connect(f"{server.url}?session_id={sid}") as ws:
+            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                      "resume_token": token, "last_seq": 1}))
+            await recv_until(ws, "session.resumed")
+        await wait_until(lambda: server.runtime.session_count == 2)
+        await one_turn(server.url)
+
+
+async def test_detached_sessions_are_capped_and_the_per_key_quota_holds():
+    async with running_server(session_overrides=GRACE, max_detached_sessions=2, api_keys=("k1", "k2"),
+                              max_sessions_per_key=3) as server:
+        k1 = {"additional_headers": {"Authorization": "Bearer k1"}}
+        k2 = {"additional_headers": {"Authorization": "Bearer k2"}}
+        await open_and_drop(server, **k1)
+        await open_and_drop(server, **k2)
+        async with connect(server.url, **k1) as ws:
+            error = await recv_json(ws)
+            assert error["error"]["code"] == "quota_exceeded"
+            assert "waiting for a resume" in error["error"]["message"]
+        assert server.quotas.detached_count == 2
+
+    async with running_server(session_overrides=GRACE, api_keys=("k1", "k2"),
+                              max_sessions_per_key=2) as server:
+        k1 = {"additional_headers": {"Authorization": "Bearer k1"}}
+        k2 = {"additional_headers": {"Authorization": "Bearer k2"}}
+        await open_and_drop(server, **k1)
+        await open_and_drop(server, **k1)
+        async with connect(server.url, **k1) as ws:
+            error = await recv_json(ws)
+            assert error["error"]["code"] == "quota_exceeded" and "API key" in error["error"]["message"]
+        await one_turn(server.url, **k2)  # another tenant is not affected
+
+
+async def test_the_flood_policy_holds_when_the_flooder_has_filled_its_control_lane():
+    # Valid control commands faster than the session takes them: its control lane (4 here)
+    # fills, each refusal (mailbox_full) counts toward the budget, and the policy's close must
+    # still get through the full lane.
+    async with running_server(invalid_frames_per_s=5.0, invalid_frames_burst=20,
+                              runtime_kw={"mailbox_capacity": 4}) as server:
+        flooder = await RawWebSocket.connect(server.url, rcvbuf=4096)
+        for _ in range(3000):
+            flooder.send_text('{"type": "response.cancel"}')
+        with contextlib.suppress(ConnectionError):
+            await flooder.drain()
+        texts, code = await flooder.read_until_close()
+        events = [json.loads(t) for t in texts]
+        assert code == CLOSE_POLICY_VIOLATION
+        assert server.metrics.frames.labels("rejected")._value.get() > 20  # the lane did refuse
+        assert events[-1]["type"] == "session.closed" and events[-1]["reason"] == "invalid_frame_flood"
+
+
+async def test_a_resume_queued_before_the_reaper_fires_is_not_closed_by_that_stale_expiry(monkeypatch):
+    # Found by the 500-client wire soak. Fault injection: the reaper fires right after the
+    # server queued the client's session.resume, before the session processed it.
+    from duplex_actors import ManualClock
+    from duplex_actors.actors.mailbox import Mailbox
+    from duplex_actors.core import commands as cmd
+
+    clock = ManualClock(1000.0)
+    async with running_server(session_overrides={"disconnect_grace_s": 5.0},
+                              runtime_kw={"clock": clock, "reaper_interval_s": 0}) as server:
+        sid, token = await open_and_drop(server)
+        clock.advance(6.0)  # the grace has run out; the reaper has not looked yet
+        original_put = Mailbox.put
+        fired = []
+
+        def put_then_reap(self, lane, message, *, force=False):
+            original_put(self, lane, message, force=force)
+            if isinstance(message, tuple) and isinstance(message[0], cmd.Resume) and not fired:
+                fired.append(server.runtime.reap_now())
+
+        monkeypatch.setattr(Mailbox, "put", put_then_reap)
+        async with connect(f"{server.url}?session_id={sid}") as ws:
+            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
+                                      "resume_token": token, "last_seq": 1}))
+            assert (await recv_json(ws))["type"] == "session.resumed"
+            assert fired == [1], "the reaper saw the lease expired and queued an expiry"
+            await ws.send(json.dumps({"type": "heartbeat", "event_id": "hb"}))
+            after = await recv_json(ws)
+            assert after["type"] == "heartbeat.ack", after
+            assert server.runtime.get(sid).state != "closed"
+
+
+async def test_a_session_closed_by_its_clients_goodbye_is_forgotten_at_once():
+    # Churning clients (open, talk, close 1000) must not leave closed sessions, journals and
+    # all, in the server's records until the next sweep (found by the 60 s wire soak: RSS rose).
+    async with running_server(max_sessions_per_address=5) as server:
+        for _ in range(3):
+            await one_turn(server.url)  # closes with 1000 at the end
+        await wait_until(lambda: server.runtime.session_count == 0)
+        await wait_until(lambda: not server._records and len(server.quotas) == 0)
+
+
+async def test_a_session_that_expired_while_detached_is_forgotten_by_the_next_open_after_10_s():
+    from duplex_actors import ManualClock
+
+    clock = ManualClock(1000.0)
+    async with running_server(session_overrides={"disconnect_grace_s": 1.0},
+                              runtime_kw={"clock": clock, "reaper_interval_s": 0}) as server:
+        sid, _ = await open_and_drop(server)
+        clock.advance(2.0)
+        assert server.runtime.reap_now() == 1
+        await wait_until(lambda: sid not in [h.id for h in server.runtime.sessions()])
+        assert sid in server._records  # nobody was attached to see it close
+        clock.advance(10.0)
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            assert sid not in server._records and len(server.quotas) == 1
