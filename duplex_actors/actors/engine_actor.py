@@ -99,11 +99,16 @@ class EngineActor:
             while self._inbox:
                 op, arg = self._inbox.popleft()
                 if op == "submit":
-                    self._tg.start_soon(self._pump, arg)
+                    self._task_group().start_soon(self._pump, arg)
                 elif op == "abort":
                     self._abort_now(arg)
             self._wake = anyio.Event()
             await self._wake.wait()
+
+    def _task_group(self) -> anyio.abc.TaskGroup:
+        # Only called from the actor's own tasks, which run inside run()'s task group.
+        assert self._tg is not None, "the engine actor is not running"
+        return self._tg
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -159,7 +164,8 @@ class EngineActor:
                 # still answers with the request's one terminal (Aborted).
                 return
             with flight.scope:
-                async with contextlib.aclosing(self.backend.generate(request)) as stream:
+                # Backends are async generators (aclose ends them); the protocol says iterator.
+                async with contextlib.aclosing(self.backend.generate(request)) as stream:  # type: ignore[type-var]
                     async for output in stream:
                         flight.last_output = self.clock.now()
                         if output.request_id != rid:
@@ -205,7 +211,7 @@ class EngineActor:
         flight.scope.cancel()
         nowait = sync_abort(self.backend)
         if nowait is None:
-            self._tg.start_soon(self._backend_abort, rid)
+            self._task_group().start_soon(self._backend_abort, rid)
             return
         # A backend that can abort synchronously is told now, not one loop iteration later in
         # a task: that iteration was the runtime's whole share of a barge-in's abort latency.
@@ -261,7 +267,7 @@ class EngineActor:
         while True:
             await anyio.sleep(self.watchdog_interval_s)
             for rid in list(self._abort_retry):
-                self._tg.start_soon(self._backend_abort, rid)
+                self._task_group().start_soon(self._backend_abort, rid)
             now = self.clock.now()
             stalled = [f for f in self._flights.values()
                        if now - f.last_output > (self.stall_timeout_s or math.inf)]

@@ -109,6 +109,6 @@ async def maintain(policy: GcPolicy) -> None:
         await anyio.sleep(step)
         if anyio.current_time() >= next_reclaim:
             reclaim()
-            next_reclaim = anyio.current_time() + policy.reclaim_interval_s
+            next_reclaim = anyio.current_time() + (policy.reclaim_interval_s or math.inf)
         elif interval is not None:
             freeze_young()

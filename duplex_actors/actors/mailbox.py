@@ -83,7 +83,7 @@ class Mailbox:
     def holds(self, lane: Lane, predicate) -> bool:
         """Whether a message queued on ``lane`` satisfies ``predicate`` (a linear scan)."""
         q = self._lanes[lane]
-        return bool(q) and any(predicate(message) for message in q)
+        return q is not None and any(predicate(message) for message in q)
 
     def lane_depth(self, lane: Lane) -> int:
         q = self._lanes[lane]

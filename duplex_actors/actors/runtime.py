@@ -223,9 +223,11 @@ class Runtime:
                     while self._ready:
                         await anyio.sleep(0.001)
         finally:
-            self._tg.cancel_scope.cancel()
+            tg = self._tg
+            assert tg is not None  # set by __aenter__
+            tg.cancel_scope.cancel()
             try:
-                await self._tg.__aexit__(*exc)
+                await tg.__aexit__(*exc)
             finally:
                 if self.gc_policy is not None:
                     _gc.stop()
@@ -321,13 +323,14 @@ class Runtime:
             deliver(InputTranscript(action.item_id, error="input transcription is not available on "
                                                           "this server (install the 'transcription' extra)"))
             return
+        transcriber = self.transcriber
         if self._tg is None:  # not running (closing): still answer the turn, never drop it
             deliver(InputTranscript(action.item_id, error="the runtime is not running"))
             return
 
         async def run() -> None:
             try:
-                text = await self.transcriber.transcribe(action.audio, action.sample_rate)
+                text = await transcriber.transcribe(action.audio, action.sample_rate)
                 result = InputTranscript(action.item_id, text=text)
             except Exception as exc:  # the recogniser's failure is this turn's, not the runtime's
                 log.warning("transcription_failed", item_id=action.item_id, error=repr(exc))

@@ -46,6 +46,8 @@ class SessionHost(Protocol):
 
     def _session_closed(self, actor: "SessionActor") -> None: ...
 
+    def transcribe(self, action: "TranscribeInput", deliver) -> None: ...
+
 
 class _Reply:
     __slots__ = ("done", "error")

@@ -20,7 +20,7 @@ Guarantees (property-tested in tests/core):
 from __future__ import annotations
 
 import functools
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import attrs
 import structlog
@@ -81,7 +81,7 @@ _EFFECT_FUNCTIONS: dict[tuple[str, ...], tuple] = {}
 # Guard names as SessionCore functions, for the same reason, and one more: getattr with a name
 # built per call leaves each new string in CPython's type attribute cache (up to 4096 of them),
 # which a memory trace of a long run shows as slow growth in _guard (3.11; bounded, but noise).
-_GUARD_FUNCTIONS: dict[str, object] = {}
+_GUARD_FUNCTIONS: dict[str, Callable[["SessionCore"], bool]] = {}
 
 
 def _effect_functions(resolution) -> tuple:
@@ -533,7 +533,7 @@ class SessionCore:
     def _classify(self, output: EngineOutput) -> str:
         rid = output.request_id
         is_turn = rid == self._turn_request
-        is_unit = bool(self._units) and rid in self._units
+        is_unit = self._units is not None and rid in self._units
         if not (is_turn or is_unit):
             return "stale_output"
         if isinstance(output, Decision):
@@ -746,6 +746,7 @@ class SessionCore:
 
     def _fx_promote_unit(self) -> None:
         rid = self._ctx["output"].request_id
+        assert self._units is not None  # the chart promotes only a registered unit (model_native)
         self._units.discard(rid)
         self._turn_request = rid
         self._turn_kind = TurnKind.UNIT
@@ -788,6 +789,7 @@ class SessionCore:
         out = self._ctx["output"]
         now = self._ctx["now"]
         r = self._response
+        assert r is not None  # the chart's deliver rows run only once the response has begun
         if isinstance(out, FunctionCall):
             self._deliver_function_call(out, r)
             return
@@ -860,7 +862,7 @@ class SessionCore:
         turn receives it (checked in _precheck: only calls this session made are answered)."""
         if self._function_results is None:
             self._function_results = []
-        name = self._calls.get(item.call_id) if self._calls else None
+        name = self._calls.get(item.call_id or "") if self._calls else None
         self._function_results.append(FunctionResult(item.call_id or "", item.output or "", name))
 
     def _close_parts(self, status: str, reason: str | None, stop_latency_s: float | None = None) -> None:
@@ -972,7 +974,8 @@ class SessionCore:
         self._abort(requests, self._reason())
 
     def _fx_settle_abort(self) -> None:
-        self._aborting.pop(self._ctx["output"].request_id, None)
+        if self._aborting is not None:
+            self._aborting.pop(self._ctx["output"].request_id, None)
 
     def _fx_drop_undelivered_audio(self) -> None:
         if self._response is not None:

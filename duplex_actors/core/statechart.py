@@ -375,8 +375,10 @@ def compile_chart(machine: Machine) -> CompiledChart:
     for trigger, event in machine.events.items():
         for source, transitions in event.transitions.items():
             for t in transitions:
-                guards = tuple((c.func, bool(c.target)) for c in t.conditions)
-                effects = tuple(t.after)
+                # Rows name guards and effects by string (the core resolves them), so the
+                # Machine hands the same strings back.
+                guards = tuple((str(c.func), bool(c.target)) for c in t.conditions)
+                effects = tuple(str(e) for e in t.after)
                 dest = source if t.dest is None else t.dest
                 table.setdefault((source, trigger), []).append(Branch(dest, guards, effects))
     frozen = {key: tuple(branches) for key, branches in table.items()}

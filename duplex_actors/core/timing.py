@@ -171,6 +171,7 @@ class TimingLedger:
             a.first_text = now
             a.itl.extend([0.0] * (token_count - 1))
         else:
+            assert a.last_token is not None  # set with the first token
             gap = (now - a.last_token) / token_count
             a.itl.extend([gap] * token_count)
         a.last_token = now

@@ -80,7 +80,8 @@ def example_arguments(parameters: str) -> str:
     props = schema.get("properties") or {} if isinstance(schema, dict) else {}
     args = {}
     for name in schema.get("required") or () if isinstance(schema, dict) else ():
-        prop = props.get(name) if isinstance(props.get(name), dict) else {}
+        found = props.get(name)
+        prop: dict = found if isinstance(found, dict) else {}
         if prop.get("enum"):
             args[name] = prop["enum"][0]
         else:
