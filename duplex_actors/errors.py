@@ -225,3 +225,37 @@ class EngineProtocolError(EngineError):
 class EngineFailed(EngineError):
     code = "engine_failed"
     retryable = True
+
+
+__all__ = [
+    "DuplexError",
+    "ClientError",
+    "InvalidCommand",
+    "UnknownFunctionCall",
+    "IllegalTransition",
+    "SessionClosed",
+    "InputBufferEmpty",
+    "ResponseInProgress",
+    "NoActiveResponse",
+    "ItemNotFound",
+    "InvalidItem",
+    "ResponseNotFound",
+    "StaleFence",
+    "FenceAhead",
+    "InvalidSampling",
+    "UnencodableText",
+    "UnknownSession",
+    "ResumeConflict",
+    "ResyncRequired",
+    "RuntimeFault",
+    "Backpressure",
+    "MailboxFull",
+    "ResourceExhausted",
+    "QuotaExceeded",
+    "EngineCapacityError",
+    "AskTimeout",
+    "RuntimeClosed",
+    "EngineError",
+    "EngineProtocolError",
+    "EngineFailed",
+]
