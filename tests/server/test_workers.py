@@ -241,6 +241,31 @@ def test_one_engine_process_has_both_workers_turns_in_flight_at_once(served):
     assert after["max_runtimes_in_flight"] == 2
 
 
+def test_a_worker_transcribes_input_as_single_process_serve_does(served):
+    pytest.importorskip("pocketsphinx")  # without the extra both servers answer .failed
+
+    async def main():
+        client = await DuplexClient.connect(served.url)
+        try:
+            await client.recv()
+            await client.update_session({"type": "realtime", "audio": {"input": {
+                "transcription": {"model": "whisper-1"}, "turn_detection": None}}})
+            await client.wait_for("session.updated", timeout=10)
+            await client.send_audio(CHUNK_100MS)
+            await client.commit()
+            for _ in range(100):
+                event = await client.recv(timeout=60)
+                if event["type"].startswith("conversation.item.input_audio_transcription."):
+                    if event["type"] != "conversation.item.input_audio_transcription.delta":
+                        return event
+        finally:
+            await client.close()
+        raise AssertionError("no transcription result")
+
+    result = run(main)
+    assert result["type"] == "conversation.item.input_audio_transcription.completed", result
+
+
 # --------------------------------------------------------------------------- failure and shutdown
 
 
