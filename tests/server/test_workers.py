@@ -255,9 +255,10 @@ def test_a_worker_transcribes_input_as_single_process_serve_does(served):
             await client.commit()
             for _ in range(100):
                 event = await client.recv(timeout=60)
-                if event["type"].startswith("conversation.item.input_audio_transcription."):
-                    if event["type"] != "conversation.item.input_audio_transcription.delta":
-                        return event
+                kind = event["type"]
+                if kind.startswith("conversation.item.input_audio_transcription.") and \
+                        not kind.endswith(".delta"):
+                    return event
         finally:
             await client.close()
         raise AssertionError("no transcription result")
