@@ -1,8 +1,9 @@
 """Sessions vs session-runtime replicas on Ray Serve, against a bare single-process server.
 
 The same unpaced ScriptedEngine and the same websocket load as ``workers_bench``: ``sessions``
-sessions, each committing 100 ms of audio and reading to ``response.done`` again and again,
-from separate load processes. Arms, in one run on one local Ray cluster:
+sessions, each committing 100 ms of audio, sending ``response.create`` and reading to
+``response.done`` again and again, from separate load processes. Arms, in one run on one local
+Ray cluster:
 
 * ``bare``: ``serve`` as one process (the baseline every ratio divides by);
 * ``replicas=N`` for each N in ``replicas``: the Serve app of

@@ -68,7 +68,7 @@ async def _run(turns: int, vad_turns: int, speech: bytes | None) -> dict[str, An
     from ..server.app import RealtimeServer, ServerConfig
 
     bare_engine = ScriptedEngine(_script(), record=False)
-    chunk = base64.b64encode(b"\x01\x00" * 1600).decode()  # 100 ms
+    chunk = base64.b64encode(b"\x01\x00" * 2400).decode()  # 100 ms at the GA wire's 24 kHz
     out: dict[str, list[float]] = {"bare": [], "commit": [], "commit_added": [], "ttfp": [],
                                    "vad": [], "vad_added": [], "vad_bare": []}
     async with Runtime(ScriptedEngine(_script(), record=False)) as runtime:
@@ -97,7 +97,10 @@ async def _run(turns: int, vad_turns: int, speech: bytes | None) -> dict[str, An
             if speech is not None and vad_turns:
                 async with websockets.connect(server.url, max_size=None) as ws:
                     await _recv_until(ws, "session.created")
+                    # The speech is 16 kHz: declared as such (our extension), else the server
+                    # would read it as the GA default 24 kHz, 1.5x too fast, before VAD hears it.
                     await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+                        "format": {"type": "audio/pcm", "rate": 16000},
                         "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
                     await _recv_until(ws, "session.updated")
                     step = 3200  # 100 ms at 16 kHz

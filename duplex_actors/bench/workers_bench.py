@@ -11,15 +11,16 @@ over cores) on a loopback port, in its own processes, and the same load runs aga
 * ``workers=2``: the front, two workers sharing the engine process.
 
 The load is ``sessions`` websocket sessions kept busy for ``duration_s``: each sends 100 ms of
-audio, commits and reads until its ``response.done``, then again. It runs in ``clients``
-separate processes that do no JSON parsing (a substring test finds ``response.done``), so the
-load generator costs as little CPU as it can. Two load processes by default: with one, its
-single loop was what limited the two-worker arm (measured on the loaded shared machine: 32
-sessions from one process gave 0.75-1.25x for two workers over one; 64 from two gave 1.27x
-over 3 rounds and 1.8x in a one-round run). Turns per second is counted across all of them.
-Arms run back to back in each round, in alternating order, and the ratio reported is the
-median over rounds of the per-round ratio (machine speed drifts between rounds on a shared
-machine; a ratio within one round does not).
+audio, commits, sends ``response.create`` (manual turns, as a GA client without server VAD) and
+reads until its ``response.done``, then again. It runs in ``clients`` separate processes that
+do no JSON parsing (a substring test finds ``response.done``), so the load generator costs as
+little CPU as it can. Two load processes by default: with one, its single loop was what limited
+the two-worker arm (measured on the loaded shared machine: 32 sessions from one process gave
+0.75-1.25x for two workers over one; 64 from two gave 1.27x over 3 rounds and 1.8x in a
+one-round run). Turns per second is counted across all of them. Arms run back to back in each
+round, in alternating order, and the ratio reported is the median over rounds of the per-round
+ratio (machine speed drifts between rounds on a shared machine; a ratio within one round does
+not).
 
 ``python -m duplex_actors.bench.workers_bench [--quick]`` prints the result as JSON.
 """
@@ -43,9 +44,15 @@ from ..engines.scripted import Script, ScriptedEngine
 #: 12 tokens and 4 audio packets, no pacing: ~50 server events per turn.
 SCRIPT = Script(tokens=tuple(f" w{i}" for i in range(12)), audio_packets=4, first_latency_s=0.0,
                 token_latency_s=0.0, packet_latency_s=0.0)
-APPEND = json.dumps({"type": "input_audio_buffer.append",
-                     "audio": base64.b64encode(b"\x01\x00" * 1600).decode()})
+APPEND = json.dumps({"type": "input_audio_buffer.append",  # 100 ms at the GA wire's 24 kHz
+                     "audio": base64.b64encode(b"\x01\x00" * 2400).decode()})
 COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
+# A GA server's commit only adds the audio to the conversation; the client asks for the reply.
+RESPOND = json.dumps({"type": "response.create"})
+# Manual turns: the load commits itself, so server VAD (on by default when its model loads)
+# would only add per-chunk work that no arm is meant to measure.
+MANUAL_TURNS = json.dumps({"type": "session.update", "session": {
+    "type": "realtime", "audio": {"input": {"turn_detection": None}}}})
 
 
 def unpaced_engine() -> ScriptedEngine:  # module level: picklable into the engine process
@@ -91,9 +98,13 @@ async def _session(url: str, stop_at: float, counts: list[int]) -> None:
 
     async with connect(url, max_size=None) as ws:
         await ws.recv()  # session.created
+        await ws.send(MANUAL_TURNS)
+        while '"session.updated"' not in await ws.recv():
+            pass
         while time.perf_counter() < stop_at:
             await ws.send(APPEND)
             await ws.send(COMMIT)
+            await ws.send(RESPOND)
             while True:
                 frame = await ws.recv()
                 if '"response.done"' in frame:

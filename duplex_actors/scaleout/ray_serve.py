@@ -266,6 +266,7 @@ class SessionReplica:
         import ray
 
         from ..actors.runtime import Runtime
+        from ..audio.transcription import default_transcriber
         from ..core.session import SessionConfig
         from ..server.app import RealtimeServer, ServerConfig
 
@@ -273,9 +274,11 @@ class SessionReplica:
             host = self.host or ray.util.get_node_ip_address()
             backend = ServeEngine(self.engine_handle)
             config = ServerConfig(host=host, port=self.port, api_key=self.api_key)
+            # As single-process serve: input transcription when the replica has the extra.
             async with Runtime(backend, config=SessionConfig(**self.session_overrides),
                                max_sessions=self.max_sessions,
-                               session_ids=_ReplicaSessionIds(self.token)) as runtime:
+                               session_ids=_ReplicaSessionIds(self.token),
+                               transcriber=default_transcriber()) as runtime:
                 async with RealtimeServer(runtime, config) as server:
                     self._runtime = runtime
                     self.url = server.url

@@ -157,7 +157,12 @@ async def _run_worker(index: int, settings: WorkerSettings, engine_path: str, ha
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     log_ = log.bind(worker=index, pid=os.getpid())
+    from ..audio.transcription import default_transcriber
+
     backend = EngineProcessClient(engine_path)
+    # As single-process serve: a session that asks for input transcription gets it here too
+    # (loaded lazily on its first transcribed turn; None without the 'transcription' extra).
+    transcriber = default_transcriber()
     config = ServerConfig(host="127.0.0.1", port=0, api_key=settings.api_key,
                           max_connections=settings.max_connections,
                           **({"limits": settings.limits} if settings.limits is not None else {}))
@@ -168,7 +173,8 @@ async def _run_worker(index: int, settings: WorkerSettings, engine_path: str, ha
     listener.setblocking(False)
     try:
         async with Runtime(backend, config=SessionConfig(**settings.session_overrides),
-                           max_sessions=settings.max_sessions, session_ids=_SessionIds(index)) as runtime:
+                           max_sessions=settings.max_sessions, session_ids=_SessionIds(index),
+                           transcriber=transcriber) as runtime:
             async with RealtimeServer(runtime, config) as server:
                 ready.send((os.getpid(), server.port))
                 front, _ = await loop.sock_accept(listener)

@@ -67,9 +67,10 @@ async def test_a_turn_runs_through_the_session_replica_and_the_engine_deployment
         assert replica_of(created["session"]["id"]) is not None
         await client.send_audio(CHUNK)
         await client.commit()
+        await client.create_response()  # GA: a commit alone only adds the audio
         done, events = await client.wait_for("response.done", timeout=30)
     assert done["response"]["status"] == "completed"
-    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
     assert text == "".join(SLOW.tokens)
     app = serve.status().applications[APP]
     assert {"router", "sessions", "engine"} <= set(app.deployments)
@@ -83,7 +84,8 @@ async def test_a_dropped_session_resumes_through_the_affinity_route_and_misses_n
     session_id = events[0]["session"]["id"]
     await client.send_audio(CHUNK)
     await client.commit()
-    while events[-1]["type"] != "response.output_text.delta":
+    await client.create_response()  # GA: a commit alone only adds the audio
+    while events[-1]["type"] != "response.output_audio_transcript.delta":
         events.append(await client.recv(timeout=30))
     # resume from the last event this test read (the client may have buffered more)
     token, generation, last_seq = client.resume_token, client.generation, events[-1]["server_event_seq"]
@@ -143,7 +145,8 @@ async def test_barge_in_cancels_the_turn_on_the_engine_replica_and_the_next_turn
         await client.recv()
         await client.send_audio(CHUNK)
         await client.commit()
-        await client.wait_for("response.output_text.delta", timeout=30)
+        await client.create_response()  # GA: a commit alone only adds the audio
+        await client.wait_for("response.output_audio_transcript.delta", timeout=30)
         assert len(await engine.active.remote()) == 1  # the turn is open on the engine replica
         await client.barge_in()
         done, _ = await client.wait_for("response.done", timeout=30)
@@ -153,5 +156,6 @@ async def test_barge_in_cancels_the_turn_on_the_engine_replica_and_the_next_turn
                 await anyio.sleep(0.05)
         await client.send_audio(CHUNK)
         await client.commit()
+        await client.create_response()  # GA: a commit alone only adds the audio
         done, _ = await client.wait_for("response.done", timeout=30)
         assert done["response"]["status"] == "completed"

@@ -45,6 +45,7 @@ async def test_deploy_route_turn_and_shutdown_from_the_command_line(ray_cluster)
             await client.recv()
             await client.send_audio(b"\x01\x00" * 1600)
             await client.commit()
+            await client.create_response()  # GA: a commit alone only adds the audio
             done, _ = await client.wait_for("response.done", timeout=60)
         assert done["response"]["status"] == "completed"
         removed = _deploy_command("--address", address, "--shutdown")

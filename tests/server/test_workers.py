@@ -96,11 +96,17 @@ async def open_on(url: str, worker: int, **options) -> tuple[DuplexClient, dict]
 
 
 async def one_turn(client: DuplexClient, timeout: float = 20.0) -> list[dict]:
-    await client.send_audio(CHUNK_100MS)
-    await client.commit()
+    await ask(client)
     done, events = await client.wait_for("response.done", timeout=timeout)
     assert done["response"]["status"] == "completed", done
     return events
+
+
+async def ask(client: DuplexClient) -> None:
+    """A GA client's manual turn: a commit only adds the audio, response.create asks."""
+    await client.send_audio(CHUNK_100MS)
+    await client.commit()
+    await client.create_response()
 
 
 # --------------------------------------------------------------------------- routing, no processes
@@ -155,11 +161,11 @@ def test_a_dropped_session_resumes_on_its_owner_and_misses_nothing(served, worke
         client, created = await open_on(served.url, worker, reconnect_backoff_s=0.1)
         events = [created]
         try:
-            await client.send_audio(CHUNK_100MS)
-            await client.commit()
+            await ask(client)
             for _ in range(200):
                 events.append(await client.recv(timeout=10))
-                if events[-1]["type"] == "response.output_text.delta":
+                # an audio response's words arrive only as its transcript
+                if events[-1]["type"] == "response.output_audio_transcript.delta":
                     break
             client.abort_transport()  # no close frame: the worker detaches the session
             async for event in client.events():
@@ -175,8 +181,10 @@ def test_a_dropped_session_resumes_on_its_owner_and_misses_nothing(served, worke
 
     client, events = run(main)
     types = [e["type"] for e in events]
-    seqs = [e["server_event_seq"] for e in events]
+    # rate_limits.updated is derived from response.done (the codec gives it no seq of its own)
+    seqs = [e["server_event_seq"] for e in events if e["type"] != "rate_limits.updated"]
     assert seqs == list(range(1, len(seqs) + 1)), "every event exactly once, in order"
+    assert types[types.index("response.done") + 1] == "rate_limits.updated"
     assert client.reconnects == 1 and client.gaps == 0 and client.duplicates_dropped == 0
     assert types.count("session.resumed") == 1 and types.count("response.done") == 1
     assert events[-1]["type"] == "heartbeat.ack"
@@ -190,8 +198,7 @@ def test_closing_a_session_on_one_worker_leaves_the_other_workers_session_alone(
         a, _ = await open_on(served.url, 0)
         b, _ = await open_on(served.url, 1)
         try:
-            await b.send_audio(CHUNK_100MS)
-            await b.commit()
+            await ask(b)
             await b.wait_for("response.created", timeout=10)
             await a.send({"type": "session.close"})
             closed, _ = await a.wait_for("session.closed", timeout=10)
@@ -232,6 +239,32 @@ def test_one_engine_process_has_both_workers_turns_in_flight_at_once(served):
     assert after["connections"] == 3  # the two workers and this probe
     assert after["streams_total"] - before["streams_total"] == 2
     assert after["max_runtimes_in_flight"] == 2
+
+
+def test_a_worker_transcribes_input_as_single_process_serve_does(served):
+    pytest.importorskip("pocketsphinx")  # without the extra both servers answer .failed
+
+    async def main():
+        client = await DuplexClient.connect(served.url)
+        try:
+            await client.recv()
+            await client.update_session({"type": "realtime", "audio": {"input": {
+                "transcription": {"model": "whisper-1"}, "turn_detection": None}}})
+            await client.wait_for("session.updated", timeout=10)
+            await client.send_audio(CHUNK_100MS)
+            await client.commit()
+            for _ in range(100):
+                event = await client.recv(timeout=60)
+                kind = event["type"]
+                if kind.startswith("conversation.item.input_audio_transcription.") and \
+                        not kind.endswith(".delta"):
+                    return event
+        finally:
+            await client.close()
+        raise AssertionError("no transcription result")
+
+    result = run(main)
+    assert result["type"] == "conversation.item.input_audio_transcription.completed", result
 
 
 # --------------------------------------------------------------------------- failure and shutdown
@@ -312,16 +345,14 @@ def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again(
         async def main():
             client, _ = await open_on(s.url, 1)
             try:
-                await client.send_audio(CHUNK_100MS)
-                await client.commit()
-                await client.wait_for("response.output_text.delta", timeout=20)
+                await ask(client)
+                await client.wait_for("response.output_audio_transcript.delta", timeout=20)
                 os.kill(s.engine_pid, signal.SIGKILL)
                 failed, _ = await client.wait_for("response.done", timeout=20)
                 # the front starts a new engine process; the worker reconnects on its next turn
                 statuses = []
                 for _ in range(40):
-                    await client.send_audio(CHUNK_100MS)
-                    await client.commit()
+                    await ask(client)
                     done, _ = await client.wait_for("response.done", timeout=30)
                     statuses.append(done["response"]["status"])
                     if statuses[-1] == "completed":
