@@ -826,19 +826,27 @@ class SessionCore:
         call = fev.CallRecord(item_id=self._new_item_id(), call_id=out.call_id,
                               name=out.name, arguments=out.arguments, output_index=len(r.calls) + 1)
         r.calls.append(call)
-        if self._calls is None:
-            self._calls = {}
-        self._calls[out.call_id] = out.name
-        if len(self._calls) > 64:  # only recent calls get answered
-            self._calls.pop(next(iter(self._calls)))
+        self._remember_call(out.call_id, out.name)
         ids = {"response_id": r.response_id, "call": call}
         self._emit(fev.FunctionCallItemAdded, **ids)
+        # A call is a conversation item of its own (GA): retrievable, what an output answers,
+        # and announced like every item a response adds (conversation.item.added now, .done
+        # with its arguments), so a client mirroring the conversation (livekit) knows it.
+        previous = self._conversation.add(call.to_item())
+        self._emit(ev.ItemAdded, item=call.to_item("in_progress"), previous_item_id=previous)
         if out.arguments:
             self._emit(fev.FunctionArgumentsDelta, delta=out.arguments, **ids)
         self._emit(fev.FunctionArgumentsDone, **ids)
         self._emit(fev.FunctionCallItemDone, **ids)
-        # A call is a conversation item of its own (GA): retrievable, and what an output answers.
-        self._conversation.add(call.to_item())
+        self._emit(ev.ItemDone, item=call.to_item(), previous_item_id=previous)
+
+    def _remember_call(self, call_id: str, name: str) -> None:
+        """A call a function_call_output may now answer (the name goes to the engine with it)."""
+        if self._calls is None:
+            self._calls = {}
+        self._calls[call_id] = name
+        if len(self._calls) > 64:  # only recent calls get answered
+            self._calls.pop(next(iter(self._calls)))
 
     def _fx_emit_transcript(self) -> None:
         result = self._ctx["transcript"]
@@ -1031,9 +1039,15 @@ class SessionCore:
     def _add_item(self, item: Item, previous_item_id: str | None) -> None:
         if not item.id:
             item = attrs.evolve(item, id=self._new_item_id())
+        if item.type == "function_call" and not item.call_id:
+            item = attrs.evolve(item, call_id=f"call_{item.id}")
         previous = self._conversation.add(item, previous_item_id)  # checks before changing
         if item.type == "function_call_output":
             self._record_function_result(item)
+        elif item.type == "function_call":
+            # A call the client replays (its own history): its output may answer it, as
+            # OpenAI accepts an output for any call in the conversation.
+            self._remember_call(item.call_id, item.name or "")
         elif item.text and item.role != "assistant":
             # Words the next response answers (user text, system/developer notes).
             self._pending_text.append(item.text)
