@@ -20,6 +20,7 @@ Guarantees (property-tested in tests/core):
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Union
 
 import attrs
@@ -217,7 +218,7 @@ class _Response:
     """The one response in progress (created, not yet done)."""
 
     __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio",
-                 "modalities", "metadata", "audio_ms", "output_tokens", "calls")
+                 "modalities", "metadata", "audio_ms", "output_tokens", "calls", "heard_ms")
 
     def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int,
                  modalities: tuple[str, ...], metadata: dict | None) -> None:
@@ -233,6 +234,8 @@ class _Response:
         self.metadata = metadata
         self.audio_ms = 0.0
         self.output_tokens = 0
+        #: Set by a truncation while the response still streams: what the user heard of it.
+        self.heard_ms: int | None = None
 
     @property
     def spoken(self) -> bool:
@@ -246,7 +249,8 @@ class _Response:
     def item(self, status: str) -> Item:
         words = "".join(self.transcript if self.spoken or "text" not in self.modalities else self.text)
         if self.part_type == "audio":
-            part = ContentPart(type="output_audio", transcript=words, audio_ms=int(self.audio_ms))
+            heard = int(self.audio_ms) if self.heard_ms is None else self.heard_ms
+            part = ContentPart(type="output_audio", transcript=words, audio_ms=heard)
         else:
             part = ContentPart(type="output_text", text=words)
         return Item(id=self.item_id, type="message", role="assistant", status=status, content=(part,))
@@ -1064,6 +1068,16 @@ class SessionCore:
     def _fx_cut_item_audio(self) -> None:
         cmd: TruncateItem = self._ctx["command"]
         item = self._conversation.get(cmd.item_id)
+        r = self._response
+        live = r is not None and item.id == r.item_id
+        if live:
+            # The response still streams (a client truncates as soon as the user speaks, before
+            # response.done): its stored item is the in_progress snapshot, so range-check against
+            # the audio produced so far. Rounded up: the client counts the ms it received in
+            # its own output format, which resampling may round the other way.
+            item = r.item("in_progress")
+            item = attrs.evolve(item, content=(attrs.evolve(item.content[0],
+                                                            audio_ms=math.ceil(r.audio_ms)),))
         if item.role != "assistant":
             raise InvalidItem("item_id", "only assistant messages can be truncated")
         if cmd.content_index >= len(item.content):
@@ -1076,6 +1090,8 @@ class SessionCore:
         parts = list(item.content)
         parts[cmd.content_index] = attrs.evolve(part, audio_ms=cmd.audio_end_ms)
         self._conversation.replace(attrs.evolve(item, content=tuple(parts)))
+        if live:
+            r.heard_ms = cmd.audio_end_ms  # kept when the response ends (_close_parts)
         if self._playback is None:
             self._playback = {}
         self._playback[item.id] = cmd.audio_end_ms  # what the user really heard of it

@@ -3,13 +3,15 @@ clients themselves; these pin the server behaviour down without them):
 
 * livekit keeps a copy of the server's conversation from ``conversation.item.added``, so an
   engine's function call must be announced as an item, as GA does, or the client re-creates it;
-* livekit replays ``function_call`` items when it syncs its chat context.
+* livekit replays ``function_call`` items when it syncs its chat context;
+* pipecat truncates the assistant item as soon as the user speaks, while it still streams.
 
 Every event is validated against the openai SDK's GA models (strict), as in test_ga_schema.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -135,3 +137,34 @@ def test_the_decoder_reads_a_function_call_item_and_requires_name_and_arguments(
             wire.decode(json.dumps({"type": "conversation.item.create", "item": item}))
         assert raised.value.param == f"item.{missing}"
 
+
+async def test_truncating_a_response_that_still_streams_checks_the_audio_sent_so_far():
+    # Slow packets: the client has heard part of the answer when the user talks over it.
+    script = Script(tokens=("Hello",), audio_packets=8, packet_ms=100, packet_latency_s=0.05)
+    async with running_server(script) as server:
+        ws = await _open(server)
+        await _send(ws, type="response.create")
+        first = _valid(await recv_until(ws, "response.output_audio.delta"))[-1]
+        item_id = first["item_id"]
+        received_ms = len(base64.b64decode(first["delta"])) // 2 * 1000 // first["sample_rate"]
+        assert received_ms == 100
+        # Past what was produced so far: refused, naming the field.
+        await _send(ws, type="conversation.item.truncate", event_id="t1", item_id=item_id,
+                    content_index=0, audio_end_ms=5000)
+        events = _valid(await recv_until(ws, "error"))
+        assert [e["type"] for e in events].count("response.done") == 0  # still streaming
+        assert (events[-1]["error"]["param"], events[-1]["error"]["event_id"]) == ("audio_end_ms", "t1")
+        # What the client received: accepted while the response streams.
+        await _send(ws, type="conversation.item.truncate", event_id="t2", item_id=item_id,
+                    content_index=0, audio_end_ms=received_ms)
+        events = _valid(await recv_until(ws, "conversation.item.truncated"))
+        assert "response.done" not in [e["type"] for e in events]
+        assert events[-1]["audio_end_ms"] == received_ms
+        done = _valid(await recv_until(ws, "response.done", timeout=10))[-1]
+        assert done["response"]["status"] == "completed"
+        # The truncation outlives the response: the item now holds only what was heard.
+        await _send(ws, type="conversation.item.truncate", event_id="t3", item_id=item_id,
+                    content_index=0, audio_end_ms=received_ms + 100)
+        err = _valid(await recv_until(ws, "error"))[-1]["error"]
+        assert err["param"] == "audio_end_ms" and f"({received_ms} ms)" in err["message"]
+        await ws.close()
