@@ -135,7 +135,8 @@ class AddFunctionOutput(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class CreateItem(Command):
-    """``conversation.item.create``: add a user/system/developer message or a function output."""
+    """``conversation.item.create``: add a user/system/developer message, a function output, or
+    a function call the client replays from its history."""
 
     TRIGGER = "create_item"
     #: A ready item (its id may be empty: the session then allocates one).

@@ -2,8 +2,9 @@
 
 A function call is an output item of its own (``type: "function_call"``) inside a response,
 next to the assistant message (output index 0). Its events, in order:
-``response.output_item.added`` → ``response.function_call_arguments.delta`` →
-``response.function_call_arguments.done`` → ``response.output_item.done``; the item is listed
+``response.output_item.added`` → ``conversation.item.added`` (a call is a conversation item,
+GA) → ``response.function_call_arguments.delta`` → ``response.function_call_arguments.done`` →
+``response.output_item.done`` → ``conversation.item.done``; the item is listed
 again in ``response.done``'s ``response.output``. The client runs the function and answers
 with a ``function_call_output`` item, acknowledged by ``conversation.item.added`` and
 ``conversation.item.done`` like any item. These are typed values; server/codec.py gives them

@@ -20,6 +20,7 @@ Guarantees (property-tested in tests/core):
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Union
 
 import attrs
@@ -217,7 +218,7 @@ class _Response:
     """The one response in progress (created, not yet done)."""
 
     __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio",
-                 "modalities", "metadata", "audio_ms", "output_tokens", "calls")
+                 "modalities", "metadata", "audio_ms", "output_tokens", "calls", "heard_ms")
 
     def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int,
                  modalities: tuple[str, ...], metadata: dict | None) -> None:
@@ -233,6 +234,8 @@ class _Response:
         self.metadata = metadata
         self.audio_ms = 0.0
         self.output_tokens = 0
+        #: Set by a truncation while the response still streams: what the user heard of it.
+        self.heard_ms: int | None = None
 
     @property
     def spoken(self) -> bool:
@@ -246,7 +249,8 @@ class _Response:
     def item(self, status: str) -> Item:
         words = "".join(self.transcript if self.spoken or "text" not in self.modalities else self.text)
         if self.part_type == "audio":
-            part = ContentPart(type="output_audio", transcript=words, audio_ms=int(self.audio_ms))
+            heard = int(self.audio_ms) if self.heard_ms is None else self.heard_ms
+            part = ContentPart(type="output_audio", transcript=words, audio_ms=heard)
         else:
             part = ContentPart(type="output_text", text=words)
         return Item(id=self.item_id, type="message", role="assistant", status=status, content=(part,))
@@ -828,19 +832,27 @@ class SessionCore:
         call = fev.CallRecord(item_id=self._new_item_id(), call_id=out.call_id,
                               name=out.name, arguments=out.arguments, output_index=len(r.calls) + 1)
         r.calls.append(call)
-        if self._calls is None:
-            self._calls = {}
-        self._calls[out.call_id] = out.name
-        if len(self._calls) > 64:  # only recent calls get answered
-            self._calls.pop(next(iter(self._calls)))
+        self._remember_call(out.call_id, out.name)
         ids = {"response_id": r.response_id, "call": call}
         self._emit(fev.FunctionCallItemAdded, **ids)
+        # A call is a conversation item of its own (GA): retrievable, what an output answers,
+        # and announced like every item a response adds (conversation.item.added now, .done
+        # with its arguments), so a client mirroring the conversation (livekit) knows it.
+        previous = self._conversation.add(call.to_item())
+        self._emit(ev.ItemAdded, item=call.to_item("in_progress"), previous_item_id=previous)
         if out.arguments:
             self._emit(fev.FunctionArgumentsDelta, delta=out.arguments, **ids)
         self._emit(fev.FunctionArgumentsDone, **ids)
         self._emit(fev.FunctionCallItemDone, **ids)
-        # A call is a conversation item of its own (GA): retrievable, and what an output answers.
-        self._conversation.add(call.to_item())
+        self._emit(ev.ItemDone, item=call.to_item(), previous_item_id=previous)
+
+    def _remember_call(self, call_id: str, name: str) -> None:
+        """A call a function_call_output may now answer (the name goes to the engine with it)."""
+        if self._calls is None:
+            self._calls = {}
+        self._calls[call_id] = name
+        if len(self._calls) > 64:  # only recent calls get answered
+            self._calls.pop(next(iter(self._calls)))
 
     def _fx_emit_transcript(self) -> None:
         result = self._ctx["transcript"]
@@ -1034,9 +1046,15 @@ class SessionCore:
     def _add_item(self, item: Item, previous_item_id: str | None) -> None:
         if not item.id:
             item = attrs.evolve(item, id=self._new_item_id())
+        if item.type == "function_call" and not item.call_id:
+            item = attrs.evolve(item, call_id=f"call_{item.id}")
         previous = self._conversation.add(item, previous_item_id)  # checks before changing
         if item.type == "function_call_output":
             self._record_function_result(item)
+        elif item.type == "function_call":
+            # A call the client replays (its own history): its output may answer it, as
+            # OpenAI accepts an output for any call in the conversation.
+            self._remember_call(item.call_id, item.name or "")
         elif item.text and item.role != "assistant":
             # Words the next response answers (user text, system/developer notes).
             self._pending_text.append(item.text)
@@ -1053,6 +1071,16 @@ class SessionCore:
     def _fx_cut_item_audio(self) -> None:
         cmd: TruncateItem = self._ctx["command"]
         item = self._conversation.get(cmd.item_id)
+        r = self._response
+        live = r is not None and item.id == r.item_id
+        if live:
+            # The response still streams (a client truncates as soon as the user speaks, before
+            # response.done): its stored item is the in_progress snapshot, so range-check against
+            # the audio produced so far. Rounded up: the client counts the ms it received in
+            # its own output format, which resampling may round the other way.
+            item = r.item("in_progress")
+            item = attrs.evolve(item, content=(attrs.evolve(item.content[0],
+                                                            audio_ms=math.ceil(r.audio_ms)),))
         if item.role != "assistant":
             raise InvalidItem("item_id", "only assistant messages can be truncated")
         if cmd.content_index >= len(item.content):
@@ -1065,6 +1093,8 @@ class SessionCore:
         parts = list(item.content)
         parts[cmd.content_index] = attrs.evolve(part, audio_ms=cmd.audio_end_ms)
         self._conversation.replace(attrs.evolve(item, content=tuple(parts)))
+        if live:
+            r.heard_ms = cmd.audio_end_ms  # kept when the response ends (_close_parts)
         if self._playback is None:
             self._playback = {}
         self._playback[item.id] = cmd.audio_end_ms  # what the user really heard of it

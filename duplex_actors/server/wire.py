@@ -676,9 +676,16 @@ def _item_create(f: _Fields, event_id, epoch, limits, rates):
     elif kind == "function_call_output":
         value = Item(id=item_id, type=kind, call_id=item.str("call_id", required=True, max_len=256),
                      output=item.str("output", required=True))
+    elif kind == "function_call":
+        # The assistant's call, replayed by a client that syncs its history (livekit sends the
+        # calls of its chat context). GA requires name and arguments; without a call_id the
+        # session gives it one, so an output can still answer it.
+        value = Item(id=item_id, type=kind, call_id=item.str("call_id", max_len=256) or None,
+                     name=item.str("name", required=True, max_len=256),
+                     arguments=item.str("arguments", required=True))
     else:
-        raise NotSupported(f"item.type {kind!r} is not supported; create message or "
-                           "function_call_output items")
+        raise NotSupported(f"item.type {kind!r} is not supported; create message, function_call "
+                           "or function_call_output items")
     previous = f.str("previous_item_id", max_len=256)
     return cmd.CreateItem(item=value, previous_item_id=previous, event_id=event_id, epoch=epoch)
 
