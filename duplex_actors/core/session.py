@@ -1054,7 +1054,7 @@ class SessionCore:
         elif item.type == "function_call":
             # A call the client replays (its own history): its output may answer it, as
             # OpenAI accepts an output for any call in the conversation.
-            self._remember_call(item.call_id, item.name or "")
+            self._remember_call(item.call_id or "", item.name or "")
         elif item.text and item.role != "assistant":
             # Words the next response answers (user text, system/developer notes).
             self._pending_text.append(item.text)
@@ -1073,7 +1073,7 @@ class SessionCore:
         item = self._conversation.get(cmd.item_id)
         r = self._response
         live = r is not None and item.id == r.item_id
-        if live:
+        if r is not None and live:
             # The response still streams (a client truncates as soon as the user speaks, before
             # response.done): its stored item is the in_progress snapshot, so range-check against
             # the audio produced so far. Rounded up: the client counts the ms it received in
@@ -1093,7 +1093,7 @@ class SessionCore:
         parts = list(item.content)
         parts[cmd.content_index] = attrs.evolve(part, audio_ms=cmd.audio_end_ms)
         self._conversation.replace(attrs.evolve(item, content=tuple(parts)))
-        if live:
+        if r is not None and live:
             r.heard_ms = cmd.audio_end_ms  # kept when the response ends (_close_parts)
         if self._playback is None:
             self._playback = {}
