@@ -25,9 +25,12 @@ async def _turn(url: str) -> float:
     async with connect(url) as ws:
         await ws.recv()
         began = time.perf_counter()
+        # A GA turn: 100 ms at the 24 kHz wire rate, commit, then ask for the response (a
+        # commit alone creates none, and quiet audio never makes server VAD create one).
         await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(b"\x01\x00" * 1600).decode()}))
+                                  "audio": base64.b64encode(b"\x01\x00" * 2400).decode()}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
         while json.loads(await ws.recv())["type"] != "response.done":
             pass
         return time.perf_counter() - began

@@ -2,17 +2,21 @@
 
 Where ``soak.py`` drives the runtime in-process, this one starts ``serve`` as a subprocess and
 speaks to it only through sockets, so the codec, the connection shell, the resume path and the
-server's defences are all in the loop. Each normal client talks in turns, barges in (cancels
-mid-response), drops its socket right after a commit (the events on the wire are lost to it),
+server's defences are all in the loop. Each normal client is a GA client taking manual turns
+(server VAD off, 100 ms of 24 kHz pcm16, commit, then response.create; words read from the
+audio transcript), barges in (cancels mid-response), drops its socket right after a commit
+(the events on the wire are lost to it; a response.create the server never read is sent again),
 reconnects after up to 1 s and resumes from the last seq it kept, and sometimes closes and
 opens a new session. Each checks its own stream: a seq gap is a *lost* event, a seq at or below
 one already seen a *duplicate*, a ``response.created`` without exactly one ``response.done``
-(or a second one) a *terminal violation*.
+(or a second one) a *terminal violation*. Events without a seq (``rate_limits.updated``, which
+GA sends after every ``response.done``) are outside the journal and not counted.
 
 A fraction of clients is hostile and must be refused without hurting anyone: *flooders* send
 hundreds of invalid frames without reading (expected: the flood policy's 1008), *forgers*
 resume a dropped session with a forged token (expected: 4409, no journal), *pokers* send
-out-of-range sampling values and lone surrogates (expected: typed error events, connection
+out-of-range sampling values and lone surrogates (expected: GA error events naming the frame's
+event_id, ``invalid_value`` with ``param`` naming the refused knob, ``invalid_text``; connection
 kept). A hostile client whose refusal did not come is counted as a defence failure.
 
 RSS is the server process's (``/proc/<pid>/status``): at start, after warm-up (at least 1.5x
@@ -36,7 +40,8 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
-PCM_100MS = b"\x01\x00" * 1600
+# 100 ms of quiet pcm16 at 24 kHz, the GA wire rate (the server resamples it at the edge).
+PCM_100MS = b"\x01\x00" * 2400
 _EXPECTED_ERRORS = {"response_cancel_not_active", "conversation_already_has_active_response"}
 
 
@@ -64,7 +69,7 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float:
 class _Stream:
     """One client's view of one session's event stream, checked as it arrives."""
 
-    __slots__ = ("stats", "last", "open", "closed", "sid", "generation", "token", "dones")
+    __slots__ = ("stats", "last", "open", "closed", "sid", "generation", "token", "dones", "created")
 
     def __init__(self, stats: Counter) -> None:
         self.stats = stats
@@ -75,6 +80,7 @@ class _Stream:
         self.generation = 0
         self.token = ""
         self.dones = 0
+        self.created = 0
 
     def take(self, event: dict) -> bool:
         """Account one event; False for a duplicate the client drops."""
@@ -97,6 +103,7 @@ class _Stream:
             if rid in self.open:
                 stats["terminal_violations"] += 1
             self.open.add(rid)
+            self.created += 1
         elif kind == "response.done":
             rid = event["response"]["id"]
             if rid not in self.open:
@@ -120,6 +127,12 @@ async def _recv(ws, timeout: float = 20.0) -> dict:
 
 def _append() -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(PCM_100MS).decode()})
+
+
+# Manual turns: serve turns server VAD on for new sessions when its model loads; this client
+# commits and asks for each response itself, as a push-to-talk GA client does.
+_MANUAL_TURNS = json.dumps({"type": "session.update",
+                            "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}})
 
 
 async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str):
@@ -153,11 +166,15 @@ async def _normal_client(url: str, rng: random.Random, deadline: float, stats: C
         stream.take(created)
         stream.sid, stream.token = created["session"]["id"], created["resume_token"]
         stats["sessions_opened"] += 1
+        await ws.send(_MANUAL_TURNS)
         resumes = 0
         while time.monotonic() < deadline and ws is not None:
             await ws.send(_append())
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            # GA: a commit never creates a response by itself; the client asks for one.
+            await ws.send(json.dumps({"type": "response.create"}))
             stats["turns"] += 1
+            created = stream.created
             barge = rng.random() < p_barge
             drop_after = rng.randint(1, 12) if rng.random() < p_drop else None
             seen = 0
@@ -168,7 +185,8 @@ async def _normal_client(url: str, rng: random.Random, deadline: float, stats: C
                 stream.take(event)
                 if stream.dones > dones:
                     break
-                if barge and event["type"] == "response.output_text.delta":
+                # An audio response (the default) streams its words as the audio transcript.
+                if barge and event["type"] == "response.output_audio_transcript.delta":
                     barge = False
                     stats["barge_ins"] += 1
                     await ws.send(json.dumps({"type": "response.cancel"}))
@@ -181,6 +199,11 @@ async def _normal_client(url: str, rng: random.Random, deadline: float, stats: C
                     ws = await _resume(url, stream, stats, f"{stream.sid}-r{resumes}")
                     if ws is None:
                         break
+                    if stream.created == created and stream.dones == dones:
+                        # The replay holds no response for this turn: the server never read
+                        # our response.create before the socket went, so ask again.
+                        stats["response_create_resent"] += 1
+                        await ws.send(json.dumps({"type": "response.create"}))
                     # (the loop ends here if the response's done came with the replay)
             await asyncio.sleep(rng.uniform(0.05, 0.3))
             if ws is not None and rng.random() < p_churn:
@@ -229,14 +252,27 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
                 stats["defence_failures"] += 1
                 stats["defence_failed:forge"] += 1
         else:
-            frames = [json.dumps({"type": "session.update", "event_id": "p1",
-                                  "session": {"duplex": {"sampling": {"seed": 2**70}}}}),
-                      '{"type": "session.update", "event_id": "p2", "session": {"instructions": "\\ud800"}}']
-            for frame in frames:
+            # Each frame's refusal is a GA error naming its event_id (and, for a field of a
+            # session.update, its param). The sampling frame's other fields (none) still apply,
+            # so a session.updated comes with its error; the surrogate frame is refused whole.
+            frames = [(json.dumps({"type": "session.update", "event_id": "p1",
+                                   "session": {"duplex": {"sampling": {"seed": 2**70}}}}),
+                       ("invalid_value", "session.duplex.sampling.seed")),
+                      ('{"type": "session.update", "event_id": "p2", "session": {"instructions": "\\ud800"}}',
+                       ("invalid_text", None))]
+            for frame, expected in frames:
                 await ws.send(frame)
-                answer = await _recv(ws)
-                code = answer["error"]["code"] if answer["type"] == "error" else None
-                refused = code in ("invalid_value", "invalid_text")
+                sent_id = json.loads(frame)["event_id"]
+                try:
+                    answer = await _recv(ws, 5.0)
+                    while answer["type"] != "error":
+                        answer = await _recv(ws, 5.0)
+                    error = answer["error"]
+                    refused = (error.get("type") == "invalid_request_error"
+                               and error.get("event_id") == sent_id
+                               and (error.get("code"), error.get("param")) == expected)
+                except (ConnectionClosed, asyncio.TimeoutError):
+                    refused = False
                 if not refused:
                     stats["defence_failures"] += 1
                     stats["defence_failed:poke"] += 1

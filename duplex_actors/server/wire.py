@@ -36,7 +36,7 @@ import attrs
 from ..core import commands as cmd
 from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
 from ..core.engine_io import FunctionTool, SamplingOverrides
-from ..errors import ClientError, DuplexError, InvalidCommand, UnencodableText
+from ..errors import ClientError, DuplexError, InvalidCommand, InvalidSampling, UnencodableText
 from ..errors import ItemNotFound  # noqa: F401  (was defined here; kept importable)
 from .audio_format import G711_RATE, LEGACY_NAMES, PCM, PCM_RATES, PCMA, PCMU, AudioFormat
 
@@ -577,12 +577,13 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         if value is not None:
             changes["modalities"] = value
 
-    sampling: dict[str, Any] = {}
+    # knob -> (value, the dotted param it came from), range-checked knob by knob below.
+    sampling: dict[str, tuple[Any, str]] = {}
 
     def temperature():
         value = s.number("temperature", minimum=0.0)
         if value is not None:
-            sampling["temperature"] = value
+            sampling["temperature"] = (value, s._name("temperature"))
 
     def max_tokens():
         for key in ("max_output_tokens", "max_response_output_tokens"):
@@ -590,7 +591,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
                 continue
             limit = s.int(key, minimum=1)
             if limit is not None:
-                sampling["max_tokens"] = limit
+                sampling["max_tokens"] = (limit, s._name(key))
 
     def duplex():
         # Our extension block: {"duplex": {"model_native", "min_interruption_ms", "sampling"}}.
@@ -612,11 +613,11 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
             for key in ("temperature", "top_p"):
                 value = sp.number(key, minimum=0.0)
                 if value is not None:
-                    sampling[key] = value
+                    sampling[key] = (value, sp._name(key))
             for key, minimum in (("top_k", 0), ("max_tokens", 1), ("seed", None)):
                 value = sp.int(key, minimum=minimum)
                 if value is not None:
-                    sampling[key] = value
+                    sampling[key] = (value, sp._name(key))
 
     def tools():
         changes.update(_session_tools(s))
@@ -629,10 +630,20 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         field(reader)
 
     def sampling_overrides():
-        # Range-checked here (InvalidSampling names the knob): a refused knob drops the sampling
-        # change only, never the rest of the update.
-        if sampling:
-            changes["sampling"] = SamplingOverrides(**sampling)
+        # Each knob is a field of its own: one out of range (a seed past 64 bits would fail an
+        # engine batch and its neighbours) gets its own error naming its dotted param and never
+        # reaches the session; the knobs in range still apply, as any other field would.
+        accepted = {}
+        for key, (value, param) in sampling.items():
+            try:
+                SamplingOverrides(**{key: value})
+            except InvalidSampling as err:
+                reason = err.message.split(": ", 1)[-1]
+                errors.append(InvalidSampling(param, reason, event_id=event_id))
+                continue
+            accepted[key] = value
+        if accepted:
+            changes["sampling"] = SamplingOverrides(**accepted)
 
     field(sampling_overrides)
     return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),

@@ -60,13 +60,15 @@ async def resume_refused(server, sid: str, connect_kw: dict | None = None,
 
 
 async def one_turn(url: str, **connect_kw) -> float:
-    """Open a session, speak, commit, read to response.done; the seconds the turn took."""
+    """Open a session, speak, commit, ask for the response (GA: a commit alone creates none),
+    read to response.done; the seconds the turn took."""
     async with connect(url, **connect_kw) as ws:
         await recv_json(ws)
         began = time.perf_counter()
         await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                   "audio": base64.b64encode(CHUNK_100MS).decode()}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
         events = await recv_until(ws, "response.done", timeout=20)
         assert events[-1]["response"]["status"] == "completed"
         return time.perf_counter() - began
@@ -178,6 +180,7 @@ async def test_a_raw_socket_that_stops_reading_is_disconnected_by_the_write_time
         stalled.send_text(json.dumps({"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(CHUNK_100MS).decode()}))
         stalled.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        stalled.send_text(json.dumps({"type": "response.create"}))
         await stalled.drain()
         # ... and never reads again.
         await wait_until(lambda: server.connection_count == 0, timeout=15)
@@ -192,14 +195,14 @@ async def test_a_raw_socket_that_stops_reading_is_disconnected_by_the_write_time
 
 
 BAD_SAMPLING = [
-    ({"duplex": {"sampling": {"seed": 2**70}}}, "seed"),
-    ({"duplex": {"sampling": {"seed": -1}}}, "seed"),
-    ({"duplex": {"sampling": {"top_p": 0}}}, "top_p"),
-    ({"duplex": {"sampling": {"top_p": 1.5}}}, "top_p"),
-    ({"duplex": {"sampling": {"temperature": 9.0}}}, "temperature"),
-    ({"duplex": {"sampling": {"top_k": 10**9}}}, "top_k"),
-    ({"duplex": {"sampling": {"max_tokens": 10**9}}}, "max_tokens"),
-    ({"temperature": 1e300}, "temperature"),
+    ({"duplex": {"sampling": {"seed": 2**70}}}, "session.duplex.sampling.seed"),
+    ({"duplex": {"sampling": {"seed": -1}}}, "session.duplex.sampling.seed"),
+    ({"duplex": {"sampling": {"top_p": 0}}}, "session.duplex.sampling.top_p"),
+    ({"duplex": {"sampling": {"top_p": 1.5}}}, "session.duplex.sampling.top_p"),
+    ({"duplex": {"sampling": {"temperature": 9.0}}}, "session.duplex.sampling.temperature"),
+    ({"duplex": {"sampling": {"top_k": 10**9}}}, "session.duplex.sampling.top_k"),
+    ({"duplex": {"sampling": {"max_tokens": 10**9}}}, "session.duplex.sampling.max_tokens"),
+    ({"temperature": 1e300}, "session.temperature"),
 ]
 
 
@@ -211,11 +214,21 @@ async def test_sampling_values_out_of_range_are_refused_at_the_wire_and_change_n
             before = handle.core.config.sampling
             for i, (session, param) in enumerate(BAD_SAMPLING):
                 await ws.send(json.dumps({"type": "session.update", "event_id": f"s{i}", "session": session}))
-                error = await recv_json(ws)
-                assert error["type"] == "error", error
+                # GA applies session.update field by field: the refused knob gets its own error,
+                # and the rest of the update (nothing here) still applies: one session.updated.
+                answers = [await recv_json(ws), await recv_json(ws)]
+                error = next(e for e in answers if e["type"] == "error")
+                assert sorted(e["type"] for e in answers) == ["error", "session.updated"], answers
                 assert error["error"]["code"] == "invalid_value" and error["error"]["event_id"] == f"s{i}"
-                assert param in error["error"]["message"]
+                assert error["error"]["param"] == param and param in error["error"]["message"]
             assert handle.core.config.sampling == before
+            # A knob in range next to one out of range: only the refused one is left out.
+            mixed = {"duplex": {"sampling": {"top_p": 0.5, "seed": -1}}}
+            await ws.send(json.dumps({"type": "session.update", "event_id": "mixed", "session": mixed}))
+            answers = [await recv_json(ws), await recv_json(ws)]
+            error = next(e for e in answers if e["type"] == "error")["error"]
+            assert (error["event_id"], error["param"]) == ("mixed", "session.duplex.sampling.seed")
+            assert handle.core.config.sampling.top_p == 0.5 and handle.core.config.sampling.seed is None
             largest = {"duplex": {"sampling": {"seed": 2**63 - 1, "top_p": 1.0}}}
             await ws.send(json.dumps({"type": "session.update", "event_id": "ok", "session": largest}))
             assert (await recv_json(ws))["type"] == "session.updated"

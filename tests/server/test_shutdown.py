@@ -53,6 +53,7 @@ async def test_sigterm_drains_every_response_closes_every_session_then_closes_10
             await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(CHUNK_100MS).decode()}))
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send(json.dumps({"type": "response.create"}))  # GA: a commit alone creates none
             await recv_until(ws, "response.created", timeout=10)
         ws = await connect(url)
         await recv_json(ws)
@@ -105,6 +106,7 @@ async def test_a_hung_engine_ends_the_turn_failed_over_the_wire_and_the_lease_ca
         await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                   "audio": base64.b64encode(CHUNK_100MS).decode()}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))  # GA: a commit alone creates none
         events = await recv_until(ws, "response.done", timeout=10)
         assert events[-1]["response"]["status"] == "failed"
         assert time.perf_counter() - began < 5
