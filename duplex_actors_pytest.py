@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -49,8 +50,11 @@ def register_profiles() -> bool:
         from hypothesis import HealthCheck, settings
     except ImportError:  # pragma: no cover - hypothesis is in the 'test' extra
         return False
-    common = dict(deadline=None, print_blob=True,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    common = dict(
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     settings.register_profile("ci", max_examples=PROFILES["ci"], **common)
     settings.register_profile("dev", max_examples=PROFILES["dev"], **common)
     return True
@@ -151,8 +155,9 @@ def duplex_runtime(scripted_engine) -> Iterator[RuntimeDriver]:
 def _fast_scripted_engine(script: Any = None):
     from duplex_actors import Script, ScriptedEngine
 
-    return ScriptedEngine(script if script is not None else
-                          Script(token_latency_s=0.0005, packet_latency_s=0.0005))
+    return ScriptedEngine(
+        script if script is not None else Script(token_latency_s=0.0005, packet_latency_s=0.0005)
+    )
 
 
 @contextlib.contextmanager

@@ -52,7 +52,6 @@ from .engines.base import EngineBackend, EngineCapabilities
 from .engines.scripted import Script, ScriptedEngine
 from .errors import *  # noqa: F403  (the error vocabulary is public: errors.__all__)
 from .errors import __all__ as _error_names
-
 from .logconfig import ensure_configured as _ensure_logging
 
 # Unless the application configured structlog itself, filter below warnings: structlog's own
@@ -63,20 +62,64 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the runtime and its handles
-    "Runtime", "RuntimeStatistics", "SessionHandle", "MailboxStatistics", "GcPolicy",
+    "Runtime",
+    "RuntimeStatistics",
+    "SessionHandle",
+    "MailboxStatistics",
+    "GcPolicy",
     # the sans-IO core
-    "SessionConfig", "SessionCore", "Fence", "ManualClock", "MonotonicClock",
-    "CHART", "MACHINE", "State", "ResponseMetrics", "Summary", "TimingLedger", "weighted_tpot",
-    "ContentPart", "Item",
+    "SessionConfig",
+    "SessionCore",
+    "Fence",
+    "ManualClock",
+    "MonotonicClock",
+    "CHART",
+    "MACHINE",
+    "State",
+    "ResponseMetrics",
+    "Summary",
+    "TimingLedger",
+    "weighted_tpot",
+    "ContentPart",
+    "Item",
     # commands a session takes
-    "AddFunctionOutput", "AppendAudio", "BargeIn", "CancelResponse", "ClearInput", "Close",
-    "CommitInput", "CreateItem", "CreateResponse", "DeleteItem", "Detach", "Heartbeat",
-    "PlaybackAck", "Resume", "RetrieveItem", "SpeechStartedSignal", "SpeechStoppedSignal",
-    "TruncateItem", "UpdateSession",
+    "AddFunctionOutput",
+    "AppendAudio",
+    "BargeIn",
+    "CancelResponse",
+    "ClearInput",
+    "Close",
+    "CommitInput",
+    "CreateItem",
+    "CreateResponse",
+    "DeleteItem",
+    "Detach",
+    "Heartbeat",
+    "PlaybackAck",
+    "Resume",
+    "RetrieveItem",
+    "SpeechStartedSignal",
+    "SpeechStoppedSignal",
+    "TruncateItem",
+    "UpdateSession",
     # the engine contract
-    "EngineBackend", "EngineCapabilities", "ModelTurnRequest", "SamplingOverrides", "TurnKind",
-    "Aborted", "AudioPacket", "Decision", "EngineFailure", "EngineMetrics", "FunctionCall",
-    "FunctionResult", "FunctionTool", "TextDelta", "TurnDone", "Script", "ScriptedEngine",
+    "EngineBackend",
+    "EngineCapabilities",
+    "ModelTurnRequest",
+    "SamplingOverrides",
+    "TurnKind",
+    "Aborted",
+    "AudioPacket",
+    "Decision",
+    "EngineFailure",
+    "EngineMetrics",
+    "FunctionCall",
+    "FunctionResult",
+    "FunctionTool",
+    "TextDelta",
+    "TurnDone",
+    "Script",
+    "ScriptedEngine",
     "__version__",
     *_error_names,
 ]

@@ -33,7 +33,8 @@ import contextlib
 import itertools
 import json
 import secrets
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
@@ -119,7 +120,7 @@ class DuplexClient:
     # -- connecting -------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, url: str, api_key: str | None = None, **options: Any) -> "DuplexClient":
+    async def connect(cls, url: str, api_key: str | None = None, **options: Any) -> DuplexClient:
         client = cls(url, api_key=api_key, **options)
         await client.start()
         return client
@@ -129,7 +130,7 @@ class DuplexClient:
         self._connected.set()
         self._pump_task = asyncio.create_task(self._pump(), name="duplex-client-pump")
 
-    async def __aenter__(self) -> "DuplexClient":
+    async def __aenter__(self) -> DuplexClient:
         if self._pump_task is None:
             await self.start()
         return self
@@ -146,8 +147,9 @@ class DuplexClient:
             url = urlunsplit(parts._replace(query=urlencode(query)))
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
-            return await ws_connect(url, additional_headers=headers, open_timeout=self.open_timeout_s,
-                                    max_size=None)
+            return await ws_connect(
+                url, additional_headers=headers, open_timeout=self.open_timeout_s, max_size=None
+            )
         except InvalidStatus as exc:
             status = exc.response.status_code
             body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
@@ -175,8 +177,9 @@ class DuplexClient:
                 if code is not None and (code == 1000 or 4000 <= code < 5000):
                     # A deliberate close by the server: the session ended or the resume was
                     # refused (its error event has been delivered). Not a network failure.
-                    self._failure = SessionLost(f"server closed the connection: {code} {rcvd.reason}",
-                                                close_code=code)
+                    self._failure = SessionLost(
+                        f"server closed the connection: {code} {rcvd.reason}", close_code=code
+                    )
                     return
                 if not self.auto_reconnect or self.session_id is None:
                     self._failure = SessionLost("connection lost", close_code=code)
@@ -247,10 +250,15 @@ class DuplexClient:
             key = (self.generation, self.resume_token or "")
             if self._resume_control is None or self._resume_control[:2] != key:
                 self._resume_control = (*key, f"resume_{secrets.token_hex(6)}")
-            frame = {"type": "session.resume", "event_id": self._next_id(),
-                     "session_id": self.session_id, "generation": self.generation,
-                     "resume_token": self.resume_token, "last_seq": self.last_seq,
-                     "control_id": self._resume_control[2]}
+            frame = {
+                "type": "session.resume",
+                "event_id": self._next_id(),
+                "session_id": self.session_id,
+                "generation": self.generation,
+                "resume_token": self.resume_token,
+                "last_seq": self.last_seq,
+                "control_id": self._resume_control[2],
+            }
             try:
                 await ws.send(json.dumps(frame))
             except ConnectionClosed as exc:
@@ -260,8 +268,9 @@ class DuplexClient:
             self.reconnects += 1
             self._connected.set()
             return True
-        self._failure = SessionLost(f"could not reconnect after {self.max_reconnect_attempts} "
-                                    f"attempts: {last_error!r}")
+        self._failure = SessionLost(
+            f"could not reconnect after {self.max_reconnect_attempts} attempts: {last_error!r}"
+        )
         return False
 
     async def events(self) -> AsyncIterator[dict]:
@@ -320,8 +329,10 @@ class DuplexClient:
                     await asyncio.sleep(0)
 
     async def send_audio(self, pcm: bytes, *, sample_rate: int | None = None) -> str:
-        event: dict[str, Any] = {"type": "input_audio_buffer.append",
-                                 "audio": base64.b64encode(pcm).decode("ascii")}
+        event: dict[str, Any] = {
+            "type": "input_audio_buffer.append",
+            "audio": base64.b64encode(pcm).decode("ascii"),
+        }
         if sample_rate is not None:
             event["sample_rate"] = sample_rate
         return await self.send(event)
@@ -354,8 +365,9 @@ class DuplexClient:
         return await self.send({"type": "heartbeat"})
 
     async def ack_playback(self, response_id: str, played_ms: int) -> str:
-        return await self.send({"type": "duplex.playback_ack", "response_id": response_id,
-                                "played_ms": played_ms})
+        return await self.send(
+            {"type": "duplex.playback_ack", "response_id": response_id, "played_ms": played_ms}
+        )
 
     async def update_session(self, session: dict) -> str:
         return await self.send({"type": "session.update", "session": session})

@@ -29,7 +29,7 @@ class DuplexError(Exception):
         if param is not None:
             self.param = param
 
-    def with_event_id(self, event_id: str | None) -> "DuplexError":
+    def with_event_id(self, event_id: str | None) -> DuplexError:
         self.event_id = event_id
         return self
 
@@ -116,8 +116,12 @@ class ResponseNotFound(IllegalTransition):
     code = "response_not_found"
 
     def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
-        super().__init__(state, trigger, message or "response_id does not name the active "
-                         "response; nothing was cancelled", **kw)
+        super().__init__(
+            state,
+            trigger,
+            message or "response_id does not name the active response; nothing was cancelled",
+            **kw,
+        )
         self.param = "response_id"
 
 

@@ -40,8 +40,10 @@ async def converse(embedded: bool = False) -> dict:
                         await session.barge_in()
                 elif event.type == "response.done":
                     m = event.metrics
-                    print(f"turn {turn}: response.done status={event.status} reason={event.reason} "
-                          f"ttft={m.ttft_ms and round(m.ttft_ms, 2)} ms source={m.source}")
+                    print(
+                        f"turn {turn}: response.done status={event.status} reason={event.reason} "
+                        f"ttft={m.ttft_ms and round(m.ttft_ms, 2)} ms source={m.source}"
+                    )
                     summary["responses"].append((event.status, event.reason))
                     break
         await session.close()

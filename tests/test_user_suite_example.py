@@ -25,8 +25,14 @@ from duplex_actors.testing import (
     row,
 )
 
-FIND = settings(max_examples=150, deadline=None, stateful_step_count=30, database=None,
-                phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+FIND = settings(
+    max_examples=150,
+    deadline=None,
+    stateful_step_count=30,
+    database=None,
+    phases=(Phase.generate,),
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def expect_break(machine, *messages: str) -> None:
@@ -117,8 +123,15 @@ def test_hypothesis_finds_an_engine_that_never_sends_a_terminal():
 def chart_without_cancel_terminal():
     """The shipped chart, except that a barge-in no longer ends the response it interrupts."""
     rows = [r for r in TRANSITIONS if (r["trigger"], r["source"]) != ("barge_in", "responding")]
-    rows.insert(0, row("barge_in", "responding", "barge_in",
-                       [e for e in CANCEL_RESPONSE if e != "emit_response_cancelled"]))
+    rows.insert(
+        0,
+        row(
+            "barge_in",
+            "responding",
+            "barge_in",
+            [e for e in CANCEL_RESPONSE if e != "emit_response_cancelled"],
+        ),
+    )
     return policy_chart(rows)
 
 
@@ -129,8 +142,9 @@ class ForgetfulPolicyMachine(SessionCoreMachine):
 
 def test_hypothesis_finds_a_barge_in_without_response_done():
     # Whichever check sees it first: the missing terminal, or the response left active.
-    expect_break(ForgetfulPolicyMachine, "terminal events differ from the model",
-                 "active response: session has")
+    expect_break(
+        ForgetfulPolicyMachine, "terminal events differ from the model", "active response: session has"
+    )
 
 
 # --- and the unbroken runtime passes the same machines ------------------------------------------

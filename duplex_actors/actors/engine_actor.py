@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import attrs
 import structlog
 
-from ..core.clock import Clock, MONOTONIC
+from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
 from ..engines.base import EngineBackend, sync_abort
 
@@ -57,8 +58,14 @@ class _Flight:
 
 
 class EngineActor:
-    def __init__(self, backend: EngineBackend, *, clock: Clock = MONOTONIC,
-                 stall_timeout_s: float | None = None, watchdog_interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        backend: EngineBackend,
+        *,
+        clock: Clock = MONOTONIC,
+        stall_timeout_s: float | None = None,
+        watchdog_interval_s: float = 0.5,
+    ) -> None:
         self.backend = backend
         self.clock = clock
         self.stall_timeout_s = stall_timeout_s
@@ -244,7 +251,7 @@ class EngineActor:
             for flight in list(self._flights.values()):
                 flight.failure = reason
                 flight.scope.cancel()
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await self.backend.aclose()
@@ -269,19 +276,28 @@ class EngineActor:
             for rid in list(self._abort_retry):
                 self._task_group().start_soon(self._backend_abort, rid)
             now = self.clock.now()
-            stalled = [f for f in self._flights.values()
-                       if now - f.last_output > (self.stall_timeout_s or math.inf)]
+            stalled = [
+                f for f in self._flights.values() if now - f.last_output > (self.stall_timeout_s or math.inf)
+            ]
             if stalled:
                 await self.restart(f"engine stalled: no output for {self.stall_timeout_s}s")
 
     def cleanup_pending(self, request_ids) -> bool:
         """Whether any of these requests still holds engine resources: a live stream, a route
         waiting for its terminal, or a backend abort that failed and is being retried."""
-        return any(rid in self._flights or rid in self._routes or rid in self._abort_retry
-                   for rid in request_ids)
+        return any(
+            rid in self._flights or rid in self._routes or rid in self._abort_retry for rid in request_ids
+        )
 
     def statistics(self) -> EngineStatistics:
-        return EngineStatistics(len(self._flights), len(self._routes), self.submitted,
-                                self.completed, self.aborted, self.failed, self.unrouted,
-                                self.restarts, len(self._abort_retry))
-
+        return EngineStatistics(
+            len(self._flights),
+            len(self._routes),
+            self.submitted,
+            self.completed,
+            self.aborted,
+            self.failed,
+            self.unrouted,
+            self.restarts,
+            len(self._abort_retry),
+        )

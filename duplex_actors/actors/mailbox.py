@@ -97,6 +97,12 @@ class Mailbox:
         return out
 
     def statistics(self) -> MailboxStatistics:
-        return MailboxStatistics(self.lane_depth(Lane.CONTROL), self.lane_depth(Lane.ENGINE),
-                                 self.lane_depth(Lane.DATA), self.capacity, self.accepted,
-                                 self.refused, self.high_water)
+        return MailboxStatistics(
+            self.lane_depth(Lane.CONTROL),
+            self.lane_depth(Lane.ENGINE),
+            self.lane_depth(Lane.DATA),
+            self.capacity,
+            self.accepted,
+            self.refused,
+            self.high_water,
+        )

@@ -8,14 +8,16 @@ primitive used is anyio's, so trio is expected to work but is not part of the te
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import attrs
 import structlog
 
 from ..core import commands as cmd
-from ..core.clock import Clock, MONOTONIC
+from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import SamplingOverrides
 from ..core.events import ServerEvent
 from ..core.fence import new_session_id
@@ -157,7 +159,7 @@ class Runtime:
         reaper_interval_s: float = 0.5,
         stall_timeout_s: float | None = None,
         gc_policy: _gc.GcPolicy | None = None,
-        transcriber: "Transcriber | None" = None,
+        transcriber: Transcriber | None = None,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         """``gc_policy``: keep the cyclic collector's pauses off the hot path (see
@@ -196,7 +198,7 @@ class Runtime:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "Runtime":
+    async def __aenter__(self) -> Runtime:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
@@ -277,11 +279,20 @@ class Runtime:
             raise UnknownSession(f"no open session {session_id!r}")
         return SessionHandle(actor)
 
-    async def resume(self, session_id: str, generation: int, resume_token: str,
-                     last_seq: int = 0, control_id: str | None = None) -> SessionHandle:
+    async def resume(
+        self,
+        session_id: str,
+        generation: int,
+        resume_token: str,
+        last_seq: int = 0,
+        control_id: str | None = None,
+    ) -> SessionHandle:
         handle = self.get(session_id)
-        await handle.ask(cmd.Resume(generation=generation, resume_token=resume_token,
-                                    last_seq=last_seq, control_id=control_id))
+        await handle.ask(
+            cmd.Resume(
+                generation=generation, resume_token=resume_token, last_seq=last_seq, control_id=control_id
+            )
+        )
         return handle
 
     @property
@@ -312,16 +323,28 @@ class Runtime:
         by_state: dict[str, int] = {}
         for actor in self._sessions.values():
             by_state[actor.core.state] = by_state.get(actor.core.state, 0) + 1
-        return RuntimeStatistics(len(self._sessions), by_state, self.opened, self.closed,
-                                 len(self._ready), self.engine.statistics(), self._draining_count())
+        return RuntimeStatistics(
+            len(self._sessions),
+            by_state,
+            self.opened,
+            self.closed,
+            len(self._ready),
+            self.engine.statistics(),
+            self._draining_count(),
+        )
 
     # -- the dispatcher ---------------------------------------------------------------------
 
     def transcribe(self, action: TranscribeInput, deliver) -> None:
         """Transcribe a committed turn off the event loop; ``deliver`` gets the result."""
         if self.transcriber is None:
-            deliver(InputTranscript(action.item_id, error="input transcription is not available on "
-                                                          "this server (install the 'transcription' extra)"))
+            deliver(
+                InputTranscript(
+                    action.item_id,
+                    error="input transcription is not available on "
+                    "this server (install the 'transcription' extra)",
+                )
+            )
             return
         transcriber = self.transcriber
         if self._tg is None:  # not running (closing): still answer the turn, never drop it
@@ -365,7 +388,7 @@ class Runtime:
                 if actor.process(budget):
                     self._schedule(actor)
             # Let engine pumps and event consumers run between rounds.
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     async def _reap(self) -> None:
         while True:

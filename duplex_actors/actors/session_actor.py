@@ -10,7 +10,8 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator, Protocol
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import structlog
@@ -27,6 +28,7 @@ def _starts_a_response(message) -> bool:
     command = message[0] if isinstance(message, tuple) else message
     return isinstance(command, (CreateResponse, CommitInput))
 
+
 if TYPE_CHECKING:
     from .engine_actor import EngineActor
 
@@ -40,13 +42,13 @@ class SessionHost(Protocol):
     """What a session actor needs of whatever runs it (the Runtime), named here so that this
     module does not import the runtime that imports it."""
 
-    engine: "EngineActor"
+    engine: EngineActor
 
-    def _schedule(self, actor: "SessionActor") -> None: ...
+    def _schedule(self, actor: SessionActor) -> None: ...
 
-    def _session_closed(self, actor: "SessionActor") -> None: ...
+    def _session_closed(self, actor: SessionActor) -> None: ...
 
-    def transcribe(self, action: "TranscribeInput", deliver) -> None: ...
+    def transcribe(self, action: TranscribeInput, deliver) -> None: ...
 
 
 class _Reply:
@@ -74,8 +76,19 @@ class _ReportError:
 
 
 class SessionActor:
-    __slots__ = ("core", "mailbox", "runtime", "scheduled", "_waiter", "_finished", "_expiring", "_unread",
-                 "_queued_errors", "dropped_errors", "__weakref__")
+    __slots__ = (
+        "core",
+        "mailbox",
+        "runtime",
+        "scheduled",
+        "_waiter",
+        "_finished",
+        "_expiring",
+        "_unread",
+        "_queued_errors",
+        "dropped_errors",
+        "__weakref__",
+    )
 
     def __init__(self, core: SessionCore, runtime: SessionHost, mailbox_capacity: int) -> None:
         self.core = core
@@ -281,4 +294,3 @@ def _internal_error(exc: BaseException) -> DuplexError:
     err = DuplexError(f"internal error: {type(exc).__name__}")
     err.code = "internal_error"
     return err
-

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..core.clock import Clock, MONOTONIC
+from ..core.clock import MONOTONIC, Clock
 from ..core.commands import AppendAudio, Command, SpeechStartedSignal, SpeechStoppedSignal
 from .turn_detection import SpeechStarted, TurnDetectionConfig, TurnDetector
 from .vad import SileroVad, VoiceActivityModel
@@ -45,9 +45,14 @@ class _RecordingVad:
 
 
 class ServerVad:
-    def __init__(self, session: "SessionHandle | None" = None, *,
-                 config: TurnDetectionConfig = TurnDetectionConfig(),
-                 vad: VoiceActivityModel | None = None, clock: Clock = MONOTONIC) -> None:
+    def __init__(
+        self,
+        session: SessionHandle | None = None,
+        *,
+        config: TurnDetectionConfig = TurnDetectionConfig(),
+        vad: VoiceActivityModel | None = None,
+        clock: Clock = MONOTONIC,
+    ) -> None:
         self.session = session
         self._vad = _RecordingVad(vad or SileroVad())
         self.detector = TurnDetector(config, self._vad)
@@ -59,7 +64,7 @@ class ServerVad:
     def speaking(self) -> bool:
         return self.detector.speaking
 
-    def hear(self, audio: "bytes | AppendAudio") -> list[Command]:
+    def hear(self, audio: bytes | AppendAudio) -> list[Command]:
         """The commands this audio amounts to, in the order the session must get them: any
         speech boundary it reveals, then the audio itself carrying the VAD's verdict.
 
@@ -81,7 +86,7 @@ class ServerVad:
         out.append(attrs.evolve(command, speech=speech))
         return out
 
-    def append(self, audio: "bytes | AppendAudio") -> None:
+    def append(self, audio: bytes | AppendAudio) -> None:
         """:meth:`hear` ``audio`` and tell the results to the session given at construction."""
         if self.session is None:
             raise TypeError("this ServerVad has no session to tell; use hear() and send the commands")

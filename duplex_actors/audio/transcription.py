@@ -83,8 +83,7 @@ class PocketsphinxTranscriber:
         return transcribe_pcm16(pcm, sample_rate)
 
     async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
-        return await anyio.to_process.run_sync(transcribe_pcm16, pcm, sample_rate,
-                                               limiter=self._limiter)
+        return await anyio.to_process.run_sync(transcribe_pcm16, pcm, sample_rate, limiter=self._limiter)
 
 
 def default_transcriber() -> Transcriber | None:
@@ -99,6 +98,7 @@ def default_transcriber() -> Transcriber | None:
 def word_error_rate(reference: str, hypothesis: str) -> float:
     """(substitutions + deletions + insertions) / reference words, on lowercased words without
     punctuation: the usual WER, by edit distance over words."""
+
     def words(text: str) -> list[str]:
         cleaned = "".join(c.lower() if c.isalnum() or c in " '" else " " for c in text)
         return cleaned.split()

@@ -61,7 +61,9 @@ class PiperTTS:
         options.inter_op_num_threads = 1
         with open(voice.config, encoding="utf-8") as fh:
             config = PiperConfig.from_dict(json.load(fh))
-        session = onnxruntime.InferenceSession(str(voice.model), sess_options=options, providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(
+            str(voice.model), sess_options=options, providers=["CPUExecutionProvider"]
+        )
         self._voice = PiperVoice(session=session, config=config)
         self.native_rate: int = config.sample_rate
         log.info("tts.voice_loaded", model=voice.model.name, native_rate=self.native_rate)

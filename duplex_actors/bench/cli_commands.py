@@ -6,8 +6,9 @@ import importlib
 import importlib.util
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import typer
 
@@ -19,7 +20,7 @@ OPT_IN = ("ray",)
 _HINTS = {
     "torch": " (extra 'embedded')",
     "vllm": " (vLLM lives in its own venv, see docs/engines.md: "
-            "<that venv>/bin/python -m duplex_actors.bench --quick --only vllm)",
+    "<that venv>/bin/python -m duplex_actors.bench --quick --only vllm)",
     "ray": " (extra 'ray')",
 }
 
@@ -54,15 +55,33 @@ def _embedded_figures(raw: dict[str, Any]) -> list[dict[str, Any]] | None:
         figs = []
         for n in engine:
             ratio_ok = engine[n] / bare[n] >= raw.get("targets", {}).get("engine_vs_bare", 0.8)
-            figs.append(figure(f"embedded engine, {n} concurrent requests (median of paired rounds)", engine[n], "tok/s",
-                               bare[n], "bare batched decode loop, same model",
-                               target=">= 0.8x bare", met=ratio_ok, higher_is_better=True))
+            figs.append(
+                figure(
+                    f"embedded engine, {n} concurrent requests (median of paired rounds)",
+                    engine[n],
+                    "tok/s",
+                    bare[n],
+                    "bare batched decode loop, same model",
+                    target=">= 0.8x bare",
+                    met=ratio_ok,
+                    higher_is_better=True,
+                )
+            )
         seq = raw["sequential_b1_tokens_per_s"]
         top = max(engine, key=lambda k: int(k))
         paired = raw.get("engine64_paired_tokens_per_s", engine[top])
-        figs.append(figure(f"embedded engine at {top} vs sequential batch 1 (median of paired rounds)", paired,
-                           "tok/s", seq, "bare loop, batch 1, one request after another",
-                           target=">= 10x", met=paired / seq >= 10, higher_is_better=True))
+        figs.append(
+            figure(
+                f"embedded engine at {top} vs sequential batch 1 (median of paired rounds)",
+                paired,
+                "tok/s",
+                seq,
+                "bare loop, batch 1, one request after another",
+                target=">= 10x",
+                met=paired / seq >= 10,
+                higher_is_better=True,
+            )
+        )
         return figs
     except (KeyError, TypeError, ZeroDivisionError, ValueError):
         return None  # an unexpected shape: printed key by key instead
@@ -91,16 +110,22 @@ def _plan(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
     }
 
 
-def run_suite(quick: bool = False, out: Path = Path("bench-results"), only: Optional[list[str]] = None,
-              echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run_suite(
+    quick: bool = False,
+    out: Path = Path("bench-results"),
+    only: list[str] | None = None,
+    echo: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
     wanted = list(only or BENCHES)
     unknown = [w for w in wanted if w not in BENCHES + OPT_IN]
     if unknown:
         raise typer.BadParameter(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES + OPT_IN)}")
     plan = _plan(quick)
     results: list[dict[str, Any]] = []
-    echo(f"duplex_actors bench ({'quick' if quick else 'full'}): every figure is printed with a "
-         f"bare baseline measured in this run; ratio = runtime / bare")
+    echo(
+        f"duplex_actors bench ({'quick' if quick else 'full'}): every figure is printed with a "
+        f"bare baseline measured in this run; ratio = runtime / bare"
+    )
     for name in wanted:
         t0 = time.perf_counter()
         try:
@@ -137,9 +162,11 @@ def _describe(exc: BaseException) -> str:
 def bench(
     quick: bool = typer.Option(False, "--quick", help="Small sizes; finishes in under two minutes."),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for JSON and PNGs."),
-    only: Optional[list[str]] = typer.Option(
-        None, "--only", help=f"Run only this benchmark (repeatable): {', '.join(BENCHES)}; "
-                             f"opt-in only: {', '.join(OPT_IN)}."),
+    only: list[str] | None = typer.Option(
+        None,
+        "--only",
+        help=f"Run only this benchmark (repeatable): {', '.join(BENCHES)}; opt-in only: {', '.join(OPT_IN)}.",
+    ),
 ) -> None:
     """Benchmark the runtime: throughput, session scale, real-time load, barge-in, engines."""
     results = run_suite(quick, out, only, typer.echo)

@@ -67,7 +67,9 @@ async def _engine_run(engine: EmbeddedThinker, n: int, audio: bytes) -> tuple[fl
 def _bare_run(model: Thinker, prompt, n: int, max_tokens: int) -> tuple[float, int]:
     began = time.perf_counter()
     # The same batched prefill the engine's scheduler runs for requests that join together.
-    embedded = [model.embed_prompt(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids) for _ in range(n)]
+    embedded = [
+        model.embed_prompt(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids) for _ in range(n)
+    ]
     position = model.prefill_many(0, embedded)[0]
     tokens = torch.full((n,), prompt.suffix_ids[-1])
     positions = torch.full((n,), position)
@@ -107,11 +109,13 @@ def run(quick: bool = True, threads: int = 1) -> dict:
                 engine_tps: dict = {}
                 bare_tps: dict = {}
                 for n in CONCURRENCY:
-                    for arm in (("engine", "bare") if r % 2 == 0 else ("bare", "engine")):
+                    for arm in ("engine", "bare") if r % 2 == 0 else ("bare", "engine"):
                         if arm == "engine":
                             seconds, tokens = await _engine_run(engine, n, audio)
                             if tokens != n * max_tokens:
-                                raise RuntimeError(f"engine produced {tokens} tokens, expected {n * max_tokens}")
+                                raise RuntimeError(
+                                    f"engine produced {tokens} tokens, expected {n * max_tokens}"
+                                )
                             engine_tps[n] = tokens / seconds
                         else:
                             seconds, tokens = _bare_run(model, prompt, n, max_tokens)
@@ -158,8 +162,10 @@ def run(quick: bool = True, threads: int = 1) -> dict:
         "sequential_b1_tokens_per_s": sequential,
         "engine64_vs_sequential": engine_top_paired / sequential,
         "ratios_by_round": [
-            {"engine_vs_bare": {n: rd[0][n] / rd[1][n] for n in CONCURRENCY},
-             "engine64_vs_sequential": rd[0][top] / rd[2]}
+            {
+                "engine_vs_bare": {n: rd[0][n] / rd[1][n] for n in CONCURRENCY},
+                "engine64_vs_sequential": rd[0][top] / rd[2],
+            }
             for rd in rounds_taken
         ],
         "targets": {"engine_vs_bare": 0.8, "engine64_vs_sequential": 10.0},
@@ -175,7 +181,9 @@ def _print(report: dict) -> None:
         f"{report['prompt_positions']}-position prompt"
     )
     by_round = report["ratios_by_round"]
-    print(f"median of {report['rounds']} paired rounds (tok/s from the median round; all rounds' ratios at the right)")
+    print(
+        f"median of {report['rounds']} paired rounds (tok/s from the median round; all rounds' ratios at the right)"
+    )
     print(f"{'concurrent':>10} {'engine tok/s':>13} {'bare tok/s':>11} {'engine/bare':>12}   rounds")
     for n in CONCURRENCY:
         spread = " ".join(f"{rd['engine_vs_bare'][n]:.0%}" for rd in by_round)

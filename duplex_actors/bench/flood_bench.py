@@ -27,8 +27,11 @@ async def _turn(url: str) -> float:
         began = time.perf_counter()
         # A GA turn: 100 ms at the 24 kHz wire rate, commit, then ask for the response (a
         # commit alone creates none, and quiet audio never makes server VAD create one).
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(b"\x01\x00" * 2400).decode()}))
+        await ws.send(
+            json.dumps(
+                {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x00" * 2400).decode()}
+            )
+        )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
         while json.loads(await ws.recv())["type"] != "response.done":
@@ -43,8 +46,12 @@ async def _run(frames: int, policy: bool) -> dict:
     from ..testing.raw_websocket import RawWebSocket
 
     budget = {} if policy else {"invalid_frames_per_s": 1e9, "invalid_frames_burst": 10**9}
-    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12,
-                    token_latency_s=0.02, packet_latency_s=0.02)
+    script = Script(
+        tokens=tuple(f" w{i}" for i in range(24)),
+        audio_packets=12,
+        token_latency_s=0.02,
+        packet_latency_s=0.02,
+    )
     async with Runtime(ScriptedEngine(script, record=False)) as rt:
         async with RealtimeServer(rt, ServerConfig(port=0, **budget)) as server:
             baseline = await _turn(server.url)
@@ -65,25 +72,34 @@ async def _run(frames: int, policy: bool) -> dict:
             during = await _turn(server.url)
             await asyncio.wait_for(task, 300)
             await asyncio.sleep(2)
-            report = {"frames": frames, "policy": policy, "neighbour_turn_s": baseline,
-                      "neighbour_turn_during_flood_s": during, "rss_before_mb": rss_before,
-                      "rss_after_mb": rss_mb()}
+            report = {
+                "frames": frames,
+                "policy": policy,
+                "neighbour_turn_s": baseline,
+                "neighbour_turn_during_flood_s": during,
+                "rss_before_mb": rss_before,
+                "rss_after_mb": rss_mb(),
+            }
             flooder.abort()
             return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m duplex_actors.bench.flood_bench",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--frames", type=int, default=100_000)
     ap.add_argument("--policy", choices=("on", "off"), default="on")
     args = ap.parse_args(argv)
     r = asyncio.run(_run(args.frames, args.policy == "on"))
-    print(f"flood of {r['frames']} invalid frames, policy {args.policy}: neighbour turn "
-          f"{r['neighbour_turn_s']:.2f} s alone, {r['neighbour_turn_during_flood_s']:.2f} s during "
-          f"(x{r['neighbour_turn_during_flood_s'] / r['neighbour_turn_s']:.1f}); server RSS "
-          f"{r['rss_before_mb']:.1f} -> {r['rss_after_mb']:.1f} MiB "
-          f"(+{r['rss_after_mb'] - r['rss_before_mb']:.1f})", flush=True)
+    print(
+        f"flood of {r['frames']} invalid frames, policy {args.policy}: neighbour turn "
+        f"{r['neighbour_turn_s']:.2f} s alone, {r['neighbour_turn_during_flood_s']:.2f} s during "
+        f"(x{r['neighbour_turn_during_flood_s'] / r['neighbour_turn_s']:.1f}); server RSS "
+        f"{r['rss_before_mb']:.1f} -> {r['rss_after_mb']:.1f} MiB "
+        f"(+{r['rss_after_mb'] - r['rss_before_mb']:.1f})",
+        flush=True,
+    )
     return 0
 
 

@@ -43,13 +43,25 @@ def _scripted() -> EngineBackend:  # module level: picklable by reference into t
     return ScriptedEngine(SCRIPT)
 
 
-def figure(metric: str, value: float | None, unit: str, baseline: float | None,
-           baseline_label: str = "in-process ScriptedEngine", *,
-           higher_is_better: bool = False) -> dict[str, Any]:
+def figure(
+    metric: str,
+    value: float | None,
+    unit: str,
+    baseline: float | None,
+    baseline_label: str = "in-process ScriptedEngine",
+    *,
+    higher_is_better: bool = False,
+) -> dict[str, Any]:
     ratio = value / baseline if value is not None and baseline else None
-    return {"metric": metric, "value": value, "unit": unit, "baseline": baseline,
-            "baseline_label": baseline_label, "ratio": ratio,
-            "higher_is_better": higher_is_better}
+    return {
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_label": baseline_label,
+        "ratio": ratio,
+        "higher_is_better": higher_is_better,
+    }
 
 
 async def _turn(session) -> float:
@@ -64,8 +76,9 @@ async def _turn(session) -> float:
     raise RuntimeError("event stream ended before response.done")
 
 
-async def _measure(engine: EngineBackend, *, turns: int, sessions: int,
-                   turns_each: int, warmup: int) -> dict[str, Any]:
+async def _measure(
+    engine: EngineBackend, *, turns: int, sessions: int, turns_each: int, warmup: int
+) -> dict[str, Any]:
     async with Runtime(engine) as rt:
         session = await rt.open_session()
         for _ in range(warmup):
@@ -100,8 +113,13 @@ def _ray_up() -> tuple[bool, str | None]:
     if ray.is_initialized():
         return False, None
     temp_dir = tempfile.mkdtemp(prefix="dxray")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
-             _temp_dir=temp_dir, log_to_driver=False)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=256 * 1024 * 1024,
+        _temp_dir=temp_dir,
+        log_to_driver=False,
+    )
     return True, temp_dir
 
 
@@ -117,24 +135,36 @@ def _remove_when_quiet(path: str, attempts: int = 10) -> None:
 def run(quick: bool = True) -> dict[str, Any]:
     from ..engines.ray_engine import RayEngine
 
-    params = {"turns": 40 if quick else 300, "sessions": 8 if quick else 32,
-              "turns_each": 5 if quick else 20, "warmup": 5 if quick else 20,
-              "outputs_per_turn": OUTPUTS_PER_TURN}
+    params = {
+        "turns": 40 if quick else 300,
+        "sessions": 8 if quick else 32,
+        "turns_each": 5 if quick else 20,
+        "warmup": 5 if quick else 20,
+        "outputs_per_turn": OUTPUTS_PER_TURN,
+    }
     started_here, temp_dir = _ray_up()
     try:
         t0 = now()
-        local = anyio.run(lambda: _measure(_scripted(), turns=params["turns"],
-                                           sessions=params["sessions"],
-                                           turns_each=params["turns_each"],
-                                           warmup=params["warmup"]))
+        local = anyio.run(
+            lambda: _measure(
+                _scripted(),
+                turns=params["turns"],
+                sessions=params["sessions"],
+                turns_each=params["turns_each"],
+                warmup=params["warmup"],
+            )
+        )
         ray_engine = RayEngine(_scripted, actor_options={"num_cpus": 0})
 
         async def remote() -> dict[str, Any]:
             try:
-                return await _measure(ray_engine, turns=params["turns"],
-                                      sessions=params["sessions"],
-                                      turns_each=params["turns_each"],
-                                      warmup=params["warmup"])
+                return await _measure(
+                    ray_engine,
+                    turns=params["turns"],
+                    sessions=params["sessions"],
+                    turns_each=params["turns_each"],
+                    warmup=params["warmup"],
+                )
             finally:
                 await ray_engine.aclose()  # idempotent; the runtime may already have
 
@@ -157,11 +187,15 @@ def run(quick: bool = True) -> dict[str, Any]:
         "params": params,
         "wall_s": wall,
         "figures": [
-            figure("turn latency p50 (commit to response.done)", far_p50 * 1e3, "ms",
-                   local_p50 * 1e3),
+            figure("turn latency p50 (commit to response.done)", far_p50 * 1e3, "ms", local_p50 * 1e3),
             figure("turn latency p90", far_p90 * 1e3, "ms", local_p90 * 1e3),
-            figure(f"throughput, {params['sessions']} sessions at once", far["turns_per_s"],
-                   "turns/s", local["turns_per_s"], higher_is_better=True),
+            figure(
+                f"throughput, {params['sessions']} sessions at once",
+                far["turns_per_s"],
+                "turns/s",
+                local["turns_per_s"],
+                higher_is_better=True,
+            ),
             figure("added latency per turn (p50)", added * 1e3, "ms", None),
             figure("added latency per output (p50)", added / OUTPUTS_PER_TURN * 1e3, "ms", None),
         ],

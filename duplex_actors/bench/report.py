@@ -12,8 +12,9 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 Echo = Callable[[str], None]
 
@@ -81,9 +82,13 @@ def environment() -> dict[str, Any]:
         load = os.getloadavg()
     except OSError:
         load = None
-    return {"python": sys.version.split()[0], "platform": platform.platform(),
-            "cpus": os.cpu_count(), "load_average_at_end": load,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average_at_end": load,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def write_json(results: list[dict[str, Any]], out: Path, *, quick: bool) -> Path:
@@ -95,17 +100,22 @@ def write_json(results: list[dict[str, Any]], out: Path, *, quick: bool) -> Path
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
-    lines = ["| benchmark | figure | runtime | bare baseline | ratio | target |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| benchmark | figure | runtime | bare baseline | ratio | target |", "|---|---|---|---|---|---|"]
     for r in results:
         if r.get("skipped") or r.get("error"):
             lines.append(f"| {r['name']} | {r.get('skipped') or r.get('error')} | | | | |")
             continue
         for f in r.get("figures") or []:
-            base = "" if f.get("baseline") is None else f"{_num(f['baseline'])} {f['unit']} ({f['baseline_label']})"
+            base = (
+                ""
+                if f.get("baseline") is None
+                else f"{_num(f['baseline'])} {f['unit']} ({f['baseline_label']})"
+            )
             ratio = "" if f.get("ratio") is None else f"{_num(f['ratio'])}x"
-            lines.append(f"| {r['name']} | {f['metric'].strip()} | {_num(f['value'])} {f['unit']} | "
-                         f"{base} | {ratio} | {_verdict(f)} |")
+            lines.append(
+                f"| {r['name']} | {f['metric'].strip()} | {_num(f['value'])} {f['unit']} | "
+                f"{base} | {ratio} | {_verdict(f)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -172,10 +182,8 @@ def write_pngs(results: list[dict[str, Any]], out: Path, echo: Echo = print) -> 
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
         for label, steps in series.items():
             ns = [s["sessions"] for s in steps]
-            a1.plot(ns, [s["seconds"] / s["sessions"] * 1e6 for s in steps], marker="o",
-                    label=label)
-            a2.plot(ns, [s["rss_bytes"] / s["sessions"] / 1024 for s in steps], marker="o",
-                    label=label)
+            a1.plot(ns, [s["seconds"] / s["sessions"] * 1e6 for s in steps], marker="o", label=label)
+            a2.plot(ns, [s["rss_bytes"] / s["sessions"] / 1024 for s in steps], marker="o", label=label)
         a1.axhline(50, color="grey", linewidth=0.8)
         a1.set_xlabel("sessions open")
         a1.set_ylabel("open time per session (us, cumulative mean)")

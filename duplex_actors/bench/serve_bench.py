@@ -30,18 +30,27 @@ from .ray_bench import _ray_up, _remove_when_quiet
 from .workers_bench import _bare_main, _tree_cpu_s, run_load, unpaced_engine
 
 
-def _serve_arm(ctx, replicas: int, *, sessions: int, clients: int, warmup_s: float,
-               duration_s: float) -> dict[str, float]:
+def _serve_arm(
+    ctx, replicas: int, *, sessions: int, clients: int, warmup_s: float, duration_s: float
+) -> dict[str, float]:
     import ray
     from ray import serve
 
     from ..scaleout.ray_serve import _directory, build_app, shutdown_app
 
-    router = serve.run(build_app(unpaced_engine, session_replicas=replicas, host="127.0.0.1",
-                                 engine_autoscaling={"min_replicas": 1, "max_replicas": 1},
-                                 session_actor_options={"num_cpus": 0},
-                                 engine_actor_options={"num_cpus": 0}, report_interval_s=0.5),
-                       name="bench", route_prefix=None)
+    router = serve.run(
+        build_app(
+            unpaced_engine,
+            session_replicas=replicas,
+            host="127.0.0.1",
+            engine_autoscaling={"min_replicas": 1, "max_replicas": 1},
+            session_actor_options={"num_cpus": 0},
+            engine_actor_options={"num_cpus": 0},
+            report_interval_s=0.5,
+        ),
+        name="bench",
+        route_prefix=None,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(ray.get(_directory().snapshot.remote())) < replicas:
@@ -49,8 +58,14 @@ def _serve_arm(ctx, replicas: int, *, sessions: int, clients: int, warmup_s: flo
                 raise RuntimeError("session replicas did not report")
             time.sleep(0.2)
         urls = [router.route.remote(None).result() for _ in range(sessions)]
-        load = run_load(ctx, urls, clients=clients, warmup_s=warmup_s, duration_s=duration_s,
-                        cpu_of=lambda: _tree_cpu_s(os.getpid()))
+        load = run_load(
+            ctx,
+            urls,
+            clients=clients,
+            warmup_s=warmup_s,
+            duration_s=duration_s,
+            cpu_of=lambda: _tree_cpu_s(os.getpid()),
+        )
         load["server_cores"] -= load["client_cores"]
         load["replicas_used"] = len({url for url in urls})
         return load
@@ -68,15 +83,29 @@ def _bare_arm(ctx, *, sessions: int, clients: int, warmup_s: float, duration_s: 
         if not ready_recv.poll(120):
             raise RuntimeError("bare server did not start")
         url = f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
-        return run_load(ctx, [url] * sessions, clients=clients, warmup_s=warmup_s,
-                        duration_s=duration_s, cpu_of=lambda: _tree_cpu_s(server.pid))
+        return run_load(
+            ctx,
+            [url] * sessions,
+            clients=clients,
+            warmup_s=warmup_s,
+            duration_s=duration_s,
+            cpu_of=lambda: _tree_cpu_s(server.pid),
+        )
     finally:
         os.kill(server.pid, signal.SIGTERM)
         server.join(30)
 
 
-def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, replicas: tuple[int, ...] = (1, 2),
-        rounds: int | None = None, duration_s: float | None = None, warmup_s: float = 1.0) -> dict[str, Any]:
+def run(
+    quick: bool = False,
+    *,
+    sessions: int = 64,
+    clients: int = 2,
+    replicas: tuple[int, ...] = (1, 2),
+    rounds: int | None = None,
+    duration_s: float | None = None,
+    warmup_s: float = 1.0,
+) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     rounds = rounds or (1 if quick else 2)
     duration_s = duration_s or (3.0 if quick else 5.0)
@@ -89,11 +118,16 @@ def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, replicas: 
         arms = ["bare", *(f"replicas={n}" for n in replicas)]
         for r in range(rounds):
             figures = {}
-            for arm in (arms if r % 2 == 0 else list(reversed(arms))):
-                kw = {"sessions": sessions, "clients": clients, "warmup_s": warmup_s,
-                      "duration_s": duration_s}
-                figures[arm] = (_bare_arm(ctx, **kw) if arm == "bare"
-                                else _serve_arm(ctx, int(arm.split("=")[1]), **kw))
+            for arm in arms if r % 2 == 0 else list(reversed(arms)):
+                kw = {
+                    "sessions": sessions,
+                    "clients": clients,
+                    "warmup_s": warmup_s,
+                    "duration_s": duration_s,
+                }
+                figures[arm] = (
+                    _bare_arm(ctx, **kw) if arm == "bare" else _serve_arm(ctx, int(arm.split("=")[1]), **kw)
+                )
             per_round.append(figures)
         serve.shutdown()
     finally:
@@ -108,13 +142,23 @@ def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, replicas: 
 
     return {
         "name": "ray_serve_sessions",
-        "params": {"sessions": sessions, "clients": clients, "rounds": rounds, "duration_s": duration_s,
-                   "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+        "params": {
+            "sessions": sessions,
+            "clients": clients,
+            "rounds": rounds,
+            "duration_s": duration_s,
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+        },
         "turns_per_s": per_arm("turns_per_s", 1),
         "server_cores": per_arm("server_cores", 2),
         "client_cores": per_arm("client_cores", 2),
-        "ratio_vs_bare": {arm: round(statistics.median(f[arm]["turns_per_s"] / f["bare"]["turns_per_s"]
-                                                       for f in per_round), 3) for arm in arms[1:]},
+        "ratio_vs_bare": {
+            arm: round(
+                statistics.median(f[arm]["turns_per_s"] / f["bare"]["turns_per_s"] for f in per_round), 3
+            )
+            for arm in arms[1:]
+        },
         "replicas_used": {arm: [f[arm]["replicas_used"] for f in per_round] for arm in arms[1:]},
     }
 
@@ -122,8 +166,11 @@ def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, replicas: 
 if __name__ == "__main__":
     args = sys.argv[1:]
     options: dict[str, Any] = {"quick": "--quick" in args}
-    for flag, key, kind in (("--sessions", "sessions", int), ("--rounds", "rounds", int),
-                            ("--duration", "duration_s", float)):
+    for flag, key, kind in (
+        ("--sessions", "sessions", int),
+        ("--rounds", "rounds", int),
+        ("--duration", "duration_s", float),
+    ):
         if flag in args:
             options[key] = kind(args[args.index(flag) + 1])
     print(json.dumps(run(**options), indent=2))

@@ -28,9 +28,11 @@ import json
 import os
 import random
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from ..actors.runtime import Runtime
 from ..core.clock import MONOTONIC
@@ -68,8 +70,18 @@ class _Stats:
 class _Stream:
     """What one client saw of one session: the in-order stream it kept, checked as it goes."""
 
-    __slots__ = ("last", "created", "done", "closed", "gen", "token", "pending_resume",
-                 "in_response", "trail", "abandoned")
+    __slots__ = (
+        "last",
+        "created",
+        "done",
+        "closed",
+        "gen",
+        "token",
+        "pending_resume",
+        "in_response",
+        "trail",
+        "abandoned",
+    )
 
     def __init__(self) -> None:
         self.last = 0  # highest seq kept
@@ -97,8 +109,10 @@ class _Stream:
             return
         if seq != self.last + 1 and not self.abandoned:
             stats.add("events_lost", seq - self.last - 1)
-            stats.error(f"seq gap {self.last} -> {seq} ({event.type}) in {event.session_id}; "
-                        f"recent: {self.trail}", count=False)
+            stats.error(
+                f"seq gap {self.last} -> {seq} ({event.type}) in {event.session_id}; recent: {self.trail}",
+                count=False,
+            )
         self.last = seq
         self.note(f"{seq}:{event.type}")
         stats.add("events")
@@ -134,17 +148,26 @@ class _Stream:
             stats.error(f"{self.closed} session.closed; recent: {self.trail}", count=False)
         if self.created != self.done and not self.abandoned:
             stats.add("responses_without_one_done", len(self.created ^ self.done))
-            stats.error(f"created/done mismatch {self.created ^ self.done}; recent: {self.trail}",
-                        count=False)
+            stats.error(
+                f"created/done mismatch {self.created ^ self.done}; recent: {self.trail}", count=False
+            )
 
 
-async def _client(rt: Runtime, rng: random.Random, deadline: float, stats: _Stats,
-                  p_barge: float, p_detach: float, p_churn: float, think: tuple[float, float],
-                  grace_s: float, journal_max_age_s: float) -> None:
+async def _client(
+    rt: Runtime,
+    rng: random.Random,
+    deadline: float,
+    stats: _Stats,
+    p_barge: float,
+    p_detach: float,
+    p_churn: float,
+    think: tuple[float, float],
+    grace_s: float,
+    journal_max_age_s: float,
+) -> None:
     while MONOTONIC.now() < deadline:
         try:
-            handle = await rt.open_session(disconnect_grace_s=grace_s,
-                                           journal_max_age_s=journal_max_age_s)
+            handle = await rt.open_session(disconnect_grace_s=grace_s, journal_max_age_s=journal_max_age_s)
         except DuplexError:  # admission refused: retry a little later
             stats.add("open_refused")
             await anyio.sleep(0.05)
@@ -154,8 +177,7 @@ async def _client(rt: Runtime, rng: random.Random, deadline: float, stats: _Stat
         # The open's answer carries the resume credentials (session.created repeats them).
         stream.gen, stream.token = handle.generation, handle.resume_token
         try:
-            await _converse(rt, handle, stream, rng, deadline, stats, p_barge, p_detach, p_churn,
-                            think)
+            await _converse(rt, handle, stream, rng, deadline, stats, p_barge, p_detach, p_churn, think)
         except UnknownSession:
             stats.add("session_gone")  # expired while away: declared, not lost
             continue
@@ -180,8 +202,18 @@ async def _client(rt: Runtime, rng: random.Random, deadline: float, stats: _Stat
         stream.check_closed(stats)
 
 
-async def _converse(rt, handle, stream: _Stream, rng: random.Random, deadline: float,
-                    stats: _Stats, p_barge, p_detach, p_churn, think) -> None:
+async def _converse(
+    rt,
+    handle,
+    stream: _Stream,
+    rng: random.Random,
+    deadline: float,
+    stats: _Stats,
+    p_barge,
+    p_detach,
+    p_churn,
+    think,
+) -> None:
     # The connection: a reader task; "on the wire" = events read but not yet kept.
     wire: list = []
 
@@ -193,7 +225,7 @@ async def _converse(rt, handle, stream: _Stream, rng: random.Random, deadline: f
                 for e in wire:
                     stream.keep(e, stats)
                 wire.clear()
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     async def settle_wire() -> None:
         for e in wire:
@@ -208,7 +240,7 @@ async def _converse(rt, handle, stream: _Stream, rng: random.Random, deadline: f
                 # One user turn: speak for a while, then commit.
                 for _ in range(rng.randint(1, 4)):
                     handle.append_audio(CHUNK)
-                    await anyio.sleep(0)
+                    await anyio.lowlevel.checkpoint()
                 try:
                     await handle.commit()
                 except DuplexError as err:
@@ -220,10 +252,12 @@ async def _converse(rt, handle, stream: _Stream, rng: random.Random, deadline: f
                 try:
                     if roll < p_barge:
                         await handle.barge_in()
-                        stats.add("barge_ins"); stream.note("barge_ins")
+                        stats.add("barge_ins")
+                        stream.note("barge_ins")
                     elif roll < p_barge * 1.25:
                         await handle.cancel()
-                        stats.add("cancels"); stream.note("cancels")
+                        stats.add("cancels")
+                        stream.note("cancels")
                 except DuplexError as err:
                     stats.add("refused_" + err.code)
                 if rng.random() < p_detach:
@@ -238,23 +272,27 @@ async def _converse(rt, handle, stream: _Stream, rng: random.Random, deadline: f
         # Disconnected: whatever was still on the wire is lost to this client.
         stats.add("wire_events_lost_in_transit", len(wire))
         wire.clear()
-        stats.add("detaches"); stream.note("detaches")
+        stats.add("detaches")
+        stream.note("detaches")
         await handle.detach()
         await anyio.sleep(rng.uniform(0.0, 1.5))
         # Resume from the last seq really kept. A client that never saw the answer to its
         # previous resume sends that same resume again (same control id).
         if stream.pending_resume is not None:
             gen, token, cid = stream.pending_resume
-            stats.add("resume_retries"); stream.note("resume_retries")
+            stats.add("resume_retries")
+            stream.note("resume_retries")
         else:
             gen, token, cid = stream.gen, stream.token, f"r{rng.getrandbits(48):x}"
             stream.pending_resume = (gen, token, cid)
         try:
             await rt.resume(handle.id, gen, token, last_seq=stream.last, control_id=cid)
-            stats.add("resumes"); stream.note("resumes")
+            stats.add("resumes")
+            stream.note("resumes")
             if rng.random() < 0.1:  # the same resume arrives twice
                 await rt.resume(handle.id, gen, token, last_seq=stream.last, control_id=cid)
-                stats.add("duplicate_resumes"); stream.note("duplicate_resumes")
+                stats.add("duplicate_resumes")
+                stream.note("duplicate_resumes")
         except ResyncRequired:
             stats.add("resync_required")
             stream.abandoned = True
@@ -285,14 +323,23 @@ def _slope(points: list[tuple[float, float]]) -> float:
     return sum((p[0] - mx) * (p[1] - my) for p in points) / var * 60.0
 
 
-async def _soak(sessions: int, seconds: float, seed: int, warmup_s: float, sample_every_s: float,
-                p_barge: float, p_detach: float, p_churn: float, think: tuple[float, float],
-                token_latency_s: float, journal_max_age_s: float,
-                progress: Callable[[str], None] | None) -> dict[str, Any]:
+async def _soak(
+    sessions: int,
+    seconds: float,
+    seed: int,
+    warmup_s: float,
+    sample_every_s: float,
+    p_barge: float,
+    p_detach: float,
+    p_churn: float,
+    think: tuple[float, float],
+    token_latency_s: float,
+    journal_max_age_s: float,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
     stats = _Stats()
     rng = random.Random(seed)
-    script = Script(token_latency_s=token_latency_s, packet_latency_s=token_latency_s,
-                    packet_ms=100)
+    script = Script(token_latency_s=token_latency_s, packet_latency_s=token_latency_s, packet_ms=100)
     # Not recording: the scripted engine's request log (every request with its audio) is test
     # bookkeeping, not the runtime's memory, and would be measured here as if it were.
     engine = ScriptedEngine(script, record=False)
@@ -306,8 +353,7 @@ async def _soak(sessions: int, seconds: float, seed: int, warmup_s: float, sampl
     t0 = MONOTONIC.now()
     deadline = t0 + seconds
     report: dict[str, Any] = {}
-    async with Runtime(engine, max_sessions=sessions, stall_timeout_s=5.0,
-                       reaper_interval_s=1.0) as rt:
+    async with Runtime(engine, max_sessions=sessions, stall_timeout_s=5.0, reaper_interval_s=1.0) as rt:
         baseline_tasks = len(asyncio.all_tasks())
 
         async def sampler() -> None:
@@ -315,23 +361,36 @@ async def _soak(sessions: int, seconds: float, seed: int, warmup_s: float, sampl
                 await anyio.sleep(sample_every_s)
                 t = MONOTONIC.now() - t0
                 samples.append((t, rss_mb()))
-                held.append((t, sum(h.core.journaled_events for h in rt.sessions()),
-                             sys.getallocatedblocks()))
+                held.append(
+                    (t, sum(h.core.journaled_events for h in rt.sessions()), sys.getallocatedblocks())
+                )
                 if progress:
                     st = rt.statistics()
-                    progress(f"t={t:6.1f}s rss={samples[-1][1]:7.1f}MiB sessions={st.sessions} "
-                             f"engine_in_flight={st.engine.in_flight} events={stats.c.get('events', 0)} "
-                             f"lost={stats.c.get('events_lost', 0)}")
+                    progress(
+                        f"t={t:6.1f}s rss={samples[-1][1]:7.1f}MiB sessions={st.sessions} "
+                        f"engine_in_flight={st.engine.in_flight} events={stats.c.get('events', 0)} "
+                        f"lost={stats.c.get('events_lost', 0)}"
+                    )
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(sampler)
             async with anyio.create_task_group() as clients:
                 for i in range(sessions):
-                    clients.start_soon(_client, rt, random.Random(rng.getrandbits(64)), deadline,
-                                       stats, p_barge, p_detach, p_churn, think, 30.0,
-                                       journal_max_age_s)
+                    clients.start_soon(
+                        _client,
+                        rt,
+                        random.Random(rng.getrandbits(64)),
+                        deadline,
+                        stats,
+                        p_barge,
+                        p_detach,
+                        p_churn,
+                        think,
+                        30.0,
+                        journal_max_age_s,
+                    )
                     if i % 50 == 49:
-                        await anyio.sleep(0)  # stagger the start a little
+                        await anyio.lowlevel.checkpoint()  # stagger the start a little
             tg.cancel_scope.cancel()
         # Everything closed: nothing may be left in flight.
         with anyio.move_on_after(10):
@@ -365,12 +424,19 @@ async def _soak(sessions: int, seconds: float, seed: int, warmup_s: float, sampl
     tasks_after = len(asyncio.all_tasks())
     c = stats.c
     report.update(
-        sessions=sessions, seconds=seconds, elapsed_s=round(elapsed, 1), seed=seed,
-        rss_start_mib=round(rss_start, 1), rss_after_warmup_mib=round(rss_warm, 1),
-        rss_end_mib=round(rss_end, 1), rss_peak_mib=round(max([s[1] for s in samples] + [rss_end]), 1),
+        sessions=sessions,
+        seconds=seconds,
+        elapsed_s=round(elapsed, 1),
+        seed=seed,
+        rss_start_mib=round(rss_start, 1),
+        rss_after_warmup_mib=round(rss_warm, 1),
+        rss_end_mib=round(rss_end, 1),
+        rss_peak_mib=round(max([s[1] for s in samples] + [rss_end]), 1),
         rss_growth_after_warmup_mib=round(growth, 1),
         rss_slope_after_warmup_mib_per_min=round(_slope(warm), 2),
-        warmup_s=warmup_s, journal_max_age_s=journal_max_age_s, rss_samples=[(round(t, 1), round(m, 1)) for t, m in samples],
+        warmup_s=warmup_s,
+        journal_max_age_s=journal_max_age_s,
+        rss_samples=[(round(t, 1), round(m, 1)) for t, m in samples],
         journal_events_after_warmup=held_warm[0][1] if held_warm else None,
         journal_events_end=held_warm[-1][1] if held_warm else None,
         py_blocks_after_warmup=held_warm[0][2] if held_warm else None,
@@ -378,8 +444,10 @@ async def _soak(sessions: int, seconds: float, seed: int, warmup_s: float, sampl
         held_samples=[(round(t, 1), j, b) for t, j, b in held],
         tasks_alive_after_shutdown=tasks_after,
         events_lost=c.get("events_lost", 0),
-        events=c.get("events", 0), events_per_s=round(c.get("events", 0) / max(elapsed, 1e-9)),
-        counts=dict(sorted(c.items())), errors=stats.errors,
+        events=c.get("events", 0),
+        events_per_s=round(c.get("events", 0) / max(elapsed, 1e-9)),
+        counts=dict(sorted(c.items())),
+        errors=stats.errors,
     )
     memory_flat = growth <= max(0.05 * rss_warm, 16.0)
     report["memory_flat"] = memory_flat
@@ -402,12 +470,21 @@ async def _soak(sessions: int, seconds: float, seed: int, warmup_s: float, sampl
     return report
 
 
-def run(sessions: int = 1000, seconds: float = 600.0, *, seed: int = 0,
-        warmup_s: float | None = None, sample_every_s: float | None = None,
-        p_barge: float = 0.2, p_detach: float = 0.08, p_churn: float = 0.03,
-        think: tuple[float, float] = (0.2, 1.5), token_latency_s: float = 0.01,
-        journal_max_age_s: float = 60.0,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    sessions: int = 1000,
+    seconds: float = 600.0,
+    *,
+    seed: int = 0,
+    warmup_s: float | None = None,
+    sample_every_s: float | None = None,
+    p_barge: float = 0.2,
+    p_detach: float = 0.08,
+    p_churn: float = 0.03,
+    think: tuple[float, float] = (0.2, 1.5),
+    token_latency_s: float = 0.01,
+    journal_max_age_s: float = 60.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run the soak and return its report (see the module docstring).
 
     Memory is judged after warm-up, which must outlast the replay journal's age limit (each
@@ -421,57 +498,85 @@ def run(sessions: int = 1000, seconds: float = 600.0, *, seed: int = 0,
         warmup_s = min(max(1.5 * journal_max_age_s, 0.25 * seconds), 0.5 * seconds)
     if sample_every_s is None:
         sample_every_s = max(0.5, min(5.0, seconds / 40))
-    return anyio.run(_soak, sessions, seconds, seed, warmup_s, sample_every_s, p_barge,
-                     p_detach, p_churn, think, token_latency_s, journal_max_age_s, progress)
+    return anyio.run(
+        _soak,
+        sessions,
+        seconds,
+        seed,
+        warmup_s,
+        sample_every_s,
+        p_barge,
+        p_detach,
+        p_churn,
+        think,
+        token_latency_s,
+        journal_max_age_s,
+        progress,
+    )
 
 
 def summary(report: dict[str, Any]) -> str:
     r = report
     c = r["counts"]
-    return "\n".join([
-        f"soak: {r['sessions']} sessions x {r['seconds']} s (elapsed {r['elapsed_s']} s), seed {r['seed']}",
-        f"  ok: {r['ok']}",
-        f"  events: {r['events']} kept ({r['events_per_s']}/s), lost (seq gaps): {r['events_lost']}, "
-        f"replay duplicates dropped: {c.get('replay_duplicates_dropped', 0)}",
-        f"  turns {c.get('turns', 0)}, barge-ins {c.get('barge_ins', 0)}, cancels {c.get('cancels', 0)}, "
-        f"detaches {c.get('detaches', 0)}, resumes {c.get('resumes', 0)} "
-        f"(retries {c.get('resume_retries', 0)}, duplicates {c.get('duplicate_resumes', 0)}), "
-        f"resync_required {c.get('resync_required', 0)}, resume conflicts {c.get('resume_conflicts', 0)}, sessions opened {c.get('sessions_opened', 0)}",
-        f"  responses: completed {c.get('responses_completed', 0)}, cancelled "
-        f"{c.get('responses_cancelled', 0)}, failed {c.get('responses_failed', 0)}; terminal violations: "
-        f"{c.get('session_closed_not_once', 0) + c.get('responses_without_one_done', 0)}",
-        f"  RSS MiB: start {r['rss_start_mib']}, after warm-up ({r['warmup_s']} s) "
-        f"{r['rss_after_warmup_mib']}, end {r['rss_end_mib']}, peak {r['rss_peak_mib']}; growth after "
-        f"warm-up {r['rss_growth_after_warmup_mib']} (slope {r['rss_slope_after_warmup_mib_per_min']}/min), "
-        f"flat: {r['memory_flat']}",
-        f"  held after warm-up / at the deadline: journal events {r['journal_events_after_warmup']} / "
-        f"{r['journal_events_end']}, python blocks {r['py_blocks_after_warmup']} / {r['py_blocks_end']}",
-        f"  tasks alive: start {r['tasks_alive_at_start']}, end {r['tasks_alive_at_end']}, after shutdown "
-        f"{r['tasks_alive_after_shutdown']}; engine in flight {r['engine_in_flight_at_end']}, routes "
-        f"{r['engine_routes_at_end']}, backend active {r['engine_active_at_end']}, restarts {r['engine_restarts']}",
-        f"  unexpected errors: {c.get('unexpected_errors', 0)} {r['errors'][:3]}",
-    ])
+    return "\n".join(
+        [
+            f"soak: {r['sessions']} sessions x {r['seconds']} s (elapsed {r['elapsed_s']} s), seed {r['seed']}",
+            f"  ok: {r['ok']}",
+            f"  events: {r['events']} kept ({r['events_per_s']}/s), lost (seq gaps): {r['events_lost']}, "
+            f"replay duplicates dropped: {c.get('replay_duplicates_dropped', 0)}",
+            f"  turns {c.get('turns', 0)}, barge-ins {c.get('barge_ins', 0)}, cancels {c.get('cancels', 0)}, "
+            f"detaches {c.get('detaches', 0)}, resumes {c.get('resumes', 0)} "
+            f"(retries {c.get('resume_retries', 0)}, duplicates {c.get('duplicate_resumes', 0)}), "
+            f"resync_required {c.get('resync_required', 0)}, resume conflicts {c.get('resume_conflicts', 0)}, sessions opened {c.get('sessions_opened', 0)}",
+            f"  responses: completed {c.get('responses_completed', 0)}, cancelled "
+            f"{c.get('responses_cancelled', 0)}, failed {c.get('responses_failed', 0)}; terminal violations: "
+            f"{c.get('session_closed_not_once', 0) + c.get('responses_without_one_done', 0)}",
+            f"  RSS MiB: start {r['rss_start_mib']}, after warm-up ({r['warmup_s']} s) "
+            f"{r['rss_after_warmup_mib']}, end {r['rss_end_mib']}, peak {r['rss_peak_mib']}; growth after "
+            f"warm-up {r['rss_growth_after_warmup_mib']} (slope {r['rss_slope_after_warmup_mib_per_min']}/min), "
+            f"flat: {r['memory_flat']}",
+            f"  held after warm-up / at the deadline: journal events {r['journal_events_after_warmup']} / "
+            f"{r['journal_events_end']}, python blocks {r['py_blocks_after_warmup']} / {r['py_blocks_end']}",
+            f"  tasks alive: start {r['tasks_alive_at_start']}, end {r['tasks_alive_at_end']}, after shutdown "
+            f"{r['tasks_alive_after_shutdown']}; engine in flight {r['engine_in_flight_at_end']}, routes "
+            f"{r['engine_routes_at_end']}, backend active {r['engine_active_at_end']}, restarts {r['engine_restarts']}",
+            f"  unexpected errors: {c.get('unexpected_errors', 0)} {r['errors'][:3]}",
+        ]
+    )
 
 
 def register_soak(app) -> None:
     """Add a ``soak`` command to a typer app (the CLI wires it as ``bench soak``)."""
     import typer
 
-    def soak(sessions: int = typer.Option(1000, help="Concurrent sessions."),
-             seconds: float = typer.Option(600.0, help="How long to run."),
-             seed: int = typer.Option(0, help="Random seed."),
-             json_out: str = typer.Option("", "--json", help="Also write the report here."),
-             wire: bool = typer.Option(False, "--wire", help="Websocket clients against a real "
-                                       "`serve` process (bench/wire_soak.py) instead of in-process."),
-             hostile: float = typer.Option(0.05, help="--wire: fraction of hostile clients."),
-             journal_max_age_s: float = typer.Option(
-                 60.0, help="--wire: the server's journal age; warm-up is 1.5x this")) -> None:
+    def soak(
+        sessions: int = typer.Option(1000, help="Concurrent sessions."),
+        seconds: float = typer.Option(600.0, help="How long to run."),
+        seed: int = typer.Option(0, help="Random seed."),
+        json_out: str = typer.Option("", "--json", help="Also write the report here."),
+        wire: bool = typer.Option(
+            False,
+            "--wire",
+            help="Websocket clients against a real "
+            "`serve` process (bench/wire_soak.py) instead of in-process.",
+        ),
+        hostile: float = typer.Option(0.05, help="--wire: fraction of hostile clients."),
+        journal_max_age_s: float = typer.Option(
+            60.0, help="--wire: the server's journal age; warm-up is 1.5x this"
+        ),
+    ) -> None:
         """Soak the runtime: sessions with barge-ins, disconnects and resumes; report leaks."""
         if wire:
             from . import wire_soak
 
-            report = wire_soak.run(sessions, seconds, seed=seed, hostile=hostile,
-                                   journal_max_age_s=journal_max_age_s, progress=typer.echo)
+            report = wire_soak.run(
+                sessions,
+                seconds,
+                seed=seed,
+                hostile=hostile,
+                journal_max_age_s=journal_max_age_s,
+                progress=typer.echo,
+            )
             typer.echo(wire_soak.summary(report))
         else:
             report = run(sessions, seconds, seed=seed, progress=typer.echo)
@@ -486,7 +591,9 @@ def register_soak(app) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m duplex_actors.bench.soak", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m duplex_actors.bench.soak", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)

@@ -44,12 +44,21 @@ RATIO_TARGET = 0.9
 ADDED_TTFT_TARGET_MS = 1.0
 
 
-def _figure(metric, value, unit, baseline=None, baseline_label="", *, target=None, met=None,
-            higher_is_better=False) -> dict[str, Any]:
+def _figure(
+    metric, value, unit, baseline=None, baseline_label="", *, target=None, met=None, higher_is_better=False
+) -> dict[str, Any]:
     ratio = value / baseline if value is not None and baseline else None
-    return {"metric": metric, "value": value, "unit": unit, "baseline": baseline,
-            "baseline_label": baseline_label, "ratio": ratio, "target": target, "met": met,
-            "higher_is_better": higher_is_better}
+    return {
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_label": baseline_label,
+        "ratio": ratio,
+        "target": target,
+        "met": met,
+        "higher_is_better": higher_is_better,
+    }
 
 
 def _p(samples: list[float], q: float) -> float | None:
@@ -67,10 +76,15 @@ def _median(xs: list[float]) -> float:
 
 def _request(max_tokens: int) -> ModelTurnRequest:
     fence = Fence(new_session_id(), 0, 0)
-    return ModelTurnRequest(fence.request_id(), fence, TurnKind.RESPONSE, b"\x00\x01" * 8000,
-                            instructions="Answer briefly.",
-                            sampling=SamplingOverrides(max_tokens=max_tokens),
-                            modalities=("text",))
+    return ModelTurnRequest(
+        fence.request_id(),
+        fence,
+        TurnKind.RESPONSE,
+        b"\x00\x01" * 8000,
+        instructions="Answer briefly.",
+        sampling=SamplingOverrides(max_tokens=max_tokens),
+        modalities=("text",),
+    )
 
 
 class _TimedLLM:
@@ -114,7 +128,9 @@ async def _bare_round(engine, n: int, tokens: int) -> tuple[int, float]:
         return count
 
     started, cpu = now(), time.process_time()
-    counts = await asyncio.gather(*(one(p, r.request_id + "/bare") for p, r in zip(prompts, requests, strict=True)))
+    counts = await asyncio.gather(
+        *(one(p, r.request_id + "/bare") for p, r in zip(prompts, requests, strict=True))
+    )
     return sum(counts), now() - started, time.process_time() - cpu
 
 
@@ -155,13 +171,20 @@ async def _throughput(engine, n: int, tokens: int, rounds: int) -> dict[str, Any
         bare_all.append(rates[_bare_round])
         ours_all.append(rates[_ours_round])
         pair_ratios.append(rates[_ours_round] / rates[_bare_round])
-    return {"streams": n, "tokens_per_stream": tokens, "bare_tok_s": _median(bare_all),
-            "ours_tok_s": _median(ours_all), "ratio": _median(pair_ratios),
-            "pair_ratios": pair_ratios, "bare_rounds": bare_all, "ours_rounds": ours_all,
-            # This process's CPU time per token (the engine core is another process): what the
-            # wrapper adds to the front end, far steadier than wall-clock rates on a busy box.
-            "bare_cpu_us_per_token": _median(cpu[_bare_round]),
-            "ours_cpu_us_per_token": _median(cpu[_ours_round])}
+    return {
+        "streams": n,
+        "tokens_per_stream": tokens,
+        "bare_tok_s": _median(bare_all),
+        "ours_tok_s": _median(ours_all),
+        "ratio": _median(pair_ratios),
+        "pair_ratios": pair_ratios,
+        "bare_rounds": bare_all,
+        "ours_rounds": ours_all,
+        # This process's CPU time per token (the engine core is another process): what the
+        # wrapper adds to the front end, far steadier than wall-clock rates on a busy box.
+        "bare_cpu_us_per_token": _median(cpu[_bare_round]),
+        "ours_cpu_us_per_token": _median(cpu[_ours_round]),
+    }
 
 
 async def _ttft(engine, samples: int) -> dict[str, Any]:
@@ -186,10 +209,14 @@ async def _ttft(engine, samples: int) -> dict[str, Any]:
         engine._llm = real
     ms = lambda xs: [x * 1e3 for x in xs]  # noqa: E731
     added, ours_ttft, bare_ttft = ms(added), ms(ours_ttft), ms(bare_ttft)
-    return {"samples": samples,
-            "added_ms_p50": _p(added, 0.5), "added_ms_p90": _p(added, 0.9),
-            "added_ms_max": max(added),
-            "ours_ttft_ms_p50": _p(ours_ttft, 0.5), "vllm_ttft_ms_p50": _p(bare_ttft, 0.5)}
+    return {
+        "samples": samples,
+        "added_ms_p50": _p(added, 0.5),
+        "added_ms_p90": _p(added, 0.9),
+        "added_ms_max": max(added),
+        "ours_ttft_ms_p50": _p(ours_ttft, 0.5),
+        "vllm_ttft_ms_p50": _p(bare_ttft, 0.5),
+    }
 
 
 class _ReplayLLM:
@@ -199,11 +226,13 @@ class _ReplayLLM:
     def __init__(self, tokens: int) -> None:
         from types import SimpleNamespace as NS
 
-        stats = NS(num_generation_tokens=0, first_token_ts=1.0, last_token_ts=1.0,
-                   first_token_latency=0.001)
+        stats = NS(num_generation_tokens=0, first_token_ts=1.0, last_token_ts=1.0, first_token_latency=0.001)
         self._outs = [
-            NS(outputs=[NS(token_ids=[7], text=" tok", finish_reason="length" if i == tokens - 1
-                           else None)], metrics=stats, finished=i == tokens - 1)
+            NS(
+                outputs=[NS(token_ids=[7], text=" tok", finish_reason="length" if i == tokens - 1 else None)],
+                metrics=stats,
+                finished=i == tokens - 1,
+            )
             for i in range(tokens)
         ]
         self.errored = False
@@ -234,17 +263,25 @@ async def _wrapper_cost(engine, tokens: int, repeats: int) -> dict[str, Any]:
         engine._llm = real
         engine.render_prompt = real_render
     bare, ours = min(bare_s), min(ours_s)
-    return {"tokens": tokens, "bare_us_per_token": bare / tokens * 1e6,
-            "ours_us_per_token": ours / tokens * 1e6,
-            "added_us_per_token": (ours - bare) / tokens * 1e6}
+    return {
+        "tokens": tokens,
+        "bare_us_per_token": bare / tokens * 1e6,
+        "ours_us_per_token": ours / tokens * 1e6,
+        "added_us_per_token": (ours - bare) / tokens * 1e6,
+    }
 
 
 async def _main(model: Path, quick: bool) -> dict[str, Any]:
     from ..engines.vllm_engine import VllmEngine
 
     tokens, rounds, ttft_samples = (128, 7, 60) if quick else (256, 11, 300)
-    engine = VllmEngine(model, max_model_len=1024, max_num_seqs=max(CONCURRENCY),
-                        kv_cache_space_gib=1, sampling_defaults={"ignore_eos": True})
+    engine = VllmEngine(
+        model,
+        max_model_len=1024,
+        max_num_seqs=max(CONCURRENCY),
+        kv_cache_space_gib=1,
+        sampling_defaults={"ignore_eos": True},
+    )
     started = now()
     await engine.start()
     start_s = now() - started
@@ -256,9 +293,19 @@ async def _main(model: Path, quick: bool) -> dict[str, Any]:
         throughput = [await _throughput(engine, n, tokens, rounds) for n in CONCURRENCY]
     finally:
         await engine.aclose()
-    return {"engine_start_s": start_s, "ttft": ttft, "wrapper": wrapper, "throughput": throughput,
-            "params": {"quick": quick, "tokens_per_stream": tokens, "rounds": rounds,
-                       "ttft_samples": ttft_samples, "model": str(model)}}
+    return {
+        "engine_start_s": start_s,
+        "ttft": ttft,
+        "wrapper": wrapper,
+        "throughput": throughput,
+        "params": {
+            "quick": quick,
+            "tokens_per_stream": tokens,
+            "rounds": rounds,
+            "ttft_samples": ttft_samples,
+            "model": str(model),
+        },
+    }
 
 
 def run(quick: bool = True, model: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -272,37 +319,74 @@ def run(quick: bool = True, model: str | os.PathLike[str] | None = None) -> dict
 
     figures = []
     for t in raw["throughput"]:
-        figures.append(_figure(
-            f"{t['streams']} concurrent streams through VllmEngine (median)", t["ours_tok_s"],
-            "tok/s", t["bare_tok_s"], "bare AsyncLLM DELTA streams, same engine",
-            target=f"median pair ratio {t['ratio']:.3f} >= {RATIO_TARGET}",
-            met=t["ratio"] >= RATIO_TARGET, higher_is_better=True))
+        figures.append(
+            _figure(
+                f"{t['streams']} concurrent streams through VllmEngine (median)",
+                t["ours_tok_s"],
+                "tok/s",
+                t["bare_tok_s"],
+                "bare AsyncLLM DELTA streams, same engine",
+                target=f"median pair ratio {t['ratio']:.3f} >= {RATIO_TARGET}",
+                met=t["ratio"] >= RATIO_TARGET,
+                higher_is_better=True,
+            )
+        )
         figures[-1]["ratio"] = t["ratio"]  # the paired median, not median / median
-        figures.append(_figure(
-            f"{t['streams']} streams: front-end CPU per token (median)",
-            t["ours_cpu_us_per_token"], "us", t["bare_cpu_us_per_token"],
-            "bare AsyncLLM streams, same process"))
+        figures.append(
+            _figure(
+                f"{t['streams']} streams: front-end CPU per token (median)",
+                t["ours_cpu_us_per_token"],
+                "us",
+                t["bare_cpu_us_per_token"],
+                "bare AsyncLLM streams, same process",
+            )
+        )
     ttft = raw["ttft"]
     wrapper = raw["wrapper"]
-    figures.append(_figure(
-        "wrapper cost per token (replayed outputs, no engine)", wrapper["ours_us_per_token"],
-        "us", wrapper["bare_us_per_token"], "iterating the same outputs bare"))
+    figures.append(
+        _figure(
+            "wrapper cost per token (replayed outputs, no engine)",
+            wrapper["ours_us_per_token"],
+            "us",
+            wrapper["bare_us_per_token"],
+            "iterating the same outputs bare",
+        )
+    )
     worst = raw["throughput"][-1]
     bare_us = 1e6 / worst["bare_tok_s"]
-    figures.append(_figure(
-        f"ratio implied by wrapper cost at {worst['streams']} streams",
-        bare_us / (bare_us + wrapper["added_us_per_token"]), "x", None, "",
-        target=f">= {RATIO_TARGET}",
-        met=bare_us / (bare_us + wrapper["added_us_per_token"]) >= RATIO_TARGET,
-        higher_is_better=True))
-    figures.append(_figure(
-        "backend-added TTFT, p50", ttft["added_ms_p50"], "ms", None, "",
-        target=f"<= {ADDED_TTFT_TARGET_MS} ms", met=ttft["added_ms_p50"] <= ADDED_TTFT_TARGET_MS))
-    figures.append(_figure(
-        "TTFT seen by the consumer, p50", ttft["ours_ttft_ms_p50"], "ms",
-        ttft["vllm_ttft_ms_p50"], "vLLM generate() call -> first output"))
-    return {"name": "vllm", "params": raw.pop("params"), "figures": figures, "raw": raw,
-            "series": {}}
+    figures.append(
+        _figure(
+            f"ratio implied by wrapper cost at {worst['streams']} streams",
+            bare_us / (bare_us + wrapper["added_us_per_token"]),
+            "x",
+            None,
+            "",
+            target=f">= {RATIO_TARGET}",
+            met=bare_us / (bare_us + wrapper["added_us_per_token"]) >= RATIO_TARGET,
+            higher_is_better=True,
+        )
+    )
+    figures.append(
+        _figure(
+            "backend-added TTFT, p50",
+            ttft["added_ms_p50"],
+            "ms",
+            None,
+            "",
+            target=f"<= {ADDED_TTFT_TARGET_MS} ms",
+            met=ttft["added_ms_p50"] <= ADDED_TTFT_TARGET_MS,
+        )
+    )
+    figures.append(
+        _figure(
+            "TTFT seen by the consumer, p50",
+            ttft["ours_ttft_ms_p50"],
+            "ms",
+            ttft["vllm_ttft_ms_p50"],
+            "vLLM generate() call -> first output",
+        )
+    )
+    return {"name": "vllm", "params": raw.pop("params"), "figures": figures, "raw": raw, "series": {}}
 
 
 def main(argv: list[str] | None = None) -> int:

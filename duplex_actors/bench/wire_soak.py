@@ -38,7 +38,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # 100 ms of quiet pcm16 at 24 kHz, the GA wire rate (the server resamples it at the edge).
 PCM_100MS = b"\x01\x00" * 2400
@@ -131,17 +132,27 @@ def _append() -> str:
 
 # Manual turns: serve turns server VAD on for new sessions when its model loads; this client
 # commits and asks for each response itself, as a push-to-talk GA client does.
-_MANUAL_TURNS = json.dumps({"type": "session.update",
-                            "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}})
+_MANUAL_TURNS = json.dumps(
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+)
 
 
 async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str):
     from websockets.asyncio.client import connect
 
     ws = await connect(f"{url}?session_id={stream.sid}")
-    await ws.send(json.dumps({"type": "session.resume", "session_id": stream.sid,
-                              "generation": stream.generation, "resume_token": stream.token,
-                              "last_seq": stream.last, "control_id": control_id}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "session.resume",
+                "session_id": stream.sid,
+                "generation": stream.generation,
+                "resume_token": stream.token,
+                "last_seq": stream.last,
+                "control_id": control_id,
+            }
+        )
+    )
     while True:
         event = await _recv(ws)
         if event["type"] == "error" and event.get("server_event_seq") is None:
@@ -155,8 +166,15 @@ async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str):
             return ws
 
 
-async def _normal_client(url: str, rng: random.Random, deadline: float, stats: Counter,
-                         p_barge: float, p_drop: float, p_churn: float) -> None:
+async def _normal_client(
+    url: str,
+    rng: random.Random,
+    deadline: float,
+    stats: Counter,
+    p_barge: float,
+    p_drop: float,
+    p_churn: float,
+) -> None:
     from websockets.asyncio.client import connect
 
     while time.monotonic() < deadline:
@@ -241,8 +259,18 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
             ws.transport.abort()
             await asyncio.sleep(0.05)
             thief = await connect(f"{url}?session_id={sid}")
-            await thief.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                         "resume_token": "forged", "last_seq": 0, "control_id": "x"}))
+            await thief.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": "forged",
+                        "last_seq": 0,
+                        "control_id": "x",
+                    }
+                )
+            )
             answer = await _recv(thief)
             try:
                 extra = await _recv(thief, 5.0)
@@ -255,11 +283,22 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
             # Each frame's refusal is a GA error naming its event_id (and, for a field of a
             # session.update, its param). The sampling frame's other fields (none) still apply,
             # so a session.updated comes with its error; the surrogate frame is refused whole.
-            frames = [(json.dumps({"type": "session.update", "event_id": "p1",
-                                   "session": {"duplex": {"sampling": {"seed": 2**70}}}}),
-                       ("invalid_value", "session.duplex.sampling.seed")),
-                      ('{"type": "session.update", "event_id": "p2", "session": {"instructions": "\\ud800"}}',
-                       ("invalid_text", None))]
+            frames = [
+                (
+                    json.dumps(
+                        {
+                            "type": "session.update",
+                            "event_id": "p1",
+                            "session": {"duplex": {"sampling": {"seed": 2**70}}},
+                        }
+                    ),
+                    ("invalid_value", "session.duplex.sampling.seed"),
+                ),
+                (
+                    '{"type": "session.update", "event_id": "p2", "session": {"instructions": "\\ud800"}}',
+                    ("invalid_text", None),
+                ),
+            ]
             for frame, expected in frames:
                 await ws.send(frame)
                 sent_id = json.loads(frame)["event_id"]
@@ -268,9 +307,11 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
                     while answer["type"] != "error":
                         answer = await _recv(ws, 5.0)
                     error = answer["error"]
-                    refused = (error.get("type") == "invalid_request_error"
-                               and error.get("event_id") == sent_id
-                               and (error.get("code"), error.get("param")) == expected)
+                    refused = (
+                        error.get("type") == "invalid_request_error"
+                        and error.get("event_id") == sent_id
+                        and (error.get("code"), error.get("param")) == expected
+                    )
                 except (ConnectionClosed, asyncio.TimeoutError):
                     refused = False
                 if not refused:
@@ -295,17 +336,38 @@ async def _health(http: str) -> dict:
     return await asyncio.to_thread(get)
 
 
-async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal_max_age_s: float,
-               progress: Callable[[str], None] | None) -> dict[str, Any]:
+async def _run(
+    sessions: int,
+    seconds: float,
+    seed: int,
+    hostile: float,
+    journal_max_age_s: float,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
     grace = 3.0
-    command = [sys.executable, "-m", "duplex_actors", "serve", "--port", "0",
-               "--max-sessions", str(sessions * 4), "--max-connections", str(sessions * 8),
-               "--disconnect-grace-s", str(grace), "--journal-max-age-s", str(journal_max_age_s)]
+    command = [
+        sys.executable,
+        "-m",
+        "duplex_actors",
+        "serve",
+        "--port",
+        "0",
+        "--max-sessions",
+        str(sessions * 4),
+        "--max-connections",
+        str(sessions * 8),
+        "--disconnect-grace-s",
+        str(grace),
+        "--journal-max-age-s",
+        str(journal_max_age_s),
+    ]
     # The server's log goes to a file: an undrained pipe fills (64 KiB) and then blocks the
     # server's event loop on its next log line, which a long run reaches within minutes.
-    log_file = tempfile.NamedTemporaryFile("w+", prefix="wire-soak-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True,
-                            env=dict(os.environ))
+    # Kept open for the server's whole life (closed in the finally below).
+    log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115
+        "w+", prefix="wire-soak-serve-", suffix=".log", delete=False
+    )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=dict(os.environ))
     stats: Counter = Counter()
     samples: list[tuple[float, float]] = []
     report: dict[str, Any] = {}
@@ -333,9 +395,11 @@ async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal
         async def ticker() -> None:
             while progress is not None:
                 await asyncio.sleep(max(5.0, seconds / 20))
-                progress(f"t={time.monotonic() - t0:6.1f}s server_rss={_server_rss_mb(proc.pid):7.1f}MiB "
-                         f"events={stats['events']} lost={stats['lost']} dup={stats['duplicates']} "
-                         f"resumes={stats['resumes']}")
+                progress(
+                    f"t={time.monotonic() - t0:6.1f}s server_rss={_server_rss_mb(proc.pid):7.1f}MiB "
+                    f"events={stats['events']} lost={stats['lost']} dup={stats['duplicates']} "
+                    f"resumes={stats['resumes']}"
+                )
 
         tick = asyncio.create_task(ticker())
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -361,25 +425,43 @@ async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal
         after = [s for s in samples if s[0] >= warmup_s]
         at_warmup = after[0][1] if after else None
         report = {
-            "sessions": sessions, "seconds": seconds, "seed": seed, "hostile_fraction": hostile,
-            "journal_max_age_s": journal_max_age_s, "warmup_s": warmup_s,
-            "rss_mb": {"start": samples[0][1], "after_warmup": at_warmup, "end": samples[-1][1],
-                       "peak": max(s[1] for s in samples)},
+            "sessions": sessions,
+            "seconds": seconds,
+            "seed": seed,
+            "hostile_fraction": hostile,
+            "journal_max_age_s": journal_max_age_s,
+            "warmup_s": warmup_s,
+            "rss_mb": {
+                "start": samples[0][1],
+                "after_warmup": at_warmup,
+                "end": samples[-1][1],
+                "peak": max(s[1] for s in samples),
+            },
             "rss_slope_mb_per_min_after_warmup": _slope_per_min(after),
-            "lost": stats["lost"], "duplicates": stats["duplicates"],
+            "lost": stats["lost"],
+            "duplicates": stats["duplicates"],
             "terminal_violations": stats["terminal_violations"],
-            "defence_failures": stats["defence_failures"], "client_failures": len(failures),
-            "sessions_left": left, "server_exit_code": exit_code, "server_log": log_file.name,
+            "defence_failures": stats["defence_failures"],
+            "client_failures": len(failures),
+            "sessions_left": left,
+            "server_exit_code": exit_code,
+            "server_log": log_file.name,
             "client_failure_examples": [repr(f)[:300] for f in failures[:5]],
             "counts": dict(sorted(stats.items())),
         }
         growth = (samples[-1][1] - at_warmup) if at_warmup is not None else None
         report["rss_growth_after_warmup_mb"] = growth
-        report["ok"] = (report["lost"] == 0 and report["duplicates"] == 0
-                        and report["terminal_violations"] == 0 and report["defence_failures"] == 0
-                        and not failures and left == 0 and exit_code == 0
-                        and stats["errors_unexpected"] == 0
-                        and (growth is None or growth <= max(16.0, 0.05 * at_warmup)))
+        report["ok"] = (
+            report["lost"] == 0
+            and report["duplicates"] == 0
+            and report["terminal_violations"] == 0
+            and report["defence_failures"] == 0
+            and not failures
+            and left == 0
+            and exit_code == 0
+            and stats["errors_unexpected"] == 0
+            and (growth is None or growth <= max(16.0, 0.05 * at_warmup))
+        )
         return report
     finally:
         if proc.poll() is None:
@@ -387,18 +469,27 @@ async def _run(sessions: int, seconds: float, seed: int, hostile: float, journal
             proc.wait()
 
 
-def run(sessions: int = 500, seconds: float = 600.0, *, seed: int = 0, hostile: float = 0.05,
-        journal_max_age_s: float = 60.0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    sessions: int = 500,
+    seconds: float = 600.0,
+    *,
+    seed: int = 0,
+    hostile: float = 0.05,
+    journal_max_age_s: float = 60.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     return asyncio.run(_run(sessions, seconds, seed, hostile, journal_max_age_s, progress))
 
 
 def summary(report: dict[str, Any]) -> str:
     rss = report["rss_mb"]
-    return (f"wire soak {report['sessions']} clients x {report['seconds']:.0f}s "
-            f"(hostile {report['hostile_fraction']:.0%}): lost={report['lost']} "
-            f"duplicates={report['duplicates']} terminal_violations={report['terminal_violations']} "
-            f"defence_failures={report['defence_failures']} client_failures={report['client_failures']} "
-            f"sessions_left={report['sessions_left']} exit={report['server_exit_code']}; server RSS MiB "
-            f"start={rss['start']:.1f} after_warmup={rss['after_warmup'] or 0:.1f} end={rss['end']:.1f} "
-            f"peak={rss['peak']:.1f} slope={report['rss_slope_mb_per_min_after_warmup']:+.2f}/min; "
-            f"ok={report['ok']}")
+    return (
+        f"wire soak {report['sessions']} clients x {report['seconds']:.0f}s "
+        f"(hostile {report['hostile_fraction']:.0%}): lost={report['lost']} "
+        f"duplicates={report['duplicates']} terminal_violations={report['terminal_violations']} "
+        f"defence_failures={report['defence_failures']} client_failures={report['client_failures']} "
+        f"sessions_left={report['sessions_left']} exit={report['server_exit_code']}; server RSS MiB "
+        f"start={rss['start']:.1f} after_warmup={rss['after_warmup'] or 0:.1f} end={rss['end']:.1f} "
+        f"peak={rss['peak']:.1f} slope={report['rss_slope_mb_per_min_after_warmup']:+.2f}/min; "
+        f"ok={report['ok']}"
+    )

@@ -42,17 +42,27 @@ from typing import Any
 from ..engines.scripted import Script, ScriptedEngine
 
 #: 12 tokens and 4 audio packets, no pacing: ~50 server events per turn.
-SCRIPT = Script(tokens=tuple(f" w{i}" for i in range(12)), audio_packets=4, first_latency_s=0.0,
-                token_latency_s=0.0, packet_latency_s=0.0)
-APPEND = json.dumps({"type": "input_audio_buffer.append",  # 100 ms at the GA wire's 24 kHz
-                     "audio": base64.b64encode(b"\x01\x00" * 2400).decode()})
+SCRIPT = Script(
+    tokens=tuple(f" w{i}" for i in range(12)),
+    audio_packets=4,
+    first_latency_s=0.0,
+    token_latency_s=0.0,
+    packet_latency_s=0.0,
+)
+APPEND = json.dumps(
+    {
+        "type": "input_audio_buffer.append",  # 100 ms at the GA wire's 24 kHz
+        "audio": base64.b64encode(b"\x01\x00" * 2400).decode(),
+    }
+)
 COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
 # A GA server's commit only adds the audio to the conversation; the client asks for the reply.
 RESPOND = json.dumps({"type": "response.create"})
 # Manual turns: the load commits itself, so server VAD (on by default when its model loads)
 # would only add per-chunk work that no arm is meant to measure.
-MANUAL_TURNS = json.dumps({"type": "session.update", "session": {
-    "type": "realtime", "audio": {"input": {"turn_detection": None}}}})
+MANUAL_TURNS = json.dumps(
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+)
 
 
 def unpaced_engine() -> ScriptedEngine:  # module level: picklable into the engine process
@@ -85,9 +95,13 @@ def _workers_main(workers: int, ready) -> None:
     from ..server.workers import WorkerSettings, serve_workers
 
     with contextlib.redirect_stdout(io.StringIO()):  # the banner lines are not bench output
-        serve_workers(workers, "127.0.0.1", 0, WorkerSettings(engine="scripted-unpaced",
-                                                              engine_factory=unpaced_engine),
-                      on_ready=ready.send)
+        serve_workers(
+            workers,
+            "127.0.0.1",
+            0,
+            WorkerSettings(engine="scripted-unpaced", engine_factory=unpaced_engine),
+            on_ready=ready.send,
+        )
 
 
 # --------------------------------------------------------------------------- the load
@@ -114,6 +128,7 @@ async def _session(url: str, stop_at: float, counts: list[int]) -> None:
 
 def _client_main(urls: list[str], warmup_s: float, duration_s: float, result) -> None:
     """One load process: a session per URL in ``urls``."""
+
     async def main() -> None:
         counts = [0]
         start = time.perf_counter()
@@ -130,8 +145,7 @@ def _client_main(urls: list[str], warmup_s: float, duration_s: float, result) ->
     asyncio.run(main())
 
 
-def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float,
-             duration_s: float) -> float:
+def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float) -> float:
     ready_recv, ready_send = ctx.Pipe(duplex=False)
     server = ctx.Process(target=target, args=(*args, ready_send))
     server.start()
@@ -149,13 +163,19 @@ def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float,
             return sum(roles.values())
 
         roles1: dict[str, float] = {}
-        load = run_load(ctx, [url] * sessions, clients=clients, warmup_s=warmup_s, duration_s=duration_s,
-                        cpu_of=cpu_of)
+        load = run_load(
+            ctx, [url] * sessions, clients=clients, warmup_s=warmup_s, duration_s=duration_s, cpu_of=cpu_of
+        )
         turns = load["turns_per_s"] * load["seconds"]
-        per_turn = {role: round(1000 * (roles1[role] - roles0.get(role, 0.0)) / turns, 3)
-                    for role in roles1 if turns}
-        return {"turns_per_s": load["turns_per_s"], "server_cores": load["server_cores"],
-                "client_cores": load["client_cores"], "cpu_ms_per_turn_by_process": per_turn}
+        per_turn = {
+            role: round(1000 * (roles1[role] - roles0.get(role, 0.0)) / turns, 3) for role in roles1 if turns
+        }
+        return {
+            "turns_per_s": load["turns_per_s"],
+            "server_cores": load["server_cores"],
+            "client_cores": load["client_cores"],
+            "cpu_ms_per_turn_by_process": per_turn,
+        }
     finally:
         os.kill(server.pid, signal.SIGTERM)
         server.join(30)
@@ -164,8 +184,9 @@ def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float,
             server.join(5)
 
 
-def run_load(ctx, urls: list[str], *, clients: int, warmup_s: float, duration_s: float,
-             cpu_of) -> dict[str, float]:
+def run_load(
+    ctx, urls: list[str], *, clients: int, warmup_s: float, duration_s: float, cpu_of
+) -> dict[str, float]:
     """Keep a session per URL busy from ``clients`` processes; turns/s and cores used
     (``cpu_of()`` reads the server side's CPU seconds so far)."""
     pipes, procs = [], []
@@ -187,8 +208,12 @@ def run_load(ctx, urls: list[str], *, clients: int, warmup_s: float, duration_s:
         client_cpu += c
         proc.join(10)
     server_cpu = cpu_of() - server_cpu0
-    return {"turns_per_s": turns / seconds, "server_cores": server_cpu / seconds,
-            "client_cores": client_cpu / seconds, "seconds": seconds}
+    return {
+        "turns_per_s": turns / seconds,
+        "server_cores": server_cpu / seconds,
+        "client_cores": client_cpu / seconds,
+        "seconds": seconds,
+    }
 
 
 def _tree_cpu_s(root: int) -> float:
@@ -227,8 +252,15 @@ def _tree_cpu_by_name(root: int) -> dict[str, float]:
     return by_name
 
 
-def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, rounds: int | None = None,
-        duration_s: float | None = None, warmup_s: float = 1.0) -> dict[str, Any]:
+def run(
+    quick: bool = False,
+    *,
+    sessions: int = 64,
+    clients: int = 2,
+    rounds: int | None = None,
+    duration_s: float | None = None,
+    warmup_s: float = 1.0,
+) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     rounds = rounds or (2 if quick else 3)
     duration_s = duration_s or (3.0 if quick else 6.0)
@@ -239,8 +271,15 @@ def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, rounds: in
         figures = {}
         for name in order:
             target, args = arms[name]
-            figures[name] = _measure(ctx, target, args, sessions=sessions, clients=clients,
-                                     warmup_s=warmup_s, duration_s=duration_s)
+            figures[name] = _measure(
+                ctx,
+                target,
+                args,
+                sessions=sessions,
+                clients=clients,
+                warmup_s=warmup_s,
+                duration_s=duration_s,
+            )
         per_round.append(figures)
 
     def median_ratio(arm: str, base: str) -> float:
@@ -251,19 +290,28 @@ def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, rounds: in
 
     return {
         "name": "workers",
-        "params": {"sessions": sessions, "clients": clients, "rounds": rounds, "duration_s": duration_s,
-                   "outputs_per_turn": 1 + len(SCRIPT.tokens) + SCRIPT.audio_packets + 1,
-                   "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+        "params": {
+            "sessions": sessions,
+            "clients": clients,
+            "rounds": rounds,
+            "duration_s": duration_s,
+            "outputs_per_turn": 1 + len(SCRIPT.tokens) + SCRIPT.audio_packets + 1,
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+        },
         "turns_per_s": per_arm("turns_per_s", 1),
         # cores busy while measuring: the server's process tree, and the load clients
         "server_cores": per_arm("server_cores", 2),
         "client_cores": per_arm("client_cores", 2),
         # what one turn costs the server's processes, whatever share of the machine they got
-        "server_cpu_ms_per_turn": {arm: [round(1000 * f[arm]["server_cores"] / f[arm]["turns_per_s"], 2)
-                                         for f in per_round] for arm in arms},
+        "server_cpu_ms_per_turn": {
+            arm: [round(1000 * f[arm]["server_cores"] / f[arm]["turns_per_s"], 2) for f in per_round]
+            for arm in arms
+        },
         # where a turn's CPU goes: the front (or the whole bare server), each worker, the engine
-        "cpu_ms_per_turn_by_process": {arm: [f[arm]["cpu_ms_per_turn_by_process"] for f in per_round]
-                                       for arm in arms},
+        "cpu_ms_per_turn_by_process": {
+            arm: [f[arm]["cpu_ms_per_turn_by_process"] for f in per_round] for arm in arms
+        },
         "ratio_vs_bare": {arm: round(median_ratio(arm, "bare"), 3) for arm in arms if arm != "bare"},
         "ratio_2_vs_1_workers": round(median_ratio("workers=2", "workers=1"), 3),
     }
@@ -272,8 +320,12 @@ def run(quick: bool = False, *, sessions: int = 64, clients: int = 2, rounds: in
 if __name__ == "__main__":
     args = sys.argv[1:]
     options: dict[str, Any] = {"quick": "--quick" in args}
-    for flag, key, kind in (("--sessions", "sessions", int), ("--clients", "clients", int),
-                            ("--rounds", "rounds", int), ("--duration", "duration_s", float)):
+    for flag, key, kind in (
+        ("--sessions", "sessions", int),
+        ("--clients", "clients", int),
+        ("--rounds", "rounds", int),
+        ("--duration", "duration_s", float),
+    ):
         if flag in args:
             options[key] = kind(args[args.index(flag) + 1])
     print(json.dumps(run(**options), indent=2))

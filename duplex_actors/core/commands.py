@@ -140,7 +140,7 @@ class CreateItem(Command):
 
     TRIGGER = "create_item"
     #: A ready item (its id may be empty: the session then allocates one).
-    item: "Item"
+    item: Item
     previous_item_id: str | None = None
 
 
@@ -225,7 +225,24 @@ class Close(Command):
     reason: str = "client_closed"
 
 
-MAILBOX_COMMANDS = (AppendAudio, CommitInput, ClearInput, CreateResponse, SpeechStartedSignal,
-                    SpeechStoppedSignal, UpdateSession, AddFunctionOutput, CreateItem, DeleteItem,
-                    RetrieveItem, TruncateItem, BargeIn, CancelResponse, Heartbeat,
-                    PlaybackAck, Detach, Resume, Close)
+MAILBOX_COMMANDS = (
+    AppendAudio,
+    CommitInput,
+    ClearInput,
+    CreateResponse,
+    SpeechStartedSignal,
+    SpeechStoppedSignal,
+    UpdateSession,
+    AddFunctionOutput,
+    CreateItem,
+    DeleteItem,
+    RetrieveItem,
+    TruncateItem,
+    BargeIn,
+    CancelResponse,
+    Heartbeat,
+    PlaybackAck,
+    Detach,
+    Resume,
+    Close,
+)

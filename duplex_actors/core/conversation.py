@@ -17,7 +17,7 @@ audio it produced, so truncation can be range-checked without holding megabytes 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterator
+from collections.abc import Iterator
 
 import attrs
 

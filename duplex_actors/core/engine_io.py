@@ -51,8 +51,9 @@ def _in_range(instance, attribute, value) -> None:
     integral = isinstance(low, int)
     wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
     if wrong_type or (integral and not isinstance(value, int)):
-        raise InvalidSampling(name, f"must be {'an integer' if integral else 'a number'}, "
-                                    f"not {type(value).__name__}")
+        raise InvalidSampling(
+            name, f"must be {'an integer' if integral else 'a number'}, not {type(value).__name__}"
+        )
     if value != value or not (low <= value <= high) or (name == "top_p" and value == 0.0):
         bounds = f"({low}, {high}]" if name == "top_p" else f"[{low}, {high}]"
         raise InvalidSampling(name, f"must be in {bounds}, got {value!r}")

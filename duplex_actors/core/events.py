@@ -34,13 +34,10 @@ class ServerEvent:
         return self.TYPE
 
 
-
-
 @attrs.frozen(slots=True, kw_only=True)
 class ResponseEvent(ServerEvent):
     response_id: str
     item_id: str = ""
-
 
 
 # --- session ------------------------------------------------------------------------------
@@ -53,12 +50,10 @@ class SessionCreated(ServerEvent):
     resume_token: str = ""
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class SessionUpdated(ServerEvent):
     TYPE = "session.updated"
     config: dict = attrs.field(factory=dict)
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -70,14 +65,12 @@ class SessionResumed(ServerEvent):
     replayed: int
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class SessionClosedEvent(ServerEvent):
     TYPE = "session.closed"
     EXTENSION = True
     TERMINAL = True
     reason: str
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -101,7 +94,6 @@ class ErrorEvent(ServerEvent):
     error_class: str | None = None
 
 
-
 # --- input audio buffer -------------------------------------------------------------------
 
 
@@ -112,13 +104,11 @@ class SpeechStarted(ServerEvent):
     item_id: str
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class SpeechStopped(ServerEvent):
     TYPE = "input_audio_buffer.speech_stopped"
     audio_end_ms: int
     item_id: str
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -127,7 +117,6 @@ class InputCommitted(ServerEvent):
     item_id: str
     audio_ms: int
     previous_item_id: str | None = None
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -180,7 +169,6 @@ class DecisionEvent(ServerEvent):
     turn_id: int
 
 
-
 # --- response -----------------------------------------------------------------------------
 
 
@@ -193,12 +181,10 @@ class ResponseCreated(ResponseEvent):
     metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class OutputItemAdded(ResponseEvent):
     TYPE = "response.output_item.added"
     item: Item
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -215,14 +201,12 @@ class TextDeltaEvent(ResponseEvent):
     metrics: ResponseMetrics | None = None  # set on the first delta (it carries TTFT)
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class AudioDeltaEvent(ResponseEvent):
     TYPE = "response.output_audio.delta"
     pcm: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     sample_rate: int = 16000
     metrics: ResponseMetrics | None = None  # set on the first packet (it carries TTFP)
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -232,12 +216,10 @@ class TranscriptDeltaEvent(ResponseEvent):
     metrics: ResponseMetrics | None = None  # set on the first delta of an audio response (TTFT)
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class TextDone(ResponseEvent):
     TYPE = "response.output_text.done"
     text: str
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -249,7 +231,6 @@ class AudioDone(ResponseEvent):
 class TranscriptDone(ResponseEvent):
     TYPE = "response.output_audio_transcript.done"
     transcript: str
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -267,7 +248,6 @@ class OutputItemDone(ResponseEvent):
     item: Item
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class ResponseDone(ResponseEvent):
     TYPE = "response.done"
@@ -282,7 +262,6 @@ class ResponseDone(ResponseEvent):
     output: tuple[Item, ...] = ()
     #: Tokens the response generated (text deltas' token counts).
     output_tokens: int = 0
-
 
 
 RESPONSE_STATUSES = ("completed", "cancelled", "failed", "incomplete")

@@ -34,7 +34,7 @@ class Fence:
         base = f"{self.session_id}/e{self.epoch}/t{self.turn_id}"
         return base if unit is None else f"{base}/u{unit}"
 
-    def is_older_than(self, other: "Fence") -> bool:
+    def is_older_than(self, other: Fence) -> bool:
         return (self.epoch, self.turn_id) < (other.epoch, other.turn_id)
 
 

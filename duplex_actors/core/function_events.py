@@ -31,8 +31,14 @@ class CallRecord:
 
     def to_item(self, status: str = "completed") -> Item:
         # Arguments are only whole once the call is done (GA streams them in between).
-        return Item(id=self.item_id, type="function_call", status=status, call_id=self.call_id,
-                    name=self.name, arguments=self.arguments if status == "completed" else "")
+        return Item(
+            id=self.item_id,
+            type="function_call",
+            status=status,
+            call_id=self.call_id,
+            name=self.name,
+            arguments=self.arguments if status == "completed" else "",
+        )
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -41,11 +47,9 @@ class _CallEvent(ServerEvent):
     call: CallRecord
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class FunctionCallItemAdded(_CallEvent):
     TYPE = "response.output_item.added"
-
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -54,11 +58,9 @@ class FunctionArgumentsDelta(_CallEvent):
     delta: str
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class FunctionArgumentsDone(_CallEvent):
     TYPE = "response.function_call_arguments.done"
-
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -20,7 +20,7 @@ class InputBuffer:
         self._chunks: list[bytes] | None = None  # created on first audio: idle sessions stay small
         self._len = 0
 
-    def __iadd__(self, pcm: bytes) -> "InputBuffer":
+    def __iadd__(self, pcm: bytes) -> InputBuffer:
         if pcm:
             chunks = self._chunks
             if chunks is None:
@@ -54,7 +54,7 @@ class InputBuffer:
     def __delitem__(self, key: slice) -> None:
         if not isinstance(key, slice) or key.start is not None or key.step is not None:
             raise TypeError("InputBuffer can only drop a prefix: del buf[:n]")
-        rest = bytes(self)[key.stop:]
+        rest = bytes(self)[key.stop :]
         self._chunks = [rest] if rest else None
         self._len = len(rest)
 

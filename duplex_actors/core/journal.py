@@ -48,8 +48,9 @@ class ReplayJournal:
 
     def _evict(self, now: float) -> None:
         items = self._items
-        while items and (len(items) > self.max_events or self._bytes > self.max_bytes
-                         or now - items[0][0] > self.max_age_s):
+        while items and (
+            len(items) > self.max_events or self._bytes > self.max_bytes or now - items[0][0] > self.max_age_s
+        ):
             _, size, ev = items.popleft()
             self._bytes -= size
             self._evicted_through = ev.seq
@@ -73,7 +74,8 @@ class ReplayJournal:
             self._evict(now)
         if last_seq < self._evicted_through:
             raise ResyncRequired(
-                f"events after seq {last_seq} are gone (journal holds seq > {self._evicted_through})")
+                f"events after seq {last_seq} are gone (journal holds seq > {self._evicted_through})"
+            )
         if not self._items:
             return []
         return [ev for _, _, ev in self._items if ev.seq > last_seq]

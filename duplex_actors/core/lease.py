@@ -23,8 +23,16 @@ DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
 
 
 class Lease:
-    __slots__ = ("idle_ttl", "grace", "last_activity", "detached_at", "generation", "token",
-                 "in_flight", "_last_resume")
+    __slots__ = (
+        "idle_ttl",
+        "grace",
+        "last_activity",
+        "detached_at",
+        "generation",
+        "token",
+        "in_flight",
+        "_last_resume",
+    )
 
     def __init__(self, now: float, idle_ttl: float = 300.0, grace: float = 30.0) -> None:
         self.idle_ttl = idle_ttl
@@ -49,12 +57,17 @@ class Lease:
         if self.detached_at is None:
             self.detached_at = now
 
-    def resume(self, now: float, generation: int, token: str,
-               control_id: str | None = None) -> tuple[int, str]:
+    def resume(
+        self, now: float, generation: int, token: str, control_id: str | None = None
+    ) -> tuple[int, str]:
         """Attach again; returns the new (generation, token). Raises ResumeConflict."""
         last = self._last_resume
-        if (control_id is not None and last is not None and last[0] == control_id
-                and secrets.compare_digest(_credentials_digest(generation, token), last[1])):
+        if (
+            control_id is not None
+            and last is not None
+            and last[0] == control_id
+            and secrets.compare_digest(_credentials_digest(generation, token), last[1])
+        ):
             # The same resume again (its answer was lost): same answer, and the client is
             # evidently attached, so the grace timer stops. Other credentials with this
             # control_id are no replay: they face the compare-and-swap below like any resume.

@@ -59,9 +59,11 @@ class Outbox:
     def purge_audio(self, response_id: str) -> int:
         """Drop undelivered audio (and its transcript deltas) of one response."""
         before = len(self._q)
-        self._q = deque(ev for ev in self._q
-                        if not (isinstance(ev, (AudioDeltaEvent, TranscriptDeltaEvent))
-                                and ev.response_id == response_id))
+        self._q = deque(
+            ev
+            for ev in self._q
+            if not (isinstance(ev, (AudioDeltaEvent, TranscriptDeltaEvent)) and ev.response_id == response_id)
+        )
         return before - len(self._q)
 
     def popleft(self) -> ServerEvent:

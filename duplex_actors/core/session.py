@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 import attrs
 import structlog
@@ -35,15 +36,22 @@ from ..errors import (
     IllegalTransition,
     InvalidCommand,
     InvalidItem,
-    UnknownFunctionCall,
     StaleFence,
+    UnknownFunctionCall,
 )
 from . import events as ev
 from . import function_events as fev
 from . import transcription_events as tev
-from .clock import Clock, MONOTONIC
-from .commands import (AddFunctionOutput, AppendAudio, Command, CreateItem, CreateResponse,
-                       PlaybackAck, TruncateItem)
+from .clock import MONOTONIC, Clock
+from .commands import (
+    AddFunctionOutput,
+    AppendAudio,
+    Command,
+    CreateItem,
+    CreateResponse,
+    PlaybackAck,
+    TruncateItem,
+)
 from .conversation import ContentPart, Conversation, Item
 from .engine_io import (
     Aborted,
@@ -82,7 +90,7 @@ _EFFECT_FUNCTIONS: dict[tuple[str, ...], tuple] = {}
 # Guard names as SessionCore functions, for the same reason, and one more: getattr with a name
 # built per call leaves each new string in CPython's type attribute cache (up to 4096 of them),
 # which a memory trace of a long run shows as slow growth in _guard (3.11; bounded, but noise).
-_GUARD_FUNCTIONS: dict[str, Callable[["SessionCore"], bool]] = {}
+_GUARD_FUNCTIONS: dict[str, Callable[[SessionCore], bool]] = {}
 
 
 def _effect_functions(resolution) -> tuple:
@@ -108,6 +116,7 @@ try:  # structlog.get_config() copies the whole configuration (~1 us): read the 
     def _current_wrapper_class():
         return _STRUCTLOG_CONFIG.default_wrapper_class
 except ImportError:  # pragma: no cover - a structlog without that private name
+
     def _current_wrapper_class():
         return structlog.get_config()["wrapper_class"]
 
@@ -161,13 +170,22 @@ class SessionConfig:
     journal_max_age_s: float = 60.0
 
     def public(self) -> dict:
-        return {"auto_respond": self.auto_respond, "respond_on_commit": self.respond_on_commit,
-                "model_native": self.model_native, "server_vad": self.server_vad,
-                "sample_rate": self.sample_rate, "min_interruption_ms": self.min_interruption_ms,
-                "instructions": self.instructions, "modalities": list(self.modalities),
-                "tools": [{"type": "function", "name": t.name, "description": t.description,
-                           "parameters": t.parameters} for t in self.tools],
-                "tool_choice": self.tool_choice, "transcription": self.transcription}
+        return {
+            "auto_respond": self.auto_respond,
+            "respond_on_commit": self.respond_on_commit,
+            "model_native": self.model_native,
+            "server_vad": self.server_vad,
+            "sample_rate": self.sample_rate,
+            "min_interruption_ms": self.min_interruption_ms,
+            "instructions": self.instructions,
+            "modalities": list(self.modalities),
+            "tools": [
+                {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+                for t in self.tools
+            ],
+            "tool_choice": self.tool_choice,
+            "transcription": self.transcription,
+        }
 
 
 @attrs.frozen(slots=True)
@@ -217,11 +235,31 @@ class SessionCounters:
 class _Response:
     """The one response in progress (created, not yet done)."""
 
-    __slots__ = ("response_id", "item_id", "epoch", "turn_id", "text", "transcript", "audio",
-                 "modalities", "metadata", "audio_ms", "output_tokens", "calls", "heard_ms")
+    __slots__ = (
+        "response_id",
+        "item_id",
+        "epoch",
+        "turn_id",
+        "text",
+        "transcript",
+        "audio",
+        "modalities",
+        "metadata",
+        "audio_ms",
+        "output_tokens",
+        "calls",
+        "heard_ms",
+    )
 
-    def __init__(self, response_id: str, item_id: str, epoch: int, turn_id: int,
-                 modalities: tuple[str, ...], metadata: dict | None) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        item_id: str,
+        epoch: int,
+        turn_id: int,
+        modalities: tuple[str, ...],
+        metadata: dict | None,
+    ) -> None:
         self.response_id = response_id
         self.item_id = item_id
         self.epoch = epoch
@@ -267,16 +305,54 @@ def _answered_call(command: Command) -> str | None:
 
 class SessionCore:
     __slots__ = (
-        "session_id", "config", "clock", "chart", "epoch", "turn_id", "counters", "lease",
-        "_state", "_input", "_input_ms", "_committed", "_outbox", "_actions", "_seq", "_journal",
-        "_replay", "_timing", "_windows", "_turn_request", "_turn_kind", "_units", "_unit_seq", "_aborting",
-        "_response", "_overlap_ms", "_ctx", "_close_reason", "_aborted_ids", "_log", "_playback",
-        "_calls", "_function_results", "__weakref__",
-        "_conversation", "_item_seq", "_next_input_item", "_pending_text",
+        "session_id",
+        "config",
+        "clock",
+        "chart",
+        "epoch",
+        "turn_id",
+        "counters",
+        "lease",
+        "_state",
+        "_input",
+        "_input_ms",
+        "_committed",
+        "_outbox",
+        "_actions",
+        "_seq",
+        "_journal",
+        "_replay",
+        "_timing",
+        "_windows",
+        "_turn_request",
+        "_turn_kind",
+        "_units",
+        "_unit_seq",
+        "_aborting",
+        "_response",
+        "_overlap_ms",
+        "_ctx",
+        "_close_reason",
+        "_aborted_ids",
+        "_log",
+        "_playback",
+        "_calls",
+        "_function_results",
+        "__weakref__",
+        "_conversation",
+        "_item_seq",
+        "_next_input_item",
+        "_pending_text",
     )
 
-    def __init__(self, session_id: str, config: SessionConfig | None = None,
-                 clock: Clock = MONOTONIC, *, chart: CompiledChart = CHART) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        config: SessionConfig | None = None,
+        clock: Clock = MONOTONIC,
+        *,
+        chart: CompiledChart = CHART,
+    ) -> None:
         self.session_id = session_id
         self.config = config or SessionConfig()
         self.clock = clock
@@ -293,8 +369,9 @@ class SessionCore:
         self._outbox = Outbox(self.config.outbox_capacity, self.config.outbox_reserve)
         self._actions: list[EngineAction] = []
         self._seq = 0
-        self._journal = ReplayJournal(self.config.journal_max_events,
-                                      self.config.journal_max_bytes, self.config.journal_max_age_s)
+        self._journal = ReplayJournal(
+            self.config.journal_max_events, self.config.journal_max_bytes, self.config.journal_max_age_s
+        )
         self._replay: list[ev.ServerEvent] = []
         self._timing = TimingLedger()
         self._windows: CumulativeWindow | None = None
@@ -377,8 +454,11 @@ class SessionCore:
         self.counters.commands += 1
         try:
             self._precheck(command, trigger)
-            self._ctx = {"command": command, "now": now,
-                         "received_at": now if received_at is None else received_at}
+            self._ctx = {
+                "command": command,
+                "now": now,
+                "received_at": now if received_at is None else received_at,
+            }
             self._fire(trigger)
         except DuplexError as err:
             self.counters.rejected += 1
@@ -405,8 +485,7 @@ class SessionCore:
             # output is consumed and counted, the session carries on; it is never the client's
             # fault and never delivered.
             self.counters.invalid_outputs += 1
-            self._logger.warning("engine_output_refused", request_id=rid, trigger=trigger,
-                                 state=err.state)
+            self._logger.warning("engine_output_refused", request_id=rid, trigger=trigger, state=err.state)
         finally:
             self._ctx = {}
         if self._state != CLOSED:
@@ -457,10 +536,15 @@ class SessionCore:
         """Tell the client a command of theirs failed (for commands that were *told*)."""
         if self._state == CLOSED:
             return
-        self._emit(ev.ErrorEvent, code=err.code, message=err.message,
-                   error_type="invalid_request_error" if isinstance(err, ClientError) else "server_error",
-                   error_class=type(err).__name__, client_event_id=err.event_id,
-                   param=getattr(err, "param", None))
+        self._emit(
+            ev.ErrorEvent,
+            code=err.code,
+            message=err.message,
+            error_type="invalid_request_error" if isinstance(err, ClientError) else "server_error",
+            error_class=type(err).__name__,
+            client_event_id=err.event_id,
+            param=getattr(err, "param", None),
+        )
 
     def take_actions(self) -> list[EngineAction]:
         actions = self._actions
@@ -525,8 +609,14 @@ class SessionCore:
         for effect in _effect_functions(resolution):
             effect(self)
         if (resolution.dest != source or resolution.effects) and _transition_logging():
-            self._logger.debug("transition", trigger=trigger, src=source, dest=resolution.dest,
-                               epoch=self.epoch, turn_id=self.turn_id)
+            self._logger.debug(
+                "transition",
+                trigger=trigger,
+                src=source,
+                dest=resolution.dest,
+                epoch=self.epoch,
+                turn_id=self.turn_id,
+            )
 
     def _guard(self, name: str) -> bool:
         function = _GUARD_FUNCTIONS.get(name)
@@ -565,16 +655,21 @@ class SessionCore:
         if isinstance(command, AppendAudio):
             if command.sample_rate != self.config.sample_rate:
                 raise InvalidCommand(
-                    f"audio is {command.sample_rate} Hz; this session takes {self.config.sample_rate} Hz")
+                    f"audio is {command.sample_rate} Hz; this session takes {self.config.sample_rate} Hz"
+                )
             if len(self._input) + len(command.pcm) > self.config.max_input_bytes:
                 raise Backpressure(
-                    f"input buffer would exceed {self.config.max_input_bytes} bytes; commit or clear first")
+                    f"input buffer would exceed {self.config.max_input_bytes} bytes; commit or clear first"
+                )
         call_id = _answered_call(command)
         if call_id is not None and (self._calls is None or call_id not in self._calls):
             raise UnknownFunctionCall(f"no function call with call_id {call_id!r} in this session")
-        if isinstance(command, PlaybackAck):
-            if self._playback is not None and command.played_ms < self._playback.get(command.response_id, 0):
-                raise InvalidCommand("played_ms cannot go backwards")
+        if (
+            isinstance(command, PlaybackAck)
+            and self._playback is not None
+            and command.played_ms < self._playback.get(command.response_id, 0)
+        ):
+            raise InvalidCommand("played_ms cannot go backwards")
 
     def _after_append(self, command: AppendAudio) -> None:
         ms = len(command.pcm) / 2 / self.config.sample_rate * 1000.0
@@ -678,8 +773,9 @@ class SessionCore:
         self._input = InputBuffer()
         self._committed += audio
         ms = int(len(audio) / 2 / self.config.sample_rate * 1000)
-        item = Item(id=self._input_item_id(), role="user",
-                    content=(ContentPart(type="input_audio", audio_ms=ms),))
+        item = Item(
+            id=self._input_item_id(), role="user", content=(ContentPart(type="input_audio", audio_ms=ms),)
+        )
         self._next_input_item = None
         previous = self._conversation.add(item)
         self._emit(ev.InputCommitted, item_id=item.id, audio_ms=ms, previous_item_id=previous)
@@ -703,13 +799,20 @@ class SessionCore:
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
         shown = self._response_modalities()
         return ModelTurnRequest(
-            request_id=request_id, fence=self.fence, kind=kind, audio=audio,
-            sample_rate=self.config.sample_rate, instructions=instructions,
+            request_id=request_id,
+            fence=self.fence,
+            kind=kind,
+            audio=audio,
+            sample_rate=self.config.sample_rate,
+            instructions=instructions,
             sampling=self.config.sampling,
             # The engine always writes the words: an audio response's transcript is its text.
             modalities=("text", "audio") if "audio" in shown else ("text",),
-            submitted_at=self._ctx["now"], input_text=" ".join(self._pending_text),
-            tools=self.config.tools, tool_choice=self.config.tool_choice)
+            submitted_at=self._ctx["now"],
+            input_text=" ".join(self._pending_text),
+            tools=self.config.tools,
+            tool_choice=self.config.tool_choice,
+        )
 
     def _response_modalities(self) -> tuple[str, ...]:
         override = getattr(self._ctx.get("command"), "modalities", None)
@@ -777,12 +880,20 @@ class SessionCore:
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
         cmd = self._ctx.get("command")
         metadata = getattr(cmd, "metadata", None) if isinstance(cmd, CreateResponse) else None
-        r = self._response = _Response(rid, self._new_item_id(), self.epoch, self.turn_id,
-                                       self._response_modalities(), metadata)
+        r = self._response = _Response(
+            rid, self._new_item_id(), self.epoch, self.turn_id, self._response_modalities(), metadata
+        )
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
-        self._emit(ev.ResponseCreated, response_id=rid, item_id=r.item_id, turn_id=self.turn_id,
-                   metrics=self._timing.snapshot(), modalities=r.modalities, metadata=metadata)
+        self._emit(
+            ev.ResponseCreated,
+            response_id=rid,
+            item_id=r.item_id,
+            turn_id=self.turn_id,
+            metrics=self._timing.snapshot(),
+            modalities=r.modalities,
+            metadata=metadata,
+        )
         item = r.item("in_progress")
         self._emit(ev.OutputItemAdded, response_id=rid, item_id=r.item_id, item=item)
         previous = self._conversation.add(item)
@@ -805,32 +916,56 @@ class SessionCore:
             metrics = self._timing.snapshot() if first else None
             if r.spoken:  # the words of an audio response go out once, as its transcript
                 r.transcript.append(out.text)
-                self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id, item_id=r.item_id,
-                           delta=out.text, metrics=metrics)
+                self._emit(
+                    ev.TranscriptDeltaEvent,
+                    response_id=r.response_id,
+                    item_id=r.item_id,
+                    delta=out.text,
+                    metrics=metrics,
+                )
             else:
                 r.text.append(out.text)
-                self._emit(ev.TextDeltaEvent, response_id=r.response_id, item_id=r.item_id,
-                           delta=out.text, metrics=metrics)
+                self._emit(
+                    ev.TextDeltaEvent,
+                    response_id=r.response_id,
+                    item_id=r.item_id,
+                    delta=out.text,
+                    metrics=metrics,
+                )
         else:
             if "audio" not in r.modalities:
                 return  # a text-only response: audio the engine sent anyway is not the client's
             first = self._timing.on_audio(now, out.duration_s)
             r.audio = True
             r.audio_ms += out.duration_s * 1000.0
-            self._emit(ev.AudioDeltaEvent, response_id=r.response_id, item_id=r.item_id,
-                       pcm=out.pcm, sample_rate=out.sample_rate,
-                       metrics=self._timing.snapshot() if first else None)
+            self._emit(
+                ev.AudioDeltaEvent,
+                response_id=r.response_id,
+                item_id=r.item_id,
+                pcm=out.pcm,
+                sample_rate=out.sample_rate,
+                metrics=self._timing.snapshot() if first else None,
+            )
             if out.transcript and not r.spoken:
                 r.transcript.append(out.transcript)
-                self._emit(ev.TranscriptDeltaEvent, response_id=r.response_id,
-                           item_id=r.item_id, delta=out.transcript)
+                self._emit(
+                    ev.TranscriptDeltaEvent,
+                    response_id=r.response_id,
+                    item_id=r.item_id,
+                    delta=out.transcript,
+                )
 
     def _deliver_function_call(self, out: FunctionCall, r: _Response) -> None:
         if r.calls is None:
             r.calls = []
         # The assistant message is output item 0 (opened with the response); calls follow it.
-        call = fev.CallRecord(item_id=self._new_item_id(), call_id=out.call_id,
-                              name=out.name, arguments=out.arguments, output_index=len(r.calls) + 1)
+        call = fev.CallRecord(
+            item_id=self._new_item_id(),
+            call_id=out.call_id,
+            name=out.name,
+            arguments=out.arguments,
+            output_index=len(r.calls) + 1,
+        )
         r.calls.append(call)
         self._remember_call(out.call_id, out.name)
         ids = {"response_id": r.response_id, "call": call}
@@ -865,8 +1000,7 @@ class SessionCore:
 
     def _fx_record_function_output(self) -> None:
         cmd: AddFunctionOutput = self._ctx["command"]
-        item = Item(id=cmd.item_id or "", type="function_call_output", call_id=cmd.call_id,
-                    output=cmd.output)
+        item = Item(id=cmd.item_id or "", type="function_call_output", call_id=cmd.call_id, output=cmd.output)
         self._add_item(item, None)
 
     def _record_function_result(self, item: Item) -> None:
@@ -889,16 +1023,33 @@ class SessionCore:
             self._emit(ev.TranscriptDone, transcript="".join(r.transcript), **ids)
         item_status = "completed" if status == "completed" else "incomplete"
         item = r.item(item_status)
-        self._emit(ev.ContentPartDone, part_type=r.part_type,
-                   text=item.content[0].transcript or item.content[0].text or "", **ids)
+        self._emit(
+            ev.ContentPartDone,
+            part_type=r.part_type,
+            text=item.content[0].transcript or item.content[0].text or "",
+            **ids,
+        )
         self._emit(ev.OutputItemDone, status=item_status, item=item, **ids)
         self._conversation.replace(item)
         if r.item_id in self._conversation:
-            self._emit(ev.ItemDone, item=item, previous_item_id=self._conversation.previous_of(r.item_id),
-                       epoch=r.epoch)
-        self._emit(ev.ResponseDone, status=status, reason=reason, turn_id=r.turn_id,
-                   metrics=self._timing.snapshot(stop_latency_s=stop_latency_s), modalities=r.modalities,
-                   metadata=r.metadata, output=(item, *(c.to_item() for c in r.calls or ())), output_tokens=r.output_tokens, **ids)
+            self._emit(
+                ev.ItemDone,
+                item=item,
+                previous_item_id=self._conversation.previous_of(r.item_id),
+                epoch=r.epoch,
+            )
+        self._emit(
+            ev.ResponseDone,
+            status=status,
+            reason=reason,
+            turn_id=r.turn_id,
+            metrics=self._timing.snapshot(stop_latency_s=stop_latency_s),
+            modalities=r.modalities,
+            metadata=r.metadata,
+            output=(item, *(c.to_item() for c in r.calls or ())),
+            output_tokens=r.output_tokens,
+            **ids,
+        )
         self._response = None
 
     def _ensure_begun(self) -> None:
@@ -923,13 +1074,23 @@ class SessionCore:
         self.counters.failed += 1
         message = getattr(out, "message", "the engine ended the request")
         self._close_parts("failed", "engine_error")
-        self._emit(ev.ErrorEvent, code="engine_error", message=message, error_type="server_error",
-                   error_class="EngineFailed")
+        self._emit(
+            ev.ErrorEvent,
+            code="engine_error",
+            message=message,
+            error_type="server_error",
+            error_class="EngineFailed",
+        )
 
     def _fx_emit_engine_error(self) -> None:
         out = self._ctx["output"]
-        self._emit(ev.ErrorEvent, code="engine_error", error_type="server_error", error_class="EngineFailed",
-                   message=getattr(out, "message", "engine request ended"))
+        self._emit(
+            ev.ErrorEvent,
+            code="engine_error",
+            error_type="server_error",
+            error_class="EngineFailed",
+            message=getattr(out, "message", "engine request ended"),
+        )
 
     def _fx_finish_turn(self) -> None:
         if self._windows is not None and self._turn_request is not None:
@@ -1079,8 +1240,9 @@ class SessionCore:
             # the audio produced so far. Rounded up: the client counts the ms it received in
             # its own output format, which resampling may round the other way.
             item = r.item("in_progress")
-            item = attrs.evolve(item, content=(attrs.evolve(item.content[0],
-                                                            audio_ms=math.ceil(r.audio_ms)),))
+            item = attrs.evolve(
+                item, content=(attrs.evolve(item.content[0], audio_ms=math.ceil(r.audio_ms)),)
+            )
         if item.role != "assistant":
             raise InvalidItem("item_id", "only assistant messages can be truncated")
         if cmd.content_index >= len(item.content):
@@ -1098,16 +1260,28 @@ class SessionCore:
         if self._playback is None:
             self._playback = {}
         self._playback[item.id] = cmd.audio_end_ms  # what the user really heard of it
-        self._emit(ev.ItemTruncated, item_id=item.id, content_index=cmd.content_index,
-                   audio_end_ms=cmd.audio_end_ms)
+        self._emit(
+            ev.ItemTruncated, item_id=item.id, content_index=cmd.content_index, audio_end_ms=cmd.audio_end_ms
+        )
 
     def _fx_apply_session_update(self) -> None:
         cmd = self._ctx["command"]
-        changes = {k: getattr(cmd, k) for k in ("auto_respond", "respond_on_commit", "model_native",
-                                                "server_vad", "instructions", "sampling",
-                                                "min_interruption_ms", "modalities", "tools",
-                                                "tool_choice")
-                   if getattr(cmd, k) is not None}
+        changes = {
+            k: getattr(cmd, k)
+            for k in (
+                "auto_respond",
+                "respond_on_commit",
+                "model_native",
+                "server_vad",
+                "instructions",
+                "sampling",
+                "min_interruption_ms",
+                "modalities",
+                "tools",
+                "tool_choice",
+            )
+            if getattr(cmd, k) is not None
+        }
         if cmd.transcription is not None:
             changes["transcription"] = cmd.transcription or None  # False turns it off
         self.config = attrs.evolve(self.config, **changes)

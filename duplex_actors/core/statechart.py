@@ -33,7 +33,7 @@ An illegal (state, trigger) pair raises the error named in :data:`REFUSALS` (or
 from __future__ import annotations
 
 import enum
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 from transitions import Machine
@@ -150,8 +150,13 @@ TRANSITIONS = [
         ["abort_units", "commit_input", "submit_model_turn"],
         conditions=["has_buffered_audio", "respond_on_commit"],
     ),
-    _row("commit", [LISTENING, BARGE_IN], IDLE, ["abort_units", "commit_input"],
-         conditions=["has_buffered_audio"]),
+    _row(
+        "commit",
+        [LISTENING, BARGE_IN],
+        IDLE,
+        ["abort_units", "commit_input"],
+        conditions=["has_buffered_audio"],
+    ),
     # Committing while a response plays is allowed (GA): the audio waits for the next response.
     _row("commit", RESPONDING, SAME, ["abort_units", "commit_input"], conditions=["has_buffered_audio"]),
     _row("create_response", [IDLE, LISTENING, BARGE_IN], RESPONDING, ["submit_model_turn"]),
@@ -181,8 +186,13 @@ TRANSITIONS = [
     _row("cancel", RESPONDING, BARGE_IN, CANCEL_RESPONSE, conditions=["names_active_response"]),
     # Each aborted request's end settles its abort; the one that settles the last leaves
     # barge_in (aborts_settled: no other abort outstanding).
-    _row("abort_confirmed", BARGE_IN, LISTENING, ["settle_abort"],
-         conditions=["aborts_settled", "has_buffered_audio"]),
+    _row(
+        "abort_confirmed",
+        BARGE_IN,
+        LISTENING,
+        ["settle_abort"],
+        conditions=["aborts_settled", "has_buffered_audio"],
+    ),
     _row("abort_confirmed", BARGE_IN, IDLE, ["settle_abort"], conditions=["aborts_settled"]),
     _row("abort_confirmed", BARGE_IN, SAME, ["settle_abort"]),  # more aborts still outstanding
     # late confirmation (e.g. of units fenced off by a commit), or after close
@@ -216,8 +226,11 @@ TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 # Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
 # Engine triggers refused here are engine protocol errors; the core reports them as such.
 REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
-    **{(CLOSED, t): SessionClosed for t in TRIGGERS
-       if t not in ("close", "stale_output", "abort_confirmed", "expire", "fail", "transcript")},
+    **{
+        (CLOSED, t): SessionClosed
+        for t in TRIGGERS
+        if t not in ("close", "stale_output", "abort_confirmed", "expire", "fail", "transcript")
+    },
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
@@ -228,7 +241,6 @@ REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
     (LISTENING, "cancel"): NoActiveResponse,
     (BARGE_IN, "cancel"): NoActiveResponse,
 }
-
 
 
 class Origin(str, enum.Enum):
@@ -248,15 +260,38 @@ class Origin(str, enum.Enum):
 
 
 TRIGGER_ORIGINS: Mapping[str, Origin] = {
-    **dict.fromkeys(("append", "commit", "clear", "create_response", "speech_started", "speech_stopped",
-                     "update", "barge_in", "cancel", "heartbeat", "playback_ack", "detach", "resume",
-                     "function_output", "create_item", "delete_item", "retrieve_item", "truncate_item",
-                     "close"), Origin.CLIENT),
-    **dict.fromkeys(("speak", "listen", "output", "turn_done", "turn_failed", "stale_output",
-                     "abort_confirmed"), Origin.ENGINE),
+    **dict.fromkeys(
+        (
+            "append",
+            "commit",
+            "clear",
+            "create_response",
+            "speech_started",
+            "speech_stopped",
+            "update",
+            "barge_in",
+            "cancel",
+            "heartbeat",
+            "playback_ack",
+            "detach",
+            "resume",
+            "function_output",
+            "create_item",
+            "delete_item",
+            "retrieve_item",
+            "truncate_item",
+            "close",
+        ),
+        Origin.CLIENT,
+    ),
+    **dict.fromkeys(
+        ("speak", "listen", "output", "turn_done", "turn_failed", "stale_output", "abort_confirmed"),
+        Origin.ENGINE,
+    ),
     # A transcript is the session's own measurement of committed audio (a recogniser beside it).
-    **dict.fromkeys(("unit_ready", "overlap", "outbox_overflow", "expire", "fail", "transcript"),
-                    Origin.SELF),
+    **dict.fromkeys(
+        ("unit_ready", "overlap", "outbox_overflow", "expire", "fail", "transcript"), Origin.SELF
+    ),
 }
 CLIENT_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.CLIENT)
 ENGINE_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.ENGINE)
@@ -267,12 +302,14 @@ WHY = {
     "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
     "unit_ready": "model-native mode: each full audio unit is handed to the model to decide listen or speak",
     "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
-    "overlap": ("speech over the response grew: once the overlap policy calls it an interruption it "
-                "cancels as a barge-in does"),
+    "overlap": (
+        "speech over the response grew: once the overlap policy calls it an interruption it "
+        "cancels as a barge-in does"
+    ),
     "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
     "commit": "the user's audio becomes a conversation item; with respond_on_commit (embedders) it "
-              "starts a model turn",
+    "starts a model turn",
     "create_item": "conversation.item.create adds user text, a system/developer message or a tool's output",
     "delete_item": "conversation.item.delete removes an item",
     "retrieve_item": "conversation.item.retrieve sends an item back",
@@ -286,20 +323,22 @@ WHY = {
     "stale_output": "output of an older fence is consumed and counted, never delivered",
     "barge_in": "the user interrupted: cancel the response at once and listen again",
     "cancel": "response.cancel: as barge-in, with reason client_cancelled; a cancel naming another "
-              "response is refused",
-    "abort_confirmed": ("an aborted request ended: its abort is settled; once none is outstanding, "
-                        "barge_in is left"),
+    "response is refused",
+    "abort_confirmed": (
+        "an aborted request ended: its abort is settled; once none is outstanding, barge_in is left"
+    ),
     "heartbeat": "keeps the lease alive",
     "playback_ack": "the client reports what it really played, so history keeps only heard text",
     "detach": "the transport dropped; the session waits out its grace period",
     "resume": "the client came back within the grace period",
     "update": "session.update changes the session's settings",
     "transcript": "the recogniser finished a committed turn's transcript (off the event loop); "
-                  "sent unless closed",
+    "sent unless closed",
     "function_output": "a function_call_output item answers a function call; the next model turn receives it",
     "close": "close from any state; closing twice is harmless",
-    "expire": ("the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do "
-               "once closed"),
+    "expire": (
+        "the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do once closed"
+    ),
     "fail": "the session's own actor failed: close only this session; nothing to do once closed",
     "outbox_overflow": "the client stopped reading and an event did not fit: close as slow_consumer",
 }
@@ -351,8 +390,9 @@ class CompiledChart:
         # Resolutions are frozen values: build each branch's once, not one per event (the
         # construction was ~8% of the dispatcher's time under load; docs/benchmarks.md).
         self._resolved = {
-            (state, trigger): tuple((b.guards, Resolution(state, trigger, b.dest, b.effects))
-                                    for b in branches)
+            (state, trigger): tuple(
+                (b.guards, Resolution(state, trigger, b.dest, b.effects)) for b in branches
+            )
             for (state, trigger), branches in self.table.items()
         }
 

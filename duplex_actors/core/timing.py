@@ -17,7 +17,7 @@ Rules (domain doc section 4), each enforced here and property-tested:
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -63,12 +63,13 @@ class Summary:
     p99: float | None
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> "Summary":
+    def of(cls, values: Iterable[float]) -> Summary:
         xs = sorted(v for v in values if v is not None)
         if not xs:
             return cls(0, None, None, None, None)
-        return cls(len(xs), sum(xs) / len(xs), nearest_rank(xs, 50), nearest_rank(xs, 90),
-                   nearest_rank(xs, 99))
+        return cls(
+            len(xs), sum(xs) / len(xs), nearest_rank(xs, 50), nearest_rank(xs, 90), nearest_rank(xs, 99)
+        )
 
 
 def nearest_rank(sorted_values: Sequence[float], percentile: float) -> float:
@@ -97,8 +98,19 @@ def weighted_tpot(segments: Iterable[tuple[float | None, int]]) -> float | None:
 class _ActiveResponse:
     """Timing of the one response currently running (bound request start)."""
 
-    __slots__ = ("response_id", "turn_id", "start", "first_text", "first_audio", "last_token",
-                 "tokens", "itl", "audio_s", "last_audio", "engine")
+    __slots__ = (
+        "response_id",
+        "turn_id",
+        "start",
+        "first_text",
+        "first_audio",
+        "last_token",
+        "tokens",
+        "itl",
+        "audio_s",
+        "last_audio",
+        "engine",
+    )
 
     def __init__(self, response_id: str, turn_id: int, start: float | None) -> None:
         self.response_id = response_id

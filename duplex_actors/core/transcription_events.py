@@ -22,7 +22,6 @@ class TranscriptionDelta(ServerEvent):
     delta: str
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class TranscriptionCompleted(ServerEvent):
     TYPE = "conversation.item.input_audio_transcription.completed"
@@ -30,10 +29,8 @@ class TranscriptionCompleted(ServerEvent):
     transcript: str
 
 
-
 @attrs.frozen(slots=True, kw_only=True)
 class TranscriptionFailed(ServerEvent):
     TYPE = "conversation.item.input_audio_transcription.failed"
     item_id: str
     message: str
-

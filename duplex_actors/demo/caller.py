@@ -58,8 +58,17 @@ class CallerStats:
 
 
 class Caller:
-    def __init__(self, index: int, session, vad_factory, speech: dict[str, bytes], turns, backchannels,
-                 rng: random.Random, behaviour: Behaviour = Behaviour()) -> None:
+    def __init__(
+        self,
+        index: int,
+        session,
+        vad_factory,
+        speech: dict[str, bytes],
+        turns,
+        backchannels,
+        rng: random.Random,
+        behaviour: Behaviour = Behaviour(),
+    ) -> None:
         self.index = index
         self.session = session
         self.vad = ServerVad(session, vad=vad_factory())
@@ -90,7 +99,7 @@ class Caller:
         self._speaking_until = start + len(pcm) / 2 / SAMPLE_RATE
         self.timeline.user_speech.append((start, self._speaking_until, text))
         for i in range(0, len(pcm), CHUNK_BYTES):
-            chunk = pcm[i:i + CHUNK_BYTES]
+            chunk = pcm[i : i + CHUNK_BYTES]
             self._mic.append((chunk + bytes(CHUNK_BYTES - len(chunk)), text))
 
     async def microphone(self, deadline: float) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,9 +14,9 @@ def register(app: typer.Typer) -> None:
         seconds: float = typer.Option(45.0, help="how long the callers talk"),
         seed: int = typer.Option(7, help="seeds every random choice of the callers"),
         engine: str = typer.Option("embedded", help="embedded | scripted | vllm"),
-        model: Optional[str] = typer.Option(None, help="model path for --engine vllm"),
-        json_path: Optional[Path] = typer.Option(Path("out/demo.json"), "--json", help="JSON report path"),
-        plot: Optional[Path] = typer.Option(Path("out/demo-timeline.png"), "--plot", help="PNG timeline path"),
+        model: str | None = typer.Option(None, help="model path for --engine vllm"),
+        json_path: Path | None = typer.Option(Path("out/demo.json"), "--json", help="JSON report path"),
+        plot: Path | None = typer.Option(Path("out/demo-timeline.png"), "--plot", help="PNG timeline path"),
         live: bool = typer.Option(True, help="show the live progress view"),
     ) -> None:
         """Run simulated callers in full-duplex conversation with an engine on this machine."""
@@ -28,9 +27,19 @@ def register(app: typer.Typer) -> None:
         from .run import DemoOptions, run_demo
 
         console = Console()
-        options = DemoOptions(sessions=sessions, seconds=seconds, seed=seed, engine=engine,
-                              model=model, json_path=json_path, plot_path=plot, live=live)
-        console.print(f"[bold]duplex_actors demo[/]: {sessions} callers, {seconds:.0f} s, engine {engine}, seed {seed}")
+        options = DemoOptions(
+            sessions=sessions,
+            seconds=seconds,
+            seed=seed,
+            engine=engine,
+            model=model,
+            json_path=json_path,
+            plot_path=plot,
+            live=live,
+        )
+        console.print(
+            f"[bold]duplex_actors demo[/]: {sessions} callers, {seconds:.0f} s, engine {engine}, seed {seed}"
+        )
         report = anyio.run(lambda: run_demo(options, console=console))
         print_report(console, report)
         if json_path:

@@ -42,8 +42,9 @@ def build_engine(options: DemoOptions):
         from ..engines.scripted import Script, ScriptedEngine
 
         words = tuple(f" word{i}" for i in range(40))
-        backend = ScriptedEngine(Script(tokens=words, audio_packets=40, packet_ms=160,
-                                        first_latency_s=0.05, token_latency_s=0.01))
+        backend = ScriptedEngine(
+            Script(tokens=words, audio_packets=40, packet_ms=160, first_latency_s=0.05, token_latency_s=0.01)
+        )
     elif options.engine == "vllm":
         from ..engines.vllm_engine import make_vllm_engine
 
@@ -79,8 +80,7 @@ async def run_demo(options: DemoOptions, *, console=None) -> dict:
 
     utterances = load_utterances()
     started = time.perf_counter()
-    speech = await anyio.to_thread.run_sync(
-        synthesize_speech, utterances.turns + utterances.backchannels)
+    speech = await anyio.to_thread.run_sync(synthesize_speech, utterances.turns + utterances.backchannels)
     synth_s = time.perf_counter() - started
     rng = random.Random(options.seed)
     engine = build_engine(options)
@@ -88,10 +88,21 @@ async def run_demo(options: DemoOptions, *, console=None) -> dict:
     async with Runtime(engine) as runtime:
         callers = []
         for i in range(options.sessions):
-            session = await runtime.open_session(server_vad=True, auto_respond=True,
-                                                 min_interruption_ms=options.min_interruption_ms)
-            callers.append(Caller(i, session, SileroVad, speech, utterances.turns,
-                                  utterances.backchannels, random.Random(rng.random()), Behaviour()))
+            session = await runtime.open_session(
+                server_vad=True, auto_respond=True, min_interruption_ms=options.min_interruption_ms
+            )
+            callers.append(
+                Caller(
+                    i,
+                    session,
+                    SileroVad,
+                    speech,
+                    utterances.turns,
+                    utterances.backchannels,
+                    random.Random(rng.random()),
+                    Behaviour(),
+                )
+            )
         deadline = time.perf_counter() + options.seconds
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
@@ -116,23 +127,44 @@ async def run_demo(options: DemoOptions, *, console=None) -> dict:
     return report
 
 
-def summarize(callers, options: DemoOptions, wall_s: float, cpu_s: float, synth_s: float,
-              engine_stats: dict) -> dict:
+def summarize(
+    callers, options: DemoOptions, wall_s: float, cpu_s: float, synth_s: float, engine_stats: dict
+) -> dict:
     all_metrics = [m for c in callers for m in c.metrics]
     table = {}
     for name in METRICS:
         values = [m[name] for m in all_metrics if m.get(name) is not None]
         s = Summary.of(values)
-        table[name] = {"count": s.count, "mean": s.mean, "p50": s.p50, "p90": s.p90, "p99": s.p99,
-                       "source": "server"}
-    totals = {k: sum(getattr(c.stats, k) for c in callers) for k in (
-        "turns_spoken", "responses_completed", "responses_cancelled", "responses_failed",
-        "barge_ins_attempted", "backchannels", "audio_packets", "stale_audio_after_cancel")}
+        table[name] = {
+            "count": s.count,
+            "mean": s.mean,
+            "p50": s.p50,
+            "p90": s.p90,
+            "p99": s.p99,
+            "source": "server",
+        }
+    totals = {
+        k: sum(getattr(c.stats, k) for c in callers)
+        for k in (
+            "turns_spoken",
+            "responses_completed",
+            "responses_cancelled",
+            "responses_failed",
+            "barge_ins_attempted",
+            "backchannels",
+            "audio_packets",
+            "stale_audio_after_cancel",
+        )
+    }
     totals["dropped_chunks"] = sum(c.dropped_chunks for c in callers)
     return {
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(options).items()},
-        "wall_s": wall_s, "cpu_s": cpu_s, "cpu_per_wall": cpu_s / wall_s if wall_s else None,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "cpu_per_wall": cpu_s / wall_s if wall_s else None,
         "speech_synthesis_s": synth_s,
-        "metrics": table, "totals": totals, "engine": engine_stats,
+        "metrics": table,
+        "totals": totals,
+        "engine": engine_stats,
         "sessions": [{"index": c.index, **attrs.asdict(c.stats)} for c in callers],
     }

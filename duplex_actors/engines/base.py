@@ -16,7 +16,8 @@ request. So a backend only has to:
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol, runtime_checkable
 
 import attrs
 

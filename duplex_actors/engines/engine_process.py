@@ -38,7 +38,7 @@ import pickle
 import struct
 import time
 from collections import deque
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 
@@ -72,7 +72,7 @@ def _frame(message: tuple) -> bytes:
 class _HostConnection:
     """One runtime connected to the engine host: its streams and its output batch."""
 
-    def __init__(self, host: "EngineHostServer", writer: asyncio.StreamWriter) -> None:
+    def __init__(self, host: EngineHostServer, writer: asyncio.StreamWriter) -> None:
         self.host = host
         self.writer = writer
         self.pumps: dict[str, asyncio.Task] = {}
@@ -109,14 +109,22 @@ class _HostConnection:
             raise
         except Exception as exc:  # one request's failure never takes the host down
             log.warning("engine_host.backend_raised", request_id=rid, error=repr(exc))
-            self.emit(rid, EngineFailure(rid, f"engine backend raised {type(exc).__name__}: {exc}",
-                                         produced_at=time.perf_counter()))
+            self.emit(
+                rid,
+                EngineFailure(
+                    rid, f"engine backend raised {type(exc).__name__}: {exc}", produced_at=time.perf_counter()
+                ),
+            )
             ended = True
         finally:
             self.host.stream_ended()
             if not ended:  # the backend's stream stopped without a terminal: make one
-                self.emit(rid, EngineFailure(rid, "engine stream ended without a terminal output",
-                                             produced_at=time.perf_counter()))
+                self.emit(
+                    rid,
+                    EngineFailure(
+                        rid, "engine stream ended without a terminal output", produced_at=time.perf_counter()
+                    ),
+                )
 
     def forget(self, request_id: str, task: asyncio.Task) -> None:
         if self.pumps.get(request_id) is task:
@@ -150,7 +158,7 @@ class EngineHostServer:
         self._server: asyncio.AbstractServer | None = None
         self._serving: set[asyncio.Task] = set()
 
-    async def __aenter__(self) -> "EngineHostServer":
+    async def __aenter__(self) -> EngineHostServer:
         await self.backend.start()
         self._server = await asyncio.start_unix_server(self._serve_connection, path=self.path)
         os.chmod(self.path, 0o600)
@@ -181,10 +189,15 @@ class EngineHostServer:
         self.in_flight -= 1
 
     def statistics(self) -> dict:
-        return {"pid": os.getpid(), "connections": len(self.connections),
-                "connections_total": self.connections_total, "streams_total": self.streams_total,
-                "in_flight": self.in_flight, "max_in_flight": self.max_in_flight,
-                "max_runtimes_in_flight": self.max_runtimes_in_flight}
+        return {
+            "pid": os.getpid(),
+            "connections": len(self.connections),
+            "connections_total": self.connections_total,
+            "streams_total": self.streams_total,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "max_runtimes_in_flight": self.max_runtimes_in_flight,
+        }
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _HostConnection(self, writer)
@@ -221,9 +234,12 @@ class EngineHostServer:
             writer.close()
 
 
-async def serve_engine(factory: Callable[[], EngineBackend], path: str,
-                       ready: Callable[[], None] | None = None,
-                       stop: asyncio.Event | None = None) -> None:
+async def serve_engine(
+    factory: Callable[[], EngineBackend],
+    path: str,
+    ready: Callable[[], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
     """Run the engine host until ``stop`` is set (or forever). ``ready()`` is called once the
     socket accepts connections, so a parent can start workers without polling."""
     stop = stop or asyncio.Event()
@@ -341,8 +357,7 @@ class EngineProcessClient:
 
     def _fail_open_streams(self, reason: str) -> None:
         for rid, stream in list(self._streams.items()):
-            stream.outputs.append(EngineFailure(rid, reason, retryable=True,
-                                                produced_at=time.perf_counter()))
+            stream.outputs.append(EngineFailure(rid, reason, retryable=True, produced_at=time.perf_counter()))
             stream.wake.set()
 
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:

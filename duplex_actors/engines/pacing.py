@@ -12,7 +12,7 @@ while its audio is still to be played, so barge-in and cancel can stop it.
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import anyio
 

@@ -39,7 +39,8 @@ import asyncio
 import contextlib
 import inspect
 import os
-from typing import Any, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import anyio
 import attrs
@@ -255,8 +256,7 @@ class RayEngine:
         return await host.handle.inspect.remote(fn)
 
     def statistics(self) -> RayEngineStatistics:
-        return RayEngineStatistics(len(self._streams), self.actors_started, self.actor_deaths,
-                                   self.actor_pid)
+        return RayEngineStatistics(len(self._streams), self.actors_started, self.actor_deaths, self.actor_pid)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -286,8 +286,7 @@ class RayEngine:
             self.backend_name = name
             self.capabilities = capabilities
             self.actors_started += 1
-            log.info("ray_engine_started", backend=name, actor_pid=pid,
-                     actors_started=self.actors_started)
+            log.info("ray_engine_started", backend=name, actor_pid=pid, actors_started=self.actors_started)
 
     async def aclose(self) -> None:
         """Close the hosted backend (bounded by ``close_timeout_s``) and kill the actor."""
@@ -309,8 +308,13 @@ class RayEngine:
 
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
         import ray
-        from ray.exceptions import ActorUnavailableError, RayActorError, RayError, \
-            RayTaskError, TaskCancelledError
+        from ray.exceptions import (
+            ActorUnavailableError,
+            RayActorError,
+            RayError,
+            RayTaskError,
+            TaskCancelledError,
+        )
 
         host = await self._live_host()
         rid = request.request_id
@@ -336,8 +340,7 @@ class RayEngine:
             except ActorUnavailableError as exc:
                 # Unreachable for now (network, restarting node): this request is lost, the
                 # actor may still come back, so it is not declared dead.
-                yield EngineFailure(rid, f"ray actor unavailable: {_first_line(exc)}",
-                                    retryable=True)
+                yield EngineFailure(rid, f"ray actor unavailable: {_first_line(exc)}", retryable=True)
             except RayActorError as exc:
                 done = True
                 self._lost(host, exc)
@@ -345,11 +348,13 @@ class RayEngine:
             except RayTaskError as exc:
                 done = True
                 cause = exc.cause if exc.cause is not None else exc
-                yield EngineFailure(rid, f"remote backend raised {type(cause).__name__}: {cause}",
-                                    retryable=True)
+                yield EngineFailure(
+                    rid, f"remote backend raised {type(cause).__name__}: {cause}", retryable=True
+                )
             except RayError as exc:  # object lost, owner died, ...
-                yield EngineFailure(rid, f"ray error {type(exc).__name__}: {_first_line(exc)}",
-                                    retryable=True)
+                yield EngineFailure(
+                    rid, f"ray error {type(exc).__name__}: {_first_line(exc)}", retryable=True
+                )
         finally:
             self._streams.pop(rid, None)
             self._aborting.discard(rid)
@@ -402,8 +407,9 @@ class RayEngine:
             return
         self._host = None
         self.actor_deaths += 1
-        log.warning("ray_engine_actor_died", actor_pid=host.pid, error=_first_line(exc),
-                    in_flight=len(self._streams))
+        log.warning(
+            "ray_engine_actor_died", actor_pid=host.pid, error=_first_line(exc), in_flight=len(self._streams)
+        )
         import ray
 
         with contextlib.suppress(Exception):

@@ -16,7 +16,8 @@ import hashlib
 import json
 import math
 import time
-from typing import AsyncIterator, Callable, Union
+from collections.abc import AsyncIterator, Callable
+from typing import Union
 
 import anyio
 import attrs
@@ -64,8 +65,15 @@ class Script:
 ScriptSource = Union[Script, Callable[[ModelTurnRequest], Script]]
 
 
-_EXAMPLES = {"string": "example", "integer": 1, "number": 1, "boolean": True, "array": [],
-             "object": {}, "null": None}
+_EXAMPLES = {
+    "string": "example",
+    "integer": 1,
+    "number": 1,
+    "boolean": True,
+    "array": [],
+    "object": {},
+    "null": None,
+}
 
 
 def example_arguments(parameters: str) -> str:
@@ -99,11 +107,13 @@ def _tone(ms: int, rate: int, freq: float = 220.0) -> bytes:
 class ScriptedEngine:
     name = "scripted"
 
-    def __init__(self, script: ScriptSource = Script(), *, produces_audio: bool = True,
-                 record: bool = True) -> None:
+    def __init__(
+        self, script: ScriptSource = Script(), *, produces_audio: bool = True, record: bool = True
+    ) -> None:
         self._script = script
-        self.capabilities = EngineCapabilities(model_native=True, produces_audio=produces_audio,
-                                               unit_samples=16000, max_concurrency=1 << 20)
+        self.capabilities = EngineCapabilities(
+            model_native=True, produces_audio=produces_audio, unit_samples=16000, max_concurrency=1 << 20
+        )
         #: Keep every request (with its audio) in ``submitted`` and every abort in ``aborted``
         #: for tests to assert on. A long benchmark passes False: the lists would otherwise
         #: keep each request's audio alive and count as the runtime's memory.
@@ -211,9 +221,13 @@ class ScriptedEngine:
                 if i < packets and budget_left():
                     await pause(script.packet_latency_s)
                     word = tokens[i] if i < len(tokens) else ""
-                    yield AudioPacket(rid, self._packet(script.packet_ms, script.sample_rate),
-                                      script.sample_rate, transcript=word,
-                                      produced_at=time.perf_counter())
+                    yield AudioPacket(
+                        rid,
+                        self._packet(script.packet_ms, script.sample_rate),
+                        script.sample_rate,
+                        transcript=word,
+                        produced_at=time.perf_counter(),
+                    )
                     emitted += 1
             if not budget_left():
                 if script.fail_mode == "raise":
@@ -223,9 +237,12 @@ class ScriptedEngine:
             metrics = None
             if script.report_metrics:
                 itl = tuple(b - a for a, b in zip(token_times, token_times[1:]))
-                metrics = EngineMetrics("engine:scripted",
-                                        None if first_token_at is None else first_token_at - request.submitted_at,
-                                        len(token_times), itl)
+                metrics = EngineMetrics(
+                    "engine:scripted",
+                    None if first_token_at is None else first_token_at - request.submitted_at,
+                    len(token_times),
+                    itl,
+                )
             yield TurnDone(rid, "completed", metrics, produced_at=time.perf_counter())
         finally:
             self.active.discard(rid)

@@ -22,7 +22,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import attrs
 import structlog

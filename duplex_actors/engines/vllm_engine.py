@@ -28,8 +28,9 @@ import hashlib
 import importlib.util
 import os
 import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any
 
 import attrs
 import structlog
@@ -203,8 +204,11 @@ class VllmEngine:
             if cfg.kv_cache_space_gib is not None:
                 # Read by the CPU worker when it sizes the cache; a GPU build ignores it.
                 os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.kv_cache_space_gib:g}"
-            elif (self._vllm.is_cpu() and cfg.gpu_memory_utilization is None
-                  and "VLLM_CPU_KVCACHE_SPACE" not in os.environ):
+            elif (
+                self._vllm.is_cpu()
+                and cfg.gpu_memory_utilization is None
+                and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+            ):
                 # Unset, vLLM's CPU worker wants 92% of the machine's RAM free at start and
                 # refuses to start on a machine shared with anything else.
                 os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{DEFAULT_CPU_KV_CACHE_GIB:g}"
@@ -333,9 +337,11 @@ class VllmEngine:
         try:
             backend = copy.deepcopy(llm.get_tokenizer().backend_tokenizer)
             encode = lambda text: backend.encode(text).ids  # noqa: E731
-            probes = ["Hello there.\nUser audio: 1.25 s, fingerprint 3fa2c1d0.\nAssistant:",
-                      describe_turn(ModelTurnRequest("p/e0/t0", None, TurnKind.RESPONSE, b"")),
-                      " Ünïcode, punctuation! and   spaces\t"]
+            probes = [
+                "Hello there.\nUser audio: 1.25 s, fingerprint 3fa2c1d0.\nAssistant:",
+                describe_turn(ModelTurnRequest("p/e0/t0", None, TurnKind.RESPONSE, b"")),
+                " Ünïcode, punctuation! and   spaces\t",
+            ]
             for text in probes:
                 (reference,) = llm.renderer.render_cmpl([parse(llm.model_config, text)])
                 if list(reference["prompt_token_ids"]) != encode(text):
@@ -349,23 +355,33 @@ class VllmEngine:
         rid = request.request_id
         llm = self._llm
         if llm is None or llm.errored:
-            yield EngineFailure(rid, "vLLM engine is not running", retryable=True,
-                                produced_at=time.perf_counter())
+            yield EngineFailure(
+                rid, "vLLM engine is not running", retryable=True, produced_at=time.perf_counter()
+            )
             return
         if request.kind is not TurnKind.RESPONSE:
-            yield EngineFailure(rid, f"VllmEngine does not serve {request.kind.value!r} turns",
-                                retryable=False, produced_at=time.perf_counter())
+            yield EngineFailure(
+                rid,
+                f"VllmEngine does not serve {request.kind.value!r} turns",
+                retryable=False,
+                produced_at=time.perf_counter(),
+            )
             return
         if rid in self._inflight:
-            yield EngineFailure(rid, f"request id {rid!r} is already streaming",
-                                retryable=False, produced_at=time.perf_counter())
+            yield EngineFailure(
+                rid,
+                f"request id {rid!r} is already streaming",
+                retryable=False,
+                produced_at=time.perf_counter(),
+            )
             return
         try:
             params = self.sampling_params(request.sampling)
             prompt = self.render_prompt(self._prompt_builder(request))
         except Exception as exc:  # bad sampling values, prompt too long, ...: the request's fault
-            yield EngineFailure(rid, f"invalid request for vLLM: {exc}", retryable=False,
-                                produced_at=time.perf_counter())
+            yield EngineFailure(
+                rid, f"invalid request for vLLM: {exc}", retryable=False, produced_at=time.perf_counter()
+            )
             return
 
         stream = llm.generate(prompt, params, rid)
@@ -394,16 +410,17 @@ class VllmEngine:
                     finish = completion.finish_reason
                     timings.observe(out.metrics)
         except vllm.EngineDeadError:
-            failure = EngineFailure(rid, "vLLM engine died", retryable=True,
-                                    produced_at=time.perf_counter())
+            failure = EngineFailure(rid, "vLLM engine died", retryable=True, produced_at=time.perf_counter())
             self._log.error("vllm.engine_dead", request_id=rid)
         except vllm.VLLMValidationError as exc:
-            failure = EngineFailure(rid, f"vLLM rejected the request: {exc}", retryable=False,
-                                    produced_at=time.perf_counter())
+            failure = EngineFailure(
+                rid, f"vLLM rejected the request: {exc}", retryable=False, produced_at=time.perf_counter()
+            )
         except vllm.EngineGenerateError as exc:
             cause = exc.__cause__ or exc
-            failure = EngineFailure(rid, f"vLLM failed the request: {cause!r}", retryable=True,
-                                    produced_at=time.perf_counter())
+            failure = EngineFailure(
+                rid, f"vLLM failed the request: {cause!r}", retryable=True, produced_at=time.perf_counter()
+            )
         finally:
             self._inflight.discard(rid)
             # Closing vLLM's generator aborts the request inside vLLM if it is still running
@@ -421,8 +438,7 @@ class VllmEngine:
             yield Decision(rid, True, produced_at=now)
         if pending_tokens:
             yield TextDelta(rid, "", pending_tokens, produced_at=now)
-        yield TurnDone(rid, _FINISH_REASONS.get(finish, finish), timings.metrics(),
-                       produced_at=now)
+        yield TurnDone(rid, _FINISH_REASONS.get(finish, finish), timings.metrics(), produced_at=now)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -435,8 +451,7 @@ class VllmEngine:
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
-                       engine_idx=0) -> None:
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0) -> None:
                 if scheduler_stats is not None:
                     engine._load = SchedulerLoad(
                         running=scheduler_stats.num_running_reqs,

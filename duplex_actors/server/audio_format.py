@@ -51,7 +51,7 @@ class AudioFormat:
     rate: int = 24000
 
     @classmethod
-    def of(cls, kind: str, rate: int | None = None) -> "AudioFormat":
+    def of(cls, kind: str, rate: int | None = None) -> AudioFormat:
         if kind == PCM:
             return cls(PCM, 24000 if rate is None else rate)
         return cls(kind, G711_RATE)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import ipaddress
 import sys
-from typing import Optional
 
 import typer
 
@@ -24,15 +23,25 @@ def build_engine(engine: EngineChoice, model: str | None = None):
         # Paced like a small real model, so clients see streaming rather than one burst.
         words = tuple(f" word{i}" for i in range(24))
         # record=False: the request log (every request with its audio) would grow without bound.
-        return ScriptedEngine(Script(tokens=words, audio_packets=12, packet_ms=160,
-                                     first_latency_s=0.05, token_latency_s=0.02,
-                                     packet_latency_s=0.02), record=False)
+        return ScriptedEngine(
+            Script(
+                tokens=words,
+                audio_packets=12,
+                packet_ms=160,
+                first_latency_s=0.05,
+                token_latency_s=0.02,
+                packet_latency_s=0.02,
+            ),
+            record=False,
+        )
     if engine is EngineChoice.embedded:
         try:
             from ..engines.embedded import make_embedded_engine
         except ImportError as exc:
-            raise typer.BadParameter(f"the embedded engine needs the 'embedded' extra "
-                                     f"(pip install 'duplex-actors[embedded]'): {exc}") from None
+            raise typer.BadParameter(
+                f"the embedded engine needs the 'embedded' extra "
+                f"(pip install 'duplex-actors[embedded]'): {exc}"
+            ) from None
         return make_embedded_engine()
     if not model:
         raise typer.BadParameter("--engine vllm needs --model PATH")
@@ -49,96 +58,146 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
         port: int = typer.Option(8765, help="TCP port; 0 picks a free one (printed at start)"),
         engine: EngineChoice = typer.Option(EngineChoice.scripted, help="engine backend"),
-        model: Optional[str] = typer.Option(None, help="model path for --engine vllm"),
-        api_key: Optional[str] = typer.Option(
-            None, envvar="DUPLEX_API_KEY", show_envvar=True,
-            help="require this key (Authorization: Bearer <key>) on /v1/realtime"),
+        model: str | None = typer.Option(None, help="model path for --engine vllm"),
+        api_key: str | None = typer.Option(
+            None,
+            envvar="DUPLEX_API_KEY",
+            show_envvar=True,
+            help="require this key (Authorization: Bearer <key>) on /v1/realtime",
+        ),
         max_frame_bytes: int = typer.Option(1 << 20, help="largest client text frame parsed"),
         max_chunk_bytes: int = typer.Option(256 << 10, help="largest decoded audio chunk per append"),
         max_sessions: int = typer.Option(10_000, help="open sessions at most (admission)"),
         max_connections: int = typer.Option(10_000, help="open websocket connections at most"),
-        sample_rate: int = typer.Option(16000, help="the sessions' own pcm16 rate (VAD, engine); clients "
-                                        "declare their wire format (default audio/pcm 24 kHz)"),
+        sample_rate: int = typer.Option(
+            16000,
+            help="the sessions' own pcm16 rate (VAD, engine); clients "
+            "declare their wire format (default audio/pcm 24 kHz)",
+        ),
         disconnect_grace_s: float = typer.Option(30.0, help="how long a dropped session waits for resume"),
         idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
-        workers: int = typer.Option(1, min=1, help="session processes sharing one engine process "
-                                    "(resumes are routed to the owning worker); see docs/scale-out.md"),
+        workers: int = typer.Option(
+            1,
+            min=1,
+            help="session processes sharing one engine process "
+            "(resumes are routed to the owning worker); see docs/scale-out.md",
+        ),
         journal_max_age_s: float = typer.Option(60.0, help="how long events stay replayable for a resume"),
         stall_timeout_s: float = typer.Option(
-            15.0, help="restart the engine when a request produced nothing this long (0: off); "
-                       "its responses end failed"),
+            15.0,
+            help="restart the engine when a request produced nothing this long (0: off); "
+            "its responses end failed",
+        ),
         write_timeout_s: float = typer.Option(
-            10.0, help="close a connection whose sends do not drain this long (client stopped reading)"),
-        max_sessions_per_key: Optional[int] = typer.Option(None, help="open sessions per API key"),
-        max_sessions_per_address: Optional[int] = typer.Option(None, help="open sessions per client address"),
-        max_detached_sessions: Optional[int] = typer.Option(
-            None, help="sessions waiting for a resume, at most; beyond, new sessions are refused"),
+            10.0, help="close a connection whose sends do not drain this long (client stopped reading)"
+        ),
+        max_sessions_per_key: int | None = typer.Option(None, help="open sessions per API key"),
+        max_sessions_per_address: int | None = typer.Option(None, help="open sessions per client address"),
+        max_detached_sessions: int | None = typer.Option(
+            None, help="sessions waiting for a resume, at most; beyond, new sessions are refused"
+        ),
         drain_timeout_s: float = typer.Option(
-            10.0, help="on SIGTERM/SIGINT, how long responses in flight may take to finish"),
+            10.0, help="on SIGTERM/SIGINT, how long responses in flight may take to finish"
+        ),
     ) -> None:
         """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics)."""
         try:
-            import websockets  # noqa: F401
             import prometheus_client  # noqa: F401
+            import websockets  # noqa: F401
         except ImportError as exc:
-            typer.echo(f"serve needs the 'server' extra (pip install 'duplex-actors[server]'): {exc}",
-                       err=True)
+            typer.echo(
+                f"serve needs the 'server' extra (pip install 'duplex-actors[server]'): {exc}", err=True
+            )
             raise typer.Exit(2) from None
         from .wire import WireLimits
 
         if not _is_loopback(host) and api_key is None:
-            typer.echo(f"warning: serving on {host} without --api-key; anyone who can reach it "
-                       "can open sessions", err=True)
+            typer.echo(
+                f"warning: serving on {host} without --api-key; anyone who can reach it can open sessions",
+                err=True,
+            )
         limits = WireLimits(max_frame_bytes=max_frame_bytes, max_chunk_bytes=max_chunk_bytes)
-        overrides = {"sample_rate": sample_rate, "disconnect_grace_s": disconnect_grace_s,
-                     "idle_ttl_s": idle_ttl_s, "journal_max_age_s": journal_max_age_s}
+        overrides = {
+            "sample_rate": sample_rate,
+            "disconnect_grace_s": disconnect_grace_s,
+            "idle_ttl_s": idle_ttl_s,
+            "journal_max_age_s": journal_max_age_s,
+        }
         if workers > 1:  # the engine is built in its own process, not here
             from .workers import WorkerSettings, serve_workers
 
-            serve_workers(workers, host, port, WorkerSettings(
-                engine=engine.value, model=model, api_key=api_key, limits=limits,
-                session_overrides=overrides, max_sessions=max_sessions, max_connections=max_connections))
+            serve_workers(
+                workers,
+                host,
+                port,
+                WorkerSettings(
+                    engine=engine.value,
+                    model=model,
+                    api_key=api_key,
+                    limits=limits,
+                    session_overrides=overrides,
+                    max_sessions=max_sessions,
+                    max_connections=max_connections,
+                ),
+            )
             return
         backend = build_engine(engine, model)
         import anyio
 
         from .app import ServerConfig
 
-        config = ServerConfig(host=host, port=port, api_key=api_key, limits=limits,
-                              max_connections=max_connections, write_timeout_s=write_timeout_s,
-                              max_sessions_per_key=max_sessions_per_key,
-                              max_sessions_per_address=max_sessions_per_address,
-                              max_detached_sessions=max_detached_sessions)
+        config = ServerConfig(
+            host=host,
+            port=port,
+            api_key=api_key,
+            limits=limits,
+            max_connections=max_connections,
+            write_timeout_s=write_timeout_s,
+            max_sessions_per_key=max_sessions_per_key,
+            max_sessions_per_address=max_sessions_per_address,
+            max_detached_sessions=max_detached_sessions,
+        )
         runtime_options = {"max_sessions": max_sessions, "stall_timeout_s": stall_timeout_s or None}
         anyio.run(_serve, backend, config, overrides, runtime_options, engine.value, drain_timeout_s)
 
 
-async def _serve(backend, config, overrides: dict, runtime_options: dict, engine_name: str,
-                 drain_timeout_s: float) -> None:
+async def _serve(
+    backend, config, overrides: dict, runtime_options: dict, engine_name: str, drain_timeout_s: float
+) -> None:
     import signal
 
     import anyio
 
     from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
+    from ..audio.transcription import default_transcriber
     from ..core.session import SessionConfig
     from .app import RealtimeServer
-
-    from ..audio.transcription import default_transcriber
 
     # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.
     transcriber = default_transcriber()
     # A server runs for hours with thousands of journals: keep full GC passes off the loop.
-    async with Runtime(backend, config=SessionConfig(**overrides), gc_policy=GcPolicy(),
-                       transcriber=transcriber, **runtime_options) as runtime:
+    async with Runtime(
+        backend,
+        config=SessionConfig(**overrides),
+        gc_policy=GcPolicy(),
+        transcriber=transcriber,
+        **runtime_options,
+    ) as runtime:
         async with RealtimeServer(runtime, config) as server:
             auth = "on" if config.api_key else "off"
-            print(f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
-                  f"health {server.http_url}/health, metrics {server.http_url}/metrics", flush=True)
+            print(
+                f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
+                f"health {server.http_url}/health, metrics {server.http_url}/metrics",
+                flush=True,
+            )
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
-                    print(f"shutting down ({signal.Signals(signum).name}): draining", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"shutting down ({signal.Signals(signum).name}): draining",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     break
             # Drain before anything is torn down: every response ends with response.done, every
             # session with session.closed (runtime_shutdown), then each connection closes 1001.

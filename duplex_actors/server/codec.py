@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -50,8 +51,12 @@ class WireSession:
 
 def encode(event: ev.ServerEvent, wire: WireSession) -> list[dict]:
     """The JSON objects one event becomes, in the order they go out."""
-    out = {"type": event.TYPE, "event_id": event_id(event), "server_event_seq": event.seq,
-           "epoch": event.epoch}
+    out = {
+        "type": event.TYPE,
+        "event_id": event_id(event),
+        "server_event_seq": event.seq,
+        "epoch": event.epoch,
+    }
     body = _BODIES.get(type(event))
     if body is not None:
         out.update(body(event, wire))
@@ -78,10 +83,16 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
         "output_modalities": ["audio"] if "audio" in modalities else ["text"],
         "instructions": config.get("instructions") or "",
         "audio": {
-            "input": {"format": wire.input_format.to_wire(), "turn_detection": wire.turn_detection,
-                      "transcription": ({"model": config["transcription"], "language": "en"}
-                                        if config.get("transcription") else None),
-                      "noise_reduction": None},
+            "input": {
+                "format": wire.input_format.to_wire(),
+                "turn_detection": wire.turn_detection,
+                "transcription": (
+                    {"model": config["transcription"], "language": "en"}
+                    if config.get("transcription")
+                    else None
+                ),
+                "noise_reduction": None,
+            },
             "output": {"format": wire.output_format.to_wire(), "voice": wire.voice, "speed": 1.0},
         },
         "max_output_tokens": "inf",
@@ -89,20 +100,42 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
         "tools": [{**t, "parameters": json.loads(t["parameters"])} for t in config.get("tools") or ()],
         "tracing": None,
         "truncation": "auto",
-        "duplex": {k: config[k] for k in ("auto_respond", "respond_on_commit", "model_native",
-                                          "server_vad", "sample_rate", "min_interruption_ms",
-                                          "modalities") if k in config},
+        "duplex": {
+            k: config[k]
+            for k in (
+                "auto_respond",
+                "respond_on_commit",
+                "model_native",
+                "server_vad",
+                "sample_rate",
+                "min_interruption_ms",
+                "modalities",
+            )
+            if k in config
+        },
     }
 
 
 def item_object(item: Item) -> dict:
     if item.type == "function_call":
-        return {"id": item.id, "object": "realtime.item", "type": "function_call",
-                "status": item.status, "call_id": item.call_id or "", "name": item.name or "",
-                "arguments": item.arguments or ""}
+        return {
+            "id": item.id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": item.status,
+            "call_id": item.call_id or "",
+            "name": item.name or "",
+            "arguments": item.arguments or "",
+        }
     if item.type == "function_call_output":
-        return {"id": item.id, "object": "realtime.item", "type": "function_call_output",
-                "status": item.status, "call_id": item.call_id or "", "output": item.output or ""}
+        return {
+            "id": item.id,
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "status": item.status,
+            "call_id": item.call_id or "",
+            "output": item.output or "",
+        }
     parts = []
     for p in item.content:
         if p.type == "input_audio":
@@ -115,16 +148,29 @@ def item_object(item: Item) -> dict:
             parts.append({"type": "input_text", "text": p.text or ""})
     # GA has no developer role: a developer message is a system message on the wire.
     role = "system" if item.role == "developer" else item.role
-    return {"id": item.id, "object": "realtime.item", "type": "message", "role": role,
-            "status": item.status, "content": parts}
+    return {
+        "id": item.id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": role,
+        "status": item.status,
+        "content": parts,
+    }
 
 
 def _conversation_id(event: ev.ServerEvent) -> str:
     return f"conv_{event.session_id[-24:]}"
 
 
-def _response_object(e: ev.ResponseCreated | ev.ResponseDone, wire: WireSession, *,
-                     status: str, details: dict | None, output: list, usage: dict | None) -> dict:
+def _response_object(
+    e: ev.ResponseCreated | ev.ResponseDone,
+    wire: WireSession,
+    *,
+    status: str,
+    details: dict | None,
+    output: list,
+    usage: dict | None,
+) -> dict:
     return {
         "id": e.response_id,
         "object": "realtime.response",
@@ -144,8 +190,7 @@ def _response_object(e: ev.ResponseCreated | ev.ResponseDone, wire: WireSession,
 
 
 def _in_response(e: ev.ResponseEvent) -> dict:
-    return {"response_id": e.response_id, "item_id": e.item_id, "output_index": 0,
-            "content_index": 0}
+    return {"response_id": e.response_id, "item_id": e.item_id, "output_index": 0, "content_index": 0}
 
 
 def _with_metrics(body: dict, metrics) -> dict:
@@ -157,8 +202,13 @@ def _with_metrics(body: dict, metrics) -> dict:
 def _rate_limits(done: ev.ResponseDone) -> dict:
     # This server enforces no request or token quota per client: the list of limits that apply
     # is empty, rather than invented figures a client could read as "nothing left".
-    return {"type": "rate_limits.updated", "event_id": f"{event_id(done)}_rl",
-            "server_event_seq": None, "epoch": done.epoch, "rate_limits": []}
+    return {
+        "type": "rate_limits.updated",
+        "event_id": f"{event_id(done)}_rl",
+        "server_event_seq": None,
+        "epoch": done.epoch,
+        "rate_limits": [],
+    }
 
 
 # --- one body per event type -----------------------------------------------------------------
@@ -173,13 +223,19 @@ def _session_updated(e: ev.SessionUpdated, wire):
 
 
 def _error(e: ev.ErrorEvent, wire):
-    return {"error": {"type": e.error_type, "code": e.code, "message": e.message, "param": e.param,
-                      "event_id": e.client_event_id}}
+    return {
+        "error": {
+            "type": e.error_type,
+            "code": e.code,
+            "message": e.message,
+            "param": e.param,
+            "event_id": e.client_event_id,
+        }
+    }
 
 
 def _response_created(e: ev.ResponseCreated, wire):
-    return {"response": _response_object(e, wire, status="in_progress", details=None, output=[],
-                                          usage=None)}
+    return {"response": _response_object(e, wire, status="in_progress", details=None, output=[], usage=None)}
 
 
 def _response_done(e: ev.ResponseDone, wire):
@@ -195,8 +251,11 @@ def _response_done(e: ev.ResponseDone, wire):
     # Engines report what they generated, not what their prompt cost: input tokens are left
     # out (null) rather than guessed.
     usage = {"output_tokens": e.output_tokens}
-    return {"response": _response_object(e, wire, status=e.status, details=details,
-                                          output=[item_object(i) for i in e.output], usage=usage)}
+    return {
+        "response": _response_object(
+            e, wire, status=e.status, details=details, output=[item_object(i) for i in e.output], usage=usage
+        )
+    }
 
 
 def _part(part_type: str, words: str | None) -> dict:
@@ -206,72 +265,104 @@ def _part(part_type: str, words: str | None) -> dict:
 
 
 def _call_ids(e: fev.FunctionArgumentsDelta | fev.FunctionArgumentsDone) -> dict:
-    return {"response_id": e.response_id, "item_id": e.call.item_id,
-            "output_index": e.call.output_index, "call_id": e.call.call_id}
+    return {
+        "response_id": e.response_id,
+        "item_id": e.call.item_id,
+        "output_index": e.call.output_index,
+        "call_id": e.call.call_id,
+    }
 
 
 def _audio_delta(e: ev.AudioDeltaEvent, wire):
     fmt = wire.output_format
     data = encode_output(e.pcm, e.sample_rate, fmt)
-    body = {**_in_response(e), "delta": base64.b64encode(data).decode("ascii"),
-            "sample_rate": fmt.rate}
+    body = {**_in_response(e), "delta": base64.b64encode(data).decode("ascii"), "sample_rate": fmt.rate}
     return _with_metrics(body, e.metrics)
 
 
 _BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
     ev.SessionCreated: _session_created,
     ev.SessionUpdated: _session_updated,
-    ev.SessionResumed: lambda e, w: {"generation": e.generation, "resume_token": e.resume_token,
-                                     "replayed": e.replayed},
+    ev.SessionResumed: lambda e, w: {
+        "generation": e.generation,
+        "resume_token": e.resume_token,
+        "replayed": e.replayed,
+    },
     ev.SessionClosedEvent: lambda e, w: {"reason": e.reason},
     ev.ErrorEvent: _error,
     ev.SpeechStarted: lambda e, w: {"audio_start_ms": e.audio_start_ms, "item_id": e.item_id},
     ev.SpeechStopped: lambda e, w: {"audio_end_ms": e.audio_end_ms, "item_id": e.item_id},
-    ev.InputCommitted: lambda e, w: {"item_id": e.item_id, "previous_item_id": e.previous_item_id,
-                                     "audio_ms": e.audio_ms},
+    ev.InputCommitted: lambda e, w: {
+        "item_id": e.item_id,
+        "previous_item_id": e.previous_item_id,
+        "audio_ms": e.audio_ms,
+    },
     ev.ItemAdded: lambda e, w: {"item": item_object(e.item), "previous_item_id": e.previous_item_id},
     ev.ItemDone: lambda e, w: {"item": item_object(e.item), "previous_item_id": e.previous_item_id},
     ev.ItemRetrieved: lambda e, w: {"item": item_object(e.item)},
     ev.ItemDeleted: lambda e, w: {"item_id": e.item_id},
-    ev.ItemTruncated: lambda e, w: {"item_id": e.item_id, "content_index": e.content_index,
-                                    "audio_end_ms": e.audio_end_ms},
+    ev.ItemTruncated: lambda e, w: {
+        "item_id": e.item_id,
+        "content_index": e.content_index,
+        "audio_end_ms": e.audio_end_ms,
+    },
     ev.DecisionEvent: lambda e, w: {"decision": e.decision, "turn_id": e.turn_id},
     ev.ResponseCreated: _response_created,
-    ev.OutputItemAdded: lambda e, w: {"response_id": e.response_id, "output_index": 0,
-                                      "item": item_object(e.item)},
-    ev.OutputItemDone: lambda e, w: {"response_id": e.response_id, "output_index": 0,
-                                     "item": item_object(e.item)},
+    ev.OutputItemAdded: lambda e, w: {
+        "response_id": e.response_id,
+        "output_index": 0,
+        "item": item_object(e.item),
+    },
+    ev.OutputItemDone: lambda e, w: {
+        "response_id": e.response_id,
+        "output_index": 0,
+        "item": item_object(e.item),
+    },
     ev.ContentPartAdded: lambda e, w: {**_in_response(e), "part": _part(e.part_type, "")},
     ev.ContentPartDone: lambda e, w: {**_in_response(e), "part": _part(e.part_type, e.text)},
     ev.TextDeltaEvent: lambda e, w: _with_metrics({**_in_response(e), "delta": e.delta}, e.metrics),
-    ev.TranscriptDeltaEvent: lambda e, w: _with_metrics({**_in_response(e), "delta": e.delta},
-                                                        e.metrics),
+    ev.TranscriptDeltaEvent: lambda e, w: _with_metrics({**_in_response(e), "delta": e.delta}, e.metrics),
     ev.AudioDeltaEvent: _audio_delta,
     ev.TextDone: lambda e, w: {**_in_response(e), "text": e.text},
     ev.AudioDone: lambda e, w: _in_response(e),
     ev.TranscriptDone: lambda e, w: {**_in_response(e), "transcript": e.transcript},
     ev.ResponseDone: _response_done,
     # function calls: an output item of their own, after the assistant message (index 0)
-    fev.FunctionCallItemAdded: lambda e, w: {"response_id": e.response_id,
-                                             "output_index": e.call.output_index,
-                                             "item": item_object(e.call.to_item("in_progress"))},
+    fev.FunctionCallItemAdded: lambda e, w: {
+        "response_id": e.response_id,
+        "output_index": e.call.output_index,
+        "item": item_object(e.call.to_item("in_progress")),
+    },
     fev.FunctionArgumentsDelta: lambda e, w: {**_call_ids(e), "delta": e.delta},
-    fev.FunctionArgumentsDone: lambda e, w: {**_call_ids(e), "name": e.call.name,
-                                             "arguments": e.call.arguments},
-    fev.FunctionCallItemDone: lambda e, w: {"response_id": e.response_id,
-                                            "output_index": e.call.output_index,
-                                            "item": item_object(e.call.to_item())},
+    fev.FunctionArgumentsDone: lambda e, w: {
+        **_call_ids(e),
+        "name": e.call.name,
+        "arguments": e.call.arguments,
+    },
+    fev.FunctionCallItemDone: lambda e, w: {
+        "response_id": e.response_id,
+        "output_index": e.call.output_index,
+        "item": item_object(e.call.to_item()),
+    },
     # input transcription of a committed user item (content part 0 is its audio)
     tev.TranscriptionDelta: lambda e, w: {"item_id": e.item_id, "content_index": 0, "delta": e.delta},
-    tev.TranscriptionCompleted: lambda e, w: {"item_id": e.item_id, "content_index": 0,
-                                              "transcript": e.transcript,
-                                              "usage": {"type": "duration", "seconds": 0}},
-    tev.TranscriptionFailed: lambda e, w: {"item_id": e.item_id, "content_index": 0,
-                                           "error": {"type": "transcription_error",
-                                                     "code": "transcription_failed",
-                                                     "message": e.message, "param": None}},
+    tev.TranscriptionCompleted: lambda e, w: {
+        "item_id": e.item_id,
+        "content_index": 0,
+        "transcript": e.transcript,
+        "usage": {"type": "duration", "seconds": 0},
+    },
+    tev.TranscriptionFailed: lambda e, w: {
+        "item_id": e.item_id,
+        "content_index": 0,
+        "error": {
+            "type": "transcription_error",
+            "code": "transcription_failed",
+            "message": e.message,
+            "param": None,
+        },
+    },
 }
-
 
 
 def event_classes() -> list[type[ev.ServerEvent]]:

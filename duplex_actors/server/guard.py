@@ -49,7 +49,7 @@ def presented_keys(headers: Headers) -> list[str]:
         for proto in value.split(","):
             proto = proto.strip()
             if proto.startswith(SUBPROTOCOL_KEY_PREFIX):
-                offered.append(proto[len(SUBPROTOCOL_KEY_PREFIX):])
+                offered.append(proto[len(SUBPROTOCOL_KEY_PREFIX) :])
     return offered
 
 
@@ -98,11 +98,19 @@ class AdmissionQuotas:
     ``sweep`` callback the server uses to report those before it refuses anyone.
     """
 
-    __slots__ = ("max_per_key", "max_per_address", "max_detached", "_owner", "_by_key",
-                 "_by_address", "_detached")
+    __slots__ = (
+        "max_per_key",
+        "max_per_address",
+        "max_detached",
+        "_owner",
+        "_by_key",
+        "_by_address",
+        "_detached",
+    )
 
-    def __init__(self, *, max_per_key: int | None, max_per_address: int | None,
-                 max_detached: int | None) -> None:
+    def __init__(
+        self, *, max_per_key: int | None, max_per_address: int | None, max_detached: int | None
+    ) -> None:
         self.max_per_key = max_per_key
         self.max_per_address = max_per_address
         self.max_detached = max_detached
@@ -125,8 +133,10 @@ class AdmissionQuotas:
         if self.max_per_address is not None and self._by_address[address] >= self.max_per_address:
             return f"this address already holds {self.max_per_address} sessions; close one or retry later"
         if self.max_detached is not None and len(self._detached) >= self.max_detached:
-            return (f"{self.max_detached} sessions are waiting for a resume; new sessions are "
-                    "refused until some resume or expire")
+            return (
+                f"{self.max_detached} sessions are waiting for a resume; new sessions are "
+                "refused until some resume or expire"
+            )
         return None
 
     def opened(self, session_id: str, key: bytes | None, address: str) -> None:

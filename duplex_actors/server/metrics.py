@@ -11,7 +11,8 @@ share or collide on metrics.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -30,7 +31,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
 class _RuntimeCollector:
     """Reads the runtime's live state at scrape time."""
 
-    def __init__(self, runtime: "Runtime") -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
 
     def describe(self):  # no samples at registration time (the runtime may not run yet)
@@ -38,8 +39,7 @@ class _RuntimeCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rt = self._runtime
-        by_state = GaugeMetricFamily("duplex_sessions", "Open sessions by statechart state",
-                                     labels=["state"])
+        by_state = GaugeMetricFamily("duplex_sessions", "Open sessions by statechart state", labels=["state"])
         stats = rt.statistics()
         for state in State:
             if state is State.CLOSED:
@@ -56,54 +56,80 @@ class _RuntimeCollector:
             depth = handle.mailbox_statistics().depth
             depth_total += depth
             depth_max = max(depth_max, depth)
-        yield GaugeMetricFamily("duplex_sessions_detached",
-                                "Open sessions waiting out their disconnect grace", value=detached)
-        mailbox = GaugeMetricFamily("duplex_mailbox_depth",
-                                    "Messages queued in session mailboxes", labels=["stat"])
+        yield GaugeMetricFamily(
+            "duplex_sessions_detached", "Open sessions waiting out their disconnect grace", value=detached
+        )
+        mailbox = GaugeMetricFamily(
+            "duplex_mailbox_depth", "Messages queued in session mailboxes", labels=["stat"]
+        )
         mailbox.add_metric(["total"], depth_total)
         mailbox.add_metric(["max"], depth_max)
         yield mailbox
-        yield GaugeMetricFamily("duplex_sessions_ready",
-                                "Sessions queued for the dispatcher", value=stats.ready)
+        yield GaugeMetricFamily(
+            "duplex_sessions_ready", "Sessions queued for the dispatcher", value=stats.ready
+        )
         engine = stats.engine
-        yield GaugeMetricFamily("duplex_engine_in_flight", "Engine requests in flight",
-                                value=engine.in_flight)
-        requests = GaugeMetricFamily("duplex_engine_requests",
-                                     "Engine requests since start, by outcome", labels=["outcome"])
+        yield GaugeMetricFamily(
+            "duplex_engine_in_flight", "Engine requests in flight", value=engine.in_flight
+        )
+        requests = GaugeMetricFamily(
+            "duplex_engine_requests", "Engine requests since start, by outcome", labels=["outcome"]
+        )
         for name in ("submitted", "completed", "aborted", "failed"):
             requests.add_metric([name], getattr(engine, name))
         yield requests
 
 
 class ServerMetrics:
-    def __init__(self, runtime: "Runtime") -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.connections = Gauge("duplex_connections_open", "Open websocket connections", registry=r)
-        self.connections_total = Counter("duplex_connections_accepted", "Websocket connections accepted",
-                                         registry=r)
+        self.connections_total = Counter(
+            "duplex_connections_accepted", "Websocket connections accepted", registry=r
+        )
         self.auth_refused = Counter("duplex_auth_refused", "Connections refused for auth", registry=r)
-        self.frames = Counter("duplex_client_frames", "Client frames received: decoded and handed to the session, or rejected by the codec",
-                              ["outcome"], registry=r)
-        self.client_errors = Counter("duplex_client_errors", "Error events sent, by code",
-                                     ["code"], registry=r)
-        self.server_events = Counter("duplex_server_events", "Server events sent (first delivery)",
-                                     registry=r)
-        self.responses = Counter("duplex_responses", "Responses finished, by status",
-                                 ["status"], registry=r)
-        self.barge_ins = Counter("duplex_barge_ins",
-                                 "Responses cancelled because the user spoke over them", registry=r)
-        self.ttft = Histogram("duplex_ttft_seconds", "Time to first text token (server clock)",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.ttfp = Histogram("duplex_ttfp_seconds", "Time to first audio packet (server clock)",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.stop_latency = Histogram("duplex_stop_latency_seconds",
-                                      "Cancel received to response.done of the cancelled response",
-                                      buckets=LATENCY_BUCKETS, registry=r)
-        self.resumes = Counter("duplex_resumes", "Resume attempts, by outcome", ["outcome"],
-                               registry=r)
-        self.disconnects = Counter("duplex_disconnects", "Connections ended, by what happened to "
-                                   "their session", ["outcome"], registry=r)
+        self.frames = Counter(
+            "duplex_client_frames",
+            "Client frames received: decoded and handed to the session, or rejected by the codec",
+            ["outcome"],
+            registry=r,
+        )
+        self.client_errors = Counter(
+            "duplex_client_errors", "Error events sent, by code", ["code"], registry=r
+        )
+        self.server_events = Counter(
+            "duplex_server_events", "Server events sent (first delivery)", registry=r
+        )
+        self.responses = Counter("duplex_responses", "Responses finished, by status", ["status"], registry=r)
+        self.barge_ins = Counter(
+            "duplex_barge_ins", "Responses cancelled because the user spoke over them", registry=r
+        )
+        self.ttft = Histogram(
+            "duplex_ttft_seconds",
+            "Time to first text token (server clock)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttfp = Histogram(
+            "duplex_ttfp_seconds",
+            "Time to first audio packet (server clock)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stop_latency = Histogram(
+            "duplex_stop_latency_seconds",
+            "Cancel received to response.done of the cancelled response",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.resumes = Counter("duplex_resumes", "Resume attempts, by outcome", ["outcome"], registry=r)
+        self.disconnects = Counter(
+            "duplex_disconnects",
+            "Connections ended, by what happened to their session",
+            ["outcome"],
+            registry=r,
+        )
         r.register(_RuntimeCollector(runtime))
 
     def observe(self, event: ev.ServerEvent) -> None:

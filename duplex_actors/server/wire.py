@@ -29,15 +29,22 @@ import binascii
 import json
 import re
 import secrets
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 import attrs
 
 from ..core import commands as cmd
 from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
 from ..core.engine_io import FunctionTool, SamplingOverrides
-from ..errors import ClientError, DuplexError, InvalidCommand, InvalidSampling, UnencodableText
-from ..errors import ItemNotFound  # noqa: F401  (was defined here; kept importable)
+from ..errors import (
+    ClientError,
+    DuplexError,
+    InvalidCommand,
+    InvalidSampling,
+    ItemNotFound,  # noqa: F401  (was defined here; kept importable)
+    UnencodableText,
+)
 from .audio_format import G711_RATE, LEGACY_NAMES, PCM, PCM_RATES, PCMA, PCMU, AudioFormat
 
 # --- declared limits ------------------------------------------------------------------------
@@ -111,7 +118,6 @@ class NotSupported(ClientError):
     """A well-formed OpenAI event this runtime deliberately does not implement."""
 
     code = "not_supported"
-
 
 
 # --- decoded values that are not plain session commands -------------------------------------
@@ -214,8 +220,9 @@ class _Fields:
             raise self.fail(key, f"is longer than {max_len} characters")
         return value
 
-    def int(self, key: str, *, required: bool = False, minimum: int | None = 0,
-            maximum: int | None = None) -> int | None:
+    def int(
+        self, key: str, *, required: bool = False, minimum: int | None = 0, maximum: int | None = None
+    ) -> int | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or (value is None and not required):
             if required:
@@ -247,7 +254,7 @@ class _Fields:
             raise self.fail(key, f"must be a boolean, not {_json_type(value)}")
         return value
 
-    def object(self, key: str, *, required: bool = False) -> "_Fields | None":
+    def object(self, key: str, *, required: bool = False) -> _Fields | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or (value is None and not required):
             if required:
@@ -298,8 +305,10 @@ def _refuse_unencodable(value: Any) -> None:
         item = stack.pop()
         if isinstance(item, str):
             if _SURROGATE.search(item):
-                raise UnencodableText("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
-                                      "which is not valid Unicode text")
+                raise UnencodableText(
+                    "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                    "which is not valid Unicode text"
+                )
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -310,8 +319,13 @@ def _refuse_unencodable(value: Any) -> None:
 # --- the decoder ----------------------------------------------------------------------------
 
 
-def decode(frame: str | bytes, limits: WireLimits = WireLimits(), *, sample_rate: int = 16000,
-           input_format: AudioFormat | None = None) -> ClientEvent:
+def decode(
+    frame: str | bytes,
+    limits: WireLimits = WireLimits(),
+    *,
+    sample_rate: int = 16000,
+    input_format: AudioFormat | None = None,
+) -> ClientEvent:
     """Parse one client frame. ``sample_rate`` is the session's own pcm16 rate; ``input_format``
     what the client declared it sends (None: that same pcm16)."""
     if isinstance(frame, (bytes, bytearray, memoryview)):
@@ -355,7 +369,7 @@ def decode(frame: str | bytes, limits: WireLimits = WireLimits(), *, sample_rate
     try:
         return parser(fields, event_id, epoch, limits, (sample_rate, declared))
     except DuplexError as err:
-        raise err.with_event_id(event_id)
+        raise err.with_event_id(event_id) from None
     except (TypeError, ValueError) as exc:  # an attrs validator of the command itself
         raise WireError(f"invalid {event_type}: {exc}", event_id=event_id) from None
 
@@ -369,6 +383,7 @@ def _parser(*names: str):
         for name in names:
             _PARSERS[name] = fn
         return fn
+
     return register
 
 
@@ -400,8 +415,10 @@ def _append(f: _Fields, event_id, epoch, limits: WireLimits, rates):
         raise InvalidAudio("pcm16 audio must have an even number of bytes")
     rate = f.int("sample_rate", minimum=1)  # extension: the chunk names its rate
     if rate is not None and rate != declared.rate:
-        raise InvalidCommand(f"audio is {rate} Hz; this session takes {declared.type} at "
-                             f"{declared.rate} Hz (declare another format with session.update)")
+        raise InvalidCommand(
+            f"audio is {rate} Hz; this session takes {declared.type} at "
+            f"{declared.rate} Hz (declare another format with session.update)"
+        )
     if declared.type == PCM and declared.rate == sample_rate:
         return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch)
     return EncodedAudio(data=pcm, format=declared, event_id=event_id, epoch=epoch)
@@ -418,7 +435,7 @@ def _modalities(f: _Fields, key: str) -> tuple[str, ...] | None:
         raise f.fail(key, "must be a list of strings")
     chosen = _MODALITIES.get(tuple(sorted(set(value))))
     if chosen is None:
-        raise f.fail(key, "must be [\"audio\"] or [\"text\"]")
+        raise f.fail(key, 'must be ["audio"] or ["text"]')
     return chosen
 
 
@@ -430,8 +447,9 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
         instructions = response.str("instructions")
         conversation = response.obj.get("conversation")
         if conversation not in (None, "auto"):
-            raise NotSupported("out-of-band responses (response.conversation other than 'auto') "
-                               "are not supported")
+            raise NotSupported(
+                "out-of-band responses (response.conversation other than 'auto') are not supported"
+            )
         modalities = _modalities(response, "output_modalities")
         meta = response.object("metadata")
         if meta is not None:
@@ -444,15 +462,15 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
                     raise response.fail("metadata", f"key {key[:64]!r}... is longer than 64 characters")
                 meta.str(key, required=True, max_len=512)
             metadata = dict(meta.obj)
-    return cmd.CreateResponse(instructions=instructions, modalities=modalities, metadata=metadata,
-                              event_id=event_id, epoch=epoch)
+    return cmd.CreateResponse(
+        instructions=instructions, modalities=modalities, metadata=metadata, event_id=event_id, epoch=epoch
+    )
 
 
 @_parser("response.cancel")
 def _response_cancel(f: _Fields, event_id, epoch, limits, rates):
     # Without response_id the active response is cancelled; with one, it must be the active one.
-    return cmd.CancelResponse(response_id=f.str("response_id", max_len=256), event_id=event_id,
-                              epoch=epoch)
+    return cmd.CancelResponse(response_id=f.str("response_id", max_len=256), event_id=event_id, epoch=epoch)
 
 
 def _format(holder: _Fields, key: str, sample_rate: int) -> AudioFormat | None:
@@ -461,18 +479,21 @@ def _format(holder: _Fields, key: str, sample_rate: int) -> AudioFormat | None:
         return None
     kind = fmt.str("type") or PCM
     if kind not in (PCM, PCMU, PCMA):
-        raise UnsupportedAudioFormat(f"{fmt.prefix}type: {kind!r} is not supported; use audio/pcm, "
-                                     "audio/pcmu or audio/pcma", param=f"{fmt.prefix}type")
+        raise UnsupportedAudioFormat(
+            f"{fmt.prefix}type: {kind!r} is not supported; use audio/pcm, audio/pcmu or audio/pcma",
+            param=f"{fmt.prefix}type",
+        )
     rate = fmt.int("rate", minimum=1)
     if kind == PCM:
         if rate is not None and rate not in PCM_RATES:
-            raise UnsupportedAudioFormat(f"{fmt.prefix}rate: {rate} Hz is not supported; audio/pcm "
-                                         "is 24000 Hz (16000 Hz as an extension)",
-                                         param=f"{fmt.prefix}rate")
+            raise UnsupportedAudioFormat(
+                f"{fmt.prefix}rate: {rate} Hz is not supported; audio/pcm "
+                "is 24000 Hz (16000 Hz as an extension)",
+                param=f"{fmt.prefix}rate",
+            )
         return AudioFormat(PCM, rate or 24000)
     if rate not in (None, G711_RATE):
-        raise UnsupportedAudioFormat(f"{fmt.prefix}rate: {kind} is always 8000 Hz",
-                                     param=f"{fmt.prefix}rate")
+        raise UnsupportedAudioFormat(f"{fmt.prefix}rate: {kind} is always 8000 Hz", param=f"{fmt.prefix}rate")
     return AudioFormat(kind, G711_RATE)
 
 
@@ -481,8 +502,9 @@ def _legacy_format(s: _Fields, key: str) -> AudioFormat | None:
     if name is None:
         return None
     if name not in LEGACY_NAMES:
-        raise UnsupportedAudioFormat(f"{key}: {name!r} is not supported; use pcm16, g711_ulaw or "
-                                     "g711_alaw", param=key)
+        raise UnsupportedAudioFormat(
+            f"{key}: {name!r} is not supported; use pcm16, g711_ulaw or g711_alaw", param=key
+        )
     return AudioFormat.of(LEGACY_NAMES[name])
 
 
@@ -492,8 +514,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
     s = f.object("session", required=True)
     kind = s.obj.get("type")
     if kind not in (None, "realtime"):
-        raise NotSupported(f"session.type {kind!r} is not supported; this server runs realtime "
-                           "sessions")
+        raise NotSupported(f"session.type {kind!r} is not supported; this server runs realtime sessions")
     changes: dict[str, Any] = {}
     found: dict[str, Any] = {}
     errors: list[DuplexError] = []
@@ -534,10 +555,11 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         threshold = td_fields.number("threshold")
         if threshold is not None and not 0.0 < threshold < 1.0:
             raise td_fields.fail("threshold", "must be between 0 and 1")
-        settings = {"threshold": threshold,
-                    "prefix_padding_ms": td_fields.int("prefix_padding_ms", maximum=10_000),
-                    "silence_duration_ms": td_fields.int("silence_duration_ms", minimum=1,
-                                                         maximum=60_000)}
+        settings = {
+            "threshold": threshold,
+            "prefix_padding_ms": td_fields.int("prefix_padding_ms", maximum=10_000),
+            "silence_duration_ms": td_fields.int("silence_duration_ms", minimum=1, maximum=60_000),
+        }
         found["turn_detection"] = TurnDetection(**{k: v for k, v in settings.items() if v is not None})
         found["create_response"] = True if create is None else create
         found["interrupt_response"] = True if interrupt is None else interrupt
@@ -625,8 +647,19 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
     def transcription():
         changes.update(_session_transcription(s, in_fields))
 
-    for reader in (turn_detection, input_format, output_format, voice, instructions, modalities,
-                   temperature, max_tokens, duplex, tools, transcription):
+    for reader in (
+        turn_detection,
+        input_format,
+        output_format,
+        voice,
+        instructions,
+        modalities,
+        temperature,
+        max_tokens,
+        duplex,
+        tools,
+        transcription,
+    ):
         field(reader)
 
     def sampling_overrides():
@@ -646,15 +679,17 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
             changes["sampling"] = SamplingOverrides(**accepted)
 
     field(sampling_overrides)
-    return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes),
-                         errors=tuple(errors), **found)
+    return SessionUpdate(
+        command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes), errors=tuple(errors), **found
+    )
 
 
 # --- conversation items -----------------------------------------------------------------------
 
 
-def _content_text(item: _Fields, allowed: tuple[str, ...],
-                  as_type: str = "input_text") -> tuple[ContentPart, ...]:
+def _content_text(
+    item: _Fields, allowed: tuple[str, ...], as_type: str = "input_text"
+) -> tuple[ContentPart, ...]:
     content = item.obj.get("content")
     if not isinstance(content, list) or not content:
         raise item.fail("content", "must be a non-empty list of content parts")
@@ -685,32 +720,44 @@ def _item_create(f: _Fields, event_id, epoch, limits, rates):
             parts = _content_text(item, ("input_text",) if role == "user" else ("input_text", "text"))
         value = Item(id=item_id, role=role, content=parts)
     elif kind == "function_call_output":
-        value = Item(id=item_id, type=kind, call_id=item.str("call_id", required=True, max_len=256),
-                     output=item.str("output", required=True))
+        value = Item(
+            id=item_id,
+            type=kind,
+            call_id=item.str("call_id", required=True, max_len=256),
+            output=item.str("output", required=True),
+        )
     elif kind == "function_call":
         # The assistant's call, replayed by a client that syncs its history (livekit sends the
         # calls of its chat context). GA requires name and arguments; without a call_id the
         # session gives it one, so an output can still answer it.
-        value = Item(id=item_id, type=kind, call_id=item.str("call_id", max_len=256) or None,
-                     name=item.str("name", required=True, max_len=256),
-                     arguments=item.str("arguments", required=True))
+        value = Item(
+            id=item_id,
+            type=kind,
+            call_id=item.str("call_id", max_len=256) or None,
+            name=item.str("name", required=True, max_len=256),
+            arguments=item.str("arguments", required=True),
+        )
     else:
-        raise NotSupported(f"item.type {kind!r} is not supported; create message, function_call "
-                           "or function_call_output items")
+        raise NotSupported(
+            f"item.type {kind!r} is not supported; create message, function_call "
+            "or function_call_output items"
+        )
     previous = f.str("previous_item_id", max_len=256)
     return cmd.CreateItem(item=value, previous_item_id=previous, event_id=event_id, epoch=epoch)
 
 
 @_parser("conversation.item.delete")
 def _item_delete(f: _Fields, event_id, epoch, limits, rates):
-    return cmd.DeleteItem(item_id=f.str("item_id", required=True, max_len=256), event_id=event_id,
-                          epoch=epoch)
+    return cmd.DeleteItem(
+        item_id=f.str("item_id", required=True, max_len=256), event_id=event_id, epoch=epoch
+    )
 
 
 @_parser("conversation.item.retrieve")
 def _item_retrieve(f: _Fields, event_id, epoch, limits, rates):
-    return cmd.RetrieveItem(item_id=f.str("item_id", required=True, max_len=256), event_id=event_id,
-                            epoch=epoch)
+    return cmd.RetrieveItem(
+        item_id=f.str("item_id", required=True, max_len=256), event_id=event_id, epoch=epoch
+    )
 
 
 # --- function tools -----------------------------------------------------------------------
@@ -738,9 +785,13 @@ def _session_tools(s: _Fields) -> dict[str, Any]:
             parameters = tool.get("parameters", {})
             if not isinstance(parameters, dict):
                 raise t.fail("parameters", f"must be an object, not {_json_type(parameters)}")
-            parsed.append(FunctionTool(name=t.str("name", required=True, max_len=256),
-                                       description=t.str("description") or "",
-                                       parameters=json.dumps(parameters, separators=(",", ":"))))
+            parsed.append(
+                FunctionTool(
+                    name=t.str("name", required=True, max_len=256),
+                    description=t.str("description") or "",
+                    parameters=json.dumps(parameters, separators=(",", ":")),
+                )
+            )
         changes["tools"] = tuple(parsed)
     choice = s.obj.get("tool_choice")
     if isinstance(choice, str):
@@ -757,8 +808,11 @@ def _session_tools(s: _Fields) -> dict[str, Any]:
 def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, Any]:
     """Input transcription: GA ``audio.input.transcription`` or beta ``input_audio_transcription``
     (``{"model": ..., "language", "prompt"}``, or null to turn it off)."""
-    holders = [(h, k) for h, k in ((in_fields, "transcription"), (s, "input_audio_transcription"))
-               if h is not None and h.has(k)]
+    holders = [
+        (h, k)
+        for h, k in ((in_fields, "transcription"), (s, "input_audio_transcription"))
+        if h is not None and h.has(k)
+    ]
     if not holders:
         return {}
     holder, key = holders[0]
@@ -767,42 +821,51 @@ def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, A
     settings = holder.object(key)
     language = settings.str("language", max_len=32)
     if language not in (None, "", "en") and not language.startswith("en-"):
-        raise NotSupported(f"input transcription language {language!r} is not supported; the "
-                           "recogniser is English only")
+        raise NotSupported(
+            f"input transcription language {language!r} is not supported; the recogniser is English only"
+        )
     settings.str("prompt")  # type-checked; the recogniser takes no prompt
     return {"transcription": settings.str("model", max_len=256) or "pocketsphinx"}
 
 
 @_parser("conversation.item.truncate")
 def _item_truncate(f: _Fields, event_id, epoch, limits, rates):
-    return cmd.TruncateItem(item_id=f.str("item_id", required=True, max_len=256),
-                            content_index=f.int("content_index", required=True),
-                            audio_end_ms=f.int("audio_end_ms", required=True),
-                            event_id=event_id, epoch=epoch)
+    return cmd.TruncateItem(
+        item_id=f.str("item_id", required=True, max_len=256),
+        content_index=f.int("content_index", required=True),
+        audio_end_ms=f.int("audio_end_ms", required=True),
+        event_id=event_id,
+        epoch=epoch,
+    )
 
 
 @_parser("output_audio_buffer.clear", "transcription_session.update")
 def _not_supported(f: _Fields, event_id, epoch, limits, rates):
     raise NotSupported(f"{f.obj['type']} is not supported by this server")
+
+
 # --- duplex extensions ----------------------------------------------------------------------
 
 
 @_parser("duplex.playback_ack")
 def _playback_ack(f: _Fields, event_id, epoch, limits, rates):
-    return cmd.PlaybackAck(response_id=f.str("response_id", required=True, max_len=256),
-                           played_ms=f.int("played_ms", required=True),
-                           event_id=event_id, epoch=epoch)
-
-
+    return cmd.PlaybackAck(
+        response_id=f.str("response_id", required=True, max_len=256),
+        played_ms=f.int("played_ms", required=True),
+        event_id=event_id,
+        epoch=epoch,
+    )
 
 
 @_parser("session.resume")
 def _session_resume(f: _Fields, event_id, epoch, limits, rates):
-    command = cmd.Resume(generation=f.int("generation", required=True),
-                         resume_token=f.str("resume_token", required=True, max_len=256),
-                         last_seq=f.int("last_seq") or 0,
-                         control_id=f.str("control_id", max_len=256),
-                         event_id=event_id)
+    command = cmd.Resume(
+        generation=f.int("generation", required=True),
+        resume_token=f.str("resume_token", required=True, max_len=256),
+        last_seq=f.int("last_seq") or 0,
+        control_id=f.str("control_id", max_len=256),
+        event_id=event_id,
+    )
     return ResumeRequest(session_id=f.str("session_id", required=True, max_len=256), command=command)
 
 
@@ -819,11 +882,19 @@ def transport_error(err: DuplexError) -> dict:
 
     It carries ``server_event_seq: null``: it is not part of any session's replayable stream.
     """
-    return {"type": "error", "event_id": f"evt_transport_{secrets.token_hex(4)}",
-            "server_event_seq": None, "epoch": None,
-            "error": {"type": "invalid_request_error" if isinstance(err, ClientError) else "server_error",
-                      "code": err.code, "message": err.message, "param": err.param,
-                      "event_id": err.event_id}}
+    return {
+        "type": "error",
+        "event_id": f"evt_transport_{secrets.token_hex(4)}",
+        "server_event_seq": None,
+        "epoch": None,
+        "error": {
+            "type": "invalid_request_error" if isinstance(err, ClientError) else "server_error",
+            "code": err.code,
+            "message": err.message,
+            "param": err.param,
+            "event_id": err.event_id,
+        },
+    }
 
 
 # Events with no fields of their own beyond event_id and the fence: one parser shape for all.

@@ -43,7 +43,8 @@ import signal
 import socket
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import attrs
@@ -131,22 +132,21 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         try:
-            await serve_engine(settings.build_engine, path,
-                               ready=lambda: ready.send(os.getpid()), stop=stop)
+            await serve_engine(settings.build_engine, path, ready=lambda: ready.send(os.getpid()), stop=stop)
         finally:
             _ignore_stop_signals()
 
     asyncio.run(main())
 
 
-def _worker_main(index: int, settings: WorkerSettings, engine_path: str, handoff_path: str,
-                 ready) -> None:
+def _worker_main(index: int, settings: WorkerSettings, engine_path: str, handoff_path: str, ready) -> None:
     _become_child(f"dx-worker{index}")
     asyncio.run(_run_worker(index, settings, engine_path, handoff_path, ready))
 
 
-async def _run_worker(index: int, settings: WorkerSettings, engine_path: str, handoff_path: str,
-                      ready) -> None:
+async def _run_worker(
+    index: int, settings: WorkerSettings, engine_path: str, handoff_path: str, ready
+) -> None:
     from ..actors.runtime import Runtime
     from ..core.session import SessionConfig
     from ..engines.engine_process import EngineProcessClient
@@ -163,18 +163,26 @@ async def _run_worker(index: int, settings: WorkerSettings, engine_path: str, ha
     # As single-process serve: a session that asks for input transcription gets it here too
     # (loaded lazily on its first transcribed turn; None without the 'transcription' extra).
     transcriber = default_transcriber()
-    config = ServerConfig(host="127.0.0.1", port=0, api_key=settings.api_key,
-                          max_connections=settings.max_connections,
-                          **({"limits": settings.limits} if settings.limits is not None else {}))
+    config = ServerConfig(
+        host="127.0.0.1",
+        port=0,
+        api_key=settings.api_key,
+        max_connections=settings.max_connections,
+        **({"limits": settings.limits} if settings.limits is not None else {}),
+    )
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(handoff_path)
     os.chmod(handoff_path, 0o600)
     listener.listen(1)
     listener.setblocking(False)
     try:
-        async with Runtime(backend, config=SessionConfig(**settings.session_overrides),
-                           max_sessions=settings.max_sessions, session_ids=_SessionIds(index),
-                           transcriber=transcriber) as runtime:
+        async with Runtime(
+            backend,
+            config=SessionConfig(**settings.session_overrides),
+            max_sessions=settings.max_sessions,
+            session_ids=_SessionIds(index),
+            transcriber=transcriber,
+        ) as runtime:
             async with RealtimeServer(runtime, config) as server:
                 ready.send((os.getpid(), server.port))
                 front, _ = await loop.sock_accept(listener)
@@ -312,8 +320,10 @@ class FrontDoor:
             self.refused += 1
             body = b"the worker that owns this session is gone, or no worker is running\n"
             with contextlib.suppress(OSError):
-                conn.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-                          b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                conn.send(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
         except (TimeoutError, OSError, ValueError) as exc:
             log.info("front.connection_dropped", error=repr(exc))
         finally:
@@ -368,8 +378,9 @@ class _EngineSupervisor:
         Call from the front's main thread: the child's parent-death signal is tied to the
         thread that started it."""
         ready, ready_send = self.ctx.Pipe(duplex=False)
-        self.process = self.ctx.Process(target=_engine_main, args=(self.settings, self.path, ready_send),
-                                        name="duplex-engine")
+        self.process = self.ctx.Process(
+            target=_engine_main, args=(self.settings, self.path, ready_send), name="duplex-engine"
+        )
         self.process.start()
         return ready
 
@@ -382,8 +393,15 @@ class _EngineSupervisor:
         return self.wait_ready(self.spawn())
 
 
-def serve_workers(workers: int, host: str, port: int, settings: WorkerSettings, *,
-                  startup_timeout_s: float = 60.0, on_ready: Callable[[int], None] | None = None) -> None:
+def serve_workers(
+    workers: int,
+    host: str,
+    port: int,
+    settings: WorkerSettings,
+    *,
+    startup_timeout_s: float = 60.0,
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
     """Run the engine process, ``workers`` worker processes and the front until SIGINT/SIGTERM.
     ``on_ready(port)`` is called once the public port accepts connections."""
     ctx = multiprocessing.get_context("spawn")  # no forked copies of the parent's loop or threads
@@ -396,9 +414,11 @@ def serve_workers(workers: int, host: str, port: int, settings: WorkerSettings, 
         for index in range(workers):
             handoff_path = os.path.join(folder, f"worker{index}.sock")
             receive, send = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=_worker_main,
-                                  args=(index, settings, engine.path, handoff_path, send),
-                                  name=f"duplex-worker-{index}")
+            process = ctx.Process(
+                target=_worker_main,
+                args=(index, settings, engine.path, handoff_path, send),
+                name=f"duplex-worker-{index}",
+            )
             process.start()
             pool.append(_Worker(index, process))
             pipes.append((receive, handoff_path))
@@ -416,16 +436,25 @@ def serve_workers(workers: int, host: str, port: int, settings: WorkerSettings, 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-async def _run_front(pool: list[_Worker], host: str, port: int, settings: WorkerSettings,
-                     engine: _EngineSupervisor, engine_pid: int,
-                     on_ready: Callable[[int], None] | None) -> None:
+async def _run_front(
+    pool: list[_Worker],
+    host: str,
+    port: int,
+    settings: WorkerSettings,
+    engine: _EngineSupervisor,
+    engine_pid: int,
+    on_ready: Callable[[int], None] | None,
+) -> None:
     listener = socket.create_server((host, port), backlog=1024)
     listener.setblocking(False)
     bound = listener.getsockname()[1]
     front = FrontDoor(pool, listener)
     auth = "on" if settings.api_key else "off"
-    print(f"duplex-actors serving ws://{host}:{bound}/v1/realtime (engine={settings.engine}, auth={auth}, "
-          f"workers={len(pool)}); health http://{host}:{bound}/health (answered by one worker)", flush=True)
+    print(
+        f"duplex-actors serving ws://{host}:{bound}/v1/realtime (engine={settings.engine}, auth={auth}, "
+        f"workers={len(pool)}); health http://{host}:{bound}/health (answered by one worker)",
+        flush=True,
+    )
     for worker in pool:
         print(f"worker {worker.index} pid={worker.pid} ws://127.0.0.1:{worker.port}/v1/realtime", flush=True)
     print(f"engine pid={engine_pid} socket={engine.path}", flush=True)

@@ -23,7 +23,7 @@ asserts the runtime survived it.
 from __future__ import annotations
 
 import contextlib
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import attrs
@@ -55,23 +55,23 @@ class Fault:
     match: Callable[[ModelTurnRequest], bool] | None = None
 
     @classmethod
-    def raise_after(cls, n: int = 1, **kw) -> "Fault":
+    def raise_after(cls, n: int = 1, **kw) -> Fault:
         return cls("raise", after=n, **kw)
 
     @classmethod
-    def hang_after(cls, n: int = 1, **kw) -> "Fault":
+    def hang_after(cls, n: int = 1, **kw) -> Fault:
         return cls("hang", after=n, **kw)
 
     @classmethod
-    def truncate_after(cls, n: int = 1, **kw) -> "Fault":
+    def truncate_after(cls, n: int = 1, **kw) -> Fault:
         return cls("truncate", after=n, **kw)
 
     @classmethod
-    def garbage_after(cls, n: int = 1, **kw) -> "Fault":
+    def garbage_after(cls, n: int = 1, **kw) -> Fault:
         return cls("garbage", after=n, **kw)
 
     @classmethod
-    def slow(cls, delay_s: float, **kw) -> "Fault":
+    def slow(cls, delay_s: float, **kw) -> Fault:
         kw.setdefault("times", None)
         return cls("slow", delay_s=delay_s, **kw)
 
@@ -84,8 +84,14 @@ class Fault:
 class FaultyEngine:
     """An engine backend that delegates to ``inner`` and injects :class:`Fault` s."""
 
-    def __init__(self, inner: EngineBackend, faults: list[Fault] | tuple[Fault, ...] = (), *,
-                 abort_failures: int = 0, start_failures: int = 0) -> None:
+    def __init__(
+        self,
+        inner: EngineBackend,
+        faults: list[Fault] | tuple[Fault, ...] = (),
+        *,
+        abort_failures: int = 0,
+        start_failures: int = 0,
+    ) -> None:
         self.inner = inner
         self.name = f"faulty:{inner.name}"
         self.capabilities = inner.capabilities

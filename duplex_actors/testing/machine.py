@@ -79,13 +79,43 @@ _TERMINAL_OUTPUT = dst.engine_output_specs(terminal=True)
 _STREAM = st.lists(dst.engine_output_specs(terminal=False), max_size=4)
 
 # Weighted by repetition; close is rare so most runs spend their steps on an open session.
-_COMMAND_KINDS = ("commit", "commit", "commit", "clear", "create_response", "create_response",
-                  "barge_in", "barge_in", "barge_in", "cancel", "cancel", "heartbeat",
-                  "speech_started", "speech_started", "speech_stopped", "close", "cancel_other",
-                  "create_item", "delete_item", "retrieve_item")
-_BURST_KINDS = ("append", "commit", "clear", "create_response", "barge_in", "cancel", "heartbeat",
-                "speech_started", "speech_stopped", "cancel_other", "create_item", "delete_item",
-                "retrieve_item")
+_COMMAND_KINDS = (
+    "commit",
+    "commit",
+    "commit",
+    "clear",
+    "create_response",
+    "create_response",
+    "barge_in",
+    "barge_in",
+    "barge_in",
+    "cancel",
+    "cancel",
+    "heartbeat",
+    "speech_started",
+    "speech_started",
+    "speech_stopped",
+    "close",
+    "cancel_other",
+    "create_item",
+    "delete_item",
+    "retrieve_item",
+)
+_BURST_KINDS = (
+    "append",
+    "commit",
+    "clear",
+    "create_response",
+    "barge_in",
+    "cancel",
+    "heartbeat",
+    "speech_started",
+    "speech_stopped",
+    "cancel_other",
+    "create_item",
+    "delete_item",
+    "retrieve_item",
+)
 
 
 def _check_actions(actions: list, exp: Expectation, where: str) -> None:
@@ -106,17 +136,31 @@ def check_lease_accounting(core: SessionCore, where: str = "") -> None:
     registered = core.in_flight_requests
     assert core.lease.in_flight == len(registered), (
         f"{where}: lease counts {core.lease.in_flight} in flight, the session has registered "
-        f"{sorted(registered)}")
+        f"{sorted(registered)}"
+    )
 
 
 def _snapshot(core: SessionCore) -> tuple:
     """Everything an illegal command must leave untouched."""
     counters = attrs.asdict(core.counters)
     counters.pop("commands"), counters.pop("rejected")
-    return (core.state, core.epoch, core.turn_id, core.buffered_input_bytes, core.response_id,
-            core.in_flight_requests, core.aborting_requests, core.timing.is_empty,
-            core.timing.bound_start, core.pending_events, core.last_seq, tuple(counters.items()),
-            core.lease.in_flight, core.lease.last_activity, core.close_reason)
+    return (
+        core.state,
+        core.epoch,
+        core.turn_id,
+        core.buffered_input_bytes,
+        core.response_id,
+        core.in_flight_requests,
+        core.aborting_requests,
+        core.timing.is_empty,
+        core.timing.bound_start,
+        core.pending_events,
+        core.last_seq,
+        tuple(counters.items()),
+        core.lease.in_flight,
+        core.lease.last_activity,
+        core.close_reason,
+    )
 
 
 # =============================================================================================
@@ -174,7 +218,8 @@ class SessionCoreMachine(RuleBasedStateMachine):
         if exp.error is not None:
             assert raised is not None, f"{where}: accepted; expected {exp.error.__name__}"
             assert type(raised) is exp.error, (
-                f"{where}: raised {type(raised).__name__}, expected {exp.error.__name__}")
+                f"{where}: raised {type(raised).__name__}, expected {exp.error.__name__}"
+            )
             assert raised.event_id == command.event_id, f"{where}: the error lost the client's event_id"
             after = _snapshot(core)
             assert after == before, f"{where}: refused, yet the session changed:\n{before}\n{after}"
@@ -210,18 +255,22 @@ class SessionCoreMachine(RuleBasedStateMachine):
 
     # -- rules: commands --------------------------------------------------------------------
 
-    @rule(pcm=dst.pcm16_chunks(), fence=dst.fences(),
-          rate=st.sampled_from((16000, 16000, 16000, 8000)))
+    @rule(pcm=dst.pcm16_chunks(), fence=dst.fences(), rate=st.sampled_from((16000, 16000, 16000, 8000)))
     def append(self, pcm, fence, rate):
         epoch = fence.resolve(self.core.epoch)
         self.send(cmd.AppendAudio(pcm=pcm, sample_rate=rate, epoch=epoch, event_id=f"c{self.steps}"))
 
-    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), audio_ms=st.integers(0, 10_000),
-          item=st.integers(0, len(dst.ITEM_IDS) - 1))
+    @rule(
+        kind=st.sampled_from(_COMMAND_KINDS),
+        fence=dst.fences(),
+        audio_ms=st.integers(0, 10_000),
+        item=st.integers(0, len(dst.ITEM_IDS) - 1),
+    )
     def command(self, kind, fence, audio_ms, item):
         epoch = fence.resolve(self.core.epoch)
-        self.send(dst.make_command(kind, audio_ms=audio_ms, item=item, epoch=epoch,
-                                   event_id=f"c{self.steps}"))
+        self.send(
+            dst.make_command(kind, audio_ms=audio_ms, item=item, epoch=epoch, event_id=f"c{self.steps}")
+        )
 
     @rule(pcm=dst.pcm16_chunks(60, 200))
     def user_turn(self, pcm):
@@ -229,7 +278,10 @@ class SessionCoreMachine(RuleBasedStateMachine):
         self.send(cmd.AppendAudio(pcm=pcm, event_id=f"c{self.steps}"))
         self.send(cmd.CommitInput(event_id=f"c{self.steps}"))
 
-    @rule(fence=dst.fences(stale=True, ahead=True), reason=st.sampled_from(("turn_detected", "client_cancelled")))
+    @rule(
+        fence=dst.fences(stale=True, ahead=True),
+        reason=st.sampled_from(("turn_detected", "client_cancelled")),
+    )
     def barge_in_with_reason(self, fence, reason):
         self.send(cmd.BargeIn(reason=reason, epoch=fence.resolve(self.core.epoch)))
 
@@ -256,8 +308,10 @@ class SessionCoreMachine(RuleBasedStateMachine):
     @rule(data=st.data(), which=st.sampled_from(("issued", "aborting", "unknown")))
     def stale_engine_output(self, data, which):
         """Output of a request that is not (or no longer) the live one."""
-        pool = {"issued": [r for r in self.model.issued if r != self.model.turn_request],
-                "aborting": sorted(self.model.aborting)}.get(which) or []
+        pool = {
+            "issued": [r for r in self.model.issued if r != self.model.turn_request],
+            "aborting": sorted(self.model.aborting),
+        }.get(which) or []
         unknown = f"{self.session_id}/e{self.model.epoch + 7}/t{self.model.turn_id}"
         rid = pool[data.draw(st.integers(0, len(pool) - 1), label="index")] if pool else unknown
         self.feed(data.draw(_ANY_OUTPUT, label="output")(rid))
@@ -301,11 +355,16 @@ class SessionCoreMachine(RuleBasedStateMachine):
         self.checker.feed(self.core.take_events())
         assert self.checker.terminals == self.model.terminals, (
             f"terminal events differ from the model:\n  got      {self.checker.terminals}\n"
-            f"  expected {self.model.terminals}")
+            f"  expected {self.model.terminals}"
+        )
         for rid, ttft in self.checker.ttft.items():
-            assert abs(ttft - self.model.ttft[rid]) < 1e-6, f"{rid}: TTFT {ttft}, clock says {self.model.ttft[rid]}"
+            assert abs(ttft - self.model.ttft[rid]) < 1e-6, (
+                f"{rid}: TTFT {ttft}, clock says {self.model.ttft[rid]}"
+            )
         for rid, ttfp in self.checker.ttfp.items():
-            assert abs(ttfp - self.model.ttfp[rid]) < 1e-6, f"{rid}: TTFP {ttfp}, clock says {self.model.ttfp[rid]}"
+            assert abs(ttfp - self.model.ttfp[rid]) < 1e-6, (
+                f"{rid}: TTFP {ttfp}, clock says {self.model.ttfp[rid]}"
+            )
 
 
 # =============================================================================================
@@ -361,7 +420,9 @@ class _TracingCore(SessionCore):
             self.trace.add(TraceEntry(next(self.trace.tick), kind, item, error, list(self._actions[n:])))
 
     def handle(self, command, *, received_at=None):
-        return self._record("command", command, lambda: SessionCore.handle(self, command, received_at=received_at))
+        return self._record(
+            "command", command, lambda: SessionCore.handle(self, command, received_at=received_at)
+        )
 
     def on_engine_output(self, output):
         return self._record("output", output, lambda: SessionCore.on_engine_output(self, output))
@@ -462,9 +523,14 @@ class RuntimeMachine(RuleBasedStateMachine):
     mailbox_capacity = 8
     #: what the default engine plays when no drawn script is queued: a response that lasts
     #: long enough (about 15 ms) for commands to land in the middle of it.
-    default_script = Script(tokens=("Hi", " there", ",", " how", " are", " you"), audio_packets=3,
-                            packet_ms=20, first_latency_s=0.002, token_latency_s=0.001,
-                            packet_latency_s=0.001)
+    default_script = Script(
+        tokens=("Hi", " there", ",", " how", " are", " you"),
+        audio_packets=3,
+        packet_ms=20,
+        first_latency_s=0.002,
+        token_latency_s=0.001,
+        packet_latency_s=0.001,
+    )
     #: seconds an ask may take, and the settle deadline at the end of a run.
     ask_timeout_s = 5.0
     settle_timeout_s = 2.0
@@ -494,8 +560,13 @@ class RuntimeMachine(RuleBasedStateMachine):
         try:
             config = self.session_config()
             self.backend = RecordingBackend(self.make_engine(), self.tick)
-            self.runtime = Runtime(self.backend, config=config, reaper_interval_s=0,
-                                   mailbox_capacity=self.mailbox_capacity, **self.runtime_options())
+            self.runtime = Runtime(
+                self.backend,
+                config=config,
+                reaper_interval_s=0,
+                mailbox_capacity=self.mailbox_capacity,
+                **self.runtime_options(),
+            )
             self._rt_cm = self.portal.wrap_async_context_manager(self.runtime)
             self._rt_cm.__enter__()
             self.handle = self.portal.call(self._open)
@@ -559,8 +630,11 @@ class RuntimeMachine(RuleBasedStateMachine):
         """The lane the command must be queued on: its own, except that a cancel queues behind
         a response.create (or a commit) still waiting, so it cannot overtake what it cancels."""
         if isinstance(command, cmd.CancelResponse):
-            waiting = [e for e in self.sent[Lane.DATA] if e not in self.trace.by_event_id
-                       and self.trigger_of[e] in ("create_response", "commit")]
+            waiting = [
+                e
+                for e in self.sent[Lane.DATA]
+                if e not in self.trace.by_event_id and self.trigger_of[e] in ("create_response", "commit")
+            ]
             if waiting:
                 return Lane.DATA
         return command.LANE
@@ -594,19 +668,24 @@ class RuntimeMachine(RuleBasedStateMachine):
             outcome = err
         where = f"ask {command!r}"
         if not accepted:
-            assert isinstance(outcome, (MailboxFull, SessionClosed)), f"{where}: expected a refusal, got {outcome!r}"
+            assert isinstance(outcome, (MailboxFull, SessionClosed)), (
+                f"{where}: expected a refusal, got {outcome!r}"
+            )
             return
         entry = self.trace.by_event_id.get(eid)
         if entry is None:  # queued, then refused because the session closed meanwhile
             assert isinstance(outcome, SessionClosed), f"{where}: never processed, yet answered {outcome!r}"
         else:
-            assert outcome is entry.error, f"{where}: the asker got {outcome!r}, the session raised {entry.error!r}"
+            assert outcome is entry.error, (
+                f"{where}: the asker got {outcome!r}, the session raised {entry.error!r}"
+            )
         self._check_mailbox()
 
     def _check_mailbox(self) -> None:
         stats = self.handle.mailbox_statistics()
         assert stats.control <= stats.capacity and stats.data <= stats.capacity, (
-            f"mailbox above its bound: {stats}")
+            f"mailbox above its bound: {stats}"
+        )
 
     def _burst(self, program) -> None:
         for step in program:  # no await in between: the mailbox fills
@@ -653,13 +732,20 @@ class RuntimeMachine(RuleBasedStateMachine):
     def append(self, pcm, fence, ask):
         self.step(self._send, dst.FencedCommand("append", fence, pcm), ask)
 
-    @rule(kind=st.sampled_from(_COMMAND_KINDS), fence=dst.fences(), ask=st.booleans(),
-          item=st.integers(0, len(dst.ITEM_IDS) - 1))
+    @rule(
+        kind=st.sampled_from(_COMMAND_KINDS),
+        fence=dst.fences(),
+        ask=st.booleans(),
+        item=st.integers(0, len(dst.ITEM_IDS) - 1),
+    )
     def command(self, kind, fence, ask, item):
         self.step(self._send, dst.FencedCommand(kind, fence, item=item), ask)
 
-    @rule(pcm=dst.pcm16_chunks(60, 200), interrupt=st.sampled_from((None, "barge_in", "cancel", "close")),
-          ms=st.sampled_from((0, 1, 3, 8)))
+    @rule(
+        pcm=dst.pcm16_chunks(60, 200),
+        interrupt=st.sampled_from((None, "barge_in", "cancel", "close")),
+        ms=st.sampled_from((0, 1, 3, 8)),
+    )
     def user_turn(self, pcm, interrupt, ms):
         """The common conversation step: speak, commit (asked), maybe interrupt after ``ms``."""
 
@@ -705,7 +791,8 @@ class RuntimeMachine(RuleBasedStateMachine):
             exp = self.model.command(entry.item)
             got = None if entry.error is None else type(entry.error)
             assert got is exp.error, (
-                f"{where} in model state {self.model.state}: session answered {got}, model expects {exp.error}")
+                f"{where} in model state {self.model.state}: session answered {got}, model expects {exp.error}"
+            )
         else:
             if entry.error is not None:
                 raise AssertionError(f"{where}: the session raised {entry.error!r}") from entry.error
@@ -722,23 +809,25 @@ class RuntimeMachine(RuleBasedStateMachine):
         problems = self.model.mismatches(core)
         assert not problems, "session differs from the model:\n  " + "\n  ".join(problems)
         check_lease_accounting(core, f"after {self.replayed} processed messages")
-        new, self.fed = self.received[self.fed:], len(self.received)
+        new, self.fed = self.received[self.fed :], len(self.received)
         self.checker.feed(new)
         n = len(self.checker.terminals)
         assert self.checker.terminals == self.model.terminals[:n], (
             f"terminal events differ from the model:\n  got      {self.checker.terminals}\n"
-            f"  expected {self.model.terminals[:n]}")
+            f"  expected {self.model.terminals[:n]}"
+        )
         processed: dict[Lane, list[str]] = {Lane.CONTROL: [], Lane.DATA: []}
         for entry in entries:
             if entry.kind == "command" and entry.item.event_id is not None:
                 processed[self.lane_of.get(entry.item.event_id, entry.item.LANE)].append(entry.item.event_id)
         for lane, ids in processed.items():
-            assert ids == self.sent[lane][:len(ids)], (
-                f"{lane.name} lane: processed {ids}, accepted in order {self.sent[lane]}")
+            assert ids == self.sent[lane][: len(ids)], (
+                f"{lane.name} lane: processed {ids}, accepted in order {self.sent[lane]}"
+            )
         self._check_mailbox()
         if self.engine_contract_each_step:
             self._check_engine_contract()
-        for rid, record in self.backend.streams.items():
+        for rid, _record in self.backend.streams.items():
             assert rid in self.trace.submitted, f"the engine got {rid}, which the session never submitted"
 
     @invariant()
@@ -760,11 +849,14 @@ class RuntimeMachine(RuleBasedStateMachine):
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"not settled {self.settle_timeout_s}s after close: events ended="
-                    f"{self._consumer.done()}, streams still open={self.backend.open_streams()}")
+                    f"{self._consumer.done()}, streams still open={self.backend.open_streams()}"
+                )
             await anyio.sleep(0.001)
 
     def _check_engine_contract(self) -> None:
-        assert not self.backend.violations, "engine contract broken:\n  " + "\n  ".join(self.backend.violations)
+        assert not self.backend.violations, "engine contract broken:\n  " + "\n  ".join(
+            self.backend.violations
+        )
 
     def _final_checks(self) -> None:
         self._check_now()
@@ -772,15 +864,23 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.checker.assert_complete()
         assert self.checker.terminals == self.model.terminals, (
             f"terminal events differ from the model:\n  got      {self.checker.terminals}\n"
-            f"  expected {self.model.terminals}")
+            f"  expected {self.model.terminals}"
+        )
         assert self.handle.core.closed, "the session is not closed after close"
         inner = self.backend.inner
         if isinstance(inner, ScriptedEngine):
             leaked = [r for r in inner.active if r.startswith(self.handle.id)]
             assert not leaked, f"requests still active in the engine after close: {leaked}"
-        close_tick = next((e.tick for e in self.trace.entries if self.model.state == CLOSED and
-                           e.kind in ("command", "expire") and
-                           (e.kind == "expire" or (e.item.TRIGGER == "close" and e.error is None))), None)
+        close_tick = next(
+            (
+                e.tick
+                for e in self.trace.entries
+                if self.model.state == CLOSED
+                and e.kind in ("command", "expire")
+                and (e.kind == "expire" or (e.item.TRIGGER == "close" and e.error is None))
+            ),
+            None,
+        )
         if close_tick is not None:
             late = [rid for rid, tick in self.trace.submitted.items() if tick > close_tick]
             assert not late, f"requests submitted after close: {late}"

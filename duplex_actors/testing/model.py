@@ -19,28 +19,36 @@ needs no model, so it also checks streams recorded from real deployments.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import attrs
 
 from ..core import events as ev
 from ..core.commands import Command
-from ..core.engine_io import (Aborted, AudioPacket, Decision, EngineFailure, EngineOutput, FunctionCall,
-                               TextDelta, TurnDone)
+from ..core.engine_io import (
+    Aborted,
+    AudioPacket,
+    Decision,
+    EngineFailure,
+    EngineOutput,
+    FunctionCall,
+    TextDelta,
+    TurnDone,
+)
 from ..core.session import SessionConfig
 from ..core.timing import SERVER
 from ..errors import (
     Backpressure,
     DuplexError,
+    FenceAhead,
     InputBufferEmpty,
     InvalidCommand,
+    InvalidItem,
+    ItemNotFound,
     NoActiveResponse,
     ResponseInProgress,
     ResponseNotFound,
     SessionClosed,
-    FenceAhead,
-    InvalidItem,
-    ItemNotFound,
     StaleFence,
 )
 
@@ -194,8 +202,9 @@ class SessionModel:
         if self.state != RESPONDING:
             exp.error = NoActiveResponse
             return
-        if c.response_id is not None and (self.response is None
-                                          or c.response_id != self.response.response_id):
+        if c.response_id is not None and (
+            self.response is None or c.response_id != self.response.response_id
+        ):
             exp.error = ResponseNotFound
             return
         self._cancel(exp, c.reason)
@@ -205,8 +214,9 @@ class SessionModel:
 
     # Conversation items never move the state; unknown ids and duplicates are refused.
     def _c_create_item(self, c, exp, now) -> None:
-        if c.item.id in self.items or (c.previous_item_id not in (None, "root")
-                                       and c.previous_item_id not in self.items):
+        if c.item.id in self.items or (
+            c.previous_item_id not in (None, "root") and c.previous_item_id not in self.items
+        ):
             exp.error = InvalidItem
             return
         self._add_item(c.item.id)
@@ -223,7 +233,7 @@ class SessionModel:
 
     def _add_item(self, item_id: str) -> None:
         self.items.append(item_id)
-        del self.items[:-self.config.max_items]
+        del self.items[: -self.config.max_items]
 
     def _add_auto_item(self) -> None:
         self._auto_items += 1
@@ -278,8 +288,12 @@ class SessionModel:
                     if r.ttfp_ms is not None:
                         self.ttfp[r.response_id] = r.ttfp_ms
             elif isinstance(output, TurnDone):
-                self._end(exp, now, "incomplete" if output.reason == "length" else "completed",
-                          None if output.reason != "length" else "max_output_tokens")
+                self._end(
+                    exp,
+                    now,
+                    "incomplete" if output.reason == "length" else "completed",
+                    None if output.reason != "length" else "max_output_tokens",
+                )
             elif isinstance(output, (EngineFailure, Aborted)):
                 self._end(exp, now, "failed", "engine_error")
         else:
@@ -372,10 +386,14 @@ class SessionModel:
         same("epoch", core.epoch, self.epoch)
         same("turn_id", core.turn_id, self.turn_id)
         same("buffered input bytes", core.buffered_input_bytes, self.buffered)
-        same("active response", core.response_id,
-             None if self.response is None else self.response.response_id)
-        same("in-flight requests", set(core.in_flight_requests),
-             {self.turn_request} if self.turn_request else set())
+        same(
+            "active response", core.response_id, None if self.response is None else self.response.response_id
+        )
+        same(
+            "in-flight requests",
+            set(core.in_flight_requests),
+            {self.turn_request} if self.turn_request else set(),
+        )
         same("requests being aborted", set(core.aborting_requests), self.aborting)
         same("stale outputs counted", core.counters.stale_outputs, self.stale_outputs)
         same("invalid outputs counted", core.counters.invalid_outputs, self.invalid_outputs)
@@ -392,9 +410,18 @@ def _terminal_for(output: EngineOutput) -> bool:
 
 # --- the event stream -----------------------------------------------------------------------
 
-_RESPONSE_PARTS = (ev.OutputItemAdded, ev.ContentPartAdded, ev.TextDeltaEvent, ev.AudioDeltaEvent,
-                   ev.TranscriptDeltaEvent, ev.TextDone, ev.AudioDone, ev.TranscriptDone,
-                   ev.ContentPartDone, ev.OutputItemDone)
+_RESPONSE_PARTS = (
+    ev.OutputItemAdded,
+    ev.ContentPartAdded,
+    ev.TextDeltaEvent,
+    ev.AudioDeltaEvent,
+    ev.TranscriptDeltaEvent,
+    ev.TextDone,
+    ev.AudioDone,
+    ev.TranscriptDone,
+    ev.ContentPartDone,
+    ev.OutputItemDone,
+)
 
 
 class EventStreamChecker:
@@ -428,12 +455,14 @@ class EventStreamChecker:
         assert e.epoch >= self.last_epoch, f"{where}: epoch went back from {self.last_epoch}"
         if self.cancelled_epoch is not None and not isinstance(e, ev.SessionClosedEvent):
             assert e.epoch > self.cancelled_epoch, (
-                f"{where}: an event of epoch {e.epoch} after that epoch's response was cancelled")
+                f"{where}: an event of epoch {e.epoch} after that epoch's response was cancelled"
+            )
         self.last_epoch = e.epoch
 
         if isinstance(e, ev.ResponseCreated):
             assert self.open is None, (
-                f"{where}: response {e.response_id} created while {self.open.response_id} is active")
+                f"{where}: response {e.response_id} created while {self.open.response_id} is active"
+            )
             assert e.response_id not in self.created, f"{where}: response id {e.response_id} reused"
             self.created.add(e.response_id)
             self.open = e
@@ -463,16 +492,19 @@ class EventStreamChecker:
             self.terminals.append(("response.done", e.response_id, e.status, e.reason))
         elif isinstance(e, ev.SessionClosedEvent):
             assert self.open is None, (
-                f"{where}: session closed while response {self.open.response_id} never got response.done")
+                f"{where}: session closed while response {self.open.response_id} never got response.done"
+            )
             self.closed = True
             self.terminals.append(("session.closed", e.reason))
 
     def _inside(self, where: str, e: ev.ResponseEvent) -> None:
         assert e.response_id not in self.done, f"{where}: event for {e.response_id} after its response.done"
         assert self.open is not None and self.open.response_id == e.response_id, (
-            f"{where}: event for {e.response_id}, which is not the active response")
+            f"{where}: event for {e.response_id}, which is not the active response"
+        )
         assert e.epoch == self.open.epoch, (
-            f"{where}: epoch {e.epoch} inside a response created at epoch {self.open.epoch}")
+            f"{where}: epoch {e.epoch} inside a response created at epoch {self.open.epoch}"
+        )
 
     def _metrics(self, where: str, e, m, *, fresh: bool = False) -> None:
         if m is None:
@@ -484,7 +516,8 @@ class EventStreamChecker:
             assert value is None or value >= 0, f"{where}: {name} is negative ({value})"
         if fresh:  # nothing of an earlier response may leak into a new one
             assert m.ttft_ms is None and m.ttfp_ms is None and m.token_count == 0, (
-                f"{where}: a new response starts with timing already recorded: {m}")
+                f"{where}: a new response starts with timing already recorded: {m}"
+            )
             return
         rid = e.response_id
         if rid in self.ttft:

@@ -16,7 +16,7 @@ built, not as a confusing state machine failure many steps later::
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..core.session import SessionCore
 from ..core.statechart import CompiledChart, build_machine, compile_chart

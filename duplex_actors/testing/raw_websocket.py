@@ -17,8 +17,9 @@ class RawWebSocket:
         self.writer = writer
 
     @classmethod
-    async def connect(cls, url: str, *, rcvbuf: int | None = None,
-                      headers: dict | None = None) -> "RawWebSocket":
+    async def connect(
+        cls, url: str, *, rcvbuf: int | None = None, headers: dict | None = None
+    ) -> RawWebSocket:
         parts = urlsplit(url)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
@@ -30,8 +31,14 @@ class RawWebSocket:
         reader, writer = await asyncio.open_connection(sock=sock)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         key = base64.b64encode(os.urandom(16)).decode()
-        lines = [f"GET {path} HTTP/1.1", f"Host: {parts.hostname}:{parts.port}", "Upgrade: websocket",
-                 "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+        lines = [
+            f"GET {path} HTTP/1.1",
+            f"Host: {parts.hostname}:{parts.port}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {key}",
+            "Sec-WebSocket-Version: 13",
+        ]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
@@ -62,6 +69,7 @@ class RawWebSocket:
 
     async def read_frame(self, timeout: float = 5.0) -> tuple[int, bytes]:
         """(opcode, payload) of the next frame; unmasked, as a server sends them."""
+
         async def read() -> tuple[int, bytes]:
             b0, b1 = await self.reader.readexactly(2)
             n = b1 & 0x7F
@@ -73,8 +81,9 @@ class RawWebSocket:
 
         return await asyncio.wait_for(read(), timeout)
 
-    async def read_until_close(self, timeout: float = 10.0,
-                               limit: int = 100_000) -> tuple[list[bytes], int | None]:
+    async def read_until_close(
+        self, timeout: float = 10.0, limit: int = 100_000
+    ) -> tuple[list[bytes], int | None]:
         """Text payloads up to the close frame, and its code (None when the socket just ended)."""
         texts: list[bytes] = []
         for _ in range(limit):

@@ -26,7 +26,7 @@ import random
 import struct
 import threading
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 from hypothesis import strategies as st
@@ -69,8 +69,9 @@ def _synthesise(kind: str, ms: int, sample_rate: int, freq: int, amplitude: int,
     return struct.pack(f"<{n}h", *(x >> shift for x in samples))
 
 
-def pcm16_chunks(min_ms: int = 20, max_ms: int = 200, *, sample_rate: int = SAMPLE_RATE,
-                 kinds: Sequence[str] = AUDIO_KINDS) -> st.SearchStrategy[bytes]:
+def pcm16_chunks(
+    min_ms: int = 20, max_ms: int = 200, *, sample_rate: int = SAMPLE_RATE, kinds: Sequence[str] = AUDIO_KINDS
+) -> st.SearchStrategy[bytes]:
     """Chunks of mono pcm16 little-endian audio, ``min_ms``..``max_ms`` long.
 
     ``kinds`` chooses among ``silence`` (all zeros), ``tone`` (a sine, 80-4000 Hz) and
@@ -127,9 +128,22 @@ def fences(*, stale: bool = True, ahead: bool = False) -> st.SearchStrategy[Fenc
     return st.sampled_from(choices)
 
 
-COMMAND_KINDS = ("append", "commit", "clear", "create_response", "barge_in", "cancel",
-                 "cancel_other", "heartbeat", "close", "speech_started", "speech_stopped",
-                 "create_item", "delete_item", "retrieve_item")
+COMMAND_KINDS = (
+    "append",
+    "commit",
+    "clear",
+    "create_response",
+    "barge_in",
+    "cancel",
+    "cancel_other",
+    "heartbeat",
+    "close",
+    "speech_started",
+    "speech_stopped",
+    "create_item",
+    "delete_item",
+    "retrieve_item",
+)
 
 #: Item ids programs create, delete and retrieve (a small pool, so they collide and miss).
 ITEM_IDS = tuple(f"item_kit_{n}" for n in range(4))
@@ -157,17 +171,24 @@ class FencedCommand:
 
 
 _COMMAND_TYPES: dict[str, type[cmd.Command]] = {
-    "append": cmd.AppendAudio, "commit": cmd.CommitInput, "clear": cmd.ClearInput,
-    "create_response": cmd.CreateResponse, "barge_in": cmd.BargeIn,
-    "cancel": cmd.CancelResponse, "cancel_other": cmd.CancelResponse,
-    "heartbeat": cmd.Heartbeat, "close": cmd.Close, "create_item": cmd.CreateItem,
-    "delete_item": cmd.DeleteItem, "retrieve_item": cmd.RetrieveItem,
-    "speech_started": cmd.SpeechStartedSignal, "speech_stopped": cmd.SpeechStoppedSignal,
+    "append": cmd.AppendAudio,
+    "commit": cmd.CommitInput,
+    "clear": cmd.ClearInput,
+    "create_response": cmd.CreateResponse,
+    "barge_in": cmd.BargeIn,
+    "cancel": cmd.CancelResponse,
+    "cancel_other": cmd.CancelResponse,
+    "heartbeat": cmd.Heartbeat,
+    "close": cmd.Close,
+    "create_item": cmd.CreateItem,
+    "delete_item": cmd.DeleteItem,
+    "retrieve_item": cmd.RetrieveItem,
+    "speech_started": cmd.SpeechStartedSignal,
+    "speech_stopped": cmd.SpeechStoppedSignal,
 }
 
 
-def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, item: int = 0,
-                 **fields) -> cmd.Command:
+def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, item: int = 0, **fields) -> cmd.Command:
     """Build the command of ``kind`` (one of :data:`COMMAND_KINDS`) with common fields."""
     item_id = ITEM_IDS[item % len(ITEM_IDS)]
     if kind == "create_item":
@@ -184,16 +205,30 @@ def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, item: int = 
     return _COMMAND_TYPES[kind](**fields)
 
 
-_DEFAULT_WEIGHTS = {"append": 6, "commit": 3, "clear": 1, "create_response": 1, "barge_in": 2,
-                    "cancel": 1, "cancel_other": 1, "heartbeat": 1, "create_item": 1,
-                    "delete_item": 1, "retrieve_item": 1, "close": 1, "speech_started": 1,
-                    "speech_stopped": 1}
+_DEFAULT_WEIGHTS = {
+    "append": 6,
+    "commit": 3,
+    "clear": 1,
+    "create_response": 1,
+    "barge_in": 2,
+    "cancel": 1,
+    "cancel_other": 1,
+    "heartbeat": 1,
+    "create_item": 1,
+    "delete_item": 1,
+    "retrieve_item": 1,
+    "close": 1,
+    "speech_started": 1,
+    "speech_stopped": 1,
+}
 
 
-def fenced_commands(kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *,
-                    audio: st.SearchStrategy[bytes] | None = None,
-                    fence: st.SearchStrategy[FenceChoice] | None = None,
-                    ) -> st.SearchStrategy[FencedCommand]:
+def fenced_commands(
+    kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS),
+    *,
+    audio: st.SearchStrategy[bytes] | None = None,
+    fence: st.SearchStrategy[FenceChoice] | None = None,
+) -> st.SearchStrategy[FencedCommand]:
     """One :class:`FencedCommand` of one of ``kinds`` (appends weighted up, as in real traffic)."""
     unknown = set(kinds) - set(COMMAND_KINDS)
     if unknown:
@@ -212,19 +247,25 @@ def fenced_commands(kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *,
     ).map(lambda c: c if c.kind == "append" else attrs.evolve(c, pcm=b""))
 
 
-def command_programs(kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *, min_size: int = 0,
-                     max_size: int = 30, **kw) -> st.SearchStrategy[list[FencedCommand]]:
+def command_programs(
+    kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *, min_size: int = 0, max_size: int = 30, **kw
+) -> st.SearchStrategy[list[FencedCommand]]:
     """Programs (lists) of fenced commands; bind each step to the live epoch when sending."""
     return st.lists(fenced_commands(kinds, **kw), min_size=min_size, max_size=max_size)
 
 
-def commands(kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *,
-             epochs: st.SearchStrategy[int | None] = st.none() | st.integers(0, 4),
-             audio: st.SearchStrategy[bytes] | None = None) -> st.SearchStrategy[cmd.Command]:
+def commands(
+    kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS),
+    *,
+    epochs: st.SearchStrategy[int | None] = st.none() | st.integers(0, 4),
+    audio: st.SearchStrategy[bytes] | None = None,
+) -> st.SearchStrategy[cmd.Command]:
     """Concrete commands with explicit (possibly stale) epochs, for fuzzing a session directly."""
-    return st.builds(lambda step, epoch: make_command(step.kind, pcm=step.pcm, audio_ms=step.audio_ms,
-                                                      epoch=epoch),
-                     fenced_commands(kinds, audio=audio), epochs)
+    return st.builds(
+        lambda step, epoch: make_command(step.kind, pcm=step.pcm, audio_ms=step.audio_ms, epoch=epoch),
+        fenced_commands(kinds, audio=audio),
+        epochs,
+    )
 
 
 # --- engine behaviour -----------------------------------------------------------------------
@@ -232,9 +273,15 @@ def commands(kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *,
 _WORDS = ("Hello", " there", ",", " how", " can", " I", " help", "?", " mm", "", " ok")
 
 
-def engine_scripts(*, max_latency_s: float = 0.003, max_tokens: int = 6, max_packets: int = 4,
-                   failures: bool = True, hangs: bool = True, decisions: bool = True,
-                   ) -> st.SearchStrategy[Script]:
+def engine_scripts(
+    *,
+    max_latency_s: float = 0.003,
+    max_tokens: int = 6,
+    max_packets: int = 4,
+    failures: bool = True,
+    hangs: bool = True,
+    decisions: bool = True,
+) -> st.SearchStrategy[Script]:
     """:class:`~duplex_actors.Script` instances for the ScriptedEngine.
 
     Latencies are drawn up to ``max_latency_s`` (0 is common: it is the racy case). With
@@ -328,8 +375,12 @@ _NON_TERMINAL_SPECS = st.one_of(
     st.builds(OutputSpec, st.just("decision"), speak=st.booleans()),
     st.builds(OutputSpec, st.just("text"), text=st.sampled_from(_WORDS), tokens=st.integers(0, 3)),
     st.builds(OutputSpec, st.just("text"), text=st.sampled_from(_WORDS), tokens=st.just(1)),
-    st.builds(OutputSpec, st.just("audio"), samples=st.sampled_from((320, 640, 1600)),
-              transcript=st.sampled_from(("", " hi"))),
+    st.builds(
+        OutputSpec,
+        st.just("audio"),
+        samples=st.sampled_from((320, 640, 1600)),
+        transcript=st.sampled_from(("", " hi")),
+    ),
 )
 _TERMINAL_SPECS = st.one_of(
     st.builds(OutputSpec, st.just("done"), reason=st.sampled_from(("completed", "completed", "length"))),
@@ -349,8 +400,9 @@ def engine_output_specs(*, terminal: bool | None = None) -> st.SearchStrategy[Ou
     return _TERMINAL_SPECS if terminal else _NON_TERMINAL_SPECS
 
 
-def engine_outputs(request_id: str, *, terminal: bool | None = None,
-                   sample_rate: int = SAMPLE_RATE) -> st.SearchStrategy[EngineOutput]:
+def engine_outputs(
+    request_id: str, *, terminal: bool | None = None, sample_rate: int = SAMPLE_RATE
+) -> st.SearchStrategy[EngineOutput]:
     """Synthetic outputs an engine could send for ``request_id`` (see :func:`engine_output_specs`)."""
     return engine_output_specs(terminal=terminal).map(lambda spec: spec(request_id, sample_rate))
 

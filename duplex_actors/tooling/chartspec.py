@@ -12,7 +12,7 @@ code always produces byte-identical exports (the drift check depends on it).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 from transitions import Machine
@@ -134,8 +134,10 @@ def spec_from_machine(
     for trigger, event in machine.events.items():
         for source, transitions in event.transitions.items():
             for priority, t in enumerate(transitions):
-                guards = tuple((c.func if isinstance(c.func, str) else c.func.__name__, bool(c.target))
-                               for c in t.conditions)
+                guards = tuple(
+                    (c.func if isinstance(c.func, str) else c.func.__name__, bool(c.target))
+                    for c in t.conditions
+                )
                 effects = tuple(e if isinstance(e, str) else e.__name__ for e in t.after)
                 edges.append(Edge(source, trigger, t.dest, guards, effects, priority))
     edges.sort(key=lambda e: (state_rank[e.source], trigger_rank[e.trigger], e.priority))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,17 +12,22 @@ TRACE_FORMATS = ("mermaid-sequence", "timeline")
 
 
 def statechart(
-    format: str = typer.Option("mermaid", "--format", "-f",
-                               help="mermaid | dot | svg | scxml | json | review-md"),
-    machine: Optional[str] = typer.Option(
-        None, "--machine", "-m",
-        help="session | engine_request | lease; all only with --out (one file per machine)"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o",
-                                       help="write <machine>.<ext> files into this directory"),
-    check: bool = typer.Option(False, "--check",
-                               help="fail if statecharts/ or docs/design-review.md drift from the code"),
-    write: bool = typer.Option(False, "--write",
-                               help="regenerate statecharts/ and docs/design-review.md"),
+    format: str = typer.Option(
+        "mermaid", "--format", "-f", help="mermaid | dot | svg | scxml | json | review-md"
+    ),
+    machine: str | None = typer.Option(
+        None,
+        "--machine",
+        "-m",
+        help="session | engine_request | lease; all only with --out (one file per machine)",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="write <machine>.<ext> files into this directory"
+    ),
+    check: bool = typer.Option(
+        False, "--check", help="fail if statecharts/ or docs/design-review.md drift from the code"
+    ),
+    write: bool = typer.Option(False, "--write", help="regenerate statecharts/ and docs/design-review.md"),
     root: Path = typer.Option(Path("."), "--root", help="repository root for --check and --write"),
 ) -> None:
     """Export the runtime's statecharts, drawn from the live transitions Machines."""
@@ -56,19 +60,24 @@ def statechart(
     if machine is None or (machine == "all" and out is None):
         # Standard output carries one document: several back to back are no valid SCXML, JSON,
         # DOT or Mermaid document, so a reader would choke on the second one.
-        typer.echo(f"choose one machine with --machine ({', '.join(export.MACHINES)}), "
-                   "or --machine all with --out DIR for one file each", err=True)
+        typer.echo(
+            f"choose one machine with --machine ({', '.join(export.MACHINES)}), "
+            "or --machine all with --out DIR for one file each",
+            err=True,
+        )
         raise typer.Exit(2)
     names = list(export.MACHINES) if machine == "all" else [machine]
     for name in names:
         if name not in export.MACHINES:
-            raise typer.BadParameter(f"unknown machine {name!r}; choose from {', '.join(export.MACHINES)} or all")
+            raise typer.BadParameter(
+                f"unknown machine {name!r}; choose from {', '.join(export.MACHINES)} or all"
+            )
     for name in names:
         try:
             text = export.render(export.spec(name), format)
         except RuntimeError as exc:  # e.g. Graphviz missing for SVG
             typer.echo(str(exc), err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         if out:
             out.mkdir(parents=True, exist_ok=True)
             path = out / f"{name}.{export.EXTENSIONS[format]}"
@@ -80,8 +89,9 @@ def statechart(
 
 def trace(
     logfile: Path = typer.Argument(..., help="JSON-lines structlog output ('-' for stdin)"),
-    session: Optional[str] = typer.Option(None, "--session", "-s",
-                                          help="session id (omit to list the sessions in the log)"),
+    session: str | None = typer.Option(
+        None, "--session", "-s", help="session id (omit to list the sessions in the log)"
+    ),
     format: str = typer.Option("mermaid-sequence", "--format", "-f", help="mermaid-sequence | timeline"),
 ) -> None:
     """Draw one session's recorded transitions as a Mermaid sequence diagram or a timeline."""
@@ -102,7 +112,7 @@ def trace(
         sys.stdout.write(tracing.render_trace(records, session, format))
     except LookupError as exc:
         typer.echo(str(exc.args[0]), err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

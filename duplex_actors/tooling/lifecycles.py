@@ -18,14 +18,25 @@ from transitions import Machine
 
 
 def _row(trigger, source, dest, effects=(), conditions=(), unless=()):
-    return {"trigger": trigger, "source": source, "dest": dest, "after": list(effects),
-            "conditions": list(conditions), "unless": list(unless)}
+    return {
+        "trigger": trigger,
+        "source": source,
+        "dest": dest,
+        "after": list(effects),
+        "conditions": list(conditions),
+        "unless": list(unless),
+    }
 
 
 # --- engine request -------------------------------------------------------------------------
 
 SUBMITTED, STREAMING, COMPLETED, ABORTED, FAILED = (
-    "submitted", "streaming", "completed", "aborted", "failed")
+    "submitted",
+    "streaming",
+    "completed",
+    "aborted",
+    "failed",
+)
 REQUEST_LIVE = [SUBMITTED, STREAMING]
 
 # Each request ends with exactly one terminal output, which the engine actor synthesises when
@@ -38,8 +49,12 @@ ENGINE_REQUEST_TRANSITIONS = [
     _row("backend_failure", REQUEST_LIVE, FAILED, ["route_terminal", "drop_route"]),
     _row("stream_raised", REQUEST_LIVE, FAILED, ["synthesise_failure", "drop_route"]),
     _row("stream_ended", REQUEST_LIVE, FAILED, ["synthesise_failure", "drop_route"]),
-    _row("abort", REQUEST_LIVE, ABORTED,
-         ["cancel_stream", "abort_in_backend", "synthesise_aborted", "drop_route"]),
+    _row(
+        "abort",
+        REQUEST_LIVE,
+        ABORTED,
+        ["cancel_stream", "abort_in_backend", "synthesise_aborted", "drop_route"],
+    ),
     _row("restart", REQUEST_LIVE, FAILED, ["cancel_stream", "synthesise_failure", "drop_route"]),
 ]
 
@@ -83,18 +98,31 @@ LEASE_TRANSITIONS = [
     _row("touch", [ATTACHED, DETACHED], None, ["refresh_activity"]),
     _row("detach", ATTACHED, DETACHED, ["note_detached_at"]),
     _row("detach", DETACHED, None),  # detaching twice keeps the first time
-    _row("resume", ATTACHED, None, ["repeat_previous_answer"],
-         conditions=["replays_last_resume"]),
+    _row("resume", ATTACHED, None, ["repeat_previous_answer"], conditions=["replays_last_resume"]),
     # A repeated resume proves the client is here: same answer, and the grace timer stops.
-    _row("resume", DETACHED, ATTACHED, ["repeat_previous_answer", "refresh_activity"],
-         conditions=["replays_last_resume"]),
-    _row("resume", ATTACHED, None, ["bump_generation", "rotate_token", "refresh_activity"],
-         conditions=["credentials_match"]),
-    _row("resume", DETACHED, ATTACHED, ["bump_generation", "rotate_token", "refresh_activity"],
-         conditions=["credentials_match"]),
+    _row(
+        "resume",
+        DETACHED,
+        ATTACHED,
+        ["repeat_previous_answer", "refresh_activity"],
+        conditions=["replays_last_resume"],
+    ),
+    _row(
+        "resume",
+        ATTACHED,
+        None,
+        ["bump_generation", "rotate_token", "refresh_activity"],
+        conditions=["credentials_match"],
+    ),
+    _row(
+        "resume",
+        DETACHED,
+        ATTACHED,
+        ["bump_generation", "rotate_token", "refresh_activity"],
+        conditions=["credentials_match"],
+    ),
     _row("reap", DETACHED, EXPIRED, ["close_disconnect_grace_expired"], conditions=["grace_elapsed"]),
-    _row("reap", [ATTACHED, DETACHED], EXPIRED, ["close_idle_ttl_expired"],
-         conditions=["idle_ttl_elapsed"]),
+    _row("reap", [ATTACHED, DETACHED], EXPIRED, ["close_idle_ttl_expired"], conditions=["idle_ttl_elapsed"]),
     _row("reap", [ATTACHED, DETACHED], None),  # the lease holds
 ]
 
@@ -113,7 +141,7 @@ LEASE_STATES = {
 
 LEASE_GUARDS = {
     "replays_last_resume": "the resume carries the control id of the last accepted resume and the "
-                           "generation and token that resume carried (a control id alone is no credential)",
+    "generation and token that resume carried (a control id alone is no credential)",
     "credentials_match": "generation and token equal the lease's current ones",
     "grace_elapsed": "detached for at least the disconnect grace",
     "idle_ttl_elapsed": "no turn in flight and no activity for at least the idle TTL",

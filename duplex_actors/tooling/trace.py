@@ -14,8 +14,8 @@ count, so a long answer stays one line.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Iterable, Iterator, Mapping
 
 import attrs
 
@@ -24,17 +24,27 @@ from ..core.statechart import CHART, ENGINE_TRIGGERS, SELF_TRIGGERS, CompiledCha
 FORMATS = ("mermaid-sequence", "timeline")
 
 # Effects that reach the engine, and effects that produce events for the client.
-ENGINE_EFFECTS = {"submit_model_turn": "submit model turn", "submit_unit": "submit audio unit",
-                  "abort_engine_requests": "abort requests"}
-CLIENT_EFFECTS = {"begin_response": "response.created", "deliver_output": "deltas",
-                  "emit_response_completed": "response.done completed",
-                  "emit_response_failed": "response.done failed",
-                  "emit_response_cancelled": "response.done cancelled",
-                  "emit_session_closed": "session.closed", "clear_input": "input_audio_buffer.cleared",
-                  "emit_speech_started": "speech_started", "emit_speech_stopped": "speech_stopped",
-                  "emit_decision": "decision", "emit_engine_error": "error",
-                  "touch_lease": "heartbeat ack", "resume_lease": "session.resumed",
-                  "apply_session_update": "session.updated"}
+ENGINE_EFFECTS = {
+    "submit_model_turn": "submit model turn",
+    "submit_unit": "submit audio unit",
+    "abort_engine_requests": "abort requests",
+}
+CLIENT_EFFECTS = {
+    "begin_response": "response.created",
+    "deliver_output": "deltas",
+    "emit_response_completed": "response.done completed",
+    "emit_response_failed": "response.done failed",
+    "emit_response_cancelled": "response.done cancelled",
+    "emit_session_closed": "session.closed",
+    "clear_input": "input_audio_buffer.cleared",
+    "emit_speech_started": "speech_started",
+    "emit_speech_stopped": "speech_stopped",
+    "emit_decision": "decision",
+    "emit_engine_error": "error",
+    "touch_lease": "heartbeat ack",
+    "resume_lease": "session.resumed",
+    "apply_session_update": "session.updated",
+}
 
 
 @attrs.frozen(slots=True)
@@ -77,11 +87,20 @@ def session_steps(records: Iterable[Mapping], session_id: str) -> list[Step]:
     for r in records:
         if r.get("event") != "transition" or r.get("session_id") != session_id:
             continue
-        step = Step(str(r.get("trigger")), str(r.get("src")), str(r.get("dest")), r.get("epoch"),
-                    r.get("turn_id"), _timestamp(r.get("timestamp")))
+        step = Step(
+            str(r.get("trigger")),
+            str(r.get("src")),
+            str(r.get("dest")),
+            r.get("epoch"),
+            r.get("turn_id"),
+            _timestamp(r.get("timestamp")),
+        )
         last = steps[-1] if steps else None
-        if (last is not None and step.src == step.dest == last.src == last.dest
-                and (step.trigger, step.epoch, step.turn_id) == (last.trigger, last.epoch, last.turn_id)):
+        if (
+            last is not None
+            and step.src == step.dest == last.src == last.dest
+            and (step.trigger, step.epoch, step.turn_id) == (last.trigger, last.epoch, last.turn_id)
+        ):
             steps[-1] = attrs.evolve(last, count=last.count + 1)
         else:
             steps.append(step)
@@ -89,8 +108,11 @@ def session_steps(records: Iterable[Mapping], session_id: str) -> list[Step]:
 
 
 def sessions_in(records: Iterable[Mapping]) -> list[str]:
-    return list(dict.fromkeys(r["session_id"] for r in records
-                              if r.get("event") == "transition" and "session_id" in r))
+    return list(
+        dict.fromkeys(
+            r["session_id"] for r in records if r.get("event") == "transition" and "session_id" in r
+        )
+    )
 
 
 def step_effects(step: Step, chart: CompiledChart = CHART) -> tuple[str, ...]:
@@ -116,8 +138,13 @@ def _fence(step: Step) -> str:
 
 
 def to_mermaid_sequence(steps: list[Step], session_id: str, chart: CompiledChart = CHART) -> str:
-    lines = ["sequenceDiagram", f"    title session {session_id}",
-             "    participant Client", "    participant Session", "    participant Engine"]
+    lines = [
+        "sequenceDiagram",
+        f"    title session {session_id}",
+        "    participant Client",
+        "    participant Session",
+        "    participant Engine",
+    ]
     if steps:
         lines.append(f"    Note over Session: {steps[0].src} ({_fence(steps[0])})")
     for step in steps:
@@ -136,15 +163,19 @@ def to_mermaid_sequence(steps: list[Step], session_id: str, chart: CompiledChart
 
 def to_timeline(steps: list[Step], session_id: str, chart: CompiledChart = CHART) -> str:
     start = next((s.at for s in steps if s.at is not None), None)
-    lines = [f"session {session_id}: {len(steps)} step(s)",
-             f"{'t (ms)':>10}  {'from':<8} {'trigger':<18} {'transition':<26} {'fence':<18} effects"]
+    lines = [
+        f"session {session_id}: {len(steps)} step(s)",
+        f"{'t (ms)':>10}  {'from':<8} {'trigger':<18} {'transition':<26} {'fence':<18} effects",
+    ]
     for step in steps:
         offset = "" if step.at is None or start is None else f"{(step.at - start).total_seconds() * 1000:.1f}"
         trigger = step.trigger + (f" ×{step.count}" if step.count > 1 else "")
         move = f"{step.src} → {step.dest}" if step.src != step.dest else f"({step.src})"
         effects = ", ".join(step_effects(step, chart))
-        lines.append(f"{offset:>10}  {_origin(step.trigger):<8} {trigger:<18} {move:<26} "
-                     f"{_fence(step):<18} {effects}".rstrip())
+        lines.append(
+            f"{offset:>10}  {_origin(step.trigger):<8} {trigger:<18} {move:<26} "
+            f"{_fence(step):<18} {effects}".rstrip()
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -154,9 +185,14 @@ def render_trace(records: Iterable[Mapping], session_id: str, fmt: str = "mermai
     steps = session_steps(records, session_id)
     if not steps:
         known = sessions_in(records)
-        raise LookupError(f"no transition of session {session_id!r} in the log"
-                          + (f"; sessions present: {', '.join(known)}" if known else
-                             " (was it recorded with JSON logs at debug level?)"))
+        raise LookupError(
+            f"no transition of session {session_id!r} in the log"
+            + (
+                f"; sessions present: {', '.join(known)}"
+                if known
+                else " (was it recorded with JSON logs at debug level?)"
+            )
+        )
     if fmt == "mermaid-sequence":
         return to_mermaid_sequence(steps, session_id)
     if fmt == "timeline":

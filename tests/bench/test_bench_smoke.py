@@ -22,7 +22,7 @@ def _check(result: dict, name: str) -> None:
     assert result["name"] == name
     assert result["figures"], "a bench must print at least one figure"
     for fig in result["figures"]:
-        assert FIGURE_KEYS <= fig.keys()
+        assert fig.keys() >= FIGURE_KEYS
         if fig["baseline"] and fig["value"] is not None:
             assert fig["ratio"] == pytest.approx(fig["value"] / fig["baseline"])
     json.dumps(result, default=str)  # JSON-able
@@ -31,8 +31,14 @@ def _check(result: dict, name: str) -> None:
 def test_throughput_tiny():
     r = rb.bench_throughput(sizes=(3, 2, 2, 5, 1))
     _check(r, "throughput")
-    assert {"append_msgs_per_s", "turn_msgs_per_s", "turns_per_s", "ask_round_trip_s",
-            "bare_put_get_per_s", "bare_ping_pong_s"} <= r["raw"].keys()
+    assert {
+        "append_msgs_per_s",
+        "turn_msgs_per_s",
+        "turns_per_s",
+        "ask_round_trip_s",
+        "bare_put_get_per_s",
+        "bare_ping_pong_s",
+    } <= r["raw"].keys()
 
 
 def test_scale_tiny():
@@ -50,9 +56,17 @@ def test_realtime_tiny():
     _check(r, "realtime")
     row = r["rows"][0]
     assert row["sessions"] == 4
-    for key in ("append_to_core_ms", "commit_to_engine_ms", "event_delivery_lag_ms",
-                "bare_append_ms", "cpu_fraction", "cpu_us_per_chunk", "sessions_per_core",
-                "gc_pauses", "errors"):
+    for key in (
+        "append_to_core_ms",
+        "commit_to_engine_ms",
+        "event_delivery_lag_ms",
+        "bare_append_ms",
+        "cpu_fraction",
+        "cpu_us_per_chunk",
+        "sessions_per_core",
+        "gc_pauses",
+        "errors",
+    ):
         assert key in row
     assert row["append_to_core_ms"]["n"] > 0
     assert set(r["series"]["4"]) == {"runtime", "bare"}
@@ -61,8 +75,13 @@ def test_realtime_tiny():
 def test_barge_in_tiny():
     r = rb.bench_barge_in(quick=True, sessions=4, seconds=1.2)
     _check(r, "barge_in")
-    assert {"barge_ins", "stale_after_done", "dropped_undelivered_audio",
-            "stale_outputs_consumed", "engine_aborted"} <= r["counts"].keys()
+    assert {
+        "barge_ins",
+        "stale_after_done",
+        "dropped_undelivered_audio",
+        "stale_outputs_consumed",
+        "engine_aborted",
+    } <= r["counts"].keys()
     # The one non-timing promise: no audio of a cancelled response after its response.done.
     assert r["counts"]["stale_after_done"] == 0
 
@@ -76,9 +95,11 @@ def test_percentiles_and_cdf():
 
 
 def test_report_files(tmp_path):
-    results = [rb.bench_throughput(sizes=(2, 2, 1, 3, 1)),
-               rb.bench_realtime(quick=True, sizes=(3,), seconds=0.3),
-               {"name": "engine", "skipped": "torch is not installed"}]
+    results = [
+        rb.bench_throughput(sizes=(2, 2, 1, 3, 1)),
+        rb.bench_realtime(quick=True, sizes=(3,), seconds=0.3),
+        {"name": "engine", "skipped": "torch is not installed"},
+    ]
     lines: list[str] = []
     for r in results:
         report.print_result(r, lines.append)
@@ -100,18 +121,22 @@ def test_cli_runs_and_writes_files(tmp_path, monkeypatch):
 
     tiny = {
         "throughput": lambda: rb.bench_throughput(sizes=(2, 2, 1, 3, 1)),
-        "engine": lambda: cli_commands._engine_bench("engine", "duplex_actors.bench.no_such_bench",
-                                                     "json", True),
-        "vllm": lambda: cli_commands._engine_bench("vllm", "duplex_actors.bench.vllm_bench",
-                                                   "no_such_module_xyz", True),
+        "engine": lambda: cli_commands._engine_bench(
+            "engine", "duplex_actors.bench.no_such_bench", "json", True
+        ),
+        "vllm": lambda: cli_commands._engine_bench(
+            "vllm", "duplex_actors.bench.vllm_bench", "no_such_module_xyz", True
+        ),
     }
     monkeypatch.setattr(cli_commands, "_plan", lambda quick: tiny)
     app = typer.Typer()
     register(app)
     app.command("noop")(lambda: None)  # a second command keeps typer in sub-command mode
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["bench", "--quick", "--out", str(out), "--only", "throughput",
-                                   "--only", "engine", "--only", "vllm"])
+    res = CliRunner().invoke(
+        app,
+        ["bench", "--quick", "--out", str(out), "--only", "throughput", "--only", "engine", "--only", "vllm"],
+    )
     assert res.exit_code == 0, res.output
     assert "ratio" in res.output
     assert "skipped: duplex_actors.bench.no_such_bench is not present" in res.output
@@ -124,8 +149,12 @@ def test_cli_runs_and_writes_files(tmp_path, monkeypatch):
 def test_embedded_figures_from_engine_bench_shape():
     from duplex_actors.bench.cli_commands import _embedded_figures
 
-    raw = {"engine_tokens_per_s": {1: 900.0, 64: 20000.0}, "bare_tokens_per_s": {1: 1000.0, 64: 21000.0},
-           "sequential_b1_tokens_per_s": 1000.0, "targets": {"engine_vs_bare": 0.8}}
+    raw = {
+        "engine_tokens_per_s": {1: 900.0, 64: 20000.0},
+        "bare_tokens_per_s": {1: 1000.0, 64: 21000.0},
+        "sequential_b1_tokens_per_s": 1000.0,
+        "targets": {"engine_vs_bare": 0.8},
+    }
     figs = _embedded_figures(raw)
     assert [f["met"] for f in figs] == [True, True, True]
     assert _embedded_figures({"unexpected": 1}) is None

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("websockets")
 
-from duplex_actors.bench import workers_bench  # noqa: E402
+from duplex_actors.bench import workers_bench
 
 
 @pytest.mark.timeout(180)

@@ -33,6 +33,15 @@ def core_in(state: str, **config) -> SessionCore:
 
 def snapshot(core: SessionCore) -> tuple:
     """Everything a refused command must leave untouched."""
-    return (core.state, core.epoch, core.turn_id, core.buffered_input_bytes,
-            core.in_flight_requests, core.aborting_requests, core.response_id,
-            core.pending_events, core.lease.generation, core.lease.token)
+    return (
+        core.state,
+        core.epoch,
+        core.turn_id,
+        core.buffered_input_bytes,
+        core.in_flight_requests,
+        core.aborting_requests,
+        core.response_id,
+        core.pending_events,
+        core.lease.generation,
+        core.lease.token,
+    )

@@ -26,8 +26,18 @@ PCM = b"\x02\x00" * 1600  # 100 ms
 
 # One cycle of what a client does, one step per second of clock: every response path
 # (completed, barge-in, cancel), a detach/resume with a fresh control id, a heartbeat.
-CYCLE = ("complete", "complete", "barge", "complete", "cancel", "resume", "complete", "barge",
-         "heartbeat", "complete")
+CYCLE = (
+    "complete",
+    "complete",
+    "barge",
+    "complete",
+    "cancel",
+    "resume",
+    "complete",
+    "barge",
+    "heartbeat",
+    "complete",
+)
 
 
 def _start_turn(core: SessionCore) -> str:
@@ -56,8 +66,14 @@ def _step(core: SessionCore, kind: str, i: int) -> None:
     elif kind == "resume":
         core.handle(cmd.Detach())
         core.take_events()
-        core.handle(cmd.Resume(generation=core.lease.generation, resume_token=core.lease.token,
-                               last_seq=core.last_seq, control_id=f"c{i}"))
+        core.handle(
+            cmd.Resume(
+                generation=core.lease.generation,
+                resume_token=core.lease.token,
+                last_seq=core.last_seq,
+                control_id=f"c{i}",
+            )
+        )
     else:
         core.handle(cmd.Heartbeat())
     core.take_events()
@@ -88,8 +104,9 @@ def _per_session_state(core: SessionCore) -> dict:
 
 
 def test_per_response_state_stays_bounded_over_many_responses():
-    core = SessionCore("sess_bounded000000", SessionConfig(journal_max_age_s=15.0, max_items=16),
-                       ManualClock(100.0))  # a small item cap, reached during the warm-up
+    core = SessionCore(
+        "sess_bounded000000", SessionConfig(journal_max_age_s=15.0, max_items=16), ManualClock(100.0)
+    )  # a small item cap, reached during the warm-up
     tracemalloc.start()  # before the warm-up, so what it leaves alive is traced too
     try:
         i = _run(core, 20, 0)  # warm-up: past the journal's age limit and every cap (64 playbacks)

@@ -35,15 +35,19 @@ class RecordingChart:
 
 def test_every_trigger_has_exactly_one_declared_origin():
     assert set(TRIGGER_ORIGINS) == set(TRIGGERS)
-    assert CLIENT_TRIGGERS | ENGINE_TRIGGERS | SELF_TRIGGERS == set(TRIGGERS)
-    assert not (CLIENT_TRIGGERS & ENGINE_TRIGGERS or CLIENT_TRIGGERS & SELF_TRIGGERS
-                or ENGINE_TRIGGERS & SELF_TRIGGERS)
+    assert set(TRIGGERS) == CLIENT_TRIGGERS | ENGINE_TRIGGERS | SELF_TRIGGERS
+    assert not (
+        CLIENT_TRIGGERS & ENGINE_TRIGGERS
+        or CLIENT_TRIGGERS & SELF_TRIGGERS
+        or ENGINE_TRIGGERS & SELF_TRIGGERS
+    )
     assert all(isinstance(origin, Origin) for origin in TRIGGER_ORIGINS.values())
 
 
 def test_client_triggers_are_exactly_the_commands_triggers():
-    commands = {c.TRIGGER for c in vars(cmd).values()
-                if isinstance(c, type) and getattr(c, "TRIGGER", "")}  # the base Command has ""
+    commands = {
+        c.TRIGGER for c in vars(cmd).values() if isinstance(c, type) and getattr(c, "TRIGGER", "")
+    }  # the base Command has ""
     assert commands == CLIENT_TRIGGERS
 
 
@@ -59,7 +63,8 @@ def test_the_overlap_policy_barges_in_through_the_chart():
     assert core.state == "barge_in"
     overlap_steps = [step for step in recorder.steps if step[1] == "overlap"]
     assert overlap_steps == [("responding", "overlap", "responding")] * 2 + [
-        ("responding", "overlap", "barge_in")]
+        ("responding", "overlap", "barge_in")
+    ]
     assert ("responding", "barge_in", "barge_in") not in recorder.steps
     done = [e for e in core.take_events() if e.type == "response.done"]
     assert [(e.status, e.reason) for e in done] == [("cancelled", "turn_detected")]

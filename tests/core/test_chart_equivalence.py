@@ -3,7 +3,8 @@ agree on every event sequence: same branch, same target, same effects in the sam
 the same refusals. This is what lets the Machine stay the authority while sessions pay its
 construction cost once."""
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from transitions import MachineError
 
 from duplex_actors.core.statechart import CHART, GUARDS, MACHINE, REFUSALS, TRIGGERS
@@ -29,7 +30,8 @@ class _Model:
 
 steps = st.lists(
     st.tuples(st.sampled_from(TRIGGERS), st.fixed_dictionaries({g: st.booleans() for g in GUARDS})),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 

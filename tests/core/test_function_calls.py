@@ -9,7 +9,6 @@ from duplex_actors.core import commands as cmd
 from duplex_actors.core.engine_io import Decision, FunctionCall, FunctionTool, TextDelta, TurnDone
 from duplex_actors.core.session import SubmitTurn
 from duplex_actors.errors import UnknownFunctionCall
-
 from duplex_actors.server.codec import WireSession, encode
 
 from .helpers import CHUNK, core_in
@@ -20,12 +19,23 @@ TOOL = FunctionTool("get_weather", "Weather in a city", '{"type":"object"}')
 def test_scripted_example_arguments_fill_required_parameters_from_the_schema():
     from duplex_actors.engines.scripted import example_arguments
 
-    schema = {"type": "object", "required": ["city", "days", "unit", "alerts"],
-              "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                             "unit": {"type": "string", "enum": ["c", "f"]},
-                             "alerts": {"type": "boolean"}, "note": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "required": ["city", "days", "unit", "alerts"],
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "unit": {"type": "string", "enum": ["c", "f"]},
+            "alerts": {"type": "boolean"},
+            "note": {"type": "string"},
+        },
+    }
     assert json.loads(example_arguments(json.dumps(schema))) == {
-        "city": "example", "days": 1, "unit": "c", "alerts": True}
+        "city": "example",
+        "days": 1,
+        "unit": "c",
+        "alerts": True,
+    }
     assert example_arguments("{}") == "{}" and example_arguments("not json") == "{}"
 
 
@@ -53,14 +63,20 @@ def test_tools_reach_the_request_and_a_call_becomes_its_own_item():
     core.on_engine_output(TurnDone(rid))
     events = _wire(core.take_events())
     types = [e["type"] for e in events]
-    calls = [e for e in events if e["type"] == "response.output_item.added"
-             and e["item"]["type"] == "function_call"]
+    calls = [
+        e
+        for e in events
+        if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
+    ]
     assert len(calls) == 1 and calls[0]["output_index"] == 1  # the message is item 0
     assert calls[0]["item"]["call_id"] == "call_1"
     done = events[types.index("response.function_call_arguments.done")]
     assert json.loads(done["arguments"]) == {"city": "Oslo"} and done["name"] == "get_weather"
-    assert types.index("response.function_call_arguments.delta") < types.index(
-        "response.function_call_arguments.done") < types.index("response.done")
+    assert (
+        types.index("response.function_call_arguments.delta")
+        < types.index("response.function_call_arguments.done")
+        < types.index("response.done")
+    )
     output = events[-1]["response"]["output"]
     assert [i["type"] for i in output] == ["message", "function_call"]
     assert output[1]["arguments"] == '{"city":"Oslo"}'
@@ -78,14 +94,20 @@ def test_function_output_is_kept_for_exactly_the_next_turn():
     core.handle(cmd.AddFunctionOutput(call_id="call_7", output='{"t":3}', item_id="item_out"))
     events = _wire(core.take_events())
     assert [e["type"] for e in events] == ["conversation.item.added", "conversation.item.done"]
-    assert events[0]["item"] == {"id": "item_out", "object": "realtime.item",
-                                 "type": "function_call_output", "status": "completed",
-                                 "call_id": "call_7", "output": '{"t":3}'}
+    assert events[0]["item"] == {
+        "id": "item_out",
+        "object": "realtime.item",
+        "type": "function_call_output",
+        "status": "completed",
+        "call_id": "call_7",
+        "output": '{"t":3}',
+    }
     assert core.take_actions() == []  # an output starts no response by itself
     core.handle(cmd.CreateResponse())
     (follow,) = _submitted(core)
     assert [(r.call_id, r.output, r.name) for r in follow.function_results] == [
-        ("call_7", '{"t":3}', "get_weather")]
+        ("call_7", '{"t":3}', "get_weather")
+    ]
     core.on_engine_output(TextDelta(follow.request_id, "ok"))
     core.on_engine_output(TurnDone(follow.request_id))
     core.handle(cmd.CreateResponse())

@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from duplex_actors.actors.mailbox import Mailbox
 from duplex_actors.core.commands import Lane
@@ -27,7 +28,7 @@ def test_mailbox_is_bounded_ordered_per_lane_and_prioritised(puts, capacity):
     lanes = [lane for lane, _ in out]
     assert lanes == sorted(lanes)
     for lane in Lane:
-        assert [v for l, v in out if l == lane] == accepted[lane]
+        assert [v for got, v in out if got == lane] == accepted[lane]
     assert len(box) == 0
 
 

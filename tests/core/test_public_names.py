@@ -7,9 +7,13 @@ from duplex_actors import errors
 
 
 def test_every_error_class_is_exported_by_errors_and_the_package():
-    classes = {name for name, value in vars(errors).items()
-               if inspect.isclass(value) and issubclass(value, errors.DuplexError)
-               and value.__module__ == errors.__name__}
+    classes = {
+        name
+        for name, value in vars(errors).items()
+        if inspect.isclass(value)
+        and issubclass(value, errors.DuplexError)
+        and value.__module__ == errors.__name__
+    }
     assert classes == set(errors.__all__)
     assert classes <= set(duplex_actors.__all__)
 

@@ -28,8 +28,11 @@ QUIET = bytes(2 * 3200)
 
 def test_hear_returns_signals_before_the_audio_and_needs_no_session():
     clock = ManualClock(0.0)
-    vad = ServerVad(config=TurnDetectionConfig(prefix_padding_ms=0, silence_duration_ms=200),
-                    vad=LoudnessVad(), clock=clock)
+    vad = ServerVad(
+        config=TurnDetectionConfig(prefix_padding_ms=0, silence_duration_ms=200),
+        vad=LoudnessVad(),
+        clock=clock,
+    )
     heard = []
     client_append = cmd.AppendAudio(pcm=LOUD, event_id="evt_1", epoch=0)
     for chunk in (client_append, QUIET, QUIET, QUIET):

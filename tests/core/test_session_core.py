@@ -34,13 +34,25 @@ def test_full_turn_event_order_and_metrics():
     core.on_engine_output(TurnDone(rid))
     evs = core.take_events()
     assert types(evs) == [
-        "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done",
-        "response.created", "response.output_item.added", "conversation.item.added",
-        "response.content_part.added", "response.output_text.delta",
-        "response.output_audio.delta", "response.output_audio_transcript.delta",
-        "response.output_text.delta", "response.output_text.done", "response.output_audio.done",
-        "response.output_audio_transcript.done", "response.content_part.done",
-        "response.output_item.done", "conversation.item.done", "response.done"]
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
     done = evs[-1]
     assert done.status == "completed"
     m = done.metrics
@@ -229,8 +241,11 @@ def test_server_vad_speech_stopped_commits_and_starts_a_turn():
     (submit,) = core.take_actions()
     assert len(submit.request.audio) == len(PCM)
     assert types(core.take_events())[-8:-4] == [
-        "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
-        "conversation.item.added", "conversation.item.done"]
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
 
 
 def test_without_server_vad_speech_stopped_only_reports():

@@ -3,7 +3,8 @@ and the cumulative-metrics window."""
 
 import math
 
-from hypothesis import assume, given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from duplex_actors.core.engine_io import EngineMetrics
 from duplex_actors.core.fence import Fence
@@ -34,8 +35,7 @@ def test_one_token_segments_never_skew_tpot(segments, wild):
     assert weighted_tpot(segments + [(wild * 1000, 1), (None, 0)]) == weighted_tpot(segments)
 
 
-@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=200),
-       st.sampled_from([50, 90, 99]))
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=200), st.sampled_from([50, 90, 99]))
 def test_nearest_rank(values, p):
     xs = sorted(values)
     r = nearest_rank(xs, p)

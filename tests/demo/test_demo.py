@@ -3,6 +3,7 @@
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from duplex_actors import Runtime, Script, ScriptedEngine
@@ -44,7 +45,9 @@ async def test_server_vad_on_real_speech_starts_a_turn_and_long_overlap_barges_i
     from duplex_actors.audio.server_vad import ServerVad
     from duplex_actors.audio.utterances import synthesize_utterance
 
-    speech = await anyio.to_thread.run_sync(synthesize_utterance, "Could you tell me a short story about a train?")
+    speech = await anyio.to_thread.run_sync(
+        synthesize_utterance, "Could you tell me a short story about a train?"
+    )
     silence = bytes(640)
     script = Script(tokens=tuple(f" w{i}" for i in range(30)), audio_packets=30, packet_ms=100)
     async with Runtime(PacedEngine(ScriptedEngine(script), lead_ms=100)) as rt:
@@ -59,8 +62,8 @@ async def test_server_vad_on_real_speech_starts_a_turn_and_long_overlap_barges_i
         async with anyio.create_task_group() as tg:
             tg.start_soon(listen)
             for i in range(0, len(speech), 640):  # faster than real time: the VAD does not care
-                vad.append(speech[i:i + 640].ljust(640, b"\0"))
-                await anyio.sleep(0)
+                vad.append(speech[i : i + 640].ljust(640, b"\0"))
+                await anyio.lowlevel.checkpoint()
             for _ in range(40):  # 800 ms of silence: speech_stopped after 500 ms -> commit
                 vad.append(silence)
                 await anyio.sleep(0.001)
@@ -69,21 +72,25 @@ async def test_server_vad_on_real_speech_starts_a_turn_and_long_overlap_barges_i
                     await anyio.sleep(0.01)
             # the user talks over the answer for longer than the minimum: barge-in
             for i in range(0, len(speech), 640):
-                vad.append(speech[i:i + 640].ljust(640, b"\0"))
+                vad.append(speech[i : i + 640].ljust(640, b"\0"))
                 await anyio.sleep(0.001)
             with anyio.fail_after(5):
                 while not any(e.type == "response.done" for e in seen):
                     await anyio.sleep(0.01)
             await session.close()
         types = [e.type for e in seen]
-        assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.speech_stopped")
+        assert types.index("input_audio_buffer.speech_started") < types.index(
+            "input_audio_buffer.speech_stopped"
+        )
         assert types.index("input_audio_buffer.speech_stopped") < types.index("input_audio_buffer.committed")
         done = [e for e in seen if e.type == "response.done"]
         assert done[0].status == "cancelled" and done[0].reason == "turn_detected"
         old = done[0].response_id
         after = types.index("response.done")
-        assert not any(getattr(e, "response_id", None) == old and e.type == "response.output_audio.delta"
-                       for e in seen[after:])
+        assert not any(
+            getattr(e, "response_id", None) == old and e.type == "response.output_audio.delta"
+            for e in seen[after:]
+        )
 
 
 @pytest.mark.embedded
@@ -92,8 +99,15 @@ async def test_demo_runs_end_to_end_on_the_scripted_engine(tmp_path):
     pytest.importorskip("piper")
     from duplex_actors.demo.run import DemoOptions, run_demo
 
-    options = DemoOptions(sessions=2, seconds=8, seed=3, engine="scripted", live=False,
-                          json_path=tmp_path / "r.json", plot_path=tmp_path / "t.png")
+    options = DemoOptions(
+        sessions=2,
+        seconds=8,
+        seed=3,
+        engine="scripted",
+        live=False,
+        json_path=tmp_path / "r.json",
+        plot_path=tmp_path / "t.png",
+    )
     report = await run_demo(options)
     assert report["totals"]["turns_spoken"] >= 2
     assert report["totals"]["responses_completed"] + report["totals"]["responses_cancelled"] >= 1

@@ -21,9 +21,16 @@ def small_engine(**options):
     return make_embedded_engine(**options)
 
 
-def request(session: str, *, turn: int = 0, kind: TurnKind = TurnKind.RESPONSE, audio: bytes | None = None,
-            unit: int | None = None, sampling: SamplingOverrides = SamplingOverrides(),
-            modalities: tuple[str, ...] = ("text",)) -> ModelTurnRequest:
+def request(
+    session: str,
+    *,
+    turn: int = 0,
+    kind: TurnKind = TurnKind.RESPONSE,
+    audio: bytes | None = None,
+    unit: int | None = None,
+    sampling: SamplingOverrides = SamplingOverrides(),
+    modalities: tuple[str, ...] = ("text",),
+) -> ModelTurnRequest:
     fence = Fence(session, 0, turn)
     if audio is None:
         # 0.5 s of a quiet ramp: deterministic, non-silent input for the log-mel features.

@@ -7,11 +7,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from duplex_actors.core.engine_io import SamplingOverrides, TurnKind
+from duplex_actors.engines.embedded import SamplingParams, ThinkerConfig, WordThinkerAdapter
+from duplex_actors.engines.embedded.vocab import default_vocabulary
+from duplex_actors.errors import InvalidCommand
+
 from .helpers import request
-from duplex_actors.core.engine_io import SamplingOverrides, TurnKind  # noqa: E402
-from duplex_actors.engines.embedded import SamplingParams, ThinkerConfig, WordThinkerAdapter  # noqa: E402
-from duplex_actors.engines.embedded.vocab import default_vocabulary  # noqa: E402
-from duplex_actors.errors import InvalidCommand  # noqa: E402
 
 pytestmark = pytest.mark.embedded
 
@@ -66,7 +67,10 @@ def test_session_sampling_overrides_merge_onto_a_copy_of_the_defaults():
     assert cold == defaults  # another session sees none of it
     assert attrs.asdict(adapter.defaults) == snapshot and adapter.defaults is defaults
     # Asking past the KV budget is capped, not honoured.
-    assert adapter.sampling_for("sess_cold", SamplingOverrides(max_tokens=10_000)).max_tokens == adapter.cfg.max_new_tokens
+    assert (
+        adapter.sampling_for("sess_cold", SamplingOverrides(max_tokens=10_000)).max_tokens
+        == adapter.cfg.max_new_tokens
+    )
     adapter.forget_session("sess_hot")
     assert adapter.sampling_for("sess_hot") == defaults
 
@@ -88,4 +92,4 @@ def test_typed_user_text_reaches_the_prompt_as_words():
     plain = adapter.build_prompt(request("s"))
     typed = adapter.build_prompt(attrs.evolve(request("s"), input_text=" ".join(known) + " zzzqx"))
     assert typed.prefix_ids[: len(plain.prefix_ids)] == plain.prefix_ids
-    assert typed.prefix_ids[len(plain.prefix_ids):] == tuple(vocab.index[w] for w in known)
+    assert typed.prefix_ids[len(plain.prefix_ids) :] == tuple(vocab.index[w] for w in known)

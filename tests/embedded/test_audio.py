@@ -78,7 +78,10 @@ class _ScriptedVad:
 def test_turn_detector_knobs_padding_hysteresis_and_silence():
     # 20 frames silence, 30 speech with a 0.4 dip (above 0.5 - 0.15), 24 silence (480 ms), 30 speech, 30 silence
     script = [0.0] * 20 + [0.9] * 15 + [0.4] + [0.9] * 14 + [0.1] * 24 + [0.9] * 30 + [0.0] * 30
-    det = TurnDetector(TurnDetectionConfig(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500), _ScriptedVad(script))
+    det = TurnDetector(
+        TurnDetectionConfig(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500),
+        _ScriptedVad(script),
+    )
     signals = _feed(det, bytes(640 * len(script)))
     assert signals[0] == SpeechStarted(400 - 300, signals[0].detected_at_ms)
     # The 480 ms gap is shorter than silence_duration_ms: one turn, not two.

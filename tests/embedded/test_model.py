@@ -13,8 +13,18 @@ pytestmark = pytest.mark.embedded
 
 
 def _model() -> Thinker:
-    cfg = ThinkerConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, d_ff=64, n_mels=8,
-                        frames_per_token=2, max_audio_tokens=12, max_new_tokens=8, max_slots=8)
+    cfg = ThinkerConfig(
+        vocab_size=50,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        d_ff=64,
+        n_mels=8,
+        frames_per_token=2,
+        max_audio_tokens=12,
+        max_new_tokens=8,
+        max_slots=8,
+    )
     return Thinker(cfg)
 
 
@@ -46,11 +56,17 @@ def test_batched_prefill_matches_one_prompt_at_a_time():
 
     assert together_positions == alone_positions == [8, 12, 4, 0]
     for slot, length in enumerate(alone_positions):
-        assert torch.allclose(together.k_cache[:, slot, :, :length], alone.k_cache[:, slot, :, :length], atol=1e-5)
-        assert torch.allclose(together.v_cache[:, slot, :, :length], alone.v_cache[:, slot, :, :length], atol=1e-5)
+        assert torch.allclose(
+            together.k_cache[:, slot, :, :length], alone.k_cache[:, slot, :, :length], atol=1e-5
+        )
+        assert torch.allclose(
+            together.v_cache[:, slot, :, :length], alone.v_cache[:, slot, :, :length], atol=1e-5
+        )
     # The junk the padding wrote past each prompt stays invisible to the next decode step.
     assert torch.allclose(
-        _next_logits(together, together_positions, prompts), _next_logits(alone, alone_positions, prompts), atol=1e-4
+        _next_logits(together, together_positions, prompts),
+        _next_logits(alone, alone_positions, prompts),
+        atol=1e-4,
     )
 
 
@@ -87,8 +103,18 @@ def test_dense_layer_computes_what_torch_linear_computes():
 
 
 def test_a_bfloat16_kv_cache_computes_nearly_what_float32_does():
-    cfg = dict(vocab_size=50, d_model=32, n_layers=2, n_heads=2, d_ff=64, n_mels=8,
-               frames_per_token=2, max_audio_tokens=12, max_new_tokens=8, max_slots=8)
+    cfg = dict(
+        vocab_size=50,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        d_ff=64,
+        n_mels=8,
+        frames_per_token=2,
+        max_audio_tokens=12,
+        max_new_tokens=8,
+        max_slots=8,
+    )
     full = Thinker(ThinkerConfig(kv_dtype="float32", **cfg))
     half = Thinker(ThinkerConfig(kv_dtype="bfloat16", **cfg))
     assert half.k_cache.dtype == torch.bfloat16 and full.k_cache.dtype == torch.float32

@@ -8,10 +8,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+from duplex_actors.core.engine_io import Aborted, Decision, SamplingOverrides, TextDelta, TurnDone, TurnKind
+from duplex_actors.engines.embedded import SamplingParams, SlotReleased, StepRecord
+from duplex_actors.errors import EngineCapacityError
+
 from .helpers import request, run, small_engine
-from duplex_actors.core.engine_io import Aborted, Decision, SamplingOverrides, TextDelta, TurnDone, TurnKind  # noqa: E402
-from duplex_actors.engines.embedded import SamplingParams, SlotReleased, StepRecord  # noqa: E402
-from duplex_actors.errors import EngineCapacityError  # noqa: E402
 
 pytestmark = pytest.mark.embedded
 
@@ -61,7 +62,11 @@ def test_cancelling_the_consumer_frees_the_slot_within_one_step():
         released = asyncio.Event()
         loop = asyncio.get_running_loop()
         engine.scheduler.add_observer(
-            lambda r: loop.call_soon_threadsafe(released.set) if isinstance(r, SlotReleased) and r.request_id == rid else None
+            lambda r: (
+                loop.call_soon_threadsafe(released.set)
+                if isinstance(r, SlotReleased) and r.request_id == rid
+                else None
+            )
         )
         got_text = asyncio.Event()
 
@@ -144,7 +149,9 @@ def test_admission_past_the_queue_bound_raises_capacity_error():
 
 def test_queued_requests_are_admitted_in_fifo_order():
     async def main():
-        engine = small_engine(sampling=SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8), max_concurrency=1)
+        engine = small_engine(
+            sampling=SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8), max_concurrency=1
+        )
         await engine.start()
         order: list[str] = []
 
@@ -173,7 +180,16 @@ def test_unit_turns_get_a_decision_first_and_listen_is_terminal():
         await engine.start()
         results = await asyncio.gather(
             *[
-                _drain(engine, request(f"sess_u{i}", kind=TurnKind.UNIT, unit=i, audio=_noise(i), sampling=SamplingOverrides(seed=i)))
+                _drain(
+                    engine,
+                    request(
+                        f"sess_u{i}",
+                        kind=TurnKind.UNIT,
+                        unit=i,
+                        audio=_noise(i),
+                        sampling=SamplingOverrides(seed=i),
+                    ),
+                )
                 for i in range(48)
             ]
         )
@@ -218,11 +234,18 @@ def test_one_request_with_bad_sampling_fails_alone_and_its_batch_neighbours_comp
 
     async def main():
         engine = small_engine(sampling=LONG)
-        _poison_session(engine, "sess_bad", {"seed_past_64_bits": seed_past_64_bits,
-                                             "unsamplable_temperature": unsamplable_temperature}[poison])
+        _poison_session(
+            engine,
+            "sess_bad",
+            {"seed_past_64_bits": seed_past_64_bits, "unsamplable_temperature": unsamplable_temperature}[
+                poison
+            ],
+        )
         await engine.start()
         try:
-            return await asyncio.gather(*(_drain(engine, request(sid)) for sid in ("sess_a", "sess_bad", "sess_b")))
+            return await asyncio.gather(
+                *(_drain(engine, request(sid)) for sid in ("sess_a", "sess_bad", "sess_b"))
+            )
         finally:
             await engine.aclose()
 

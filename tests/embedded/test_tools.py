@@ -8,8 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from .helpers import request, run, small_engine  # noqa: E402
-from duplex_actors.core.engine_io import (  # noqa: E402
+from duplex_actors.core.engine_io import (
     Decision,
     FunctionCall,
     FunctionResult,
@@ -17,6 +16,8 @@ from duplex_actors.core.engine_io import (  # noqa: E402
     TextDelta,
     TurnDone,
 )
+
+from .helpers import request, run, small_engine
 
 pytestmark = pytest.mark.embedded
 
@@ -32,14 +33,22 @@ def test_forced_tool_choice_calls_that_tool_and_auto_decodes():
         engine = small_engine()
         await engine.start()
         try:
-            named = await _outputs(engine, attrs.evolve(request("sess_t"), tools=TOOLS,
-                                                        tool_choice="get_time"))
-            required = await _outputs(engine, attrs.evolve(request("sess_r"), tools=TOOLS,
-                                                           tool_choice="required"))
+            named = await _outputs(
+                engine, attrs.evolve(request("sess_t"), tools=TOOLS, tool_choice="get_time")
+            )
+            required = await _outputs(
+                engine, attrs.evolve(request("sess_r"), tools=TOOLS, tool_choice="required")
+            )
             auto = await _outputs(engine, attrs.evolve(request("sess_a"), tools=TOOLS))
-            follow = await _outputs(engine, attrs.evolve(
-                request("sess_f"), tools=TOOLS, tool_choice="required",
-                function_results=(FunctionResult("call_1", "21 C", "get_weather"),)))
+            follow = await _outputs(
+                engine,
+                attrs.evolve(
+                    request("sess_f"),
+                    tools=TOOLS,
+                    tool_choice="required",
+                    function_results=(FunctionResult("call_1", "21 C", "get_weather"),),
+                ),
+            )
         finally:
             await engine.aclose()
         return named, required, auto, follow

@@ -29,9 +29,24 @@ def serve_url():
     see what fails after the input rate)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "duplex_actors", "serve", "--engine", "scripted", "--port", "0",
-         "--api-key", API_KEY, *os.environ.get("DUPLEX_INTEROP_SERVE_ARGS", "").split()],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "duplex_actors",
+            "serve",
+            "--engine",
+            "scripted",
+            "--port",
+            "0",
+            "--api-key",
+            API_KEY,
+            *os.environ.get("DUPLEX_INTEROP_SERVE_ARGS", "").split(),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         line = ""
@@ -63,7 +78,7 @@ def speech_24k() -> bytes:
 
 def chunks(pcm: bytes, ms: int = 100, rate: int = GA_RATE):
     step = rate * ms // 1000 * 2
-    return [pcm[i:i + step] for i in range(0, len(pcm), step)]
+    return [pcm[i : i + step] for i in range(0, len(pcm), step)]
 
 
 def get_weather_impl(city: str) -> str:

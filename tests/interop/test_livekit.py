@@ -56,8 +56,13 @@ class Harness:
 
     async def __aenter__(self):
         self.http = aiohttp.ClientSession()
-        self.model = RealtimeModel(base_url=self.serve_url, api_key=API_KEY, model="gpt-realtime",
-                                   http_session=self.http, turn_detection=self.turn_detection)
+        self.model = RealtimeModel(
+            base_url=self.serve_url,
+            api_key=API_KEY,
+            model="gpt-realtime",
+            http_session=self.http,
+            turn_detection=self.turn_detection,
+        )
         self.session = self.model.session()
         self.session.on("openai_server_event_received", self.raw.append)
         self.session.on("error", lambda ev: self.errors.append(repr(getattr(ev, "error", ev))[:400]))
@@ -84,8 +89,10 @@ class Harness:
 
     def summary(self) -> str:
         server_errors = [e.get("error") for e in self.of("error")]
-        return (f"plugin errors: {self.errors[:8]}; server errors: {server_errors[:8]}; "
-                f"server events: {[e.get('type') for e in self.raw][:30]}")
+        return (
+            f"plugin errors: {self.errors[:8]}; server errors: {server_errors[:8]}; "
+            f"server events: {[e.get('type') for e in self.raw][:30]}"
+        )
 
     async def reply(self, timeout: float = 15.0) -> tuple[str, int, list]:
         """generate_reply() and read the generation to its end: (text, audio frames, calls)."""
@@ -109,8 +116,7 @@ async def read_generation(generation) -> tuple[str, int, list]:
 
 def _frames(pcm: bytes):
     for chunk in chunks(pcm, ms=20):
-        yield rtc.AudioFrame(chunk, sample_rate=GA_RATE, num_channels=1,
-                             samples_per_channel=len(chunk) // 2)
+        yield rtc.AudioFrame(chunk, sample_rate=GA_RATE, num_channels=1, samples_per_channel=len(chunk) // 2)
 
 
 async def test_text_turn(serve_url):
@@ -136,8 +142,14 @@ async def test_push_to_talk_audio_turn(serve_url, speech_24k):
 
 
 async def test_server_vad_turn_with_barge_in(serve_url, speech_24k):
-    vad = ServerVad(type="server_vad", threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500,
-                    create_response=True, interrupt_response=True)
+    vad = ServerVad(
+        type="server_vad",
+        threshold=0.5,
+        prefix_padding_ms=300,
+        silence_duration_ms=500,
+        create_response=True,
+        interrupt_response=True,
+    )
     async with Harness(serve_url, turn_detection=vad) as h:
         for frame in _frames(speech_24k):
             h.session.push_audio(frame)
@@ -163,8 +175,12 @@ async def test_tool_call(serve_url):
         call = calls[0]
         output = await get_weather(**json.loads(call.arguments or "{}") or {"city": "Paris"})
         ctx = h.session.chat_ctx.copy()
-        ctx.insert([call, llm.FunctionCallOutput(call_id=call.call_id, name=call.name,
-                                                 output=output, is_error=False)])
+        ctx.insert(
+            [
+                call,
+                llm.FunctionCallOutput(call_id=call.call_id, name=call.name, output=output, is_error=False),
+            ]
+        )
         await h.session.update_chat_ctx(ctx)
         text, frames, _ = await h.reply()
         assert "sunny in" in text, h.summary()

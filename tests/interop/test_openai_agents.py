@@ -71,8 +71,10 @@ class Recorder:
     def summary(self) -> str:
         """What went wrong, for the failure message: the SDK's errors and the server's."""
         server_errors = [e.get("error") for e in self.raw if e.get("type") == "error"]
-        return (f"sdk errors: {self.errors}; server errors: {server_errors}; "
-                f"server events: {[e.get('type') for e in self.raw][:40]}")
+        return (
+            f"sdk errors: {self.errors}; server errors: {server_errors}; "
+            f"server events: {[e.get('type') for e in self.raw][:40]}"
+        )
 
     def done_responses(self) -> list[dict]:
         return [e["response"] for e in self.raw if e.get("type") == "response.done"]
@@ -126,8 +128,10 @@ async def test_push_to_talk_audio_turn(serve_url, speech_24k):
 
 
 async def test_server_vad_turn_with_barge_in(serve_url, speech_24k):
-    session = await _open(serve_url, turn_detection={"type": "server_vad", "interrupt_response": True,
-                                                      "silence_duration_ms": 500})
+    session = await _open(
+        serve_url,
+        turn_detection={"type": "server_vad", "interrupt_response": True, "silence_duration_ms": 500},
+    )
     async with session:
         rec = Recorder(session)
         for chunk in chunks(speech_24k):

@@ -61,15 +61,19 @@ class Harness:
 
     def __init__(self, serve_url: str, session: events.SessionProperties, tools=None) -> None:
         self.llm = OpenAIRealtimeLLMService(
-            api_key=API_KEY, base_url=serve_url,
-            settings=OpenAIRealtimeLLMService.Settings(model="gpt-realtime", session_properties=session))
+            api_key=API_KEY,
+            base_url=serve_url,
+            settings=OpenAIRealtimeLLMService.Settings(model="gpt-realtime", session_properties=session),
+        )
         self.context = LLMContext(messages=[], **({"tools": tools} if tools is not None else {}))
         pair = LLMContextAggregatorPair(self.context)
         self.collector = Collector()
-        self.worker = PipelineWorker(Pipeline([pair.user(), self.llm, self.collector, pair.assistant()]),
-                                     params=PipelineParams(audio_in_sample_rate=GA_RATE,
-                                                           audio_out_sample_rate=GA_RATE),
-                                     idle_timeout_secs=None, check_dangling_tasks=False)
+        self.worker = PipelineWorker(
+            Pipeline([pair.user(), self.llm, self.collector, pair.assistant()]),
+            params=PipelineParams(audio_in_sample_rate=GA_RATE, audio_out_sample_rate=GA_RATE),
+            idle_timeout_secs=None,
+            check_dangling_tasks=False,
+        )
         self.logs: list[str] = []
 
     async def __aenter__(self):
@@ -100,7 +104,8 @@ class Harness:
 def _session(turn_detection) -> events.SessionProperties:
     return events.SessionProperties(
         instructions="Be brief.",
-        audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=turn_detection)))
+        audio=events.AudioConfiguration(input=events.AudioInput(turn_detection=turn_detection)),
+    )
 
 
 def _responses(n: int):
@@ -151,9 +156,16 @@ async def test_tool_call(serve_url):
         ran.append(params.arguments.get("city", ""))
         await params.result_callback({"weather": get_weather_impl(params.arguments.get("city", "?"))})
 
-    tools = ToolsSchema(standard_tools=[FunctionSchema(
-        name="get_weather", description="Get the weather in a city",
-        properties={"city": {"type": "string"}}, required=["city"])])
+    tools = ToolsSchema(
+        standard_tools=[
+            FunctionSchema(
+                name="get_weather",
+                description="Get the weather in a city",
+                properties={"city": {"type": "string"}},
+                required=["city"],
+            )
+        ]
+    )
     async with Harness(serve_url, _session(False), tools=tools) as h:
         h.llm.register_function("get_weather", get_weather)
         h.context.add_message({"role": "user", "content": "What is the weather in Paris?"})

@@ -95,16 +95,24 @@ def _event(cls, seq, epoch=0, **kw):
 
 def test_stream_checker_catches_a_delta_after_done():
     checker = EventStreamChecker()
-    checker.feed([_event(ev.ResponseCreated, 1, response_id="r1", turn_id=0),
-                  _event(ev.ResponseDone, 2, response_id="r1", status="completed", turn_id=0)])
+    checker.feed(
+        [
+            _event(ev.ResponseCreated, 1, response_id="r1", turn_id=0),
+            _event(ev.ResponseDone, 2, response_id="r1", status="completed", turn_id=0),
+        ]
+    )
     with pytest.raises(AssertionError, match="after its response.done"):
         checker.check(_event(ev.TextDeltaEvent, 3, response_id="r1", delta="late"))
 
 
 def test_stream_checker_catches_an_old_epoch_after_cancel():
     checker = EventStreamChecker()
-    checker.feed([_event(ev.ResponseCreated, 1, response_id="r1", turn_id=0),
-                  _event(ev.ResponseDone, 2, response_id="r1", status="cancelled", turn_id=0)])
+    checker.feed(
+        [
+            _event(ev.ResponseCreated, 1, response_id="r1", turn_id=0),
+            _event(ev.ResponseDone, 2, response_id="r1", status="cancelled", turn_id=0),
+        ]
+    )
     with pytest.raises(AssertionError, match="after that epoch's response was cancelled"):
         checker.check(_event(ev.HeartbeatAck, 3, epoch=0))
 
@@ -121,6 +129,7 @@ def test_stream_checker_catches_two_active_responses_and_unfinished_close():
 
 
 # --- fixtures under @given: each example gets its own ----------------------------------------------
+
 
 @settings(max_examples=5, deadline=None)
 @given(st.floats(0.001, 5.0))

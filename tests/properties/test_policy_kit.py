@@ -17,8 +17,14 @@ from duplex_actors.testing import (
     row,
 )
 
-QUICK = settings(max_examples=3, stateful_step_count=8, deadline=None, database=None,
-                 phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+QUICK = settings(
+    max_examples=3,
+    stateful_step_count=8,
+    deadline=None,
+    database=None,
+    phases=(Phase.generate,),
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def test_the_shipped_rows_compile_to_the_shipped_chart():
@@ -26,8 +32,10 @@ def test_the_shipped_rows_compile_to_the_shipped_chart():
 
 
 def test_a_policy_naming_what_the_core_lacks_fails_when_built():
-    rows = [*TRANSITIONS, row("heartbeat", "idle", None, ["touch_lease", "tuoch_lease"],
-                              conditions=["is_tuesday"])]
+    rows = [
+        *TRANSITIONS,
+        row("heartbeat", "idle", None, ["touch_lease", "tuoch_lease"], conditions=["is_tuesday"]),
+    ]
     with pytest.raises(UnknownChartName) as info:
         policy_chart(rows)
     assert info.value.missing == ["_fx_tuoch_lease", "_g_is_tuesday"]

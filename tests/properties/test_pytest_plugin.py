@@ -25,7 +25,7 @@ def _env() -> dict:
     return env
 
 
-LAZY_IMPORT_TEST = '''
+LAZY_IMPORT_TEST = """
 import importlib
 
 
@@ -33,27 +33,39 @@ def test_modules_imported_during_a_test_are_not_rewritten():
     for name in ("duplex_actors.tooling.scxml", "duplex_actors.testing.strategies"):
         module = importlib.import_module(name)
         assert type(module.__loader__).__name__ != "AssertionRewritingHook", name
-'''
+"""
 
 
-@pytest.mark.parametrize("plugin_args", [
-    [],  # whatever entry point the installed distribution declares
-    ["-p", "no:duplex_actors", "-p", "duplex_actors_pytest"],  # the top-level module itself
-], ids=["installed-entry-point", "top-level-module"])
+@pytest.mark.parametrize(
+    "plugin_args",
+    [
+        [],  # whatever entry point the installed distribution declares
+        ["-p", "no:duplex_actors", "-p", "duplex_actors_pytest"],  # the top-level module itself
+    ],
+    ids=["installed-entry-point", "top-level-module"],
+)
 def test_library_modules_imported_during_tests_are_not_assertion_rewritten(tmp_path, plugin_args):
     (tmp_path / "test_lazy.py").write_text(LAZY_IMPORT_TEST, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin_args,
-                           str(tmp_path)],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin_args, str(tmp_path)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout
 
 
 def test_the_plugin_module_imports_nothing_of_the_library():
-    probe = ("import sys, duplex_actors_pytest; "
-             "print(sorted(m for m in sys.modules if m.startswith('duplex_actors')))")
-    done = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True, text=True,
-                          timeout=60)
+    probe = (
+        "import sys, duplex_actors_pytest; "
+        "print(sorted(m for m in sys.modules if m.startswith('duplex_actors')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['duplex_actors_pytest']"
 

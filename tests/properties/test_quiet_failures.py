@@ -14,11 +14,15 @@ from duplex_actors.core.fence import Fence
 PCM = b"\x01\x00" * 3200  # 200 ms
 
 
-@pytest.mark.parametrize("value", [
-    cmd.AppendAudio(pcm=PCM, event_id="evt_1"),
-    AudioPacket("sess_x/e0/t0", PCM, 16000, "hi"),
-    ModelTurnRequest("sess_x/e0/t0", Fence("sess_x", 0, 0), TurnKind.RESPONSE, PCM),
-], ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize(
+    "value",
+    [
+        cmd.AppendAudio(pcm=PCM, event_id="evt_1"),
+        AudioPacket("sess_x/e0/t0", PCM, 16000, "hi"),
+        ModelTurnRequest("sess_x/e0/t0", Fence("sess_x", 0, 0), TurnKind.RESPONSE, PCM),
+    ],
+    ids=lambda v: type(v).__name__,
+)
 def test_hypothesis_prints_audio_values_as_their_short_repr(value):
     printed = pretty(value)
     assert printed == repr(value)

@@ -51,14 +51,20 @@ def ray_cluster():
         return
     temp_dir = tempfile.mkdtemp(prefix="dxray", dir=os.environ.get("DUPLEX_RAY_TMP"))
     try:
-        context = ray.init(num_cpus=2, include_dashboard=False,
-                           object_store_memory=256 * 1024 * 1024, _temp_dir=temp_dir,
-                           log_to_driver=False)
+        context = ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=256 * 1024 * 1024,
+            _temp_dir=temp_dir,
+            log_to_driver=False,
+        )
         node_ip = context.address_info["node_ip_address"]
         if node_ip != "127.0.0.1":
             ray.shutdown()
-            pytest.fail(f"Ray bound to {node_ip}, not loopback: was Ray imported before "
-                        "tests/ray/conftest.py set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0?")
+            pytest.fail(
+                f"Ray bound to {node_ip}, not loopback: was Ray imported before "
+                "tests/ray/conftest.py set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0?"
+            )
         yield ray
     finally:
         if ray.is_initialized():

@@ -20,7 +20,6 @@ except ImportError:
 
 
 def test_module_imports_without_ray_and_start_says_why():
-    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "start-needs-ray"

@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.timeout(60)]
 CHUNK = b"\x01\x00" * 320  # 20 ms of 16 kHz pcm16
 #: num_cpus=0: test actors never wait for a CPU slot held by an actor being torn down.
 ACTOR_OPTIONS = {"num_cpus": 0}
-LONG = Script(tokens=tuple(f" w{i}" for i in range(200)), audio_packets=200,
-              token_latency_s=0.01, packet_latency_s=0.01)
+LONG = Script(
+    tokens=tuple(f" w{i}" for i in range(200)), audio_packets=200, token_latency_s=0.01, packet_latency_s=0.01
+)
 #: Never finishes on its own: only a working abort or cancellation frees it.
 HANG = Script(hang_after=4)
 
@@ -89,8 +90,7 @@ async def _nonempty(awaitable):
 
 def shape(events):
     """What a client sees, minus ids and times: (type, text delta) in order."""
-    return [(e.type, getattr(e, "delta", None) if e.type.endswith("text.delta") else None)
-            for e in events]
+    return [(e.type, getattr(e, "delta", None) if e.type.endswith("text.delta") else None) for e in events]
 
 
 async def test_conversation_matches_in_process_engine_and_runs_in_another_process(ray_cluster):
@@ -99,8 +99,11 @@ async def test_conversation_matches_in_process_engine_and_runs_in_another_proces
         local = await one_turn(await rt.open_session())
 
     def per_request(request):  # the third turn raises inside the actor
-        return Script(token_latency_s=0.001, fail_after=2, fail_mode="raise") \
-            if request.request_id.endswith("/t2") else script
+        return (
+            Script(token_latency_s=0.001, fail_after=2, fail_mode="raise")
+            if request.request_id.endswith("/t2")
+            else script
+        )
 
     engine = RayEngine(lambda: ScriptedEngine(per_request), actor_options=ACTOR_OPTIONS)
     async with runtime_on(engine) as rt:
@@ -153,8 +156,11 @@ async def test_barge_in_aborts_the_remote_request(ray_cluster):
 async def test_two_sessions_stream_concurrently_without_mixing(ray_cluster):
     # Each request speaks its own id, so a misrouted output would show in the other's text.
     def per_request(request):
-        return Script(tokens=tuple(f"[{request.request_id}:{i}]" for i in range(30)),
-                      audio_packets=0, token_latency_s=0.02)
+        return Script(
+            tokens=tuple(f"[{request.request_id}:{i}]" for i in range(30)),
+            audio_packets=0,
+            token_latency_s=0.02,
+        )
 
     engine = RayEngine(lambda: ScriptedEngine(per_request), actor_options=ACTOR_OPTIONS)
     async with runtime_on(engine) as rt:

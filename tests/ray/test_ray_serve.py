@@ -17,19 +17,20 @@ pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 pytest.importorskip("websockets")
 
-from websockets.asyncio.client import connect  # noqa: E402
+from websockets.asyncio.client import connect
 
-from duplex_actors import Script, ScriptedEngine  # noqa: E402
-from duplex_actors.client import DuplexClient  # noqa: E402
-from duplex_actors.errors import UnknownSession  # noqa: E402
-from duplex_actors.scaleout.ray_serve import build_app, replica_of, shutdown_app  # noqa: E402
+from duplex_actors import Script, ScriptedEngine
+from duplex_actors.client import DuplexClient
+from duplex_actors.errors import UnknownSession
+from duplex_actors.scaleout.ray_serve import build_app, replica_of, shutdown_app
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.timeout(300)]
 APP = "duplex-test"
 HTTP_PORT = 0
 CHUNK = b"\x01\x00" * 1600
-SLOW = Script(token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(20)), audio_packets=4,
-              packet_latency_s=0.02)
+SLOW = Script(
+    token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(20)), audio_packets=4, packet_latency_s=0.02
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +44,20 @@ def router(ray_cluster):
     # Serve's proxy answers GET /route; websockets go straight to the session replicas.
     serve.start(http_options={"host": "127.0.0.1", "port": HTTP_PORT})
     try:
-        handle = serve.run(build_app(functools.partial(ScriptedEngine, SLOW), session_replicas=1,
-                                     host="127.0.0.1",
-                                     # max 1: the active-request checks must reach the one replica
-                                     engine_autoscaling={"min_replicas": 1, "max_replicas": 1,
-                                                         "target_ongoing_requests": 4},
-                                     session_actor_options={"num_cpus": 0},
-                                     engine_actor_options={"num_cpus": 0},
-                                     report_interval_s=0.2),
-                           name=APP, route_prefix="/")
+        handle = serve.run(
+            build_app(
+                functools.partial(ScriptedEngine, SLOW),
+                session_replicas=1,
+                host="127.0.0.1",
+                # max 1: the active-request checks must reach the one replica
+                engine_autoscaling={"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 4},
+                session_actor_options={"num_cpus": 0},
+                engine_actor_options={"num_cpus": 0},
+                report_interval_s=0.2,
+            ),
+            name=APP,
+            route_prefix="/",
+        )
         yield handle
     finally:
         shutdown_app(APP)
@@ -95,9 +101,17 @@ async def test_a_dropped_session_resumes_through_the_affinity_route_and_misses_n
     resume_url = await router.route.remote(session_id)
     assert resume_url == f"{url}?session_id={session_id}"
     async with connect(resume_url) as ws:
-        await ws.send(json.dumps({"type": "session.resume", "session_id": session_id,
-                                  "generation": generation, "resume_token": token,
-                                  "last_seq": last_seq}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.resume",
+                    "session_id": session_id,
+                    "generation": generation,
+                    "resume_token": token,
+                    "last_seq": last_seq,
+                }
+            )
+        )
         with anyio.fail_after(30):
             while True:
                 event = json.loads(await ws.recv())
@@ -115,7 +129,6 @@ async def test_the_route_for_a_session_no_replica_owns_is_unknown_session(router
         await router.route.remote("sess_rdeadbeef_00")
     with pytest.raises(UnknownSession):
         await router.route.remote("sess_0123456789abcdef")
-
 
 
 async def test_the_route_over_http_through_serves_proxy_gives_the_owner(router):

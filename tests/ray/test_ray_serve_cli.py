@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from duplex_actors.client import DuplexClient  # noqa: E402
+from duplex_actors.client import DuplexClient
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.timeout(300)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,8 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _deploy_command(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "duplex_actors.scaleout.ray_serve", *args],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "duplex_actors.scaleout.ray_serve", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 async def test_deploy_route_turn_and_shutdown_from_the_command_line(ray_cluster):
@@ -35,8 +41,16 @@ async def test_deploy_route_turn_and_shutdown_from_the_command_line(ray_cluster)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     try:
-        deployed = _deploy_command("--address", address, "--session-replicas", "1",
-                                   "--engine-max-replicas", "1", "--http-port", str(port))
+        deployed = _deploy_command(
+            "--address",
+            address,
+            "--session-replicas",
+            "1",
+            "--engine-max-replicas",
+            "1",
+            "--http-port",
+            str(port),
+        )
         assert deployed.returncode == 0, deployed.stderr[-3000:]
         assert f"GET http://127.0.0.1:{port}/route" in deployed.stdout
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/route", timeout=30) as response:

@@ -90,8 +90,13 @@ async def settle(rt: Runtime, timeout: float = 5.0, backend=None) -> None:
         while True:
             st = rt.engine.statistics()
             active = getattr(backend, "active", set())
-            if (st.in_flight == 0 and st.routes == 0 and st.pending_abort_retries == 0
-                    and not active and not rt.statistics().ready):
+            if (
+                st.in_flight == 0
+                and st.routes == 0
+                and st.pending_abort_retries == 0
+                and not active
+                and not rt.statistics().ready
+            ):
                 break
             await anyio.sleep(0.01)
     st = rt.engine.statistics()

@@ -56,7 +56,7 @@ async def test_full_mailbox_refuses_with_mailbox_full_and_loses_nothing_accepted
     async with Runtime(ScriptedEngine(), mailbox_capacity=8, reaper_interval_s=0) as rt:
         s = await rt.open_session()
         accepted = refused = 0
-        for i in range(20):  # no await: the dispatcher cannot drain in between
+        for _i in range(20):  # no await: the dispatcher cannot drain in between
             try:
                 s.append_audio(CHUNK)
                 accepted += 1
@@ -121,8 +121,7 @@ async def test_a_closed_session_keeps_its_slot_until_engine_cleanup_succeeds():
     session.closed), but its admission slot comes back only once the retried abort went through."""
     from duplex_actors.testing.faults import FaultyEngine
 
-    engine = FaultyEngine(ScriptedEngine(Script(token_latency_s=0.05, tokens=("x",) * 200)),
-                          abort_failures=3)
+    engine = FaultyEngine(ScriptedEngine(Script(token_latency_s=0.05, tokens=("x",) * 200)), abort_failures=3)
     async with Runtime(engine, max_sessions=1, reaper_interval_s=0) as rt:
         s = await rt.open_session()
         s.append_audio(b"\x01\x00" * 320)

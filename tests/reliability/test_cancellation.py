@@ -12,7 +12,7 @@ from duplex_actors import Runtime, Script, ScriptedEngine
 from duplex_actors.core import commands as cmd
 from duplex_actors.errors import AskTimeout, ResourceExhausted
 
-from .conftest import CHUNK, Reader, audit, settle, turn
+from .conftest import CHUNK, Reader, audit, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -137,9 +137,13 @@ async def test_random_cancellation_of_client_operations_keeps_every_invariant(se
                             await s.cancel()
                         elif op == "detach_resume":
                             await s.detach()
-                            await rt.resume(s.id, s.generation, s.resume_token,
-                                            last_seq=got[-1].seq if got else 0,
-                                            control_id=f"c{rng.random()}")
+                            await rt.resume(
+                                s.id,
+                                s.generation,
+                                s.resume_token,
+                                last_seq=got[-1].seq if got else 0,
+                                control_id=f"c{rng.random()}",
+                            )
                         elif op == "heartbeat":
                             await s.heartbeat()
                         else:

@@ -27,11 +27,14 @@ async def test_fault_matrix(seed):
 
     engine = FaultyEngine(
         ScriptedEngine(Script(token_latency_s=0.002, packet_latency_s=0.002)),
-        [Fault.raise_after(3, times=None, match=sometimes(0.08)),
-         Fault.truncate_after(2, times=None, match=sometimes(0.08)),
-         Fault.hang_after(2, times=3, match=sometimes(0.05)),
-         Fault.slow(0.01, match=sometimes(0.2))],
-        abort_failures=15)
+        [
+            Fault.raise_after(3, times=None, match=sometimes(0.08)),
+            Fault.truncate_after(2, times=None, match=sometimes(0.08)),
+            Fault.hang_after(2, times=3, match=sometimes(0.05)),
+            Fault.slow(0.01, match=sometimes(0.2)),
+        ],
+        abort_failures=15,
+    )
     streams: dict[str, list] = {}
     vanished: list = []
     async with Runtime(engine, stall_timeout_s=0.4, reaper_interval_s=0.05) as rt:
@@ -83,7 +86,7 @@ async def test_fault_matrix(seed):
         await settle(rt, timeout=5.0, backend=engine)
 
     assert sum(engine.injected.values()) > 5, engine.injected
-    for sid, events in streams.items():
+    for _sid, events in streams.items():
         audit(events)
     reasons = {events[-1].reason for events in streams.values()}
     assert reasons <= {"client_closed", "disconnect_grace_expired"}

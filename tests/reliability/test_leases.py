@@ -309,17 +309,19 @@ async def test_clock_jump_expires_each_session_once_with_its_reason():
         for s in busy:
             s.append_audio(CHUNK * 5)
             await s.commit()
-        clock.advance(10 ** 6)
+        clock.advance(10**6)
         assert rt.reap_now() == 40
         assert rt.reap_now() == 0  # an expire already queued is not queued again
         readers = {s.id: Reader(s) for s in idle + detached}
         for rd in readers.values():
             await rd.drain()
             audit(rd.events)
-        assert {rd.of_type("session.closed")[0].reason for s, rd in readers.items()
-                if rt_id_in(s, idle)} == {"idle_ttl_expired"}
-        assert {rd.of_type("session.closed")[0].reason for s, rd in readers.items()
-                if rt_id_in(s, detached)} == {"disconnect_grace_expired"}
+        assert {rd.of_type("session.closed")[0].reason for s, rd in readers.items() if rt_id_in(s, idle)} == {
+            "idle_ttl_expired"
+        }
+        assert {
+            rd.of_type("session.closed")[0].reason for s, rd in readers.items() if rt_id_in(s, detached)
+        } == {"disconnect_grace_expired"}
         for s in busy:
             rd = Reader(s)
             assert (await rd.until_type("response.done")).status == "completed"

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("websockets")
 
-from duplex_actors.bench import wire_soak  # noqa: E402
+from duplex_actors.bench import wire_soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -22,8 +22,7 @@ def only(session_handle):
     return lambda request: request.fence.session_id == session_handle.id
 
 
-@pytest.mark.parametrize("fault", [Fault.raise_after(3), Fault.truncate_after(3)],
-                         ids=["raise", "truncate"])
+@pytest.mark.parametrize("fault", [Fault.raise_after(3), Fault.truncate_after(3)], ids=["raise", "truncate"])
 async def test_stream_failure_fails_only_that_response_exactly_once_and_next_turn_works(fault):
     engine = FaultyEngine(ScriptedEngine(FAST))
     async with Runtime(engine, reaper_interval_s=0) as rt:
@@ -71,8 +70,9 @@ async def test_hung_engine_is_restarted_by_the_watchdog_and_every_in_flight_resp
 
 
 async def test_watchdog_restart_fails_all_in_flight_responses_exactly_once():
-    engine = FaultyEngine(ScriptedEngine(Script(token_latency_s=0.01,
-                                                tokens=tuple(f" w{i}" for i in range(30)))))
+    engine = FaultyEngine(
+        ScriptedEngine(Script(token_latency_s=0.01, tokens=tuple(f" w{i}" for i in range(30))))
+    )
     async with Runtime(engine, stall_timeout_s=0.3, reaper_interval_s=0) as rt:
         sessions = [await rt.open_session() for _ in range(6)]
         readers = [Reader(s) for s in sessions]

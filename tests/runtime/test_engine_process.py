@@ -168,8 +168,9 @@ async def test_a_lost_engine_process_fails_open_streams_retryably_and_the_next_t
 
 
 async def test_an_unreachable_engine_process_is_a_retryable_failure_not_a_hang():
-    client = EngineProcessClient(os.path.join(tempfile.gettempdir(), "dx-no-such-engine.sock"),
-                                 connect_timeout_s=1.0)
+    client = EngineProcessClient(
+        os.path.join(tempfile.gettempdir(), "dx-no-such-engine.sock"), connect_timeout_s=1.0
+    )
     outputs = await drain(client.generate(request(5)))
     assert len(outputs) == 1 and isinstance(outputs[0], EngineFailure) and outputs[0].retryable
     await client.aclose()

@@ -55,7 +55,7 @@ async def test_closed_sessions_are_freed_while_frozen():
                         break
             await anyio.sleep(0.02)  # frozen mid-life, journal and all
             await session.close()
-            async for event in session.events():
+            async for _event in session.events():
                 pass
             refs.append(weakref.ref(session.core))
             refs.append(weakref.ref(session._actor))

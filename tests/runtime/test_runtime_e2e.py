@@ -42,8 +42,10 @@ async def test_two_sessions_converse_and_close():
             evs = await collect_until(s, "response.done")
             assert [e.type for e in evs].count("response.created") == 1
             assert evs[-1].status == "completed"
-            assert "".join(e.delta for e in evs if e.type == "response.output_text.delta") == \
-                "Hello there, how can I help?"
+            assert (
+                "".join(e.delta for e in evs if e.type == "response.output_text.delta")
+                == "Hello there, how can I help?"
+            )
         await a.close()
         evs = await collect_until(a, "session.closed")
         assert evs[-1].type == "session.closed"
@@ -56,8 +58,14 @@ async def test_two_sessions_converse_and_close():
 
 
 async def test_barge_in_aborts_the_engine_request_and_no_old_audio_follows():
-    engine = ScriptedEngine(Script(token_latency_s=0.005, packet_latency_s=0.005, audio_packets=50,
-                                   tokens=tuple(f" w{i}" for i in range(50))))
+    engine = ScriptedEngine(
+        Script(
+            token_latency_s=0.005,
+            packet_latency_s=0.005,
+            audio_packets=50,
+            tokens=tuple(f" w{i}" for i in range(50)),
+        )
+    )
     async with Runtime(engine) as rt:
         s = await rt.open_session()
         s.append_audio(CHUNK)

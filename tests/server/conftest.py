@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 pytest.importorskip("websockets")
 pytest.importorskip("prometheus_client")
 
-from duplex_actors import Runtime, Script, ScriptedEngine  # noqa: E402
-from duplex_actors.server import RealtimeServer, ServerConfig  # noqa: E402
+from duplex_actors import Runtime, Script, ScriptedEngine
+from duplex_actors.server import RealtimeServer, ServerConfig
 
 # 100 ms of quiet pcm16 at 24 kHz (the GA wire rate): what a microphone sends every 100 ms.
 CHUNK_100MS = b"\x01\x00" * 2400
@@ -26,8 +26,9 @@ def anyio_backend():
 
 
 @contextlib.asynccontextmanager
-async def running_server(script: Script = Script(token_latency_s=0.002), *,
-                         runtime_kw: dict | None = None, **config) -> AsyncIterator[RealtimeServer]:
+async def running_server(
+    script: Script = Script(token_latency_s=0.002), *, runtime_kw: dict | None = None, **config
+) -> AsyncIterator[RealtimeServer]:
     config.setdefault("port", 0)
     config.setdefault("host", "127.0.0.1")
     async with Runtime(ScriptedEngine(script), **(runtime_kw or {})) as rt:

@@ -30,22 +30,110 @@ BAD_FRAMES = [
     (json.dumps({"event_id": "e2"}), "invalid_value", "e2"),
     (json.dumps({"type": "input_audio_buffer.append", "event_id": "e3"}), "invalid_value", "e3"),
     (json.dumps({"type": "input_audio_buffer.append", "audio": 12, "event_id": "e4"}), "invalid_value", "e4"),
-    (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not-base64", "event_id": "e5"}), "invalid_audio", "e5"),
-    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0\0"), "event_id": "e6"}), "invalid_audio", "e6"),
-    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0"), "sample_rate": 44100, "event_id": "e7"}), "invalid_command", "e7"),
-    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0"), "sample_rate": 16000, "event_id": "e8"}), "invalid_command", "e8"),
-    (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0" * 20_000), "event_id": "e9"}), "chunk_too_large", "e9"),
+    (
+        json.dumps({"type": "input_audio_buffer.append", "audio": "%%%not-base64", "event_id": "e5"}),
+        "invalid_audio",
+        "e5",
+    ),
+    (
+        json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0\0\0"), "event_id": "e6"}),
+        "invalid_audio",
+        "e6",
+    ),
+    (
+        json.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": b64(b"\0\0"),
+                "sample_rate": 44100,
+                "event_id": "e7",
+            }
+        ),
+        "invalid_command",
+        "e7",
+    ),
+    (
+        json.dumps(
+            {
+                "type": "input_audio_buffer.append",
+                "audio": b64(b"\0\0"),
+                "sample_rate": 16000,
+                "event_id": "e8",
+            }
+        ),
+        "invalid_command",
+        "e8",
+    ),
+    (
+        json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\0" * 20_000), "event_id": "e9"}),
+        "chunk_too_large",
+        "e9",
+    ),
     (json.dumps({"type": "heartbeat", "pad": "x" * 70_000, "event_id": "e10"}), "frame_too_large", None),
     (json.dumps({"type": "session.update", "session": "fast", "event_id": "e11"}), "invalid_value", "e11"),
-    (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}, "event_id": "e12"}), "unsupported_audio_format", "e12"),
+    (
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}},
+                "event_id": "e12",
+            }
+        ),
+        "unsupported_audio_format",
+        "e12",
+    ),
     (json.dumps({"type": "response.cancel", "event_id": "e13"}), "response_cancel_not_active", "e13"),
-    (json.dumps({"type": "conversation.item.create", "item": {"type": "message"}, "event_id": "e14"}), "invalid_value", "e14"),
-    (json.dumps({"type": "conversation.item.delete", "item_id": "x", "event_id": "e15"}), "item_not_found", "e15"),
-    (json.dumps({"type": "response.cancel", "response_id": "resp_x", "event_id": "e19"}), "response_cancel_not_active", "e19"),
-    (json.dumps({"type": "conversation.item.truncate", "item_id": "x", "content_index": 0, "audio_end_ms": 5, "event_id": "e20"}), "item_not_found", "e20"),
-    (json.dumps({"type": "input_audio_buffer.commit", "epoch": -3, "event_id": "e16"}), "invalid_value", "e16"),
-    (json.dumps({"type": "duplex.playback_ack", "response_id": "r", "event_id": "e17"}), "invalid_value", "e17"),
-    (json.dumps({"type": "session.resume", "session_id": "s", "generation": 0, "resume_token": "t", "event_id": "e18"}), "invalid_event", "e18"),
+    (
+        json.dumps({"type": "conversation.item.create", "item": {"type": "message"}, "event_id": "e14"}),
+        "invalid_value",
+        "e14",
+    ),
+    (
+        json.dumps({"type": "conversation.item.delete", "item_id": "x", "event_id": "e15"}),
+        "item_not_found",
+        "e15",
+    ),
+    (
+        json.dumps({"type": "response.cancel", "response_id": "resp_x", "event_id": "e19"}),
+        "response_cancel_not_active",
+        "e19",
+    ),
+    (
+        json.dumps(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": "x",
+                "content_index": 0,
+                "audio_end_ms": 5,
+                "event_id": "e20",
+            }
+        ),
+        "item_not_found",
+        "e20",
+    ),
+    (
+        json.dumps({"type": "input_audio_buffer.commit", "epoch": -3, "event_id": "e16"}),
+        "invalid_value",
+        "e16",
+    ),
+    (
+        json.dumps({"type": "duplex.playback_ack", "response_id": "r", "event_id": "e17"}),
+        "invalid_value",
+        "e17",
+    ),
+    (
+        json.dumps(
+            {
+                "type": "session.resume",
+                "session_id": "s",
+                "generation": 0,
+                "resume_token": "t",
+                "event_id": "e18",
+            }
+        ),
+        "invalid_event",
+        "e18",
+    ),
     (json.dumps({"type": "heartbeat", "event_id": ["not", "a", "string"]}), "invalid_value", None),
     ("\u0000\u0001\u0002", "invalid_json", None),
 ]
@@ -77,8 +165,10 @@ async def test_each_bad_frame_gets_its_error_and_accepted_audio_is_kept():
             committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
             assert committed["audio_ms"] == 200  # 24 kHz on the wire, every sample in the session
             assert events[-1]["response"]["status"] == "completed"
-        sent_errors = sum(server.metrics.client_errors.labels(code)._value.get()
-                          for code in {c for _, c, _ in BAD_FRAMES} | {"invalid_frame"})
+        sent_errors = sum(
+            server.metrics.client_errors.labels(code)._value.get()
+            for code in {c for _, c, _ in BAD_FRAMES} | {"invalid_frame"}
+        )
         assert sent_errors == len(BAD_FRAMES) + 1
         # four were well-formed and refused by the session itself (two cancels with nothing to
         # cancel, an unknown item deleted and truncated): the codec refused the rest

@@ -42,8 +42,15 @@ def test_serve_is_registered_with_its_options():
     register(app)
     result = CliRunner().invoke(app, ["serve", "--help"])
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--engine", "--api-key", "--max-frame-bytes",
-                   "--max-chunk-bytes", "--max-sessions"):
+    for option in (
+        "--host",
+        "--port",
+        "--engine",
+        "--api-key",
+        "--max-frame-bytes",
+        "--max-chunk-bytes",
+        "--max-sessions",
+    ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])
     assert bad.exit_code != 0 and "--model" in bad.output
@@ -52,15 +59,22 @@ def test_serve_is_registered_with_its_options():
 @pytest.mark.anyio
 async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint():
     env = dict(os.environ, DUPLEX_API_KEY="cli-key")
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "serve", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         with anyio.fail_after(30):
             line = await anyio.to_thread.run_sync(proc.stdout.readline)
         assert "serving ws://127.0.0.1:" in line and "auth=on" in line, line
         url = line.split()[2]
         http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
-        body = await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(http + "/health", timeout=5).read())
+        body = await anyio.to_thread.run_sync(
+            lambda: urllib.request.urlopen(http + "/health", timeout=5).read()
+        )
         assert json.loads(body)["status"] == "ok"
         async with await DuplexClient.connect(url, api_key="cli-key") as client:
             await client.recv()

@@ -13,11 +13,20 @@ from .conftest import CHUNK_100MS, running_server
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 # GA order of an audio response (the session default): its words stream once, as the transcript.
-RESPONSE_ORDER = ["response.created", "response.output_item.added", "conversation.item.added",
-                  "response.content_part.added"]
-CLOSING_ORDER = ["response.output_audio.done", "response.output_audio_transcript.done",
-                 "response.content_part.done", "response.output_item.done", "conversation.item.done",
-                 "response.done"]
+RESPONSE_ORDER = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+]
+CLOSING_ORDER = [
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
 
 
 def assert_response_shape(events: list[dict]) -> None:
@@ -25,8 +34,8 @@ def assert_response_shape(events: list[dict]) -> None:
     start = types.index("response.created")
     body = types[start:]
     assert body[:4] == RESPONSE_ORDER
-    assert body[-len(CLOSING_ORDER):] == CLOSING_ORDER
-    middle = body[4:-len(CLOSING_ORDER)]
+    assert body[-len(CLOSING_ORDER) :] == CLOSING_ORDER
+    middle = body[4 : -len(CLOSING_ORDER)]
     assert middle and all(t.endswith(".delta") for t in middle)
     assert "response.output_text.delta" not in middle  # no words twice
     rid = events[start]["response"]["id"]
@@ -119,13 +128,20 @@ async def test_extensions_heartbeat_playback_ack_and_truncate(server):
         done, events = await client.wait_for("response.done")
         item = next(e for e in events if e["type"] == "response.output_item.added")["item"]["id"]
         await client.ack_playback(done["response"]["id"], 120)
-        await client.send({"type": "conversation.item.truncate", "item_id": item, "content_index": 0,
-                           "audio_end_ms": 15})
+        await client.send(
+            {"type": "conversation.item.truncate", "item_id": item, "content_index": 0, "audio_end_ms": 15}
+        )
         truncated, between = await client.wait_for("conversation.item.truncated")
         assert (truncated["item_id"], truncated["audio_end_ms"]) == (item, 15)
         assert not [e for e in between if e["type"] == "error"]  # the ack was accepted
-        bad = await client.send({"type": "conversation.item.truncate", "item_id": "item_nope",
-                                 "content_index": 0, "audio_end_ms": 1})
+        bad = await client.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": "item_nope",
+                "content_index": 0,
+                "audio_end_ms": 1,
+            }
+        )
         backwards = await client.ack_playback(done["response"]["id"], 10)
         # Two refusals, nothing else: the unknown item (a data-lane frame) and the backwards ack
         # (control lane, which is drained first, so their order is not fixed).
@@ -147,7 +163,10 @@ async def test_illegal_in_state_is_an_error_event_and_the_session_carries_on(ser
         assert error["error"]["event_id"] == commit_id
         cancel_id = await client.cancel()
         error, _ = await client.wait_for("error")
-        assert (error["error"]["code"], error["error"]["event_id"]) == ("response_cancel_not_active", cancel_id)
+        assert (error["error"]["code"], error["error"]["event_id"]) == (
+            "response_cancel_not_active",
+            cancel_id,
+        )
         await client.send_audio(CHUNK_100MS)
         await client.commit()
         await client.create_response()

@@ -25,9 +25,12 @@ from .test_ga_schema import GA_MODELS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                          "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def _valid(events: list[dict]) -> list[dict]:
@@ -40,8 +43,9 @@ def _valid(events: list[dict]) -> list[dict]:
 async def _open(server):
     ws = await websockets.connect(server.url)
     assert (await recv_json(ws))["type"] == "session.created"
-    await _send(ws, type="session.update", session={"type": "realtime",
-                                                    "audio": {"input": {"turn_detection": None}}})
+    await _send(
+        ws, type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    )
     await recv_until(ws, "session.updated")
     return ws
 
@@ -59,14 +63,22 @@ async def test_an_engine_function_call_is_announced_as_a_conversation_item():
         await _send(ws, type="response.create")
         events = _valid(await recv_until(ws, "response.done"))
         message_id = events[[e["type"] for e in events].index("response.output_item.added")]["item"]["id"]
-        call = [(i, e) for i, e in enumerate(events) if e.get("item", {}).get("type") == "function_call"
-                or e["type"].startswith("response.function_call")]
+        call = [
+            (i, e)
+            for i, e in enumerate(events)
+            if e.get("item", {}).get("type") == "function_call"
+            or e["type"].startswith("response.function_call")
+        ]
         # GA order: output item added, conversation item added (no arguments yet), arguments
         # streamed, output item done, conversation item done (with the arguments).
         assert [e["type"] for _, e in call] == [
-            "response.output_item.added", "conversation.item.added",
-            "response.function_call_arguments.delta", "response.function_call_arguments.done",
-            "response.output_item.done", "conversation.item.done"]
+            "response.output_item.added",
+            "conversation.item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "conversation.item.done",
+        ]
         added, done = call[1][1], call[5][1]
         call_item_id = call[0][1]["item"]["id"]
         assert added["item"]["id"] == done["item"]["id"] == call_item_id
@@ -86,18 +98,37 @@ async def test_an_engine_function_call_is_announced_as_a_conversation_item():
 async def test_a_replayed_function_call_is_kept_and_its_output_reaches_the_next_turn():
     async with running_server(Script(tokens=("ok",), audio_packets=1)) as server:
         ws = await _open(server)
-        await _send(ws, type="conversation.item.create", event_id="c1",
-                    item={"type": "function_call", "id": "fc_hist", "call_id": "call_hist",
-                          "name": "get_weather", "arguments": '{"city": "Oslo"}'})
+        await _send(
+            ws,
+            type="conversation.item.create",
+            event_id="c1",
+            item={
+                "type": "function_call",
+                "id": "fc_hist",
+                "call_id": "call_hist",
+                "name": "get_weather",
+                "arguments": '{"city": "Oslo"}',
+            },
+        )
         events = _valid(await recv_until(ws, "conversation.item.done"))
         added = next(e for e in events if e["type"] == "conversation.item.added")
-        assert added["item"] == {"id": "fc_hist", "object": "realtime.item", "type": "function_call",
-                                 "status": "completed", "call_id": "call_hist", "name": "get_weather",
-                                 "arguments": '{"city": "Oslo"}'}
+        assert added["item"] == {
+            "id": "fc_hist",
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": "call_hist",
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo"}',
+        }
         # Its output answers it (it names a call of this conversation) and the next turn reads it.
-        await _send(ws, type="conversation.item.create", event_id="c2",
-                    item={"type": "function_call_output", "call_id": "call_hist", "output": "cold"},
-                    previous_item_id="fc_hist")
+        await _send(
+            ws,
+            type="conversation.item.create",
+            event_id="c2",
+            item={"type": "function_call_output", "call_id": "call_hist", "output": "cold"},
+            previous_item_id="fc_hist",
+        )
         events = _valid(await recv_until(ws, "conversation.item.done"))
         assert not [e for e in events if e["type"] == "error"]
         assert events[-1]["previous_item_id"] == "fc_hist"
@@ -106,30 +137,54 @@ async def test_a_replayed_function_call_is_kept_and_its_output_reaches_the_next_
         transcript = next(e for e in follow if e["type"] == "response.output_audio_transcript.done")
         assert transcript["transcript"] == "cold ok"
         # Without a call_id the server names the call, and an output can answer that name.
-        await _send(ws, type="conversation.item.create",
-                    item={"type": "function_call", "name": "get_weather", "arguments": "{}"})
+        await _send(
+            ws,
+            type="conversation.item.create",
+            item={"type": "function_call", "name": "get_weather", "arguments": "{}"},
+        )
         item = _valid(await recv_until(ws, "conversation.item.done"))[-1]["item"]
         assert item["call_id"].startswith("call_")
-        await _send(ws, type="conversation.item.create",
-                    item={"type": "function_call_output", "call_id": item["call_id"], "output": "1"})
+        await _send(
+            ws,
+            type="conversation.item.create",
+            item={"type": "function_call_output", "call_id": item["call_id"], "output": "1"},
+        )
         assert (await recv_until(ws, "conversation.item.done"))[-1]["item"]["call_id"] == item["call_id"]
         # A call needs its name; the refusal names the field and adds nothing.
-        await _send(ws, type="conversation.item.create", event_id="c3",
-                    item={"type": "function_call", "call_id": "call_x", "arguments": "{}"})
+        await _send(
+            ws,
+            type="conversation.item.create",
+            event_id="c3",
+            item={"type": "function_call", "call_id": "call_x", "arguments": "{}"},
+        )
         err = _valid(await recv_until(ws, "error"))[-1]["error"]
         assert (err["code"], err["event_id"]) == ("invalid_value", "c3")
         assert err["message"].startswith("item.name:")
-        await _send(ws, type="conversation.item.create", event_id="c4",
-                    item={"type": "function_call_output", "call_id": "call_x", "output": "1"})
+        await _send(
+            ws,
+            type="conversation.item.create",
+            event_id="c4",
+            item={"type": "function_call_output", "call_id": "call_x", "output": "1"},
+        )
         assert (await recv_until(ws, "error"))[-1]["error"]["code"] == "unknown_function_call"
         await ws.close()
 
 
 def test_the_decoder_reads_a_function_call_item_and_requires_name_and_arguments():
-    event = wire.decode(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}}))
+    event = wire.decode(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            }
+        )
+    )
     assert (event.item.type, event.item.call_id, event.item.name, event.item.arguments) == (
-        "function_call", "c", "f", "{}")
+        "function_call",
+        "c",
+        "f",
+        "{}",
+    )
     for missing in ("name", "arguments"):
         item = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
         del item[missing]
@@ -149,22 +204,40 @@ async def test_truncating_a_response_that_still_streams_checks_the_audio_sent_so
         received_ms = len(base64.b64decode(first["delta"])) // 2 * 1000 // first["sample_rate"]
         assert received_ms == 100
         # Past what was produced so far: refused, naming the field.
-        await _send(ws, type="conversation.item.truncate", event_id="t1", item_id=item_id,
-                    content_index=0, audio_end_ms=5000)
+        await _send(
+            ws,
+            type="conversation.item.truncate",
+            event_id="t1",
+            item_id=item_id,
+            content_index=0,
+            audio_end_ms=5000,
+        )
         events = _valid(await recv_until(ws, "error"))
         assert [e["type"] for e in events].count("response.done") == 0  # still streaming
         assert (events[-1]["error"]["param"], events[-1]["error"]["event_id"]) == ("audio_end_ms", "t1")
         # What the client received: accepted while the response streams.
-        await _send(ws, type="conversation.item.truncate", event_id="t2", item_id=item_id,
-                    content_index=0, audio_end_ms=received_ms)
+        await _send(
+            ws,
+            type="conversation.item.truncate",
+            event_id="t2",
+            item_id=item_id,
+            content_index=0,
+            audio_end_ms=received_ms,
+        )
         events = _valid(await recv_until(ws, "conversation.item.truncated"))
         assert "response.done" not in [e["type"] for e in events]
         assert events[-1]["audio_end_ms"] == received_ms
         done = _valid(await recv_until(ws, "response.done", timeout=10))[-1]
         assert done["response"]["status"] == "completed"
         # The truncation outlives the response: the item now holds only what was heard.
-        await _send(ws, type="conversation.item.truncate", event_id="t3", item_id=item_id,
-                    content_index=0, audio_end_ms=received_ms + 100)
+        await _send(
+            ws,
+            type="conversation.item.truncate",
+            event_id="t3",
+            item_id=item_id,
+            content_index=0,
+            audio_end_ms=received_ms + 100,
+        )
         err = _valid(await recv_until(ws, "error"))[-1]["error"]
         assert err["param"] == "audio_end_ms" and f"({received_ms} ms)" in err["message"]
         await ws.close()

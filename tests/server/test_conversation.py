@@ -39,8 +39,9 @@ async def test_text_in_audio_out_and_the_engine_reads_the_text():
             events = await recv_until(ws, "response.done")
             types = [e["type"] for e in events]
             assert "response.output_audio.delta" in types and "response.output_text.delta" not in types
-            transcript = "".join(e["delta"] for e in events
-                                 if e["type"] == "response.output_audio_transcript.delta")
+            transcript = "".join(
+                e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"
+            )
             assert transcript == "Sure thing."
             assistant_added = next(e for e in events if e["type"] == "conversation.item.added")
             assert assistant_added["previous_item_id"] == added["item"]["id"]
@@ -68,39 +69,66 @@ async def test_item_ids_are_unique_and_linked_and_edits_check_their_ranges():
             assert first != second and before_first is None and before_second == first
 
             # a developer note goes first ("root"); GA knows no developer role: it is a system item
-            await send(ws, type="conversation.item.create", previous_item_id="root",
-                       item={"type": "message", "role": "developer",
-                             "content": [{"type": "input_text", "text": "be brief"}]})
+            await send(
+                ws,
+                type="conversation.item.create",
+                previous_item_id="root",
+                item={
+                    "type": "message",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": "be brief"}],
+                },
+            )
             note = (await recv_until(ws, "conversation.item.done"))[-1]
             assert note["item"]["role"] == "system" and note["previous_item_id"] is None
 
             await send(ws, type="conversation.item.create", item=user_text("x", id=first), event_id="dup")
-            await send(ws, type="conversation.item.create", item=user_text("x"), previous_item_id="nope",
-                       event_id="where")
-            await send(ws, type="conversation.item.truncate", item_id=first, content_index=0,
-                       audio_end_ms=10, event_id="user")
+            await send(
+                ws,
+                type="conversation.item.create",
+                item=user_text("x"),
+                previous_item_id="nope",
+                event_id="where",
+            )
+            await send(
+                ws,
+                type="conversation.item.truncate",
+                item_id=first,
+                content_index=0,
+                audio_end_ms=10,
+                event_id="user",
+            )
             await send(ws, type="conversation.item.retrieve", item_id="item_missing", event_id="missing")
             errors = {}
             while len(errors) < 4:
                 event = await recv_json(ws)
                 assert event["type"] == "error", event
                 errors[event["error"]["event_id"]] = (event["error"]["code"], event["error"]["param"])
-            assert errors == {"dup": ("invalid_value", "item.id"),
-                              "where": ("invalid_value", "previous_item_id"),
-                              "user": ("invalid_value", "item_id"),
-                              "missing": ("item_not_found", None)}
+            assert errors == {
+                "dup": ("invalid_value", "item.id"),
+                "where": ("invalid_value", "previous_item_id"),
+                "user": ("invalid_value", "item_id"),
+                "missing": ("item_not_found", None),
+            }
 
             await send(ws, type="response.create")
             events = await recv_until(ws, "response.done")
             assistant = events[-1]["response"]["output"][0]["id"]
-            await send(ws, type="conversation.item.truncate", item_id=assistant, content_index=1,
-                       audio_end_ms=0, event_id="part")
+            await send(
+                ws,
+                type="conversation.item.truncate",
+                item_id=assistant,
+                content_index=1,
+                audio_end_ms=0,
+                event_id="part",
+            )
             error = await recv_json(ws)
             if error["type"] == "rate_limits.updated":
                 error = await recv_json(ws)
             assert (error["error"]["event_id"], error["error"]["param"]) == ("part", "content_index")
-            await send(ws, type="conversation.item.truncate", item_id=assistant, content_index=0,
-                       audio_end_ms=120)  # exactly all of its 3 x 40 ms
+            await send(
+                ws, type="conversation.item.truncate", item_id=assistant, content_index=0, audio_end_ms=120
+            )  # exactly all of its 3 x 40 ms
             truncated = await recv_json(ws)
             assert truncated["type"] == "conversation.item.truncated"
             await send(ws, type="conversation.item.delete", item_id=assistant)
@@ -116,8 +144,15 @@ async def test_replayed_assistant_history_is_kept_but_never_read_as_input():
         async with connect(server.url) as ws:
             await recv_json(ws)
             await send(ws, type="conversation.item.create", item=user_text("my name is Ada"))
-            await send(ws, type="conversation.item.create", item={
-                "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi Ada"}]})
+            await send(
+                ws,
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Hi Ada"}],
+                },
+            )
             events = await recv_until(ws, "conversation.item.done")
             events += await recv_until(ws, "conversation.item.done")
             assistant = events[-1]["item"]

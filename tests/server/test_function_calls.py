@@ -15,9 +15,12 @@ from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
 
 pytestmark = pytest.mark.anyio
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                          "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 async def _open(server):
@@ -35,9 +38,16 @@ async def test_tool_call_round_trip_over_the_socket():
     script = Script(tokens=("It", " is"), audio_packets=1, tool_arguments='{"city": "Paris"}')
     async with running_server(script) as server:
         ws = await _open(server)
-        await _send(ws, type="session.update", session={
-            "type": "realtime", "tools": [WEATHER], "tool_choice": "auto",
-            "audio": {"input": {"turn_detection": None}}})
+        await _send(
+            ws,
+            type="session.update",
+            session={
+                "type": "realtime",
+                "tools": [WEATHER],
+                "tool_choice": "auto",
+                "audio": {"input": {"turn_detection": None}},
+            },
+        )
         updated = await recv_until(ws, "session.updated")
         session = updated[-1]["session"]
         assert session["tools"][0]["name"] == "get_weather"
@@ -48,8 +58,11 @@ async def test_tool_call_round_trip_over_the_socket():
         await _send(ws, type="response.create")
         events = await recv_until(ws, "response.done")
         types = [e["type"] for e in events]
-        call_added = next(e for e in events if e["type"] == "response.output_item.added"
-                          and e["item"]["type"] == "function_call")
+        call_added = next(
+            e
+            for e in events
+            if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
+        )
         call_id = call_added["item"]["call_id"]
         assert call_added["item"]["name"] == "get_weather"
         assert call_added["item"]["status"] == "in_progress"
@@ -59,12 +72,21 @@ async def test_tool_call_round_trip_over_the_socket():
         assert json.loads(done["arguments"]) == {"city": "Paris"}
         assert done["name"] == "get_weather"
         assert done["item_id"] == call_added["item"]["id"] == delta["item_id"]
-        order = [types.index(t) for t in ("response.output_item.added",
-                                          "response.function_call_arguments.delta",
-                                          "response.function_call_arguments.done", "response.done")]
+        order = [
+            types.index(t)
+            for t in (
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.done",
+            )
+        ]
         assert order == sorted(order)
-        item_done = [e for e in events if e["type"] == "response.output_item.done"
-                     and e["item"]["type"] == "function_call"]
+        item_done = [
+            e
+            for e in events
+            if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"
+        ]
         assert len(item_done) == 1 and item_done[0]["item"]["arguments"] == done["arguments"]
         response = events[-1]["response"]
         assert response["status"] == "completed"
@@ -74,9 +96,12 @@ async def test_tool_call_round_trip_over_the_socket():
         assert "response.output_text.delta" not in types  # a call-only response
 
         # The client runs the function and sends its output; the follow-up answer uses it.
-        await _send(ws, type="conversation.item.create", event_id="fco",
-                    item={"type": "function_call_output", "call_id": call_id,
-                          "output": '{"temp_c": 21}'})
+        await _send(
+            ws,
+            type="conversation.item.create",
+            event_id="fco",
+            item={"type": "function_call_output", "call_id": call_id, "output": '{"temp_c": 21}'},
+        )
         acked = await recv_until(ws, "conversation.item.done")
         added = next(e for e in acked if e["type"] == "conversation.item.added")
         assert added["item"]["type"] == "function_call_output"
@@ -94,18 +119,25 @@ async def test_tool_call_round_trip_over_the_socket():
 async def test_unknown_call_id_and_bad_tools_get_typed_errors_and_change_nothing():
     async with running_server() as server:
         ws = await _open(server)
-        await _send(ws, type="conversation.item.create", event_id="x1",
-                    item={"type": "function_call_output", "call_id": "call_nope", "output": "1"})
+        await _send(
+            ws,
+            type="conversation.item.create",
+            event_id="x1",
+            item={"type": "function_call_output", "call_id": "call_nope", "output": "1"},
+        )
         err = await recv_until(ws, "error")
         assert err[-1]["error"]["code"] == "unknown_function_call"
         assert err[-1]["error"]["event_id"] == "x1"
-        await _send(ws, type="session.update", event_id="x2",
-                    session={"tools": [{"type": "function"}]})
+        await _send(ws, type="session.update", event_id="x2", session={"tools": [{"type": "function"}]})
         err = await recv_until(ws, "error")
         assert err[-1]["error"]["code"] == "invalid_value"
         assert "tools[0].name" in err[-1]["error"]["message"]
-        await _send(ws, type="session.update", event_id="x3",
-                    session={"tools": [{"type": "mcp", "server_label": "x"}]})
+        await _send(
+            ws,
+            type="session.update",
+            event_id="x3",
+            session={"tools": [{"type": "mcp", "server_label": "x"}]},
+        )
         err = await recv_until(ws, "error")
         assert err[-1]["error"]["code"] == "not_supported"
         # Nothing was applied: the session still has no tools, and a turn answers normally.
@@ -118,9 +150,11 @@ async def test_unknown_call_id_and_bad_tools_get_typed_errors_and_change_nothing
 async def test_tool_choice_none_answers_without_calling():
     async with running_server() as server:
         ws = await _open(server)
-        await _send(ws, type="session.update",
-                    session={"tools": [WEATHER], "tool_choice": "none",
-                             "audio": {"input": {"turn_detection": None}}})
+        await _send(
+            ws,
+            type="session.update",
+            session={"tools": [WEATHER], "tool_choice": "none", "audio": {"input": {"turn_detection": None}}},
+        )
         await recv_until(ws, "session.updated")
         await _send(ws, type="response.create")
         events = await recv_until(ws, "response.done")
@@ -133,8 +167,11 @@ async def test_tool_choice_none_answers_without_calling():
 async def test_scripted_serve_engine_calls_with_arguments_that_fit_the_schema():
     async with running_server() as server:  # the default script: arguments from the schema
         ws = await _open(server)
-        await _send(ws, type="session.update", session={"tools": [WEATHER],
-                                                        "audio": {"input": {"turn_detection": None}}})
+        await _send(
+            ws,
+            type="session.update",
+            session={"tools": [WEATHER], "audio": {"input": {"turn_detection": None}}},
+        )
         await recv_until(ws, "session.updated")
         await _send(ws, type="response.create")
         events = await recv_until(ws, "response.done")

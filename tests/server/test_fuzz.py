@@ -22,15 +22,42 @@ LIMITS = WireLimits(max_frame_bytes=8 * 1024, max_chunk_bytes=2 * 1024)
 # Every type the codec knows except the one that legitimately ends the session.
 TYPES = [t for t in accepted_types() if t != "session.close"]
 
-json_scalars = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-field_names = st.sampled_from(["audio", "session", "response", "event_id", "epoch", "item_id",
-                               "content_index", "audio_end_ms", "response_id", "played_ms",
-                               "sample_rate", "generation", "resume_token", "last_seq",
-                               "session_id", "turn_detection", "instructions"]) | st.text(max_size=8)
-audio_values = (st.binary(max_size=3000).map(lambda b: base64.b64encode(b).decode())
-                | st.text(max_size=50) | json_values)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+field_names = st.sampled_from(
+    [
+        "audio",
+        "session",
+        "response",
+        "event_id",
+        "epoch",
+        "item_id",
+        "content_index",
+        "audio_end_ms",
+        "response_id",
+        "played_ms",
+        "sample_rate",
+        "generation",
+        "resume_token",
+        "last_seq",
+        "session_id",
+        "turn_detection",
+        "instructions",
+    ]
+) | st.text(max_size=8)
+audio_values = (
+    st.binary(max_size=3000).map(lambda b: base64.b64encode(b).decode()) | st.text(max_size=50) | json_values
+)
 
 
 @st.composite
@@ -93,9 +120,13 @@ async def test_malformed_frames_never_hurt_the_server_or_the_session(fuzz_server
                 obj = json.loads(frame)
             except (ValueError, TypeError):
                 continue
-            if (isinstance(obj, dict) and isinstance(obj.get("event_id"), str)
-                    and isinstance(obj.get("type"), str) and obj["type"] not in accepted_types()
-                    and len(frame) <= LIMITS.max_frame_bytes):
+            if (
+                isinstance(obj, dict)
+                and isinstance(obj.get("event_id"), str)
+                and isinstance(obj.get("type"), str)
+                and obj["type"] not in accepted_types()
+                and len(frame) <= LIMITS.max_frame_bytes
+            ):
                 assert obj["event_id"] in echoed
         # the session is alive and answers on the same connection
         await ws.send(json.dumps({"type": "heartbeat"}))
@@ -105,8 +136,11 @@ async def test_malformed_frames_never_hurt_the_server_or_the_session(fuzz_server
     # and the server still serves a well-behaved session end to end
     async with connect(server.url) as ws:
         await recv_json(ws)
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(CHUNK_100MS[:2000]).decode()}))
+        await ws.send(
+            json.dumps(
+                {"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS[:2000]).decode()}
+            )
+        )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
         events = await recv_until(ws, "response.done")

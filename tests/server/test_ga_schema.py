@@ -72,8 +72,9 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-SCRIPT = Script(token_latency_s=0.004, tokens=("Hello", " there,", " how", " are", " you?"),
-                audio_packets=5, packet_ms=40)
+SCRIPT = Script(
+    token_latency_s=0.004, tokens=("Hello", " there,", " how", " are", " you?"), audio_packets=5, packet_ms=40
+)
 
 
 async def test_a_long_mixed_session_is_valid_ga_on_every_event():
@@ -86,8 +87,10 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
             assert session["output_modalities"] == ["audio"] and session["model"]
 
             # 1. text in, audio out, with metadata echoed
-            await r.send(type="conversation.item.create", item={
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+            await r.send(
+                type="conversation.item.create",
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            )
             await r.send(type="response.create", response={"metadata": {"topic": "greeting"}})
             events = await r.until("response.done")
             created_r = next(e for e in events if e["type"] == "response.created")
@@ -127,8 +130,13 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
             spoken = next(e for e in events if e["type"] == "response.output_item.added")["item"]["id"]
             await r.send(type="conversation.item.truncate", item_id=spoken, content_index=0, audio_end_ms=60)
             await r.until("conversation.item.truncated")
-            await r.send(type="conversation.item.truncate", item_id=spoken, content_index=0,
-                         audio_end_ms=60_000, event_id="too_far")
+            await r.send(
+                type="conversation.item.truncate",
+                item_id=spoken,
+                content_index=0,
+                audio_end_ms=60_000,
+                event_id="too_far",
+            )
             error = (await r.until("error"))[-1]["error"]
             assert (error["param"], error["event_id"]) == ("audio_end_ms", "too_far")
             await r.send(type="conversation.item.delete", item_id=assistant)
@@ -136,21 +144,41 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
 
             # 4. a function call, its output, a system message, cancel right after create, cancel
             #    of another id
-            weather = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                      "required": ["city"]}}
-            await r.send(type="session.update", session={"type": "realtime", "tools": [weather],
-                                                         "tool_choice": "required"})
+            weather = {
+                "type": "function",
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            }
+            await r.send(
+                type="session.update",
+                session={"type": "realtime", "tools": [weather], "tool_choice": "required"},
+            )
             await r.until("session.updated")
             await r.send(type="response.create")
-            call = next(e for e in await r.until("response.done")
-                        if e["type"] == "response.function_call_arguments.done")
+            call = next(
+                e
+                for e in await r.until("response.done")
+                if e["type"] == "response.function_call_arguments.done"
+            )
             await r.send(type="session.update", session={"type": "realtime", "tool_choice": "none"})
             await r.until("session.updated")
-            await r.send(type="conversation.item.create", item={
-                "type": "message", "role": "system", "content": [{"type": "input_text", "text": "be brief"}]})
-            await r.send(type="conversation.item.create", item={
-                "type": "function_call_output", "call_id": call["call_id"], "output": "{\"temp\": 21}"})
+            await r.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "system",
+                    "content": [{"type": "input_text", "text": "be brief"}],
+                },
+            )
+            await r.send(
+                type="conversation.item.create",
+                item={"type": "function_call_output", "call_id": call["call_id"], "output": '{"temp": 21}'},
+            )
             await r.until("conversation.item.done")
             await r.until("conversation.item.done")
             await r.send(type="response.create")
@@ -164,8 +192,16 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
             assert (refusal["code"], refusal["param"]) == ("response_not_found", "response_id")
 
             # 5. mu-law in, A-law out
-            await r.send(type="session.update", session={"type": "realtime", "audio": {
-                "input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcma"}}}})
+            await r.send(
+                type="session.update",
+                session={
+                    "type": "realtime",
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcmu"}},
+                        "output": {"format": {"type": "audio/pcma"}},
+                    },
+                },
+            )
             updated = (await r.until("session.updated"))[-1]["session"]
             assert updated["audio"]["output"]["format"] == {"type": "audio/pcma"}
             await r.send(type="input_audio_buffer.append", audio=b64(b"\xff" * 800))  # 100 ms at 8 kHz
@@ -180,8 +216,14 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
             # 6. errors of every kind validate too; then a clean close
             await r.send(type="input_audio_buffer.commit", event_id="empty")
             await r.send(type="no.such.event", event_id="bogus")
-            await r.send(type="session.update", session={"audio": {"input": {"format": {
-                "type": "audio/pcm", "rate": 44100}}}, "instructions": "kept"}, event_id="rate")
+            await r.send(
+                type="session.update",
+                session={
+                    "audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}},
+                    "instructions": "kept",
+                },
+                event_id="rate",
+            )
             errors = []
             with anyio.fail_after(5):
                 while len(errors) < 3:
@@ -190,20 +232,37 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
                     if event["type"] == "error":
                         errors.append(event["error"])
             assert {e["type"] for e in errors} == {"invalid_request_error"}
-            assert next(e for e in errors if e["event_id"] == "rate")["param"] == \
-                "session.audio.input.format.rate"
+            assert (
+                next(e for e in errors if e["event_id"] == "rate")["param"]
+                == "session.audio.input.format.rate"
+            )
             await r.send(type="heartbeat")
             await r.until("heartbeat.ack")
 
-        must_cover = {"session.created", "session.updated", "conversation.item.added",
-                      "conversation.item.done", "conversation.item.retrieved",
-                      "conversation.item.truncated", "conversation.item.deleted",
-                      "input_audio_buffer.committed", "response.created", "response.output_item.added",
-                      "response.content_part.added", "response.output_text.delta",
-                      "response.output_text.done", "response.output_audio.delta",
-                      "response.output_audio.done", "response.output_audio_transcript.delta",
-                      "response.output_audio_transcript.done", "response.content_part.done",
-                      "response.output_item.done", "response.done", "rate_limits.updated", "error"}
+        must_cover = {
+            "session.created",
+            "session.updated",
+            "conversation.item.added",
+            "conversation.item.done",
+            "conversation.item.retrieved",
+            "conversation.item.truncated",
+            "conversation.item.deleted",
+            "input_audio_buffer.committed",
+            "response.created",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.output_audio.delta",
+            "response.output_audio.done",
+            "response.output_audio_transcript.delta",
+            "response.output_audio_transcript.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.done",
+            "rate_limits.updated",
+            "error",
+        }
         assert must_cover <= set(r.validated), must_cover - set(r.validated)
 
 
@@ -225,8 +284,15 @@ def test_the_validation_can_fail():
     """The strict check is not vacuous: a GA event missing a required field is refused."""
     import pydantic
 
-    good = {"type": "response.content_part.added", "event_id": "e", "response_id": "r", "item_id": "i",
-            "output_index": 0, "content_index": 0, "part": {"type": "audio", "transcript": ""}}
+    good = {
+        "type": "response.content_part.added",
+        "event_id": "e",
+        "response_id": "r",
+        "item_id": "i",
+        "output_index": 0,
+        "content_index": 0,
+        "part": {"type": "audio", "transcript": ""},
+    }
     GA_MODELS["response.content_part.added"].model_validate(good, strict=True)
     for broken in ({k: v for k, v in good.items() if k != "part"}, {**good, "output_index": "0"}):
         with pytest.raises(pydantic.ValidationError):
@@ -244,5 +310,4 @@ def test_every_session_event_type_is_ga_or_a_declared_extension():
             continue
         assert cls.TYPE in GA_MODELS, f"{cls.__name__} ({cls.TYPE}) is neither GA nor an extension"
         assert cls in codec._BODIES or not attrs.fields(cls)[3:], f"{cls.__name__} has no codec body"
-    assert codec.EXTENSION_TYPES == {"session.resumed", "session.closed", "heartbeat.ack",
-                                     "duplex.decision"}
+    assert {"session.resumed", "session.closed", "heartbeat.ack", "duplex.decision"} == codec.EXTENSION_TYPES

@@ -48,7 +48,9 @@ def test_accepted_key_finds_the_configured_key_in_any_of_the_three_places():
     keys = ("k1", "k2")
     assert guard.accepted_key(Headers({"Authorization": "Bearer k2"}), keys) == "k2"
     assert guard.accepted_key(Headers({"api-key": "k1"}), keys) == "k1"
-    assert guard.accepted_key(Headers({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.k2"}),
-                              keys) == "k2"
+    assert (
+        guard.accepted_key(Headers({"Sec-WebSocket-Protocol": "realtime, openai-insecure-api-key.k2"}), keys)
+        == "k2"
+    )
     assert guard.accepted_key(Headers({"Authorization": "Bearer nope"}), keys) is None
     assert guard.key_digest("k1") != guard.key_digest("k2") and guard.key_digest(None) is None

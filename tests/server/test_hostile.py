@@ -19,9 +19,9 @@ from duplex_actors.server.app import (
     CLOSE_RESUME_CONFLICT,
     CLOSE_TRY_AGAIN,
 )
+from duplex_actors.testing.raw_websocket import RawWebSocket
 
 from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
-from duplex_actors.testing.raw_websocket import RawWebSocket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -45,8 +45,9 @@ async def open_and_drop(server, **connect_kw) -> tuple[str, str]:
     return sid, token
 
 
-async def resume_refused(server, sid: str, connect_kw: dict | None = None,
-                         **resume) -> tuple[dict, int, list]:
+async def resume_refused(
+    server, sid: str, connect_kw: dict | None = None, **resume
+) -> tuple[dict, int, list]:
     """Send one session.resume; return the error, the close code and any other event seen."""
     async with connect(f"{server.url}?session_id={sid}", **(connect_kw or {})) as ws:
         await ws.send(json.dumps({"type": "session.resume", "session_id": sid, **resume}))
@@ -65,8 +66,9 @@ async def one_turn(url: str, **connect_kw) -> float:
     async with connect(url, **connect_kw) as ws:
         await recv_json(ws)
         began = time.perf_counter()
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS).decode()})
+        )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
         events = await recv_until(ws, "response.done", timeout=20)
@@ -82,8 +84,18 @@ async def test_replaying_the_last_resume_control_id_with_forged_credentials_does
         sid, token = await open_and_drop(server)
         # The owner resumes (control_id ctl-1), then loses that connection too.
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                      "resume_token": token, "last_seq": 1, "control_id": "ctl-1"}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                        "control_id": "ctl-1",
+                    }
+                )
+            )
             resumed = (await recv_until(ws, "session.resumed"))[-1]
             ws.transport.abort()
         handle = server.runtime.get(sid)
@@ -91,9 +103,11 @@ async def test_replaying_the_last_resume_control_id_with_forged_credentials_does
         assert resumed["generation"] == 1
 
         # An attacker who saw (or guessed) the control_id replays it with forged credentials.
-        for forged in ({"generation": 0, "resume_token": "forged"},
-                       {"generation": 1, "resume_token": "forged"},
-                       {"generation": 5, "resume_token": token}):
+        for forged in (
+            {"generation": 0, "resume_token": "forged"},
+            {"generation": 1, "resume_token": "forged"},
+            {"generation": 5, "resume_token": token},
+        ):
             error, code, others = await resume_refused(server, sid, last_seq=0, control_id="ctl-1", **forged)
             assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
             assert others == [], "a refused resume must not receive the session's journal"
@@ -101,8 +115,18 @@ async def test_replaying_the_last_resume_control_id_with_forged_credentials_does
 
         # The owner's genuine retry of ctl-1 (its answer was lost) still gets the same answer.
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                      "resume_token": token, "last_seq": 1, "control_id": "ctl-1"}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                        "control_id": "ctl-1",
+                    }
+                )
+            )
             again = (await recv_until(ws, "session.resumed"))[-1]
             assert (again["generation"], again["resume_token"]) == (1, resumed["resume_token"])
 
@@ -112,13 +136,23 @@ async def test_a_resume_token_only_works_with_the_api_key_that_opened_the_sessio
         as_a = {"additional_headers": {"Authorization": "Bearer key-a"}}
         as_b = {"additional_headers": {"Authorization": "Bearer key-b"}}
         sid, token = await open_and_drop(server, **as_a)
-        error, code, others = await resume_refused(server, sid, as_b, generation=0, resume_token=token,
-                                                   last_seq=0)
+        error, code, others = await resume_refused(
+            server, sid, as_b, generation=0, resume_token=token, last_seq=0
+        )
         assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
         assert others == [] and server.runtime.get(sid).generation == 0
         async with connect(f"{server.url}?session_id={sid}", **as_a) as ws:
-            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                      "resume_token": token, "last_seq": 1}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                    }
+                )
+            )
             assert (await recv_json(ws))["type"] == "session.resumed"
 
 
@@ -150,8 +184,9 @@ async def test_a_client_flooding_bad_frames_is_closed_by_the_flood_policy_and_ne
 async def test_errors_of_a_client_that_floods_and_never_reads_stay_bounded():
     # Flood policy off (a huge budget): the bound must hold on its own.
     overrides = {"outbox_capacity": 256, "outbox_reserve": 16}
-    async with running_server(invalid_frames_per_s=1e9, invalid_frames_burst=10**9,
-                              session_overrides=overrides) as server:
+    async with running_server(
+        invalid_frames_per_s=1e9, invalid_frames_burst=10**9, session_overrides=overrides
+    ) as server:
         flooder = await RawWebSocket.connect(server.url, rcvbuf=4096)
         await wait_until(lambda: server.runtime.session_count == 1)
         actor = server.runtime.sessions()[0]._actor
@@ -177,8 +212,9 @@ async def test_a_raw_socket_that_stops_reading_is_disconnected_by_the_write_time
         stalled = await RawWebSocket.connect(server.url, rcvbuf=4096)
         await wait_until(lambda: server.runtime.session_count == 1)
         handle = server.runtime.sessions()[0]
-        stalled.send_text(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        stalled.send_text(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS).decode()})
+        )
         stalled.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
         stalled.send_text(json.dumps({"type": "response.create"}))
         await stalled.drain()
@@ -241,26 +277,38 @@ async def test_lone_surrogates_are_refused_at_decode_and_never_reach_the_journal
         created = await recv_json(ws)
         sid, token = created["session"]["id"], created["resume_token"]
         # Sent as the JSON escapes a hostile client would write (valid UTF-8 on the wire).
-        for i, frame in enumerate([
-            '{"type": "session.update", "event_id": "u%d", "session": {"instructions": "hi \\ud800"}}',
-            '{"type": "response.create", "event_id": "u%d", "response": {"instructions": "\\udfff"}}',
-            '{"type": "heartbeat", "event_id": "u%d", "\\ud83d": 1}',
-        ]):
+        for i, frame in enumerate(
+            [
+                '{"type": "session.update", "event_id": "u%d", "session": {"instructions": "hi \\ud800"}}',
+                '{"type": "response.create", "event_id": "u%d", "response": {"instructions": "\\udfff"}}',
+                '{"type": "heartbeat", "event_id": "u%d", "\\ud83d": 1}',
+            ]
+        ):
             await ws.send(frame % i)
             error = await recv_json(ws)
             assert error["error"]["code"] == "invalid_text" and error["error"]["event_id"] == f"u{i}"
         # A well-formed surrogate *pair* is just an emoji, and is accepted.
-        await ws.send('{"type": "session.update", "event_id": "ok", '
-                      '"session": {"instructions": "hi \\ud83d\\ude00"}}')
+        await ws.send(
+            '{"type": "session.update", "event_id": "ok", "session": {"instructions": "hi \\ud83d\\ude00"}}'
+        )
         updated = await recv_json(ws)
-        assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "hi \U0001F600"
+        assert updated["type"] == "session.updated" and updated["session"]["instructions"] == "hi \U0001f600"
         ws.transport.abort()
         handle = server.runtime.get(sid)
         await wait_until(lambda: handle.core.lease.detached)
         # Everything journaled encodes: the replay of the whole stream goes through.
         async with connect(f"{server.url}?session_id={sid}") as ws2:
-            await ws2.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                       "resume_token": token, "last_seq": 1}))
+            await ws2.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                    }
+                )
+            )
             replay = await recv_until(ws2, "session.resumed")
             assert [e["type"] for e in replay].count("error") == 3
             assert replay[-1]["replayed"] == len(replay) - 1
@@ -278,8 +326,17 @@ async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_the_session_ca
         handle = server.runtime.get(sid)
         await wait_until(lambda: handle.core.lease.detached)
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                      "resume_token": token, "last_seq": 1}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                    }
+                )
+            )
             assert (await recv_json(ws))["type"] == "session.resumed"
 
 
@@ -304,16 +361,26 @@ async def test_connect_then_abort_cycles_hit_the_per_address_quota_with_a_typed_
         # Resuming one and saying goodbye gives its slot back.
         sid, token = dropped[0]
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                      "resume_token": token, "last_seq": 1}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                    }
+                )
+            )
             await recv_until(ws, "session.resumed")
         await wait_until(lambda: server.runtime.session_count == 2)
         await one_turn(server.url)
 
 
 async def test_detached_sessions_are_capped_and_the_per_key_quota_holds():
-    async with running_server(session_overrides=GRACE, max_detached_sessions=2, api_keys=("k1", "k2"),
-                              max_sessions_per_key=3) as server:
+    async with running_server(
+        session_overrides=GRACE, max_detached_sessions=2, api_keys=("k1", "k2"), max_sessions_per_key=3
+    ) as server:
         k1 = {"additional_headers": {"Authorization": "Bearer k1"}}
         k2 = {"additional_headers": {"Authorization": "Bearer k2"}}
         await open_and_drop(server, **k1)
@@ -324,8 +391,9 @@ async def test_detached_sessions_are_capped_and_the_per_key_quota_holds():
             assert "waiting for a resume" in error["error"]["message"]
         assert server.quotas.detached_count == 2
 
-    async with running_server(session_overrides=GRACE, api_keys=("k1", "k2"),
-                              max_sessions_per_key=2) as server:
+    async with running_server(
+        session_overrides=GRACE, api_keys=("k1", "k2"), max_sessions_per_key=2
+    ) as server:
         k1 = {"additional_headers": {"Authorization": "Bearer k1"}}
         k2 = {"additional_headers": {"Authorization": "Bearer k2"}}
         await open_and_drop(server, **k1)
@@ -340,8 +408,9 @@ async def test_the_flood_policy_holds_when_the_flooder_has_filled_its_control_la
     # Valid control commands faster than the session takes them: its control lane (4 here)
     # fills, each refusal (mailbox_full) counts toward the budget, and the policy's close must
     # still get through the full lane.
-    async with running_server(invalid_frames_per_s=5.0, invalid_frames_burst=20,
-                              runtime_kw={"mailbox_capacity": 4}) as server:
+    async with running_server(
+        invalid_frames_per_s=5.0, invalid_frames_burst=20, runtime_kw={"mailbox_capacity": 4}
+    ) as server:
         flooder = await RawWebSocket.connect(server.url, rcvbuf=4096)
         for _ in range(3000):
             flooder.send_text('{"type": "response.cancel"}')
@@ -362,8 +431,9 @@ async def test_a_resume_queued_before_the_reaper_fires_is_not_closed_by_that_sta
     from duplex_actors.core import commands as cmd
 
     clock = ManualClock(1000.0)
-    async with running_server(session_overrides={"disconnect_grace_s": 5.0},
-                              runtime_kw={"clock": clock, "reaper_interval_s": 0}) as server:
+    async with running_server(
+        session_overrides={"disconnect_grace_s": 5.0}, runtime_kw={"clock": clock, "reaper_interval_s": 0}
+    ) as server:
         sid, token = await open_and_drop(server)
         clock.advance(6.0)  # the grace has run out; the reaper has not looked yet
         original_put = Mailbox.put
@@ -376,8 +446,17 @@ async def test_a_resume_queued_before_the_reaper_fires_is_not_closed_by_that_sta
 
         monkeypatch.setattr(Mailbox, "put", put_then_reap)
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                      "resume_token": token, "last_seq": 1}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                    }
+                )
+            )
             assert (await recv_json(ws))["type"] == "session.resumed"
             assert fired == [1], "the reaper saw the lease expired and queued an expiry"
             await ws.send(json.dumps({"type": "heartbeat", "event_id": "hb"}))
@@ -400,8 +479,9 @@ async def test_a_session_that_expired_while_detached_is_forgotten_by_the_next_op
     from duplex_actors import ManualClock
 
     clock = ManualClock(1000.0)
-    async with running_server(session_overrides={"disconnect_grace_s": 1.0},
-                              runtime_kw={"clock": clock, "reaper_interval_s": 0}) as server:
+    async with running_server(
+        session_overrides={"disconnect_grace_s": 1.0}, runtime_kw={"clock": clock, "reaper_interval_s": 0}
+    ) as server:
         sid, _ = await open_and_drop(server)
         clock.advance(2.0)
         assert server.runtime.reap_now() == 1

@@ -49,12 +49,15 @@ async def test_sdk_session_update_audio_response_and_cancel():
             created = await next_of(connection, "session.created")
             session_id = field(field(created, "session"), "id")
 
-            await connection.session.update(session={
-                "type": "realtime",
-                "instructions": "answer briefly",
-                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000},
-                                    "turn_detection": None}},
-            })
+            await connection.session.update(
+                session={
+                    "type": "realtime",
+                    "instructions": "answer briefly",
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}
+                    },
+                }
+            )
             updated = await next_of(connection, "session.updated")
             session = field(updated, "session")
             assert field(session, "instructions") == "answer briefly"
@@ -80,9 +83,12 @@ async def test_sdk_session_update_audio_response_and_cancel():
             assert field(response, "status") == "cancelled"
             types = [field(e, "type") for e in seen]
             assert types.count("response.done") == 1
-            assert types.index("response.created") < types.index("response.output_item.added") \
-                < types.index("response.content_part.added") \
+            assert (
+                types.index("response.created")
+                < types.index("response.output_item.added")
+                < types.index("response.content_part.added")
                 < types.index("response.output_audio_transcript.delta")
+            )
             assert "response.output_text.delta" not in types  # an audio response: words once
 
             # a second, uninterrupted response streams to completion
@@ -90,8 +96,11 @@ async def test_sdk_session_update_audio_response_and_cancel():
             seen = []
             done = await next_of(connection, "response.done", seen=seen, timeout=10)
             assert field(field(done, "response"), "status") == "completed"
-            text = "".join(field(e, "delta") for e in seen
-                           if field(e, "type") == "response.output_audio_transcript.delta")
+            text = "".join(
+                field(e, "delta")
+                for e in seen
+                if field(e, "type") == "response.output_audio_transcript.delta"
+            )
             assert text == "".join(SLOW.tokens)
 
             # errors reach the SDK as error events carrying our event_id
@@ -127,8 +136,9 @@ async def test_sdk_default_ga_session_text_in_audio_out_and_typed_events():
             session = field(created, "session")
             assert field(field(field(session, "audio"), "output"), "format").rate == 24000
 
-            await connection.conversation.item.create(item={
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
+            await connection.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}
+            )
             added = await next_of(connection, "conversation.item.added")
             assert field(field(added, "item"), "role") == "user"
             await connection.response.create(response={"metadata": {"turn": "1"}})
@@ -148,8 +158,11 @@ async def test_sdk_default_ga_session_text_in_audio_out_and_typed_events():
             assert not unparsed, f"the SDK did not recognise {unparsed}"
             audio = [e for e in seen if field(e, "type") == "response.output_audio.delta"]
             assert audio and len(base64.b64decode(field(audio[0], "delta"))) % 2 == 0
-            transcript = "".join(field(e, "delta") for e in seen
-                                 if field(e, "type") == "response.output_audio_transcript.delta")
+            transcript = "".join(
+                field(e, "delta")
+                for e in seen
+                if field(e, "type") == "response.output_audio_transcript.delta"
+            )
             assert transcript == "".join(SLOW.tokens)
             limits = await next_of(connection, "rate_limits.updated")
             assert not isinstance(limits, dict)

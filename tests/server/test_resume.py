@@ -23,8 +23,9 @@ from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
-SLOW = Script(token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(30)), audio_packets=5,
-              packet_latency_s=0.02)
+SLOW = Script(
+    token_latency_s=0.02, tokens=tuple(f"w{i} " for i in range(30)), audio_packets=5, packet_latency_s=0.02
+)
 
 
 async def wait_until(predicate, timeout: float = 5.0) -> None:
@@ -87,8 +88,9 @@ async def test_half_written_frame_then_drop_detaches_and_the_session_resumes():
         ws = await connect(server.url)
         created = await recv_json(ws)
         sid, token = created["session"]["id"], created["resume_token"]
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS).decode()})
+        )
         # A text frame header announcing 256 bytes, then only a few of them, then the drop.
         ws.transport.write(b"\x81\xfe\x01\x00" + b"\x00\x00\x00\x00" + b'{"type": "inp')
         ws.transport.abort()
@@ -96,8 +98,17 @@ async def test_half_written_frame_then_drop_detaches_and_the_session_resumes():
         await wait_until(lambda: handle.core.lease.detached)
 
         async with connect(f"{server.url}?session_id={sid}") as ws2:
-            await ws2.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                       "resume_token": token, "last_seq": 1}))
+            await ws2.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 1,
+                    }
+                )
+            )
             resumed = await recv_json(ws2)
             assert resumed["type"] == "session.resumed" and resumed["replayed"] == 0
             await ws2.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c"}))
@@ -140,8 +151,17 @@ async def test_resume_refusals_have_an_error_event_and_a_close_code():
         assert error["error"]["code"] == "unknown_session" and code == CLOSE_UNKNOWN_SESSION
         # The refusals changed nothing: the real client still resumes.
         async with connect(f"{server.url}?session_id={sid}") as ws2:
-            await ws2.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                       "resume_token": token, "last_seq": 7}))
+            await ws2.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": 7,
+                    }
+                )
+            )
             assert (await recv_json(ws2))["type"] == "session.resumed"
 
 
@@ -166,8 +186,9 @@ async def test_resume_while_the_old_connection_lingers_supersedes_it():
         old = await connect(server.url)
         created = await recv_json(old)
         sid, token = created["session"]["id"], created["resume_token"]
-        await old.send(json.dumps({"type": "input_audio_buffer.append",
-                                   "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        await old.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS).decode()})
+        )
         await old.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await old.send(json.dumps({"type": "response.create"}))
         seen = await recv_until(old, "response.output_audio_transcript.delta")
@@ -175,8 +196,17 @@ async def test_resume_while_the_old_connection_lingers_supersedes_it():
         await anyio.sleep(0.15)  # the old connection keeps receiving; this client ignores it
         # The old socket is still open (its drop went unnoticed); the client comes back anyway.
         async with connect(f"{server.url}?session_id={sid}") as new:
-            await new.send(json.dumps({"type": "session.resume", "session_id": sid, "generation": 0,
-                                       "resume_token": token, "last_seq": last}))
+            await new.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": sid,
+                        "generation": 0,
+                        "resume_token": token,
+                        "last_seq": last,
+                    }
+                )
+            )
             events = await recv_until(new, "response.done")
             seqs = [e["server_event_seq"] for e in events]
             assert seqs == list(range(last + 1, last + 1 + len(seqs)))
@@ -191,8 +221,9 @@ async def test_resume_while_the_old_connection_lingers_supersedes_it():
 
 
 async def test_grace_expiry_ends_the_client_with_session_lost():
-    async with running_server(session_overrides={"disconnect_grace_s": 0.1},
-                              runtime_kw={"reaper_interval_s": 0.02}) as server:
+    async with running_server(
+        session_overrides={"disconnect_grace_s": 0.1}, runtime_kw={"reaper_interval_s": 0.02}
+    ) as server:
         client = await DuplexClient.connect(server.url, reconnect_backoff_s=0.5)
         async with client:
             await client.recv()

@@ -48,15 +48,19 @@ async def test_a_new_session_has_server_vad_on_and_speech_alone_gets_a_response(
             created = await recv_json(ws)
             detection = created["session"]["audio"]["input"]["turn_detection"]
             assert detection["type"] == "server_vad" and detection["create_response"] is True
-            await ws.send(json.dumps({"type": "session.update", "session": {
-                "audio": {"input": {"format": PCM_16K}}}}))
+            await ws.send(
+                json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": PCM_16K}}}})
+            )
             await recv_until(ws, "session.updated")
             for pcm in (tone(300, 8000), tone(700, 0)):
                 await ws.send(append(pcm))
             events = await recv_until(ws, "response.done")
             types = [e["type"] for e in events]
-            assert types.index("input_audio_buffer.speech_stopped") \
-                < types.index("input_audio_buffer.committed") < types.index("response.created")
+            assert (
+                types.index("input_audio_buffer.speech_stopped")
+                < types.index("input_audio_buffer.committed")
+                < types.index("response.created")
+            )
             assert events[-1]["response"]["status"] == "completed"
 
 
@@ -64,9 +68,25 @@ async def test_speech_then_silence_commits_and_responds_without_a_client_commit(
     async with running_server(vad_factory=LoudnessVad) as server:
         async with connect(server.url) as ws:
             await recv_json(ws)
-            await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
-                "format": PCM_16K, "turn_detection": {"type": "server_vad", "silence_duration_ms": 200,
-                                                      "prefix_padding_ms": 0}}}}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "audio": {
+                                "input": {
+                                    "format": PCM_16K,
+                                    "turn_detection": {
+                                        "type": "server_vad",
+                                        "silence_duration_ms": 200,
+                                        "prefix_padding_ms": 0,
+                                    },
+                                }
+                            }
+                        },
+                    }
+                )
+            )
             updated = await recv_until(ws, "session.updated")
             assert updated[-1]["session"]["duplex"]["auto_respond"] is True
             assert updated[-1]["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 200
@@ -76,9 +96,12 @@ async def test_speech_then_silence_commits_and_responds_without_a_client_commit(
                 await ws.send(append(tone(100, 0)))
             events = await recv_until(ws, "response.done")
             types = [e["type"] for e in events]
-            assert types.index("input_audio_buffer.speech_started") \
-                < types.index("input_audio_buffer.speech_stopped") \
-                < types.index("input_audio_buffer.committed") < types.index("response.created")
+            assert (
+                types.index("input_audio_buffer.speech_started")
+                < types.index("input_audio_buffer.speech_stopped")
+                < types.index("input_audio_buffer.committed")
+                < types.index("response.created")
+            )
             stopped = events[types.index("input_audio_buffer.speech_stopped")]
             assert 250 <= stopped["audio_end_ms"] <= 350
             assert events[-1]["response"]["status"] == "completed"
@@ -102,9 +125,18 @@ async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
             created = await recv_json(ws)
             # without a VAD model a new session starts with manual turns
             assert created["session"]["audio"]["input"]["turn_detection"] is None
-            await ws.send(json.dumps({"type": "session.update", "event_id": "u1",
-                                      "session": {"turn_detection": {"type": "server_vad"},
-                                                  "instructions": "still applied"}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "event_id": "u1",
+                        "session": {
+                            "turn_detection": {"type": "server_vad"},
+                            "instructions": "still applied",
+                        },
+                    }
+                )
+            )
             error = await recv_json(ws)
             assert error["error"]["code"] == "not_supported" and error["error"]["event_id"] == "u1"
             assert error["error"]["param"] == "session.audio.input.turn_detection"

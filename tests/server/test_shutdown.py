@@ -46,12 +46,15 @@ async def test_sigterm_drains_every_response_closes_every_session_then_closes_10
             line = await anyio.to_thread.run_sync(proc.stdout.readline)
         url = line.split()[2]
         talking, idle = [], []
-        for i in range(3):
+        for _i in range(3):
             ws = await connect(url)
             await recv_json(ws)
             talking.append(ws)
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(CHUNK_100MS).decode()}))
+            await ws.send(
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS).decode()}
+                )
+            )
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             await ws.send(json.dumps({"type": "response.create"}))  # GA: a commit alone creates none
             await recv_until(ws, "response.created", timeout=10)
@@ -88,8 +91,14 @@ def test_serve_supervises_by_default():
     import inspect
 
     options = inspect.signature(serve).parameters
-    for name in ("stall_timeout_s", "write_timeout_s", "max_sessions_per_key", "max_sessions_per_address",
-                 "max_detached_sessions", "drain_timeout_s"):
+    for name in (
+        "stall_timeout_s",
+        "write_timeout_s",
+        "max_sessions_per_key",
+        "max_sessions_per_address",
+        "max_detached_sessions",
+        "drain_timeout_s",
+    ):
         assert name in options
     assert options["stall_timeout_s"].default.default == 15.0  # the watchdog is on unless asked off
 
@@ -97,14 +106,16 @@ def test_serve_supervises_by_default():
 @pytest.mark.anyio
 async def test_a_hung_engine_ends_the_turn_failed_over_the_wire_and_the_lease_can_expire():
     hung = Script(token_latency_s=0.005, hang_after=3)
-    async with running_server(hung, runtime_kw={"stall_timeout_s": 0.5},
-                              session_overrides={"disconnect_grace_s": 0.3}) as server:
+    async with running_server(
+        hung, runtime_kw={"stall_timeout_s": 0.5}, session_overrides={"disconnect_grace_s": 0.3}
+    ) as server:
         ws = await connect(server.url)
         created = await recv_json(ws)
         sid = created["session"]["id"]
         began = time.perf_counter()
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(CHUNK_100MS).decode()}))
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS).decode()})
+        )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))  # GA: a commit alone creates none
         events = await recv_until(ws, "response.done", timeout=10)

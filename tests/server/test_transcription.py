@@ -22,9 +22,11 @@ pytest.importorskip("pocketsphinx")
 pytest.importorskip("piper")
 pytestmark = pytest.mark.anyio
 
-SENTENCES = ("What is the weather like in Paris today?",
-             "I need help planning a trip to the city next week.",
-             "Could you tell me a short story about a train?")
+SENTENCES = (
+    "What is the weather like in Paris today?",
+    "I need help planning a trip to the city next week.",
+    "Could you tell me a short story about a train?",
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +76,33 @@ async def test_transcription_runs_off_the_loop_and_reaches_the_client(transcribe
         async with RealtimeServer(rt, ServerConfig(host="127.0.0.1", port=0)) as server:
             async with websockets.connect(server.url) as ws:
                 await recv_json(ws)
-                await ws.send(json.dumps({"type": "session.update", "session": {
-                    "audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"},
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "session.update",
+                            "session": {
+                                "audio": {
+                                    "input": {
+                                        "transcription": {"model": "whisper-1", "language": "en"},
                                         # the speech fixture is 16 kHz pcm (GA's default is 24)
                                         "format": {"type": "audio/pcm", "rate": 16000},
-                                        "turn_detection": None}}}}))
+                                        "turn_detection": None,
+                                    }
+                                }
+                            },
+                        }
+                    )
+                )
                 await recv_until(ws, "session.updated")
                 for i in range(0, len(pcm), 3200):
-                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                              "audio": base64.b64encode(pcm[i:i + 3200]).decode()}))
+                    await ws.send(
+                        json.dumps(
+                            {
+                                "type": "input_audio_buffer.append",
+                                "audio": base64.b64encode(pcm[i : i + 3200]).decode(),
+                            }
+                        )
+                    )
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 committed = await recv_until(ws, "input_audio_buffer.committed")
                 item_id = committed[-1]["item_id"]
@@ -92,8 +112,9 @@ async def test_transcription_runs_off_the_loop_and_reaches_the_client(transcribe
                 await ws.send(json.dumps({"type": "heartbeat"}))
                 await recv_until(ws, "heartbeat.ack")
                 ack_s = time.perf_counter() - started
-                events = await recv_until(ws, "conversation.item.input_audio_transcription.completed",
-                                          timeout=60)
+                events = await recv_until(
+                    ws, "conversation.item.input_audio_transcription.completed", timeout=60
+                )
                 done_s = time.perf_counter() - started
                 completed = events[-1]
                 delta = [e for e in events if e["type"].endswith("input_audio_transcription.delta")]
@@ -108,11 +129,26 @@ async def test_without_a_transcriber_the_turn_gets_a_failed_event():
         async with RealtimeServer(rt, ServerConfig(host="127.0.0.1", port=0)) as server:
             async with websockets.connect(server.url) as ws:
                 await recv_json(ws)
-                await ws.send(json.dumps({"type": "session.update", "session": {
-                    "input_audio_transcription": {"model": "whisper-1"}, "turn_detection": None}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "session.update",
+                            "session": {
+                                "input_audio_transcription": {"model": "whisper-1"},
+                                "turn_detection": None,
+                            },
+                        }
+                    )
+                )
                 await recv_until(ws, "session.updated")
-                await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(b"\x01\x00" * 1600).decode()}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "input_audio_buffer.append",
+                            "audio": base64.b64encode(b"\x01\x00" * 1600).decode(),
+                        }
+                    )
+                )
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 await ws.send(json.dumps({"type": "response.create"}))  # GA: commit alone never responds
                 with anyio.fail_after(5):
@@ -127,8 +163,17 @@ async def test_a_non_english_transcription_request_is_refused():
         async with RealtimeServer(rt, ServerConfig(host="127.0.0.1", port=0)) as server:
             async with websockets.connect(server.url) as ws:
                 await recv_json(ws)
-                await ws.send(json.dumps({"type": "session.update", "event_id": "t1", "session": {
-                    "audio": {"input": {"transcription": {"model": "x", "language": "fr"}}}}}))
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "session.update",
+                            "event_id": "t1",
+                            "session": {
+                                "audio": {"input": {"transcription": {"model": "x", "language": "fr"}}}
+                            },
+                        }
+                    )
+                )
                 err = await recv_until(ws, "error")
                 assert err[-1]["error"]["code"] == "not_supported"
                 assert err[-1]["error"]["event_id"] == "t1"
@@ -145,22 +190,34 @@ async def test_a_real_serve_process_transcribes_24k_input(speech):
 
     text = SENTENCES[0]
     pcm = synthesize_utterance(text, sample_rate=24000)
-    proc = subprocess.Popen([sys.executable, "-m", "duplex_actors", "serve", "--port", "0",
-                             "--sample-rate", "24000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "duplex_actors", "serve", "--port", "0", "--sample-rate", "24000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = await anyio.to_thread.run_sync(proc.stdout.readline)
         url = re.search(r"(ws://\S+/v1/realtime)", line).group(1)
         async with websockets.connect(url) as ws:
             await recv_json(ws)
-            await ws.send(json.dumps({"type": "session.update", "session": {
-                "input_audio_transcription": {"model": "whisper-1"}, "turn_detection": None}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "input_audio_transcription": {"model": "whisper-1"},
+                            "turn_detection": None,
+                        },
+                    }
+                )
+            )
             await recv_until(ws, "session.updated")
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(pcm).decode()}))
+            await ws.send(
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+            )
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            events = await recv_until(ws, "conversation.item.input_audio_transcription.completed",
-                                      timeout=60)
+            events = await recv_until(ws, "conversation.item.input_audio_transcription.completed", timeout=60)
             assert not [e for e in events if e["type"].endswith("transcription.failed")]
             assert word_error_rate(text, events[-1]["transcript"]) <= 0.25, events[-1]["transcript"]
     finally:

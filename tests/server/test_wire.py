@@ -26,7 +26,12 @@ def test_append_decodes_pcm_and_echoes_event_id():
 
 
 def test_append_uses_the_session_rate_and_a_chunk_naming_another_is_refused():
-    assert wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0")), sample_rate=24000).sample_rate == 24000
+    assert (
+        wire.decode(
+            frame(type="input_audio_buffer.append", audio=b64(b"\0\0")), sample_rate=24000
+        ).sample_rate
+        == 24000
+    )
     with pytest.raises(InvalidCommand):
         wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0"), sample_rate=8000))
 
@@ -35,40 +40,110 @@ def test_append_in_a_declared_format_is_left_for_the_server_to_convert():
     ulaw = AudioFormat(PCMU, 8000)
     event = wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\xff" * 3)), input_format=ulaw)
     assert isinstance(event, wire.EncodedAudio) and event.data == b"\xff" * 3 and event.format == ulaw
-    pcm24 = wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0")),
-                        input_format=AudioFormat(PCM, 24000))
+    pcm24 = wire.decode(
+        frame(type="input_audio_buffer.append", audio=b64(b"\0\0")), input_format=AudioFormat(PCM, 24000)
+    )
     assert isinstance(pcm24, wire.EncodedAudio)  # 24 kHz on the wire, 16 kHz in the session
     with pytest.raises(wire.InvalidAudio):  # pcm16 still needs whole samples
-        wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0\0\0")),
-                    input_format=AudioFormat(PCM, 24000))
+        wire.decode(
+            frame(type="input_audio_buffer.append", audio=b64(b"\0\0\0")),
+            input_format=AudioFormat(PCM, 24000),
+        )
 
 
-@pytest.mark.parametrize("text, error, code", [
-    ("{", wire.InvalidJSON, "invalid_json"),
-    ("[1, 2]", wire.InvalidJSON, "invalid_json"),
-    (frame(type="nope", event_id="x"), wire.UnknownEventType, "unknown_event_type"),
-    (frame(event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type=3, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="input_audio_buffer.append", event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="input_audio_buffer.append", audio=5, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="input_audio_buffer.append", audio="***", event_id="x"), wire.InvalidAudio, "invalid_audio"),
-    (frame(type="input_audio_buffer.append", audio=b64(b"\0\0\0"), event_id="x"), wire.InvalidAudio, "invalid_audio"),
-    (frame(type="input_audio_buffer.append", audio="", event_id="x"), wire.InvalidAudio, "invalid_audio"),
-    (frame(type="input_audio_buffer.append", audio=b64(b"\0\0"), sample_rate="16k", event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="session.update", event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="session.update", session={"type": "transcription"}, event_id="x"), wire.NotSupported, "not_supported"),
-    (frame(type="conversation.item.create", item={}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="conversation.item.create", item={"type": "message", "role": "tool", "content": []}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="conversation.item.create", item={"type": "message", "role": "assistant", "content": []}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="conversation.item.create", item={"type": "message", "role": "user", "content": [{"type": "input_audio"}]}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="conversation.item.create", item={"type": "mcp_call"}, event_id="x"), wire.NotSupported, "not_supported"),
-    (frame(type="response.create", response={"output_modalities": ["video"]}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="response.create", response={"metadata": {"k": 1}}, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="conversation.item.truncate", item_id="i", content_index=0, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="duplex.playback_ack", response_id="r", played_ms=-1, event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="session.resume", session_id="s", generation=True, resume_token="t", event_id="x"), wire.InvalidField, "invalid_value"),
-    (frame(type="input_audio_buffer.commit", epoch=-1, event_id="x"), wire.InvalidField, "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "text, error, code",
+    [
+        ("{", wire.InvalidJSON, "invalid_json"),
+        ("[1, 2]", wire.InvalidJSON, "invalid_json"),
+        (frame(type="nope", event_id="x"), wire.UnknownEventType, "unknown_event_type"),
+        (frame(event_id="x"), wire.InvalidField, "invalid_value"),
+        (frame(type=3, event_id="x"), wire.InvalidField, "invalid_value"),
+        (frame(type="input_audio_buffer.append", event_id="x"), wire.InvalidField, "invalid_value"),
+        (frame(type="input_audio_buffer.append", audio=5, event_id="x"), wire.InvalidField, "invalid_value"),
+        (
+            frame(type="input_audio_buffer.append", audio="***", event_id="x"),
+            wire.InvalidAudio,
+            "invalid_audio",
+        ),
+        (
+            frame(type="input_audio_buffer.append", audio=b64(b"\0\0\0"), event_id="x"),
+            wire.InvalidAudio,
+            "invalid_audio",
+        ),
+        (frame(type="input_audio_buffer.append", audio="", event_id="x"), wire.InvalidAudio, "invalid_audio"),
+        (
+            frame(type="input_audio_buffer.append", audio=b64(b"\0\0"), sample_rate="16k", event_id="x"),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (frame(type="session.update", event_id="x"), wire.InvalidField, "invalid_value"),
+        (
+            frame(type="session.update", session={"type": "transcription"}, event_id="x"),
+            wire.NotSupported,
+            "not_supported",
+        ),
+        (frame(type="conversation.item.create", item={}, event_id="x"), wire.InvalidField, "invalid_value"),
+        (
+            frame(
+                type="conversation.item.create",
+                item={"type": "message", "role": "tool", "content": []},
+                event_id="x",
+            ),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (
+            frame(
+                type="conversation.item.create",
+                item={"type": "message", "role": "assistant", "content": []},
+                event_id="x",
+            ),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (
+            frame(
+                type="conversation.item.create",
+                item={"type": "message", "role": "user", "content": [{"type": "input_audio"}]},
+                event_id="x",
+            ),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (
+            frame(type="conversation.item.create", item={"type": "mcp_call"}, event_id="x"),
+            wire.NotSupported,
+            "not_supported",
+        ),
+        (
+            frame(type="response.create", response={"output_modalities": ["video"]}, event_id="x"),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (
+            frame(type="response.create", response={"metadata": {"k": 1}}, event_id="x"),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (
+            frame(type="conversation.item.truncate", item_id="i", content_index=0, event_id="x"),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (
+            frame(type="duplex.playback_ack", response_id="r", played_ms=-1, event_id="x"),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (
+            frame(type="session.resume", session_id="s", generation=True, resume_token="t", event_id="x"),
+            wire.InvalidField,
+            "invalid_value",
+        ),
+        (frame(type="input_audio_buffer.commit", epoch=-1, event_id="x"), wire.InvalidField, "invalid_value"),
+    ],
+)
 def test_malformed_frames_raise_typed_errors_with_the_event_id(text, error, code):
     with pytest.raises(error) as info:
         wire.decode(text)
@@ -90,8 +165,9 @@ def test_declared_limits_are_enforced_before_decoding():
     with pytest.raises(wire.ChunkTooLarge) as info:
         wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0" * 102), event_id="big"), limits)
     assert info.value.event_id == "big"
-    assert isinstance(wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0" * 100)), limits),
-                      cmd.AppendAudio)
+    assert isinstance(
+        wire.decode(frame(type="input_audio_buffer.append", audio=b64(b"\0" * 100)), limits), cmd.AppendAudio
+    )
     # multi-byte text counts in bytes, not characters
     with pytest.raises(wire.FrameTooLarge):
         wire.decode(frame(type="heartbeat", pad="é" * 600), limits)
@@ -104,15 +180,21 @@ def test_deep_nesting_is_refused_not_crashing():
         wire.decode('{"type": "heartbeat", "x": ' + "[" * 50 + "]" * 50 + "}")
 
 
-@pytest.mark.parametrize("session, expected", [
-    ({"turn_detection": None}, {"auto_respond": False}),
-    ({"audio": {"input": {"turn_detection": None}}}, {"auto_respond": False}),
-    ({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}, {"auto_respond": True}),
-    ({"turn_detection": {"type": "server_vad", "create_response": False}}, {"auto_respond": False}),
-    ({"instructions": "be brief"}, {"instructions": "be brief"}),
-    ({"duplex": {"model_native": True, "min_interruption_ms": 700}}, {"model_native": True, "min_interruption_ms": 700}),
-    ({"type": "realtime", "voice": "alloy", "tools": []}, {}),
-])
+@pytest.mark.parametrize(
+    "session, expected",
+    [
+        ({"turn_detection": None}, {"auto_respond": False}),
+        ({"audio": {"input": {"turn_detection": None}}}, {"auto_respond": False}),
+        ({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}, {"auto_respond": True}),
+        ({"turn_detection": {"type": "server_vad", "create_response": False}}, {"auto_respond": False}),
+        ({"instructions": "be brief"}, {"instructions": "be brief"}),
+        (
+            {"duplex": {"model_native": True, "min_interruption_ms": 700}},
+            {"model_native": True, "min_interruption_ms": 700},
+        ),
+        ({"type": "realtime", "voice": "alloy", "tools": []}, {}),
+    ],
+)
 def test_session_update_maps_openai_and_duplex_fields(session, expected):
     update = wire.decode(frame(type="session.update", session=session))
     assert isinstance(update, wire.SessionUpdate)
@@ -122,46 +204,105 @@ def test_session_update_maps_openai_and_duplex_fields(session, expected):
 
 
 def test_session_update_sampling_fields():
-    event = wire.decode(frame(type="session.update", session={
-        "max_output_tokens": 12, "duplex": {"sampling": {"temperature": 0.5, "top_k": 4, "seed": 3}}})).command
+    event = wire.decode(
+        frame(
+            type="session.update",
+            session={
+                "max_output_tokens": 12,
+                "duplex": {"sampling": {"temperature": 0.5, "top_k": 4, "seed": 3}},
+            },
+        )
+    ).command
     assert event.sampling.max_tokens == 12 and event.sampling.temperature == 0.5
     assert event.sampling.top_k == 4 and event.sampling.seed == 3
-    assert wire.decode(frame(type="session.update", session={"max_output_tokens": "inf"})).command.sampling is None
+    assert (
+        wire.decode(frame(type="session.update", session={"max_output_tokens": "inf"})).command.sampling
+        is None
+    )
 
 
 def test_turn_detection_switches_server_vad_with_its_settings():
-    on = wire.decode(frame(type="session.update", session={"audio": {"input": {"turn_detection": {
-        "type": "server_vad", "threshold": 0.6, "silence_duration_ms": 300}}}}))
+    on = wire.decode(
+        frame(
+            type="session.update",
+            session={
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "server_vad", "threshold": 0.6, "silence_duration_ms": 300}
+                    }
+                }
+            },
+        )
+    )
     assert on.turn_detection == wire.TurnDetection(threshold=0.6, silence_duration_ms=300)
     assert not on.vad_off and on.command.auto_respond is True
     off = wire.decode(frame(type="session.update", session={"turn_detection": None}))
     assert off.turn_detection is None and off.vad_off
     untouched = wire.decode(frame(type="session.update", session={"instructions": "x"}))
     assert untouched.turn_detection is None and not untouched.vad_off
-    bad = wire.decode(frame(type="session.update", session={"turn_detection": {"type": "server_vad", "threshold": 2}}))
+    bad = wire.decode(
+        frame(type="session.update", session={"turn_detection": {"type": "server_vad", "threshold": 2}})
+    )
     assert bad.turn_detection is None and bad.command.auto_respond is None
     assert [e.param for e in bad.errors] == ["session.turn_detection.threshold"]
 
 
-@pytest.mark.parametrize("session, param, code", [
-    ({"instructions": 7}, "session.instructions", "invalid_value"),
-    ({"audio": {"input": {"turn_detection": {"type": "magic"}}}}, "session.audio.input.turn_detection.type", "invalid_value"),
-    ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "session.audio.input.format.type", "unsupported_audio_format"),
-    ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 44100}}}}, "session.audio.output.format.rate", "unsupported_audio_format"),
-    ({"output_modalities": ["smell"]}, "session.output_modalities", "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "session, param, code",
+    [
+        ({"instructions": 7}, "session.instructions", "invalid_value"),
+        (
+            {"audio": {"input": {"turn_detection": {"type": "magic"}}}},
+            "session.audio.input.turn_detection.type",
+            "invalid_value",
+        ),
+        (
+            {"audio": {"input": {"format": {"type": "audio/opus"}}}},
+            "session.audio.input.format.type",
+            "unsupported_audio_format",
+        ),
+        (
+            {"audio": {"output": {"format": {"type": "audio/pcm", "rate": 44100}}}},
+            "session.audio.output.format.rate",
+            "unsupported_audio_format",
+        ),
+        ({"output_modalities": ["smell"]}, "session.output_modalities", "invalid_value"),
+    ],
+)
 def test_one_refused_field_names_its_param_and_the_rest_of_the_update_still_applies(session, param, code):
-    update = wire.decode(frame(type="session.update", event_id="u1", session={
-        **session, "duplex": {"min_interruption_ms": 900},
-        "audio": {**session.get("audio", {}), "output": {"voice": "marin", **session.get("audio", {}).get("output", {})}}}))
+    update = wire.decode(
+        frame(
+            type="session.update",
+            event_id="u1",
+            session={
+                **session,
+                "duplex": {"min_interruption_ms": 900},
+                "audio": {
+                    **session.get("audio", {}),
+                    "output": {"voice": "marin", **session.get("audio", {}).get("output", {})},
+                },
+            },
+        )
+    )
     (error,) = update.errors
     assert (error.param, error.code, error.event_id) == (param, code, "u1")
     assert update.command.min_interruption_ms == 900 and update.voice == "marin"
 
 
 def test_session_update_declares_formats_and_modalities():
-    update = wire.decode(frame(type="session.update", session={"type": "realtime", "output_modalities": ["text"], "audio": {
-        "input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcma"}}}}))
+    update = wire.decode(
+        frame(
+            type="session.update",
+            session={
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "audio": {
+                    "input": {"format": {"type": "audio/pcmu"}},
+                    "output": {"format": {"type": "audio/pcma"}},
+                },
+            },
+        )
+    )
     assert update.input_format == AudioFormat(PCMU, 8000) and update.output_format == AudioFormat(PCMA, 8000)
     assert update.command.modalities == ("text",) and not update.errors
     legacy = wire.decode(frame(type="session.update", session={"input_audio_format": "g711_ulaw"}))
@@ -185,19 +326,40 @@ def test_every_other_client_event_maps_to_its_command():
     assert created.instructions == "hi"
     ack = wire.decode(frame(type="duplex.playback_ack", response_id="r1", played_ms=250))
     assert ack == cmd.PlaybackAck(response_id="r1", played_ms=250)
-    trunc = wire.decode(frame(type="conversation.item.truncate", item_id="i1", content_index=0, audio_end_ms=40))
+    trunc = wire.decode(
+        frame(type="conversation.item.truncate", item_id="i1", content_index=0, audio_end_ms=40)
+    )
     assert trunc == cmd.TruncateItem(item_id="i1", content_index=0, audio_end_ms=40)
     assert wire.decode(frame(type="conversation.item.delete", item_id="i1")) == cmd.DeleteItem(item_id="i1")
-    assert wire.decode(frame(type="conversation.item.retrieve", item_id="i1")) == cmd.RetrieveItem(item_id="i1")
+    assert wire.decode(frame(type="conversation.item.retrieve", item_id="i1")) == cmd.RetrieveItem(
+        item_id="i1"
+    )
     cancel = wire.decode(frame(type="response.cancel", response_id="resp_1"))
     assert cancel.response_id == "resp_1"
-    made = wire.decode(frame(type="response.create", response={"output_modalities": ["text"], "metadata": {"k": "v"}}))
+    made = wire.decode(
+        frame(type="response.create", response={"output_modalities": ["text"], "metadata": {"k": "v"}})
+    )
     assert made.modalities == ("text",) and made.metadata == {"k": "v"}
-    text = wire.decode(frame(type="conversation.item.create", previous_item_id="root", item={
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello there"}]}))
+    text = wire.decode(
+        frame(
+            type="conversation.item.create",
+            previous_item_id="root",
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hello there"}],
+            },
+        )
+    )
     assert text.item.role == "user" and text.item.text == "hello there" and text.previous_item_id == "root"
-    tool = wire.decode(frame(type="conversation.item.create", item={
-        "type": "function_call_output", "call_id": "c1", "output": "{\"ok\": true}"}))
+    tool = wire.decode(
+        frame(
+            type="conversation.item.create",
+            item={"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'},
+        )
+    )
     assert tool.item.type == "function_call_output" and tool.item.call_id == "c1"
-    resume = wire.decode(frame(type="session.resume", session_id="s1", generation=2, resume_token="t", last_seq=9))
+    resume = wire.decode(
+        frame(type="session.resume", session_id="s1", generation=2, resume_token="t", last_seq=9)
+    )
     assert resume.session_id == "s1" and resume.command.last_seq == 9 and resume.command.generation == 2

@@ -50,11 +50,27 @@ def serve_workers(workers: int = 2, *extra: str):
     # stderr to a file: a pipe nobody reads would fill up with logs and stall the server
     with tempfile.TemporaryFile("w+") as errors:
         process = subprocess.Popen(
-            [sys.executable, "-m", "duplex_actors", "serve", "--workers", str(workers), "--port", "0",
-             *extra], stdout=subprocess.PIPE, stderr=errors, text=True, env=env, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "duplex_actors",
+                "serve",
+                "--workers",
+                str(workers),
+                "--port",
+                "0",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line.strip()) for line in process.stdout],
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: [lines.put(line.strip()) for line in process.stdout], daemon=True
+        ).start()
         try:
             first: list[str] = []
             while len(first) < workers + 2:
@@ -62,7 +78,10 @@ def serve_workers(workers: int = 2, *extra: str):
                     first.append(lines.get(timeout=60))
                 except queue.Empty:
                     errors.seek(0)
-                    raise AssertionError(f"serve --workers did not start: {errors.read()[-3000:]}")
+                    # the queue's timeout itself says nothing: the server's stderr does
+                    raise AssertionError(  # noqa: B904
+                        f"serve --workers did not start: {errors.read()[-3000:]}"
+                    )
             yield Served(process, first)
         finally:
             if process.poll() is None:
@@ -248,16 +267,21 @@ def test_a_worker_transcribes_input_as_single_process_serve_does(served):
         client = await DuplexClient.connect(served.url)
         try:
             await client.recv()
-            await client.update_session({"type": "realtime", "audio": {"input": {
-                "transcription": {"model": "whisper-1"}, "turn_detection": None}}})
+            await client.update_session(
+                {
+                    "type": "realtime",
+                    "audio": {"input": {"transcription": {"model": "whisper-1"}, "turn_detection": None}},
+                }
+            )
             await client.wait_for("session.updated", timeout=10)
             await client.send_audio(CHUNK_100MS)
             await client.commit()
             for _ in range(100):
                 event = await client.recv(timeout=60)
                 kind = event["type"]
-                if kind.startswith("conversation.item.input_audio_transcription.") and \
-                        not kind.endswith(".delta"):
+                if kind.startswith("conversation.item.input_audio_transcription.") and not kind.endswith(
+                    ".delta"
+                ):
                     return event
         finally:
             await client.close()
@@ -272,6 +296,7 @@ def test_a_worker_transcribes_input_as_single_process_serve_does(served):
 
 def test_a_dead_workers_resumes_get_503_and_new_sessions_go_to_the_survivor_then_sigterm_stops_all():
     with serve_workers(2) as s:
+
         async def doomed_session():
             client, created = await open_on(s.url, 1, auto_reconnect=False)
             client.abort_transport()
@@ -342,6 +367,7 @@ def _running(pid: int) -> bool:
 
 def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again():
     with serve_workers(2) as s:
+
         async def main():
             client, _ = await open_on(s.url, 1)
             try:

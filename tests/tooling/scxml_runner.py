@@ -24,8 +24,9 @@ def _loaded(text: str, sandboxed: bool):
     # sandboxed evaluator costs ~35 ms per expression; the documents are our own, so the
     # property tests let it evaluate (still after its own ECMAScript normalisation) with eval,
     # and one test checks that the sandbox gives the same answers.
-    return context.DocumentContext.from_xml_string(text, execution_mode="strict",
-                                                   allow_unsafe_eval=not sandboxed)
+    return context.DocumentContext.from_xml_string(
+        text, execution_mode="strict", allow_unsafe_eval=not sandboxed
+    )
 
 
 class Interpreter:
@@ -59,16 +60,15 @@ class Interpreter:
         return [e.split(":", 1)[1] for e in logged if e.startswith("effect:")]
 
 
-
-
 def _statechart_class(text: str):
     # Loaded afresh for each machine (~40 ms): python-statemachine (3.2) initialises a loaded
     # class's <datamodel> for its first instance only.
     # Restricted (untrusted) evaluation: the document must run as written, no eval. Errors in
     # its expressions are raised rather than turned into error.execution events, so a document
     # it cannot evaluate fails the test instead of quietly taking no transition.
-    statemachine_io = pytest.importorskip("statemachine.io",
-                                          reason="the second round trip needs python-statemachine")
+    statemachine_io = pytest.importorskip(
+        "statemachine.io", reason="the second round trip needs python-statemachine"
+    )
     cls = statemachine_io.load(text, format="scxml")
     cls.catch_errors_as_events = False
     return cls

@@ -27,8 +27,9 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `do
 def test_session_spec_is_the_compiled_chart():
     """The export reads the same Machine the runtime compiles: same table, same priorities."""
     spec = export.spec("session")
-    table = {key: tuple((b.dest, b.guards, b.effects) for b in branches)
-             for key, branches in CHART.table.items()}
+    table = {
+        key: tuple((b.dest, b.guards, b.effects) for b in branches) for key, branches in CHART.table.items()
+    }
     assert spec.table() == table
     assert set(spec.states) == set(CHART.states)
 
@@ -46,7 +47,8 @@ def test_json_round_trips_to_the_same_table(name):
 def test_session_json_matches_the_runtime_table_and_why():
     data = json.loads(export.to_json(export.spec("session")))
     assert export.table_from_json(json.dumps(data)) == {
-        key: tuple((b.dest, b.guards, b.effects) for b in branches) for key, branches in CHART.table.items()}
+        key: tuple((b.dest, b.guards, b.effects) for b in branches) for key, branches in CHART.table.items()
+    }
     assert {t["name"]: t["why"] for t in data["triggers"]} == WHY
 
 
@@ -61,19 +63,22 @@ def test_mermaid_has_every_state_and_transition(name):
         # Declared by name before anything else mentions it: Mermaid titles a box with the
         # first description it sees, so a box with self-transitions would otherwise be titled
         # with one of them instead of the state's name.
-        declaration = f"    state \"{state}\" as {state}"
+        declaration = f'    state "{state}" as {state}'
         assert declaration in lines, state
-        first_mention = next(i for i, line in enumerate(lines)
-                             if re.match(rf"^    (state \"{state}\" as )?{state}\b", line))
+        first_mention = next(
+            i for i, line in enumerate(lines) if re.match(rf"^    (state \"{state}\" as )?{state}\b", line)
+        )
         assert lines[first_mention] == declaration, (state, lines[first_mention])
     for edge in spec.edges:
         if edge.internal:
             assert f"    {edge.source} : {edge.label()}" in lines, edge
         else:
-            arrows = [l for l in lines if l.startswith(f"    {edge.source} --> {edge.target} : ")]
-            assert any(edge.trigger in l.split(" : ", 1)[1].split(" [")[0].split(" / ")[0].split(" | ")
-                       and (not edge.effects or l.endswith(" / " + ", ".join(edge.effects)))
-                       for l in arrows), edge
+            arrows = [line for line in lines if line.startswith(f"    {edge.source} --> {edge.target} : ")]
+            assert any(
+                edge.trigger in line.split(" : ", 1)[1].split(" [")[0].split(" / ")[0].split(" | ")
+                and (not edge.effects or line.endswith(" / " + ", ".join(edge.effects)))
+                for line in arrows
+            ), edge
     for state in spec.absorbing:
         assert f"    {state} --> [*]" in lines
 
@@ -100,9 +105,14 @@ def test_dot_with_the_graphviz_package():
     assert "<svg" in svg
 
 
-@pytest.mark.parametrize("machine, name", [(session_chart.MACHINE, "session"),
-                                           (lifecycles.ENGINE_REQUEST_MACHINE, "engine_request"),
-                                           (lifecycles.LEASE_MACHINE, "lease")])
+@pytest.mark.parametrize(
+    "machine, name",
+    [
+        (session_chart.MACHINE, "session"),
+        (lifecycles.ENGINE_REQUEST_MACHINE, "engine_request"),
+        (lifecycles.LEASE_MACHINE, "lease"),
+    ],
+)
 def test_edges_agree_with_transitions_own_diagram(machine, name):
     """transitions' GraphMachine, fed the same rows, draws the same (source, target, trigger)
     arrows as our DOT: an independent renderer of the same Machine as a cross-check."""
@@ -110,11 +120,23 @@ def test_edges_agree_with_transitions_own_diagram(machine, name):
     for trigger, event in machine.events.items():
         for source, transitions in event.transitions.items():
             for t in transitions:
-                rows.append({"trigger": trigger, "source": source, "dest": t.dest,
-                             "conditions": [c.func for c in t.conditions if c.target],
-                             "unless": [c.func for c in t.conditions if not c.target]})
-    graph_machine = GraphMachine(model=None, states=list(machine.states), transitions=rows,
-                                 initial=machine.initial, auto_transitions=False, graph_engine="graphviz")
+                rows.append(
+                    {
+                        "trigger": trigger,
+                        "source": source,
+                        "dest": t.dest,
+                        "conditions": [c.func for c in t.conditions if c.target],
+                        "unless": [c.func for c in t.conditions if not c.target],
+                    }
+                )
+    graph_machine = GraphMachine(
+        model=None,
+        states=list(machine.states),
+        transitions=rows,
+        initial=machine.initial,
+        auto_transitions=False,
+        graph_engine="graphviz",
+    )
 
     class Model:
         pass
@@ -122,7 +144,9 @@ def test_edges_agree_with_transitions_own_diagram(machine, name):
     model = Model()
     graph_machine.add_model(model)
     theirs = set()
-    for match in re.finditer(r'^\s*(\w+) -> (\w+) \[label=(?:"([^"]*)"|(\w+))', model.get_graph().source, re.M):
+    for match in re.finditer(
+        r'^\s*(\w+) -> (\w+) \[label=(?:"([^"]*)"|(\w+))', model.get_graph().source, re.M
+    ):
         source, target, quoted, bare = match.groups()
         label = quoted if quoted is not None else bare
         for part in label.split(" | "):
@@ -136,6 +160,7 @@ def test_edges_agree_with_transitions_own_diagram(machine, name):
 
 # --- committed files and drift ----------------------------------------------------------------
 
+
 def test_committed_files_match_the_code():
     problems = export.check(ROOT)
     assert problems == [], "\n".join(problems) + "\nregenerate: duplex-actors statechart --write"
@@ -148,14 +173,20 @@ def _copy_committed(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("victim, edit", [
-    ("statecharts/session.mmd", lambda t: t.replace("barge_in --> ", "barge_in --> idle : made up\n    barge_in --> ", 1)),
-    ("statecharts/lease.scxml", lambda t: t.replace('target="expired"', 'target="attached"', 1)),
-    ("statecharts/engine_request.json", lambda t: t.replace('"aborted"', '"failed"', 1)),
-    ("statecharts/session.dot", lambda t: t + "// hand edit\n"),
-    ("statecharts/session.svg", lambda t: re.sub(r"dot-sha256: [0-9a-f]{8}", "dot-sha256: 00000000", t)),
-    ("docs/design-review.md", lambda t: t.replace("| `idle` |", "| `idle?` |", 1)),
-])
+@pytest.mark.parametrize(
+    "victim, edit",
+    [
+        (
+            "statecharts/session.mmd",
+            lambda t: t.replace("barge_in --> ", "barge_in --> idle : made up\n    barge_in --> ", 1),
+        ),
+        ("statecharts/lease.scxml", lambda t: t.replace('target="expired"', 'target="attached"', 1)),
+        ("statecharts/engine_request.json", lambda t: t.replace('"aborted"', '"failed"', 1)),
+        ("statecharts/session.dot", lambda t: t + "// hand edit\n"),
+        ("statecharts/session.svg", lambda t: re.sub(r"dot-sha256: [0-9a-f]{8}", "dot-sha256: 00000000", t)),
+        ("docs/design-review.md", lambda t: t.replace("| `idle` |", "| `idle?` |", 1)),
+    ],
+)
 def test_drift_check_fails_on_a_modified_copy(tmp_path, victim, edit):
     root = _copy_committed(tmp_path)
     assert export.check(root) == []
@@ -173,6 +204,7 @@ def test_drift_check_reports_missing_files(tmp_path):
 
 # --- the command line -----------------------------------------------------------------------
 
+
 def _app():
     cli = pytest.importorskip("duplex_actors.cli")
     return cli.app
@@ -189,9 +221,13 @@ def test_cli_check_passes_and_fails(tmp_path):
     assert "session.scxml" in bad.output
 
 
-@pytest.mark.parametrize("fmt", ["mermaid", "dot", "scxml", "json"] + (["svg"] if shutil.which("dot") else []))
+@pytest.mark.parametrize(
+    "fmt", ["mermaid", "dot", "scxml", "json"] + (["svg"] if shutil.which("dot") else [])
+)
 def test_cli_writes_each_format(tmp_path, fmt):
-    result = CliRunner().invoke(_app(), ["statechart", "--format", fmt, "--machine", "all", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        _app(), ["statechart", "--format", fmt, "--machine", "all", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     for name in NAMES:
         path = tmp_path / f"{name}.{export.EXTENSIONS[fmt]}"
@@ -215,8 +251,14 @@ def test_review_doc_has_a_row_per_transition_with_its_why():
         assert f"## {name}" in text
         for edge in spec.edges:
             target = "(internal)" if edge.internal else f"`{edge.target}`"
-            row = next((l for l in text.splitlines()
-                        if l.startswith(f"| `{edge.source}` | `{edge.trigger}` |") and f"| {target} |" in l), None)
+            row = next(
+                (
+                    line
+                    for line in text.splitlines()
+                    if line.startswith(f"| `{edge.source}` | `{edge.trigger}` |") and f"| {target} |" in line
+                ),
+                None,
+            )
             assert row is not None, edge
             assert spec.why[edge.trigger] in row.replace("\\|", "|")
 
@@ -242,7 +284,8 @@ def test_trigger_origins_reach_the_json_and_the_review_doc():
 
     data = json.loads(export.to_json(export.spec("session")))
     assert {t["name"]: t["origin"] for t in data["triggers"]} == {
-        t: o.value for t, o in TRIGGER_ORIGINS.items()}
+        t: o.value for t, o in TRIGGER_ORIGINS.items()
+    }
     review = export.review_markdown()
     for trigger, origin in TRIGGER_ORIGINS.items():
         assert f"| `{trigger}` | {origin.value} |" in review

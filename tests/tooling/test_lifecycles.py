@@ -5,12 +5,20 @@ and the SCXML export of each chart, run by an independent interpreter, takes the
 from __future__ import annotations
 
 import anyio
-import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from duplex_actors.actors.engine_actor import EngineActor
-from duplex_actors.core.engine_io import (Aborted, AudioPacket, Decision, EngineFailure, ModelTurnRequest,
-                                          TextDelta, TurnDone, TurnKind)
+from duplex_actors.core.engine_io import (
+    Aborted,
+    AudioPacket,
+    Decision,
+    EngineFailure,
+    ModelTurnRequest,
+    TextDelta,
+    TurnDone,
+    TurnKind,
+)
 from duplex_actors.core.fence import Fence
 from duplex_actors.core.lease import DISCONNECT_GRACE_EXPIRED, IDLE_TTL_EXPIRED, Lease
 from duplex_actors.engines.scripted import Script, ScriptedEngine
@@ -26,10 +34,12 @@ TERMINAL_STATE = {TurnDone: "completed", Aborted: "aborted", EngineFailure: "fai
 
 def _interpreter(spec):
     from .scxml_runner import Interpreter  # skips when scjson is missing
+
     return Interpreter(to_scxml(spec))
 
 
 # --- engine request ---------------------------------------------------------------------------
+
 
 class NoTerminalEngine(ScriptedEngine):
     """A backend that forgets the terminal output: the actor has to synthesise one."""
@@ -59,29 +69,41 @@ def _trigger(output, failure_cause: str) -> str:
     return "backend_failure"
 
 
-scenarios = st.fixed_dictionaries({
-    "tokens": st.integers(0, 4),
-    "packets": st.integers(0, 2),
-    "fail_after": st.none() | st.integers(0, 4),
-    "fail_mode": st.sampled_from(["output", "raise"]),
-    "unit_listens": st.booleans(),
-    "forget_terminal": st.booleans(),
-    "interrupt": st.sampled_from([None, "abort", "restart"]),
-    "interrupt_after": st.integers(0, 4),
-})
+scenarios = st.fixed_dictionaries(
+    {
+        "tokens": st.integers(0, 4),
+        "packets": st.integers(0, 2),
+        "fail_after": st.none() | st.integers(0, 4),
+        "fail_mode": st.sampled_from(["output", "raise"]),
+        "unit_listens": st.booleans(),
+        "forget_terminal": st.booleans(),
+        "interrupt": st.sampled_from([None, "abort", "restart"]),
+        "interrupt_after": st.integers(0, 4),
+    }
+)
 
 
 def run_request(sc) -> list:
     """One request through the real EngineActor; returns every output the session received."""
-    script = Script(tokens=tuple("abcd"[:sc["tokens"]]), audio_packets=sc["packets"], packet_ms=20,
-                    fail_after=sc["fail_after"], fail_mode=sc["fail_mode"], speak=not sc["unit_listens"],
-                    token_latency_s=0.001 if sc["interrupt"] else 0.0,
-                    hang_after=sc["interrupt_after"] + 1 if sc["interrupt"] else None)
+    script = Script(
+        tokens=tuple("abcd"[: sc["tokens"]]),
+        audio_packets=sc["packets"],
+        packet_ms=20,
+        fail_after=sc["fail_after"],
+        fail_mode=sc["fail_mode"],
+        speak=not sc["unit_listens"],
+        token_latency_s=0.001 if sc["interrupt"] else 0.0,
+        hang_after=sc["interrupt_after"] + 1 if sc["interrupt"] else None,
+    )
     backend = (NoTerminalEngine if sc["forget_terminal"] else ScriptedEngine)(script)
     fence = Fence("sess_lifecycle0000000000", 0, 0)
     unit = sc["unit_listens"]
-    request = ModelTurnRequest(request_id=fence.request_id(1 if unit else None), fence=fence,
-                               kind=TurnKind.UNIT if unit else TurnKind.RESPONSE, audio=b"\0\0" * 160)
+    request = ModelTurnRequest(
+        request_id=fence.request_id(1 if unit else None),
+        fence=fence,
+        kind=TurnKind.UNIT if unit else TurnKind.RESPONSE,
+        audio=b"\0\0" * 160,
+    )
     received: list = []
 
     async def main():
@@ -93,7 +115,8 @@ def run_request(sc) -> list:
             if len(received) == sc["interrupt_after"] + 1 and sc["interrupt"] == "abort":
                 actor.abort([request.request_id])
             if isinstance(output, (TurnDone, EngineFailure, Aborted)) or (
-                    isinstance(output, Decision) and not output.speak):
+                isinstance(output, Decision) and not output.speak
+            ):
                 done.set()
 
         async with anyio.create_task_group() as tg:
@@ -139,8 +162,18 @@ def test_engine_actor_follows_the_request_chart(sc):
 def test_each_engine_request_end_is_reached():
     """The scenarios above do reach every end state and every failure cause."""
     seen = set()
-    cases = [dict(tokens=2, packets=1, fail_after=None, fail_mode="output", unit_listens=False,
-                  forget_terminal=False, interrupt=None, interrupt_after=0)]
+    cases = [
+        dict(
+            tokens=2,
+            packets=1,
+            fail_after=None,
+            fail_mode="output",
+            unit_listens=False,
+            forget_terminal=False,
+            interrupt=None,
+            interrupt_after=0,
+        )
+    ]
     cases.append({**cases[0], "fail_after": 1})
     cases.append({**cases[0], "fail_after": 1, "fail_mode": "raise"})
     cases.append({**cases[0], "forget_terminal": True})
@@ -154,14 +187,20 @@ def test_each_engine_request_end_is_reached():
 
 # --- lease ------------------------------------------------------------------------------------
 
-lease_ops = st.lists(st.one_of(
-    st.tuples(st.just("touch"), st.floats(0, 40)),
-    st.tuples(st.just("detach"), st.floats(0, 40)),
-    st.tuples(st.just("resume"), st.sampled_from(["good", "bad_generation", "bad_token", "replay",
-                                                  "forged_replay"])),
-    st.tuples(st.just("reap"), st.sampled_from([0.0, 5.0, 29.0, 30.0, 31.0, 299.0, 300.0, 400.0])),
-    st.tuples(st.just("in_flight"), st.sampled_from([1, -1])),
-), min_size=1, max_size=40)
+lease_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("touch"), st.floats(0, 40)),
+        st.tuples(st.just("detach"), st.floats(0, 40)),
+        st.tuples(
+            st.just("resume"),
+            st.sampled_from(["good", "bad_generation", "bad_token", "replay", "forged_replay"]),
+        ),
+        st.tuples(st.just("reap"), st.sampled_from([0.0, 5.0, 29.0, 30.0, 31.0, 299.0, 300.0, 400.0])),
+        st.tuples(st.just("in_flight"), st.sampled_from([1, -1])),
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -212,8 +251,11 @@ def test_lease_follows_the_lease_chart(ops):
                 outcome = "refused"
         elif op == "reap":
             outcome = lease.expiry(now)
-        observed = "expired" if outcome in (IDLE_TTL_EXPIRED, DISCONNECT_GRACE_EXPIRED) else (
-            "detached" if lease.detached else "attached")
+        observed = (
+            "expired"
+            if outcome in (IDLE_TTL_EXPIRED, DISCONNECT_GRACE_EXPIRED)
+            else ("detached" if lease.detached else "attached")
+        )
 
         if edge is None:
             assert outcome == "refused", f"step {i}: the chart refuses {op} in {state}, the lease did not"

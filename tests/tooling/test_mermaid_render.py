@@ -18,8 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MMDC = ROOT / ".ci" / "mermaid" / "node_modules" / ".bin" / "mmdc"
 PUPPETEER_CONFIG = ROOT / ".ci" / "mermaid" / "puppeteer.json"
-CHROMIUM = (os.environ.get("DUPLEX_MERMAID_CHROMIUM") or shutil.which("chromium")
-            or shutil.which("chromium-browser"))
+CHROMIUM = (
+    os.environ.get("DUPLEX_MERMAID_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+)
 COMMITTED = sorted([*ROOT.glob("statecharts/*.mmd"), *ROOT.glob("docs/**/*.mmd")])
 
 
@@ -41,8 +42,13 @@ def render():
 
     def run(source: Path, out: Path) -> str:
         env = dict(os.environ, PUPPETEER_EXECUTABLE_PATH=CHROMIUM)
-        done = subprocess.run([str(MMDC), "--quiet", "-p", str(PUPPETEER_CONFIG), "-i", str(source),
-                               "-o", str(out)], env=env, capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [str(MMDC), "--quiet", "-p", str(PUPPETEER_CONFIG), "-i", str(source), "-o", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, f"mermaid could not render {source.name}:\n{done.stderr[-2000:]}"
         return out.read_text(encoding="utf-8")
 
@@ -78,7 +84,9 @@ def test_committed_mermaid_renders_with_each_box_titled_by_its_state(source, ren
 def test_the_title_check_catches_a_box_titled_by_a_self_transition(render, tmp_path):
     # The way the export used to write a state with self-transitions: no declaration first.
     source = tmp_path / "old.mmd"
-    source.write_text("stateDiagram-v2\n    [*] --> idle\n    idle : heartbeat / touch_lease\n"
-                      "    idle --> done : close\n", encoding="utf-8")
+    source.write_text(
+        "stateDiagram-v2\n    [*] --> idle\n    idle : heartbeat / touch_lease\n    idle --> done : close\n",
+        encoding="utf-8",
+    )
     titles = box_titles(render(source, tmp_path / "old.svg"))
     assert titles.get("idle") == "heartbeat / touch_lease"

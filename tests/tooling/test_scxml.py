@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.clock import ManualClock
@@ -26,11 +27,11 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 SESSION = export.spec("session")
 SESSION_SCXML = to_scxml(SESSION)
-interpreter_settings = settings(max_examples=60, deadline=None,
-                                suppress_health_check=[HealthCheck.too_slow])
+interpreter_settings = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # --- structure ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", list(export.MACHINES))
 def test_exports_are_valid_scxml(name):
@@ -49,10 +50,18 @@ def test_sandboxed_evaluation_agrees():
     """The fast path (eval after scjson's ECMAScript normalisation) and scjson's sandbox take
     the same steps through every guarded branch of a barge-in and recovery."""
     all_true = dict.fromkeys(GUARDS, True)
-    script = [("append", {}), ("speech_stopped", {"server_vad": True, "has_buffered_audio": True}),
-              ("speak", {}), ("output", {"response_begun": True}), ("barge_in", {}),
-              ("abort_confirmed", {"aborts_settled": True, "has_buffered_audio": True}),
-              ("commit", all_true), ("turn_done", {}), ("cancel", {}), ("close", {})]
+    script = [
+        ("append", {}),
+        ("speech_stopped", {"server_vad": True, "has_buffered_audio": True}),
+        ("speak", {}),
+        ("output", {"response_begun": True}),
+        ("barge_in", {}),
+        ("abort_confirmed", {"aborts_settled": True, "has_buffered_audio": True}),
+        ("commit", all_true),
+        ("turn_done", {}),
+        ("cancel", {}),
+        ("close", {}),
+    ]
     runs = []
     for sandboxed in (False, True):
         machine = Interpreter(SESSION_SCXML, sandboxed=sandboxed)
@@ -65,17 +74,27 @@ def test_sandboxed_evaluation_agrees():
     assert [state for _, state, _ in runs[0]][-1] == "idle"
 
 
-@pytest.mark.parametrize("breakage, complaint", [
-    (lambda t: t.replace('version="1.0"', 'version="2.0"'), "version"),
-    (lambda t: t.replace('target="responding"', 'target="speaking"', 1), "unknown state 'speaking'"),
-    (lambda t: t.replace('initial="idle"', 'initial="nowhere"'), "initial"),
-    (lambda t: t.replace('<data id="aborts_settled" expr="1 == 0" />', ""), "undeclared 'aborts_settled'"),
-    (lambda t: t.replace('<state id="barge_in">', '<state id="idle">'), "used twice"),
-    (lambda t: t.replace("</scxml>", ""), "well-formed"),
-    (lambda t: t.replace('<log label="effect"', '<bogus label="effect"', 1), "<bogus> may not appear"),
-    (lambda t: t.replace('<state id="closed">', '<final id="closed">').replace("</state>\n</scxml>", "</final>\n</scxml>"),
-     "<final> may not have transitions"),
-])
+@pytest.mark.parametrize(
+    "breakage, complaint",
+    [
+        (lambda t: t.replace('version="1.0"', 'version="2.0"'), "version"),
+        (lambda t: t.replace('target="responding"', 'target="speaking"', 1), "unknown state 'speaking'"),
+        (lambda t: t.replace('initial="idle"', 'initial="nowhere"'), "initial"),
+        (
+            lambda t: t.replace('<data id="aborts_settled" expr="1 == 0" />', ""),
+            "undeclared 'aborts_settled'",
+        ),
+        (lambda t: t.replace('<state id="barge_in">', '<state id="idle">'), "used twice"),
+        (lambda t: t.replace("</scxml>", ""), "well-formed"),
+        (lambda t: t.replace('<log label="effect"', '<bogus label="effect"', 1), "<bogus> may not appear"),
+        (
+            lambda t: t.replace('<state id="closed">', '<final id="closed">').replace(
+                "</state>\n</scxml>", "</final>\n</scxml>"
+            ),
+            "<final> may not have transitions",
+        ),
+    ],
+)
 def test_validator_catches_broken_documents(breakage, complaint):
     problems = validate_scxml(breakage(SESSION_SCXML), SESSION)
     assert any(complaint in p for p in problems), problems
@@ -96,7 +115,8 @@ ENDING = ("close", "expire", "fail")
 weighted_triggers = st.sampled_from([t for t in TRIGGERS if t not in ENDING] * 10 + list(ENDING))
 chart_steps = st.lists(
     st.tuples(weighted_triggers, st.fixed_dictionaries({g: st.booleans() for g in GUARDS})),
-    min_size=15, max_size=60,
+    min_size=15,
+    max_size=60,
 )
 
 
@@ -145,24 +165,35 @@ def _mutate_first(pattern: str, replacement: str):
         mutated, n = re.subn(pattern, replacement, text, count=1, flags=re.S)
         assert n == 1, pattern
         return mutated
+
     return mutate
 
 
 MUTANTS = {
     # commit with auto_respond goes nowhere instead of responding
-    "retargeted": _mutate_first(r'(<state id="listening">.*?<transition event="commit" cond="[^"]*" )target="responding"',
-                                r'\1target="idle"'),
+    "retargeted": _mutate_first(
+        r'(<state id="listening">.*?<transition event="commit" cond="[^"]*" )target="responding"',
+        r'\1target="idle"',
+    ),
     # the guard on leaving barge_in is lost
-    "guard dropped": _mutate_first(r'(<state id="barge_in">.*?<transition event="abort_confirmed") cond="[^"]*"',
-                                   r"\1"),
+    "guard dropped": _mutate_first(
+        r'(<state id="barge_in">.*?<transition event="abort_confirmed") cond="[^"]*"', r"\1"
+    ),
     # barge-in forgets to move the epoch
-    "effect dropped": _mutate_first(r'(<state id="responding">.*?<transition event="barge_in" target="barge_in">\s*)'
-                                    r"<log label=\"effect\" expr=\"'advance_epoch'\" />", r"\1"),
+    "effect dropped": _mutate_first(
+        r'(<state id="responding">.*?<transition event="barge_in" target="barge_in">\s*)'
+        r"<log label=\"effect\" expr=\"'advance_epoch'\" />",
+        r"\1",
+    ),
     # a refusal becomes a silent no-op: cancel while idle is accepted
-    "refusal lost": _mutate_first(r'(<state id="idle">.*?)<transition event="cancel">.*?</transition>', r"\1"),
+    "refusal lost": _mutate_first(
+        r'(<state id="idle">.*?)<transition event="cancel">.*?</transition>', r"\1"
+    ),
     # the wrong typed error
-    "refusal retyped": _mutate_first(r"(<state id=\"responding\">.*?<log label=\"refusal\" expr=\"')ResponseInProgress'",
-                                     r"\1IllegalTransition'"),
+    "refusal retyped": _mutate_first(
+        r"(<state id=\"responding\">.*?<log label=\"refusal\" expr=\"')ResponseInProgress'",
+        r"\1IllegalTransition'",
+    ),
 }
 
 
@@ -175,8 +206,14 @@ def test_round_trip_catches_a_mutated_chart(mutant):
 
     # No shrinking: finding the divergence is the point, and shrinking 60-step programs
     # through the interpreter would take minutes.
-    @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=1000,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(chart_steps)
     def prop(sequence):
         assert divergence(text, sequence) is None
@@ -186,6 +223,7 @@ def test_round_trip_catches_a_mutated_chart(mutant):
 
 
 # --- the round trip against a real SessionCore --------------------------------------------------
+
 
 class RecordingChart:
     """Wraps the compiled chart a SessionCore uses and records every step it resolves, with
@@ -213,25 +251,48 @@ CHUNK = b"\x01\x00" * 3200  # 200 ms
 # The turn-taking commands are drawn more often than settings changes, and close rarely, so
 # that sequences spend their steps in responding and barge_in rather than closed.
 client_ops = st.sampled_from(
-    [cmd.AppendAudio(pcm=CHUNK), cmd.CommitInput(), cmd.CreateResponse(), cmd.BargeIn(),
-     cmd.SpeechStartedSignal(), cmd.SpeechStoppedSignal()] * 4
-    + [cmd.ClearInput(), cmd.CancelResponse(), cmd.Heartbeat(), cmd.Detach(),
-       cmd.UpdateSession(auto_respond=False), cmd.UpdateSession(auto_respond=True),
-       cmd.UpdateSession(server_vad=True), cmd.UpdateSession(server_vad=False),
-       cmd.UpdateSession(model_native=True), cmd.UpdateSession(model_native=False)] * 2
+    [
+        cmd.AppendAudio(pcm=CHUNK),
+        cmd.CommitInput(),
+        cmd.CreateResponse(),
+        cmd.BargeIn(),
+        cmd.SpeechStartedSignal(),
+        cmd.SpeechStoppedSignal(),
+    ]
+    * 4
+    + [
+        cmd.ClearInput(),
+        cmd.CancelResponse(),
+        cmd.Heartbeat(),
+        cmd.Detach(),
+        cmd.UpdateSession(auto_respond=False),
+        cmd.UpdateSession(auto_respond=True),
+        cmd.UpdateSession(server_vad=True),
+        cmd.UpdateSession(server_vad=False),
+        cmd.UpdateSession(model_native=True),
+        cmd.UpdateSession(model_native=False),
+    ]
+    * 2
     + [cmd.Close()]
 )
-engine_ops = st.tuples(st.sampled_from(["speak", "listen", "text", "done", "failure", "aborted", "stale"]),
-                       st.integers(0, 3))
+engine_ops = st.tuples(
+    st.sampled_from(["speak", "listen", "text", "done", "failure", "aborted", "stale"]), st.integers(0, 3)
+)
 session_ops = st.lists(st.one_of(client_ops, engine_ops), min_size=10, max_size=40)
 
 
 def _engine_output(core: SessionCore, kind: str, pick: int):
     live = sorted(core.in_flight_requests | core.aborting_requests)
     rid = live[pick % len(live)] if live and kind != "stale" else f"{core.session_id}/e99/t99"
-    return {"speak": Decision(rid, True), "listen": Decision(rid, False), "text": TextDelta(rid, "hi"),
-            "done": TurnDone(rid), "failure": EngineFailure(rid, "boom"), "aborted": Aborted(rid),
-            "stale": TextDelta(rid, "old")}[kind]
+    return {
+        "speak": Decision(rid, True),
+        "listen": Decision(rid, False),
+        "text": TextDelta(rid, "hi"),
+        "done": TurnDone(rid),
+        "failure": EngineFailure(rid, "boom"),
+        "aborted": Aborted(rid),
+        "stale": TextDelta(rid, "old"),
+    }[kind]
 
 
 @interpreter_settings
@@ -254,9 +315,11 @@ def test_interpreter_matches_a_real_session(ops):
         assert machine.state == state, f"step {i}: session in {state}, interpreter in {machine.state}"
         effects = machine.send(trigger, guards)
         if isinstance(res, Exception):
-            assert (machine.state, effects, machine.refusal) == (state, [], type(res).__name__), \
+            assert (machine.state, effects, machine.refusal) == (state, [], type(res).__name__), (
                 f"step {i}: refused {trigger} in {state}"
+            )
         else:
-            assert (machine.state, tuple(effects), machine.refusal) == (res.dest, res.effects, None), \
+            assert (machine.state, tuple(effects), machine.refusal) == (res.dest, res.effects, None), (
                 f"step {i}: {trigger}"
+            )
     assert machine.state == core.state

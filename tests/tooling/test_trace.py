@@ -49,8 +49,12 @@ def test_trace_of_a_completed_turn(json_log):
     assert sid in sessions_in(records)
     steps = session_steps(records, sid)
     moves = [(s.src, s.trigger, s.dest) for s in steps if s.src != s.dest]
-    assert moves == [("idle", "append", "listening"), ("listening", "commit", "responding"),
-                     ("responding", "turn_done", "idle"), ("idle", "close", "closed")]
+    assert moves == [
+        ("idle", "append", "listening"),
+        ("listening", "commit", "responding"),
+        ("responding", "turn_done", "idle"),
+        ("idle", "close", "closed"),
+    ]
     outputs = [s for s in steps if s.trigger == "output"]
     assert len(outputs) == 1 and outputs[0].count > 1  # the deltas collapse into one step
 
@@ -85,10 +89,24 @@ def test_trace_of_a_barge_in(json_log):
 
 def test_trace_only_shows_the_asked_session_and_says_when_absent():
     records = [
-        {"event": "transition", "session_id": "a", "trigger": "append", "src": "idle", "dest": "listening",
-         "epoch": 0, "turn_id": 0},
-        {"event": "transition", "session_id": "b", "trigger": "close", "src": "idle", "dest": "closed",
-         "epoch": 0, "turn_id": 0},
+        {
+            "event": "transition",
+            "session_id": "a",
+            "trigger": "append",
+            "src": "idle",
+            "dest": "listening",
+            "epoch": 0,
+            "turn_id": 0,
+        },
+        {
+            "event": "transition",
+            "session_id": "b",
+            "trigger": "close",
+            "src": "idle",
+            "dest": "closed",
+            "epoch": 0,
+            "turn_id": 0,
+        },
         {"event": "something_else", "session_id": "a"},
     ]
     text = render_trace(records, "a", "mermaid-sequence")

@@ -21,8 +21,9 @@ from duplex_actors.core.fence import Fence, new_session_id
 _turns = itertools.count()
 
 
-def make_request(max_tokens: int | None = None, *, seconds: float = 0.5,
-                 instructions: str = "Answer briefly.", **sampling) -> ModelTurnRequest:
+def make_request(
+    max_tokens: int | None = None, *, seconds: float = 0.5, instructions: str = "Answer briefly.", **sampling
+) -> ModelTurnRequest:
     fence = Fence(new_session_id(), 0, next(_turns))
     audio = bytes(range(256)) * int(seconds * 16000 * 2 / 256)
     return ModelTurnRequest(
@@ -74,6 +75,14 @@ async def probe_running(engine, max_tokens: int = 24) -> int:
 
 
 __all__ = [
-    "Aborted", "Decision", "EngineFailure", "TextDelta", "TurnDone",
-    "make_request", "collect", "check_protocol", "wait_until", "probe_running",
+    "Aborted",
+    "Decision",
+    "EngineFailure",
+    "TextDelta",
+    "TurnDone",
+    "make_request",
+    "collect",
+    "check_protocol",
+    "wait_until",
+    "probe_running",
 ]

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from .support import (  # noqa: E402
+from .support import (
     Aborted,
     TextDelta,
     TurnDone,

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from .support import (  # noqa: E402
+from .support import (
     Decision,
     TextDelta,
     TurnDone,
@@ -143,8 +143,10 @@ def test_prompt_token_ids_match_vllms_own_tokenization(vllm):
     engine = vllm.engine
     llm = engine.async_llm
     assert engine.uses_fast_tokenizer, "the tiny model's tokenizer should take the fast path"
-    texts = [describe_turn(make_request(4, instructions=i))
-             for i in ("Answer briefly.", "Réponds vite !", "tabs\tand\nnewlines  ", "")]
+    texts = [
+        describe_turn(make_request(4, instructions=i))
+        for i in ("Answer briefly.", "Réponds vite !", "tabs\tand\nnewlines  ", "")
+    ]
     for text in texts:
         ours = engine.render_prompt(text)
         (theirs,) = llm.renderer.render_cmpl([parse_model_prompt(llm.model_config, text)])

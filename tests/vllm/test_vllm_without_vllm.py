@@ -24,8 +24,9 @@ def test_importing_the_backend_does_not_import_vllm():
 def test_prompt_describes_instructions_and_audio():
     fence = Fence("sess_a", 0, 0)
     one_second = b"\x01\x00" * 16000
-    request = ModelTurnRequest(fence.request_id(), fence, TurnKind.RESPONSE, one_second,
-                               instructions="Be kind.")
+    request = ModelTurnRequest(
+        fence.request_id(), fence, TurnKind.RESPONSE, one_second, instructions="Be kind."
+    )
     prompt = describe_turn(request)
     assert prompt.startswith("Be kind.\n") and "1.00 s" in prompt
     other = ModelTurnRequest(fence.request_id(), fence, TurnKind.RESPONSE, b"\x02\x00" * 16000)
@@ -33,8 +34,9 @@ def test_prompt_describes_instructions_and_audio():
 
 
 def _stats(n, first_ts, last_ts, ttft=0.05):
-    return types.SimpleNamespace(num_generation_tokens=n, first_token_ts=first_ts,
-                                 last_token_ts=last_ts, first_token_latency=ttft)
+    return types.SimpleNamespace(
+        num_generation_tokens=n, first_token_ts=first_ts, last_token_ts=last_ts, first_token_latency=ttft
+    )
 
 
 def test_timings_rebuild_inter_token_gaps_from_vllm_readings():
@@ -57,8 +59,15 @@ def test_no_stats_means_no_metrics_rather_than_guesses():
 
 
 def test_engine_args_carry_what_users_set():
-    engine = VllmEngine("/models/x", dtype="bfloat16", max_model_len=512, max_num_seqs=16,
-                        gpu_memory_utilization=0.5, enforce_eager=False, swap_space=1)
+    engine = VllmEngine(
+        "/models/x",
+        dtype="bfloat16",
+        max_model_len=512,
+        max_num_seqs=16,
+        gpu_memory_utilization=0.5,
+        enforce_eager=False,
+        swap_space=1,
+    )
     args = engine.config.engine_args()
     assert args["model"] == "/models/x" and args["dtype"] == "bfloat16"
     assert args["max_model_len"] == 512 and args["max_num_seqs"] == 16

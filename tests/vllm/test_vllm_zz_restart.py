@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from .support import (  # noqa: E402
+from .support import (
     Aborted,
     EngineFailure,
     TextDelta,

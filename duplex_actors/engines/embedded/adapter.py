@@ -23,7 +23,8 @@ embedded random-weight thinker.
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 import structlog
@@ -65,7 +66,9 @@ class ModelAdapter(Protocol):
     vocab: Vocabulary
     defaults: SamplingParams
 
-    def audio_budget(self, pcm: bytes, sample_rate: int, *, claimed_tokens: int | None = None) -> AudioBudget: ...
+    def audio_budget(
+        self, pcm: bytes, sample_rate: int, *, claimed_tokens: int | None = None
+    ) -> AudioBudget: ...
 
     def build_prompt(self, request: ModelTurnRequest) -> Prompt: ...
 
@@ -75,7 +78,9 @@ class ModelAdapter(Protocol):
 
     def forget_session(self, session_id: str) -> None: ...
 
-    def sampling_for(self, session_id: str, request_overrides: SamplingOverrides = SamplingOverrides()) -> SamplingParams: ...
+    def sampling_for(
+        self, session_id: str, request_overrides: SamplingOverrides = SamplingOverrides()
+    ) -> SamplingParams: ...
 
 
 def _merge(params: SamplingParams, overrides: SamplingOverrides) -> SamplingParams:
@@ -90,7 +95,9 @@ def _merge(params: SamplingParams, overrides: SamplingOverrides) -> SamplingPara
 class WordThinkerAdapter:
     """Adapter of the embedded thinker (log-mel audio tokens, word vocabulary)."""
 
-    def __init__(self, cfg: ThinkerConfig, vocab: Vocabulary, defaults: SamplingParams = SamplingParams()) -> None:
+    def __init__(
+        self, cfg: ThinkerConfig, vocab: Vocabulary, defaults: SamplingParams = SamplingParams()
+    ) -> None:
         self.cfg = cfg
         self.vocab = vocab
         self._defaults = defaults
@@ -156,7 +163,9 @@ class WordThinkerAdapter:
     def forget_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
-    def sampling_for(self, session_id: str, request_overrides: SamplingOverrides = SamplingOverrides()) -> SamplingParams:
+    def sampling_for(
+        self, session_id: str, request_overrides: SamplingOverrides = SamplingOverrides()
+    ) -> SamplingParams:
         params = attrs.evolve(self._defaults)  # a copy: nothing below can reach the defaults
         params = _merge(params, self._sessions.get(session_id, SamplingOverrides()))
         params = _merge(params, request_overrides)

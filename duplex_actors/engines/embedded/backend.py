@@ -7,7 +7,7 @@ packets; others get text only. Model-native mode (TurnKind.UNIT) is always avail
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import attrs
 

@@ -54,7 +54,9 @@ def pcm16_to_float(pcm: bytes) -> torch.Tensor:
     return samples.to(torch.float32) / 32768.0
 
 
-def log_mel_tokens(samples: torch.Tensor, n_tokens: int, *, n_mels: int, frames_per_token: int) -> torch.Tensor:
+def log_mel_tokens(
+    samples: torch.Tensor, n_tokens: int, *, n_mels: int, frames_per_token: int
+) -> torch.Tensor:
     """Exactly ``n_tokens`` stacked log-mel tokens of ``samples``: shape
     (n_tokens, n_mels * frames_per_token).
 

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
 #: Spread of the random network's contribution to the logits. Large enough that the audio and
 #: the context visibly change the output, small enough that the output prior still sets rates.
 LOGIT_SCALE = 1.5
@@ -52,7 +51,9 @@ class ThinkerConfig:
     #: natively, else float32). A batched decode step's attention is memory-bound (it reads
     #: every live row's whole cache), so halving its bytes speeds large batches; a CPU
     #: without native bf16 would emulate it, slower than float32.
-    kv_dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "float32", "bfloat16")))
+    kv_dtype: str = attrs.field(
+        default="auto", validator=attrs.validators.in_(("auto", "float32", "bfloat16"))
+    )
 
     @property
     def head_dim(self) -> int:

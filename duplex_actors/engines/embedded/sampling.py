@@ -8,7 +8,7 @@ different knobs, with one tensor pass instead of a Python loop per row.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 import torch

@@ -26,7 +26,8 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Union
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Union
 
 import attrs
 import structlog
@@ -55,7 +56,7 @@ class DecodeJob:
     """
 
     request_id: str
-    prompt: Callable[[], "Prompt"]
+    prompt: Callable[[], Prompt]
     params: SamplingParams
 
 
@@ -118,7 +119,7 @@ class SchedulerStats:
     submitted: int
 
 
-Observer = Callable[[Union[StepRecord, SlotReleased]], None]
+Observer = Callable[[StepRecord | SlotReleased], None]
 
 # Mask rows indexed by a sequence's phase (see _build_masks).
 _DECIDE, _AFTER_WORD, _AFTER_PUNCT_EARLY, _AFTER_PUNCT = 0, 1, 2, 3
@@ -127,9 +128,21 @@ _DECIDE, _AFTER_WORD, _AFTER_PUNCT_EARLY, _AFTER_PUNCT = 0, 1, 2, 3
 class _Live:
     """Worker-owned state of one live sequence (mutable on purpose: it changes every step)."""
 
-    __slots__ = ("job", "sink", "slot", "position", "next_input", "generated", "deciding", "after_punct", "generator")
+    __slots__ = (
+        "job",
+        "sink",
+        "slot",
+        "position",
+        "next_input",
+        "generated",
+        "deciding",
+        "after_punct",
+        "generator",
+    )
 
-    def __init__(self, job: DecodeJob, prompt: "Prompt", sink: Sink, slot: int, position: int, generator) -> None:
+    def __init__(
+        self, job: DecodeJob, prompt: Prompt, sink: Sink, slot: int, position: int, generator
+    ) -> None:
         self.job = job
         self.sink = sink
         self.slot = slot
@@ -312,7 +325,9 @@ class BatchScheduler:
             return
         gone = [live for live in self._live if live.job.request_id in cancelled]
         for live in gone:
-            outbox.append((live.sink, SequenceEnded(live.job.request_id, "aborted", self._steps, time.perf_counter())))
+            outbox.append(
+                (live.sink, SequenceEnded(live.job.request_id, "aborted", self._steps, time.perf_counter()))
+            )
         self._release(gone, "aborted")
 
     def _admit(self, admits, outbox) -> tuple[str, ...]:
@@ -325,7 +340,9 @@ class BatchScheduler:
                 # here, alone, instead of the whole admission pass.
                 gen = None if job.params.seed is None else torch.Generator().manual_seed(job.params.seed)
                 prompt = job.prompt()
-                embedded = self._model.embed_prompt(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids)
+                embedded = self._model.embed_prompt(
+                    prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids
+                )
             except Exception as exc:
                 self._fail_admission(job, sink, exc, outbox)
                 continue
@@ -345,7 +362,9 @@ class BatchScheduler:
 
     def _fail_admission(self, job: DecodeJob, sink: Sink, exc: Exception, outbox) -> None:
         log.warning("scheduler.prefill_failed", request_id=job.request_id, error=repr(exc))
-        outbox.append((sink, SequenceEnded(job.request_id, "failed", self._steps, time.perf_counter(), repr(exc))))
+        outbox.append(
+            (sink, SequenceEnded(job.request_id, "failed", self._steps, time.perf_counter(), repr(exc)))
+        )
 
     def _step(self, admitted: tuple[str, ...], outbox) -> None:
         began = time.perf_counter()
@@ -411,16 +430,20 @@ class BatchScheduler:
         cannot take), each row is sampled alone and only the rows that still fail end
         ``failed``: one request's parameters never fail its batch neighbours."""
         try:
-            return sample_batch(logits, [s.job.params for s in live], [s.generator for s in live],
-                                self._shared_gen).tolist(), {}
+            return sample_batch(
+                logits, [s.job.params for s in live], [s.generator for s in live], self._shared_gen
+            ).tolist(), {}
         except Exception as batch_exc:
             log.warning("scheduler.batch_sampling_failed", error=repr(batch_exc), batch=len(live))
         picks: list[int | None] = []
         errors: dict[str, Exception] = {}
         for row, seq in enumerate(live):
             try:
-                picks.append(sample_batch(logits[row:row + 1], [seq.job.params], [seq.generator],
-                                          self._shared_gen).tolist()[0])
+                picks.append(
+                    sample_batch(
+                        logits[row : row + 1], [seq.job.params], [seq.generator], self._shared_gen
+                    ).tolist()[0]
+                )
             except Exception as exc:
                 picks.append(None)
                 errors[seq.job.request_id] = exc
@@ -451,7 +474,10 @@ class BatchScheduler:
         outbox = [(s.sink, SequenceEnded(s.job.request_id, "closed", self._steps, now)) for s in self._live]
         self._live.clear()
         with self._lock:
-            outbox += [(sink, SequenceEnded(job.request_id, "closed", self._steps, now)) for job, sink in self._pending]
+            outbox += [
+                (sink, SequenceEnded(job.request_id, "closed", self._steps, now))
+                for job, sink in self._pending
+            ]
             self._pending.clear()
             self._live_count = 0
         if outbox:

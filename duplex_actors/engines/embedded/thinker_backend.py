@@ -16,7 +16,7 @@ import collections
 import functools
 import hashlib
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import structlog
 import torch
@@ -170,8 +170,13 @@ class EmbeddedThinker:
             # (tool_choice "required" or a function's name), with empty arguments.
             now = time.perf_counter()
             yield Decision(rid, speak=True, produced_at=now)
-            yield FunctionCall(rid, "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest(),
-                               tool, "{}", produced_at=now)
+            yield FunctionCall(
+                rid,
+                "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest(),
+                tool,
+                "{}",
+                produced_at=now,
+            )
             yield TurnDone(rid, "completed", produced_at=time.perf_counter())
             return
         params = self.adapter.sampling_for(request.fence.session_id, request.sampling)
@@ -193,7 +198,9 @@ class EmbeddedThinker:
                     if event.reason == "aborted":
                         yield Aborted(rid, produced_at=event.produced_at)
                     elif event.reason in ("failed", "closed"):
-                        yield EngineFailure(rid, event.message or f"engine {event.reason}", produced_at=event.produced_at)
+                        yield EngineFailure(
+                            rid, event.message or f"engine {event.reason}", produced_at=event.produced_at
+                        )
                     elif event.reason == "listen" and not decided:
                         # The scheduler ended the unit on a listen token that the adapter
                         # did not recognise as a decision: still tell the session "listen".
