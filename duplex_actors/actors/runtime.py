@@ -17,11 +17,13 @@ import attrs
 import structlog
 
 from ..core import commands as cmd
+from ..core.actions import InputTranscript, TranscribeInput
 from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import SamplingOverrides
 from ..core.events import ServerEvent
 from ..core.fence import new_session_id
-from ..core.session import InputTranscript, SessionConfig, SessionCore, TranscribeInput
+from ..core.session import SessionCore
+from ..core.session_config import SessionConfig
 from ..engines.base import EngineBackend
 from ..errors import ResourceExhausted, RuntimeClosed, UnknownSession
 from ..logconfig import ensure_configured

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 import structlog
 
+from ..core.actions import AbortRequests, InputTranscript, SubmitTurn, TranscribeInput
 from ..core.commands import CancelResponse, Command, CommitInput, CreateResponse, Lane
 from ..core.engine_io import EngineOutput
 from ..core.events import ServerEvent, SessionClosedEvent
-from ..core.session import AbortRequests, InputTranscript, SessionCore, SubmitTurn, TranscribeInput
+from ..core.session import SessionCore
 from ..errors import AskTimeout, DuplexError, SessionClosed
 from .mailbox import Mailbox
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import attrs
 import structlog
@@ -42,6 +42,7 @@ from ..errors import (
 from . import events as ev
 from . import function_events as fev
 from . import transcription_events as tev
+from .actions import AbortRequests, EngineAction, InputTranscript, SubmitTurn, TranscribeInput
 from .clock import MONOTONIC, Clock
 from .commands import (
     AddFunctionOutput,
@@ -61,9 +62,7 @@ from .engine_io import (
     EngineOutput,
     FunctionCall,
     FunctionResult,
-    FunctionTool,
     ModelTurnRequest,
-    SamplingOverrides,
     TextDelta,
     TurnDone,
     TurnKind,
@@ -75,8 +74,22 @@ from .journal import ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
 from .overlap import OverlapPolicy, OverlapVerdict
+from .session_config import SessionConfig, SessionCounters
 from .statechart import CHART, CLOSED, RESPONDING, CompiledChart
 from .timing import CumulativeWindow, TimingLedger
+
+# Names that lived here before the split, re-exported so ``from duplex_actors.core.session
+# import X`` keeps working; new code imports them from their own modules.
+__all__ = [
+    "AbortRequests",
+    "EngineAction",
+    "InputTranscript",
+    "SessionConfig",
+    "SessionCore",
+    "SessionCounters",
+    "SubmitTurn",
+    "TranscribeInput",
+]
 
 log = structlog.get_logger("duplex_actors.session")
 
@@ -126,110 +139,6 @@ def _debug_enabled(wrapper_class) -> bool:
     # structlog's filtering loggers replace methods below their level with a no-op.
     debug = getattr(wrapper_class, "debug", None)
     return debug is None or getattr(debug, "__name__", "") != "_nop"
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class SessionConfig:
-    #: server VAD's end of speech starts a model turn (OpenAI's turn_detection.create_response);
-    #: False = wait for response.create.
-    auto_respond: bool = True
-    #: An explicit commit starts a model turn too. On for embedders (commit, then read the
-    #: reply); the Realtime server turns it off, because in OpenAI's GA contract a client commit
-    #: only adds the audio to the conversation and a response needs response.create.
-    respond_on_commit: bool = True
-    #: server VAD: speech_stopped ends the user's turn (commit) instead of a client commit.
-    server_vad: bool = False
-    #: model-native duplex: the model decides listen/speak per audio unit.
-    model_native: bool = False
-    sample_rate: int = 16000
-    unit_samples: int = 16000
-    #: speech over a response longer than this (in audio) barges in; shorter is a backchannel.
-    min_interruption_ms: int = 500
-    instructions: str | None = None
-    sampling: SamplingOverrides = SamplingOverrides()
-    #: What a response streams. ("text", "audio"): text deltas and audio (with per-packet
-    #: transcripts) side by side; ("audio",): OpenAI's audio responses, the words streamed only
-    #: as the audio's transcript; ("text",): text, no audio.
-    modalities: tuple[str, ...] = ("text", "audio")
-    #: function tools the model may call (session.update ``tools``) and the ``tool_choice``.
-    tools: tuple[FunctionTool, ...] = ()
-    tool_choice: str = "auto"
-    #: input transcription: the model name the client asked for (None: off). The runtime's
-    #: transcriber does the work, whatever the name.
-    transcription: str | None = None
-    #: Items the conversation keeps (oldest forgotten first).
-    max_items: int = 256
-    #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
-    max_input_bytes: int = 16000 * 2 * 120
-    outbox_capacity: int = 2048
-    outbox_reserve: int = 16
-    idle_ttl_s: float = 300.0
-    disconnect_grace_s: float = 30.0
-    journal_max_events: int = 4096
-    journal_max_bytes: int = 8 << 20
-    journal_max_age_s: float = 60.0
-
-    def public(self) -> dict:
-        return {
-            "auto_respond": self.auto_respond,
-            "respond_on_commit": self.respond_on_commit,
-            "model_native": self.model_native,
-            "server_vad": self.server_vad,
-            "sample_rate": self.sample_rate,
-            "min_interruption_ms": self.min_interruption_ms,
-            "instructions": self.instructions,
-            "modalities": list(self.modalities),
-            "tools": [
-                {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
-                for t in self.tools
-            ],
-            "tool_choice": self.tool_choice,
-            "transcription": self.transcription,
-        }
-
-
-@attrs.frozen(slots=True)
-class SubmitTurn:
-    request: ModelTurnRequest
-
-
-@attrs.frozen(slots=True)
-class TranscribeInput:
-    """Transcribe a committed turn's audio (off the event loop) for ``item_id``."""
-
-    item_id: str
-    audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
-    sample_rate: int = 16000
-
-
-@attrs.frozen(slots=True)
-class InputTranscript:
-    """What the recogniser made of ``item_id``'s audio; ``error`` set when it failed."""
-
-    item_id: str
-    text: str = ""
-    error: str | None = None
-
-
-@attrs.frozen(slots=True)
-class AbortRequests:
-    request_ids: tuple[str, ...]
-    reason: str
-
-
-EngineAction = Union[SubmitTurn, AbortRequests, TranscribeInput]
-
-
-@attrs.define(slots=True)
-class SessionCounters:
-    commands: int = 0
-    rejected: int = 0
-    stale_outputs: int = 0
-    invalid_outputs: int = 0
-    dropped_audio_events: int = 0
-    responses: int = 0
-    cancelled: int = 0
-    failed: int = 0
 
 
 class _Response:

@@ -282,7 +282,7 @@ class SessionReplica:
 
         from ..actors.runtime import Runtime
         from ..audio.transcription import default_transcriber
-        from ..core.session import SessionConfig
+        from ..core.session_config import SessionConfig
         from ..server.app import RealtimeServer, ServerConfig
 
         try:

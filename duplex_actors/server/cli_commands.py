@@ -171,7 +171,7 @@ async def _serve(
     from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
     from ..audio.transcription import default_transcriber
-    from ..core.session import SessionConfig
+    from ..core.session_config import SessionConfig
     from .app import RealtimeServer
 
     # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.

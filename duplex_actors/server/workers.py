@@ -148,7 +148,7 @@ async def _run_worker(
     index: int, settings: WorkerSettings, engine_path: str, handoff_path: str, ready
 ) -> None:
     from ..actors.runtime import Runtime
-    from ..core.session import SessionConfig
+    from ..core.session_config import SessionConfig
     from ..engines.engine_process import EngineProcessClient
     from .app import RealtimeServer, ServerConfig
 

@@ -55,7 +55,7 @@ _EXPORTS = {
     "END_TURN_FAILED": "duplex_actors.core.statechart",
     "CHART": "duplex_actors.core.statechart",
     "SessionCore": "duplex_actors.core.session",
-    "SessionConfig": "duplex_actors.core.session",
+    "SessionConfig": "duplex_actors.core.session_config",
     # plugin helpers
     "RuntimeDriver": "pytest_plugin",
     "register_profiles": "pytest_plugin",

@@ -59,10 +59,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ..actors.runtime import Runtime, SessionHandle
 from ..core import commands as cmd
+from ..core.actions import AbortRequests, SubmitTurn
 from ..core.clock import ManualClock
 from ..core.commands import Lane
 from ..core.engine_io import EngineOutput, ModelTurnRequest, TurnKind, is_terminal
-from ..core.session import AbortRequests, SessionConfig, SessionCore, SubmitTurn
+from ..core.session import SessionCore
+from ..core.session_config import SessionConfig
 from ..engines.base import EngineBackend
 from ..engines.scripted import Script, ScriptedEngine
 from ..errors import DuplexError, MailboxFull, SessionClosed

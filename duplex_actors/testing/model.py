@@ -35,7 +35,7 @@ from ..core.engine_io import (
     TextDelta,
     TurnDone,
 )
-from ..core.session import SessionConfig
+from ..core.session_config import SessionConfig
 from ..core.timing import SERVER
 from ..errors import (
     Backpressure,

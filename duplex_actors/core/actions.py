@@ -1,0 +1,51 @@
+"""Engine actions: what :class:`~duplex_actors.core.session.SessionCore` asks the shell to do.
+
+The core never talks to an engine itself; it leaves these for the shell to carry out
+(``SessionCore.take_actions``), and takes an :class:`InputTranscript` back when a
+:class:`TranscribeInput` has been done.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from .engine_io import ModelTurnRequest
+
+
+@attrs.frozen(slots=True)
+class SubmitTurn:
+    """Start a model turn (a response, or a model-native unit) for ``request``."""
+
+    request: ModelTurnRequest
+
+
+@attrs.frozen(slots=True)
+class TranscribeInput:
+    """Transcribe a committed turn's audio (off the event loop) for ``item_id``."""
+
+    item_id: str
+    audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    sample_rate: int = 16000
+
+
+@attrs.frozen(slots=True)
+class InputTranscript:
+    """What the recogniser made of ``item_id``'s audio; ``error`` set when it failed."""
+
+    item_id: str
+    text: str = ""
+    error: str | None = None
+
+
+@attrs.frozen(slots=True)
+class AbortRequests:
+    """Stop these engine requests; their output, if any still arrives, is stale."""
+
+    request_ids: tuple[str, ...]
+    reason: str
+
+
+#: Everything ``SessionCore.take_actions`` may hand the shell.
+EngineAction = Union[SubmitTurn, AbortRequests, TranscribeInput]

@@ -1,0 +1,87 @@
+"""A session's settings (:class:`SessionConfig`) and what it counts (:class:`SessionCounters`).
+
+The config is a frozen value: ``session.update`` replaces it with an evolved copy, so a model
+turn that was built from the old one never sees it change underneath.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .engine_io import FunctionTool, SamplingOverrides
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SessionConfig:
+    """How one session behaves: turn-taking, audio format, response shape, tools and limits."""
+
+    #: server VAD's end of speech starts a model turn (OpenAI's turn_detection.create_response);
+    #: False = wait for response.create.
+    auto_respond: bool = True
+    #: An explicit commit starts a model turn too. On for embedders (commit, then read the
+    #: reply); the Realtime server turns it off, because in OpenAI's GA contract a client commit
+    #: only adds the audio to the conversation and a response needs response.create.
+    respond_on_commit: bool = True
+    #: server VAD: speech_stopped ends the user's turn (commit) instead of a client commit.
+    server_vad: bool = False
+    #: model-native duplex: the model decides listen/speak per audio unit.
+    model_native: bool = False
+    sample_rate: int = 16000
+    unit_samples: int = 16000
+    #: speech over a response longer than this (in audio) barges in; shorter is a backchannel.
+    min_interruption_ms: int = 500
+    instructions: str | None = None
+    sampling: SamplingOverrides = SamplingOverrides()
+    #: What a response streams. ("text", "audio"): text deltas and audio (with per-packet
+    #: transcripts) side by side; ("audio",): OpenAI's audio responses, the words streamed only
+    #: as the audio's transcript; ("text",): text, no audio.
+    modalities: tuple[str, ...] = ("text", "audio")
+    #: function tools the model may call (session.update ``tools``) and the ``tool_choice``.
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: str = "auto"
+    #: input transcription: the model name the client asked for (None: off). The runtime's
+    #: transcriber does the work, whatever the name.
+    transcription: str | None = None
+    #: Items the conversation keeps (oldest forgotten first).
+    max_items: int = 256
+    #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
+    max_input_bytes: int = 16000 * 2 * 120
+    outbox_capacity: int = 2048
+    outbox_reserve: int = 16
+    idle_ttl_s: float = 300.0
+    disconnect_grace_s: float = 30.0
+    journal_max_events: int = 4096
+    journal_max_bytes: int = 8 << 20
+    journal_max_age_s: float = 60.0
+
+    def public(self) -> dict:
+        return {
+            "auto_respond": self.auto_respond,
+            "respond_on_commit": self.respond_on_commit,
+            "model_native": self.model_native,
+            "server_vad": self.server_vad,
+            "sample_rate": self.sample_rate,
+            "min_interruption_ms": self.min_interruption_ms,
+            "instructions": self.instructions,
+            "modalities": list(self.modalities),
+            "tools": [
+                {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+                for t in self.tools
+            ],
+            "tool_choice": self.tool_choice,
+            "transcription": self.transcription,
+        }
+
+
+@attrs.define(slots=True)
+class SessionCounters:
+    """Running totals of one session (mutable: the core bumps them in place, no copy per event)."""
+
+    commands: int = 0
+    rejected: int = 0
+    stale_outputs: int = 0
+    invalid_outputs: int = 0
+    dropped_audio_events: int = 0
+    responses: int = 0
+    cancelled: int = 0
+    failed: int = 0
