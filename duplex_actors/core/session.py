@@ -20,7 +20,6 @@ Guarantees (property-tested in tests/core):
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +73,7 @@ from .journal import ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
 from .overlap import OverlapPolicy, OverlapVerdict
+from .response import ResponseAssembly
 from .session_config import SessionConfig, SessionCounters
 from .statechart import CHART, CLOSED, RESPONDING, CompiledChart
 from .timing import CumulativeWindow, TimingLedger
@@ -139,68 +139,6 @@ def _debug_enabled(wrapper_class) -> bool:
     # structlog's filtering loggers replace methods below their level with a no-op.
     debug = getattr(wrapper_class, "debug", None)
     return debug is None or getattr(debug, "__name__", "") != "_nop"
-
-
-class _Response:
-    """The one response in progress (created, not yet done)."""
-
-    __slots__ = (
-        "response_id",
-        "item_id",
-        "epoch",
-        "turn_id",
-        "text",
-        "transcript",
-        "audio",
-        "modalities",
-        "metadata",
-        "audio_ms",
-        "output_tokens",
-        "calls",
-        "heard_ms",
-    )
-
-    def __init__(
-        self,
-        response_id: str,
-        item_id: str,
-        epoch: int,
-        turn_id: int,
-        modalities: tuple[str, ...],
-        metadata: dict | None,
-    ) -> None:
-        self.response_id = response_id
-        self.item_id = item_id
-        self.epoch = epoch
-        self.turn_id = turn_id
-        self.text: list[str] = []
-        self.transcript: list[str] = []
-        self.audio = False
-        self.calls: list[fev.CallRecord] | None = None
-        self.modalities = modalities
-        self.metadata = metadata
-        self.audio_ms = 0.0
-        self.output_tokens = 0
-        #: Set by a truncation while the response still streams: what the user heard of it.
-        self.heard_ms: int | None = None
-
-    @property
-    def spoken(self) -> bool:
-        """OpenAI's audio response: the words travel as the audio's transcript only."""
-        return "audio" in self.modalities and "text" not in self.modalities
-
-    @property
-    def part_type(self) -> str:
-        return "audio" if "audio" in self.modalities else "text"
-
-    def item(self, status: str) -> Item:
-        words = "".join(self.transcript if self.spoken or "text" not in self.modalities else self.text)
-        if self.part_type == "audio":
-            heard = int(self.audio_ms) if self.heard_ms is None else self.heard_ms
-            part = ContentPart(type="output_audio", transcript=words, audio_ms=heard)
-        else:
-            part = ContentPart(type="output_text", text=words)
-        return Item(id=self.item_id, type="message", role="assistant", status=status, content=(part,))
 
 
 def _answered_call(command: Command) -> str | None:
@@ -289,7 +227,7 @@ class SessionCore:
         self._units: set[str] | None = None  # model-native unit requests in flight
         self._unit_seq = 0
         self._aborting: dict[str, TurnKind] | None = None  # aborted, not yet confirmed ended
-        self._response: _Response | None = None
+        self._response: ResponseAssembly | None = None
         self._overlap_ms: float | None = None  # audio ms of user speech over the response
         self._ctx: dict[str, Any] = {}
         self._close_reason: str | None = None
@@ -789,7 +727,7 @@ class SessionCore:
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
         cmd = self._ctx.get("command")
         metadata = getattr(cmd, "metadata", None) if isinstance(cmd, CreateResponse) else None
-        r = self._response = _Response(
+        r = self._response = ResponseAssembly(
             rid, self._new_item_id(), self.epoch, self.turn_id, self._response_modalities(), metadata
         )
         self._timing.bind(self.turn_id, rid, now)
@@ -864,18 +802,8 @@ class SessionCore:
                     delta=out.transcript,
                 )
 
-    def _deliver_function_call(self, out: FunctionCall, r: _Response) -> None:
-        if r.calls is None:
-            r.calls = []
-        # The assistant message is output item 0 (opened with the response); calls follow it.
-        call = fev.CallRecord(
-            item_id=self._new_item_id(),
-            call_id=out.call_id,
-            name=out.name,
-            arguments=out.arguments,
-            output_index=len(r.calls) + 1,
-        )
-        r.calls.append(call)
+    def _deliver_function_call(self, out: FunctionCall, r: ResponseAssembly) -> None:
+        call = r.add_call(self._new_item_id(), out.call_id, out.name, out.arguments)
         self._remember_call(out.call_id, out.name)
         ids = {"response_id": r.response_id, "call": call}
         self._emit(fev.FunctionCallItemAdded, **ids)
@@ -955,7 +883,7 @@ class SessionCore:
             metrics=self._timing.snapshot(stop_latency_s=stop_latency_s),
             modalities=r.modalities,
             metadata=r.metadata,
-            output=(item, *(c.to_item() for c in r.calls or ())),
+            output=r.output_items(item),
             output_tokens=r.output_tokens,
             **ids,
         )
@@ -1146,12 +1074,8 @@ class SessionCore:
         if r is not None and live:
             # The response still streams (a client truncates as soon as the user speaks, before
             # response.done): its stored item is the in_progress snapshot, so range-check against
-            # the audio produced so far. Rounded up: the client counts the ms it received in
-            # its own output format, which resampling may round the other way.
-            item = r.item("in_progress")
-            item = attrs.evolve(
-                item, content=(attrs.evolve(item.content[0], audio_ms=math.ceil(r.audio_ms)),)
-            )
+            # the audio produced so far.
+            item = r.streaming_item()
         if item.role != "assistant":
             raise InvalidItem("item_id", "only assistant messages can be truncated")
         if cmd.content_index >= len(item.content):

@@ -1,0 +1,111 @@
+"""ResponseAssembly: the one response in progress, and the item it becomes.
+
+A response collects what the engine streams for it (text, the audio's transcript, audio
+duration, function calls) between ``response.created`` and ``response.done``. This module
+knows how those pieces make up the assistant message and the response's output items; it
+does not know when a response begins or ends, which events announce it, or the conversation
+it is stored in: :class:`~duplex_actors.core.session.SessionCore` decides all of that (the
+statechart names the effects).
+
+Its fields are plain attributes, appended to in place by the core while a response streams:
+a delta must not cost an allocation beyond the words it carries.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from .conversation import ContentPart, Item
+from .function_events import CallRecord
+
+
+class ResponseAssembly:
+    """The one response in progress (created, not yet done)."""
+
+    __slots__ = (
+        "response_id",
+        "item_id",
+        "epoch",
+        "turn_id",
+        "text",
+        "transcript",
+        "audio",
+        "modalities",
+        "metadata",
+        "audio_ms",
+        "output_tokens",
+        "calls",
+        "heard_ms",
+    )
+
+    def __init__(
+        self,
+        response_id: str,
+        item_id: str,
+        epoch: int,
+        turn_id: int,
+        modalities: tuple[str, ...],
+        metadata: dict | None,
+    ) -> None:
+        self.response_id = response_id
+        #: The assistant message's id (output item 0); function calls get their own.
+        self.item_id = item_id
+        #: The fence it was created under: its closing events carry this epoch, even when the
+        #: cancel that ends it has already moved the session's.
+        self.epoch = epoch
+        self.turn_id = turn_id
+        self.text: list[str] = []
+        self.transcript: list[str] = []
+        #: Whether any audio was delivered (a text+audio response may end without any).
+        self.audio = False
+        self.calls: list[CallRecord] | None = None  # None until the first call: most have none
+        self.modalities = modalities
+        self.metadata = metadata
+        self.audio_ms = 0.0
+        self.output_tokens = 0
+        #: Set by a truncation while the response still streams: what the user heard of it.
+        self.heard_ms: int | None = None
+
+    @property
+    def spoken(self) -> bool:
+        """OpenAI's audio response: the words travel as the audio's transcript only."""
+        return "audio" in self.modalities and "text" not in self.modalities
+
+    @property
+    def part_type(self) -> str:
+        return "audio" if "audio" in self.modalities else "text"
+
+    def item(self, status: str) -> Item:
+        """The assistant message as it stands, with ``status``."""
+        words = "".join(self.transcript if self.spoken or "text" not in self.modalities else self.text)
+        if self.part_type == "audio":
+            heard = int(self.audio_ms) if self.heard_ms is None else self.heard_ms
+            part = ContentPart(type="output_audio", transcript=words, audio_ms=heard)
+        else:
+            part = ContentPart(type="output_text", text=words)
+        return Item(id=self.item_id, type="message", role="assistant", status=status, content=(part,))
+
+    def streaming_item(self) -> Item:
+        """The message while it still streams, as a truncation must range-check it.
+
+        Its audio length is rounded up: the client counts the ms it received in its own output
+        format, which resampling may round the other way."""
+        item = self.item("in_progress")
+        return attrs.evolve(item, content=(attrs.evolve(item.content[0], audio_ms=math.ceil(self.audio_ms)),))
+
+    def add_call(self, item_id: str, call_id: str, name: str, arguments: str) -> CallRecord:
+        """Record a function call as the response's next output item (``item_id`` is its own)."""
+        if self.calls is None:
+            self.calls = []
+        # The assistant message is output item 0 (opened with the response); calls follow it.
+        call = CallRecord(
+            item_id=item_id, call_id=call_id, name=name, arguments=arguments, output_index=len(self.calls) + 1
+        )
+        self.calls.append(call)
+        return call
+
+    def output_items(self, message: Item) -> tuple[Item, ...]:
+        """``response.done``'s output: the final ``message``, then every call, completed."""
+        return (message, *(c.to_item() for c in self.calls or ()))
