@@ -60,7 +60,6 @@ from .engine_io import (
     EngineFailure,
     EngineOutput,
     FunctionCall,
-    FunctionResult,
     ModelTurnRequest,
     TextDelta,
     TurnDone,
@@ -68,6 +67,7 @@ from .engine_io import (
     is_terminal,
 )
 from .fence import Fence
+from .function_calls import FunctionCallRegistry
 from .input_buffer import InputBuffer
 from .journal import ReplayJournal
 from .lease import Lease
@@ -184,7 +184,6 @@ class SessionCore:
         "_log",
         "_playback",
         "_calls",
-        "_function_results",
         "__weakref__",
         "_conversation",
         "_item_seq",
@@ -233,10 +232,9 @@ class SessionCore:
         self._close_reason: str | None = None
         self._aborted_ids: list[str] | None = None
         self._playback: dict[str, int] | None = None
-        # call_id -> function name of recent calls (what a function_call_output may answer),
-        # and the outputs received since the last model turn. Both None until tools are used.
-        self._calls: dict[str, str] | None = None
-        self._function_results: list[FunctionResult] | None = None
+        # What a function_call_output may answer, and the answers for the next model turn.
+        # None until tools are used: most sessions never do, and opening one stays cheap.
+        self._calls: FunctionCallRegistry | None = None
         self._conversation = Conversation(self.config.max_items)
         self._item_seq = 0
         self._next_input_item: str | None = None  # the item the buffered audio will become
@@ -670,9 +668,9 @@ class SessionCore:
     def _fx_submit_model_turn(self) -> None:
         audio, self._committed = self._committed, b""
         request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id())
-        if self._function_results:
-            request = attrs.evolve(request, function_results=tuple(self._function_results))
-            self._function_results = None
+        results = () if self._calls is None else self._calls.take_results()
+        if results:
+            request = attrs.evolve(request, function_results=results)
         self._pending_text = []
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
@@ -804,7 +802,7 @@ class SessionCore:
 
     def _deliver_function_call(self, out: FunctionCall, r: ResponseAssembly) -> None:
         call = r.add_call(self._new_item_id(), out.call_id, out.name, out.arguments)
-        self._remember_call(out.call_id, out.name)
+        self._call_registry().remember(out.call_id, out.name)
         ids = {"response_id": r.response_id, "call": call}
         self._emit(fev.FunctionCallItemAdded, **ids)
         # A call is a conversation item of its own (GA): retrievable, what an output answers,
@@ -818,13 +816,11 @@ class SessionCore:
         self._emit(fev.FunctionCallItemDone, **ids)
         self._emit(ev.ItemDone, item=call.to_item(), previous_item_id=previous)
 
-    def _remember_call(self, call_id: str, name: str) -> None:
-        """A call a function_call_output may now answer (the name goes to the engine with it)."""
-        if self._calls is None:
-            self._calls = {}
-        self._calls[call_id] = name
-        if len(self._calls) > 64:  # only recent calls get answered
-            self._calls.pop(next(iter(self._calls)))
+    def _call_registry(self) -> FunctionCallRegistry:
+        calls = self._calls
+        if calls is None:
+            calls = self._calls = FunctionCallRegistry()
+        return calls
 
     def _fx_emit_transcript(self) -> None:
         result = self._ctx["transcript"]
@@ -839,14 +835,6 @@ class SessionCore:
         cmd: AddFunctionOutput = self._ctx["command"]
         item = Item(id=cmd.item_id or "", type="function_call_output", call_id=cmd.call_id, output=cmd.output)
         self._add_item(item, None)
-
-    def _record_function_result(self, item: Item) -> None:
-        """A ``function_call_output`` item answers one of this session's calls: the next model
-        turn receives it (checked in _precheck: only calls this session made are answered)."""
-        if self._function_results is None:
-            self._function_results = []
-        name = self._calls.get(item.call_id or "") if self._calls else None
-        self._function_results.append(FunctionResult(item.call_id or "", item.output or "", name))
 
     def _close_parts(self, status: str, reason: str | None, stop_latency_s: float | None = None) -> None:
         r = self._response
@@ -1048,11 +1036,13 @@ class SessionCore:
             item = attrs.evolve(item, call_id=f"call_{item.id}")
         previous = self._conversation.add(item, previous_item_id)  # checks before changing
         if item.type == "function_call_output":
-            self._record_function_result(item)
+            # It answers one of this session's calls (_precheck refused any other): the next
+            # model turn receives it.
+            self._call_registry().answer(item.call_id or "", item.output or "")
         elif item.type == "function_call":
             # A call the client replays (its own history): its output may answer it, as
             # OpenAI accepts an output for any call in the conversation.
-            self._remember_call(item.call_id or "", item.name or "")
+            self._call_registry().remember(item.call_id or "", item.name or "")
         elif item.text and item.role != "assistant":
             # Words the next response answers (user text, system/developer notes).
             self._pending_text.append(item.text)
