@@ -7,6 +7,12 @@ to the client by :meth:`take_events`, which stamps ``server_event_seq``) and eng
 (:meth:`take_actions`: submit a model turn, abort requests). It never does I/O and never reads
 a clock it was not given.
 
+This module is the driver: the guards and effects stay methods of SessionCore, so the chart's
+names resolve to them once and an append costs no extra indirection. What they work on lives
+next to it: the settings (:mod:`.session_config`), the actions (:mod:`.actions`), the response
+being assembled (:mod:`.response`), the calls a function output may answer
+(:mod:`.function_calls`).
+
 Guarantees (property-tested in tests/core):
 * an illegal command raises a typed error and changes nothing;
 * closed is absorbing and produces no engine action after the close's own aborts;
