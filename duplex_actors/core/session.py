@@ -11,7 +11,7 @@ This module is the driver: the guards and effects stay methods of SessionCore, s
 names resolve to them once and an append costs no extra indirection. What they work on lives
 next to it: the settings (:mod:`.session_config`), the actions (:mod:`.actions`), the response
 being assembled (:mod:`.response`), the calls a function output may answer
-(:mod:`.function_calls`).
+(:mod:`.function_calls`), the audio the user heard (:mod:`.playback`).
 
 Guarantees (property-tested in tests/core):
 * an illegal command raises a typed error and changes nothing;
@@ -79,6 +79,7 @@ from .journal import ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
 from .overlap import OverlapPolicy, OverlapVerdict
+from .playback import PlaybackLedger
 from .response import ResponseAssembly
 from .session_config import SessionConfig, SessionCounters
 from .statechart import CHART, CLOSED, RESPONDING, CompiledChart
@@ -237,7 +238,7 @@ class SessionCore:
         self._ctx: dict[str, Any] = {}
         self._close_reason: str | None = None
         self._aborted_ids: list[str] | None = None
-        self._playback: dict[str, int] | None = None
+        self._playback: PlaybackLedger | None = None  # None until the client reports any
         # What a function_call_output may answer, and the answers for the next model turn.
         # None until tools are used: most sessions never do, and opening one stays cheap.
         self._calls: FunctionCallRegistry | None = None
@@ -518,7 +519,7 @@ class SessionCore:
         if (
             isinstance(command, PlaybackAck)
             and self._playback is not None
-            and command.played_ms < self._playback.get(command.response_id, 0)
+            and command.played_ms < self._playback.played_ms(command.response_id)
         ):
             raise InvalidCommand("played_ms cannot go backwards")
 
@@ -1012,11 +1013,13 @@ class SessionCore:
 
     def _fx_record_playback(self) -> None:
         cmd = self._ctx["command"]
-        if self._playback is None:
-            self._playback = {}
-        self._playback[cmd.response_id] = cmd.played_ms
-        if len(self._playback) > 64:  # only recent responses matter for truncation
-            self._playback.pop(next(iter(self._playback)))
+        self._playback_ledger().acknowledge(cmd.response_id, cmd.played_ms)
+
+    def _playback_ledger(self) -> PlaybackLedger:
+        ledger = self._playback
+        if ledger is None:
+            ledger = self._playback = PlaybackLedger()
+        return ledger
 
     def _fx_detach_lease(self) -> None:
         self.lease.detach(self._ctx["now"])
@@ -1086,9 +1089,7 @@ class SessionCore:
         self._conversation.replace(attrs.evolve(item, content=tuple(parts)))
         if r is not None and live:
             r.heard_ms = cmd.audio_end_ms  # kept when the response ends (_close_parts)
-        if self._playback is None:
-            self._playback = {}
-        self._playback[item.id] = cmd.audio_end_ms  # what the user really heard of it
+        self._playback_ledger().truncated(item.id, cmd.audio_end_ms)
         self._emit(
             ev.ItemTruncated, item_id=item.id, content_index=cmd.content_index, audio_end_ms=cmd.audio_end_ms
         )

@@ -1,8 +1,9 @@
-"""The pieces split out of core/session.py: response assembly, the call registry, the old names."""
+"""The pieces split out of core/session.py: response assembly, calls, playback, the old names."""
 
 import duplex_actors.core.session as session
 from duplex_actors.core import actions, session_config
 from duplex_actors.core.function_calls import RECENT_CALLS, FunctionCallRegistry
+from duplex_actors.core.playback import RECENT_RESPONSES, PlaybackLedger
 from duplex_actors.core.response import ResponseAssembly
 
 
@@ -80,3 +81,15 @@ def test_the_registry_answers_only_known_calls_keeps_the_recent_ones_and_hands_r
     for i in range(1, RECENT_CALLS + 1):
         calls.remember(f"call_{i}", "f")
     assert "call_0" not in calls and f"call_{RECENT_CALLS}" in calls
+
+
+def test_the_playback_ledger_bounds_acknowledgements_and_keeps_truncations_by_item():
+    ledger = PlaybackLedger()
+    assert ledger.played_ms("resp_a") == 0 and len(ledger) == 0
+    ledger.acknowledge("resp_a", 120)
+    ledger.truncated("item_a", 15)
+    assert ledger.played_ms("resp_a") == 120
+    assert ledger.snapshot() == {"resp_a": 120, "item_a": 15}
+    for i in range(RECENT_RESPONSES):
+        ledger.acknowledge(f"resp_{i}", i)
+    assert len(ledger) == RECENT_RESPONSES and ledger.played_ms("resp_a") == 0

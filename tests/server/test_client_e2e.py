@@ -150,7 +150,7 @@ async def test_extensions_heartbeat_playback_ack_and_truncate(server):
         refusals = {e["error"]["event_id"]: e["error"]["code"] for e in (first, second)}
         assert refusals[bad] == "item_not_found"
         assert backwards in refusals  # played_ms cannot go backwards
-        playback = server.runtime.get(client.session_id).core._playback
+        playback = server.runtime.get(client.session_id).core._playback.snapshot()
         assert playback == {done["response"]["id"]: 120, item: 15}
 
 
