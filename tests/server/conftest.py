@@ -42,6 +42,11 @@ async def server() -> AsyncIterator[RealtimeServer]:
         yield srv
 
 
+def resume_frame(**fields) -> str:
+    """A ``session.resume`` frame (session_id, generation, resume_token, last_seq, control_id)."""
+    return json.dumps({"type": "session.resume", **fields})
+
+
 async def recv_json(ws, timeout: float = 5.0) -> dict:
     import anyio
 

@@ -21,7 +21,7 @@ from duplex_actors.server.app import (
 )
 from duplex_actors.testing.raw_websocket import RawWebSocket
 
-from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
+from .conftest import CHUNK_100MS, recv_json, recv_until, resume_frame, running_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -85,16 +85,7 @@ async def test_replaying_the_last_resume_control_id_with_forged_credentials_does
         # The owner resumes (control_id ctl-1), then loses that connection too.
         async with connect(f"{server.url}?session_id={sid}") as ws:
             await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                        "control_id": "ctl-1",
-                    }
-                )
+                resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1, control_id="ctl-1")
             )
             resumed = (await recv_until(ws, "session.resumed"))[-1]
             ws.transport.abort()
@@ -116,16 +107,7 @@ async def test_replaying_the_last_resume_control_id_with_forged_credentials_does
         # The owner's genuine retry of ctl-1 (its answer was lost) still gets the same answer.
         async with connect(f"{server.url}?session_id={sid}") as ws:
             await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                        "control_id": "ctl-1",
-                    }
-                )
+                resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1, control_id="ctl-1")
             )
             again = (await recv_until(ws, "session.resumed"))[-1]
             assert (again["generation"], again["resume_token"]) == (1, resumed["resume_token"])
@@ -142,17 +124,7 @@ async def test_a_resume_token_only_works_with_the_api_key_that_opened_the_sessio
         assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
         assert others == [] and server.runtime.get(sid).generation == 0
         async with connect(f"{server.url}?session_id={sid}", **as_a) as ws:
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                    }
-                )
-            )
+            await ws.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
             assert (await recv_json(ws))["type"] == "session.resumed"
 
 
@@ -298,17 +270,7 @@ async def test_lone_surrogates_are_refused_at_decode_and_never_reach_the_journal
         await wait_until(lambda: handle.core.lease.detached)
         # Everything journaled encodes: the replay of the whole stream goes through.
         async with connect(f"{server.url}?session_id={sid}") as ws2:
-            await ws2.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                    }
-                )
-            )
+            await ws2.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
             replay = await recv_until(ws2, "session.resumed")
             assert [e["type"] for e in replay].count("error") == 3
             assert replay[-1]["replayed"] == len(replay) - 1
@@ -326,17 +288,7 @@ async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_the_session_ca
         handle = server.runtime.get(sid)
         await wait_until(lambda: handle.core.lease.detached)
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                    }
-                )
-            )
+            await ws.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
             assert (await recv_json(ws))["type"] == "session.resumed"
 
 
@@ -361,17 +313,7 @@ async def test_connect_then_abort_cycles_hit_the_per_address_quota_with_a_typed_
         # Resuming one and saying goodbye gives its slot back.
         sid, token = dropped[0]
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                    }
-                )
-            )
+            await ws.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
             await recv_until(ws, "session.resumed")
         await wait_until(lambda: server.runtime.session_count == 2)
         await one_turn(server.url)
@@ -446,17 +388,7 @@ async def test_a_resume_queued_before_the_reaper_fires_is_not_closed_by_that_sta
 
         monkeypatch.setattr(Mailbox, "put", put_then_reap)
         async with connect(f"{server.url}?session_id={sid}") as ws:
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                    }
-                )
-            )
+            await ws.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
             assert (await recv_json(ws))["type"] == "session.resumed"
             assert fired == [1], "the reaper saw the lease expired and queued an expiry"
             await ws.send(json.dumps({"type": "heartbeat", "event_id": "hb"}))

@@ -19,7 +19,7 @@ from duplex_actors.server.app import (
     CLOSE_UNKNOWN_SESSION,
 )
 
-from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
+from .conftest import CHUNK_100MS, recv_json, recv_until, resume_frame, running_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -98,17 +98,7 @@ async def test_half_written_frame_then_drop_detaches_and_the_session_resumes():
         await wait_until(lambda: handle.core.lease.detached)
 
         async with connect(f"{server.url}?session_id={sid}") as ws2:
-            await ws2.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 1,
-                    }
-                )
-            )
+            await ws2.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
             resumed = await recv_json(ws2)
             assert resumed["type"] == "session.resumed" and resumed["replayed"] == 0
             await ws2.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c"}))
@@ -151,17 +141,7 @@ async def test_resume_refusals_have_an_error_event_and_a_close_code():
         assert error["error"]["code"] == "unknown_session" and code == CLOSE_UNKNOWN_SESSION
         # The refusals changed nothing: the real client still resumes.
         async with connect(f"{server.url}?session_id={sid}") as ws2:
-            await ws2.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": 7,
-                    }
-                )
-            )
+            await ws2.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=7))
             assert (await recv_json(ws2))["type"] == "session.resumed"
 
 
@@ -196,17 +176,7 @@ async def test_resume_while_the_old_connection_lingers_supersedes_it():
         await anyio.sleep(0.15)  # the old connection keeps receiving; this client ignores it
         # The old socket is still open (its drop went unnoticed); the client comes back anyway.
         async with connect(f"{server.url}?session_id={sid}") as new:
-            await new.send(
-                json.dumps(
-                    {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": token,
-                        "last_seq": last,
-                    }
-                )
-            )
+            await new.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=last))
             events = await recv_until(new, "response.done")
             seqs = [e["server_event_seq"] for e in events]
             assert seqs == list(range(last + 1, last + 1 + len(seqs)))
