@@ -360,6 +360,8 @@ async def _run(
         str(grace),
         "--journal-max-age-s",
         str(journal_max_age_s),
+        # Diagnosis: extra serve options (e.g. "--gc-reclaim-s 0") without changing the soak.
+        *os.environ.get("DUPLEX_SOAK_SERVE_ARGS", "").split(),
     ]
     # The server's log goes to a file: an undrained pipe fills (64 KiB) and then blocks the
     # server's event loop on its next log line, which a long run reaches within minutes.
