@@ -766,24 +766,12 @@ class SessionCore:
             first = self._timing.on_text(now, out.token_count)
             r.output_tokens += out.token_count
             metrics = self._timing.snapshot() if first else None
-            if r.spoken:  # the words of an audio response go out once, as its transcript
-                r.transcript.append(out.text)
-                self._emit(
-                    ev.TranscriptDeltaEvent,
-                    response_id=r.response_id,
-                    item_id=r.item_id,
-                    delta=out.text,
-                    metrics=metrics,
-                )
-            else:
-                r.text.append(out.text)
-                self._emit(
-                    ev.TextDeltaEvent,
-                    response_id=r.response_id,
-                    item_id=r.item_id,
-                    delta=out.text,
-                    metrics=metrics,
-                )
+            # The words of an audio response go out once, as its transcript.
+            words, event = (
+                (r.transcript, ev.TranscriptDeltaEvent) if r.spoken else (r.text, ev.TextDeltaEvent)
+            )
+            words.append(out.text)
+            self._emit(event, response_id=r.response_id, item_id=r.item_id, delta=out.text, metrics=metrics)
         else:
             if "audio" not in r.modalities:
                 return  # a text-only response: audio the engine sent anyway is not the client's
