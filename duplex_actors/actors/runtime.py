@@ -7,6 +7,7 @@ primitive used is anyio's, so trio is expected to work but is not part of the te
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -187,6 +188,8 @@ class Runtime:
         self._sessions: dict[str, SessionActor] = {}
         #: closed sessions whose aborted engine requests are not cleaned up yet
         self._draining: dict[str, tuple[str, ...]] = {}
+        #: told the id of each session as it closes (the server drops its record at once)
+        self._close_listeners: list[Callable[[str], None]] = []
         self._ready: deque[SessionActor] = deque()
         self._wake: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -304,9 +307,23 @@ class Runtime:
     def sessions(self) -> list[SessionHandle]:
         return [SessionHandle(a) for a in self._sessions.values()]
 
+    def add_close_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(session_id)`` when a session closes, from the dispatcher: it must be
+        quick and must not raise (a failing listener is logged and skipped)."""
+        self._close_listeners.append(listener)
+
+    def remove_close_listener(self, listener: Callable[[str], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._close_listeners.remove(listener)
+
     def _session_closed(self, actor: SessionActor) -> None:
         if self._sessions.pop(actor.session_id, None) is not None:
             self.closed += 1
+            for listener in self._close_listeners:
+                try:
+                    listener(actor.session_id)
+                except Exception as exc:  # a listener's bug must not stop the dispatcher
+                    log.error("runtime.close_listener_failed", session_id=actor.session_id, error=repr(exc))
             aborted = actor.core.aborted_request_ids
             if aborted and self.engine.cleanup_pending(aborted):
                 # Closed, but the engine has not let go of what it aborted yet (a stream still

@@ -21,8 +21,13 @@ kept). A hostile client whose refusal did not come is counted as a defence failu
 
 RSS is the server process's (``/proc/<pid>/status``): at start, after warm-up (at least 1.5x
 the journal age, since each journal fills for that long), at the end, and the slope after
-warm-up. At the end every client closes; the server must reach 0 sessions (hostile sessions
-expire after the disconnect grace) and exit 0 on SIGTERM.
+warm-up. RSS alone cannot tell a leak from the replay journals following the event rate (each
+session keeps its last ``journal_max_age_s`` of events), so at each RSS sample the soak also
+reads the server's ``/metrics``: events and bytes held in journals, Python allocator blocks,
+event-loop tasks and session records; and it reads them once more before the first client and
+after the last session is gone, when nothing should be held. At the end every client closes; the
+server must reach 0 sessions (hostile sessions expire after the disconnect grace) and exit 0 on
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -321,10 +326,59 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
         await asyncio.sleep(rng.uniform(0.5, 2.0))
 
 
-async def _sample(pid: int, t0: float, samples: list, every: float) -> None:
+#: What the soak reads from the server's /metrics beside its RSS: with these a report can tell
+#: memory that follows the replay journals (the recent event rate) from memory that leaks.
+_INSIDE = {
+    ("duplex_journal", "events"): "journal_events",
+    ("duplex_journal", "bytes"): "journal_bytes",
+    ("duplex_python_allocated_blocks", None): "python_blocks",
+    ("duplex_event_loop_tasks", None): "tasks",
+    ("duplex_server_session_records", None): "records",
+}
+
+
+def _inside(http: str) -> dict[str, float]:
+    """The server's own memory-relevant gauges, from /metrics; {} if it does not answer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = urllib.request.urlopen(http + "/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = _INSIDE.get((sample.name, sample.labels.get("unit")))
+            if key is not None:
+                found[key] = sample.value
+            elif sample.name == "duplex_sessions":
+                found["sessions"] = found.get("sessions", 0) + sample.value
+    return found
+
+
+async def _sample(pid: int, http: str, t0: float, samples: list, inside: list, every: float) -> None:
     while True:
-        samples.append((time.monotonic() - t0, _server_rss_mb(pid)))
+        at = time.monotonic() - t0
+        samples.append((at, _server_rss_mb(pid)))
+        inside.append((at, await asyncio.to_thread(_inside, http)))
         await asyncio.sleep(every)
+
+
+def _inside_report(inside: list[tuple[float, dict]], warmup_s: float, seconds: float) -> dict[str, Any]:
+    """The server's gauges after warm-up and at the last sample while clients ran, and how much
+    each moved between (the idle read-out after the run is reported apart)."""
+    after = [(t, v) for t, v in inside if v and warmup_s <= t <= seconds]
+    if not after:
+        return {}
+    first, last = after[0][1], after[-1][1]
+    return {
+        "after_warmup": first,
+        "end": last,
+        "change": {k: last[k] - first[k] for k in first if k in last},
+        "peak_journal_bytes": max(v.get("journal_bytes", 0) for _, v in after),
+    }
 
 
 async def _health(http: str) -> dict:
@@ -372,6 +426,7 @@ async def _run(
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=dict(os.environ))
     stats: Counter = Counter()
     samples: list[tuple[float, float]] = []
+    inside: list[tuple[float, dict]] = []
     report: dict[str, Any] = {}
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
@@ -385,7 +440,8 @@ async def _run(
         warmup_s = 1.5 * journal_max_age_s
         rng = random.Random(seed)
         n_hostile = int(round(sessions * hostile))
-        sampler = asyncio.create_task(_sample(proc.pid, t0, samples, max(1.0, seconds / 60)))
+        idle_before = await asyncio.to_thread(_inside, http)
+        sampler = asyncio.create_task(_sample(proc.pid, http, t0, samples, inside, max(1.0, seconds / 60)))
         tasks = []
         for i in range(sessions):
             crng = random.Random(rng.getrandbits(64))
@@ -422,6 +478,9 @@ async def _run(
             await asyncio.sleep(0.25)
         sampler.cancel()
         samples.append((time.monotonic() - t0, _server_rss_mb(proc.pid)))
+        # With every session gone, what the server still holds: compared with the same figures
+        # before the first client, growth here is kept objects, whatever the event rate was.
+        idle_after = await asyncio.to_thread(_inside, http)
         proc.send_signal(signal.SIGTERM)
         exit_code = await asyncio.to_thread(proc.wait, 30)
         after = [s for s in samples if s[0] >= warmup_s]
@@ -440,6 +499,10 @@ async def _run(
                 "peak": max(s[1] for s in samples),
             },
             "rss_slope_mb_per_min_after_warmup": _slope_per_min(after),
+            # Read from the server's /metrics at each RSS sample: journals (which follow the
+            # event rate), Python allocator blocks, tasks and session records.
+            "server_inside": _inside_report(inside, warmup_s, seconds),
+            "server_idle": {"before": idle_before, "after": idle_after},
             "lost": stats["lost"],
             "duplicates": stats["duplicates"],
             "terminal_violations": stats["terminal_violations"],
@@ -493,5 +556,32 @@ def summary(report: dict[str, Any]) -> str:
         f"sessions_left={report['sessions_left']} exit={report['server_exit_code']}; server RSS MiB "
         f"start={rss['start']:.1f} after_warmup={rss['after_warmup'] or 0:.1f} end={rss['end']:.1f} "
         f"peak={rss['peak']:.1f} slope={report['rss_slope_mb_per_min_after_warmup']:+.2f}/min; "
-        f"ok={report['ok']}"
+        f"{_inside_summary(report.get('server_inside') or {})}"
+        f"{_idle_summary(report.get('server_idle') or {})}ok={report['ok']}"
+    )
+
+
+def _idle_summary(idle: dict[str, Any]) -> str:
+    before, after = idle.get("before") or {}, idle.get("after") or {}
+    if not before or not after:
+        return ""
+    return (
+        f"with no session, before -> after: python blocks {before.get('python_blocks', 0):.0f}->"
+        f"{after.get('python_blocks', 0):.0f}, tasks {before.get('tasks', 0):.0f}->{after.get('tasks', 0):.0f}, "
+        f"records {before.get('records', 0):.0f}->{after.get('records', 0):.0f}; "
+    )
+
+
+def _inside_summary(inside: dict[str, Any]) -> str:
+    if not inside:
+        return ""
+    a, e = inside["after_warmup"], inside["end"]
+
+    def pair(key: str, scale: float = 1.0, fmt: str = ".0f") -> str:
+        return f"{a.get(key, 0) / scale:{fmt}}->{e.get(key, 0) / scale:{fmt}}"
+
+    return (
+        f"inside the server after warm-up -> last sample under load: journal events {pair('journal_events')}, "
+        f"journal MiB {pair('journal_bytes', 1 << 20, '.1f')}, python blocks {pair('python_blocks')}, "
+        f"tasks {pair('tasks')}, records {pair('records')}; "
     )

@@ -441,6 +441,11 @@ class SessionCore:
         return len(self._journal)
 
     @property
+    def journaled_bytes(self) -> int:
+        """What the journal counts against ``journal_max_bytes`` (an estimate, see journal.py)."""
+        return self._journal.bytes
+
+    @property
     def last_seq(self) -> int:
         return self._seq
 

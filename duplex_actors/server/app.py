@@ -176,7 +176,7 @@ class RealtimeServer:
     def __init__(self, runtime: Runtime, config: ServerConfig = ServerConfig()) -> None:
         self.runtime = runtime
         self.config = config
-        self.metrics = ServerMetrics(runtime)
+        self.metrics = ServerMetrics(runtime, records=lambda: len(self._records))
         self._records: dict[str, _SessionRecord] = {}
         self._server: Server | None = None
         self._connections = 0
@@ -204,6 +204,7 @@ class RealtimeServer:
             ping_timeout=self.config.ping_timeout_s,
             close_timeout=2.0,
         )
+        self.runtime.add_close_listener(self._session_closed)
         log.info("server.listening", url=self.url)
         return self
 
@@ -231,6 +232,7 @@ class RealtimeServer:
         await self.aclose()
 
     async def aclose(self) -> None:
+        self.runtime.remove_close_listener(self._session_closed)
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
@@ -439,8 +441,18 @@ class RealtimeServer:
             del self._records[record.handle.id]
         self.quotas.released(record.handle.id)
 
+    def _session_closed(self, session_id: str) -> None:
+        """A session closed. Without a connection (it expired while detached, or was closed
+        from the API) nothing else would drop its record, which holds the session's core and
+        journal: drop it now. An attached connection's writer forgets it after session.closed."""
+        record = self._records.get(session_id)
+        if record is not None and record.attached is None:
+            self._forget(record)
+
     def _sweep(self) -> None:
-        """Drop records of sessions that closed while no connection was attached (expiry)."""
+        """Drop records of sessions that closed while no connection was attached (expiry).
+
+        A backstop: ``_session_closed`` drops them as they close."""
         for session_id, record in list(self._records.items()):
             if record.handle.state == "closed" and record.attached is None:
                 del self._records[session_id]

@@ -11,7 +11,9 @@ share or collide on metrics.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import sys
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -31,8 +33,9 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
 class _RuntimeCollector:
     """Reads the runtime's live state at scrape time."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, records: Callable[[], int]) -> None:
         self._runtime = runtime
+        self._records = records
 
     def describe(self):  # no samples at registration time (the runtime may not run yet)
         return []
@@ -50,12 +53,17 @@ class _RuntimeCollector:
         detached = 0
         depth_total = 0
         depth_max = 0
+        journal_events = 0
+        journal_bytes = 0
         for handle in rt.sessions():
-            if handle.core.lease.detached:
+            core = handle.core
+            if core.lease.detached:
                 detached += 1
             depth = handle.mailbox_statistics().depth
             depth_total += depth
             depth_max = max(depth_max, depth)
+            journal_events += core.journaled_events
+            journal_bytes += core.journaled_bytes
         yield GaugeMetricFamily(
             "duplex_sessions_detached", "Open sessions waiting out their disconnect grace", value=detached
         )
@@ -79,9 +87,37 @@ class _RuntimeCollector:
             requests.add_metric([name], getattr(engine, name))
         yield requests
 
+        # Where a long-running server's memory is: the replay journals hold each session's last
+        # journal_max_age_s of events, so they follow the recent event rate. Memory that grows
+        # while these stay level is a leak; memory that grows with them is the rate (the wire
+        # soak reads both to tell the two apart).
+        journal = GaugeMetricFamily(
+            "duplex_journal", "Events held for replay across all open sessions", labels=["unit"]
+        )
+        journal.add_metric(["events"], journal_events)
+        journal.add_metric(["bytes"], journal_bytes)
+        yield journal
+        yield GaugeMetricFamily(
+            "duplex_server_session_records",
+            "Sessions the websocket server keeps a record of (attached or awaiting resume)",
+            value=self._records(),
+        )
+        yield GaugeMetricFamily(
+            "duplex_python_allocated_blocks",
+            "Memory blocks the Python allocator holds (sys.getallocatedblocks)",
+            value=sys.getallocatedblocks(),
+        )
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped with no running loop (tests calling render directly)
+            tasks = 0
+        yield GaugeMetricFamily(
+            "duplex_event_loop_tasks", "Tasks alive on the server's event loop", value=tasks
+        )
+
 
 class ServerMetrics:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, records: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.connections = Gauge("duplex_connections_open", "Open websocket connections", registry=r)
@@ -130,7 +166,7 @@ class ServerMetrics:
             ["outcome"],
             registry=r,
         )
-        r.register(_RuntimeCollector(runtime))
+        r.register(_RuntimeCollector(runtime, records))
 
     def observe(self, event: ev.ServerEvent) -> None:
         """Count one server event at its first delivery."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 
 pytest.importorskip("websockets")
@@ -66,3 +69,22 @@ async def recv_until(ws, event_type: str, timeout: float = 5.0, limit: int = 500
             if event["type"] == event_type:
                 return out
     raise AssertionError(f"no {event_type} within {limit} events: {[e['type'] for e in out]}")
+
+
+async def http_get(url: str, headers: dict | None = None) -> tuple[int, dict, str]:
+    def fetch():
+        request = urllib.request.Request(url, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, dict(response.headers), response.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read().decode()
+
+    return await anyio.to_thread.run_sync(fetch)
+
+
+def metric_sample(text: str, name: str, labels: str = "") -> float:
+    for line in text.splitlines():
+        if line.startswith(name + labels + " ") or (not labels and line.startswith(name + " ")):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{labels} not in metrics")

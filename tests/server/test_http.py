@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
-import anyio
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from duplex_actors.client import DuplexClient
 
-from .conftest import CHUNK_100MS, recv_json, running_server
+from .conftest import CHUNK_100MS, http_get, recv_json, running_server
+from .conftest import metric_sample as sample
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-
-async def http_get(url: str, headers: dict | None = None) -> tuple[int, dict, str]:
-    def fetch():
-        request = urllib.request.Request(url, headers=headers or {})
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return response.status, dict(response.headers), response.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, dict(err.headers), err.read().decode()
-
-    return await anyio.to_thread.run_sync(fetch)
 
 
 async def test_health_reports_sessions_and_connections(server):
@@ -43,13 +29,6 @@ async def test_health_reports_sessions_and_connections(server):
 async def test_unknown_paths_are_404(server):
     status, _, body = await http_get(server.http_url + "/v2/elsewhere")
     assert status == 404 and "/v1/realtime" in body
-
-
-def sample(text: str, name: str, labels: str = "") -> float:
-    for line in text.splitlines():
-        if line.startswith(name + labels + " ") or (not labels and line.startswith(name + " ")):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name}{labels} not in metrics")
 
 
 async def test_metrics_count_sessions_responses_and_latencies(server):
@@ -73,6 +52,12 @@ async def test_metrics_count_sessions_responses_and_latencies(server):
         assert sample(text, "duplex_mailbox_depth", '{stat="max"}') >= 0
         assert sample(text, "duplex_barge_ins_total") == 0
         assert sample(text, "duplex_engine_requests", '{outcome="submitted"}') == 1
+        # what the wire soak reads to tell journals (the event rate) from a leak
+        assert sample(text, "duplex_journal", '{unit="events"}') >= 10  # this turn's events
+        assert sample(text, "duplex_journal", '{unit="bytes"}') >= 128 * 10
+        assert sample(text, "duplex_server_session_records") == 1
+        assert sample(text, "duplex_python_allocated_blocks") > 1000
+        assert sample(text, "duplex_event_loop_tasks") >= 2  # at least this connection's reader and writer
 
 
 async def test_api_key_is_required_when_configured():
