@@ -32,4 +32,9 @@ def test_wire_soak_short_form_loses_nothing_duplicates_nothing_and_refuses_every
     assert c["hostile_flood"] >= 1 and c["hostile_forge"] >= 1 and c["hostile_poke"] >= 1, c
     assert c["responses_completed"] >= 100, c
     assert report["rss_mb"]["after_warmup"] is not None
+    # The server's own read-out was taken: journals held events while clients talked, and once
+    # every session was gone no record and no extra task was left.
+    inside, idle = report["server_inside"], report["server_idle"]
+    assert inside["after_warmup"]["journal_events"] > 0 and inside["after_warmup"]["records"] > 0, inside
+    assert idle["after"]["records"] == 0 and idle["after"]["tasks"] <= idle["before"]["tasks"], idle
     assert report["ok"], report
