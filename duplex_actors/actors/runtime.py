@@ -95,6 +95,11 @@ class SessionHandle:
     def tell(self, command: cmd.Command) -> None:
         self._actor.tell(command)
 
+    def check(self, command: cmd.Command) -> None:
+        """Raise the refusal the session's chart would answer ``command`` with now; changes
+        nothing (see SessionCore.check). ``ask`` the command afterwards to apply it."""
+        self._actor.core.check(command)
+
     # request/reply: errors are raised here
     async def ask(self, command: cmd.Command, timeout: float | None = 5.0) -> None:
         await self._actor.ask(command, timeout)
@@ -259,10 +264,16 @@ class Runtime:
 
     # -- sessions ---------------------------------------------------------------------------
 
-    async def open_session(self, config: SessionConfig | None = None, **overrides) -> SessionHandle:
-        return self.open_session_nowait(config, **overrides)
+    async def open_session(
+        self, config: SessionConfig | None = None, *, owner: bytes | None = None, **overrides
+    ) -> SessionHandle:
+        return self.open_session_nowait(config, owner=owner, **overrides)
 
-    def open_session_nowait(self, config: SessionConfig | None = None, **overrides) -> SessionHandle:
+    def open_session_nowait(
+        self, config: SessionConfig | None = None, *, owner: bytes | None = None, **overrides
+    ) -> SessionHandle:
+        """Open a session. ``owner``: digest of the API key that opened it (a transport's
+        business); every resume must then present it (the chart's ``resume_key_matches``)."""
         if not self._running:
             raise RuntimeClosed("the runtime is not running (use 'async with Runtime(...)')")
         if len(self._sessions) + self._draining_count() >= self.max_sessions:
@@ -272,7 +283,7 @@ class Runtime:
             if "sampling" in overrides and isinstance(overrides["sampling"], dict):
                 overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
             config = attrs.evolve(config, **overrides)
-        core = SessionCore(self.session_ids(), config, self.clock)
+        core = SessionCore(self.session_ids(), config, self.clock, owner=owner)
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor
         self.opened += 1
@@ -424,8 +435,9 @@ class Runtime:
         expired = 0
         for actor in list(self._sessions.values()):
             core = actor.core
-            reason = core.lease.expiry(now)
-            if reason is not None and not core.closed and actor.expire(reason):
+            # Only a hint: the expiry is queued behind what the session has yet to process
+            # (a resume, say), and the chart decides when it comes to run.
+            if core.lease.expiry(now) is not None and not core.closed and actor.expire():
                 expired += 1
             core.expire_journal()
         return expired

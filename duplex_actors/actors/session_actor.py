@@ -61,10 +61,9 @@ class _Reply:
 
 
 class _Expire:
-    __slots__ = ("reason",)
+    """The reaper saw this session's lease run out; the chart decides when it is processed."""
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+    __slots__ = ()
 
 
 class _ReportError:
@@ -167,12 +166,12 @@ class SessionActor:
         self.mailbox.put(Lane.DATA, _ReportError(error), force=True)
         self.runtime._schedule(self)
 
-    def expire(self, reason: str) -> bool:
+    def expire(self) -> bool:
         """Queue an expiry once; returns whether this call queued it. Never refused."""
         if self._expiring:
             return False
         self._expiring = True
-        self.mailbox.put(Lane.CONTROL, _Expire(reason), force=True)
+        self.mailbox.put(Lane.CONTROL, _Expire(), force=True)
         self.runtime._schedule(self)
         return True
 
@@ -201,11 +200,7 @@ class SessionActor:
                     core.on_engine_output(message)
                 elif isinstance(message, _Expire):
                     self._expiring = False
-                    # The reaper decided before what is queued ahead of this ran: a resume
-                    # processed since renewed the lease, and must not be closed under the client.
-                    reason = core.lease.expiry(core.clock.now())
-                    if not core.closed and reason is not None:
-                        core.expire(reason)
+                    core.expire()  # the chart asks the lease again (lease_expired)
                 else:
                     self._handle_command(*message)
             except Exception as exc:  # a bug in one session fails that session only

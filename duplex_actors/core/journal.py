@@ -68,6 +68,20 @@ class ReplayJournal:
             self._items = None
         return before - len(items)
 
+    def holds_after(self, last_seq: int, now: float) -> bool:
+        """Whether :meth:`since` would find every event after ``last_seq`` at ``now``.
+
+        A pure question (nothing is evicted): the chart asks it before a resume is accepted."""
+        floor = self._evicted_through
+        if self._items is not None:
+            # What since() would age out first: the oldest entries past max_age_s (entries are
+            # in time order, so they are a prefix).
+            for recorded, _, event in self._items:
+                if now - recorded <= self.max_age_s:
+                    break
+                floor = event.seq
+        return last_seq >= floor
+
     def since(self, last_seq: int, now: float) -> list[ServerEvent]:
         """Every held event with seq > last_seq, or ResyncRequired if some were evicted."""
         if self._items is not None:

@@ -9,6 +9,12 @@ Idempotency never skips authentication: a replay is answered from the cache only
 presents the very generation and token the original resume presented (its digest is kept,
 not the token). A ``control_id`` alone is not a credential: it travels in clear and may be
 guessed or replayed, and answering it would hand the new token to whoever sent it.
+
+The lease is a ledger, not the authority: whether a resume is accepted is the statechart's
+decision (core/statechart.py, the ``resume`` rows), made with the pure predicates below
+(:meth:`Lease.replays`, :meth:`Lease.owned_by`, ...). :meth:`Lease.resume` then performs the
+compare-and-swap and rotates the token; it still refuses credentials that do not match, so
+the ledger stays safe even for a caller that skipped the chart.
 """
 
 from __future__ import annotations
@@ -31,10 +37,13 @@ class Lease:
         "generation",
         "token",
         "in_flight",
+        "owner",
         "_last_resume",
     )
 
-    def __init__(self, now: float, idle_ttl: float = 300.0, grace: float = 30.0) -> None:
+    def __init__(
+        self, now: float, idle_ttl: float = 300.0, grace: float = 30.0, owner: bytes | None = None
+    ) -> None:
         self.idle_ttl = idle_ttl
         self.grace = grace
         self.last_activity = now
@@ -42,6 +51,9 @@ class Lease:
         self.generation = 0
         self.token = secrets.token_urlsafe(12)
         self.in_flight = 0
+        #: Digest of the API key that opened the session: resumes must present it (None: the
+        #: session was opened without authentication, and any key resumes it).
+        self.owner = owner
         #: control_id, credentials digest it presented, and the (generation, token) it got
         self._last_resume: tuple[str, bytes, int, str] | None = None
 
@@ -57,17 +69,33 @@ class Lease:
         if self.detached_at is None:
             self.detached_at = now
 
+    # --- pure predicates (the chart's resume guards read these) ------------------------------
+
+    def owned_by(self, key: bytes | None) -> bool:
+        """Whether a client presenting API key digest ``key`` may resume this session."""
+        return self.owner is None or secrets.compare_digest(self.owner, key or b"")
+
+    def replays(self, control_id: str | None, generation: int, token: str) -> bool:
+        """Whether this is the last accepted resume again, with the credentials it presented."""
+        last = self._last_resume
+        return (
+            control_id is not None
+            and last is not None
+            and last[0] == control_id
+            and secrets.compare_digest(_credentials_digest(generation, token), last[1])
+        )
+
+    def token_matches(self, token: str) -> bool:
+        return secrets.compare_digest(token, self.token)
+
+    # --- the ledger ---------------------------------------------------------------------------
+
     def resume(
         self, now: float, generation: int, token: str, control_id: str | None = None
     ) -> tuple[int, str]:
         """Attach again; returns the new (generation, token). Raises ResumeConflict."""
         last = self._last_resume
-        if (
-            control_id is not None
-            and last is not None
-            and last[0] == control_id
-            and secrets.compare_digest(_credentials_digest(generation, token), last[1])
-        ):
+        if last is not None and self.replays(control_id, generation, token):
             # The same resume again (its answer was lost): same answer, and the client is
             # evidently attached, so the grace timer stops. Other credentials with this
             # control_id are no replay: they face the compare-and-swap below like any resume.
@@ -76,7 +104,7 @@ class Lease:
             return last[2], last[3]
         if generation != self.generation:
             raise ResumeConflict(f"lease generation is {self.generation}, resume named {generation}")
-        if not secrets.compare_digest(token, self.token):
+        if not self.token_matches(token):
             raise ResumeConflict("resume token does not match")
         presented = _credentials_digest(generation, token)
         self.generation += 1

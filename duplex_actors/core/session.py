@@ -33,7 +33,6 @@ import attrs
 import structlog
 
 from ..errors import (
-    Backpressure,
     ClientError,
     DuplexError,
     EngineProtocolError,
@@ -56,6 +55,7 @@ from .commands import (
     CreateItem,
     CreateResponse,
     PlaybackAck,
+    Resume,
     TruncateItem,
 )
 from .conversation import ContentPart, Conversation, Item
@@ -205,6 +205,7 @@ class SessionCore:
         clock: Clock = MONOTONIC,
         *,
         chart: CompiledChart = CHART,
+        owner: bytes | None = None,
     ) -> None:
         self.session_id = session_id
         self.config = config or SessionConfig()
@@ -214,7 +215,8 @@ class SessionCore:
         self.turn_id = 0
         self.counters = SessionCounters()
         now = clock.now()
-        self.lease = Lease(now, self.config.idle_ttl_s, self.config.disconnect_grace_s)
+        # owner: digest of the API key that opened the session; resumes must present it.
+        self.lease = Lease(now, self.config.idle_ttl_s, self.config.disconnect_grace_s, owner)
         self._state = "idle"
         self._input = InputBuffer()
         self._input_ms = 0.0  # audio ms received since the session opened (VAD timeline)
@@ -369,10 +371,30 @@ class SessionCore:
         finally:
             self._ctx = {}
 
-    def expire(self, reason: str) -> None:
-        self._ctx = {"now": self.clock.now(), "reason": reason}
+    def expire(self) -> None:
+        """The reaper saw the lease run out: the chart closes the session if it still has
+        (``lease_expired``), with the lease's reason; a lease renewed since is left alone."""
+        now = self.clock.now()
+        self._ctx = {"now": now, "reason": self.lease.expiry(now)}
         try:
             self._fire("expire")
+        finally:
+            self._ctx = {}
+
+    def check(self, command: Command) -> None:
+        """Raise the typed refusal ``command`` would meet now, changing nothing.
+
+        For a shell that must know the chart's answer before an irreversible step of its own:
+        the server pushes an attached connection out only for a resume the chart accepts. The
+        command itself is then handled as usual, and the chart decides again."""
+        trigger = command.TRIGGER
+        self._precheck(command, trigger)
+        self._ctx = {"command": command, "now": self.clock.now()}
+        try:
+            self.chart.resolve(self._state, trigger, self._guard)  # guards are pure
+        except DuplexError as err:
+            err.with_event_id(command.event_id)
+            raise
         finally:
             self._ctx = {}
 
@@ -509,15 +531,6 @@ class SessionCore:
                 raise StaleFence(f"command names epoch {command.epoch}; session is at {self.epoch}")
             if command.epoch > self.epoch:
                 raise FenceAhead(f"command names epoch {command.epoch}; session is only at {self.epoch}")
-        if isinstance(command, AppendAudio):
-            if command.sample_rate != self.config.sample_rate:
-                raise InvalidCommand(
-                    f"audio is {command.sample_rate} Hz; this session takes {self.config.sample_rate} Hz"
-                )
-            if len(self._input) + len(command.pcm) > self.config.max_input_bytes:
-                raise Backpressure(
-                    f"input buffer would exceed {self.config.max_input_bytes} bytes; commit or clear first"
-                )
         call_id = _answered_call(command)
         if call_id is not None and (self._calls is None or call_id not in self._calls):
             raise UnknownFunctionCall(f"no function call with call_id {call_id!r} in this session")
@@ -554,6 +567,52 @@ class SessionCore:
                     break  # the chart chose to keep buffering
 
     # ------------------------------------------------------------------ guards
+    # Pure predicates over the core and the trigger's context: the chart may ask any of them
+    # and, when nothing holds, ask again to name the refusal (statechart.CHECKS). Each one is
+    # defined in every context (a tool may record all of them at every step): asked about a
+    # trigger it does not belong to, it answers from what it has (False for the resume checks).
+
+    def _g_audio_at_session_rate(self) -> bool:
+        return getattr(self._ctx.get("command"), "sample_rate", None) == self.config.sample_rate
+
+    def _g_input_fits(self) -> bool:
+        pcm = getattr(self._ctx.get("command"), "pcm", b"")
+        return len(self._input) + len(pcm) <= self.config.max_input_bytes
+
+    def _resume_command(self) -> Resume | None:
+        command = self._ctx.get("command")
+        return command if isinstance(command, Resume) else None
+
+    def _g_resume_key_matches(self) -> bool:
+        c = self._resume_command()
+        return c is not None and self.lease.owned_by(c.key_digest)
+
+    def _g_replays_last_resume(self) -> bool:
+        c = self._resume_command()
+        return c is not None and self.lease.replays(c.control_id, c.generation, c.resume_token)
+
+    def _g_no_takeover(self) -> bool:
+        c = self._resume_command()
+        return c is not None and not c.takeover
+
+    def _g_resume_generation_current(self) -> bool:
+        c = self._resume_command()
+        return c is not None and c.generation == self.lease.generation
+
+    def _g_resume_token_matches(self) -> bool:
+        c = self._resume_command()
+        return c is not None and self.lease.token_matches(c.resume_token)
+
+    def _g_journal_holds_last_seq(self) -> bool:
+        c = self._resume_command()
+        return c is not None and self._journal.holds_after(c.last_seq, self._now())
+
+    def _g_lease_expired(self) -> bool:
+        return self.lease.expiry(self._now()) is not None
+
+    def _now(self) -> float:
+        now = self._ctx.get("now")
+        return self.clock.now() if now is None else now
 
     def _g_has_buffered_audio(self) -> bool:
         return len(self._input) > 0
@@ -1018,9 +1077,11 @@ class SessionCore:
         self.lease.detach(self._ctx["now"])
 
     def _fx_resume_lease(self) -> None:
+        # The chart accepted it (credentials or a replay of them, and a journal that holds
+        # what the client missed): the lease performs the compare-and-swap.
         cmd = self._ctx["command"]
         now = self._ctx["now"]
-        replay = self._journal.since(cmd.last_seq, now)  # may raise ResyncRequired: no change
+        replay = self._journal.since(cmd.last_seq, now)
         generation, token = self.lease.resume(now, cmd.generation, cmd.resume_token, cmd.control_id)
         self._replay = replay + self._replay
         self._emit(ev.SessionResumed, generation=generation, resume_token=token, replayed=len(replay))

@@ -26,8 +26,16 @@ States
               engine confirms the abort, or straight to responding on a new commit.
   closed      absorbing. Every later command is refused with ``SessionClosed``.
 
-An illegal (state, trigger) pair raises the error named in :data:`REFUSALS` (or
-``IllegalTransition``) and leaves the state untouched.
+Guards come in two kinds. Most *select* a branch (``has_buffered_audio``: listening or
+idle after a commit). Some are *checks*: a condition the trigger must meet at all, declared in
+:data:`CHECKS` with the typed error its failure means (a resume naming a stale lease
+generation is a ``ResumeConflict``, one whose missed events the journal no longer holds is
+``ResyncRequired``). When no branch of a (state, trigger) holds, the refusal is named by the
+first failing check in row order, where each row's guards are read left to right and stop at
+its first failing guard (so a check behind a failing selector never speaks: a resume with
+wrong credentials learns nothing about the journal); with no failing check it is the error
+:data:`REFUSALS` names for the pair, else ``IllegalTransition``. Either way the state and
+everything else is left untouched: guards are pure predicates over the session core.
 """
 
 from __future__ import annotations
@@ -39,11 +47,16 @@ import attrs
 from transitions import Machine
 
 from ..errors import (
+    Backpressure,
+    DuplexError,
     IllegalTransition,
     InputBufferEmpty,
+    InvalidCommand,
     NoActiveResponse,
     ResponseInProgress,
     ResponseNotFound,
+    ResumeConflict,
+    ResyncRequired,
     SessionClosed,
 )
 
@@ -103,11 +116,43 @@ def row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
 
 _row = row  # short, for the table below
 
+
+@attrs.frozen(slots=True)
+class Check:
+    """What the failure of a checking guard means: the typed refusal and what the client reads."""
+
+    error: type[DuplexError]
+    message: str
+
+    def refusal(self, state: str, trigger: str) -> DuplexError:
+        if issubclass(self.error, IllegalTransition):
+            return self.error(state, trigger, self.message)
+        return self.error(self.message)
+
+
+#: The checking guards (module docstring): each one's failure is refused with its own error.
+#: Every other guard only selects a branch.
+CHECKS: Mapping[str, Check] = {
+    "audio_at_session_rate": Check(InvalidCommand, "the audio is not at this session's sample rate"),
+    "input_fits": Check(Backpressure, "the input buffer would exceed max_input_bytes; commit or clear first"),
+    "resume_key_matches": Check(ResumeConflict, "this session was opened with another API key"),
+    "resume_generation_current": Check(
+        ResumeConflict, "the resume names a lease generation that is not the current one"
+    ),
+    "resume_token_matches": Check(ResumeConflict, "the resume token does not match"),
+    "journal_holds_last_seq": Check(
+        ResyncRequired, "the journal no longer holds every event after last_seq: open a new session"
+    ),
+}
+
+APPEND_CHECKS = ["audio_at_session_rate", "input_fits"]
+
 # Rows are tried in order for a (state, trigger): the first whose guards hold wins.
 TRANSITIONS = [
     # --- user audio -------------------------------------------------------------------------
-    _row("append", IDLE, LISTENING, ["buffer_audio"]),
-    _row("append", [LISTENING, RESPONDING, BARGE_IN], SAME, ["buffer_audio"]),
+    # Audio at another rate is refused here, once, for every shell (the server's VAD included).
+    _row("append", IDLE, LISTENING, ["buffer_audio"], conditions=APPEND_CHECKS),
+    _row("append", [LISTENING, RESPONDING, BARGE_IN], SAME, ["buffer_audio"], conditions=APPEND_CHECKS),
     # Model-native mode: a full audio unit goes to the model, which decides listen or speak.
     _row("unit_ready", LISTENING, SAME, ["submit_unit"], conditions=["model_native"]),
     _row("unit_ready", [IDLE, RESPONDING, BARGE_IN], SAME),  # keep buffering; nothing to ask
@@ -201,7 +246,29 @@ TRANSITIONS = [
     _row("heartbeat", OPEN_STATES, SAME, ["touch_lease"]),
     _row("playback_ack", OPEN_STATES, SAME, ["record_playback"]),
     _row("detach", OPEN_STATES, SAME, ["detach_lease"]),
-    _row("resume", OPEN_STATES, SAME, ["resume_lease"]),
+    # Resume: the API key first, then the credentials, then the journal, so a resume that
+    # fails authentication learns nothing about the session. The same resume replayed (its
+    # answer was lost) gets the same answer; pushing out a transport that is still attached
+    # takes the current credentials, never a replay. The lease performs the compare-and-swap.
+    _row(
+        "resume",
+        OPEN_STATES,
+        SAME,
+        ["resume_lease"],
+        conditions=["resume_key_matches", "replays_last_resume", "no_takeover", "journal_holds_last_seq"],
+    ),
+    _row(
+        "resume",
+        OPEN_STATES,
+        SAME,
+        ["resume_lease"],
+        conditions=[
+            "resume_key_matches",
+            "resume_generation_current",
+            "resume_token_matches",
+            "journal_holds_last_seq",
+        ],
+    ),
     _row("update", OPEN_STATES, SAME, ["apply_session_update"]),
     # A function's output joins the conversation for the next model turn; it starts nothing.
     _row("function_output", OPEN_STATES, SAME, ["record_function_output"]),
@@ -211,7 +278,11 @@ TRANSITIONS = [
     _row("transcript", CLOSED, SAME),
     _row("close", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("close", CLOSED, SAME),  # closing twice is harmless
-    _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION),
+    # The reaper queues an expiry when it sees a lease run out; by the time it is processed a
+    # resume or any activity queued before it may have renewed the lease, so the chart asks
+    # the lease again: a stale expiry changes nothing.
+    _row("expire", OPEN_STATES, CLOSED, CLOSE_SESSION, conditions=["lease_expired"]),
+    _row("expire", OPEN_STATES, SAME),
     _row("fail", OPEN_STATES, CLOSED, CLOSE_SESSION),  # the session actor itself crashed
     # The declared slow-consumer policy: rather than grow without bound or drop events
     # silently, a session whose client stopped reading closes (its terminals still fit).
@@ -330,17 +401,48 @@ WHY = {
     "heartbeat": "keeps the lease alive",
     "playback_ack": "the client reports what it really played, so history keeps only heard text",
     "detach": "the transport dropped; the session waits out its grace period",
-    "resume": "the client came back within the grace period",
+    "resume": (
+        "the client came back within the grace period: from the API key that opened the session, "
+        "with the current generation and token (or replaying the last resume, unless that would "
+        "push out an attached transport), and the journal still holds what it missed"
+    ),
     "update": "session.update changes the session's settings",
     "transcript": "the recogniser finished a committed turn's transcript (off the event loop); "
     "sent unless closed",
     "function_output": "a function_call_output item answers a function call; the next model turn receives it",
     "close": "close from any state; closing twice is harmless",
     "expire": (
-        "the lease expired (idle TTL or disconnect grace): close with that reason; nothing to do once closed"
+        "the reaper saw the lease expire (idle TTL or disconnect grace): close with that reason if it "
+        "still has (a resume queued first renewed it); nothing to do once closed"
     ),
     "fail": "the session's own actor failed: close only this session; nothing to do once closed",
     "outbox_overflow": "the client stopped reading and an event did not fit: close as slow_consumer",
+}
+
+
+# What each guard (``SessionCore._g_<name>``) holds on, for the generated design review.
+GUARD_DOCS = {
+    "audio_at_session_rate": "the appended audio is at the session's sample rate",
+    "input_fits": "the appended audio fits in the input buffer (max_input_bytes)",
+    "has_buffered_audio": "user audio is buffered (not yet committed)",
+    "auto_respond": "server VAD's end of speech starts a response (turn_detection.create_response)",
+    "server_vad": "server VAD decides the end of the user's turn",
+    "model_native": "model-native duplex: the model decides listen or speak per audio unit",
+    "respond_on_commit": "a client commit starts a response too (embedders; off for Realtime clients)",
+    "names_active_response": "the cancel names no response, or the active one",
+    "response_begun": "response.created went out for the active turn",
+    "aborts_settled": "no aborted request is outstanding besides the one whose end is confirmed",
+    "overlap_is_interruption": "the overlap policy calls the speech over the response an interruption",
+    "resume_key_matches": "the resume presents the API key that opened the session (or none was bound)",
+    "replays_last_resume": (
+        "the resume carries the control id of the last accepted resume and the generation and token "
+        "that resume carried (a control id alone is no credential)"
+    ),
+    "no_takeover": "the resume would not push out a transport that is still attached",
+    "resume_generation_current": "the resume names the lease's current generation",
+    "resume_token_matches": "the resume presents the lease's current token",
+    "journal_holds_last_seq": "the replay journal still holds every event after the resume's last_seq",
+    "lease_expired": "the lease has run out now (disconnect grace, or idle TTL with no turn in flight)",
 }
 
 
@@ -401,13 +503,36 @@ class CompiledChart:
         branches = self._resolved.get((state, trigger))
         if branches is not None:
             for guards, resolution in branches:
-                if not guards or all(guard(name) is want for name, want in guards):
+                for name, want in guards:
+                    if guard(name) is not want:
+                        break
+                else:
                     return resolution
-        raise refusal(state, trigger)
+        raise self.refusal(state, trigger, guard)
+
+    def refusal(self, state: str, trigger: str, guard: Callable[[str], bool] | None = None) -> DuplexError:
+        """The error a (state, trigger) with no branch holding is refused with (module doc)."""
+        if guard is not None:
+            name = first_failing_check(self.table.get((state, trigger), ()), guard)
+            if name is not None:
+                return CHECKS[name].refusal(state, trigger)
+        return refusal(state, trigger)
 
 
 def refusal(state: str, trigger: str) -> IllegalTransition:
+    """The error a pair with no transition at all (or no failing check) is refused with."""
     return REFUSALS.get((state, trigger), IllegalTransition)(state, trigger)
+
+
+def first_failing_check(branches, guard: Callable[[str], bool]) -> str | None:
+    """The checking guard that names the refusal when none of ``branches`` holds, or None."""
+    for branch in branches:
+        for name, want in branch.guards:
+            if guard(name) is not want:
+                if want and name in CHECKS:  # a check is always a condition, never an unless
+                    return name
+                break
+    return None
 
 
 def compile_chart(machine: Machine) -> CompiledChart:

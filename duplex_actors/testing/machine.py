@@ -73,8 +73,19 @@ from . import strategies as dst
 from .model import CLOSED, EventStreamChecker, Expectation, SessionModel
 
 #: A session config that makes the interesting paths reachable in a few dozen steps: a small
-#: input bound (backpressure) and a short overlap threshold (barge-in by speech).
-TEST_CONFIG = SessionConfig(max_input_bytes=16000 * 2 * 2, min_interruption_ms=300)
+#: input bound (backpressure), a short overlap threshold (barge-in by speech), and a lease and
+#: journal that run out within a run (expiry, ResyncRequired).
+TEST_CONFIG = SessionConfig(
+    max_input_bytes=16000 * 2 * 2,
+    min_interruption_ms=300,
+    idle_ttl_s=20.0,
+    disconnect_grace_s=10.0,
+    journal_max_events=24,
+    journal_max_age_s=30.0,
+)
+
+#: The API key digest the machines' sessions are bound to (as the server binds them).
+OWNER_KEY = b"owner key digest"
 
 _ANY_OUTPUT = dst.engine_output_specs()
 _TERMINAL_OUTPUT = dst.engine_output_specs(terminal=True)
@@ -161,6 +172,10 @@ def _snapshot(core: SessionCore) -> tuple:
         tuple(counters.items()),
         core.lease.in_flight,
         core.lease.last_activity,
+        core.lease.generation,
+        core.lease.token,
+        core.lease.detached_at,
+        core.journaled_events,
         core.close_reason,
     )
 
@@ -181,7 +196,17 @@ class SessionCoreMachine(RuleBasedStateMachine):
         self.clock = ManualClock(1000.0)
         config = self.session_config()
         self.core = self.make_core(self.session_id, config, self.clock)
+        # The session is bound to the API key that opened it (as the server binds it).
+        self.core.lease.owner = OWNER_KEY
         self.model = self.make_model(self.session_id, config)
+        self.model.owner = OWNER_KEY
+        self.model.token = self.core.lease.token  # what session.created told the client
+        self.model.last_activity = self.clock.now()
+        #: Every event the client was handed, by seq; the replays a resume still owes it.
+        self.received: dict[int, Any] = {}
+        self.owed_replay: list[int] = []
+        #: (control_id, generation, token) of the last accepted resume that had a control_id.
+        self.last_resume: tuple[str, int, str] | None = None
         self.checker = EventStreamChecker()
         self.reading = True  # the client reads events after every step (a slow one does not)
         self.last_epoch = 0
@@ -318,9 +343,76 @@ class SessionCoreMachine(RuleBasedStateMachine):
         rid = pool[data.draw(st.integers(0, len(pool) - 1), label="index")] if pool else unknown
         self.feed(data.draw(_ANY_OUTPUT, label="output")(rid))
 
+    # -- rules: the lease -------------------------------------------------------------------
+
+    @rule()
+    def detach(self):
+        self.send(cmd.Detach(event_id=f"c{self.steps}"))
+
+    @rule(
+        credentials=st.sampled_from(
+            ("current", "current", "stale_generation", "wrong_token", "replay", "replay_forged")
+        ),
+        key=st.sampled_from(("owner", "owner", "other", "none")),
+        missed=st.sampled_from(("nothing", "some", "everything")),
+        control_id=st.sampled_from((None, "ctl-1", "ctl-2")),
+        takeover=st.booleans(),
+    )
+    def resume(self, credentials, key, missed, control_id, takeover):
+        generation, token = self.core.lease.generation, self.model.token or "?"
+        if credentials == "stale_generation":
+            generation = max(generation - 1, 0) if generation else generation + 1
+        elif credentials == "wrong_token":
+            token = "not-the-token"
+        elif credentials.startswith("replay") and self.last_resume is not None:
+            control_id, generation, token = self.last_resume
+            if credentials == "replay_forged":
+                token = "forged"
+        seen = max(self.received, default=0)
+        last_seq = {"nothing": seen, "some": seen // 2, "everything": 0}[missed]
+        command = cmd.Resume(
+            generation=generation,
+            resume_token=token,
+            last_seq=last_seq,
+            control_id=control_id,
+            key_digest={"owner": OWNER_KEY, "other": b"another key", "none": None}[key],
+            takeover=takeover,
+            event_id=f"c{self.steps}",
+        )
+        lease_before = (self.core.lease.generation, self.core.lease.token)
+        exp = self.send(command)
+        if not exp.resumed:
+            return
+        if exp.replayed_resume:
+            # The same answer again: nothing rotates.
+            assert (self.core.lease.generation, self.core.lease.token) == lease_before, (
+                "a replayed resume moved the lease"
+            )
+        else:
+            assert self.core.lease.token != lease_before[1], "an accepted resume kept the old token"
+            self.model.learn_token(self.core.lease.token)
+            if control_id is not None:
+                self.last_resume = (control_id, generation, token)
+        # The journal's events after last_seq are re-sent, ahead of anything still pending.
+        self.owed_replay = exp.replay_seqs + self.owed_replay
+
+    @rule()
+    def reaper(self):
+        """The reaper's expiry is processed now: only a lease that has run out closes."""
+        core = self.core
+        where = f"expiry in state {core.state}"
+        before = _snapshot(core)
+        exp = self.model.expire(self.clock.now())
+        core.expire()
+        actions = core.take_actions()
+        if not exp.terminals:  # the lease holds (or the session is closed): a stale expiry
+            assert _snapshot(core) == before, f"{where}: a stale expiry changed the session"
+        _check_actions(actions, exp, where)
+        self._after(exp, where)
+
     # -- rules: time and the client ---------------------------------------------------------
 
-    @rule(dt=st.sampled_from((0.0, 0.001, 0.02, 0.25, 1.5)))
+    @rule(dt=st.sampled_from((0.0, 0.001, 0.02, 0.25, 1.5, 12.0)))
     def advance_clock(self, dt):
         self.clock.advance(dt)
 
@@ -354,7 +446,19 @@ class SessionCoreMachine(RuleBasedStateMachine):
     def event_stream(self):
         if not self.reading:
             return
-        self.checker.feed(self.core.take_events())
+        events = self.core.take_events()
+        # A resume re-sends the journaled events the client said it missed, first and in
+        # order; a client drops what it already has (seq not above the highest it holds).
+        replayed = [e for e in events if e.seq in self.received]
+        assert [e.seq for e in replayed] == self.owed_replay, (
+            f"resume replayed seqs {[e.seq for e in replayed]}, expected {self.owed_replay}"
+        )
+        assert all(e is self.received[e.seq] for e in replayed), "a replay re-sent another event"
+        self.owed_replay = []
+        fresh = [e for e in events if e.seq not in self.received]
+        self.received.update((e.seq, e) for e in fresh)
+        self.model.journaled(fresh, self.clock.now())
+        self.checker.feed(fresh)
         assert self.checker.terminals == self.model.terminals, (
             f"terminal events differ from the model:\n  got      {self.checker.terminals}\n"
             f"  expected {self.model.terminals}"
@@ -429,8 +533,10 @@ class _TracingCore(SessionCore):
     def on_engine_output(self, output):
         return self._record("output", output, lambda: SessionCore.on_engine_output(self, output))
 
-    def expire(self, reason):
-        return self._record("expire", reason, lambda: SessionCore.expire(self, reason))
+    def expire(self):
+        # Recorded with what the lease said when the expiry ran: the model closes only then.
+        verdict = self.lease.expiry(self.clock.now())
+        return self._record("expire", verdict, lambda: SessionCore.expire(self))
 
     def fail(self, reason="session_failed"):
         return self._record("fail", reason, lambda: SessionCore.fail(self, reason))
@@ -786,7 +892,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         if entry.kind == "fail":
             raise AssertionError(f"the session failed ({entry.item}): an internal error in the runtime")
         if entry.kind == "expire":
-            exp = self.model.close(entry.item)
+            exp = self.model.lease_ran_out(entry.item)
         elif entry.kind == "command":
             if entry.error is not None and not isinstance(entry.error, DuplexError):
                 raise AssertionError(f"{where}: the session raised {entry.error!r}") from entry.error
@@ -879,7 +985,10 @@ class RuntimeMachine(RuleBasedStateMachine):
                 for e in self.trace.entries
                 if self.model.state == CLOSED
                 and e.kind in ("command", "expire")
-                and (e.kind == "expire" or (e.item.TRIGGER == "close" and e.error is None))
+                and (
+                    (e.kind == "expire" and e.item is not None)
+                    or (e.kind == "command" and e.item.TRIGGER == "close" and e.error is None)
+                )
             ),
             None,
         )

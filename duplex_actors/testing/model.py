@@ -7,8 +7,12 @@ written from the domain rules, not from the statechart table, so a state machine
 compares the two can fail when the chart (or the code behind it) is wrong. It covers the
 cascaded mode (``model_native=False``), with or without ``respond_on_commit`` (OpenAI's GA
 contract: a commit only adds audio to the conversation; committing during a response is
-allowed), response.created at acceptance, cancels that name a response, and the overlap
-policy (speech over a response longer than ``min_interruption_ms`` is a barge-in).
+allowed), response.created at acceptance, cancels that name a response, the overlap
+policy (speech over a response longer than ``min_interruption_ms`` is a barge-in), and the
+lease: detach, resume (the API key that opened the session, the current generation and
+token or a replay of the last resume's, the journal still holding what the client missed) and
+expiry (disconnect grace, idle TTL with no turn in flight; an expiry the lease no longer
+supports changes nothing).
 
 :class:`EventStreamChecker` watches the events a client receives, in order, and raises
 ``AssertionError`` on the first one that breaks a stream invariant (one active response;
@@ -48,6 +52,8 @@ from ..errors import (
     NoActiveResponse,
     ResponseInProgress,
     ResponseNotFound,
+    ResumeConflict,
+    ResyncRequired,
     SessionClosed,
     StaleFence,
 )
@@ -73,6 +79,11 @@ class Expectation:
     invalid: bool = False
     #: the ledger must be empty after this input (end of response, barge-in, close).
     timing_reset: bool = False
+    #: an accepted resume: whether it was the replay of the last one (same answer, no rotation)
+    #: and the journaled seqs it must re-send.
+    resumed: bool = False
+    replayed_resume: bool = False
+    replay_seqs: list[int] = attrs.Factory(list)
 
 
 @attrs.define
@@ -100,7 +111,18 @@ class ModelResponse:
 class SessionModel:
     """The expected behaviour of one session, fed the same inputs as the real one."""
 
-    def __init__(self, session_id: str, config: SessionConfig | None = None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        config: SessionConfig | None = None,
+        *,
+        opened_at: float | None = None,
+        owner: bytes | None = None,
+        token: str | None = None,
+    ) -> None:
+        """``opened_at`` (the clock when the session opened) lets the model decide expiries
+        itself; ``owner`` is the API key digest the session is bound to; ``token`` the resume
+        token of session.created (random, so the model is told it, as the client is)."""
         self.config = config or SessionConfig()
         if self.config.model_native:
             raise NotImplementedError("SessionModel covers the cascaded mode (model_native=False)")
@@ -127,6 +149,18 @@ class SessionModel:
         #: TTFT / TTFP (ms) each response must report, when the inputs carried times.
         self.ttft: dict[str, float] = {}
         self.ttfp: dict[str, float] = {}
+        # The lease, from the domain rules (docs/architecture.md, core/lease.py's docstring).
+        self.owner = owner
+        self.generation = 0
+        self.token = token  # None after a rotation until the client learns the new one
+        #: (control_id, generation, token) the last accepted resume with a control_id presented
+        self.last_resume: tuple[str, int, str | None] | None = None
+        self.detached_at: float | None = None
+        self.last_activity = opened_at
+        #: The replay journal: (taken at, seq, size) of every event handed to the client and
+        #: still held, and the highest seq no longer held.
+        self.journal: list[tuple[float, int, int]] = []
+        self.evicted_through = 0
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -149,7 +183,90 @@ class SessionModel:
             raise NotImplementedError(f"SessionModel does not model {trigger!r}")
         handler(command, exp, now)
         self.terminals.extend(exp.terminals)
+        if exp.error is None and self.state != CLOSED:
+            self._touch(now)  # every accepted command is activity
         return exp
+
+    # -- the lease and the journal ----------------------------------------------------------
+
+    def _touch(self, now: float | None) -> None:
+        if now is not None and self.last_activity is not None and now > self.last_activity:
+            self.last_activity = now
+
+    def lease_expiry(self, now: float) -> str | None:
+        """Why the lease has run out at ``now`` (None while it holds)."""
+        if self.last_activity is None:
+            raise NotImplementedError("the model was built without opened_at: it cannot time the lease")
+        if self.detached_at is not None and now - self.detached_at >= self.config.disconnect_grace_s:
+            return "disconnect_grace_expired"
+        if self.turn_request is None and now - self.last_activity >= self.config.idle_ttl_s:
+            return "idle_ttl_expired"
+        return None
+
+    def expire(self, now: float) -> Expectation:
+        """The reaper's expiry is processed at ``now``: it closes only a lease that ran out."""
+        return self.lease_ran_out(None if self.state == CLOSED else self.lease_expiry(now))
+
+    def lease_ran_out(self, reason: str | None) -> Expectation:
+        """An expiry processed when the lease said ``reason`` (None: it holds, nothing happens)."""
+        exp = Expectation("expire")
+        if reason is not None and self.state != CLOSED:
+            self._close(exp, reason)
+            self.terminals.extend(exp.terminals)
+        return exp
+
+    def journaled(self, events, now: float) -> None:
+        """The client was handed ``events`` at ``now``: each is journaled, the oldest forgotten
+        past ``journal_max_events`` / ``journal_max_bytes`` (128 bytes plus its audio each)."""
+        for e in events:
+            pcm = getattr(e, "pcm", None)
+            self.journal.append((now, e.seq, 128 + (len(pcm) if pcm is not None else 0)))
+            self._age_journal(now)
+
+    def _age_journal(self, now: float) -> None:
+        c = self.config
+        while self.journal and (
+            len(self.journal) > c.journal_max_events
+            or sum(size for _, _, size in self.journal) > c.journal_max_bytes
+            or now - self.journal[0][0] > c.journal_max_age_s
+        ):
+            self.evicted_through = self.journal.pop(0)[1]
+
+    def learn_token(self, token: str) -> None:
+        """The client read its new resume token from session.resumed."""
+        self.token = token
+
+    def _c_detach(self, c, exp, now) -> None:
+        if self.detached_at is None:
+            self.detached_at = now
+
+    def _c_resume(self, c, exp, now) -> None:
+        # Authentication first (the key, then the credentials), then the journal.
+        if self.owner is not None and c.key_digest != self.owner:
+            exp.error = ResumeConflict
+            return
+        last = self.last_resume
+        replay = (
+            last is not None
+            and c.control_id == last[0]
+            and (c.generation, c.resume_token) == last[1:]
+            and not c.takeover  # pushing an attached connection out takes current credentials
+        )
+        if not replay and (c.generation != self.generation or c.resume_token != self.token):
+            exp.error = ResumeConflict
+            return
+        self._age_journal(now)
+        if c.last_seq < self.evicted_through:
+            exp.error = ResyncRequired
+            return
+        exp.resumed, exp.replayed_resume = True, replay
+        exp.replay_seqs = [seq for _, seq, _ in self.journal if seq > c.last_seq]
+        if not replay:
+            if c.control_id is not None:
+                self.last_resume = (c.control_id, c.generation, c.resume_token)
+            self.generation += 1
+            self.token = None  # rotated: the client learns it from session.resumed
+        self.detached_at = None
 
     def _c_append(self, c, exp, now) -> None:
         if c.sample_rate != self.config.sample_rate:
@@ -253,7 +370,7 @@ class SessionModel:
         self._close(exp, c.reason)
 
     def close(self, reason: str) -> Expectation:
-        """The session closed for a reason of its own (expiry, failure)."""
+        """The session closed for a reason of its own (a failure)."""
         exp = Expectation("close")
         if self.state != CLOSED:
             self._close(exp, reason)
@@ -299,6 +416,8 @@ class SessionModel:
         else:
             exp.stale = True
             self.stale_outputs += 1
+        if self.state != CLOSED:
+            self._touch(now)  # model output is activity too (stale or not)
         # A request of a cancelled epoch ended: once all have, barge_in is left.
         if rid in self.aborting and _terminal_for(output):
             self.aborting.discard(rid)
@@ -399,6 +518,10 @@ class SessionModel:
         same("invalid outputs counted", core.counters.invalid_outputs, self.invalid_outputs)
         # The ledger holds something exactly while a model turn is in flight.
         same("timing ledger empty", core.timing.is_empty, self.state != RESPONDING)
+        same("lease generation", core.lease.generation, self.generation)
+        same("lease detached", core.lease.detached, self.detached_at is not None)
+        if self.token is not None:
+            same("resume token", core.lease.token, self.token)
         return out
 
 

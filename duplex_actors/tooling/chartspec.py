@@ -77,6 +77,9 @@ class ChartSpec:
     default_refusal: str | None = None
     #: Who raises each trigger (client, engine, self), where the chart declares it.
     origins: Mapping[str, str] = attrs.field(factory=dict)
+    #: Checking guards: guard -> the error its failure is refused with, when no branch holds
+    #: (the first failing check in row order names it; see core/statechart.py).
+    guard_refusals: Mapping[str, str] = attrs.field(factory=dict)
 
     def edges_from(self, state: str) -> tuple[Edge, ...]:
         return tuple(e for e in self.edges if e.source == state)
@@ -95,14 +98,27 @@ class ChartSpec:
         return None
 
     def refused(self, state: str) -> list[tuple[str, bool, str | None]]:
-        """``(trigger, only_when_no_guard_holds, error)`` for each trigger ``state`` may refuse."""
+        """``(trigger, only_when_no_guard_holds, error)`` for each trigger ``state`` may refuse
+        without a failing check (see :meth:`check_refusals` for those)."""
         out = []
         for trigger in self.triggers:
             branches = self.branches(state, trigger)
             if branches and any(not b.guards for b in branches):
                 continue  # an unguarded branch always applies
+            if branches and any(all(n in self.guard_refusals for n, _ in b.guards) for b in branches):
+                continue  # a branch made only of checks: when it fails, one of them names the error
             error = self.refusals.get((state, trigger), self.default_refusal)
             out.append((trigger, bool(branches), error))
+        return out
+
+    def check_refusals(self, state: str, trigger: str) -> list[tuple[tuple[tuple[str, bool], ...], str, str]]:
+        """``(guards that held, failing check, error)`` in the order the refusal rule reads them:
+        each branch's guards left to right, a check failing while the guards before it held."""
+        out = []
+        for edge in self.branches(state, trigger):
+            for i, (name, want) in enumerate(edge.guards):
+                if want and name in self.guard_refusals:
+                    out.append((edge.guards[:i], name, self.guard_refusals[name]))
         return out
 
     def table(self) -> dict[tuple[str, str], tuple[tuple[str, tuple, tuple], ...]]:
@@ -124,6 +140,7 @@ def spec_from_machine(
     refusals: Mapping[tuple[str, str], str] | None = None,
     default_refusal: str | None = None,
     origins: Mapping[str, str] | None = None,
+    guard_refusals: Mapping[str, str] | None = None,
 ) -> ChartSpec:
     """Read a transitions Machine back into a :class:`ChartSpec` (it is never written by hand)."""
     states = tuple(machine.states.keys())
@@ -160,6 +177,7 @@ def spec_from_machine(
         refusals=dict(refusals or {}),
         default_refusal=default_refusal,
         origins=dict(origins or {}),
+        guard_refusals=dict(guard_refusals or {}),
     )
 
 

@@ -70,7 +70,9 @@ def to_scxml(spec: ChartSpec) -> str:
             ET.SubElement(datamodel, _q("data"), {"id": guard, "expr": INITIAL_GUARD_VALUE})
     for state in spec.states:
         edges = spec.edges_from(state)
-        refusable = any(error for _, _, error in spec.refused(state))
+        refusable = any(error for _, _, error in spec.refused(state)) or any(
+            spec.check_refusals(state, t) for t in spec.triggers
+        )
         element = ET.SubElement(root, _q("state" if edges or refusable else "final"), {"id": state})
         doc = spec.state_docs.get(state)
         if doc:
@@ -87,6 +89,11 @@ def to_scxml(spec: ChartSpec) -> str:
                 transition = ET.SubElement(element, _q("transition"), attributes)
                 for effect in edge.effects:
                     ET.SubElement(transition, _q("log"), {"label": EFFECT_LABEL, "expr": f"'{effect}'"})
+            # Checks refuse in the order the chart reads them (the guards before each one held).
+            for held, check, error in spec.check_refusals(state, trigger):
+                cond = cond_expression((*held, (check, False)))
+                transition = ET.SubElement(element, _q("transition"), {"event": trigger, "cond": cond or ""})
+                ET.SubElement(transition, _q("log"), {"label": REFUSAL_LABEL, "expr": f"'{error}'"})
             if trigger in refusals:
                 transition = ET.SubElement(element, _q("transition"), {"event": trigger})
                 ET.SubElement(
@@ -213,7 +220,9 @@ def validate_scxml(text: str, spec: ChartSpec | None = None) -> list[str]:
 
     if spec is not None:
         finals = {i for i, kind in ids.items() if kind == "final"}
-        refusal_count = sum(1 for s in spec.states for _, _, error in spec.refused(s) if error)
+        refusal_count = sum(1 for s in spec.states for _, _, error in spec.refused(s) if error) + sum(
+            len(spec.check_refusals(s, t)) for s in spec.states for t in spec.triggers
+        )
         want_finals = {
             s
             for s in spec.states

@@ -70,6 +70,8 @@ def _session_spec() -> ChartSpec:
         refusals=refusals,
         default_refusal="IllegalTransition",
         origins={trigger: origin.value for trigger, origin in session_chart.TRIGGER_ORIGINS.items()},
+        guard_docs=session_chart.GUARD_DOCS,
+        guard_refusals={name: check.error.__name__ for name, check in session_chart.CHECKS.items()},
     )
 
 
@@ -252,7 +254,14 @@ def to_json(chart: ChartSpec) -> str:
             }
             for t in chart.triggers
         ],
-        "guards": [{"name": g, "doc": chart.guard_docs.get(g, "")} for g in chart.guards],
+        "guards": [
+            {
+                "name": g,
+                "doc": chart.guard_docs.get(g, ""),
+                **({"refusal": chart.guard_refusals[g]} if g in chart.guard_refusals else {}),
+            }
+            for g in chart.guards
+        ],
         "transitions": [
             {
                 "source": e.source,
@@ -343,7 +352,24 @@ def review_markdown() -> str:
                 "| --- | --- |",
             ]
             out += [f"| `{t}` | {chart.origins.get(t, '')} |" for t in chart.triggers]
-        if chart.guard_docs:
+        if chart.guard_docs and chart.guard_refusals:
+            out += [
+                "",
+                "### Guards",
+                "",
+                "A guard with an error in the last column is a check: when no branch holds, the",
+                "first check that failed (in row order, each row read up to its first failing guard)",
+                "names the refusal.",
+                "",
+                "| guard | holds when | refused with when it fails |",
+                "| --- | --- | --- |",
+            ]
+            for g in chart.guards:
+                error = chart.guard_refusals.get(g)
+                out.append(
+                    f"| `{g}` | {_cell(chart.guard_docs.get(g, ''))} | {f'`{error}`' if error else '–'} |"
+                )
+        elif chart.guard_docs:
             out += ["", "### Guards", "", "| guard | holds when |", "| --- | --- |"]
             out += [f"| `{g}` | {_cell(chart.guard_docs.get(g, ''))} |" for g in chart.guards]
         out += [
@@ -377,6 +403,11 @@ def review_markdown() -> str:
                     if error:
                         suffix = " (no guard holds)" if partial else ""
                         by_error.setdefault(error, []).append(f"`{trigger}`{suffix}")
+                for trigger in chart.triggers:
+                    for _, check, error in chart.check_refusals(state, trigger):
+                        entry = f"`{trigger}` (`{check}` fails)"
+                        if entry not in by_error.get(error, []):
+                            by_error.setdefault(error, []).append(entry)
                 for error, triggers in by_error.items():
                     out.append(f"| `{state}` | {', '.join(triggers)} | `{error}` |")
         out.append("")

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transitions import MachineError
 
-from duplex_actors.core.statechart import CHART, GUARDS, MACHINE, REFUSALS, TRIGGERS
-from duplex_actors.errors import IllegalTransition
+from duplex_actors.core.statechart import CHART, CHECKS, GUARDS, MACHINE, REFUSALS, TRIGGERS
+from duplex_actors.errors import DuplexError, IllegalTransition
 
 
 class _Model:
@@ -26,6 +26,18 @@ class _Model:
         if name.startswith(("trigger", "to_", "may_", "is_")) or name in TRIGGERS:
             raise AttributeError(name)
         return lambda *a, **k: self.effects.append(name)
+
+
+def _machine_refusal(source: str, trigger: str, guards: dict) -> type:
+    """The refusal rule of core/statechart.py, read off the Machine's own transitions: each row
+    read up to its first failing condition; the first failing check names the error."""
+    for transition in MACHINE.events[trigger].transitions.get(source, []):
+        for condition in transition.conditions:
+            if guards[condition.func] is not bool(condition.target):
+                if condition.target and condition.func in CHECKS:
+                    return CHECKS[condition.func].error
+                break
+    return REFUSALS.get((source, trigger), IllegalTransition)
 
 
 steps = st.lists(
@@ -50,16 +62,18 @@ def test_machine_and_compiled_table_agree(sequence):
                 machine_outcome = ("ok", model.state, tuple(model.effects)) if took else ("refused",)
             except MachineError:
                 machine_outcome = ("refused",)
-            # What the Machine refused, the table must refuse with the error REFUSALS declares
-            # for the Machine's own state (IllegalTransition where it declares none).
-            expected_error = REFUSALS.get((machine_source, trigger), IllegalTransition)
+            # What the Machine refused, the table must refuse with the error of the first check
+            # that failed in the Machine's own rows, else the one REFUSALS declares for the
+            # Machine's state (IllegalTransition where it declares none).
+            expected_error = _machine_refusal(machine_source, trigger, guards)
             try:
                 res = CHART.resolve(state, trigger, guards.__getitem__)
                 table_outcome = ("ok", res.dest, res.effects)
                 state = res.dest
-            except IllegalTransition as err:
+            except DuplexError as err:
                 assert type(err) is expected_error, (machine_source, trigger, type(err))
-                assert (err.state, err.trigger) == (machine_source, trigger)
+                if isinstance(err, IllegalTransition):
+                    assert (err.state, err.trigger) == (machine_source, trigger)
                 table_outcome = ("refused",)
             assert machine_outcome == table_outcome, (state, trigger, guards)
             assert model.state == state
@@ -85,3 +99,14 @@ def test_every_declared_refusal_names_a_pair_the_machine_can_refuse():
     for (state, trigger), error in REFUSALS.items():
         transitions = MACHINE.events[trigger].transitions.get(state, [])
         assert all(t.conditions for t in transitions), (state, trigger, error.__name__)
+
+
+def test_checks_are_only_ever_conditions_never_unless():
+    # "Fails" means "is false" for a check: as an unless guard it would fail by holding.
+    for branches in CHART.table.values():
+        for branch in branches:
+            assert all(want for name, want in branch.guards if name in CHECKS), branch
+
+
+def test_every_declared_check_is_a_guard_of_the_chart():
+    assert set(CHECKS) <= set(GUARDS)

@@ -16,7 +16,7 @@ from duplex_actors.core.clock import ManualClock
 from duplex_actors.core.engine_io import Aborted, Decision, EngineFailure, TextDelta, TurnDone
 from duplex_actors.core.session import SessionConfig, SessionCore
 from duplex_actors.core.statechart import CHART, GUARDS, TRIGGERS
-from duplex_actors.errors import DuplexError, IllegalTransition
+from duplex_actors.errors import DuplexError
 from duplex_actors.tooling import statechart_export as export
 from duplex_actors.tooling.scxml import to_scxml, validate_scxml
 
@@ -128,7 +128,7 @@ def divergence(scxml_text: str, sequence, interpreter=Interpreter) -> str | None
         try:
             res = CHART.resolve(state, trigger, guards.__getitem__)
             want = (res.dest, tuple(res.effects), None)
-        except IllegalTransition as err:
+        except DuplexError as err:
             want = (state, (), type(err).__name__)  # refused: state kept, the typed error named
         effects = tuple(machine.send(trigger, guards))
         got = (machine.state, effects, machine.refusal)
@@ -240,7 +240,7 @@ class RecordingChart:
         values = {name: bool(guard(name)) for name in GUARDS}
         try:
             res = self.chart.resolve(state, trigger, guard)
-        except IllegalTransition as err:
+        except DuplexError as err:
             self.steps.append((state, trigger, values, err))
             raise
         self.steps.append((state, trigger, values, res))
@@ -265,6 +265,10 @@ client_ops = st.sampled_from(
         cmd.CancelResponse(),
         cmd.Heartbeat(),
         cmd.Detach(),
+        # refused by a check: stale generation, wrong token (the real token is random)
+        cmd.Resume(generation=3, resume_token="forged"),
+        cmd.Resume(generation=0, resume_token="forged", last_seq=0),
+        cmd.AppendAudio(pcm=CHUNK, sample_rate=8000),
         cmd.UpdateSession(auto_respond=False),
         cmd.UpdateSession(auto_respond=True),
         cmd.UpdateSession(server_vad=True),

@@ -1,0 +1,227 @@
+"""Resume checks, stale expiry and the append checks are guards of the chart, each refused
+with its own typed error, in one place (core/statechart.py), and every refusal changes nothing.
+
+These used to be decided beside the chart: the lease and the resume effect raised (the
+journal check ran before the credentials), the actor shell dropped a stale expiry, and the
+server re-checked the API key, the credentials of a takeover and the sample rate itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.clock import ManualClock
+from duplex_actors.core.session import SessionConfig, SessionCore
+from duplex_actors.core.statechart import CHART, CHECKS
+from duplex_actors.errors import (
+    Backpressure,
+    InvalidCommand,
+    ResumeConflict,
+    ResyncRequired,
+    SessionClosed,
+)
+
+from .helpers import snapshot
+
+OWNER = b"digest of key-a"
+
+
+def lease_of(core: SessionCore) -> tuple:
+    lease = core.lease
+    return (lease.generation, lease.token, lease.detached_at, lease.last_activity, core.journaled_events)
+
+
+def detached_core(**config) -> tuple[SessionCore, ManualClock]:
+    clock = ManualClock(100.0)
+    core = SessionCore("sess_guards", SessionConfig(**config), clock, owner=OWNER)
+    for _ in range(5):
+        core.handle(cmd.Heartbeat())
+    core.take_events()  # the client read session.created and five acks: seqs 1..6, journaled
+    core.handle(cmd.Detach())
+    return core, clock
+
+
+def resume(core: SessionCore, **kw) -> cmd.Resume:
+    fields = {
+        "generation": core.lease.generation,
+        "resume_token": core.lease.token,
+        "last_seq": core.last_seq,
+        "key_digest": OWNER,
+    }
+    return cmd.Resume(**{**fields, **kw})
+
+
+class RecordingChart:
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, str]] = []
+
+    def __getattr__(self, name):
+        return getattr(CHART, name)
+
+    def resolve(self, state, trigger, guard):
+        resolution = CHART.resolve(state, trigger, guard)
+        self.steps.append((state, trigger, resolution.dest))
+        return resolution
+
+
+# --- the chart declares them ------------------------------------------------------------------
+
+
+def test_the_resume_rows_carry_the_checks_in_authentication_first_order():
+    replay, cas = CHART.table[("idle", "resume")]
+    assert [name for name, _ in replay.guards] == [
+        "resume_key_matches",
+        "replays_last_resume",
+        "no_takeover",
+        "journal_holds_last_seq",
+    ]
+    assert [name for name, _ in cas.guards] == [
+        "resume_key_matches",
+        "resume_generation_current",
+        "resume_token_matches",
+        "journal_holds_last_seq",
+    ]
+    assert {CHECKS[g].error for g in ("resume_key_matches", "resume_generation_current")} == {ResumeConflict}
+    assert CHECKS["journal_holds_last_seq"].error is ResyncRequired
+    assert CHECKS["audio_at_session_rate"].error is InvalidCommand
+
+
+def test_expire_is_guarded_by_the_lease_and_otherwise_changes_nothing():
+    expire, stale = CHART.table[("listening", "expire")]
+    assert expire.guards == (("lease_expired", True),) and expire.dest == "closed"
+    assert stale.guards == () and stale.dest == "listening" and stale.effects == ()
+
+
+# --- resume ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"generation": 1}, ResumeConflict, "lease generation"),
+        ({"resume_token": "forged"}, ResumeConflict, "token"),
+        ({"key_digest": b"digest of key-b"}, ResumeConflict, "another API key"),
+        ({"key_digest": None}, ResumeConflict, "another API key"),
+    ],
+)
+def test_each_resume_check_is_refused_with_its_own_error_and_changes_nothing(change, error, message):
+    core, _ = detached_core()
+    before, lease = snapshot(core), lease_of(core)
+    with pytest.raises(error, match=message):
+        core.handle(resume(core, **change))
+    assert snapshot(core) == before and lease_of(core) == lease
+
+
+def test_a_journal_gap_is_resync_required_only_for_a_client_that_authenticated():
+    core, clock = detached_core(journal_max_age_s=5.0)
+    clock.advance(6.0)  # the journaled events aged out
+    lease = lease_of(core)
+    with pytest.raises(ResyncRequired):
+        core.handle(resume(core, last_seq=1))
+    # Wrong credentials learn nothing about the journal: the credentials are checked first.
+    with pytest.raises(ResumeConflict):
+        core.handle(resume(core, last_seq=1, resume_token="forged"))
+    with pytest.raises(ResumeConflict):
+        core.handle(resume(core, last_seq=1, key_digest=b"other"))
+    assert lease_of(core) == lease  # the refused resumes did not even age the journal out
+    core.handle(resume(core))  # nothing missed: accepted
+    assert core.lease.generation == 1 and not core.lease.detached
+
+
+def test_a_closed_session_refuses_resume_with_session_closed():
+    core, _ = detached_core()
+    core.handle(cmd.Close())
+    with pytest.raises(SessionClosed):
+        core.handle(resume(core))
+
+
+def test_a_replay_answers_again_but_never_pushes_out_an_attached_transport():
+    core, _ = detached_core()
+    first = resume(core, control_id="ctl-1")
+    core.handle(first)
+    answer = (core.lease.generation, core.lease.token)
+    core.handle(first)  # its answer was lost: the same answer again
+    assert (core.lease.generation, core.lease.token) == answer
+    # Another connection is attached: the replay's old credentials cannot push it out ...
+    with pytest.raises(ResumeConflict):
+        core.handle(cmd.Resume(**{**_fields(first), "takeover": True}))
+    assert (core.lease.generation, core.lease.token) == answer
+    # ... the current ones can (and rotate the token).
+    core.handle(resume(core, takeover=True))
+    assert core.lease.generation == answer[0] + 1 and core.lease.token != answer[1]
+
+
+def test_a_replayed_control_id_with_other_credentials_is_refused():
+    core, _ = detached_core()
+    first = resume(core, control_id="ctl-1")
+    core.handle(first)
+    core.handle(cmd.Detach())
+    lease = lease_of(core)
+    for forged in ({"resume_token": "forged"}, {"generation": 7}, {"key_digest": b"other"}):
+        with pytest.raises(ResumeConflict):
+            core.handle(cmd.Resume(**{**_fields(first), **forged}))
+    assert lease_of(core) == lease
+
+
+def test_check_answers_as_handle_would_and_changes_nothing():
+    core, _ = detached_core()
+    before, lease = snapshot(core), lease_of(core)
+    with pytest.raises(ResumeConflict):
+        core.check(resume(core, resume_token="forged", event_id="e1"))
+    core.check(resume(core))  # accepted: no error, and still nothing changed
+    assert snapshot(core) == before and lease_of(core) == lease
+    core.handle(resume(core))
+    assert core.lease.generation == 1
+
+
+def _fields(command: cmd.Resume) -> dict:
+    return {
+        "generation": command.generation,
+        "resume_token": command.resume_token,
+        "last_seq": command.last_seq,
+        "control_id": command.control_id,
+        "key_digest": command.key_digest,
+    }
+
+
+# --- expiry ---------------------------------------------------------------------------------
+
+
+def test_a_stale_expiry_is_decided_by_the_chart_and_changes_nothing():
+    core, clock = detached_core(disconnect_grace_s=5.0)
+    clock.advance(6.0)
+    reaper_saw = core.lease.expiry(clock.now())
+    assert reaper_saw == "disconnect_grace_expired"
+    core.handle(resume(core))  # queued ahead of the expiry: the lease is renewed
+    recorder = RecordingChart()
+    core.chart = recorder
+    before = snapshot(core)
+    core.expire()
+    assert recorder.steps == [("idle", "expire", "idle")]
+    assert snapshot(core) == before and not core.closed
+
+
+def test_an_expiry_the_lease_supports_closes_with_the_lease_s_reason():
+    core, clock = detached_core(disconnect_grace_s=5.0, idle_ttl_s=3.0)
+    clock.advance(5.0)
+    core.expire()
+    assert core.closed and core.close_reason == "disconnect_grace_expired"
+    events = core.take_events()
+    assert events[-1].type == "session.closed" and events[-1].reason == "disconnect_grace_expired"
+
+
+# --- append ---------------------------------------------------------------------------------
+
+
+def test_audio_at_another_rate_and_audio_that_does_not_fit_are_chart_refusals():
+    core = SessionCore("sess_append", SessionConfig(max_input_bytes=640), ManualClock(0.0))
+    recorder = RecordingChart()
+    core.chart = recorder
+    before = snapshot(core)
+    with pytest.raises(InvalidCommand):
+        core.handle(cmd.AppendAudio(pcm=b"\x01\x00" * 1000, sample_rate=8000))  # both wrong: rate first
+    with pytest.raises(Backpressure):
+        core.handle(cmd.AppendAudio(pcm=b"\x01\x00" * 1000))
+    assert snapshot(core) == before and recorder.steps == []
+    core.handle(cmd.AppendAudio(pcm=b"\x01\x00" * 320))
+    assert recorder.steps == [("idle", "append", "listening")]
