@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +48,6 @@ from ..core import commands as cmd
 from ..core import events as ev
 from ..errors import (
     DuplexError,
-    InvalidCommand,
     ResourceExhausted,
     ResumeConflict,
     ResyncRequired,
@@ -139,14 +137,10 @@ class _SessionRecord:
         "vad_settings",
         "wire",
         "converter",
-        "owner",
     )
 
-    def __init__(
-        self, handle: SessionHandle, model: str = "duplex-actors", owner: bytes | None = None
-    ) -> None:
+    def __init__(self, handle: SessionHandle, model: str = "duplex-actors") -> None:
         self.handle = handle
-        self.owner = owner  # digest of the API key that opened the session (None: no auth)
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
@@ -332,12 +326,13 @@ class RealtimeServer:
         address = _address(conn.ws)
         try:
             self.quotas.check(conn.key, address, sweep=self._sweep)
-            handle = self.runtime.open_session_nowait(**overrides)
+            # The session binds its resume token to this key (the chart's resume_key_matches).
+            handle = self.runtime.open_session_nowait(owner=conn.key, **overrides)
         except DuplexError as err:
             log.warning("server.admission_refused", code=err.code, remote=address)
             await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
             return None
-        record = _SessionRecord(handle, self.config.model_name, owner=conn.key)
+        record = _SessionRecord(handle, self.config.model_name)
         if vad and handle.core.config.server_vad:
             record.set_vad(wire.TurnDetection(), handle.core.config.auto_respond)
         record.attached = conn
@@ -353,23 +348,17 @@ class RealtimeServer:
             record = self._record_for(session_id)
             async with record.lock:
                 handle = record.handle
-                if record.owner is not None and not secrets.compare_digest(record.owner, conn.key or b""):
-                    # Resume tokens are bound to the API key that opened the session.
-                    raise ResumeConflict("this session was opened with another API key")
                 old = record.attached
+                # The session's chart decides (API key, credentials, replay, journal); the
+                # server only says who is asking and whether another connection is attached.
+                resume = attrs.evolve(request.command, key_digest=conn.key, takeover=old is not None)
+                # Asked before the old connection is pushed out, which cannot be undone: it
+                # would otherwise stop reading for a resume the session then refuses.
+                handle.check(resume)
                 if old is not None:
-                    # Only a client holding the current token may push the old connection out.
-                    if not (
-                        request.command.generation == handle.generation
-                        and secrets.compare_digest(request.command.resume_token, handle.resume_token)
-                    ):
-                        raise ResumeConflict(
-                            "the session is attached to another connection and "
-                            "the resume token or generation does not match"
-                        )
                     record.attached = None
                     await old.kick()
-                await handle.ask(request.command)
+                await handle.ask(resume)
                 record.attached = conn
                 self.quotas.attached(session_id)
         except DuplexError as err:
@@ -647,10 +636,9 @@ class _Connection:
         if record.vad_settings is None:
             handle.tell(event)
             return
-        if event.sample_rate != rate:
-            raise InvalidCommand(
-                f"audio is {event.sample_rate} Hz; this session takes {rate} Hz", event_id=event.event_id
-            )
+        # The VAD hears the audio before the session does, so it asks the session's chart
+        # first (audio_at_session_rate, input_fits): audio the session refuses is not heard.
+        handle.check(event)
         if record.vad is None:
             record.vad = _build_server_vad(handle, record.vad_settings, self.server._vad_model(rate))
         record.vad.append(event)  # speech signals first, then the client's own append
