@@ -107,10 +107,18 @@ log = structlog.get_logger("duplex_actors.session")
 _EFFECT_FUNCTIONS: dict[tuple[str, ...], tuple] = {}
 
 
-# Guard names as SessionCore functions, for the same reason, and one more: getattr with a name
-# built per call leaves each new string in CPython's type attribute cache (up to 4096 of them),
-# which a memory trace of a long run shows as slow growth in _guard (3.11; bounded, but noise).
-_GUARD_FUNCTIONS: dict[str, Callable[[SessionCore], bool]] = {}
+class _GuardFunctions(dict):
+    """Guard names as SessionCore functions, looked up once each, for the same reason, and one
+    more: getattr with a name built per call leaves each new string in CPython's type attribute
+    cache (up to 4096 of them), which a memory trace of a long run shows as slow growth (3.11;
+    bounded, but noise). The chart calls them directly (resolve_on): one call per guard."""
+
+    def __missing__(self, name: str) -> Callable[[SessionCore], bool]:
+        function = self[name] = getattr(SessionCore, "_g_" + name)
+        return function
+
+
+_GUARD_FUNCTIONS = _GuardFunctions()
 
 
 def _effect_functions(resolution) -> tuple:
@@ -391,7 +399,7 @@ class SessionCore:
         self._precheck(command, trigger)
         self._ctx = {"command": command, "now": self.clock.now()}
         try:
-            self.chart.resolve(self._state, trigger, self._guard)  # guards are pure
+            self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger)  # guards are pure
         except DuplexError as err:
             err.with_event_id(command.event_id)
             raise
@@ -483,7 +491,7 @@ class SessionCore:
 
     def _fire(self, trigger: str) -> None:
         source = self._state
-        resolution = self.chart.resolve(source, trigger, self._guard)
+        resolution = self.chart.resolve_on(self, _GUARD_FUNCTIONS, source, trigger)
         self._state = resolution.dest
         for effect in _effect_functions(resolution):
             effect(self)
@@ -498,10 +506,7 @@ class SessionCore:
             )
 
     def _guard(self, name: str) -> bool:
-        function = _GUARD_FUNCTIONS.get(name)
-        if function is None:
-            function = _GUARD_FUNCTIONS[name] = getattr(SessionCore, "_g_" + name)
-        return function(self)
+        return _GUARD_FUNCTIONS[name](self)
 
     def _classify(self, output: EngineOutput) -> str:
         rid = output.request_id
@@ -523,7 +528,7 @@ class SessionCore:
         """Checks that must pass before any effect runs, so a refusal changes nothing."""
         if self._state == CLOSED:
             if trigger != "close":
-                self.chart.resolve(self._state, trigger, self._guard)  # raises SessionClosed
+                self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger)  # SessionClosed
             return
         # Close is never fenced off: closing is always allowed and always harmless.
         if command.epoch is not None and trigger != "close":
@@ -531,6 +536,8 @@ class SessionCore:
                 raise StaleFence(f"command names epoch {command.epoch}; session is at {self.epoch}")
             if command.epoch > self.epoch:
                 raise FenceAhead(f"command names epoch {command.epoch}; session is only at {self.epoch}")
+        if trigger == "append":
+            return  # nearly all the traffic; its checks are the chart's (audio_at_session_rate, ...)
         call_id = _answered_call(command)
         if call_id is not None and (self._calls is None or call_id not in self._calls):
             raise UnknownFunctionCall(f"no function call with call_id {call_id!r} in this session")
@@ -572,12 +579,19 @@ class SessionCore:
     # defined in every context (a tool may record all of them at every step): asked about a
     # trigger it does not belong to, it answers from what it has (False for the resume checks).
 
+    # The two append checks run on every append: written for speed (a try costs nothing
+    # unless it catches, and it only catches when asked outside an append).
     def _g_audio_at_session_rate(self) -> bool:
-        return getattr(self._ctx.get("command"), "sample_rate", None) == self.config.sample_rate
+        try:
+            return self._ctx["command"].sample_rate == self.config.sample_rate
+        except (KeyError, AttributeError):
+            return False
 
     def _g_input_fits(self) -> bool:
-        pcm = getattr(self._ctx.get("command"), "pcm", b"")
-        return len(self._input) + len(pcm) <= self.config.max_input_bytes
+        try:
+            return len(self._input) + len(self._ctx["command"].pcm) <= self.config.max_input_bytes
+        except (KeyError, AttributeError):
+            return True
 
     def _resume_command(self) -> Resume | None:
         command = self._ctx.get("command")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 from transitions import Machine
@@ -499,16 +500,24 @@ class CompiledChart:
         }
 
     def resolve(self, state: str, trigger: str, guard: Callable[[str], bool]) -> Resolution:
-        """Pick the branch for ``trigger`` in ``state``; raise the declared refusal if none."""
+        """Pick the branch for ``trigger`` in ``state``; raise the declared refusal if none.
+        ``guard(name)`` says whether the named guard holds."""
+        return self.resolve_on(guard, _ASK_BY_NAME, state, trigger)
+
+    def resolve_on(
+        self, subject: Any, guards: Mapping[str, Callable[[Any], bool]], state: str, trigger: str
+    ) -> Resolution:
+        """:meth:`resolve` for guards that are functions of a subject (``guards[name](subject)``,
+        the session core's ``_g_`` methods): one call per guard, which the append path feels."""
         branches = self._resolved.get((state, trigger))
         if branches is not None:
-            for guards, resolution in branches:
-                for name, want in guards:
-                    if guard(name) is not want:
+            for conditions, resolution in branches:
+                for name, want in conditions:
+                    if guards[name](subject) is not want:
                         break
                 else:
                     return resolution
-        raise self.refusal(state, trigger, guard)
+        raise self.refusal(state, trigger, lambda name: guards[name](subject))
 
     def refusal(self, state: str, trigger: str, guard: Callable[[str], bool] | None = None) -> DuplexError:
         """The error a (state, trigger) with no branch holding is refused with (module doc)."""
@@ -517,6 +526,17 @@ class CompiledChart:
             if name is not None:
                 return CHECKS[name].refusal(state, trigger)
         return refusal(state, trigger)
+
+
+class _AskByName(dict):
+    """``resolve``'s guards as functions of the guard callable: ``self[name](guard) == guard(name)``."""
+
+    def __missing__(self, name: str) -> Callable[[Callable[[str], bool]], bool]:
+        function = self[name] = lambda guard: guard(name)
+        return function
+
+
+_ASK_BY_NAME = _AskByName()
 
 
 def refusal(state: str, trigger: str) -> IllegalTransition:

@@ -27,8 +27,8 @@ class RecordingChart:
     def __getattr__(self, name):
         return getattr(CHART, name)
 
-    def resolve(self, state, trigger, guard):
-        resolution = CHART.resolve(state, trigger, guard)
+    def resolve_on(self, subject, guards, state, trigger):  # what a SessionCore calls
+        resolution = CHART.resolve_on(subject, guards, state, trigger)
         self.steps.append((state, trigger, resolution.dest))
         return resolution
 

@@ -236,10 +236,10 @@ class RecordingChart:
     def __getattr__(self, name):
         return getattr(self.chart, name)
 
-    def resolve(self, state, trigger, guard):
-        values = {name: bool(guard(name)) for name in GUARDS}
+    def resolve_on(self, subject, guards, state, trigger):  # what a SessionCore calls
+        values = {name: bool(guards[name](subject)) for name in GUARDS}
         try:
-            res = self.chart.resolve(state, trigger, guard)
+            res = self.chart.resolve_on(subject, guards, state, trigger)
         except DuplexError as err:
             self.steps.append((state, trigger, values, err))
             raise
