@@ -138,6 +138,49 @@ async def test_a_resume_token_only_works_with_the_api_key_that_opened_the_sessio
             assert (await recv_json(ws))["type"] == "session.resumed"
 
 
+async def test_a_replayed_resume_cannot_push_out_a_connection_that_is_still_attached():
+    # The lost-answer retry is for a client whose connection is gone. While the one that
+    # resumed is still attached, a replay of its control_id with the old credentials (an
+    # eavesdropper's, say) is refused by the session's chart (no_takeover), and the attached
+    # client keeps its connection.
+    async with running_server(session_overrides=GRACE) as server:
+        sid, token = await open_and_drop(server)
+        async with connect(f"{server.url}?session_id={sid}") as owner:
+            first = resume_frame(
+                session_id=sid, generation=0, resume_token=token, last_seq=1, control_id="ctl-1"
+            )
+            await owner.send(first)
+            resumed = (await recv_until(owner, "session.resumed"))[-1]
+            error, code, others = await resume_refused(
+                server, sid, generation=0, resume_token=token, last_seq=0, control_id="ctl-1"
+            )
+            assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
+            assert others == []
+            handle = server.runtime.get(sid)
+            assert (handle.generation, handle.resume_token) == (1, resumed["resume_token"])
+            await owner.send(json.dumps({"type": "heartbeat", "event_id": "still-here"}))
+            assert (await recv_json(owner))["type"] == "heartbeat.ack"
+
+
+async def test_the_api_key_binding_is_the_sessions_own_check():
+    from duplex_actors.server.guard import key_digest
+
+    async with running_server(session_overrides=GRACE, api_keys=("key-a", "key-b")) as server:
+        sid, token = await open_and_drop(server, additional_headers={"Authorization": "Bearer key-a"})
+        assert server.runtime.get(sid).core.lease.owner == key_digest("key-a")
+        error, code, _ = await resume_refused(
+            server,
+            sid,
+            {"additional_headers": {"Authorization": "Bearer key-b"}},
+            generation=0,
+            resume_token=token,
+            last_seq=0,
+        )
+        # The refusal is the chart's resume_key_matches check, mapped to its close code.
+        assert error["error"]["message"] == "this session was opened with another API key"
+        assert code == CLOSE_RESUME_CONFLICT
+
+
 # --- flooding, bounded errors, slow consumers -----------------------------------------------
 
 
