@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 from .runtime_bench import figure, percentiles
 
@@ -56,16 +57,43 @@ def _script():
     return Script(tokens=("Hi",), audio_packets=1, packet_ms=20, first_latency_s=FIRST_LATENCY_S)
 
 
+async def _engine_sleep(seconds: float) -> None:
+    """The scripted engine's first latency, as an engine that computes off the event loop
+    has it: its output is ready ``seconds`` after generate() asked, whatever the loop did
+    meanwhile, and handing it over wakes the loop at once.
+
+    The loop's own timer does neither: asyncio waits in whole milliseconds (epoll), counted
+    from when the loop next goes idle, and after a submit the server's loop is busy writing
+    the response's first events (~0.5 ms), so a timer sleep there ended ~0.5 ms later at p50
+    than the same sleep in the bare engine's idle loop (2026-12-01, docs/benchmarks.md). A
+    thread told only "sleep 20 ms" is late the same way: it cannot start before it gets the
+    GIL. So the deadline is fixed here, when generate() asks, and a worker thread sleeps until
+    it. Bare and wire use this same engine."""
+    deadline = time.perf_counter() + seconds
+    await anyio.to_thread.run_sync(_sleep_until, deadline, abandon_on_cancel=True)
+
+
+def _sleep_until(deadline: float) -> None:
+    left = deadline - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+
+
+def _engine():
+    from ..engines.scripted import ScriptedEngine
+
+    return ScriptedEngine(_script(), record=False, sleep=_engine_sleep)
+
+
 def _server_main(ready) -> None:
     """The child process: ``serve``'s runtime and server with the bench's engine, on a free
     loopback port (sent back through ``ready``), until SIGTERM."""
 
     async def main() -> None:
-        from ..engines.scripted import ScriptedEngine
         from ..server.app import ServerConfig
         from ..server.cli_commands import open_server
 
-        backend = ScriptedEngine(_script(), record=False)
+        backend = _engine()
         with anyio.open_signal_receiver(signal.SIGTERM) as signals:
             async with open_server(backend, ServerConfig(host="127.0.0.1", port=0)) as server:
                 ready.send(server.port)
@@ -126,9 +154,7 @@ async def _recv_until(ws, kind: str) -> tuple[dict, float]:
 async def _run(url: str, turns: int, vad_turns: int, speech: bytes | None) -> dict[str, Any]:
     import websockets
 
-    from ..engines.scripted import ScriptedEngine
-
-    bare_engine = ScriptedEngine(_script(), record=False)
+    bare_engine = _engine()
     chunk = base64.b64encode(b"\x01\x00" * 2400).decode()  # 100 ms at the GA wire's 24 kHz
     out: dict[str, list[float]] = {
         "bare": [],

@@ -102,3 +102,16 @@ async def test_submitting_to_a_stopped_actor_queues_instead_of_failing():
         tg.cancel_scope.cancel()
     actor.submit(request(), lambda output: None)  # no task group to start it in: queued
     assert actor.statistics().submitted == 1
+
+
+async def test_the_scripted_engine_waits_its_latencies_with_the_sleep_it_is_given():
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    script = Script(tokens=("a", "b"), audio_packets=1, first_latency_s=0.5, token_latency_s=0.25)
+    engine = ScriptedEngine(script, sleep=sleep)
+    outputs = [o async for o in engine.generate(request())]
+    assert waits == [0.5, 0.25, 0.25]  # no real time passed: the given sleep was used
+    assert isinstance(outputs[-1], TurnDone)
