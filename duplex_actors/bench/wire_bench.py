@@ -13,18 +13,22 @@ The server runs in a child process (multiprocessing, spawn), assembled by the sa
 included), with this bench's scripted engine. The client stays here. Why: a real Realtime
 client is another process, often another machine. With both in one event loop, every frame the
 client parsed and every wake-up it needed ran on the server's loop and was counted as
-"server-added" (about 0.8 ms of the 4.3 ms commit-path p50 on 2026-12-01), and the server's
-own work delayed the client's clock reads the same way. Out of process, what is measured is
+"server-added" (audio delta sent -> received was 0.75-0.93 ms at p50 in one loop, 0.07-0.09 ms
+across processes, 2026-12-01), and the server's own work delayed the client's clock reads the
+same way. Out of process, what is measured is
 what a client sees: the server's work plus loopback TCP both ways, and only the client's own
 frame handling on top (which a bare engine call does not have, so it stays in the figure).
 
-The baseline is the bare engine: the same scripted engine's ``generate()`` timed from the call
-to its first ``AudioPacket``, in this (the client's) process, paired round by round with the
-wire turns (bare turn, then wire turn, alternately). Each pair gives *server-added* = wire -
-bare: codec, mailbox, statechart, engine actor, outbox, websocket framing and loopback TCP,
-both directions. Target: p99 of server-added <= 2 ms. The server's own TTFP (engine request
-start to first audio at the session core) comes over the wire in the audio delta's
-``metrics`` and splits server-added into "inside the runtime" and "socket in and out".
+The engine is the scripted one, first output 20 ms after ``generate()`` is called, waited out
+to a fixed deadline in a worker thread as an engine computing off the loop would be (see
+:func:`_engine_sleep` for why not the loop's timer). The baseline is the bare engine: the same
+engine's ``generate()`` timed from the call to its first ``AudioPacket``, in this (the
+client's) process, paired round by round with the wire turns (bare turn, then wire turn,
+alternately). Each pair gives *server-added* = wire - bare: codec, mailbox, statechart, engine
+actor, outbox, websocket framing and loopback TCP, both directions. Target: p99 of
+server-added <= 2 ms. The server's own TTFP (engine request start to first audio at the
+session core) comes over the wire in the audio delta's ``metrics`` and splits server-added
+into "inside the runtime" and "socket in and out".
 """
 
 from __future__ import annotations
