@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -144,6 +144,14 @@ class SessionHandle:
 
     def events(self) -> AsyncIterator[ServerEvent]:
         return self._actor.events()
+
+    def ready_events(self) -> Iterator[ServerEvent]:
+        """The events ready now, without waiting (see :meth:`SessionActor.ready_events`)."""
+        return self._actor.ready_events()
+
+    async def wait_events(self) -> bool:
+        """Wait until an event is ready; False once none will come (closed and drained)."""
+        return await self._actor.wait_events()
 
     async def next_event(self, timeout: float = 5.0) -> ServerEvent:
         """The next event (for tests and simple clients)."""

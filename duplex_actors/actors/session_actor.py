@@ -10,7 +10,7 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import anyio
@@ -261,29 +261,43 @@ class SessionActor:
 
     async def events(self) -> AsyncIterator[ServerEvent]:
         """Every event of this session, in order, ending with ``session.closed``."""
-        # One event at a time from a buffer the actor owns: a reader that stops between two
-        # events of a batch (break, cancel) leaves the rest to the next reader instead of
-        # taking them (seq-stamped, journaled) down with its generator.
-        while True:
-            if not self._unread:
-                batch = self.core.take_events()
-                if batch:
-                    self._unread = deque(batch)
-            if self._unread:
-                event = self._unread.popleft()
-                if not self._unread:
-                    self._unread = None  # an idle session keeps no empty deque
+        while await self.wait_events():
+            for event in self.ready_events():
                 yield event
                 if isinstance(event, SessionClosedEvent):
                     return
-            else:
-                if self._finished and not self.core.has_events():
+
+    def ready_events(self) -> Iterator[ServerEvent]:
+        """The events ready now, in order, one at a time, without waiting.
+
+        For a reader that handles a burst of events as one unit (the server's writer sends a
+        wake-up's events under one write deadline); :meth:`events` is built on it."""
+        # One event at a time from a buffer the actor owns: a reader that stops between two
+        # events of a batch (break, cancel) leaves the rest to the next reader instead of
+        # taking them (seq-stamped, journaled) down with it. ``_unread`` is read afresh for
+        # every event: a resume processed while the reader was suspended discards it.
+        while True:
+            if not self._unread:
+                batch = self.core.take_events()
+                if not batch:
                     return
-                self._waiter = anyio.Event()
-                try:
-                    await self._waiter.wait()
-                finally:
-                    self._waiter = None
+                self._unread = deque(batch)
+            event = self._unread.popleft()
+            if not self._unread:
+                self._unread = None  # an idle session keeps no empty deque
+            yield event
+
+    async def wait_events(self) -> bool:
+        """Wait until an event is ready; False once none will come (closed and drained)."""
+        while not (self._unread or self.core.has_events()):
+            if self._finished:
+                return False
+            self._waiter = anyio.Event()
+            try:
+                await self._waiter.wait()
+            finally:
+                self._waiter = None
+        return True
 
 
 def _internal_error(exc: BaseException) -> DuplexError:

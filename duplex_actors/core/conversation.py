@@ -126,11 +126,13 @@ class Conversation:
         return self._items.pop(item_id)
 
     def previous_of(self, item_id: str) -> str | None:
-        before = None
-        for key in self._items:
+        # From the end: the item asked about is nearly always the newest (a response's message
+        # when it completes), and a scan from the front walked the whole conversation (up to
+        # ``capacity`` items) on every response.done.
+        keys = reversed(self._items)
+        for key in keys:
             if key == item_id:
-                return before
-            before = key
+                return next(keys, None)
         return None
 
     def clear(self) -> None:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Union
 
 import anyio
@@ -108,9 +108,19 @@ class ScriptedEngine:
     name = "scripted"
 
     def __init__(
-        self, script: ScriptSource = Script(), *, produces_audio: bool = True, record: bool = True
+        self,
+        script: ScriptSource = Script(),
+        *,
+        produces_audio: bool = True,
+        record: bool = True,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self._script = script
+        #: How the script's latencies are waited out. The default is the event loop's timer,
+        #: which asyncio rounds up to whole milliseconds past whatever the loop is busy with
+        #: when it next waits; the wire bench passes a thread's sleep instead, which wakes the
+        #: loop like a real engine's output does (see bench/wire_bench.py).
+        self._sleep = sleep
         self.capabilities = EngineCapabilities(
             model_native=True, produces_audio=produces_audio, unit_samples=16000, max_concurrency=1 << 20
         )
@@ -173,7 +183,7 @@ class ScriptedEngine:
 
         async def pause(seconds: float) -> None:
             if seconds > 0:
-                await anyio.sleep(seconds)
+                await self._sleep(seconds)
 
         def budget_left() -> bool:
             return script.fail_after is None or emitted < script.fail_after

@@ -97,36 +97,39 @@ def _resample(pcm: bytes, rate_in: int, rate_out: int) -> bytes:
 class InputConverter:
     """One session's input: client format -> pcm16 at the session's rate, streaming."""
 
-    __slots__ = ("format", "session_rate", "_stream")
+    __slots__ = ("format", "session_rate", "_resamples", "_stream")
 
     def __init__(self, fmt: AudioFormat, session_rate: int) -> None:
         self.format = fmt
         self.session_rate = session_rate
-        self._stream = None
-        if fmt.rate != session_rate:
-            self._stream = soxr.ResampleStream(fmt.rate, session_rate, 1, dtype="int16")
+        self._resamples = fmt.rate != session_rate
+        # Built at the first chunk after a start or a flush, not at the flush itself: building
+        # one designs its filter (~80 us here), and a flush is on a commit's latency path.
+        self._stream: soxr.ResampleStream | None = None
 
     @property
     def passthrough(self) -> bool:
-        return self._stream is None and self.format.type == PCM
+        return not self._resamples and self.format.type == PCM
 
     def flush(self) -> bytes:
         """The samples the resampler still holds (a commit ends the stream); then start over."""
-        if self._stream is None:
+        if self._stream is None:  # nothing went in since the last start: nothing is held
             return b""
         out = self._stream.resample_chunk(np.zeros(0, dtype="<i2"), last=True)
         self.reset()
         return np.asarray(out, dtype="<i2").tobytes()
 
     def reset(self) -> None:
-        if self._stream is not None:
-            self._stream = soxr.ResampleStream(self.format.rate, self.session_rate, 1, dtype="int16")
+        self._stream = None
 
     def convert(self, data: bytes) -> bytes:
         pcm = _to_pcm16(data, self.format)
-        if self._stream is None:
+        if not self._resamples:
             return pcm
-        out = self._stream.resample_chunk(np.frombuffer(pcm, dtype="<i2"))
+        stream = self._stream
+        if stream is None:
+            stream = self._stream = soxr.ResampleStream(self.format.rate, self.session_rate, 1, dtype="int16")
+        out = stream.resample_chunk(np.frombuffer(pcm, dtype="<i2"))
         return np.asarray(out, dtype="<i2").tobytes()
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import ipaddress
 import sys
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from .app import RealtimeServer
 
 
 class EngineChoice(str, enum.Enum):
@@ -170,13 +176,14 @@ def register(app: typer.Typer) -> None:
         anyio.run(_serve, backend, config, overrides, runtime_options, engine.value, drain_timeout_s)
 
 
-async def _serve(
-    backend, config, overrides: dict, runtime_options: dict, engine_name: str, drain_timeout_s: float
-) -> None:
-    import signal
+@contextlib.asynccontextmanager
+async def open_server(
+    backend, config, overrides: dict | None = None, *, gc_reclaim_s: float = 30.0, **runtime_options
+) -> AsyncIterator[RealtimeServer]:
+    """The runtime and Realtime server ``serve`` runs, open until the block ends.
 
-    import anyio
-
+    Shared with the wire bench, which runs it in a child process: the latency it reports is
+    the latency of this assembly, GC policy included, not of a look-alike."""
     from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
     from ..audio.transcription import default_transcriber
@@ -188,34 +195,44 @@ async def _serve(
     # Freezing keeps full collections off the loop, but cycles frozen while alive (dropped
     # connections, cancelled tasks) wait for the next reclaim: the 500-client wire soak grew
     # ~2 MiB/s with a 600 s reclaim, and was level with 30 s. 0 turns the policy off.
-    reclaim_s = runtime_options.pop("gc_reclaim_s")
-    gc_policy = GcPolicy(reclaim_interval_s=reclaim_s) if reclaim_s > 0 else None
+    gc_policy = GcPolicy(reclaim_interval_s=gc_reclaim_s) if gc_reclaim_s > 0 else None
     # A server runs for hours with thousands of journals: keep full GC passes off the loop.
     async with Runtime(
         backend,
-        config=SessionConfig(**overrides),
+        config=SessionConfig(**(overrides or {})),
         gc_policy=gc_policy,
         transcriber=transcriber,
         **runtime_options,
     ) as runtime:
         async with RealtimeServer(runtime, config) as server:
-            auth = "on" if config.api_key else "off"
-            print(
-                f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
-                f"health {server.http_url}/health, metrics {server.http_url}/metrics",
-                flush=True,
-            )
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    print(
-                        f"shutting down ({signal.Signals(signum).name}): draining",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    break
-            # Drain before anything is torn down: every response ends with response.done, every
-            # session with session.closed (runtime_shutdown), then each connection closes 1001.
-            await server.shutdown(drain_timeout_s)
+            yield server
+
+
+async def _serve(
+    backend, config, overrides: dict, runtime_options: dict, engine_name: str, drain_timeout_s: float
+) -> None:
+    import signal
+
+    import anyio
+
+    async with open_server(backend, config, overrides, **runtime_options) as server:
+        auth = "on" if config.api_key else "off"
+        print(
+            f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
+            f"health {server.http_url}/health, metrics {server.http_url}/metrics",
+            flush=True,
+        )
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                print(
+                    f"shutting down ({signal.Signals(signum).name}): draining",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                break
+        # Drain before anything is torn down: every response ends with response.done, every
+        # session with session.closed (runtime_shutdown), then each connection closes 1001.
+        await server.shutdown(drain_timeout_s)
 
 
 def _is_loopback(host: str) -> bool:

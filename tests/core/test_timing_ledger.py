@@ -154,3 +154,26 @@ def test_rtf_spans_from_the_request_start_to_the_last_audio_packet(start, packet
     m = ledger.snapshot()
     assert math.isclose(m.rtf, (now - start) / produced, rel_tol=1e-9)
     assert math.isclose(m.audio_ms, produced * 1000.0, rel_tol=1e-9)
+
+
+def test_metrics_on_the_wire_name_every_field_with_its_value():
+    """to_wire is spelled out for speed: a field added to ResponseMetrics must be added there."""
+    import attrs
+
+    from duplex_actors.core.timing import ResponseMetrics
+
+    # Distinct non-default values, so a field copied from the wrong attribute shows.
+    values = {}
+    for i, field in enumerate(attrs.fields(ResponseMetrics)):
+        if field.name == "itl_ms":
+            values[field.name] = (1.5, 2.5)
+        elif field.type in ("int", int):
+            values[field.name] = 100 + i
+        elif field.type in ("str", "str | None", str):
+            values[field.name] = f"v{i}"
+        else:
+            values[field.name] = 0.25 + i
+    m = ResponseMetrics(**values)
+    expected = {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.asdict(m).items()}
+    assert m.to_wire() == expected
+    assert list(m.to_wire()) == [f.name for f in attrs.fields(ResponseMetrics)]

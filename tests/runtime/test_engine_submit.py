@@ -1,0 +1,117 @@
+"""EngineActor.submit starts a request's stream from the submitting task: no actor-loop hop,
+and the stream starts ahead of whatever the same step woke. The invariants stay: exactly one
+terminal per request, and a request aborted before its stream started never reaches the engine."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from duplex_actors.actors.engine_actor import EngineActor
+from duplex_actors.core.engine_io import Aborted, ModelTurnRequest, TurnDone, TurnKind
+from duplex_actors.core.fence import Fence
+from duplex_actors.engines.scripted import Script, ScriptedEngine
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def request(turn: int = 0) -> ModelTurnRequest:
+    fence = Fence("sess_submit00000000000000", 0, turn)
+    return ModelTurnRequest(fence.request_id(), fence, TurnKind.RESPONSE, b"\0\0" * 160)
+
+
+class Recording(ScriptedEngine):
+    def __init__(self, order: list[str]) -> None:
+        super().__init__(Script(tokens=("a",), audio_packets=1, packet_ms=20))
+        self.order = order
+
+    async def generate(self, request):
+        self.order.append("engine started")
+        async for output in super().generate(request):
+            yield output
+
+
+async def test_the_stream_starts_ahead_of_tasks_woken_in_the_same_step():
+    order: list[str] = []
+    actor = EngineActor(Recording(order))
+    woken = anyio.Event()
+    done = anyio.Event()
+
+    async def other_task() -> None:  # e.g. the connection's writer, woken by the same step
+        await woken.wait()
+        order.append("woken task ran")
+
+    def deliver(output) -> None:
+        if isinstance(output, TurnDone):
+            done.set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        tg.start_soon(other_task)
+        await anyio.sleep(0.01)  # other_task is waiting
+        actor.submit(request(), deliver)
+        woken.set()
+        with anyio.fail_after(5):
+            await done.wait()
+        tg.cancel_scope.cancel()
+    assert order == ["engine started", "woken task ran"]
+
+
+async def test_a_request_aborted_in_the_step_that_submitted_it_never_reaches_the_engine():
+    backend = ScriptedEngine(Script(tokens=("a",), audio_packets=1, packet_ms=20))
+    actor = EngineActor(backend)
+    received: list = []
+    req = request()
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        actor.submit(req, received.append)
+        actor.abort([req.request_id])
+        with anyio.fail_after(5):
+            while not received:
+                await anyio.sleep(0.001)
+        await anyio.sleep(0.02)  # anything after the terminal would arrive now
+        tg.cancel_scope.cancel()
+    assert [type(o) for o in received] == [Aborted]
+    assert backend.submitted == []  # generate() was never called
+    stats = actor.statistics()
+    assert (stats.in_flight, stats.routes, stats.aborted, stats.completed) == (0, 0, 1, 0)
+
+
+async def test_a_request_submitted_before_the_actor_runs_is_started_when_it_does():
+    actor = EngineActor(ScriptedEngine(Script(tokens=("a",), audio_packets=1, packet_ms=20)))
+    received: list = []
+    actor.submit(request(), received.append)
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        with anyio.fail_after(5):
+            while not received or not isinstance(received[-1], TurnDone):
+                await anyio.sleep(0.001)
+        tg.cancel_scope.cancel()
+    assert sum(isinstance(o, TurnDone) for o in received) == 1
+
+
+async def test_submitting_to_a_stopped_actor_queues_instead_of_failing():
+    actor = EngineActor(ScriptedEngine())
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        tg.cancel_scope.cancel()
+    actor.submit(request(), lambda output: None)  # no task group to start it in: queued
+    assert actor.statistics().submitted == 1
+
+
+async def test_the_scripted_engine_waits_its_latencies_with_the_sleep_it_is_given():
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    script = Script(tokens=("a", "b"), audio_packets=1, first_latency_s=0.5, token_latency_s=0.25)
+    engine = ScriptedEngine(script, sleep=sleep)
+    outputs = [o async for o in engine.generate(request())]
+    assert waits == [0.5, 0.25, 0.25]  # no real time passed: the given sleep was used
+    assert isinstance(outputs[-1], TurnDone)
