@@ -94,6 +94,8 @@ class ServerConfig:
     #: Websocket keepalive; a peer that stops answering pings is treated as dropped (detach).
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
+    #: permessage-deflate ("deflate") when a client offers it, or None: never compress.
+    compression: str | None = "deflate"
     #: More accepted keys (each session is bound to the key that opened it; see guard.py).
     api_keys: tuple[str, ...] = ()
     #: A send that has not drained after this long means the client stopped reading: the
@@ -197,6 +199,7 @@ class RealtimeServer:
             ping_interval=self.config.ping_interval_s,
             ping_timeout=self.config.ping_timeout_s,
             close_timeout=2.0,
+            compression=self.config.compression,
         )
         self.runtime.add_close_listener(self._session_closed)
         log.info("server.listening", url=self.url)

@@ -85,3 +85,11 @@ async def test_api_key_is_required_when_configured():
         # health and metrics stay open for probes
         status, _, _ = await http_get(server.http_url + "/health")
         assert status == 200
+
+
+async def test_permessage_deflate_is_negotiated_only_when_the_server_allows_it():
+    for compression, expected in (("deflate", ["permessage-deflate"]), (None, [])):
+        async with running_server(compression=compression) as server:
+            async with connect(server.url) as ws:  # the client offers deflate, as SDK clients do
+                assert (await recv_json(ws))["type"] == "session.created"
+                assert [e.name for e in ws.protocol.extensions] == expected
