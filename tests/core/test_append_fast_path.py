@@ -88,7 +88,7 @@ class Pair:
         assert self.fast.take_events() == self.full.take_events()
         assert self.fast.take_actions() == self.full.take_actions()
         # The fast core resolved no append in a fast-path state; the full core resolved all.
-        assert not set(self.fast_chart.resolved_appends) & CHART.append_buffers_in
+        assert not set(self.fast_chart.resolved_appends) & set(CHART.append_buffers_in)
         full_fast_states = [s for s in self.full_chart.resolved_appends if s in CHART.append_buffers_in]
         assert len(full_fast_states) == self.fast_appends
 
