@@ -24,6 +24,7 @@ from ..core.commands import Lane
 from ..errors import MailboxFull
 
 _LANES = (Lane.CONTROL, Lane.ENGINE, Lane.DATA)
+_CONTROL, _ENGINE, _DATA = _LANES
 
 
 @attrs.frozen(slots=True)
@@ -59,19 +60,28 @@ class Mailbox:
         q = self._lanes[lane]
         if q is None:
             q = self._lanes[lane] = deque()
-        if lane != Lane.ENGINE and not force and len(q) >= self.capacity:
+        depth = len(q)
+        # The capacity test first: it is false for nearly every put, so the rest is skipped.
+        if depth >= self.capacity and not force and lane != _ENGINE:
             self.refused += 1
             raise MailboxFull(f"{lane.name.lower()} lane is full ({self.capacity} messages)")
         q.append(message)
         self.accepted += 1
-        if len(q) > self.high_water:
-            self.high_water = len(q)
+        if depth >= self.high_water:
+            self.high_water = depth + 1
 
     def pop(self) -> tuple[Lane, Any] | None:
-        for lane in _LANES:
-            q = self._lanes[lane]
-            if q:
-                return lane, q.popleft()
+        # Unrolled: this runs once per message the runtime processes.
+        lanes = self._lanes
+        q = lanes[0]
+        if q:
+            return _CONTROL, q.popleft()
+        q = lanes[1]
+        if q:
+            return _ENGINE, q.popleft()
+        q = lanes[2]
+        if q:
+            return _DATA, q.popleft()
         return None
 
     def __len__(self) -> int:

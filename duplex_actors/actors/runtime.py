@@ -110,7 +110,7 @@ class SessionHandle:
         self._actor.report_error(error)
 
     def append_audio(self, pcm: bytes, *, sample_rate: int = 16000, event_id: str | None = None) -> None:
-        self._actor.tell(cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id))
+        self._actor.tell_audio(cmd.AppendAudio.of(pcm, sample_rate, event_id=event_id))
 
     async def commit(self, **kw) -> None:
         await self.ask(cmd.CommitInput(**kw))

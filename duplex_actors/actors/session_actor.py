@@ -17,7 +17,7 @@ import anyio
 import structlog
 
 from ..core.actions import AbortRequests, InputTranscript, SubmitTurn, TranscribeInput
-from ..core.commands import CancelResponse, Command, CommitInput, CreateResponse, Lane
+from ..core.commands import AppendAudio, CancelResponse, Command, CommitInput, CreateResponse, Lane
 from ..core.engine_io import EngineOutput
 from ..core.events import ServerEvent, SessionClosedEvent
 from ..core.session import SessionCore
@@ -112,6 +112,15 @@ class SessionActor:
         """Queue a command; errors come back as ``error`` events. Raises MailboxFull/SessionClosed."""
         self._check_open(command)
         self.mailbox.put(self._lane(command), (command, None, self.core.clock.now()))
+        self.runtime._schedule(self)
+
+    def tell_audio(self, command: AppendAudio) -> None:
+        """:meth:`tell` for an append, the runtime's most frequent message: audio always goes
+        on the data lane, so the lane choice (a cancel's, above) is skipped. Same contract:
+        accepted (processed exactly once) or refused with MailboxFull/SessionClosed."""
+        if self._finished:
+            raise SessionClosed("closed", command.TRIGGER, event_id=command.event_id)
+        self.mailbox.put(Lane.DATA, (command, None, self.core.clock.now()))
         self.runtime._schedule(self)
 
     async def ask(self, command: Command, timeout: float | None = 5.0) -> None:
@@ -230,8 +239,11 @@ class SessionActor:
                 reply.done.set()
 
     def _flush_actions(self) -> None:
+        actions = self.core.take_actions()
+        if not actions:  # nearly every message (an append) makes none
+            return
         engine = self.runtime.engine
-        for action in self.core.take_actions():
+        for action in actions:
             if isinstance(action, SubmitTurn):
                 engine.submit(action.request, self.deliver)
             elif isinstance(action, AbortRequests):

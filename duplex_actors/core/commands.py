@@ -51,8 +51,12 @@ def _pcm16(instance, attribute, value):
         raise InvalidCommand("pcm16 audio must have an even number of bytes")
 
 
+SAMPLE_RATES = (8000, 16000, 24000, 48000)
+_SAMPLE_RATES = frozenset(SAMPLE_RATES)
+
+
 def _rate(instance, attribute, value):
-    if value not in (8000, 16000, 24000, 48000):
+    if value not in SAMPLE_RATES:
         raise InvalidCommand(f"unsupported sample rate {value!r}")
 
 
@@ -65,6 +69,44 @@ class AppendAudio(Command):
     #: the silence a VAD waits out before saying "stopped" never turns a backchannel into a
     #: barge-in.
     speech: bool | None = None
+
+    @classmethod
+    def of(
+        cls,
+        pcm: bytes,
+        sample_rate: int = 16000,
+        *,
+        event_id: str | None = None,
+        epoch: int | None = None,
+        speech: bool | None = None,
+    ) -> AppendAudio:
+        """The same command as ``AppendAudio(pcm=..., ...)``, built faster for the common case.
+
+        Appends are the runtime's most frequent message (50 a second per session), and the
+        generated ``__init__`` runs a validator call per field and a ``bytes()`` converter.
+        For what callers nearly always send (``bytes`` of even length, a supported rate, no
+        epoch) the same checks are made here inline and the slots are set directly; anything
+        else goes through the validated constructor, which raises the same precise errors.
+        """
+        if (
+            type(pcm) is not bytes
+            or len(pcm) & 1
+            or type(sample_rate) is not int
+            or sample_rate not in _SAMPLE_RATES
+            or epoch is not None
+        ):
+            return cls(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch, speech=speech)
+        command = _new(cls)
+        _set(command, "event_id", event_id)
+        _set(command, "epoch", None)
+        _set(command, "pcm", pcm)
+        _set(command, "sample_rate", sample_rate)
+        _set(command, "speech", speech)
+        return command
+
+
+_new = object.__new__
+_set = object.__setattr__  # frozen attrs classes refuse their own __setattr__, by design
 
 
 @attrs.frozen(slots=True, kw_only=True)

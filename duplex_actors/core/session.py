@@ -82,7 +82,7 @@ from .overlap import OverlapPolicy, OverlapVerdict
 from .playback import PlaybackLedger
 from .response import ResponseAssembly
 from .session_config import SessionConfig, SessionCounters
-from .statechart import CHART, CLOSED, RESPONDING, CompiledChart
+from .statechart import CHART, CHECKS, CLOSED, RESPONDING, CompiledChart
 from .timing import CumulativeWindow, TimingLedger
 
 # Names that lived here before the split, re-exported so ``from duplex_actors.core.session
@@ -311,8 +311,13 @@ class SessionCore:
 
     def handle(self, command: Command, *, received_at: float | None = None) -> None:
         """Apply one client command. Raises a typed DuplexError and changes nothing if illegal."""
-        now = self.clock.now()
         trigger = command.TRIGGER
+        if trigger == "append":
+            checks = self.chart.append_buffers_in.get(self._state)
+            if checks is not None:
+                self._append_buffered(command, checks, received_at)  # type: ignore[arg-type]
+                return
+        now = self.clock.now()
         self.counters.commands += 1
         try:
             self._precheck(command, trigger)
@@ -334,6 +339,46 @@ class SessionCore:
                 self._after_append(command)  # type: ignore[arg-type]
             if self._outbox.overflowed:
                 self._close_slow_consumer()
+
+    def _append_buffered(
+        self, command: AppendAudio, checks: tuple[str, ...], received_at: float | None
+    ) -> None:
+        """An append in a state where the chart's append row is "check, then buffer": one
+        branch, same state, its guards all checks, ``buffer_audio`` its only effect
+        (:attr:`CompiledChart.append_buffers_in`, derived when the chart is compiled).
+
+        Resolving that row per chunk could only repeat what the table already says, so this
+        runs it directly: what :meth:`handle` does for the same append, in the same order (the
+        fence, then the row's checks, each failure refused with the check's own error and
+        nothing changed), the same effect, the same debug line, then the same after-steps
+        (overlap, model-native units).
+        """
+        now = self.clock.now()
+        self.counters.commands += 1
+        state = self._state
+        self._ctx = {
+            "command": command,
+            "now": now,
+            "received_at": now if received_at is None else received_at,
+        }
+        try:
+            self._check_fence(command)
+            for name in checks:
+                if not _GUARD_FUNCTIONS[name](self):
+                    raise CHECKS[name].refusal(state, "append")
+            self._fx_buffer_audio()
+        except DuplexError as err:
+            self.counters.rejected += 1
+            err.with_event_id(command.event_id)
+            raise
+        finally:
+            self._ctx = {}
+        if _transition_logging():
+            self._log_transition("append", state, state)
+        self.lease.touch(now)
+        self._after_append(command)
+        if self._outbox.overflowed:
+            self._close_slow_consumer()
 
     def on_engine_output(self, output: EngineOutput) -> None:
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""
@@ -496,14 +541,12 @@ class SessionCore:
         for effect in _effect_functions(resolution):
             effect(self)
         if (resolution.dest != source or resolution.effects) and _transition_logging():
-            self._logger.debug(
-                "transition",
-                trigger=trigger,
-                src=source,
-                dest=resolution.dest,
-                epoch=self.epoch,
-                turn_id=self.turn_id,
-            )
+            self._log_transition(trigger, source, resolution.dest)
+
+    def _log_transition(self, trigger: str, source: str, dest: str) -> None:
+        self._logger.debug(
+            "transition", trigger=trigger, src=source, dest=dest, epoch=self.epoch, turn_id=self.turn_id
+        )
 
     def _guard(self, name: str) -> bool:
         return _GUARD_FUNCTIONS[name](self)
@@ -531,11 +574,8 @@ class SessionCore:
                 self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger)  # SessionClosed
             return
         # Close is never fenced off: closing is always allowed and always harmless.
-        if command.epoch is not None and trigger != "close":
-            if command.epoch < self.epoch:
-                raise StaleFence(f"command names epoch {command.epoch}; session is at {self.epoch}")
-            if command.epoch > self.epoch:
-                raise FenceAhead(f"command names epoch {command.epoch}; session is only at {self.epoch}")
+        if trigger != "close":
+            self._check_fence(command)
         if trigger == "append":
             return  # nearly all the traffic; its checks are the chart's (audio_at_session_rate, ...)
         call_id = _answered_call(command)
@@ -547,6 +587,14 @@ class SessionCore:
             and command.played_ms < self._playback.played_ms(command.response_id)
         ):
             raise InvalidCommand("played_ms cannot go backwards")
+
+    def _check_fence(self, command: Command) -> None:
+        epoch = command.epoch
+        if epoch is not None:
+            if epoch < self.epoch:
+                raise StaleFence(f"command names epoch {epoch}; session is at {self.epoch}")
+            if epoch > self.epoch:
+                raise FenceAhead(f"command names epoch {epoch}; session is only at {self.epoch}")
 
     def _after_append(self, command: AppendAudio) -> None:
         ms = len(command.pcm) / 2 / self.config.sample_rate * 1000.0

@@ -482,14 +482,45 @@ class Resolution:
 
 
 class CompiledChart:
-    """A frozen ``{(state, trigger): branches}`` table read back from a transitions Machine."""
+    """A frozen ``{(state, trigger): branches}`` table read back from a transitions Machine.
 
-    __slots__ = ("table", "states", "triggers", "_resolved")
+    Two tables are derived from it, never written by hand: :attr:`fixed_steps`, the
+    (state, trigger) pairs whose outcome the table alone decides up to its checks (one branch,
+    or an unguarded first one, back to the same state, whose guards are all checks that must
+    hold), and from those :attr:`append_buffers_in`, the states where an append, once its
+    checks pass, does nothing but buffer the audio. The session core takes its append fast path
+    only in those states, so a chart that changes the append rows changes the fast path with
+    them (``tests/core/test_append_fast_path.py`` checks both paths agree).
+    """
+
+    __slots__ = ("table", "states", "triggers", "_resolved", "fixed_steps", "append_buffers_in")
 
     def __init__(self, table: Mapping[tuple[str, str], tuple[Branch, ...]], states, triggers):
         self.table = dict(table)
         self.states = tuple(states)
         self.triggers = tuple(triggers)
+        #: (state, trigger) -> (checks, effects), where resolve() can answer nothing but this
+        #: branch or the refusal of the first of its checks that fails (a check's failure
+        #: refuses, it never selects another branch when there is none to select).
+        self.fixed_steps: Mapping[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
+            key: (tuple(name for name, _ in branches[0].guards), branches[0].effects)
+            for key, branches in self.table.items()
+            if branches
+            and branches[0].dest == key[0]
+            and (len(branches) == 1 or not branches[0].guards)
+            and all(want and name in CHECKS for name, want in branches[0].guards)
+        }
+        #: State -> the checks of its append row, for the states where an append is exactly
+        #: "check, then buffer the audio": no other guard, no state change, no other effect.
+        #: The append is the runtime's most frequent message (50 a second per session); in
+        #: these states the core runs the checks and the effect without resolving the row
+        #: (core/session.py). Never closed, whatever a chart says: a closed session's commands
+        #: take another path.
+        self.append_buffers_in: Mapping[str, tuple[str, ...]] = {
+            state: checks
+            for (state, trigger), (checks, effects) in self.fixed_steps.items()
+            if trigger == "append" and effects == ("buffer_audio",) and state != CLOSED
+        }
         # Resolutions are frozen values: build each branch's once, not one per event (the
         # construction was ~8% of the dispatcher's time under load; docs/benchmarks.md).
         self._resolved = {

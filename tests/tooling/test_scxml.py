@@ -229,6 +229,9 @@ class RecordingChart:
     """Wraps the compiled chart a SessionCore uses and records every step it resolves, with
     the values all guards had at that moment (guards are pure reads of the session)."""
 
+    #: No append fast path: every append is resolved here, so every step is recorded.
+    append_buffers_in: dict[str, tuple[str, ...]] = {}
+
     def __init__(self, chart=CHART) -> None:
         self.chart = chart
         self.steps: list[tuple[str, str, dict, object]] = []

@@ -180,11 +180,13 @@ class EmbeddedThinker:
             yield TurnDone(rid, "completed", produced_at=time.perf_counter())
             return
         params = self.adapter.sampling_for(request.fence.session_id, request.sampling)
-        inbox = _Inbox()
+        inbox = _Inbox(asyncio.get_running_loop())
         job = DecodeJob(rid, functools.partial(self.adapter.build_prompt, request), params)
         scheduler.submit(job, inbox.put)  # EngineCapacityError propagates, nothing queued
         accepted_at = time.perf_counter()
         ended = False
+        events = inbox.events
+        render = self.vocab.render
         try:
             unit = request.kind is TurnKind.UNIT
             snapshot: list[int] = []
@@ -192,7 +194,17 @@ class EmbeddedThinker:
             began = False
             token_times: list[float] = []
             while True:
-                event = inbox.pop() if inbox.events else await inbox.get()
+                while not events:
+                    await inbox.wait()
+                event = events.popleft()
+                if began and type(event) is TokenEvent:
+                    # Nearly every event: the next word of a response under way. This runs on
+                    # the event loop once per live request per decode step, while the worker
+                    # waits for the GIL between its torch ops, so it is kept to the minimum.
+                    first = not token_times
+                    token_times.append(event.produced_at)
+                    yield TextDelta(rid, render(event.token_id, first=first), 1, event.produced_at)
+                    continue
                 if isinstance(event, SequenceEnded):
                     ended = True
                     if event.reason == "aborted":
@@ -229,12 +241,11 @@ class EmbeddedThinker:
                         ended = True
                         return
                     continue
-                if not began:
-                    began = True
-                    yield Decision(rid, speak=True, produced_at=event.produced_at)
+                # The first word of a response (began is False here): the decision goes first.
+                began = True
+                yield Decision(rid, speak=True, produced_at=event.produced_at)
                 token_times.append(event.produced_at)
-                text = self.vocab.render(event.token_id, first=len(token_times) == 1)
-                yield TextDelta(rid, text, 1, produced_at=event.produced_at)
+                yield TextDelta(rid, render(event.token_id, first=True), 1, event.produced_at)
         finally:
             if not ended:
                 scheduler.cancel(rid)
@@ -253,11 +264,12 @@ class _Inbox:
     spent here is taken from the decode steps of all sessions.
     """
 
-    __slots__ = ("events", "_waiter")
+    __slots__ = ("events", "_waiter", "_loop")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.events: collections.deque[SchedulerEvent] = collections.deque()
         self._waiter: asyncio.Future | None = None
+        self._loop = loop
 
     def put(self, event: SchedulerEvent) -> None:
         self.events.append(event)
@@ -267,17 +279,14 @@ class _Inbox:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def pop(self) -> SchedulerEvent:
-        return self.events.popleft()
+    def wait(self) -> asyncio.Future:
+        """A future the next :meth:`put` completes; await it only while ``events`` is empty.
 
-    async def get(self) -> SchedulerEvent:
-        while not self.events:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self.events.popleft()
+        A future rather than a coroutine: awaiting it directly saves a coroutine object and
+        frame per wait. A consumer cancelled while waiting leaves a cancelled future behind,
+        which ``put`` skips."""
+        waiter = self._waiter = self._loop.create_future()
+        return waiter
 
 
 def _metrics(accepted_at: float, token_times: list[float]) -> EngineMetrics:
