@@ -333,12 +333,19 @@ class SessionCore:
             raise
         finally:
             self._ctx = {}
-        if self._state != CLOSED:
-            self.lease.touch(now)
-            if trigger == "append":
-                self._after_append(command)  # type: ignore[arg-type]
-            if self._outbox.overflowed:
-                self._close_slow_consumer()
+        self._after_accepted(now, trigger, command)
+
+    def _after_accepted(self, now: float, trigger: str, command: Command) -> None:
+        """What follows every accepted client command, on either path: the lease sees
+        activity, an append feeds overlap and model-native units, and an outbox that
+        overflowed meanwhile closes the session as a slow consumer."""
+        if self._state == CLOSED:
+            return
+        self.lease.touch(now)
+        if trigger == "append":
+            self._after_append(command)  # type: ignore[arg-type]
+        if self._outbox.overflowed:
+            self._close_slow_consumer()
 
     def _append_buffered(
         self, command: AppendAudio, checks: tuple[str, ...], received_at: float | None
@@ -375,10 +382,7 @@ class SessionCore:
             self._ctx = {}
         if _transition_logging():
             self._log_transition("append", state, state)
-        self.lease.touch(now)
-        self._after_append(command)
-        if self._outbox.overflowed:
-            self._close_slow_consumer()
+        self._after_accepted(now, "append", command)
 
     def on_engine_output(self, output: EngineOutput) -> None:
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""

@@ -4,6 +4,7 @@ from duplex_actors.core import commands as cmd
 from duplex_actors.core.clock import ManualClock
 from duplex_actors.core.engine_io import Decision
 from duplex_actors.core.session import SessionConfig, SessionCore
+from duplex_actors.core.statechart import CHART
 
 CHUNK = b"\x01\x00" * 320  # 20 ms of 16 kHz pcm16
 
@@ -45,3 +46,18 @@ def snapshot(core: SessionCore) -> tuple:
         core.lease.generation,
         core.lease.token,
     )
+
+
+class RecordingChart:
+    """The chart, recording each (state, trigger, destination) a SessionCore resolves through it."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, str]] = []
+
+    def __getattr__(self, name):
+        return getattr(CHART, name)
+
+    def resolve_on(self, subject, guards, state, trigger):  # what a SessionCore calls
+        resolution = CHART.resolve_on(subject, guards, state, trigger)
+        self.steps.append((state, trigger, resolution.dest))
+        return resolution

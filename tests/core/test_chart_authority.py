@@ -15,22 +15,9 @@ from duplex_actors.core.statechart import (
     Origin,
 )
 
-from .helpers import core_in, snapshot
+from .helpers import RecordingChart, core_in, snapshot
 
 SPEECH = b"\x03\x00" * 1600  # 100 ms
-
-
-class RecordingChart:
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, str, str]] = []
-
-    def __getattr__(self, name):
-        return getattr(CHART, name)
-
-    def resolve_on(self, subject, guards, state, trigger):  # what a SessionCore calls
-        resolution = CHART.resolve_on(subject, guards, state, trigger)
-        self.steps.append((state, trigger, resolution.dest))
-        return resolution
 
 
 def test_every_trigger_has_exactly_one_declared_origin():

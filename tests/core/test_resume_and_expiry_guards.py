@@ -21,7 +21,7 @@ from duplex_actors.errors import (
     SessionClosed,
 )
 
-from .helpers import snapshot
+from .helpers import RecordingChart, snapshot
 
 OWNER = b"digest of key-a"
 
@@ -49,19 +49,6 @@ def resume(core: SessionCore, **kw) -> cmd.Resume:
         "key_digest": OWNER,
     }
     return cmd.Resume(**{**fields, **kw})
-
-
-class RecordingChart:
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, str, str]] = []
-
-    def __getattr__(self, name):
-        return getattr(CHART, name)
-
-    def resolve_on(self, subject, guards, state, trigger):  # what a SessionCore calls
-        resolution = CHART.resolve_on(subject, guards, state, trigger)
-        self.steps.append((state, trigger, resolution.dest))
-        return resolution
 
 
 # --- the chart declares them ------------------------------------------------------------------
