@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
+
+if TYPE_CHECKING:
+    from typing_extensions import ReadOnly
 
 import attrs
 import structlog
@@ -54,9 +57,14 @@ from .commands import (
     Command,
     CreateItem,
     CreateResponse,
+    DeleteItem,
     PlaybackAck,
     Resume,
+    RetrieveItem,
+    SpeechStartedSignal,
+    SpeechStoppedSignal,
     TruncateItem,
+    UpdateSession,
 )
 from .conversation import ContentPart, Conversation, Item
 from .engine_io import (
@@ -165,6 +173,23 @@ def _answered_call(command: Command) -> str | None:
     return None
 
 
+class Step(TypedDict, total=False):
+    """What the step being taken knows, for its guards and effects to read.
+
+    Typed so the checker knows every key and its type, and read-only to it (``ReadOnly``): an
+    effect cannot change what the step was; only the driver sets a step, for exactly the
+    duration of one chart step, and clears it after. A dict at run time on purpose: a frozen
+    object per step costs 0.3-0.4 us against 0.07-0.1 us here, measured on this machine, on a
+    path every engine output takes."""
+
+    command: ReadOnly[Command]
+    output: ReadOnly[EngineOutput]
+    transcript: ReadOnly[InputTranscript]
+    now: ReadOnly[float]
+    received_at: ReadOnly[float]
+    reason: ReadOnly[str | None]
+
+
 class SessionCore:
     __slots__ = (
         "session_id",
@@ -193,7 +218,7 @@ class SessionCore:
         "_aborting",
         "_response",
         "_overlap_ms",
-        "_ctx",
+        "_step",
         "_close_reason",
         "_aborted_ids",
         "_log",
@@ -245,7 +270,7 @@ class SessionCore:
         self._aborting: dict[str, TurnKind] | None = None  # aborted, not yet confirmed ended
         self._response: ResponseAssembly | None = None
         self._overlap_ms: float | None = None  # audio ms of user speech over the response
-        self._ctx: dict[str, Any] = {}
+        self._step: Step = {}
         self._close_reason: str | None = None
         self._aborted_ids: list[str] | None = None
         self._playback: PlaybackLedger | None = None  # None until the client reports any
@@ -321,7 +346,7 @@ class SessionCore:
         self.counters.commands += 1
         try:
             self._precheck(command, trigger)
-            self._ctx = {
+            self._step = {
                 "command": command,
                 "now": now,
                 "received_at": now if received_at is None else received_at,
@@ -332,7 +357,7 @@ class SessionCore:
             err.with_event_id(command.event_id)
             raise
         finally:
-            self._ctx = {}
+            self._step = {}
         self._after_accepted(now, trigger, command)
 
     def _after_accepted(self, now: float, trigger: str, command: Command) -> None:
@@ -363,7 +388,7 @@ class SessionCore:
         now = self.clock.now()
         self.counters.commands += 1
         state = self._state
-        self._ctx = {
+        self._step = {
             "command": command,
             "now": now,
             "received_at": now if received_at is None else received_at,
@@ -379,7 +404,7 @@ class SessionCore:
             err.with_event_id(command.event_id)
             raise
         finally:
-            self._ctx = {}
+            self._step = {}
         if _transition_logging():
             self._log_transition("append", state, state)
         self._after_accepted(now, "append", command)
@@ -388,7 +413,7 @@ class SessionCore:
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""
         rid = output.request_id
         trigger = self._classify(output)
-        self._ctx = {"output": output, "now": self.clock.now()}
+        self._step = {"output": output, "now": self.clock.now()}
         try:
             self._fire(trigger)
         except IllegalTransition as err:
@@ -398,45 +423,45 @@ class SessionCore:
             self.counters.invalid_outputs += 1
             self._logger.warning("engine_output_refused", request_id=rid, trigger=trigger, state=err.state)
         finally:
-            self._ctx = {}
+            self._step = {}
         if self._state != CLOSED:
             self.lease.touch(self.clock.now())
         # An aborted request ended (what counts as its end depends on its kind): the chart
         # settles its abort, and leaves barge_in once no other is outstanding.
         if self._aborting and rid in self._aborting and is_terminal(output, self._aborting[rid]):
-            self._ctx = {"output": output, "now": self.clock.now()}
+            self._step = {"output": output, "now": self.clock.now()}
             try:
                 self._fire("abort_confirmed")
             finally:
-                self._ctx = {}
+                self._step = {}
         if self._outbox.overflowed and self._state != CLOSED:
             self._close_slow_consumer()
 
     def _close_slow_consumer(self) -> None:
         # After the step that overflowed, never inside it: its effects ran to completion.
-        self._ctx = {"now": self.clock.now(), "reason": "slow_consumer"}
+        self._step = {"now": self.clock.now(), "reason": "slow_consumer"}
         try:
             self._fire("outbox_overflow")
         finally:
-            self._ctx = {}
+            self._step = {}
 
     def on_transcript(self, result: InputTranscript) -> None:
         """A committed turn's transcript arrived: the chart decides whether it is sent."""
-        self._ctx = {"transcript": result, "now": self.clock.now()}
+        self._step = {"transcript": result, "now": self.clock.now()}
         try:
             self._fire("transcript")
         finally:
-            self._ctx = {}
+            self._step = {}
 
     def expire(self) -> None:
         """The reaper saw the lease run out: the chart closes the session if it still has
         (``lease_expired``), with the lease's reason; a lease renewed since is left alone."""
         now = self.clock.now()
-        self._ctx = {"now": now, "reason": self.lease.expiry(now)}
+        self._step = {"now": now, "reason": self.lease.expiry(now)}
         try:
             self._fire("expire")
         finally:
-            self._ctx = {}
+            self._step = {}
 
     def check(self, command: Command) -> None:
         """Raise the typed refusal ``command`` would meet now, changing nothing.
@@ -446,22 +471,22 @@ class SessionCore:
         command itself is then handled as usual, and the chart decides again."""
         trigger = command.TRIGGER
         self._precheck(command, trigger)
-        self._ctx = {"command": command, "now": self.clock.now()}
+        self._step = {"command": command, "now": self.clock.now()}
         try:
             self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger)  # guards are pure
         except DuplexError as err:
             err.with_event_id(command.event_id)
             raise
         finally:
-            self._ctx = {}
+            self._step = {}
 
     def fail(self, reason: str = "session_failed") -> None:
         """The shell hit an unexpected error: close this session (and only it)."""
-        self._ctx = {"now": self.clock.now(), "reason": reason}
+        self._step = {"now": self.clock.now(), "reason": reason}
         try:
             self._fire("fail")
         finally:
-            self._ctx = {}
+            self._step = {}
 
     def emit_error(self, err: DuplexError) -> None:
         """Tell the client a command of theirs failed (for commands that were *told*)."""
@@ -608,20 +633,20 @@ class SessionCore:
             # The chart decides (overlap_is_interruption): a long overlap cancels as a barge-in
             # does, with the reason a detected turn has.
             now = self.clock.now()
-            self._ctx = {"now": now, "reason": "turn_detected", "received_at": now}
+            self._step = {"now": now, "reason": "turn_detected", "received_at": now}
             try:
                 self._fire("overlap")
             finally:
-                self._ctx = {}
+                self._step = {}
         if self.config.model_native:
             unit_bytes = self.config.unit_samples * 2
             while len(self._input) >= unit_bytes and self._state != CLOSED:
                 before = len(self._input)
-                self._ctx = {"now": self.clock.now()}
+                self._step = {"now": self.clock.now()}
                 try:
                     self._fire("unit_ready")
                 finally:
-                    self._ctx = {}
+                    self._step = {}
                 if len(self._input) == before:
                     break  # the chart chose to keep buffering
 
@@ -635,18 +660,21 @@ class SessionCore:
     # unless it catches, and it only catches when asked outside an append).
     def _g_audio_at_session_rate(self) -> bool:
         try:
-            return self._ctx["command"].sample_rate == self.config.sample_rate
+            return cast(AppendAudio, self._step["command"]).sample_rate == self.config.sample_rate
         except (KeyError, AttributeError):
             return False
 
     def _g_input_fits(self) -> bool:
         try:
-            return len(self._input) + len(self._ctx["command"].pcm) <= self.config.max_input_bytes
+            return (
+                len(self._input) + len(cast(AppendAudio, self._step["command"]).pcm)
+                <= self.config.max_input_bytes
+            )
         except (KeyError, AttributeError):
             return True
 
     def _resume_command(self) -> Resume | None:
-        command = self._ctx.get("command")
+        command = self._step.get("command")
         return command if isinstance(command, Resume) else None
 
     def _g_resume_key_matches(self) -> bool:
@@ -677,7 +705,7 @@ class SessionCore:
         return self.lease.expiry(self._now()) is not None
 
     def _now(self) -> float:
-        now = self._ctx.get("now")
+        now = self._step.get("now")
         return self.clock.now() if now is None else now
 
     def _g_has_buffered_audio(self) -> bool:
@@ -696,7 +724,7 @@ class SessionCore:
         return self.config.respond_on_commit
 
     def _g_names_active_response(self) -> bool:
-        wanted = getattr(self._ctx.get("command"), "response_id", None)
+        wanted = getattr(self._step.get("command"), "response_id", None)
         return wanted is None or wanted == self.response_id
 
     def _g_response_begun(self) -> bool:
@@ -707,7 +735,7 @@ class SessionCore:
         aborting = self._aborting
         if not aborting:
             return True
-        output = self._ctx.get("output")
+        output = self._step.get("output")
         return output is not None and len(aborting) == 1 and output.request_id in aborting
 
     def _g_overlap_is_interruption(self) -> bool:
@@ -726,7 +754,7 @@ class SessionCore:
         self._outbox.push(event)
 
     def _fx_buffer_audio(self) -> None:
-        self._input += self._ctx["command"].pcm
+        self._input += cast(AppendAudio, self._step["command"]).pcm
 
     def _fx_clear_input(self) -> None:
         self._input = InputBuffer()
@@ -734,11 +762,11 @@ class SessionCore:
         self._emit(ev.InputCleared)
 
     def _fx_emit_speech_started(self) -> None:
-        cmd = self._ctx["command"]
+        cmd = cast(SpeechStartedSignal, self._step["command"])
         self._emit(ev.SpeechStarted, audio_start_ms=cmd.audio_ms, item_id=self._input_item_id())
 
     def _fx_emit_speech_stopped(self) -> None:
-        cmd = self._ctx["command"]
+        cmd = cast(SpeechStoppedSignal, self._step["command"])
         self._emit(ev.SpeechStopped, audio_end_ms=cmd.audio_ms, item_id=self._input_item_id())
 
     def _fx_start_overlap(self) -> None:
@@ -777,7 +805,7 @@ class SessionCore:
         return self._next_input_item
 
     def _request(self, kind: TurnKind, audio: bytes, request_id: str) -> ModelTurnRequest:
-        cmd = self._ctx.get("command")
+        cmd = self._step.get("command")
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
         shown = self._response_modalities()
         return ModelTurnRequest(
@@ -790,15 +818,15 @@ class SessionCore:
             sampling=self.config.sampling,
             # The engine always writes the words: an audio response's transcript is its text.
             modalities=("text", "audio") if "audio" in shown else ("text",),
-            submitted_at=self._ctx["now"],
+            submitted_at=self._step["now"],
             input_text=" ".join(self._pending_text),
             tools=self.config.tools,
             tool_choice=self.config.tool_choice,
         )
 
     def _response_modalities(self) -> tuple[str, ...]:
-        override = getattr(self._ctx.get("command"), "modalities", None)
-        if isinstance(self._ctx.get("command"), CreateResponse) and override:
+        override = getattr(self._step.get("command"), "modalities", None)
+        if isinstance(self._step.get("command"), CreateResponse) and override:
             return override
         return self.config.modalities
 
@@ -812,7 +840,7 @@ class SessionCore:
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
         self._overlap_ms = None
-        self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
+        self._timing.note_request_start(request.fence, self._step["now"], self.epoch)
         self.lease.in_flight += 1
         self._actions.append(SubmitTurn(request))
         # The response exists as soon as it is accepted (OpenAI sends response.created then,
@@ -829,12 +857,12 @@ class SessionCore:
             self._units = set()
         self._units.add(request.request_id)
         # While the turn is pending, the latest accepted unit owns the request start.
-        self._timing.note_request_start(request.fence, self._ctx["now"], self.epoch)
+        self._timing.note_request_start(request.fence, self._step["now"], self.epoch)
         self.lease.in_flight += 1
         self._actions.append(SubmitTurn(request))
 
     def _fx_promote_unit(self) -> None:
-        rid = self._ctx["output"].request_id
+        rid = self._step["output"].request_id
         assert self._units is not None  # the chart promotes only a registered unit (model_native)
         self._units.discard(rid)
         self._turn_request = rid
@@ -844,23 +872,23 @@ class SessionCore:
         self._fx_abort_units()
 
     def _fx_emit_decision(self) -> None:
-        out = self._ctx["output"]
+        out = self._step["output"]
         speak = isinstance(out, Decision) and out.speak
         self._emit(ev.DecisionEvent, decision="speak" if speak else "listen", turn_id=self.turn_id)
 
     def _fx_finish_unit(self) -> None:
-        rid = self._ctx["output"].request_id
+        rid = self._step["output"].request_id
         if self._units and rid in self._units:
             self._units.discard(rid)
             self.lease.in_flight -= 1
 
     def _fx_begin_response(self) -> None:
-        now = self._ctx["now"]
+        now = self._step["now"]
         if self._turn_request is None:  # model-native promotion already set it
-            self._turn_request = self._ctx["output"].request_id
+            self._turn_request = self._step["output"].request_id
             self._turn_kind = TurnKind.RESPONSE
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
-        cmd = self._ctx.get("command")
+        cmd = self._step.get("command")
         metadata = getattr(cmd, "metadata", None) if isinstance(cmd, CreateResponse) else None
         r = self._response = ResponseAssembly(
             rid, self._new_item_id(), self.epoch, self.turn_id, self._response_modalities(), metadata
@@ -883,8 +911,8 @@ class SessionCore:
         self._emit(ev.ContentPartAdded, response_id=rid, item_id=r.item_id, part_type=r.part_type)
 
     def _fx_deliver_output(self) -> None:
-        out = self._ctx["output"]
-        now = self._ctx["now"]
+        out = self._step["output"]
+        now = self._step["now"]
         r = self._response
         assert r is not None  # the chart's deliver rows run only once the response has begun
         if isinstance(out, FunctionCall):
@@ -905,6 +933,7 @@ class SessionCore:
         else:
             if "audio" not in r.modalities:
                 return  # a text-only response: audio the engine sent anyway is not the client's
+            out = cast(AudioPacket, out)  # the chart's deliver rows: text, audio or a call
             first = self._timing.on_audio(now, out.duration_s)
             r.audio = True
             r.audio_ms += out.duration_s * 1000.0
@@ -948,7 +977,7 @@ class SessionCore:
         return calls
 
     def _fx_emit_transcript(self) -> None:
-        result = self._ctx["transcript"]
+        result = self._step["transcript"]
         if result.error is not None:
             self._emit(tev.TranscriptionFailed, item_id=result.item_id, message=result.error)
             return
@@ -957,7 +986,7 @@ class SessionCore:
         self._emit(tev.TranscriptionCompleted, item_id=result.item_id, transcript=result.text)
 
     def _fx_record_function_output(self) -> None:
-        cmd: AddFunctionOutput = self._ctx["command"]
+        cmd = cast(AddFunctionOutput, self._step["command"])
         item = Item(id=cmd.item_id or "", type="function_call_output", call_id=cmd.call_id, output=cmd.output)
         self._add_item(item, None)
 
@@ -1009,7 +1038,7 @@ class SessionCore:
             self._fx_begin_response()
 
     def _fx_emit_response_completed(self) -> None:
-        out = self._ctx["output"]
+        out = self._step["output"]
         self._ensure_begun()
         if isinstance(out, TurnDone) and out.metrics is not None:
             if self._windows is None:
@@ -1019,7 +1048,7 @@ class SessionCore:
         self._close_parts(status, None if status == "completed" else "max_output_tokens")
 
     def _fx_emit_response_failed(self) -> None:
-        out = self._ctx["output"]
+        out = self._step["output"]
         self._ensure_begun()
         self.counters.failed += 1
         message = getattr(out, "message", "the engine ended the request")
@@ -1033,7 +1062,7 @@ class SessionCore:
         )
 
     def _fx_emit_engine_error(self) -> None:
-        out = self._ctx["output"]
+        out = self._step["output"]
         self._emit(
             ev.ErrorEvent,
             code="engine_error",
@@ -1098,21 +1127,21 @@ class SessionCore:
 
     def _fx_settle_abort(self) -> None:
         if self._aborting is not None:
-            self._aborting.pop(self._ctx["output"].request_id, None)
+            self._aborting.pop(self._step["output"].request_id, None)
 
     def _fx_drop_undelivered_audio(self) -> None:
         if self._response is not None:
             self.counters.dropped_audio_events += self._outbox.purge_audio(self._response.response_id)
 
     def _reason(self) -> str:
-        cmd = self._ctx.get("command")
-        return getattr(cmd, "reason", None) or self._ctx.get("reason") or "cancelled"
+        cmd = self._step.get("command")
+        return getattr(cmd, "reason", None) or self._step.get("reason") or "cancelled"
 
     def _fx_emit_response_cancelled(self) -> None:
         if self._response is None:
             return
         self.counters.cancelled += 1
-        received = self._ctx.get("received_at")
+        received = self._step.get("received_at")
         stop = None if received is None else max(self.clock.now() - received, 0.0)
         reason = self._reason()
         if self._state == CLOSED and reason not in ("turn_detected", "client_cancelled"):
@@ -1130,7 +1159,7 @@ class SessionCore:
         self._emit(ev.HeartbeatAck)
 
     def _fx_record_playback(self) -> None:
-        cmd = self._ctx["command"]
+        cmd = cast(PlaybackAck, self._step["command"])
         self._playback_ledger().acknowledge(cmd.response_id, cmd.played_ms)
 
     def _playback_ledger(self) -> PlaybackLedger:
@@ -1140,13 +1169,13 @@ class SessionCore:
         return ledger
 
     def _fx_detach_lease(self) -> None:
-        self.lease.detach(self._ctx["now"])
+        self.lease.detach(self._step["now"])
 
     def _fx_resume_lease(self) -> None:
         # The chart accepted it (credentials or a replay of them, and a journal that holds
         # what the client missed): the lease performs the compare-and-swap.
-        cmd = self._ctx["command"]
-        now = self._ctx["now"]
+        cmd = cast(Resume, self._step["command"])
+        now = self._step["now"]
         replay = self._journal.since(cmd.last_seq, now)
         generation, token = self.lease.resume(now, cmd.generation, cmd.resume_token, cmd.control_id)
         self._replay = replay + self._replay
@@ -1155,7 +1184,7 @@ class SessionCore:
     # --- conversation items ---------------------------------------------------------------
 
     def _fx_add_item(self) -> None:
-        cmd: CreateItem = self._ctx["command"]
+        cmd = cast(CreateItem, self._step["command"])
         self._add_item(cmd.item, cmd.previous_item_id)
 
     def _add_item(self, item: Item, previous_item_id: str | None) -> None:
@@ -1179,14 +1208,16 @@ class SessionCore:
         self._emit(ev.ItemDone, item=item, previous_item_id=previous)
 
     def _fx_remove_item(self) -> None:
-        item = self._conversation.delete(self._ctx["command"].item_id)
+        item = self._conversation.delete(cast(DeleteItem, self._step["command"]).item_id)
         self._emit(ev.ItemDeleted, item_id=item.id)
 
     def _fx_send_item(self) -> None:
-        self._emit(ev.ItemRetrieved, item=self._conversation.get(self._ctx["command"].item_id))
+        self._emit(
+            ev.ItemRetrieved, item=self._conversation.get(cast(RetrieveItem, self._step["command"]).item_id)
+        )
 
     def _fx_cut_item_audio(self) -> None:
-        cmd: TruncateItem = self._ctx["command"]
+        cmd = cast(TruncateItem, self._step["command"])
         item = self._conversation.get(cmd.item_id)
         r = self._response
         live = r is not None and item.id == r.item_id
@@ -1215,7 +1246,7 @@ class SessionCore:
         )
 
     def _fx_apply_session_update(self) -> None:
-        cmd = self._ctx["command"]
+        cmd = cast(UpdateSession, self._step["command"])
         changes = {
             k: getattr(cmd, k)
             for k in (
@@ -1238,7 +1269,7 @@ class SessionCore:
         self._emit(ev.SessionUpdated, config=self.config.public())
 
     def _fx_emit_session_closed(self) -> None:
-        reason = self._reason() if self._ctx.get("command") or self._ctx.get("reason") else "closed"
+        reason = self._reason() if self._step.get("command") or self._step.get("reason") else "closed"
         self._close_reason = reason
         self._input = InputBuffer()
         self._committed = b""
