@@ -445,10 +445,9 @@ class RealtimeServer:
         """Drop records of sessions that closed while no connection was attached (expiry).
 
         A backstop: ``_session_closed`` drops them as they close."""
-        for session_id, record in list(self._records.items()):
+        for record in list(self._records.values()):
             if record.handle.state == "closed" and record.attached is None:
-                del self._records[session_id]
-                self.quotas.released(session_id)
+                self._forget(record)
 
 
 class _Connection:
