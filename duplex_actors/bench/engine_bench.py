@@ -26,13 +26,15 @@ import logging
 import sys
 import time
 
+import attrs
 import structlog
 import torch
 
 from duplex_actors.core.engine_io import ModelTurnRequest, TextDelta, TurnDone, TurnKind
 from duplex_actors.core.fence import Fence
-from duplex_actors.engines.embedded import EmbeddedThinker, SamplingParams, Thinker
+from duplex_actors.engines.embedded import EmbeddedThinker, SamplingParams, Thinker, ThinkerConfig
 from duplex_actors.engines.embedded.thinker_backend import output_prior
+from duplex_actors.engines.embedded.vocab import default_vocabulary
 
 CONCURRENCY = (1, 16, 64)
 
@@ -79,7 +81,7 @@ def _bare_run(model: Thinker, prompt, n: int, max_tokens: int) -> tuple[float, i
     return time.perf_counter() - began, n * max_tokens
 
 
-def run(quick: bool = True, threads: int = 1) -> dict:
+def run(quick: bool = True, threads: int = 1, float32_dense: bool = False) -> dict:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     max_tokens = 48 if quick else 64
     rounds = 5 if quick else 9  # odd: the median is a real round
@@ -93,7 +95,11 @@ def run(quick: bool = True, threads: int = 1) -> dict:
     torch.set_num_threads(threads)
 
     async def measure() -> tuple[list, EmbeddedThinker, Thinker, object]:
-        engine = EmbeddedThinker(defaults=params)
+        # float32_dense: the figures without bf16 dense layers in batched steps, for comparison.
+        config = ThinkerConfig(vocab_size=len(default_vocabulary()), max_slots=64)
+        if float32_dense:
+            config = attrs.evolve(config, dense_bfloat16_from_rows=None)
+        engine = EmbeddedThinker(defaults=params, config=config)
         await engine.start()
         try:
             model = Thinker(engine.config, output_prior(engine.vocab))
@@ -151,6 +157,7 @@ def run(quick: bool = True, threads: int = 1) -> dict:
             "vocab": engine.config.vocab_size,
             "torch_threads": torch.get_num_threads(),
             "kv_cache": str(model.k_cache.dtype).removeprefix("torch."),
+            "bf16_dense_from_rows": model.bf16_dense_from_rows,
         },
         "max_tokens": max_tokens,
         "prompt_positions": len(prompt.prefix_ids) + prompt.budget.tokens + len(prompt.suffix_ids),
@@ -174,9 +181,14 @@ def run(quick: bool = True, threads: int = 1) -> dict:
 
 def _print(report: dict) -> None:
     m = report["model"]
+    from_rows = m["bf16_dense_from_rows"]
+    dense = (
+        "float32 dense layers" if from_rows is None else f"bf16 dense layers in steps of >= {from_rows} rows"
+    )
     print(
         f"embedded thinker: {m['params'] / 1e6:.2f} M params, d_model {m['d_model']}, {m['layers']} layers, "
-        f"vocab {m['vocab']}, {m['kv_cache']} KV cache, torch threads {m['torch_threads']}; "
+        f"vocab {m['vocab']}, {m['kv_cache']} KV cache, {dense}, "
+        f"torch threads {m['torch_threads']}; "
         f"{report['max_tokens']} tokens per request, "
         f"{report['prompt_positions']}-position prompt"
     )
@@ -201,4 +213,4 @@ def _print(report: dict) -> None:
 
 
 if __name__ == "__main__":
-    _print(run(quick="--full" not in sys.argv))
+    _print(run(quick="--full" not in sys.argv, float32_dense="--float32-dense" in sys.argv))

@@ -1,5 +1,6 @@
 """The thinker's compute paths agree with each other: batched prefill with one-at-a-time
-prefill, the (in, out) dense layer with torch's own linear."""
+prefill, the (in, out) dense layer with torch's own linear, a cache whose time axis grows and
+shrinks with one that never moves, bf16 dense layers with float32 ones."""
 
 from __future__ import annotations
 
@@ -12,20 +13,24 @@ from duplex_actors.engines.embedded import Thinker, ThinkerConfig  # noqa: E402
 pytestmark = pytest.mark.embedded
 
 
-def _model() -> Thinker:
-    cfg = ThinkerConfig(
-        vocab_size=50,
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        d_ff=64,
-        n_mels=8,
-        frames_per_token=2,
-        max_audio_tokens=12,
-        max_new_tokens=8,
-        max_slots=8,
-    )
-    return Thinker(cfg)
+SMALL = dict(
+    vocab_size=50,
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    d_ff=64,
+    n_mels=8,
+    frames_per_token=2,
+    max_audio_tokens=12,
+    max_new_tokens=8,
+    max_slots=8,
+)
+
+
+def _model(**overrides) -> Thinker:
+    # float32 dense layers unless a test asks otherwise: these tests compare compute paths,
+    # and bf16 would differ between a step of few rows and one of many.
+    return Thinker(ThinkerConfig(**{"dense_bfloat16_from_rows": None, **SMALL, **overrides}))
 
 
 def _prompts(model: Thinker):
@@ -103,20 +108,8 @@ def test_dense_layer_computes_what_torch_linear_computes():
 
 
 def test_a_bfloat16_kv_cache_computes_nearly_what_float32_does():
-    cfg = dict(
-        vocab_size=50,
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        d_ff=64,
-        n_mels=8,
-        frames_per_token=2,
-        max_audio_tokens=12,
-        max_new_tokens=8,
-        max_slots=8,
-    )
-    full = Thinker(ThinkerConfig(kv_dtype="float32", **cfg))
-    half = Thinker(ThinkerConfig(kv_dtype="bfloat16", **cfg))
+    full = _model(kv_dtype="float32")
+    half = _model(kv_dtype="bfloat16")
     assert half.k_cache.dtype == torch.bfloat16 and full.k_cache.dtype == torch.float32
     prompts = _prompts(full)
     logits = []
@@ -139,3 +132,83 @@ def test_kv_dtype_auto_resolves_to_a_supported_dtype():
     assert resolve_kv_dtype("auto") in (torch.float32, torch.bfloat16)
     with pytest.raises(ValueError):
         ThinkerConfig(vocab_size=10, kv_dtype="float16")
+
+
+def _decode_run(model: Thinker, prompts, steps: int, leave_after: int) -> list[torch.Tensor]:
+    """Prefill, decode ``steps`` greedy steps; after ``leave_after`` every sequence but the
+    shortest leaves (the scheduler's compaction: the survivor moves into slot 0)."""
+    positions = model.prefill_many(0, [model.embed_prompt(*p) for p in prompts])
+    tokens = torch.tensor([suffix[-1] for _, _, suffix in prompts])
+    pos = torch.tensor(positions)
+    logits = []
+    for step in range(steps):
+        if step == leave_after:
+            survivor = int(pos.argmin())
+            model.move_slot(survivor, 0, int(pos[survivor]))
+            tokens, pos = tokens[survivor : survivor + 1], pos[survivor : survivor + 1]
+        out = model.decode(tokens, pos)
+        logits.append(out)
+        tokens, pos = out.argmax(dim=-1), pos + 1
+    return logits
+
+
+def test_a_cache_whose_time_axis_grows_and_shrinks_computes_what_a_fixed_one_does():
+    # Sequences far apart in length, decoded across several growth boundaries; then the long
+    # ones leave, and the axis shrinks under the survivor. The reference never relays out
+    # (growth as long as the cache), so every step's logits must match it.
+    cfg = dict(max_audio_tokens=40, max_new_tokens=48)
+    gen = torch.Generator().manual_seed(3)
+    dim = _model(**cfg).cfg.audio_feature_dim
+    prompts = [
+        ([1, 2], torch.randn(30, dim, generator=gen), [3, 4]),
+        ([5], torch.zeros(0, dim), [6]),
+        ([7, 8, 9], torch.randn(3, dim, generator=gen), [10, 11]),
+    ]
+    moving = _model(cache_growth=4, **cfg)
+    fixed = _model(cache_growth=1000, **cfg)
+    assert fixed.cache_capacity == fixed.cfg.max_len
+
+    capacities = []
+    original_fit = moving._fit_cache
+
+    def recording_fit(needed: int, *, live: int) -> None:
+        original_fit(needed, live=live)
+        capacities.append((needed, moving.cache_capacity))
+
+    moving._fit_cache = recording_fit  # type: ignore[method-assign]
+    got = _decode_run(moving, prompts, steps=40, leave_after=24)
+    want = _decode_run(fixed, prompts, steps=40, leave_after=24)
+
+    for step, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.allclose(a, b, atol=1e-5), f"step {step} differs"
+    seen = [capacity for _, capacity in capacities]
+    assert all(needed <= capacity < needed + 8 for needed, capacity in capacities)
+    assert all(capacity % 4 == 0 for capacity in seen)
+    grew = any(b > a for a, b in zip(seen, seen[1:]))
+    shrank = any(b < a for a, b in zip(seen, seen[1:]))
+    assert grew and shrank, seen
+
+
+def test_bfloat16_dense_layers_compute_nearly_what_float32_does():
+    from duplex_actors.engines.embedded.model import _native_bf16
+
+    full = _model()
+    low = _model(dense_bfloat16_from_rows=2)
+    prompts = _prompts(full)
+    logits = []
+    for model in (full, low):
+        positions = model.prefill_many(0, [model.embed_prompt(*p) for p in prompts])
+        logits.append(_next_logits(model, positions, prompts))
+    if not _native_bf16():
+        # Hosts without native bf16 dot products keep float32 whatever the setting.
+        assert torch.equal(logits[0], logits[1])
+        return
+    assert (logits[0] - logits[1]).abs().max() < 0.05
+    assert not torch.equal(logits[0], logits[1]), "the bf16 path did not run"
+    # A one-row step stays below the threshold, so it is float32 in both (on fresh models:
+    # the caches above were written by prefills of different precision).
+    one = [
+        model.decode(torch.tensor([3]), torch.tensor([0]))
+        for model in (_model(), _model(dense_bfloat16_from_rows=2))
+    ]
+    assert torch.equal(one[0], one[1])
