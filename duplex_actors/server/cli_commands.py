@@ -155,6 +155,15 @@ def register(app: typer.Typer) -> None:
                     session_overrides=overrides,
                     max_sessions=max_sessions,
                     max_connections=max_connections,
+                    server_options={
+                        "write_timeout_s": write_timeout_s,
+                        "max_sessions_per_key": max_sessions_per_key,
+                        "max_sessions_per_address": max_sessions_per_address,
+                        "max_detached_sessions": max_detached_sessions,
+                        "compression": "deflate" if compression else None,
+                    },
+                    runtime_options={"stall_timeout_s": stall_timeout_s or None},
+                    gc_reclaim_s=gc_reclaim_s,
                 ),
             )
             return

@@ -94,6 +94,13 @@ class WorkerSettings:
     #: Builds the backend in the engine process instead of ``engine``/``model`` (picklable: a
     #: module-level function). The benchmark uses it for an unpaced engine.
     engine_factory: Callable[[], Any] | None = None
+    #: More ServerConfig fields for every worker (write timeout, admission quotas,
+    #: compression...), as ``serve`` would set them in one process. Quotas count per worker.
+    server_options: dict = attrs.field(factory=dict)
+    #: More Runtime options (e.g. stall_timeout_s).
+    runtime_options: dict = attrs.field(factory=dict)
+    #: GcPolicy's reclaim interval, as ``serve --gc-reclaim-s`` (0: CPython's own collector).
+    gc_reclaim_s: float = 30.0
 
     def build_engine(self):
         if self.engine_factory is not None:
@@ -157,6 +164,7 @@ async def _run_worker(
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     log_ = log.bind(worker=index, pid=os.getpid())
+    from ..actors.gc_policy import GcPolicy
     from ..audio.transcription import default_transcriber
 
     backend = EngineProcessClient(engine_path)
@@ -169,7 +177,11 @@ async def _run_worker(
         api_key=settings.api_key,
         max_connections=settings.max_connections,
         **({"limits": settings.limits} if settings.limits is not None else {}),
+        **settings.server_options,
     )
+    # The same collector policy as single-process serve: without it a worker's full
+    # collections ran on its loop (25-50 ms probe stalls at 40 live sessions).
+    gc_policy = GcPolicy(reclaim_interval_s=settings.gc_reclaim_s) if settings.gc_reclaim_s > 0 else None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(handoff_path)
     os.chmod(handoff_path, 0o600)
@@ -182,6 +194,8 @@ async def _run_worker(
             max_sessions=settings.max_sessions,
             session_ids=_SessionIds(index),
             transcriber=transcriber,
+            gc_policy=gc_policy,
+            **settings.runtime_options,
         ) as runtime:
             async with RealtimeServer(runtime, config) as server:
                 ready.send((os.getpid(), server.port))

@@ -392,3 +392,30 @@ def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again(
         assert failed["response"]["status"] == "failed"
         assert statuses[-1] == "completed", statuses
         assert set(statuses[:-1]) <= {"failed"}
+
+
+def test_serve_flags_reach_the_workers_the_per_address_quota_counts_per_worker():
+    # serve's admission and connection flags used to stop at the front: a worker built its
+    # ServerConfig from four of them, so --max-sessions-per-address was silently unlimited
+    # with --workers. The quota is each worker's own (round-robin gives a client one slot on
+    # each), so with 2 workers and a quota of 1, the third session is the first refused.
+    with serve_workers(2, "--max-sessions-per-address", "1", "--no-compression") as s:
+
+        async def main() -> None:
+            opened = []
+            for _ in range(2):
+                ws = await connect(s.url)
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                assert ws.protocol.extensions == []  # --no-compression reached the worker
+                opened.append(ws)
+            async with connect(s.url) as third:
+                error = json.loads(await third.recv())
+                assert error["type"] == "error" and error["error"]["code"] == "quota_exceeded", error
+                with anyio.fail_after(10):
+                    with contextlib.suppress(Exception):
+                        await third.recv()
+                assert third.close_code == 1013
+            for ws in opened:
+                await ws.close()
+
+        run(main)
