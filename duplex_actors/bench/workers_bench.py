@@ -22,7 +22,21 @@ them. Arms run back to back in each round, in alternating order, and the ratio r
 ratio (machine speed drifts between rounds on a shared machine; a ratio within one round does
 not).
 
-``python -m duplex_actors.bench.workers_bench [--quick]`` prints the result as JSON.
+A second mode, ``--realtime``, measures what ``--workers`` is for: how many *live* sessions
+a server keeps in real time. Each session streams 20 ms of audio every 20 ms at the GA wire's
+24 kHz, as a microphone does, with the server's default turn detection on: every chunk is
+decoded, resampled to 16 kHz and heard by the Silero VAD in the worker that owns the session
+(low-level noise, so no turn starts and the engine is idle). Once a second each session sends
+``input_audio_buffer.clear`` and times the ``input_audio_buffer.cleared`` reply: it queues
+behind every chunk sent before it, so its round trip is the server's backlog. A server keeps
+up with N sessions when that round trip's p99 stays under ``REALTIME_RTT_P99_S`` with no probe
+lost and no error. The bench raises N by ``REALTIME_STEP``x from ``realtime_start`` on a fresh
+server per step until it fails, then halves the gap twice; an arm's capacity is the largest N
+that kept up. Here the
+load costs a small fraction of what the server spends per session (one pre-masked write per
+chunk against decode, resample and VAD), so the two workers get most of the two cores.
+
+``python -m duplex_actors.bench.workers_bench [--quick] [--realtime]`` prints the result as JSON.
 """
 
 from __future__ import annotations
@@ -65,6 +79,28 @@ MANUAL_TURNS = json.dumps(
 )
 
 
+#: The real-time mode (see the module docstring).
+REALTIME_CHUNK_S = 0.02
+REALTIME_PROBE_EVERY = 50  # chunks: one clear probe per session per second
+REALTIME_RTT_P99_S = 0.02
+REALTIME_STEP = 1.2
+REALTIME_PHASES = 10  # sessions send in 10 groups 2 ms apart, not all on one tick
+
+
+def _noise_chunk() -> str:
+    """20 ms at 24 kHz of quiet noise (about -60 dBFS): what an open microphone in a quiet room
+    sends. Deterministic, and not digital silence, which a VAD could shortcut."""
+    import random
+
+    rng = random.Random(20261201)
+    samples = [rng.randint(-30, 30) for _ in range(480)]
+    return base64.b64encode(b"".join(v.to_bytes(2, "little", signed=True) for v in samples)).decode()
+
+
+STREAM = json.dumps({"type": "input_audio_buffer.append", "audio": _noise_chunk()})
+CLEAR = json.dumps({"type": "input_audio_buffer.clear"})
+
+
 def unpaced_engine() -> ScriptedEngine:  # module level: picklable into the engine process
     return ScriptedEngine(SCRIPT, record=False)
 
@@ -73,17 +109,18 @@ def unpaced_engine() -> ScriptedEngine:  # module level: picklable into the engi
 
 
 def _bare_main(ready) -> None:
+    """``serve`` in one process: the same assembly (open_server, GcPolicy included)."""
+
     async def main() -> None:
-        from ..actors.runtime import Runtime
-        from ..server.app import RealtimeServer, ServerConfig
+        from ..server.app import ServerConfig
+        from ..server.cli_commands import open_server
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        async with Runtime(unpaced_engine()) as runtime:
-            async with RealtimeServer(runtime, ServerConfig(port=0)) as server:
-                ready.send(server.port)
-                await stop.wait()
+        async with open_server(unpaced_engine(), ServerConfig(port=0)) as server:
+            ready.send(server.port)
+            await stop.wait()
 
     asyncio.run(main())
 
@@ -178,6 +215,184 @@ def _client_main(urls: list[str], warmup_s: float, duration_s: float, result) ->
         result.send((counts[0] - base, time.perf_counter() - t0, time.process_time() - cpu0))
 
     asyncio.run(main())
+
+
+class _LiveSession:
+    """One real-time session of the load: its socket, and its probes in flight."""
+
+    __slots__ = ("ws", "probes", "rtts", "errors", "turns", "tail")
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.probes: list[float] = []  # send times of clears not yet answered, oldest first
+        self.rtts: list[float] = []
+        self.errors = 0
+        self.turns = 0
+        self.tail = b""
+
+
+_CLEARED = b'"input_audio_buffer.cleared"'
+_ERROR = b'"type":"error"'
+_SPEECH = b'"input_audio_buffer.speech_started"'
+_LONGEST_MARKER = max(len(_CLEARED), len(_ERROR), len(_SPEECH))
+
+
+async def _listen(live: _LiveSession, counting_from: list[float]) -> None:
+    """Read the session's events as raw bytes: each ``cleared`` answers the oldest probe."""
+    reader = live.ws.reader
+    while True:
+        data = await reader.read(1 << 16)
+        if not data:
+            return
+        now = time.perf_counter()
+        # Each marker is searched in the bytes read plus the previous read's last len-1 bytes:
+        # a marker split across two reads is found, and none is counted twice (it cannot fit
+        # in the carried part alone).
+        before = live.tail
+        live.tail = (before + data)[-(_LONGEST_MARKER - 1) :]
+
+        def count(marker: bytes, before: bytes = before, data: bytes = data) -> int:
+            return (before[-(len(marker) - 1) :] + data).count(marker)
+
+        for _ in range(count(_CLEARED)):
+            if live.probes:
+                sent = live.probes.pop(0)
+                if sent >= counting_from[0]:
+                    live.rtts.append(now - sent)
+        live.errors += count(_ERROR)
+        live.turns += count(_SPEECH)
+
+
+def _realtime_client_main(urls: list[str], warmup_s: float, duration_s: float, result) -> None:
+    """One load process: a real-time session per URL (see the module docstring)."""
+
+    async def main() -> None:
+        from ..testing.raw_websocket import RawWebSocket
+
+        append, clear = _masked_frame(STREAM), _masked_frame(CLEAR)
+        gate = asyncio.Semaphore(16)
+
+        async def open_one(url: str) -> _LiveSession:
+            async with gate:
+                ws = await RawWebSocket.connect(url)
+                await _read_until(ws, b'"session.created"', b"")
+                return _LiveSession(ws)
+
+        sessions = await asyncio.gather(*(open_one(url) for url in urls))
+        counting_from = [float("inf")]
+        listeners = [asyncio.create_task(_listen(live, counting_from)) for live in sessions]
+        groups = [sessions[i::REALTIME_PHASES] for i in range(REALTIME_PHASES)]
+        tick_s = REALTIME_CHUNK_S / REALTIME_PHASES
+        start = time.perf_counter()
+        counting_from[0] = start + warmup_s
+        end = counting_from[0] + duration_s
+        lateness: list[float] = []
+        cpu0 = None
+        tick = 0
+        while True:
+            due = start + tick * tick_s
+            if due >= end:
+                break
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = time.perf_counter()
+            if due >= counting_from[0]:
+                if cpu0 is None:
+                    cpu0 = time.process_time()
+                lateness.append(now - due)
+            chunk_index = tick // REALTIME_PHASES
+            for j, live in enumerate(groups[tick % REALTIME_PHASES]):
+                writer = live.ws.writer
+                writer.write(append)
+                # one probe per session per second, spread over the second
+                if (chunk_index + j) % REALTIME_PROBE_EVERY == 0:
+                    writer.write(clear)
+                    live.probes.append(time.perf_counter())
+            tick += 1
+        cpu = time.process_time() - (cpu0 if cpu0 is not None else time.process_time())
+        # Answers still on their way get a grace period; what is missing after it was lost.
+        grace_end = time.perf_counter() + 2.0
+        while time.perf_counter() < grace_end and any(live.probes for live in sessions):
+            await asyncio.sleep(0.05)
+        lost = sum(1 for live in sessions for sent in live.probes if sent >= counting_from[0])
+        for task in listeners:
+            task.cancel()
+        for live in sessions:
+            live.ws.abort()
+        result.send(
+            {
+                "rtts": [rtt for live in sessions for rtt in live.rtts],
+                "lost": lost,
+                "errors": sum(live.errors for live in sessions),
+                "turns": sum(live.turns for live in sessions),
+                "lateness": lateness,
+                "client_cpu_s": cpu,
+            }
+        )
+
+    asyncio.run(main())
+
+
+def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float):
+    """N real-time sessions against a fresh server: did it keep up, and at what cost."""
+    ready_recv, ready_send = ctx.Pipe(duplex=False)
+    server = ctx.Process(target=target, args=(*args, ready_send))
+    server.start()
+    try:
+        if not ready_recv.poll(120):
+            raise RuntimeError(f"{target.__name__} did not start")
+        url = f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
+        pipes, procs = [], []
+        urls = [url] * sessions
+        for i in range(clients):
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_realtime_client_main, args=(urls[i::clients], warmup_s, duration_s, send)
+            )
+            proc.start()
+            pipes.append(receive)
+            procs.append(proc)
+        server_cpu0: float | None = None
+        # The server's CPU over the measured window: read when the warm-up should be over.
+        time.sleep(warmup_s + 1.0)
+        server_cpu0 = _tree_cpu_s(server.pid)
+        window0 = time.perf_counter()
+        parts = []
+        for receive, proc in zip(pipes, procs):
+            if not receive.poll(warmup_s + duration_s + 180):
+                raise RuntimeError("a load client did not finish")
+            parts.append(receive.recv())
+            if server_cpu0 is not None and len(parts) == 1:
+                server_cpu = _tree_cpu_s(server.pid) - server_cpu0
+                window = time.perf_counter() - window0
+            proc.join(10)
+        rtts = sorted(rtt for part in parts for rtt in part["rtts"])
+        lateness = sorted(x for part in parts for x in part["lateness"])
+        p99 = rtts[int(0.99 * (len(rtts) - 1))] if rtts else float("inf")
+        lost = sum(part["lost"] for part in parts)
+        errors = sum(part["errors"] for part in parts)
+        return {
+            "sessions": sessions,
+            "probe_rtt_p50_ms": round(1000 * rtts[len(rtts) // 2], 2) if rtts else None,
+            "probe_rtt_p99_ms": round(1000 * p99, 2),
+            "probes": len(rtts),
+            "lost": lost,
+            "errors": errors,
+            "turns_started": sum(part["turns"] for part in parts),
+            "load_lateness_p99_ms": round(1000 * lateness[int(0.99 * (len(lateness) - 1))], 2)
+            if lateness
+            else None,
+            "server_cores": round(server_cpu / window, 2),
+            "client_cores": round(sum(part["client_cpu_s"] for part in parts) / duration_s, 2),
+            "kept_up": p99 <= REALTIME_RTT_P99_S and lost == 0 and errors == 0,
+        }
+    finally:
+        os.kill(server.pid, signal.SIGTERM)
+        server.join(30)
+        if server.is_alive():
+            server.kill()
+            server.join(5)
 
 
 def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float) -> float:
@@ -358,8 +573,76 @@ def run(
     }
 
 
+def run_realtime(
+    quick: bool = False,
+    *,
+    clients: int = 2,
+    realtime_start: int = 100,
+    duration_s: float | None = None,
+    warmup_s: float = 2.0,
+    max_sessions: int = 3000,
+) -> dict[str, Any]:
+    """Real-time capacity per arm (see the module docstring): N grows by REALTIME_STEP from
+    ``realtime_start`` until the server falls behind."""
+    ctx = multiprocessing.get_context("spawn")
+    duration_s = duration_s or (3.0 if quick else 5.0)
+    arms = {"bare": (_bare_main, ()), "workers=1": (_workers_main, (1,)), "workers=2": (_workers_main, (2,))}
+    steps: dict[str, list[dict[str, Any]]] = {}
+    capacity: dict[str, int] = {}
+    for name, (target, args) in arms.items():
+        steps[name] = []
+
+        def kept_up(n: int, name: str = name, target=target, args=args) -> bool:
+            step = _measure_realtime(
+                ctx, target, args, sessions=n, clients=clients, warmup_s=warmup_s, duration_s=duration_s
+            )
+            steps[name].append(step)
+            return step["kept_up"]
+
+        # Up by REALTIME_STEP until a step falls behind, then halve the gap twice: the
+        # capacity is known to within ~5%.
+        ok, failed = 0, None
+        n = realtime_start
+        while n <= max_sessions:
+            if not kept_up(n):
+                failed = n
+                break
+            ok, n = n, int(n * REALTIME_STEP)
+        for _ in range(2 if failed is not None and ok else 0):
+            middle = (ok + failed) // 2
+            if middle in (ok, failed):
+                break
+            if kept_up(middle):
+                ok = middle
+            else:
+                failed = middle
+        capacity[name] = ok
+    base = capacity["workers=1"]
+    return {
+        "name": "workers_realtime",
+        "params": {
+            "clients": clients,
+            "duration_s": duration_s,
+            "warmup_s": warmup_s,
+            "chunk_ms": REALTIME_CHUNK_S * 1000,
+            "probe_rtt_p99_limit_ms": REALTIME_RTT_P99_S * 1000,
+            "step": REALTIME_STEP,
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+        },
+        "capacity_sessions": capacity,
+        # Each capacity is known to within ~5% (see above), so a ratio to within ~10%.
+        "ratio_2_vs_1_workers": round(capacity["workers=2"] / base, 3) if base else None,
+        "ratio_1_worker_vs_bare": round(base / capacity["bare"], 3) if capacity["bare"] else None,
+        "steps": steps,
+    }
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if "--realtime" in args:
+        print(json.dumps(run_realtime(quick="--quick" in args), indent=2))
+        sys.exit(0)
     options: dict[str, Any] = {"quick": "--quick" in args}
     for flag, key, kind in (
         ("--sessions", "sessions", int),
