@@ -577,7 +577,7 @@ def run_realtime(
     quick: bool = False,
     *,
     clients: int = 2,
-    realtime_start: int = 100,
+    realtime_start: int = 40,
     duration_s: float | None = None,
     warmup_s: float = 2.0,
     max_sessions: int = 3000,
@@ -599,15 +599,21 @@ def run_realtime(
             steps[name].append(step)
             return step["kept_up"]
 
-        # Up by REALTIME_STEP until a step falls behind, then halve the gap twice: the
-        # capacity is known to within ~5%.
+        # Down by halves while the start is too many, then up by REALTIME_STEP until a step
+        # falls behind, then halve the gap twice: the capacity is known to within ~5%.
         ok, failed = 0, None
         n = realtime_start
-        while n <= max_sessions:
-            if not kept_up(n):
-                failed = n
-                break
+        while n >= 2 and not kept_up(n):
+            failed, n = n, n // 2
+        if n >= 2:
             ok, n = n, int(n * REALTIME_STEP)
+            while failed is None or n < failed:
+                if n > max_sessions:
+                    break
+                if not kept_up(n):
+                    failed = n
+                    break
+                ok, n = n, int(n * REALTIME_STEP)
         for _ in range(2 if failed is not None and ok else 0):
             middle = (ok + failed) // 2
             if middle in (ok, failed):
