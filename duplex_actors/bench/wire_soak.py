@@ -22,7 +22,9 @@ kept). A hostile client whose refusal did not come is counted as a defence failu
 RSS is the server process's (``/proc/<pid>/status``): at start, after warm-up (at least 1.5x
 the journal age, since each journal fills for that long), at the end, and the slope after
 warm-up. RSS alone cannot tell a leak from the replay journals following the event rate (each
-session keeps its last ``journal_max_age_s`` of events), so at each RSS sample the soak also
+session keeps its last ``journal_max_age_s`` of events, so they grow when the machine speeds
+up), so the memory verdict is on RSS growth after warm-up minus the journals' growth (counted
+exactly by the server), against 16 MiB or 5%. At each RSS sample the soak also
 reads the server's ``/metrics``: events and bytes held in journals, Python allocator blocks,
 event-loop tasks and session records; and it reads them once more before the first client and
 after the last session is gone, when nothing should be held. At the end every client closes; the
@@ -524,6 +526,15 @@ async def _run(
         }
         growth = (samples[-1][1] - at_warmup) if at_warmup is not None else None
         report["rss_growth_after_warmup_mb"] = growth
+        # The journals hold each session's last journal_max_age_s of events, so what they
+        # hold follows the event rate, which drifts with the machine's speed over ten minutes
+        # (two runs on 2026-12-01 grew 6.8 and 19.8 MiB of journal after warm-up, and their
+        # RSS 20.7 and 21.7 MiB). That growth is bounded by design and counted exactly by the
+        # server; the allowance is for everything else.
+        change = report["server_inside"].get("change", {})
+        journal_mb = max(0.0, change.get("journal_bytes", 0) / 2**20)
+        unexplained = None if growth is None else growth - journal_mb
+        report["rss_growth_beyond_journals_mb"] = unexplained
         report["ok"] = (
             report["lost"] == 0
             and report["duplicates"] == 0
@@ -533,7 +544,7 @@ async def _run(
             and left == 0
             and exit_code == 0
             and stats["errors_unexpected"] == 0
-            and (growth is None or growth <= max(16.0, 0.05 * at_warmup))
+            and (unexplained is None or unexplained <= max(16.0, 0.05 * at_warmup))
             # nothing kept once every session is gone: no record, no task beyond the start's
             and idle_after.get("records", 0) == 0
             and idle_after.get("tasks", 0) <= idle_before.get("tasks", 0)
@@ -566,10 +577,15 @@ def summary(report: dict[str, Any]) -> str:
         f"defence_failures={report['defence_failures']} client_failures={report['client_failures']} "
         f"sessions_left={report['sessions_left']} exit={report['server_exit_code']}; server RSS MiB "
         f"start={rss['start']:.1f} after_warmup={rss['after_warmup'] or 0:.1f} end={rss['end']:.1f} "
-        f"peak={rss['peak']:.1f} slope={report['rss_slope_mb_per_min_after_warmup']:+.2f}/min; "
+        f"peak={rss['peak']:.1f} slope={report['rss_slope_mb_per_min_after_warmup']:+.2f}/min"
+        f"{_beyond(report.get('rss_growth_beyond_journals_mb'))}; "
         f"{_inside_summary(report.get('server_inside') or {})}"
         f"{_idle_summary(report.get('server_idle') or {})}ok={report['ok']}"
     )
+
+
+def _beyond(mb: float | None) -> str:
+    return "" if mb is None else f", growth beyond the journals' {mb:+.1f} (the allowance is on this)"
 
 
 def _idle_summary(idle: dict[str, Any]) -> str:
