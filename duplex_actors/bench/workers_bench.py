@@ -334,15 +334,28 @@ def _realtime_client_main(urls: list[str], warmup_s: float, duration_s: float, r
     asyncio.run(main())
 
 
-def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float):
-    """N real-time sessions against a fresh server: did it keep up, and at what cost."""
+@contextlib.contextmanager
+def _served(ctx, target, args):
+    """A fresh server (``target(*args, ready)``) in its own process: yields (process, URL),
+    and SIGTERMs it (then kills it) on the way out."""
     ready_recv, ready_send = ctx.Pipe(duplex=False)
     server = ctx.Process(target=target, args=(*args, ready_send))
     server.start()
     try:
         if not ready_recv.poll(120):
             raise RuntimeError(f"{target.__name__} did not start")
-        url = f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
+        yield server, f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
+    finally:
+        os.kill(server.pid, signal.SIGTERM)
+        server.join(30)
+        if server.is_alive():
+            server.kill()
+            server.join(5)
+
+
+def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float):
+    """N real-time sessions against a fresh server: did it keep up, and at what cost."""
+    with _served(ctx, target, args) as (server, url):
         pipes, procs = [], []
         urls = [url] * sessions
         for i in range(clients):
@@ -387,22 +400,10 @@ def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_
             "client_cores": round(sum(part["client_cpu_s"] for part in parts) / duration_s, 2),
             "kept_up": p99 <= REALTIME_RTT_P99_S and lost == 0 and errors == 0,
         }
-    finally:
-        os.kill(server.pid, signal.SIGTERM)
-        server.join(30)
-        if server.is_alive():
-            server.kill()
-            server.join(5)
 
 
 def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float) -> float:
-    ready_recv, ready_send = ctx.Pipe(duplex=False)
-    server = ctx.Process(target=target, args=(*args, ready_send))
-    server.start()
-    try:
-        if not ready_recv.poll(120):
-            raise RuntimeError(f"{target.__name__} did not start")
-        url = f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
+    with _served(ctx, target, args) as (server, url):
         roles0: dict[str, float] = {}
 
         def cpu_of() -> float:  # the first call is the start of the window
@@ -426,12 +427,6 @@ def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float,
             "client_cores": load["client_cores"],
             "cpu_ms_per_turn_by_process": per_turn,
         }
-    finally:
-        os.kill(server.pid, signal.SIGTERM)
-        server.join(30)
-        if server.is_alive():
-            server.kill()
-            server.join(5)
 
 
 def run_load(
