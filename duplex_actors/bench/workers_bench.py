@@ -366,8 +366,8 @@ def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_
             proc.start()
             pipes.append(receive)
             procs.append(proc)
-        server_cpu0: float | None = None
-        # The server's CPU over the measured window: read when the warm-up should be over.
+        # The server's CPU over the measured window: from when the warm-up should be over to
+        # when the first load process reports (the others end within a tick of it).
         time.sleep(warmup_s + 1.0)
         server_cpu0 = _tree_cpu_s(server.pid)
         window0 = time.perf_counter()
@@ -376,7 +376,7 @@ def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_
             if not receive.poll(warmup_s + duration_s + 180):
                 raise RuntimeError("a load client did not finish")
             parts.append(receive.recv())
-            if server_cpu0 is not None and len(parts) == 1:
+            if len(parts) == 1:
                 server_cpu = _tree_cpu_s(server.pid) - server_cpu0
                 window = time.perf_counter() - window0
             proc.join(10)
