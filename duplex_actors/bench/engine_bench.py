@@ -2,7 +2,7 @@
 
 For 1, 16 and 64 concurrent requests it measures:
 
-* ``engine``: the full EmbeddedThinker path (adapter, scheduler thread, per-step dispatch to
+* ``engine``: the full EmbeddedThinker path (adapter, scheduler thread, batched dispatch to
   the event loop, one async consumer per request), text only;
 * ``bare``: a plain loop over the same model and weights: prefill every request's prompt in
   one batched pass, then ``max_tokens`` batched decode steps with argmax, nothing else;

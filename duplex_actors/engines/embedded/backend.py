@@ -70,6 +70,7 @@ def make_embedded_engine(
     talker_config: TalkerConfig = TalkerConfig(),
     torch_threads: int | None = 1,
     seed: int = 20240617,
+    dispatch_interval_s: float = 0.005,
 ) -> EmbeddedEngine:
     """Build (not start) the embedded engine. Defaults: ~3.5 M parameter thinker, 64 live
     sequences, 256 queued, Piper talker at 16 kHz. ``talker=False`` gives a text-only engine
@@ -77,7 +78,10 @@ def make_embedded_engine(
 
     ``torch_threads=1`` (process-wide, applied at start): on 2 cores the event loop, VAD and
     the talker need the other core, and a 2-thread OpenMP team stalls badly whenever one of
-    its threads is descheduled. ``None`` leaves torch's setting alone."""
+    its threads is descheduled. ``None`` leaves torch's setting alone.
+
+    ``dispatch_interval_s``: how long the worker may hold a running response's tokens before
+    waking the event loop (first tokens and endings go at once; see scheduler.py for why)."""
     vocab = default_vocabulary()
     config = ThinkerConfig(
         vocab_size=len(vocab),
@@ -96,5 +100,6 @@ def make_embedded_engine(
         max_queue=max_queue,
         torch_threads=torch_threads,
         seed=seed,
+        dispatch_interval_s=dispatch_interval_s,
     )
     return EmbeddedEngine(thinker, Talker(config=talker_config) if talker else None)

@@ -3,8 +3,9 @@
 One ``generate`` call per model turn. The call checks the audio, submits a job to the shared
 scheduler (whose worker builds the prompt through the adapter when it admits the job), and
 turns the scheduler's token events into engine outputs.
-Tokens travel from the worker thread to the event loop once per decode step (one
-``call_soon_threadsafe`` for the whole batch, not one per token). Whatever way the consumer
+Tokens travel from the worker thread to the event loop in batches (one
+``call_soon_threadsafe`` per dispatch, not one per token; the scheduler dispatches every few
+milliseconds, and at once when a request starts or ends). Whatever way the consumer
 leaves (normal end, ``aclose``, task cancellation), the ``finally`` cancels the job, so an
 aborted request's slot is free before the next decode step.
 """
@@ -82,6 +83,7 @@ class EmbeddedThinker:
         max_queue: int = 256,
         torch_threads: int | None = None,
         seed: int = 0,
+        dispatch_interval_s: float = 0.005,
     ) -> None:
         self.vocab = default_vocabulary()
         self.config = config or ThinkerConfig(vocab_size=len(self.vocab), max_slots=max(64, max_concurrency))
@@ -95,6 +97,7 @@ class EmbeddedThinker:
         self._max_queue = max_queue
         self._torch_threads = torch_threads
         self._seed = seed
+        self._dispatch_interval_s = dispatch_interval_s
         self.model: Thinker | None = None
         self.scheduler: BatchScheduler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,6 +118,7 @@ class EmbeddedThinker:
             max_concurrency=self._max_concurrency,
             max_queue=self._max_queue,
             seed=self._seed,
+            dispatch_interval_s=self._dispatch_interval_s,
         )
         self.scheduler.start()
         log.info(
@@ -133,7 +137,7 @@ class EmbeddedThinker:
         await asyncio.to_thread(scheduler.close)
 
     def _dispatch(self, batch: list[tuple[Sink, SchedulerEvent]]) -> None:
-        # Called on the worker thread once per step; fans out on the event loop.
+        # Called on the worker thread (once per step at most); fans out on the event loop.
         loop = self._loop
         if loop is None or loop.is_closed():
             return
