@@ -253,26 +253,28 @@ async def test_a_raw_socket_that_stops_reading_is_disconnected_by_the_write_time
 
 
 async def test_a_slow_but_steady_reader_is_not_a_slow_consumer(monkeypatch):
-    """The write deadline bounds each event's sends, not a whole burst: a burst that takes far
-    longer than write_timeout_s to drain, while every send drains in time, keeps its client."""
-    from websockets.asyncio.server import ServerConnection
+    """The write deadline bounds each socket write, not a whole burst: a burst that takes far
+    longer than write_timeout_s to drain, while every write drains in time, keeps its client."""
+    from duplex_actors.server import app
 
-    send = ServerConnection.send
-    slow_sends = []
+    send_burst = app._send_burst
+    slow_writes = []
 
-    async def slow_send(self, message, *args, **kwargs):
-        slow_sends.append(message)
-        await anyio.sleep(0.05)  # each send drains in 0.05 s: well within the 0.5 s deadline
-        await send(self, message, *args, **kwargs)
+    async def slow_send_burst(ws, frames):
+        slow_writes.append(len(frames))
+        await anyio.sleep(0.05)  # each write drains in 0.05 s: well within the 0.5 s deadline
+        await send_burst(ws, frames)
 
-    monkeypatch.setattr(ServerConnection, "send", slow_send)
-    # Unpaced: the whole response (about 45 events) is ready in one burst of ~2.5 s of sends.
+    monkeypatch.setattr(app, "_send_burst", slow_send_burst)
+    # One event per write, so the burst is many writes (a burst normally shares writes).
+    monkeypatch.setattr(app, "BURST_MAX_FRAMES", 1)
+    # Unpaced: the whole response (about 45 events) is ready in one burst of ~2.5 s of writes.
     script = Script(tokens=tuple(f" w{i}" for i in range(20)), audio_packets=20, packet_ms=20)
     async with running_server(script, write_timeout_s=0.5, session_overrides=GRACE) as server:
         seconds = await one_turn(server.url)
         assert seconds > 4 * 0.5, "the burst must outlast the deadline for this test to mean anything"
         assert server.metrics.disconnects.labels("slow_consumer")._value.get() == 0
-        assert len(slow_sends) > 40
+        assert len(slow_writes) > 40
 
 
 # --- input validation -------------------------------------------------------------------------
