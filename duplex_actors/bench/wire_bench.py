@@ -29,6 +29,12 @@ actor, outbox, websocket framing and loopback TCP, both directions. Target: p99 
 server-added <= 2 ms. The server's own TTFP (engine request start to first audio at the
 session core) comes over the wire in the audio delta's ``metrics`` and splits server-added
 into "inside the runtime" and "socket in and out".
+
+The floor: the same client turns against a *bare websockets server* in a child process (same
+websockets library, same engine, no runtime: it decodes each frame's JSON and base64, runs
+the engine on response.create and sends the first packet as a transcript delta and an audio
+delta). What it adds over the paired bare engine is what Python websockets and loopback TCP
+cost on this host by themselves; server-added is shown as a ratio to it.
 """
 
 from __future__ import annotations
@@ -107,12 +113,73 @@ def _server_main(ready) -> None:
     anyio.run(main)
 
 
+def _floor_server_main(ready) -> None:
+    """The child process of the floor arm: a bare websockets server with the bench's engine."""
+    import asyncio
+
+    from websockets.asyncio.server import serve
+
+    from ..core.engine_io import AudioPacket, ModelTurnRequest, TextDelta, TurnDone, TurnKind
+    from ..core.fence import Fence
+
+    engine = _engine()
+
+    async def respond(ws, n: int) -> None:
+        request = ModelTurnRequest(f"sess_floor/e0/t{n}", Fence("sess_floor", 0, n), TurnKind.RESPONSE, b"")
+        words = ""
+        async for output in engine.generate(request):
+            if isinstance(output, TextDelta):
+                words += output.text
+            elif isinstance(output, AudioPacket):
+                shape = {
+                    "response_id": f"resp_{n}",
+                    "item_id": f"item_{n}",
+                    "output_index": 0,
+                    "content_index": 0,
+                }
+                if words:
+                    await ws.send(
+                        json.dumps(
+                            {"type": "response.output_audio_transcript.delta", **shape, "delta": words}
+                        )
+                    )
+                    words = ""
+                audio = base64.b64encode(output.pcm).decode()
+                await ws.send(json.dumps({"type": "response.output_audio.delta", **shape, "delta": audio}))
+            elif isinstance(output, TurnDone):
+                await ws.send(json.dumps({"type": "response.done", "response": {"id": f"resp_{n}"}}))
+
+    async def handler(ws) -> None:
+        await ws.send(json.dumps({"type": "session.created"}))
+        responses = set()
+        async for frame in ws:
+            event = json.loads(frame)
+            kind = event["type"]
+            if kind == "session.update":
+                await ws.send(json.dumps({"type": "session.updated"}))
+            elif kind == "input_audio_buffer.append":
+                base64.b64decode(event["audio"])
+            elif kind == "response.create":
+                task = asyncio.create_task(respond(ws, len(responses)))
+                responses.add(task)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = loop.create_future()
+        loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
+        async with serve(handler, "127.0.0.1", 0) as server:
+            ready.send(server.sockets[0].getsockname()[1])
+            await stop
+
+    asyncio.run(main())
+
+
 @contextlib.contextmanager
-def _server_process() -> Iterator[str]:
-    """A bench server in a child process; yields its websocket URL."""
+def _server_process(target=_server_main) -> Iterator[str]:
+    """A bench server (``target``) in a child process; yields its websocket URL."""
     ctx = multiprocessing.get_context("spawn")
     ready_recv, ready_send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_server_main, args=(ready_send,), name="wire-bench-server", daemon=True)
+    child = ctx.Process(target=target, args=(ready_send,), name="wire-bench-server", daemon=True)
     child.start()
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
@@ -254,8 +321,12 @@ def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | No
     load_before = os.getloadavg()
     with _server_process() as url:
         r = anyio.run(_run, url, turns, vad_turns, speech)
+    with _server_process(_floor_server_main) as url:
+        floor = anyio.run(_run, url, turns, 0, None)
     load_after = os.getloadavg()
     bare, commit, added = _ms(r["bare"]), _ms(r["commit"]), _ms(r["commit_added"])
+    floor_added = _ms(floor["commit_added"])
+    floor_label = "floor: a bare websockets server, same engine and turns (wire - paired bare)"
     label = (
         f"bare engine: generate() -> first AudioPacket (scripted, "
         f"{FIRST_LATENCY_S * 1000:.0f} ms first latency)"
@@ -278,8 +349,8 @@ def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | No
                 f"server-added on the commit path (wire - paired bare), {q}",
                 added[q],
                 "ms",
-                None,
-                "",
+                floor_added[q],
+                floor_label,
                 target=f"<= {TARGET_ADDED_P99_MS:g} ms" if q == "p99" else None,
                 met=met,
             )
@@ -310,6 +381,7 @@ def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | No
         "commit_ms": commit,
         "bare_ms": bare,
         "commit_added_ms": added,
+        "floor_added_ms": floor_added,
         "server_ttfp_ms": ttfp,
     }
     if r["vad"]:

@@ -175,5 +175,9 @@ def test_wire_tiny():
     _check(r, "wire")
     assert r["commit_ms"]["n"] == 3 and r["bare_ms"]["n"] == 3
     assert r["commit_added_ms"]["p50"] is not None
+    # The floor arm ran the same turns against a bare websockets server.
+    assert r["floor_added_ms"]["n"] == 3 and r["floor_added_ms"]["p50"] is not None
     metrics = [f["metric"] for f in r["figures"]]
     assert any("server-added on the commit path" in m and m.endswith("p99") for m in metrics)
+    added = next(f for f in r["figures"] if f["metric"].startswith("server-added on the commit path"))
+    assert added["baseline"] == r["floor_added_ms"]["p50"]
