@@ -6,8 +6,10 @@ so what is counted is exactly the worker's calls."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -31,10 +33,10 @@ VERY_LONG = SamplingParams(temperature=0.0, max_tokens=150, min_tokens=150)
 class Recorder:
     """The scheduler's dispatch: keeps every call's events, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, expect_ends: int = 1) -> None:
         self.calls: list[list[tuple[object, object]]] = []
         self.ended = threading.Event()
-        self.expect_ends = 1
+        self.expect_ends = expect_ends
 
     def __call__(self, batch) -> None:
         self.calls.append(list(batch))
@@ -52,11 +54,15 @@ def parts():
     return Thinker(config, output_prior(vocab)), vocab, WordThinkerAdapter(config, vocab, LONG)
 
 
-def _scheduler(parts, recorder: Recorder, interval: float) -> BatchScheduler:
+@contextlib.contextmanager
+def _running(parts, recorder: Recorder, interval: float) -> Iterator[BatchScheduler]:
     model, vocab, _ = parts
     scheduler = BatchScheduler(model, vocab, recorder, max_concurrency=4, dispatch_interval_s=interval)
     scheduler.start()
-    return scheduler
+    try:
+        yield scheduler
+    finally:
+        scheduler.close()
 
 
 def _job(parts, session: str, params: SamplingParams = LONG) -> DecodeJob:
@@ -80,14 +86,17 @@ def _complete(events: list) -> bool:
     return len(tokens) == TOKENS and len(ends) == 1 and events[-1] is ends[0]
 
 
-def test_a_running_response_is_held_between_its_first_token_and_its_end(parts):
+def _one_request(parts, interval: float) -> Recorder:
+    """Run one request alone to its end; what the scheduler dispatched."""
     recorder = Recorder()
-    scheduler = _scheduler(parts, recorder, interval=60.0)
-    try:
+    with _running(parts, recorder, interval) as scheduler:
         scheduler.submit(_job(parts, "sess_a"), lambda _e: None)
         assert recorder.ended.wait(30)
-    finally:
-        scheduler.close()
+    return recorder
+
+
+def test_a_running_response_is_held_between_its_first_token_and_its_end(parts):
+    recorder = _one_request(parts, interval=60.0)
     events = recorder.events("sess_a/e0/t0")
     assert _complete(events)
     # The admission step's first token at once, then everything else with the ending.
@@ -96,30 +105,20 @@ def test_a_running_response_is_held_between_its_first_token_and_its_end(parts):
 
 
 def test_interval_zero_wakes_the_loop_every_step(parts):
-    recorder = Recorder()
-    scheduler = _scheduler(parts, recorder, interval=0.0)
-    try:
-        scheduler.submit(_job(parts, "sess_a"), lambda _e: None)
-        assert recorder.ended.wait(30)
-    finally:
-        scheduler.close()
+    recorder = _one_request(parts, interval=0.0)
     assert _complete(recorder.events("sess_a/e0/t0"))
     # TOKENS steps; the last one carries its token and the ending.
     assert len(recorder.calls) == TOKENS
 
 
 def test_a_join_and_an_ending_each_go_out_at_once(parts):
-    recorder = Recorder()
-    recorder.expect_ends = 2
-    scheduler = _scheduler(parts, recorder, interval=60.0)
-    try:
+    recorder = Recorder(expect_ends=2)
+    with _running(parts, recorder, 60.0) as scheduler:
         scheduler.submit(_job(parts, "sess_a"), lambda _e: None)
         # Wait for sess_a's first dispatch, then let sess_b join while sess_a is mid-response.
         assert _wait_until(lambda: bool(recorder.calls))
         scheduler.submit(_job(parts, "sess_b"), lambda _e: None)
         assert recorder.ended.wait(30)
-    finally:
-        scheduler.close()
     a, b = recorder.events("sess_a/e0/t0"), recorder.events("sess_b/e0/t0")
     assert _complete(a) and _complete(b)
     # sess_b's first token left in the call of the step that admitted it, and that call also
@@ -135,18 +134,14 @@ def test_a_join_and_an_ending_each_go_out_at_once(parts):
 
 
 def test_cancel_and_close_flush_held_tokens_before_the_ending(parts):
-    recorder = Recorder()
-    recorder.expect_ends = 2
-    scheduler = _scheduler(parts, recorder, interval=60.0)
-    try:
+    recorder = Recorder(expect_ends=2)
+    with _running(parts, recorder, 60.0) as scheduler:
         scheduler.submit(_job(parts, "sess_a"), lambda _e: None)
         # sess_b is long enough to be live still when the scheduler closes.
         scheduler.submit(_job(parts, "sess_b", VERY_LONG), lambda _e: None)
         assert _wait_until(lambda: scheduler.stats().steps >= 5)
         scheduler.cancel("sess_a/e0/t0")
         assert _wait_until(lambda: any(type(e) is SequenceEnded for e in recorder.events("sess_a/e0/t0")))
-    finally:
-        scheduler.close()
     final_step = scheduler.stats().steps
     a, b = recorder.events("sess_a/e0/t0"), recorder.events("sess_b/e0/t0")
     # What sess_b made after sess_a's ending was held; closing still delivered all of it.
