@@ -72,8 +72,9 @@ CLOSE_POLICY_VIOLATION = 1008  # too many refused frames (ServerConfig.invalid_f
 CLOSE_SLOW_CONSUMER = 4008  # a send did not drain within ServerConfig.write_timeout_s
 CLOSE_GOING_AWAY = 1001  # the server is shutting down (after session.closed)
 
-#: One socket write carries at most this many events / this many bytes of frames; the rest of a
-#: burst goes in the next write, so a long backlog does not hold the first event back.
+#: A socket write stops taking events once it holds this many frames or bytes (checked after
+#: each event); the rest of a burst goes in the next write, so a long backlog does not hold the
+#: first event back.
 BURST_MAX_FRAMES = 64
 BURST_MAX_BYTES = 256 * 1024
 
@@ -773,12 +774,12 @@ class _Connection:
 async def _send_burst(ws: ServerConnection, frames: list[bytes]) -> None:
     """Send text frames (UTF-8 JSON) in one socket write, waiting while the client's buffer is full.
 
-    websockets writes each message it sends on its own, and on loopback each write is a syscall
-    that wakes the client: on this project's 2-core VM the first of a response's event burst
-    took 0.45 ms to send and the audio delta behind it 0.2 ms more (2026-12-01). Here the
-    frames are serialised by websockets' own sans-I/O protocol and the bytes go out together;
-    ``send_context`` does what ``send`` does around that (state checks, flow control, closing
-    on errors)."""
+    websockets writes each message it sends on its own: a syscall per event, which on loopback
+    also wakes the client. A response's seven opening events took 0.81 ms to send that way and
+    0.47 ms in one write, and the server's CPU per turn fell by 8-16% (2026-12-01,
+    docs/benchmarks.md). Here the frames are serialised by websockets' own sans-I/O protocol
+    and the bytes go out together; ``send_context`` does what ``send`` does around that (state
+    checks, flow control, closing on errors)."""
     if len(frames) == 1:
         await ws.send(frames[0], text=True)
         return
