@@ -23,7 +23,9 @@ OURS=(anyio transitions attrs structlog typer rich "websockets>=14" "prometheus-
 
 t_all=$SECONDS
 step() { echo "== [interop.sh +$((SECONDS - t_all))s] $*"; }
-quiet_pip() { "$VENV/bin/pip" "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+# Only the warning line is filtered: pip's exit status survives (pipefail), so a failed install
+# stops the job with pip's own error.
+quiet_pip() { "$VENV/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 imports='import agents.realtime, pipecat.services.openai.realtime.llm, livekit.plugins.openai.realtime'
 
 if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "$imports" >/dev/null 2>&1; then

@@ -22,7 +22,9 @@ t_all=$SECONDS
 step() { echo "== [vllm.sh +$((SECONDS - t_all))s] $*"; }
 # pip's find-links/extra-index config on these machines prints one warning per missing local
 # index entry; keep the log readable.
-quiet_pip() { "$VENV/bin/pip" "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+# Only the warning line is filtered: pip's exit status survives (pipefail), so a failed install
+# stops the job with pip's own error.
+quiet_pip() { "$VENV/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 
 if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
     step "reusing $VENV (vllm importable)"

@@ -12,6 +12,10 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-pip install -q -e ".[${DUPLEX_EXTRAS:-all}]" 2>&1 | grep -v '^WARNING: Location' || true
+# pip's find-links config on these machines prints one warning per missing local index entry;
+# only that line is filtered. pip's own exit status is kept (pipefail), so a failed install
+# (a full disk, a missing wheel) stops here with pip's error rather than at the first import.
+quiet_pip() { "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
+quiet_pip python -m pip install -q --upgrade pip
+quiet_pip pip install -q -e ".[${DUPLEX_EXTRAS:-all}]"
 python -c "import duplex_actors, torch; print('duplex_actors', duplex_actors.__version__, '| torch', torch.__version__)"
