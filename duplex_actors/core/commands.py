@@ -159,6 +159,8 @@ class UpdateSession(Command):
     tool_choice: str | None = None
     #: Input transcription: a model name turns it on, False turns it off, None leaves it.
     transcription: str | bool | None = None
+    #: The rate the client now plays audio at (its output format changed); None leaves it.
+    output_sample_rate: int | None = attrs.field(default=None, validator=attrs.validators.optional(_rate))
 
 
 @attrs.frozen(slots=True, kw_only=True)

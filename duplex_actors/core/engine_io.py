@@ -102,6 +102,11 @@ class ModelTurnRequest:
     #: The user's audio for this turn (or unit): pcm16 little-endian mono.
     audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     sample_rate: int = 16000
+    #: The rate the listener plays audio at (a Realtime client's output format), or None for
+    #: ``sample_rate``. A hint: an engine that can synthesise at any rate makes its audio at
+    #: this one, so the edge sends it as it is, with no conversion on the first packet's path.
+    #: Packets carry their own rate, and the edge converts whatever rate arrives.
+    output_sample_rate: int | None = None
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()
     #: Whether the engine should also speak (talker) or only produce text.
@@ -119,6 +124,11 @@ class ModelTurnRequest:
     input_text: str = ""
 
     _repr_pretty_ = _short_pretty
+
+    @property
+    def audio_out_rate(self) -> int:
+        """The rate to make this turn's audio at: the listener's, else the session's."""
+        return self.output_sample_rate or self.sample_rate
 
 
 # --- outputs --------------------------------------------------------------------------------

@@ -814,6 +814,7 @@ class SessionCore:
             kind=kind,
             audio=audio,
             sample_rate=self.config.sample_rate,
+            output_sample_rate=self.config.output_sample_rate,
             instructions=instructions,
             sampling=self.config.sampling,
             # The engine always writes the words: an audio response's transcript is its text.
@@ -1260,6 +1261,7 @@ class SessionCore:
                 "modalities",
                 "tools",
                 "tool_choice",
+                "output_sample_rate",
             )
             if getattr(cmd, k) is not None
         }

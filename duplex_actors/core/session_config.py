@@ -27,6 +27,10 @@ class SessionConfig:
     #: model-native duplex: the model decides listen/speak per audio unit.
     model_native: bool = False
     sample_rate: int = 16000
+    #: The rate the client plays the session's audio at (None: ``sample_rate``). Model turns
+    #: pass it to the engine (``ModelTurnRequest.output_sample_rate``) so a speaking engine
+    #: synthesises at it and the edge need not convert.
+    output_sample_rate: int | None = None
     unit_samples: int = 16000
     #: speech over a response longer than this (in audio) barges in; shorter is a backchannel.
     min_interruption_ms: int = 500
@@ -61,6 +65,7 @@ class SessionConfig:
             "model_native": self.model_native,
             "server_vad": self.server_vad,
             "sample_rate": self.sample_rate,
+            "output_sample_rate": self.output_sample_rate,
             "min_interruption_ms": self.min_interruption_ms,
             "instructions": self.instructions,
             "modalities": list(self.modalities),

@@ -43,7 +43,9 @@ class Script:
     tokens: tuple[str, ...] = ("Hello", " there", ",", " how", " can", " I", " help", "?")
     audio_packets: int = 3
     packet_ms: int = 100
-    sample_rate: int = 16000
+    #: The packets' rate; None: the rate the request asks for (``audio_out_rate``), as a
+    #: speaking engine that synthesises at any rate does.
+    sample_rate: int | None = None
     first_latency_s: float = 0.0
     token_latency_s: float = 0.0
     packet_latency_s: float = 0.0
@@ -174,6 +176,7 @@ class ScriptedEngine:
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
         script = self.script_for(request)
         rid = request.request_id
+        rate = script.sample_rate or request.audio_out_rate
         if self.record:
             self.submitted.append(request)
         self.active.add(rid)
@@ -233,8 +236,8 @@ class ScriptedEngine:
                     word = tokens[i] if i < len(tokens) else ""
                     yield AudioPacket(
                         rid,
-                        self._packet(script.packet_ms, script.sample_rate),
-                        script.sample_rate,
+                        self._packet(script.packet_ms, rate),
+                        rate,
                         transcript=word,
                         produced_at=time.perf_counter(),
                     )

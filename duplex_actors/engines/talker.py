@@ -96,15 +96,20 @@ class Talker:
             # slower than the rest: pay that here, not in the first response's TTFP.
             self._tts.synthesize_pcm16("Okay.", self.config.sample_rate)
 
-    def synthesize_packets(self, phrase: str) -> list[bytes]:
-        """Blocking: the phrase's speech cut into ``packet_ms`` pieces (the last may be shorter)."""
+    def synthesize_packets(self, phrase: str, rate: int | None = None) -> list[bytes]:
+        """Blocking: the phrase's speech at ``rate`` (default: the config's), cut into
+        ``packet_ms`` pieces (the last may be shorter). The voice's own rate is converted once,
+        straight to ``rate``."""
         self.load()
-        pcm = self._tts.synthesize_pcm16(phrase, self.config.sample_rate)
-        step = 2 * self.config.sample_rate * self.config.packet_ms // 1000
+        rate = rate or self.config.sample_rate
+        pcm = self._tts.synthesize_pcm16(phrase, rate)
+        step = 2 * rate * self.config.packet_ms // 1000
         return [pcm[i : i + step] for i in range(0, len(pcm), step)]
 
-    async def speak(self, phrase: str) -> list[bytes]:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.synthesize_packets, phrase)
+    async def speak(self, phrase: str, rate: int | None = None) -> list[bytes]:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, self.synthesize_packets, phrase, rate
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -145,7 +150,8 @@ class SpeakingEngine:
             return
         rid = request.request_id
         splitter = PhraseSplitter(self.talker.config.max_phrase_words, self.talker.config.first_phrase_words)
-        rate = self.talker.sample_rate
+        # The listener's rate: piper's 22.05 kHz is resampled once, straight to it.
+        rate = request.audio_out_rate
         async with contextlib.aclosing(inner):
             async for output in inner:
                 if isinstance(output, TurnDone):
@@ -162,7 +168,7 @@ class SpeakingEngine:
 
     async def _packets(self, rid: str, phrase: str, rate: int) -> AsyncIterator[AudioPacket]:
         began = time.perf_counter()
-        chunks = await self.talker.speak(phrase)
+        chunks = await self.talker.speak(phrase, rate)
         now = time.perf_counter()
         log.debug("talker.phrase", request_id=rid, words=len(phrase.split()), synth_s=round(now - began, 4))
         for n, chunk in enumerate(chunks):

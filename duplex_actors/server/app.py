@@ -56,7 +56,7 @@ from ..errors import (
     UnknownSession,
 )
 from . import codec, guard, wire
-from .audio_format import InputConverter
+from .audio_format import GA_DEFAULT, InputConverter
 from .metrics import ServerMetrics
 
 log = structlog.get_logger("duplex_actors.server")
@@ -129,9 +129,10 @@ class ServerConfig:
 
 
 #: How Realtime sessions differ from the runtime's embedder defaults: a commit only adds audio
-#: to the conversation (a response needs response.create or server VAD's create_response), and
-#: an audio response streams its words once, as the audio's transcript.
-GA_SESSION = {"respond_on_commit": False, "modalities": ("audio",)}
+#: to the conversation (a response needs response.create or server VAD's create_response), an
+#: audio response streams its words once, as the audio's transcript, and the engine is asked
+#: for audio at the client's output rate (GA's 24 kHz until the client declares another).
+GA_SESSION = {"respond_on_commit": False, "modalities": ("audio",), "output_sample_rate": GA_DEFAULT.rate}
 
 
 class _SessionRecord:
@@ -631,6 +632,9 @@ class _Connection:
             record.declare_input(update.input_format)
         if update.output_format is not None:
             record.wire.output_format = update.output_format
+            # The engine makes the next responses' audio at the new rate: the edge then sends
+            # it as it is instead of resampling each packet on the way out.
+            command = attrs.evolve(command, output_sample_rate=update.output_format.rate)
         if update.voice is not None:
             record.wire.voice = update.voice
         for err in errors:

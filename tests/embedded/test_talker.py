@@ -93,6 +93,34 @@ def test_speaking_engine_yields_audio_with_transcripts_before_turn_done(talker):
     assert np.abs(pcm).max() > 3000
 
 
+def test_the_talker_speaks_at_the_rate_the_request_asks_for(talker):
+    """A Realtime client plays 24 kHz: piper's 22.05 kHz voice is resampled once, straight to
+    it, and the packets say so (the edge then sends them unconverted)."""
+    import attrs
+    import numpy as np
+
+    words = ["Sure,", "the", "train", "leaves", "."]
+
+    def spoken(rate: int) -> list[AudioPacket]:
+        engine = SpeakingEngine(_ScriptedText(words), talker)
+        asked = attrs.evolve(request("sess_r", modalities=("text", "audio")), output_sample_rate=rate)
+
+        async def main():
+            return [out async for out in engine.generate(asked)]
+
+        return [o for o in run(main()) if isinstance(o, AudioPacket)]
+
+    packets, at_16k = spoken(24000), spoken(16000)
+    assert packets and all(p.sample_rate == 24000 for p in packets)
+    assert all(p.sample_rate == 16000 for p in at_16k)
+    assert all(len(p.pcm) <= 2 * 24000 * 160 // 1000 for p in packets)  # 160 ms packets at 24 kHz
+    # The same speech, only more samples per second (piper's durations vary run to run by a
+    # few per cent: its phoneme-length noise is random).
+    seconds_24k, seconds_16k = (sum(p.duration_s for p in ps) for ps in (packets, at_16k))
+    assert abs(seconds_24k - seconds_16k) < 0.1 * seconds_16k
+    assert np.abs(np.frombuffer(b"".join(p.pcm for p in packets), dtype="<i2")).max() > 3000
+
+
 def test_text_only_requests_get_no_audio(talker):
     engine = SpeakingEngine(_ScriptedText(["hello", "."]), talker)
 

@@ -100,7 +100,7 @@ async def test_a_long_mixed_session_is_valid_ga_on_every_event():
             assert done["usage"]["output_tokens"] == 5
             audio = [e for e in events if e["type"] == "response.output_audio.delta"]
             assert audio and all(e["sample_rate"] == 24000 for e in audio)
-            # 40 ms of 16 kHz engine audio goes out as 40 ms at 24 kHz: 960 samples
+            # the engine makes 40 ms packets at the client's 24 kHz: 960 samples
             assert len(base64.b64decode(audio[0]["delta"])) == 960 * 2
             await r.until("rate_limits.updated")
 
