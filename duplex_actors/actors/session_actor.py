@@ -18,7 +18,7 @@ import structlog
 
 from ..core.actions import AbortRequests, InputTranscript, SubmitTurn, TranscribeInput
 from ..core.commands import AppendAudio, CancelResponse, Command, CommitInput, CreateResponse, Lane
-from ..core.engine_io import EngineOutput
+from ..core.engine_io import AudioPacket, EngineOutput
 from ..core.events import ServerEvent, SessionClosedEvent
 from ..core.session import SessionCore
 from ..errors import AskTimeout, DuplexError, SessionClosed
@@ -87,6 +87,7 @@ class SessionActor:
         "_unread",
         "_queued_errors",
         "dropped_errors",
+        "_voiced_request",
         "__weakref__",
     )
 
@@ -101,6 +102,7 @@ class SessionActor:
         self._unread: deque[ServerEvent] | None = None  # taken from the core, not yet handed out
         self._queued_errors = 0  # reported errors waiting in the data lane
         self.dropped_errors = 0  # reported errors refused past MAX_QUEUED_ERRORS
+        self._voiced_request: str | None = None  # the last request whose first audio went out
 
     @property
     def session_id(self) -> str:
@@ -207,6 +209,16 @@ class SessionActor:
                     core.on_transcript(message)
                 elif lane == Lane.ENGINE:
                     core.on_engine_output(message)
+                    if (
+                        type(message) is AudioPacket
+                        and message.request_id != self._voiced_request
+                        and self._waiter is not None
+                    ):
+                        # A response's first audio is what its listener waits for: the rest of
+                        # the batch (a phrase's later packets, or the response's end) waits one
+                        # dispatcher round, so the waiting writer sends the audio first.
+                        self._voiced_request = message.request_id
+                        break
                 elif isinstance(message, _Expire):
                     self._expiring = False
                     core.expire()  # the chart asks the lease again (lease_expired)

@@ -149,3 +149,29 @@ async def test_runtime_exit_closes_the_backend():
     async with Runtime(engine):
         assert engine.started == 1
     assert engine.closed == 1
+
+
+async def test_a_waiting_reader_gets_a_responses_first_audio_before_the_rest_of_its_batch():
+    """The engine hands over a response's first packet together with more (here: every output
+    at once, as a phrase's packets or a short response's end come). The session stops its batch
+    at the first audio, so a waiting reader wakes with that audio as the last ready event, and
+    the rest follows on the next wake-up: nothing lost, nothing reordered."""
+    engine = ScriptedEngine(Script(tokens=("Hi", " there"), audio_packets=3, packet_ms=20))
+    async with Runtime(engine) as rt:
+        s = await rt.open_session()
+        s.append_audio(CHUNK)
+        await s.commit()
+        batches: list[list[str]] = []
+        with anyio.fail_after(10):
+            while not batches or "response.done" not in batches[-1]:
+                assert await s.wait_events()
+                batches.append([e.type for e in s.ready_events()])
+    audio_batch = next(b for b in batches if "response.output_audio.delta" in b)
+    assert audio_batch.count("response.output_audio.delta") == 1
+    # Only the first packet's own transcript comes after its audio in that batch.
+    after = audio_batch[audio_batch.index("response.output_audio.delta") + 1 :]
+    assert set(after) <= {"response.output_audio_transcript.delta"}
+    # The first audio is the batch's only audio; the later packets and the end came after it.
+    everything = [t for b in batches for t in b]
+    assert everything.count("response.output_audio.delta") == 3
+    assert everything.count("response.done") == 1 and everything[-1] == "response.done"
