@@ -42,6 +42,8 @@ class TalkerConfig:
     #: can be longer, which sounds more natural and costs less per word.
     first_phrase_words: int = 4
     max_phrase_words: int = 8
+    #: The rate of direct ``Talker`` calls that name none, and of the warm-up. A
+    #: ``SpeakingEngine`` speaks at each request's ``audio_out_rate`` instead.
     sample_rate: int = 16000
     #: Worker threads for synthesis, shared by all sessions (bounds TTS's share of the CPU).
     workers: int = 2

@@ -73,7 +73,7 @@ def make_embedded_engine(
     dispatch_interval_s: float = 0.005,
 ) -> EmbeddedEngine:
     """Build (not start) the embedded engine. Defaults: ~3.5 M parameter thinker, 64 live
-    sequences, 256 queued, Piper talker at 16 kHz. ``talker=False`` gives a text-only engine
+    sequences, 256 queued, Piper talker speaking at each request's ``audio_out_rate``. ``talker=False`` gives a text-only engine
     (no piper import).
 
     ``torch_threads=1`` (process-wide, applied at start): on 2 cores the event loop, VAD and
