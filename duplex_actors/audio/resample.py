@@ -1,51 +1,31 @@
-"""Band-limited resampling of mono float audio with numpy (no scipy).
+"""Resampling of whole mono clips (a phrase of TTS, a turn for the recogniser), and pcm16 <->
+float conversions.
 
-Windowed-sinc interpolation evaluated at each output instant. Downsampling lowers the cutoff
-to the new Nyquist frequency first, so 22.05 kHz TTS audio brought to 16 kHz does not fold its
-5-11 kHz content back into the speech band (which plain linear interpolation would do).
+The resampling itself is libsoxr's (the ``soxr`` package), the same library the server's edge
+uses for client audio (server/audio_format.py). This module used to hold a windowed-sinc
+resampler of our own; against it, soxr's high-quality setting on this machine (22.05 -> 16 kHz,
+3 s of audio): 0.5 ms instead of 4.2 ms; a 9.5 kHz tone (above the new Nyquist) folded back
+into the speech band at -139 dB below the tone instead of -45 dB; a 440 Hz tone reproduced with
+a 70x smaller error (tests/embedded/test_audio.py holds it to those orders of magnitude).
 
-Between two integer rates the fractional offsets of the output instants repeat with period
-``dst / gcd``, so the filter weights are computed once per (rates, phase) and cached: each
-call is then one gather and one weighted sum.
+Clips are resampled in one call each, with no state carried between calls: a phrase is a whole
+utterance, so there is no seam between calls to smooth over.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-
 import numpy as np
+import soxr
 
 
-@functools.lru_cache(maxsize=8)
-def _phase_table(src_rate: int, dst_rate: int, half_taps: int) -> tuple[np.ndarray, np.ndarray]:
-    g = math.gcd(src_rate, dst_rate)
-    up, down = dst_rate // g, src_rate // g  # output n sits at input position n * down / up
-    phases = np.arange(up)
-    frac = (phases * down % up) / up  # fractional part of the input position per phase
-    offsets = np.arange(-half_taps + 1, half_taps + 1)
-    dist = frac[:, None] - offsets[None, :]
-    cutoff = min(1.0, dst_rate / src_rate)
-    weights = cutoff * np.sinc(cutoff * dist) * (0.5 + 0.5 * np.cos(np.pi * dist / half_taps))
-    return weights.astype(np.float32), offsets
-
-
-def resample(samples: np.ndarray, src_rate: int, dst_rate: int, *, half_taps: int = 16) -> np.ndarray:
+def resample(samples: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
     """Resample float samples from ``src_rate`` to ``dst_rate``; returns float32."""
+    if src_rate <= 0 or dst_rate <= 0:
+        raise ValueError("sample rates must be positive")
     x = np.asarray(samples, dtype=np.float32)
     if src_rate == dst_rate or x.size == 0:
         return x.copy()
-    if src_rate <= 0 or dst_rate <= 0:
-        raise ValueError("sample rates must be positive")
-    weights, offsets = _phase_table(src_rate, dst_rate, half_taps)
-    g = math.gcd(src_rate, dst_rate)
-    up, down = dst_rate // g, src_rate // g
-    n_out = int(x.size * up // down)
-    n = np.arange(n_out, dtype=np.int64)
-    base = n * down // up
-    padded = np.pad(x, (half_taps, half_taps))
-    taps = padded[(base + half_taps)[:, None] + offsets[None, :]]
-    return np.einsum("nk,nk->n", taps, weights[n % up]).astype(np.float32)
+    return np.asarray(soxr.resample(x, src_rate, dst_rate, quality="HQ"), dtype=np.float32)
 
 
 def float_to_pcm16(samples: np.ndarray) -> bytes:

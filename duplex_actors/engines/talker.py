@@ -94,8 +94,8 @@ class Talker:
             from ..audio.tts import default_tts
 
             self._tts = default_tts()
-            # onnxruntime's first run (and the resampler's first table) are several times
-            # slower than the rest: pay that here, not in the first response's TTFP.
+            # onnxruntime's first run is several times slower than the rest: pay it here,
+            # not in the first response's TTFP.
             self._tts.synthesize_pcm16("Okay.", self.config.sample_rate)
 
     def synthesize_packets(self, phrase: str, rate: int | None = None) -> list[bytes]:
