@@ -1,4 +1,4 @@
-"""One client floods invalid frames and never reads: what it costs the server and a neighbour.
+"""One client floods the server: what it costs a neighbour (and, for invalid frames, memory).
 
 ``python -m duplex_actors.bench.flood_bench [--frames 100000] [--policy on|off]`` runs an
 in-process server (scripted engine paced like ``serve``'s), times a neighbour's turn with no
@@ -6,6 +6,12 @@ flood (the baseline, same run), starts a raw-socket client that sends ``--frames
 text frames with a 4 KiB receive buffer it never reads, times the neighbour's turn again
 during the flood, and reports the server process's RSS before and after. ``--policy off``
 sets a flood budget no client reaches, to measure the error bounds on their own.
+
+``--audio [--seconds 6] [--policy on|off]`` floods *valid* audio instead: 100 ms frames of
+24 kHz noise, sent as fast as the socket takes them, through the default server VAD (Silero).
+The neighbour's turns before the flood are the baseline; its turns during the flood are
+compared with them (median and worst), and the flooder's accepted audio is reported as a
+multiple of real time. ``--policy off`` turns audio pacing off (``audio_intake_rate=None``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import time
 
 from .soak import rss_mb
@@ -84,13 +91,126 @@ async def _run(frames: int, policy: bool) -> dict:
             return report
 
 
+CLEAR = json.dumps({"type": "input_audio_buffer.clear"})
+
+
+def _audio_flooder(url: str, seconds: float, frame_ms: int, report) -> None:
+    """The flooding client, in its own process as a hostile client would be: in the server's
+    process its sends would take that loop itself (a websocket send only yields once the
+    socket's buffers are full, and loopback's hold megabytes)."""
+
+    async def main() -> int:
+        from websockets.asyncio.client import connect
+
+        # Low-level noise: the VAD hears every window of it, and no turn starts.
+        noise = bytes(b & 0x0F if i % 2 == 0 else 0 for i, b in enumerate(os.urandom(2 * 24 * frame_ms)))
+        frame = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+        sent = 0
+        ws = await connect(url)
+        session_id = json.loads(await ws.recv())["session"]["id"]
+
+        async def drain() -> None:
+            async for _ in ws:
+                pass
+
+        reader = asyncio.create_task(drain())
+        report.send(session_id)
+        until = time.perf_counter() + seconds
+        try:
+            while time.perf_counter() < until:
+                # A send blocks while the server holds its reads back: the flood ends on time
+                # all the same (the send cut short is never counted; the socket is aborted).
+                await asyncio.wait_for(ws.send(frame), max(0.0, until - time.perf_counter()))
+                sent += 1
+                if sent % max(1, 5000 // frame_ms) == 0:  # 5 s of audio: within the buffer's limit
+                    await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
+        except asyncio.TimeoutError:
+            pass
+        report.send(sent)
+        # Gone without a close handshake: a close frame would wait behind everything the
+        # server has not read yet (with pacing on, that is minutes of audio).
+        reader.cancel()
+        ws.transport.abort()
+        return sent
+
+    asyncio.run(main())
+
+
+async def _run_audio(seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
+    import multiprocessing
+    import statistics
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import Script, ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    pacing = {} if policy else {"audio_intake_rate": None}
+    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
+    async with Runtime(ScriptedEngine(script, record=False)) as rt:
+        async with RealtimeServer(rt, ServerConfig(port=0, **pacing)) as server:
+            await _turn(server.url)  # warm-up (VAD model, first response)
+            baseline = [await _turn(server.url) for _ in range(turns)]
+            rss_before = rss_mb()
+            ctx = multiprocessing.get_context("spawn")
+            ours, theirs = ctx.Pipe()
+            flooder = ctx.Process(target=_audio_flooder, args=(server.url, seconds, frame_ms, theirs), daemon=True)
+            flooder.start()
+            while not ours.poll():
+                await asyncio.sleep(0.01)
+            flooding = server.runtime.get(ours.recv())  # connected: the flood starts now
+            began = time.perf_counter()
+            during = []
+            while flooder.is_alive() and not ours.poll():
+                during.append(await _turn(server.url))
+            while not ours.poll():
+                await asyncio.sleep(0.01)
+            sent = ours.recv()
+            elapsed = time.perf_counter() - began
+            accepted_s = flooding.core.received_audio_ms / 1000
+            rss_flooded = rss_mb()  # the flooder's unread frames are still queued here
+            flooder.join(10)
+            frames = server.metrics.frames
+            return {
+                "policy": policy,
+                "seconds": elapsed,
+                "rejected_frames": frames.labels("rejected")._value.get(),
+                "paced_s": server.metrics.audio_paced._value.get(),
+                "flooder_sent_x_real_time": sent * frame_ms / 1000 / elapsed,
+                "accepted_x_real_time": accepted_s / elapsed,
+                "neighbour_turn_s": statistics.median(baseline),
+                "neighbour_turn_worst_s": max(baseline),
+                "during_turn_s": statistics.median(during),
+                "during_turn_worst_s": max(during),
+                "during_turns": len(during),
+                "rss_before_mb": rss_before,
+                "rss_flooded_mb": rss_flooded,
+            }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--frames", type=int, default=100_000)
     ap.add_argument("--policy", choices=("on", "off"), default="on")
+    ap.add_argument("--audio", action="store_true", help="flood valid audio instead of invalid frames")
+    ap.add_argument("--seconds", type=float, default=6.0, help="--audio: how long the flood lasts")
+    ap.add_argument("--frame-ms", type=int, default=100, help="--audio: audio per frame (2500: near the 256 KiB cap)")
     args = ap.parse_args(argv)
+    if args.audio:
+        a = asyncio.run(_run_audio(args.seconds, args.policy == "on", args.frame_ms))
+        print(
+            f"flood of valid audio in {args.frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x real time for "
+            f"{a['seconds']:.1f} s, accepted at {a['accepted_x_real_time']:.1f}x, "
+            f"pacing {args.policy}: neighbour turn median {a['neighbour_turn_s'] * 1e3:.1f} ms alone "
+            f"(worst {a['neighbour_turn_worst_s'] * 1e3:.1f}), {a['during_turn_s'] * 1e3:.1f} ms during "
+            f"(worst {a['during_turn_worst_s'] * 1e3:.1f}, {a['during_turns']} turns): "
+            f"x{a['during_turn_s'] / a['neighbour_turn_s']:.2f} at the median; reads held back "
+            f"{a['paced_s']:.1f} s, {a['rejected_frames']:.0f} frames refused; server RSS "
+            f"{a['rss_before_mb']:.1f} -> {a['rss_flooded_mb']:.1f} MiB with the flood's frames queued",
+            flush=True,
+        )
+        return 0
     r = asyncio.run(_run(args.frames, args.policy == "on"))
     print(
         f"flood of {r['frames']} invalid frames, policy {args.policy}: neighbour turn "

@@ -334,6 +334,11 @@ class SessionCore:
     def buffered_input_bytes(self) -> int:
         return len(self._input)
 
+    @property
+    def received_audio_ms(self) -> float:
+        """Audio accepted since the session opened (ms), committed, cleared or still buffered."""
+        return self._input_ms
+
     def handle(self, command: Command, *, received_at: float | None = None) -> None:
         """Apply one client command. Raises a typed DuplexError and changes nothing if illegal."""
         trigger = command.TRIGGER

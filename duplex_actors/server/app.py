@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -77,6 +78,16 @@ CLOSE_GOING_AWAY = 1001  # the server is shutting down (after session.closed)
 #: first event back.
 BURST_MAX_FRAMES = 64
 BURST_MAX_BYTES = 256 * 1024
+#: A connection's reader gives the event loop up after this much work on frames its websocket
+#: had already buffered (see _Connection._read_loop)...
+READ_SLICE_S = 0.002
+#: ...and a pause longer than this before a frame means it waited for that frame (a new slice).
+READ_GAP_S = 0.0005
+#: Frames the websocket may hold for a connection's reader before it stops reading the socket
+#: (websockets' default is 16). While audio pacing holds a reader back, what the client sent
+#: meanwhile waits here, up to this many frames of up to ``WireLimits.transport_cap`` each; the
+#: rest stays in the kernel's socket buffers, where TCP flow control pushes back on the client.
+READ_QUEUE_FRAMES = 4
 
 _RESUME_CLOSE_CODES = {
     ResumeConflict: CLOSE_RESUME_CONFLICT,
@@ -112,6 +123,14 @@ class ServerConfig:
     #: the session closes (reason invalid_frame_flood) and the connection with 1008.
     invalid_frames_per_s: float = 20.0
     invalid_frames_burst: int = 100
+    #: Audio pacing (guard.AudioPacer): each connection's audio is accepted at up to this
+    #: multiple of real time sustained, after a first ``audio_intake_burst_s`` seconds of audio
+    #: at once; past it the server reads that connection's next frame later (TCP backpressure),
+    #: so one client cannot take the CPU its neighbours need. None: no pacing.
+    audio_intake_rate: float | None = attrs.field(
+        default=4.0, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    audio_intake_burst_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013.
     max_sessions_per_key: int | None = None
     max_sessions_per_address: int | None = None
@@ -204,6 +223,7 @@ class RealtimeServer:
             process_request=self._process_request,
             select_subprotocol=_select_subprotocol,
             max_size=self.config.limits.transport_cap,
+            max_queue=READ_QUEUE_FRAMES,
             ping_interval=self.config.ping_interval_s,
             ping_timeout=self.config.ping_timeout_s,
             close_timeout=2.0,
@@ -468,6 +488,8 @@ class _Connection:
         "key",
         "flood",
         "flooding",
+        "pacer",
+        "pace_wait",
         "end_code",
     )
 
@@ -484,6 +506,13 @@ class _Connection:
             config.invalid_frames_per_s, config.invalid_frames_burst, server.runtime.clock.now()
         )
         self.flooding = False
+        rate = config.audio_intake_rate
+        self.pacer = (
+            None
+            if rate is None
+            else guard.AudioPacer(rate, config.audio_intake_burst_s, server.runtime.clock.now())
+        )
+        self.pace_wait = 0.0  # set by _on_frame, waited out by _read_loop
         #: how the writer closes the socket after session.closed
         self.end_code: tuple[int, str] = (1000, "session closed")
 
@@ -509,12 +538,29 @@ class _Connection:
                 await self._release()
 
     async def _read_loop(self) -> None:
+        # Frames the websocket has already buffered come out of ``async for`` without a
+        # suspension, so a client that sends fast would keep the event loop for as long as its
+        # buffer lasts (16 frames of up to 256 KiB of audio each). The reader therefore gives
+        # the loop up after READ_SLICE_S of work, and waits out the audio pacer's verdict.
+        clock = time.perf_counter
+        slice_began = done = clock()
         try:
             async for frame in self.ws:
+                began = clock()
+                if began - done > READ_GAP_S:
+                    slice_began = began  # the reader waited for this frame: a new slice
                 self._on_frame(frame)
                 if self.flooding:
                     await self._close_for_flood()
                     return
+                done = clock()
+                if self.pace_wait:
+                    wait, self.pace_wait = self.pace_wait, 0.0
+                    await anyio.sleep(wait)
+                    slice_began = done = clock()
+                elif done - slice_began >= READ_SLICE_S:
+                    await anyio.lowlevel.checkpoint()
+                    slice_began = done = clock()
         except ConnectionClosed:
             pass  # how it ended is read from the protocol state in _release
 
@@ -578,6 +624,8 @@ class _Connection:
                 record.converter.reset()  # what the resampler held back is cleared too
             if isinstance(event, cmd.AppendAudio):
                 self._append(record, event)
+                if self.pacer is not None:
+                    self._pace(handle, len(event.pcm) / (2 * event.sample_rate))
             else:
                 handle.tell(event)
         except DuplexError as err:
@@ -596,6 +644,22 @@ class _Connection:
             self.flooding = self.flood.over_budget(self.server.runtime.clock.now())
             return
         metrics.frames.labels("decoded").inc()
+
+    def _pace(self, handle: SessionHandle, audio_s: float) -> None:
+        pacer = self.pacer
+        assert pacer is not None
+        wait = pacer.charge(audio_s, self.server.runtime.clock.now())
+        if wait:
+            self.pace_wait = wait
+            self.server.metrics.audio_paced.inc(wait)
+            if pacer.waited_s == wait:  # the first time: once per connection, not per frame
+                log.info(
+                    "server.audio_paced",
+                    session_id=handle.id,
+                    rate=pacer.rate,
+                    burst_s=pacer.burst_s,
+                    remote=_remote(self.ws),
+                )
 
     def _session_update(self, record: _SessionRecord, update: wire.SessionUpdate) -> cmd.UpdateSession:
         """Apply what a session.update says about the wire; return what the session applies.

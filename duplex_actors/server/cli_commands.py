@@ -110,6 +110,15 @@ def register(app: typer.Typer) -> None:
             help="GcPolicy: seconds between full collections of cyclic garbage frozen while alive "
             "(0: no GcPolicy, CPython's own collector); see actors/gc_policy.py",
         ),
+        audio_intake_rate: float = typer.Option(
+            4.0,
+            min=0.0,
+            help="audio a connection may send, as a multiple of real time, after its first "
+            "--audio-intake-burst-s of audio; faster clients are read later, nothing refused (0: off)",
+        ),
+        audio_intake_burst_s: float = typer.Option(
+            10.0, min=0.001, help="seconds of audio a connection may send at once before pacing applies"
+        ),
         compression: bool = typer.Option(
             True,
             "--compression/--no-compression",
@@ -140,6 +149,15 @@ def register(app: typer.Typer) -> None:
             "idle_ttl_s": idle_ttl_s,
             "journal_max_age_s": journal_max_age_s,
         }
+        server_options = {
+            "write_timeout_s": write_timeout_s,
+            "max_sessions_per_key": max_sessions_per_key,
+            "max_sessions_per_address": max_sessions_per_address,
+            "max_detached_sessions": max_detached_sessions,
+            "audio_intake_rate": audio_intake_rate or None,
+            "audio_intake_burst_s": audio_intake_burst_s,
+            "compression": "deflate" if compression else None,
+        }
         if workers > 1:  # the engine is built in its own process, not here
             from .workers import WorkerSettings, serve_workers
 
@@ -155,13 +173,7 @@ def register(app: typer.Typer) -> None:
                     session_overrides=overrides,
                     max_sessions=max_sessions,
                     max_connections=max_connections,
-                    server_options={
-                        "write_timeout_s": write_timeout_s,
-                        "max_sessions_per_key": max_sessions_per_key,
-                        "max_sessions_per_address": max_sessions_per_address,
-                        "max_detached_sessions": max_detached_sessions,
-                        "compression": "deflate" if compression else None,
-                    },
+                    server_options=server_options,
                     runtime_options={"stall_timeout_s": stall_timeout_s or None},
                     gc_reclaim_s=gc_reclaim_s,
                 ),
@@ -178,11 +190,7 @@ def register(app: typer.Typer) -> None:
             api_key=api_key,
             limits=limits,
             max_connections=max_connections,
-            write_timeout_s=write_timeout_s,
-            max_sessions_per_key=max_sessions_per_key,
-            max_sessions_per_address=max_sessions_per_address,
-            max_detached_sessions=max_detached_sessions,
-            compression="deflate" if compression else None,
+            **server_options,
         )
         runtime_options = {
             "max_sessions": max_sessions,

@@ -11,6 +11,12 @@ so its policy is tested without a server and the server calls it in a line or tw
 * :class:`FloodGuard`: a token bucket over *refused* frames of one connection. Refusals cost
   the server a decode and an ``error`` event each; past the budget the connection is closed
   with 1008 (policy violation) and its session closed with reason ``invalid_frame_flood``.
+* :class:`AudioPacer`: a token bucket over the *audio* one connection sends, in seconds of
+  audio. Valid audio costs the edge real work (decode, resample, server VAD: ~8 ms of CPU per
+  second of audio with Silero), and a client that sent it as fast as its socket allowed
+  (122x real time) made a neighbour's turn take 593 ms instead of 23. Past the budget the
+  connection's reader waits before it reads the next frame: TCP pushes back on the client,
+  nothing is refused and nothing accepted is lost.
 * :class:`AdmissionQuotas`: open sessions per API key and per client address, and detached
   sessions in total. Connect-then-abort cycles otherwise hold a slot each for the whole
   disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
@@ -87,6 +93,36 @@ class FloodGuard:
             self._last = now
         self._tokens -= 1.0
         return self._tokens < 0.0
+
+
+class AudioPacer:
+    """Token bucket over a connection's audio: ``burst_s`` seconds of audio at once, then
+    ``rate`` seconds of audio per second (a multiple of real time)."""
+
+    __slots__ = ("rate", "burst_s", "_tokens", "_last", "waited_s")
+
+    def __init__(self, rate: float, burst_s: float, now: float) -> None:
+        if rate <= 0 or burst_s <= 0:
+            raise ValueError("need rate > 0 and burst_s > 0")
+        self.rate = rate
+        self.burst_s = burst_s
+        self._tokens = float(burst_s)
+        self._last = now
+        self.waited_s = 0.0  # in all: how long this connection's reads were held back
+
+    def charge(self, audio_s: float, now: float) -> float:
+        """Count ``audio_s`` seconds of accepted audio at ``now``; returns how long the reader
+        waits before it reads the next frame (0.0: at once)."""
+        if now > self._last:
+            self._tokens = min(self.burst_s, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+        self._tokens -= audio_s
+        if self._tokens >= 0.0:
+            return 0.0
+        # The debt is paid by waiting, so the bucket is level again when the wait is over.
+        wait = -self._tokens / self.rate
+        self.waited_s += wait
+        return wait
 
 
 class AdmissionQuotas:

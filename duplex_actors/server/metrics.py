@@ -131,6 +131,11 @@ class ServerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.audio_paced = Counter(
+            "duplex_audio_paced_seconds",
+            "Seconds client reads were held back by audio pacing (audio sent faster than allowed)",
+            registry=r,
+        )
         self.client_errors = Counter(
             "duplex_client_errors", "Error events sent, by code", ["code"], registry=r
         )

@@ -40,7 +40,7 @@ def test_serve_is_registered_with_its_options():
         pass
 
     register(app)
-    result = CliRunner().invoke(app, ["serve", "--help"])
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})  # no wrapped names
     assert result.exit_code == 0
     for option in (
         "--host",
@@ -50,6 +50,8 @@ def test_serve_is_registered_with_its_options():
         "--max-frame-bytes",
         "--max-chunk-bytes",
         "--max-sessions",
+        "--audio-intake-rate",
+        "--audio-intake-burst-s",
     ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])
@@ -60,7 +62,7 @@ def test_serve_is_registered_with_its_options():
 async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint():
     env = dict(os.environ, DUPLEX_API_KEY="cli-key")
     proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--port", "0"],
+        [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--audio-intake-rate", "8"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,8 +1,11 @@
-"""The server's defences as pure objects (times passed in): flood budget, quotas, key match."""
+"""The server's defences as pure objects (times passed in): flood budget, audio pacing,
+quotas, key match."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from websockets.datastructures import Headers
 
 from duplex_actors.errors import QuotaExceeded
@@ -20,6 +23,46 @@ def test_flood_guard_allows_the_burst_then_the_sustained_rate():
     # Ten refusals per second forever is within a 10/s budget.
     g3 = guard.FloodGuard(rate=10.0, burst=5, now=0.0)
     assert not any(g3.over_budget(i / 10) for i in range(1000))
+
+
+def test_audio_pacer_takes_the_burst_at_once_then_holds_the_reader_to_the_rate():
+    p = guard.AudioPacer(rate=4.0, burst_s=1.0, now=0.0)
+    assert [p.charge(0.25, 0.0) for _ in range(4)] == [0.0] * 4  # one second of audio at once
+    # The next 100 ms of audio is owed: at 4x real time it is paid by 25 ms of waiting.
+    assert p.charge(0.1, 0.0) == pytest.approx(0.025)
+    # Waited out, the bucket is level: real-time audio after that never waits.
+    assert not any(p.charge(0.02, 0.025 + i * 0.02) for i in range(1, 500))
+    assert p.waited_s == pytest.approx(0.025)
+    with pytest.raises(ValueError):
+        guard.AudioPacer(rate=0.0, burst_s=1.0, now=0.0)
+    with pytest.raises(ValueError):
+        guard.AudioPacer(rate=1.0, burst_s=0.0, now=0.0)
+
+
+@given(
+    rate=st.floats(0.5, 50.0),
+    burst=st.floats(0.05, 20.0),
+    chunks=st.lists(
+        st.tuples(st.floats(0.0, 6.0), st.floats(0.0, 0.5)),  # (audio seconds, idle seconds before)
+        max_size=60,
+    ),
+)
+def test_a_reader_that_honours_the_pacer_never_takes_more_than_burst_plus_rate_times_time(
+    rate, burst, chunks
+):
+    # The invariant the server relies on, for any client: once each wait is honoured, the
+    # audio accepted by time t is at most burst + rate * t (plus the frame that ran into debt).
+    p = guard.AudioPacer(rate=rate, burst_s=burst, now=0.0)
+    now = taken = 0.0
+    for audio_s, idle_s in chunks:
+        now += idle_s
+        wait = p.charge(audio_s, now)
+        assert wait >= 0.0
+        taken += audio_s
+        assert taken - audio_s <= burst + rate * now + 1e-6
+        now += wait
+        assert taken <= burst + rate * now + 1e-6
+    assert p.waited_s >= 0.0
 
 
 def test_quotas_count_per_key_and_address_and_detached_and_release_gives_back():

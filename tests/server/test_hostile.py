@@ -503,3 +503,86 @@ async def test_a_session_that_expired_while_detached_is_forgotten_as_it_closes()
         assert len(server.quotas) == 0 and server.quotas.detached_count == 0
         _, _, text = await http_get(server.http_url + "/metrics")
         assert sample(text, "duplex_server_session_records") == 0
+
+
+# --- valid traffic, sent too fast ----------------------------------------------------------------
+
+
+async def test_audio_sent_faster_than_real_time_is_paced_loses_nothing_and_neighbours_keep_their_pace():
+    # Without pacing, a client sending audio as fast as loopback allows (122x real time) made a
+    # neighbour's turn take 593 ms instead of 23 (server VAD, 2-core machine).
+    frames, frame_s = 60, 0.1
+    async with running_server(audio_intake_rate=2.0, audio_intake_burst_s=0.5) as server:
+        baseline = await one_turn(server.url)
+        async with connect(server.url) as flooder:
+            created = await recv_json(flooder)
+            handle = server.runtime.get(created["session"]["id"])
+            # 16 kHz pcm, no server VAD: what reaches the buffer is exactly what was sent.
+            await flooder.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "audio": {
+                                "input": {
+                                    "format": {"type": "audio/pcm", "rate": 16000},
+                                    "turn_detection": None,
+                                }
+                            },
+                        },
+                    }
+                )
+            )
+            await recv_until(flooder, "session.updated")
+            chunk = base64.b64encode(b"\x02\x00" * int(16000 * frame_s)).decode()
+            began = time.perf_counter()
+
+            async def flood() -> None:
+                for i in range(frames):
+                    await flooder.send(
+                        json.dumps({"type": "input_audio_buffer.append", "audio": chunk, "event_id": f"a{i}"})
+                    )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flood)
+                during = await one_turn(server.url)
+            want = frames * int(16000 * frame_s) * 2
+            await wait_until(lambda: handle.core.buffered_input_bytes == want, timeout=20)
+            took = time.perf_counter() - began
+            # 6 s of audio, half a second of it at once, the rest at 2x real time: >= 2.75 s.
+            assert took >= 0.95 * (frames * frame_s - 0.5) / 2.0, took
+            assert server.metrics.frames.labels("rejected")._value.get() == 0
+            # What the reader waited is the pacer's, as the metric reports it: 5.5 s owed at 2x.
+            assert server.metrics.audio_paced._value.get() >= 0.95 * (frames * frame_s - 0.5) / 2.0
+            assert during < max(2.0, 5 * baseline), (baseline, during)
+
+
+async def test_a_burst_of_large_frames_does_not_hold_the_event_loop():
+    # Pacing off: what is left is the reader's time slice. 24 frames of 2.5 s of noise each go
+    # through conversion and server VAD; without the slice the reader took ~16 buffered frames
+    # in one go, keeping the loop from every other task for that long.
+    noise = (b"\x10\x27\xf0\xd8" * 15000)[: 2 * 24000 * 5 // 2]
+    frame = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+    async with running_server(audio_intake_rate=None) as server:
+        async with connect(server.url, max_size=None) as flooder:
+            await recv_json(flooder)
+            lags: list[float] = []
+            stop = anyio.Event()
+
+            async def ticker() -> None:
+                while not stop.is_set():
+                    asked = time.perf_counter()
+                    await anyio.sleep(0.001)
+                    lags.append(time.perf_counter() - asked - 0.001)
+
+            decoded = server.metrics.frames.labels("decoded")
+            before = decoded._value.get()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                for _ in range(24):
+                    await flooder.send(frame)
+                await wait_until(lambda: decoded._value.get() >= before + 24, timeout=30)
+                stop.set()
+            per_frame = max(lags)
+            assert per_frame < 0.1, sorted(lags)[-5:]
