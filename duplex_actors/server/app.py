@@ -123,7 +123,7 @@ class ServerConfig:
     #: the session closes (reason invalid_frame_flood) and the connection with 1008.
     invalid_frames_per_s: float = 20.0
     invalid_frames_burst: int = 100
-    #: Audio pacing (guard.AudioPacer): each connection's audio is accepted at up to this
+    #: Audio pacing (guard.AudioPacer): each session's audio is accepted at up to this
     #: multiple of real time sustained, after a first ``audio_intake_burst_s`` seconds of audio
     #: at once; past it the server reads that connection's next frame later (TCP backpressure),
     #: so one client cannot take the CPU its neighbours need. None: no pacing.
@@ -166,10 +166,16 @@ class _SessionRecord:
         "vad_settings",
         "wire",
         "converter",
+        "pacer",
     )
 
-    def __init__(self, handle: SessionHandle, model: str = "duplex-actors") -> None:
+    def __init__(
+        self, handle: SessionHandle, model: str = "duplex-actors", pacer: guard.AudioPacer | None = None
+    ) -> None:
         self.handle = handle
+        # The session's, not a connection's: a client that reconnects (resumes) to start over
+        # with a full burst finds the bucket as it left it.
+        self.pacer = pacer
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
@@ -363,7 +369,7 @@ class RealtimeServer:
             log.warning("server.admission_refused", code=err.code, remote=address)
             await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
             return None
-        record = _SessionRecord(handle, self.config.model_name)
+        record = _SessionRecord(handle, self.config.model_name, self._new_pacer())
         if vad and handle.core.config.server_vad:
             record.set_vad(wire.TurnDetection(), handle.core.config.auto_respond)
         record.attached = conn
@@ -453,8 +459,14 @@ class RealtimeServer:
         if record is not None and record.handle.state != "closed":
             return record
         handle = self.runtime.get(session_id)  # raises UnknownSession once closed or expired
-        record = self._records[session_id] = _SessionRecord(handle, self.config.model_name)
+        record = self._records[session_id] = _SessionRecord(handle, self.config.model_name, self._new_pacer())
         return record
+
+    def _new_pacer(self) -> guard.AudioPacer | None:
+        rate = self.config.audio_intake_rate
+        if rate is None:
+            return None
+        return guard.AudioPacer(rate, self.config.audio_intake_burst_s, self.runtime.clock.now())
 
     def _forget(self, record: _SessionRecord) -> None:
         if self._records.get(record.handle.id) is record:
@@ -488,7 +500,6 @@ class _Connection:
         "key",
         "flood",
         "flooding",
-        "pacer",
         "pace_wait",
         "end_code",
     )
@@ -506,12 +517,6 @@ class _Connection:
             config.invalid_frames_per_s, config.invalid_frames_burst, server.runtime.clock.now()
         )
         self.flooding = False
-        rate = config.audio_intake_rate
-        self.pacer = (
-            None
-            if rate is None
-            else guard.AudioPacer(rate, config.audio_intake_burst_s, server.runtime.clock.now())
-        )
         self.pace_wait = 0.0  # set by _on_frame, waited out by _read_loop
         #: how the writer closes the socket after session.closed
         self.end_code: tuple[int, str] = (1000, "session closed")
@@ -624,8 +629,8 @@ class _Connection:
                 record.converter.reset()  # what the resampler held back is cleared too
             if isinstance(event, cmd.AppendAudio):
                 self._append(record, event)
-                if self.pacer is not None:
-                    self._pace(handle, len(event.pcm) / (2 * event.sample_rate))
+                if record.pacer is not None:
+                    self._pace(record.pacer, handle, len(event.pcm) / (2 * event.sample_rate))
             else:
                 handle.tell(event)
         except DuplexError as err:
@@ -645,14 +650,12 @@ class _Connection:
             return
         metrics.frames.labels("decoded").inc()
 
-    def _pace(self, handle: SessionHandle, audio_s: float) -> None:
-        pacer = self.pacer
-        assert pacer is not None
+    def _pace(self, pacer: guard.AudioPacer, handle: SessionHandle, audio_s: float) -> None:
         wait = pacer.charge(audio_s, self.server.runtime.clock.now())
         if wait:
             self.pace_wait = wait
             self.server.metrics.audio_paced.inc(wait)
-            if pacer.waited_s == wait:  # the first time: once per connection, not per frame
+            if pacer.waited_s == wait:  # the first time: once per session, not per frame
                 log.info(
                     "server.audio_paced",
                     session_id=handle.id,

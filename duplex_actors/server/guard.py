@@ -11,12 +11,13 @@ so its policy is tested without a server and the server calls it in a line or tw
 * :class:`FloodGuard`: a token bucket over *refused* frames of one connection. Refusals cost
   the server a decode and an ``error`` event each; past the budget the connection is closed
   with 1008 (policy violation) and its session closed with reason ``invalid_frame_flood``.
-* :class:`AudioPacer`: a token bucket over the *audio* one connection sends, in seconds of
-  audio. Valid audio costs the edge real work (decode, resample, server VAD: ~8 ms of CPU per
-  second of audio with Silero), and a client that sent it as fast as its socket allowed
-  (122x real time) made a neighbour's turn take 593 ms instead of 23. Past the budget the
-  connection's reader waits before it reads the next frame: TCP pushes back on the client,
-  nothing is refused and nothing accepted is lost.
+* :class:`AudioPacer`: a token bucket over the *audio* a session's client sends, in seconds of
+  audio (the session's, so reconnecting does not refill it). Valid audio costs the edge real
+  work (decode, resample, server VAD: ~7 ms of CPU per second of audio with Silero), and a
+  client that sent it as fast as its socket allowed (~145x real time) made a neighbour's turn
+  take 2.3 s instead of 61 ms (``flood_bench --audio``). Past the budget the connection's
+  reader waits before it reads the next frame: TCP pushes back on the client, nothing is
+  refused and nothing accepted is lost.
 * :class:`AdmissionQuotas`: open sessions per API key and per client address, and detached
   sessions in total. Connect-then-abort cycles otherwise hold a slot each for the whole
   disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
@@ -96,7 +97,7 @@ class FloodGuard:
 
 
 class AudioPacer:
-    """Token bucket over a connection's audio: ``burst_s`` seconds of audio at once, then
+    """Token bucket over a session's audio: ``burst_s`` seconds of audio at once, then
     ``rate`` seconds of audio per second (a multiple of real time)."""
 
     __slots__ = ("rate", "burst_s", "_tokens", "_last", "waited_s")

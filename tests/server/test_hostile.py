@@ -509,8 +509,8 @@ async def test_a_session_that_expired_while_detached_is_forgotten_as_it_closes()
 
 
 async def test_audio_sent_faster_than_real_time_is_paced_loses_nothing_and_neighbours_keep_their_pace():
-    # Without pacing, a client sending audio as fast as loopback allows (122x real time) made a
-    # neighbour's turn take 593 ms instead of 23 (server VAD, 2-core machine).
+    # Without pacing, a client sending audio as fast as loopback allows (~145x real time, from
+    # another process) made a neighbour's turn take 2.3 s instead of 61 ms (flood_bench --audio).
     frames, frame_s = 60, 0.1
     async with running_server(audio_intake_rate=2.0, audio_intake_burst_s=0.5) as server:
         baseline = await one_turn(server.url)
@@ -586,3 +586,38 @@ async def test_a_burst_of_large_frames_does_not_hold_the_event_loop():
                 stop.set()
             per_frame = max(lags)
             assert per_frame < 0.1, sorted(lags)[-5:]
+
+
+async def test_reconnecting_does_not_refill_a_sessions_audio_budget():
+    # The bucket belongs to the session: a client that resumed to start over with a full burst
+    # would otherwise get one burst per reconnect.
+    second = base64.b64encode(b"\x01\x00" * 24000).decode()  # 1 s at 24 kHz
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": second})
+    async with running_server(
+        audio_intake_rate=1.0, audio_intake_burst_s=1.0, session_overrides=GRACE
+    ) as server:
+        paced = server.metrics.audio_paced
+        async with connect(server.url) as ws:
+            created = await recv_json(ws)
+            sid, token = created["session"]["id"], created["resume_token"]
+            handle = server.runtime.get(sid)
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+                    }
+                )
+            )
+            await recv_until(ws, "session.updated")
+            await ws.send(append)  # the whole burst: no wait
+            await wait_until(lambda: handle.core.received_audio_ms >= 900.0)  # the resampler holds a few ms back
+            assert paced._value.get() == 0.0
+            ws.transport.abort()
+        await wait_until(lambda: handle.core.lease.detached)
+        async with connect(f"{server.url}?session_id={sid}") as ws:
+            await ws.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
+            await recv_until(ws, "session.resumed", limit=50)
+            await ws.send(append)  # owed in full: the bucket refilled only while the client was away
+            await wait_until(lambda: handle.core.received_audio_ms >= 1900.0)
+            assert paced._value.get() >= 0.5
