@@ -611,7 +611,8 @@ async def test_reconnecting_does_not_refill_a_sessions_audio_budget():
             )
             await recv_until(ws, "session.updated")
             await ws.send(append)  # the whole burst: no wait
-            await wait_until(lambda: handle.core.received_audio_ms >= 900.0)  # the resampler holds a few ms back
+            # 900, not 1000: the input resampler holds a few ms back until the next chunk.
+            await wait_until(lambda: handle.core.received_audio_ms >= 900.0)
             assert paced._value.get() == 0.0
             ws.transport.abort()
         await wait_until(lambda: handle.core.lease.detached)
