@@ -36,8 +36,15 @@ class FunctionCallRegistry:
             names.pop(next(iter(names)))
 
     def answer(self, call_id: str, output: str) -> None:
-        """The client's output for ``call_id``: the next model turn receives it."""
-        self._results.append(FunctionResult(call_id, output, self._names.get(call_id)))
+        """The client's output for ``call_id``: the next model turn receives it. A later output
+        for the same call replaces the earlier one, and at most RECENT_CALLS outputs wait (the
+        oldest go first): a client answering over and over without asking for a response held
+        every output here, without limit."""
+        results = self._results
+        results[:] = [r for r in results if r.call_id != call_id]
+        results.append(FunctionResult(call_id, output, self._names.get(call_id)))
+        if len(results) > RECENT_CALLS:
+            del results[0]
 
     def take_results(self) -> tuple[FunctionResult, ...]:
         """The outputs received since the last call, oldest first; the registry forgets them."""

@@ -16,15 +16,60 @@ than ``max_age_s`` instead of keeping them for as long as it stays open.
 
 from __future__ import annotations
 
+import json
 from collections import deque
+from collections.abc import Callable
 
 from ..errors import ResyncRequired
+from . import events as ev
+from .conversation import Item
 from .events import ServerEvent
 
 
+def _str_bytes(text: str | None) -> int:
+    """What a string costs to hold, at most: CPython stores 1, 2 or 4 bytes a character, and
+    ``isascii`` is a flag it already keeps (no scan), so only non-ASCII text is over-counted."""
+    if not text:
+        return 0
+    return len(text) if text.isascii() else 4 * len(text)
+
+
+def _item_bytes(item: Item) -> int:
+    n = sum(_str_bytes(p.text) + _str_bytes(p.transcript) for p in item.content)
+    return n + _str_bytes(item.output) + _str_bytes(item.arguments) + _str_bytes(item.name)
+
+
+def _config_bytes(event: ev.SessionCreated | ev.SessionUpdated) -> int:
+    # Instructions and tool schemas, up to a frame's worth each time: rare events, so the
+    # serialisation is affordable, and it counts what nested dicts hold without a walker.
+    return _str_bytes(json.dumps(event.config, ensure_ascii=False, default=str))
+
+
+#: The payload each event class holds beyond its fixed fields. Only pcm used to be counted, so
+#: a client that filled its conversation with long texts (or repeated a session.update carrying
+#: large tool schemas) had them journaled at 128 bytes an event: one session held +111 MiB.
+_PAYLOAD: dict[type, Callable] = {
+    ev.AudioDeltaEvent: lambda e: len(e.pcm),
+    ev.ItemAdded: lambda e: _item_bytes(e.item),
+    ev.ItemDone: lambda e: _item_bytes(e.item),
+    ev.ItemRetrieved: lambda e: _item_bytes(e.item),
+    ev.OutputItemAdded: lambda e: _item_bytes(e.item),
+    ev.OutputItemDone: lambda e: _item_bytes(e.item),
+    ev.ResponseDone: lambda e: sum(_item_bytes(item) for item in e.output),
+    ev.TextDone: lambda e: _str_bytes(e.text),
+    ev.TranscriptDone: lambda e: _str_bytes(e.transcript),
+    ev.ContentPartDone: lambda e: _str_bytes(e.text),
+    ev.SessionCreated: _config_bytes,
+    ev.SessionUpdated: _config_bytes,
+    ev.ErrorEvent: lambda e: _str_bytes(e.message),
+}
+
+
 def event_size(event: ServerEvent) -> int:
-    pcm = getattr(event, "pcm", None)
-    return 128 + (len(pcm) if pcm is not None else 0)
+    """Bytes the journal charges for ``event``: 128 for the event itself (measured ~290 with
+    its fields; most are shared or interned), plus the payload it holds."""
+    payload = _PAYLOAD.get(type(event))
+    return 128 if payload is None else 128 + payload(event)
 
 
 class ReplayJournal:

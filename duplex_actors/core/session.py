@@ -229,6 +229,7 @@ class SessionCore:
         "_item_seq",
         "_next_input_item",
         "_pending_text",
+        "_pending_chars",
     )
 
     def __init__(
@@ -277,10 +278,11 @@ class SessionCore:
         # What a function_call_output may answer, and the answers for the next model turn.
         # None until tools are used: most sessions never do, and opening one stays cheap.
         self._calls: FunctionCallRegistry | None = None
-        self._conversation = Conversation(self.config.max_items)
+        self._conversation = Conversation(self.config.max_items, self.config.max_conversation_chars)
         self._item_seq = 0
         self._next_input_item: str | None = None  # the item the buffered audio will become
         self._pending_text: list[str] = []  # user/system words not yet answered by a response
+        self._pending_chars = 0  # their length in all (bounded: see _pend_text)
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
@@ -843,6 +845,7 @@ class SessionCore:
         if results:
             request = attrs.evolve(request, function_results=results)
         self._pending_text = []
+        self._pending_chars = 0
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
         self._overlap_ms = None
@@ -1209,9 +1212,22 @@ class SessionCore:
             self._call_registry().remember(item.call_id or "", item.name or "")
         elif item.text and item.role != "assistant":
             # Words the next response answers (user text, system/developer notes).
-            self._pending_text.append(item.text)
+            self._pend_text(item.text)
         self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
         self._emit(ev.ItemDone, item=item, previous_item_id=previous)
+
+    def _pend_text(self, text: str) -> None:
+        """Keep ``text`` for the next response, within the conversation's bounds: a client that
+        creates items and never asks for a response held every one of their texts here, without
+        limit (100 items of 65,536 four-byte characters: +25 MiB, growing)."""
+        pending = self._pending_text
+        pending.append(text)
+        self._pending_chars += len(text)
+        budget = self.config.max_conversation_chars
+        while len(pending) > 1 and (
+            len(pending) > self.config.max_items or (budget is not None and self._pending_chars > budget)
+        ):
+            self._pending_chars -= len(pending.pop(0))
 
     def _fx_remove_item(self) -> None:
         item = self._conversation.delete(cast(DeleteItem, self._step["command"]).item_id)
@@ -1281,6 +1297,7 @@ class SessionCore:
         self._input = InputBuffer()
         self._committed = b""
         self._pending_text = []
+        self._pending_chars = 0
         self._conversation.clear()
         if self._windows is not None:
             self._windows.clear()

@@ -48,6 +48,10 @@ class SessionConfig:
     transcription: str | None = None
     #: Items the conversation keeps (oldest forgotten first).
     max_items: int = 256
+    #: Characters of text the conversation keeps over all its items (oldest items forgotten
+    #: first, never the newest): 256 K characters, about 64 K tokens, twice the context of
+    #: OpenAI's realtime models. None: only ``max_items`` bounds it.
+    max_conversation_chars: int | None = 1 << 18
     #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
     max_input_bytes: int = 16000 * 2 * 120
     outbox_capacity: int = 2048

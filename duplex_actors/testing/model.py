@@ -143,7 +143,10 @@ class SessionModel:
         self.terminals: list[tuple] = []  # every terminal ever expected, in order
         self.close_issued_at: int | None = None  # len(issued) when the session closed
         #: The conversation's item ids in order (items the session names itself are placeholders:
-        #: only their count matters, for the oldest-first eviction at ``config.max_items``).
+        #: only their count matters, for the oldest-first eviction at ``config.max_items``). The
+        #: character budget (``config.max_conversation_chars``) is not modelled: the strategies'
+        #: texts are a few words, 256 items of them far below it (tests/core/test_conversation_budget.py
+        #: checks that bound on its own).
         self.items: list[str] = []
         self._auto_items = 0
         #: TTFT / TTFP (ms) each response must report, when the inputs carried times.

@@ -622,3 +622,39 @@ async def test_reconnecting_does_not_refill_a_sessions_audio_budget():
             await ws.send(append)  # owed in full: the bucket refilled only while the client was away
             await wait_until(lambda: handle.core.received_audio_ms >= 1900.0)
             assert paced._value.get() >= 0.5
+
+
+async def test_a_client_filling_its_conversation_with_long_texts_holds_a_bounded_amount():
+    # 256 items of 65,536 characters each used to be kept: +111 MiB of server memory for one
+    # session when every character took four bytes. The conversation now keeps 256 K characters.
+    text = "\U0001f600" * 65_536  # the longest text part the wire takes, four bytes a character
+    async with running_server() as server:
+        async with connect(server.url, max_size=None) as ws:
+            created = await recv_json(ws)
+            core = server.runtime.get(created["session"]["id"]).core
+            ids = []
+            for _ in range(10):
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "conversation.item.create",
+                            "item": {
+                                "type": "message",
+                                "role": "user",
+                                "content": [{"type": "input_text", "text": text}],
+                            },
+                        }
+                    )
+                )
+                done = (await recv_until(ws, "conversation.item.done", timeout=20))[-1]
+                ids.append(done["item"]["id"])
+            conversation = core._conversation
+            assert conversation.chars <= core.config.max_conversation_chars
+            # The words waiting for a response, and the replay journal, are bounded the same way.
+            assert core._pending_chars <= core.config.max_conversation_chars
+            assert core._journal.bytes <= core.config.journal_max_bytes
+            assert [i.id for i in conversation] == ids[-4:]  # 4 x 65,536 is the budget exactly
+            # A forgotten item is gone for the client too, with a typed error.
+            await ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": ids[0]}))
+            error = (await recv_until(ws, "error"))[-1]
+            assert error["error"]["code"] == "item_not_found", error
