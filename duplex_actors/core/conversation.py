@@ -15,9 +15,9 @@ audio it produced, so truncation can be range-checked without holding megabytes 
 
 Text is kept, within two bounds: ``capacity`` items and ``max_chars`` characters over all of
 them (oldest items forgotten first, never the one just added). The item bound alone let one
-session hold 256 items of 65,536 characters each: +14.5 MiB of server memory for plain text,
-+111 MiB when every character needed four bytes (an emoji in each string), measured over a
-real socket. Engines read a context window far smaller than either, as OpenAI's do.
+session keep 256 items of 65,536 characters each: 16 MiB of plain text, 64 MiB when every
+character needs four bytes (an emoji in each string). Engines read a context window far
+smaller than either, as OpenAI's do.
 """
 
 from __future__ import annotations
