@@ -21,7 +21,7 @@ from duplex_actors import Runtime
 from duplex_actors.core.engine_io import AudioPacket
 from duplex_actors.server import RealtimeServer, ServerConfig
 
-from ..server.conftest import recv_until
+from ..server.conftest import recv_until, user_text
 from .helpers import run, small_engine
 
 pytestmark = pytest.mark.embedded
@@ -55,16 +55,7 @@ def test_a_text_turn_through_serve_speaks_at_the_clients_24khz():
             async with connect(server.url) as ws:
                 await recv_until(ws, "session.created")
                 await ws.send(
-                    json.dumps(
-                        {
-                            "type": "conversation.item.create",
-                            "item": {
-                                "type": "message",
-                                "role": "user",
-                                "content": [{"type": "input_text", "text": "hello there"}],
-                            },
-                        }
-                    )
+                    json.dumps({"type": "conversation.item.create", "item": user_text("hello there")})
                 )
                 await ws.send(json.dumps({"type": "response.create"}))
                 return await recv_until(ws, "response.done", timeout=60, limit=5000)

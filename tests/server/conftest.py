@@ -45,6 +45,11 @@ async def server() -> AsyncIterator[RealtimeServer]:
         yield srv
 
 
+def user_text(text: str, **extra) -> dict:
+    """A user message item for ``conversation.item.create``."""
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}], **extra}
+
+
 def resume_frame(**fields) -> str:
     """A ``session.resume`` frame (session_id, generation, resume_token, last_seq, control_id)."""
     return json.dumps({"type": "session.resume", **fields})

@@ -11,7 +11,7 @@ from websockets.asyncio.client import connect
 from duplex_actors import Runtime, Script, ScriptedEngine
 from duplex_actors.server import RealtimeServer, ServerConfig
 
-from .conftest import CHUNK_100MS, recv_json, recv_until
+from .conftest import CHUNK_100MS, recv_json, recv_until, user_text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -20,10 +20,6 @@ SCRIPT = Script(token_latency_s=0.002, tokens=("Sure", " thing."), audio_packets
 
 def send(ws, **event):
     return ws.send(json.dumps(event))
-
-
-def user_text(text: str, **extra) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}], **extra}
 
 
 async def test_text_in_audio_out_and_the_engine_reads_the_text():

@@ -28,6 +28,7 @@ from .conftest import (
     recv_until,
     resume_frame,
     running_server,
+    user_text,
 )
 from .conftest import (
     metric_sample as sample,
@@ -634,18 +635,7 @@ async def test_a_client_filling_its_conversation_with_long_texts_holds_a_bounded
             core = server.runtime.get(created["session"]["id"]).core
             ids = []
             for _ in range(10):
-                await ws.send(
-                    json.dumps(
-                        {
-                            "type": "conversation.item.create",
-                            "item": {
-                                "type": "message",
-                                "role": "user",
-                                "content": [{"type": "input_text", "text": text}],
-                            },
-                        }
-                    )
-                )
+                await ws.send(json.dumps({"type": "conversation.item.create", "item": user_text(text)}))
                 done = (await recv_until(ws, "conversation.item.done", timeout=20))[-1]
                 ids.append(done["item"]["id"])
             conversation = core._conversation
