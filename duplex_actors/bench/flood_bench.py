@@ -94,7 +94,27 @@ async def _run(frames: int, policy: bool) -> dict:
 CLEAR = json.dumps({"type": "input_audio_buffer.clear"})
 
 
-def _audio_flooder(url: str, seconds: float, frame_ms: int, report) -> None:
+def _update_frame() -> str:
+    """A valid session.update of ~0.96 MB: 15 function tools with long descriptions and long
+    instructions (each string within the wire's 65,536-character limit)."""
+    tools = [
+        {
+            "type": "function",
+            "name": f"tool_{i}",
+            "description": "d" * 60_000,
+            "parameters": {"type": "object"},
+        }
+        for i in range(15)
+    ]
+    return json.dumps(
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "tools": tools, "instructions": "i" * 60_000},
+        }
+    )
+
+
+def _audio_flooder(url: str, seconds: float, frame_ms: int, report, updates: bool = False) -> None:
     """The flooding client, in its own process as a hostile client would be: in the server's
     process its sends would take that loop itself (a websocket send only yields once the
     socket's buffers are full, and loopback's hold megabytes)."""
@@ -105,6 +125,8 @@ def _audio_flooder(url: str, seconds: float, frame_ms: int, report) -> None:
         # Low-level noise: the VAD hears every window of it, and no turn starts.
         noise = bytes(b & 0x0F if i % 2 == 0 else 0 for i, b in enumerate(os.urandom(2 * 24 * frame_ms)))
         frame = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+        if updates:
+            frame = _update_frame()
         sent = 0
         ws = await connect(url)
         session_id = json.loads(await ws.recv())["session"]["id"]
@@ -122,7 +144,9 @@ def _audio_flooder(url: str, seconds: float, frame_ms: int, report) -> None:
                 # all the same (the send cut short is never counted; the socket is aborted).
                 await asyncio.wait_for(ws.send(frame), max(0.0, until - time.perf_counter()))
                 sent += 1
-                if sent % max(1, 5000 // frame_ms) == 0:  # 5 s of audio: within the buffer's limit
+                if (
+                    not updates and sent % max(1, 5000 // frame_ms) == 0
+                ):  # 5 s of audio: within the buffer's limit
                     await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
         except asyncio.TimeoutError:
             pass
@@ -136,7 +160,9 @@ def _audio_flooder(url: str, seconds: float, frame_ms: int, report) -> None:
     asyncio.run(main())
 
 
-async def _run_audio(seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
+async def _run_audio(
+    seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5, updates: bool = False
+) -> dict:
     import multiprocessing
     import statistics
 
@@ -144,7 +170,7 @@ async def _run_audio(seconds: float, policy: bool, frame_ms: int = 100, turns: i
     from ..engines.scripted import Script, ScriptedEngine
     from ..server.app import RealtimeServer, ServerConfig
 
-    pacing = {} if policy else {"audio_intake_rate": None}
+    pacing = {} if policy else {"audio_intake_rate": None, "frame_intake_bytes_per_s": None}
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
     async with Runtime(ScriptedEngine(script, record=False)) as rt:
         async with RealtimeServer(rt, ServerConfig(port=0, **pacing)) as server:
@@ -154,7 +180,7 @@ async def _run_audio(seconds: float, policy: bool, frame_ms: int = 100, turns: i
             ctx = multiprocessing.get_context("spawn")
             ours, theirs = ctx.Pipe()
             flooder = ctx.Process(
-                target=_audio_flooder, args=(server.url, seconds, frame_ms, theirs), daemon=True
+                target=_audio_flooder, args=(server.url, seconds, frame_ms, theirs, updates), daemon=True
             )
             flooder.start()
             while not ours.poll():
@@ -176,7 +202,7 @@ async def _run_audio(seconds: float, policy: bool, frame_ms: int = 100, turns: i
                 "policy": policy,
                 "seconds": elapsed,
                 "rejected_frames": frames.labels("rejected")._value.get(),
-                "paced_s": server.metrics.audio_paced._value.get(),
+                "paced_s": sum(server.metrics.paced.labels(w)._value.get() for w in ("audio", "frames")),
                 "flooder_sent_x_real_time": sent * frame_ms / 1000 / elapsed,
                 "accepted_x_real_time": accepted_s / elapsed,
                 "neighbour_turn_s": statistics.median(baseline),
@@ -196,11 +222,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=100_000)
     ap.add_argument("--policy", choices=("on", "off"), default="on")
     ap.add_argument("--audio", action="store_true", help="flood valid audio instead of invalid frames")
+    ap.add_argument("--updates", action="store_true", help="flood valid ~1 MB session.update frames")
     ap.add_argument("--seconds", type=float, default=6.0, help="--audio: how long the flood lasts")
     ap.add_argument(
         "--frame-ms", type=int, default=100, help="--audio: audio per frame (2500: near the 256 KiB cap)"
     )
     args = ap.parse_args(argv)
+    if args.updates:
+        a = asyncio.run(_run_audio(args.seconds, args.policy == "on", updates=True))
+        print(
+            f"flood of valid ~1 MB session.update frames for {a['seconds']:.1f} s, pacing {args.policy}: "
+            f"neighbour turn median {a['neighbour_turn_s'] * 1e3:.1f} ms alone, "
+            f"{a['during_turn_s'] * 1e3:.1f} ms during (worst {a['during_turn_worst_s'] * 1e3:.1f}, "
+            f"{a['during_turns']} turns): x{a['during_turn_s'] / a['neighbour_turn_s']:.2f} at the median; "
+            f"reads held back {a['paced_s']:.1f} s; server RSS {a['rss_before_mb']:.1f} -> {a['rss_flooded_mb']:.1f} MiB",
+            flush=True,
+        )
+        return 0
     if args.audio:
         a = asyncio.run(_run_audio(args.seconds, args.policy == "on", args.frame_ms))
         print(

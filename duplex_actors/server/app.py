@@ -123,7 +123,7 @@ class ServerConfig:
     #: the session closes (reason invalid_frame_flood) and the connection with 1008.
     invalid_frames_per_s: float = 20.0
     invalid_frames_burst: int = 100
-    #: Audio pacing (guard.AudioPacer): each session's audio is accepted at up to this
+    #: Audio pacing (guard.IntakePacer): each session's audio is accepted at up to this
     #: multiple of real time sustained, after a first ``audio_intake_burst_s`` seconds of audio
     #: at once; past it the server reads that connection's next frame later (TCP backpressure),
     #: so one client cannot take the CPU its neighbours need. None: no pacing.
@@ -131,6 +131,15 @@ class ServerConfig:
         default=4.0, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
     audio_intake_burst_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    #: Frame pacing, the same way over the bytes of every frame a session's client sends:
+    #: ``frame_intake_burst_bytes`` at once, then this many bytes a second. Real-time audio at
+    #: the GA wire's 24 kHz is ~64 KB a second of frames; what this stops is a flood of large
+    #: valid frames (session.update with tool schemas, long texts) that audio pacing does not
+    #: see. None: no pacing.
+    frame_intake_bytes_per_s: int | None = attrs.field(
+        default=1 << 20, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    frame_intake_burst_bytes: int = attrs.field(default=8 << 20, validator=attrs.validators.gt(0))
     #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013.
     max_sessions_per_key: int | None = None
     max_sessions_per_address: int | None = None
@@ -167,15 +176,19 @@ class _SessionRecord:
         "wire",
         "converter",
         "pacer",
+        "frame_pacer",
     )
 
     def __init__(
-        self, handle: SessionHandle, model: str = "duplex-actors", pacer: guard.AudioPacer | None = None
+        self,
+        handle: SessionHandle,
+        model: str = "duplex-actors",
+        pacers: tuple[guard.IntakePacer | None, guard.IntakePacer | None] = (None, None),
     ) -> None:
         self.handle = handle
         # The session's, not a connection's: a client that reconnects (resumes) to start over
-        # with a full burst finds the bucket as it left it.
-        self.pacer = pacer
+        # with a full burst finds the buckets as it left them. Seconds of audio, bytes of frames.
+        self.pacer, self.frame_pacer = pacers
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
@@ -369,7 +382,7 @@ class RealtimeServer:
             log.warning("server.admission_refused", code=err.code, remote=address)
             await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
             return None
-        record = _SessionRecord(handle, self.config.model_name, self._new_pacer())
+        record = _SessionRecord(handle, self.config.model_name, self._new_pacers())
         if vad and handle.core.config.server_vad:
             record.set_vad(wire.TurnDetection(), handle.core.config.auto_respond)
         record.attached = conn
@@ -459,14 +472,19 @@ class RealtimeServer:
         if record is not None and record.handle.state != "closed":
             return record
         handle = self.runtime.get(session_id)  # raises UnknownSession once closed or expired
-        record = self._records[session_id] = _SessionRecord(handle, self.config.model_name, self._new_pacer())
+        record = self._records[session_id] = _SessionRecord(
+            handle, self.config.model_name, self._new_pacers()
+        )
         return record
 
-    def _new_pacer(self) -> guard.AudioPacer | None:
-        rate = self.config.audio_intake_rate
-        if rate is None:
-            return None
-        return guard.AudioPacer(rate, self.config.audio_intake_burst_s, self.runtime.clock.now())
+    def _new_pacers(self) -> tuple[guard.IntakePacer | None, guard.IntakePacer | None]:
+        config, now = self.config, self.runtime.clock.now()
+        audio = config.audio_intake_rate
+        frames = config.frame_intake_bytes_per_s
+        return (
+            None if audio is None else guard.IntakePacer(audio, config.audio_intake_burst_s, now),
+            None if frames is None else guard.IntakePacer(frames, config.frame_intake_burst_bytes, now),
+        )
 
     def _forget(self, record: _SessionRecord) -> None:
         if self._records.get(record.handle.id) is record:
@@ -591,6 +609,9 @@ class _Connection:
         record = self.record
         handle = record.handle
         metrics = self.server.metrics
+        if record.frame_pacer is not None:
+            # Every frame, accepted or refused: its decoding is the work being paced.
+            self._pace(record.frame_pacer, handle, len(frame), "frames")
         event = None
         try:
             event = wire.decode(
@@ -630,7 +651,7 @@ class _Connection:
             if isinstance(event, cmd.AppendAudio):
                 self._append(record, event)
                 if record.pacer is not None:
-                    self._pace(record.pacer, handle, len(event.pcm) / (2 * event.sample_rate))
+                    self._pace(record.pacer, handle, len(event.pcm) / (2 * event.sample_rate), "audio")
             else:
                 handle.tell(event)
         except DuplexError as err:
@@ -650,17 +671,19 @@ class _Connection:
             return
         metrics.frames.labels("decoded").inc()
 
-    def _pace(self, pacer: guard.AudioPacer, handle: SessionHandle, audio_s: float) -> None:
-        wait = pacer.charge(audio_s, self.server.runtime.clock.now())
+    def _pace(self, pacer: guard.IntakePacer, handle: SessionHandle, amount: float, what: str) -> None:
+        wait = pacer.charge(amount, self.server.runtime.clock.now())
         if wait:
-            self.pace_wait = wait
-            self.server.metrics.audio_paced.inc(wait)
-            if pacer.waited_s == wait:  # the first time: once per session, not per frame
+            # Both pacers may ask for a wait after one frame: the reader waits the longer.
+            self.pace_wait = max(self.pace_wait, wait)
+            self.server.metrics.paced.labels(what).inc(wait)
+            if pacer.waited_s == wait:  # the first time: once per session and pacer, not per frame
                 log.info(
-                    "server.audio_paced",
+                    "server.client_paced",
+                    what=what,
                     session_id=handle.id,
                     rate=pacer.rate,
-                    burst_s=pacer.burst_s,
+                    burst=pacer.burst,
                     remote=_remote(self.ws),
                 )
 

@@ -119,6 +119,15 @@ def register(app: typer.Typer) -> None:
         audio_intake_burst_s: float = typer.Option(
             10.0, min=0.001, help="seconds of audio a connection may send at once before pacing applies"
         ),
+        frame_intake_bytes_per_s: int = typer.Option(
+            1 << 20,
+            min=0,
+            help="bytes of frames a session's client may send per second, after its first "
+            "--frame-intake-burst-bytes; faster clients are read later, nothing refused (0: off)",
+        ),
+        frame_intake_burst_bytes: int = typer.Option(
+            8 << 20, min=1, help="bytes of frames a session's client may send at once before pacing applies"
+        ),
         compression: bool = typer.Option(
             True,
             "--compression/--no-compression",
@@ -156,6 +165,8 @@ def register(app: typer.Typer) -> None:
             "max_detached_sessions": max_detached_sessions,
             "audio_intake_rate": audio_intake_rate or None,
             "audio_intake_burst_s": audio_intake_burst_s,
+            "frame_intake_bytes_per_s": frame_intake_bytes_per_s or None,
+            "frame_intake_burst_bytes": frame_intake_burst_bytes,
             "compression": "deflate" if compression else None,
         }
         if workers > 1:  # the engine is built in its own process, not here

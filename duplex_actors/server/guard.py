@@ -11,13 +11,14 @@ so its policy is tested without a server and the server calls it in a line or tw
 * :class:`FloodGuard`: a token bucket over *refused* frames of one connection. Refusals cost
   the server a decode and an ``error`` event each; past the budget the connection is closed
   with 1008 (policy violation) and its session closed with reason ``invalid_frame_flood``.
-* :class:`AudioPacer`: a token bucket over the *audio* a session's client sends, in seconds of
-  audio (the session's, so reconnecting does not refill it). Valid audio costs the edge real
-  work (decode, resample, server VAD: ~7 ms of CPU per second of audio with Silero), and a
-  client that sent it as fast as its socket allowed (~145x real time) made a neighbour's turn
-  take 2.3 s instead of 61 ms (``flood_bench --audio``). Past the budget the connection's
-  reader waits before it reads the next frame: TCP pushes back on the client, nothing is
-  refused and nothing accepted is lost.
+* :class:`IntakePacer`: a token bucket over what a session's client sends: one over seconds of
+  audio, one over bytes of frames (both the session's, so reconnecting does not refill them).
+  Valid traffic costs the edge real work: audio ~7 ms of CPU per second of it (decode,
+  resample, Silero VAD), a 1 MB ``session.update`` ~10 ms. A client sending either as fast as
+  its socket allowed made a neighbour's turn 37x slower (audio at ~145x real time) or 22x
+  slower (0.96 MB updates at 235 MB/s), from another process (``flood_bench --audio``,
+  ``--updates``). Past a budget the connection's reader waits before it reads the next frame:
+  TCP pushes back on the client, nothing is refused and nothing accepted is lost.
 * :class:`AdmissionQuotas`: open sessions per API key and per client address, and detached
   sessions in total. Connect-then-abort cycles otherwise hold a slot each for the whole
   disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
@@ -96,28 +97,28 @@ class FloodGuard:
         return self._tokens < 0.0
 
 
-class AudioPacer:
-    """Token bucket over a session's audio: ``burst_s`` seconds of audio at once, then
-    ``rate`` seconds of audio per second (a multiple of real time)."""
+class IntakePacer:
+    """Token bucket over an amount a client sends (seconds of audio, or bytes of frames):
+    ``burst`` of it at once, then ``rate`` of it per second."""
 
-    __slots__ = ("rate", "burst_s", "_tokens", "_last", "waited_s")
+    __slots__ = ("rate", "burst", "_tokens", "_last", "waited_s")
 
-    def __init__(self, rate: float, burst_s: float, now: float) -> None:
-        if rate <= 0 or burst_s <= 0:
-            raise ValueError("need rate > 0 and burst_s > 0")
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate <= 0 or burst <= 0:
+            raise ValueError("need rate > 0 and burst > 0")
         self.rate = rate
-        self.burst_s = burst_s
-        self._tokens = float(burst_s)
+        self.burst = burst
+        self._tokens = float(burst)
         self._last = now
         self.waited_s = 0.0  # in all: how long this connection's reads were held back
 
-    def charge(self, audio_s: float, now: float) -> float:
-        """Count ``audio_s`` seconds of accepted audio at ``now``; returns how long the reader
-        waits before it reads the next frame (0.0: at once)."""
+    def charge(self, amount: float, now: float) -> float:
+        """Count ``amount`` accepted at ``now``; returns how long the reader waits before it
+        reads the next frame (0.0: at once)."""
         if now > self._last:
-            self._tokens = min(self.burst_s, self._tokens + (now - self._last) * self.rate)
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
             self._last = now
-        self._tokens -= audio_s
+        self._tokens -= amount
         if self._tokens >= 0.0:
             return 0.0
         # The debt is paid by waiting, so the bucket is level again when the wait is over.

@@ -131,9 +131,10 @@ class ServerMetrics:
             ["outcome"],
             registry=r,
         )
-        self.audio_paced = Counter(
-            "duplex_audio_paced_seconds",
-            "Seconds client reads were held back by audio pacing (audio sent faster than allowed)",
+        self.paced = Counter(
+            "duplex_client_paced_seconds",
+            "Seconds client reads were held back by pacing, by what was sent too fast (audio, frames)",
+            ["what"],
             registry=r,
         )
         self.client_errors = Counter(

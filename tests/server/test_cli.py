@@ -52,6 +52,7 @@ def test_serve_is_registered_with_its_options():
         "--max-sessions",
         "--audio-intake-rate",
         "--audio-intake-burst-s",
+        "--frame-intake-bytes-per-s",
     ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])

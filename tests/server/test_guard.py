@@ -26,7 +26,7 @@ def test_flood_guard_allows_the_burst_then_the_sustained_rate():
 
 
 def test_audio_pacer_takes_the_burst_at_once_then_holds_the_reader_to_the_rate():
-    p = guard.AudioPacer(rate=4.0, burst_s=1.0, now=0.0)
+    p = guard.IntakePacer(rate=4.0, burst=1.0, now=0.0)
     assert [p.charge(0.25, 0.0) for _ in range(4)] == [0.0] * 4  # one second of audio at once
     # The next 100 ms of audio is owed: at 4x real time it is paid by 25 ms of waiting.
     assert p.charge(0.1, 0.0) == pytest.approx(0.025)
@@ -34,9 +34,9 @@ def test_audio_pacer_takes_the_burst_at_once_then_holds_the_reader_to_the_rate()
     assert not any(p.charge(0.02, 0.025 + i * 0.02) for i in range(1, 500))
     assert p.waited_s == pytest.approx(0.025)
     with pytest.raises(ValueError):
-        guard.AudioPacer(rate=0.0, burst_s=1.0, now=0.0)
+        guard.IntakePacer(rate=0.0, burst=1.0, now=0.0)
     with pytest.raises(ValueError):
-        guard.AudioPacer(rate=1.0, burst_s=0.0, now=0.0)
+        guard.IntakePacer(rate=1.0, burst=0.0, now=0.0)
 
 
 @given(
@@ -52,7 +52,7 @@ def test_a_reader_that_honours_the_pacer_never_takes_more_than_burst_plus_rate_t
 ):
     # The invariant the server relies on, for any client: once each wait is honoured, the
     # audio accepted by time t is at most burst + rate * t (plus the frame that ran into debt).
-    p = guard.AudioPacer(rate=rate, burst_s=burst, now=0.0)
+    p = guard.IntakePacer(rate=rate, burst=burst, now=0.0)
     now = taken = 0.0
     for audio_s, idle_s in chunks:
         now += idle_s
