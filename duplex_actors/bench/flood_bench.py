@@ -114,19 +114,24 @@ def _update_frame() -> str:
     )
 
 
-def _audio_flooder(url: str, seconds: float, frame_ms: int, report, updates: bool = False) -> None:
-    """The flooding client, in its own process as a hostile client would be: in the server's
-    process its sends would take that loop itself (a websocket send only yields once the
-    socket's buffers are full, and loopback's hold megabytes)."""
+def _audio_frame(frame_ms: int) -> str:
+    """``frame_ms`` of low-level 24 kHz noise: the VAD hears every window of it, and no turn
+    starts."""
+    noise = bytes(b & 0x0F if i % 2 == 0 else 0 for i, b in enumerate(os.urandom(2 * 24 * frame_ms)))
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+
+
+def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -> None:
+    """The flooding client (``kind`` "audio" or "updates"), in its own process as a hostile
+    client would be: in the server's process its sends would take that loop itself (a websocket
+    send only yields once the socket's buffers are full, and loopback's hold megabytes)."""
 
     async def main() -> int:
         from websockets.asyncio.client import connect
 
-        # Low-level noise: the VAD hears every window of it, and no turn starts.
-        noise = bytes(b & 0x0F if i % 2 == 0 else 0 for i, b in enumerate(os.urandom(2 * 24 * frame_ms)))
-        frame = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
-        if updates:
-            frame = _update_frame()
+        audio = kind == "audio"
+        frame = _audio_frame(frame_ms) if audio else _update_frame()
+        clear_every = max(1, 5000 // frame_ms)  # 5 s of audio: within the input buffer's limit
         sent = 0
         ws = await connect(url)
         session_id = json.loads(await ws.recv())["session"]["id"]
@@ -144,9 +149,7 @@ def _audio_flooder(url: str, seconds: float, frame_ms: int, report, updates: boo
                 # all the same (the send cut short is never counted; the socket is aborted).
                 await asyncio.wait_for(ws.send(frame), max(0.0, until - time.perf_counter()))
                 sent += 1
-                if (
-                    not updates and sent % max(1, 5000 // frame_ms) == 0
-                ):  # 5 s of audio: within the buffer's limit
+                if audio and sent % clear_every == 0:
                     await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
         except asyncio.TimeoutError:
             pass
@@ -160,9 +163,7 @@ def _audio_flooder(url: str, seconds: float, frame_ms: int, report, updates: boo
     asyncio.run(main())
 
 
-async def _run_audio(
-    seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5, updates: bool = False
-) -> dict:
+async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
     import multiprocessing
     import statistics
 
@@ -180,7 +181,7 @@ async def _run_audio(
             ctx = multiprocessing.get_context("spawn")
             ours, theirs = ctx.Pipe()
             flooder = ctx.Process(
-                target=_audio_flooder, args=(server.url, seconds, frame_ms, theirs, updates), daemon=True
+                target=_valid_flooder, args=(server.url, seconds, kind, frame_ms, theirs), daemon=True
             )
             flooder.start()
             while not ours.poll():
@@ -223,32 +224,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", choices=("on", "off"), default="on")
     ap.add_argument("--audio", action="store_true", help="flood valid audio instead of invalid frames")
     ap.add_argument("--updates", action="store_true", help="flood valid ~1 MB session.update frames")
-    ap.add_argument("--seconds", type=float, default=6.0, help="--audio: how long the flood lasts")
+    ap.add_argument("--seconds", type=float, default=6.0, help="--audio, --updates: how long the flood lasts")
     ap.add_argument(
         "--frame-ms", type=int, default=100, help="--audio: audio per frame (2500: near the 256 KiB cap)"
     )
     args = ap.parse_args(argv)
-    if args.updates:
-        a = asyncio.run(_run_audio(args.seconds, args.policy == "on", updates=True))
+    if args.updates or args.audio:
+        kind = "updates" if args.updates else "audio"
+        a = asyncio.run(_run_valid(kind, args.seconds, args.policy == "on", args.frame_ms))
+        what = (
+            "valid ~1 MB session.update frames"
+            if args.updates
+            else f"valid audio in {args.frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x "
+            f"real time, accepted at {a['accepted_x_real_time']:.1f}x,"
+        )
         print(
-            f"flood of valid ~1 MB session.update frames for {a['seconds']:.1f} s, pacing {args.policy}: "
-            f"neighbour turn median {a['neighbour_turn_s'] * 1e3:.1f} ms alone, "
+            f"flood of {what} for {a['seconds']:.1f} s, pacing {args.policy}: neighbour turn median "
+            f"{a['neighbour_turn_s'] * 1e3:.1f} ms alone (worst {a['neighbour_turn_worst_s'] * 1e3:.1f}), "
             f"{a['during_turn_s'] * 1e3:.1f} ms during (worst {a['during_turn_worst_s'] * 1e3:.1f}, "
             f"{a['during_turns']} turns): x{a['during_turn_s'] / a['neighbour_turn_s']:.2f} at the median; "
-            f"reads held back {a['paced_s']:.1f} s; server RSS {a['rss_before_mb']:.1f} -> {a['rss_flooded_mb']:.1f} MiB",
-            flush=True,
-        )
-        return 0
-    if args.audio:
-        a = asyncio.run(_run_audio(args.seconds, args.policy == "on", args.frame_ms))
-        print(
-            f"flood of valid audio in {args.frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x real time for "
-            f"{a['seconds']:.1f} s, accepted at {a['accepted_x_real_time']:.1f}x, "
-            f"pacing {args.policy}: neighbour turn median {a['neighbour_turn_s'] * 1e3:.1f} ms alone "
-            f"(worst {a['neighbour_turn_worst_s'] * 1e3:.1f}), {a['during_turn_s'] * 1e3:.1f} ms during "
-            f"(worst {a['during_turn_worst_s'] * 1e3:.1f}, {a['during_turns']} turns): "
-            f"x{a['during_turn_s'] / a['neighbour_turn_s']:.2f} at the median; reads held back "
-            f"{a['paced_s']:.1f} s, {a['rejected_frames']:.0f} frames refused; server RSS "
+            f"reads held back {a['paced_s']:.1f} s, {a['rejected_frames']:.0f} frames refused; server RSS "
             f"{a['rss_before_mb']:.1f} -> {a['rss_flooded_mb']:.1f} MiB with the flood's frames queued",
             flush=True,
         )

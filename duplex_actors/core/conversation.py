@@ -62,11 +62,21 @@ class Item:
     name: str | None = None
     arguments: str | None = None
 
+    def strings(self) -> Iterator[str]:
+        """Every string of text the item holds (what its memory grows with)."""
+        for part in self.content:
+            if part.text:
+                yield part.text
+            if part.transcript:
+                yield part.transcript
+        for text in (self.output, self.arguments, self.name):
+            if text:
+                yield text
+
     @property
     def chars(self) -> int:
         """The characters this item holds in text: what the conversation's budget counts."""
-        n = sum(len(p.text or "") + len(p.transcript or "") for p in self.content)
-        return n + len(self.output or "") + len(self.arguments or "") + len(self.name or "")
+        return sum(len(text) for text in self.strings())
 
     @property
     def text(self) -> str:

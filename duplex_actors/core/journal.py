@@ -35,8 +35,7 @@ def _str_bytes(text: str | None) -> int:
 
 
 def _item_bytes(item: Item) -> int:
-    n = sum(_str_bytes(p.text) + _str_bytes(p.transcript) for p in item.content)
-    return n + _str_bytes(item.output) + _str_bytes(item.arguments) + _str_bytes(item.name)
+    return sum(_str_bytes(text) for text in item.strings())
 
 
 def _config_bytes(event: ev.SessionCreated | ev.SessionUpdated) -> int:
