@@ -135,7 +135,9 @@ class ServerConfig:
     #: ``frame_intake_burst_bytes`` at once, then this many bytes a second. Real-time audio at
     #: the GA wire's 24 kHz is ~64 KB a second of frames; what this stops is a flood of large
     #: valid frames (session.update with tool schemas, long texts) that audio pacing does not
-    #: see. None: no pacing.
+    #: see. The same budget pays for what the server sends back (replies, replays; a
+    #: response's own stream excepted), so small requests for large replies are paced too.
+    #: None: no pacing.
     frame_intake_bytes_per_s: int | None = attrs.field(
         default=1 << 20, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
@@ -394,7 +396,7 @@ class RealtimeServer:
     async def _resume(self, conn: _Connection, session_id: str) -> _SessionRecord | None:
         ws = conn.ws
         try:
-            request = await self._first_resume_frame(ws, session_id)
+            request, size = await self._first_resume_frame(ws, session_id)
             record = self._record_for(session_id)
             async with record.lock:
                 handle = record.handle
@@ -405,6 +407,16 @@ class RealtimeServer:
                 # Asked before the old connection is pushed out, which cannot be undone: it
                 # would otherwise stop reading for a resume the session then refuses.
                 handle.check(resume)
+                if record.frame_pacer is not None:
+                    # The replay (up to the journal's 8 MiB) is charged to the session's bytes
+                    # as it goes out, like any reply; a client resuming in a loop waits here
+                    # for what its last replays cost. Only once its credentials hold: someone
+                    # else's bad resume never waits on, nor spends, this session's budget.
+                    wait = record.frame_pacer.charge(size, self.runtime.clock.now())
+                    if wait:
+                        self.metrics.paced.labels("frames").inc(wait)
+                        await anyio.sleep(wait)
+                        handle.check(resume)  # the session may have moved on meanwhile
                 if old is not None:
                     record.attached = None
                     await old.kick()
@@ -426,7 +438,10 @@ class RealtimeServer:
         )
         return record
 
-    async def _first_resume_frame(self, ws: ServerConnection, session_id: str) -> wire.ResumeRequest:
+    async def _first_resume_frame(
+        self, ws: ServerConnection, session_id: str
+    ) -> tuple[wire.ResumeRequest, int]:
+        """The resuming connection's session.resume, and its size in bytes."""
         frame: Any = None
         with anyio.move_on_after(self.config.resume_wait_s):
             frame = await ws.recv()
@@ -442,7 +457,7 @@ class RealtimeServer:
             raise wire.InvalidField(
                 "session_id", "does not match the session_id of the URL", event_id=request.event_id
             )
-        return request
+        return request, len(frame)
 
     def _vad_available(self) -> bool:
         """Whether server VAD can run here: tried once per server (one model load, ~90 ms)."""
@@ -567,8 +582,16 @@ class _Connection:
         # therefore gives the loop up after READ_SLICE_S of work, and waits out the pacer.
         clock = time.perf_counter
         slice_began = done = clock()
+        replies = self.record.frame_pacer
         try:
             async for frame in self.ws:
+                if replies is not None:
+                    # What the replies to earlier frames cost is paid before this one is read:
+                    # the writer charges them as they go out, after the frames that asked.
+                    owed = replies.due(self.server.runtime.clock.now())
+                    if owed:
+                        self._held_back(replies, owed, "frames")
+                        await anyio.sleep(owed)
                 began = clock()
                 if began - done > READ_GAP_S:
                     slice_began = began  # the reader waited for this frame: a new slice
@@ -611,7 +634,7 @@ class _Connection:
         metrics = self.server.metrics
         if record.frame_pacer is not None:
             # Every frame, accepted or refused: its decoding is the work being paced.
-            self._pace(record.frame_pacer, handle, len(frame), "frames")
+            self._pace(record.frame_pacer, len(frame), "frames")
         event = None
         try:
             event = wire.decode(
@@ -651,7 +674,7 @@ class _Connection:
             if isinstance(event, cmd.AppendAudio):
                 self._append(record, event)
                 if record.pacer is not None:
-                    self._pace(record.pacer, handle, len(event.pcm) / (2 * event.sample_rate), "audio")
+                    self._pace(record.pacer, len(event.pcm) / (2 * event.sample_rate), "audio")
             else:
                 handle.tell(event)
         except DuplexError as err:
@@ -671,21 +694,25 @@ class _Connection:
             return
         metrics.frames.labels("decoded").inc()
 
-    def _pace(self, pacer: guard.IntakePacer, handle: SessionHandle, amount: float, what: str) -> None:
+    def _pace(self, pacer: guard.IntakePacer, amount: float, what: str) -> None:
         wait = pacer.charge(amount, self.server.runtime.clock.now())
         if wait:
             # Both pacers may ask for a wait after one frame: the reader waits the longer.
             self.pace_wait = max(self.pace_wait, wait)
-            self.server.metrics.paced.labels(what).inc(wait)
-            if pacer.waited_s == wait:  # the first time: once per session and pacer, not per frame
-                log.info(
-                    "server.client_paced",
-                    what=what,
-                    session_id=handle.id,
-                    rate=pacer.rate,
-                    burst=pacer.burst,
-                    remote=_remote(self.ws),
-                )
+            self._held_back(pacer, wait, what)
+
+    def _held_back(self, pacer: guard.IntakePacer, wait: float, what: str) -> None:
+        """Count a wait of the reader's in the metric, and log the session's first one."""
+        self.server.metrics.paced.labels(what).inc(wait)
+        if pacer.waited_s == wait:  # the first time: once per session and pacer, not per frame
+            log.info(
+                "server.client_paced",
+                what=what,
+                session_id=self.record.handle.id,
+                rate=pacer.rate,
+                burst=pacer.burst,
+                remote=_remote(self.ws),
+            )
 
     def _session_update(self, record: _SessionRecord, update: wire.SessionUpdate) -> cmd.UpdateSession:
         """Apply what a session.update says about the wire; return what the session applies.
@@ -751,19 +778,29 @@ class _Connection:
         handle = record.handle
         observe = self.server.metrics.observe
         timeout = self.server.config.write_timeout_s
+        pacer = record.frame_pacer
         ended = False
         try:
             while not ended and await handle.wait_events():
                 frames: list[bytes] = []
-                size = 0
+                size = owed = 0
                 for event in handle.ready_events():
-                    if event.seq > record.counted_seq:
+                    first_time = event.seq > record.counted_seq
+                    if first_time:
                         record.counted_seq = event.seq
                         observe(event)
+                    before = size
                     for obj in codec.encode(event, record.wire):
                         frame = wire.encode(obj).encode()
                         frames.append(frame)
                         size += len(frame)
+                    # What the server sends back is the client's to pay for, as what it sends
+                    # is: a 60-byte session.update echoing 1 MB of tools, or a retrieve of a
+                    # long item, costs the loop ~1,000x what reading it did. A response's own
+                    # stream is not charged the first time (the engine's batch shares it out);
+                    # a replay after a resume is.
+                    if not first_time or not isinstance(event, ev.ResponseEvent):
+                        owed += size - before
                     if isinstance(event, ev.SessionClosedEvent):
                         ended = True
                         break
@@ -775,6 +812,8 @@ class _Connection:
                         or size >= BURST_MAX_BYTES
                     ):
                         break  # the rest stays ready: wait_events returns at once
+                if owed and pacer is not None:
+                    pacer.spend(owed, self.server.runtime.clock.now())
                 # A client that stops reading is closed after write_timeout_s (guard.py's
                 # policy), so it never pins its connection and outbox forever.
                 with anyio.fail_after(timeout):

@@ -20,6 +20,9 @@ so its policy is tested without a server and the server calls it in a line or tw
   slower (0.96 MB updates at 235 MB/s), from another process (``flood_bench --audio``,
   ``--updates``). Past a budget the connection's reader waits before it reads the next frame:
   TCP pushes back on the client, nothing is refused and nothing accepted is lost.
+  The byte budget also pays for what the server sends back (``spend``, charged by the
+  writer; the debt is ``due`` before the next frame is read): a 40-byte ``session.update``
+  echoing 1 MB of tools made a neighbour's turn 23x slower, a retrieve of a long item 3.9x.
 * :class:`AdmissionQuotas`: open sessions per API key and per client address, and detached
   sessions in total. Connect-then-abort cycles otherwise hold a slot each for the whole
   disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
@@ -111,15 +114,28 @@ class IntakePacer:
         self.burst = burst
         self._tokens = float(burst)
         self._last = now
-        self.waited_s = 0.0  # in all: how long this connection's reads were held back
+        self.waited_s = 0.0  # in all: how long this session's reads were held back
+
+    def _refill(self, now: float) -> None:
+        if now > self._last:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
 
     def charge(self, amount: float, now: float) -> float:
         """Count ``amount`` accepted at ``now``; returns how long the reader waits before it
         reads the next frame (0.0: at once)."""
-        if now > self._last:
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
-            self._last = now
+        self.spend(amount, now)
+        return self.due(now)
+
+    def spend(self, amount: float, now: float) -> None:
+        """Count ``amount`` the server spent on this client at ``now`` (what it sent back):
+        nothing waits now, the debt is paid by the reader's next wait."""
+        self._refill(now)
         self._tokens -= amount
+
+    def due(self, now: float) -> float:
+        """How long the reader waits at ``now`` to pay what is owed (0.0: nothing is)."""
+        self._refill(now)
         if self._tokens >= 0.0:
             return 0.0
         # The debt is paid by waiting, so the bucket is level again when the wait is over.

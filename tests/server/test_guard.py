@@ -39,6 +39,16 @@ def test_audio_pacer_takes_the_burst_at_once_then_holds_the_reader_to_the_rate()
         guard.IntakePacer(rate=1.0, burst=0.0, now=0.0)
 
 
+def test_what_the_server_spent_is_paid_by_the_readers_next_wait():
+    # Replies are charged as they go out (spend: no wait then); the reader's next frame pays.
+    p = guard.IntakePacer(rate=1000.0, burst=500.0, now=0.0)
+    p.spend(2000.0, 0.0)  # a 2,000-byte reply to a small request: 1,500 over the burst
+    assert p.waited_s == 0.0
+    assert p.charge(100.0, 0.5) == pytest.approx(1.1)  # 1,500 + 100 owed, 500 refilled meanwhile
+    assert p.waited_s == pytest.approx(1.1)
+    assert p.charge(10.0, 1.6 + 0.01) == 0.0  # waited out: level again, and refilling
+
+
 @given(
     rate=st.floats(0.5, 50.0),
     burst=st.floats(0.05, 20.0),

@@ -670,3 +670,110 @@ async def test_large_valid_frames_sent_fast_are_paced_and_every_one_is_answered(
         assert took >= 0.9 * owed, (took, owed)
         assert server.metrics.paced.labels("frames")._value.get() >= 0.9 * owed
         assert server.metrics.frames.labels("rejected")._value.get() == 0
+
+
+async def _replies(ws, count: int, event_type: str) -> int:
+    """Read ``count`` events of ``event_type`` (every one answered, none an error); their bytes."""
+    size = 0
+    with anyio.fail_after(30):
+        while count:
+            raw = await ws.recv()
+            kind = json.loads(raw)["type"]
+            assert kind != "error", raw[:300]
+            if kind == event_type:
+                count -= 1
+                size += len(raw)
+    return size
+
+
+@pytest.mark.parametrize("ask", ["session.update", "conversation.item.retrieve"])
+async def test_small_requests_for_large_replies_are_paced_by_the_replies(ask):
+    # A 40-byte session.update echoes every tool and the instructions; a retrieve sends a long
+    # item back. Charged only for what they sent, such clients made a neighbour's turn 9.9x
+    # (echo of 1 MB of tools) and 1.8x (retrieve of a 65,536-emoji item) slower.
+    text = "x" * 60_000
+    count, rate, burst = 12, 400_000, 200_000
+    async with running_server(frame_intake_bytes_per_s=rate, frame_intake_burst_bytes=burst) as server:
+        async with connect(server.url, max_size=None) as ws:
+            await recv_json(ws)
+            if ask == "session.update":
+                setup = {"type": "session.update", "session": {"type": "realtime", "instructions": text}}
+                request = {"type": "session.update", "session": {"type": "realtime"}}
+                reply = "session.updated"
+            else:
+                setup = {"type": "conversation.item.create", "item": {**user_text(text), "id": "long"}}
+                request = {"type": "conversation.item.retrieve", "item_id": "long"}
+                reply = "conversation.item.retrieved"
+            await ws.send(json.dumps(setup))
+            await recv_until(ws, "session.updated" if ask == "session.update" else "conversation.item.done")
+            for _ in range(count):
+                await ws.send(json.dumps(request))
+            sent_back = await _replies(ws, count, reply)
+            # What those replies cost is paid before the client's next frame is read.
+            began = time.perf_counter()
+            await ws.send(json.dumps(request))
+            await _replies(ws, 1, reply)
+            took = time.perf_counter() - began
+        owed = (sent_back - burst) / rate
+        assert owed > 1.0
+        assert took >= 0.7 * owed, (took, owed)
+        assert server.metrics.paced.labels("frames")._value.get() >= 0.7 * owed
+        assert server.metrics.frames.labels("rejected")._value.get() == 0
+
+
+async def test_a_client_resuming_in_a_loop_waits_for_what_its_replays_cost():
+    # Each resume naming an old last_seq replays up to the journal's 8 MiB: a client resuming in
+    # a loop made a neighbour's turn 1.5x slower. Replays are charged like replies, and a resume
+    # waits for what the earlier ones cost. Someone else's bad resume neither waits nor spends.
+    rate, burst = 400_000, 400_000
+    item = json.dumps({"type": "conversation.item.create", "item": user_text("y" * 60_000)})
+    async with running_server(
+        frame_intake_bytes_per_s=rate, frame_intake_burst_bytes=burst, session_overrides=GRACE
+    ) as server:
+        async with connect(server.url, max_size=None) as ws:
+            created = await recv_json(ws)
+            sid, token = created["session"]["id"], created["resume_token"]
+            for _ in range(6):
+                await ws.send(item)
+                await recv_until(ws, "conversation.item.done", timeout=20)
+            ws.transport.abort()
+        handle = server.runtime.get(sid)
+        pacer = server._records[sid].frame_pacer
+        generation = 0
+
+        async def resume() -> tuple[float, int]:
+            nonlocal generation, token
+            await wait_until(lambda: handle.core.lease.detached)
+            async with connect(f"{server.url}?session_id={sid}", max_size=None) as ws:
+                began = time.perf_counter()
+                await ws.send(
+                    resume_frame(session_id=sid, generation=generation, resume_token=token, last_seq=1)
+                )
+                size = 0
+                with anyio.fail_after(30):
+                    while True:
+                        raw = await ws.recv()
+                        event = json.loads(raw)
+                        if event["type"] == "session.resumed" and event["generation"] > generation:
+                            break
+                        size += len(raw)
+                took = time.perf_counter() - began
+                generation, token = event["generation"], event["resume_token"]
+                ws.transport.abort()
+            return took, size
+
+        await anyio.sleep(burst / rate + 1.0)  # the bucket is full again
+        _, replayed = await resume()
+        assert replayed > 700_000  # 6 items, added and done: every one replayed
+        waited_before = pacer.waited_s
+        await wait_until(lambda: handle.core.lease.detached)
+        # A resume with a forged token is refused at once, and costs the session nothing.
+        began = time.perf_counter()
+        error, code, _ = await resume_refused(
+            server, sid, generation=generation, resume_token="forged", last_seq=1
+        )
+        assert code == CLOSE_RESUME_CONFLICT and time.perf_counter() - began < 0.5 * replayed / rate
+        assert pacer.waited_s == waited_before
+        took, _ = await resume()
+        assert took >= 0.7 * (replayed - burst) / rate, (took, replayed)
+        assert pacer.waited_s > waited_before
