@@ -12,6 +12,13 @@ sets a flood budget no client reaches, to measure the error bounds on their own.
 The neighbour's turns before the flood are the baseline; its turns during the flood are
 compared with them (median and worst), and the flooder's accepted audio is reported as a
 multiple of real time. ``--policy off`` turns audio pacing off (``audio_intake_rate=None``).
+
+``--updates`` floods valid ~1 MB ``session.update`` frames the same way. Three floods ask for
+large replies with small frames: ``--echoes`` (a 40-byte ``session.update`` after ~1 MB of tools
+were declared: each echoes them all), ``--retrieves`` (a ``conversation.item.retrieve`` of an
+item of 65,536 emoji, 256 KB) and ``--resumes`` (a reconnect and ``session.resume`` naming an
+old ``last_seq``, which replays ~3 MB of journal, in a loop). ``--policy off`` turns frame pacing
+off too.
 """
 
 from __future__ import annotations
@@ -121,24 +128,79 @@ def _audio_frame(frame_ms: int) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
 
 
+#: The valid floods, by option: what each one sends.
+VALID_FLOODS = {
+    "audio": "valid audio",
+    "updates": "valid ~1 MB session.update frames",
+    "echoes": "40-byte session.updates, each echoing ~1 MB of tools",
+    "retrieves": "retrieves of a 65,536-emoji item",
+    "resumes": "resumes replaying ~3 MB of journal",
+}
+
+LONG_ITEM = json.dumps(
+    {
+        "type": "conversation.item.create",
+        "item": {
+            "id": "long",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "\U0001f600" * 65_536}],
+        },
+    }
+)
+
+
+#: A flood asking for replies keeps this many unanswered: a careful flooder, which never
+#: fills its session's mailbox (the flood policy would close it for the refusals).
+REPLY_WINDOW = 8
+
+
+def _setup_and_frame(kind: str, frame_ms: int) -> tuple[list[str], str, str | None]:
+    """What the flooder sends once, the frame it repeats, and the reply each one gets (None:
+    it sends without waiting for any)."""
+    if kind == "audio":
+        return [], _audio_frame(frame_ms), None
+    if kind == "updates":
+        return [], _update_frame(), None
+    if kind == "echoes":
+        small = json.dumps({"type": "session.update", "session": {"type": "realtime"}})
+        return [_update_frame()], small, "session.updated"
+    if kind == "retrieves":
+        retrieve = json.dumps({"type": "conversation.item.retrieve", "item_id": "long"})
+        return [LONG_ITEM], retrieve, "conversation.item.retrieved"
+    raise ValueError(kind)
+
+
 def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -> None:
-    """The flooding client (``kind`` "audio" or "updates"), in its own process as a hostile
-    client would be: in the server's process its sends would take that loop itself (a websocket
-    send only yields once the socket's buffers are full, and loopback's hold megabytes)."""
+    """The flooding client (``kind`` "audio", "updates", "echoes", "retrieves" or "resumes"),
+    in its own process as a hostile client would be: in the server's process its sends would
+    take that loop itself (a websocket send only yields once the socket's buffers are full, and
+    loopback's hold megabytes)."""
 
     async def main() -> int:
         from websockets.asyncio.client import connect
 
+        if kind == "resumes":
+            return await _resume_in_a_loop(url, seconds, report)
         audio = kind == "audio"
-        frame = _audio_frame(frame_ms) if audio else _update_frame()
+        setup, frame, reply = _setup_and_frame(kind, frame_ms)
+        unanswered = asyncio.Semaphore(REPLY_WINDOW)
         clear_every = max(1, 5000 // frame_ms)  # 5 s of audio: within the input buffer's limit
-        sent = 0
-        ws = await connect(url)
+        sent = received = 0
+        ws = await connect(url, max_size=None)
         session_id = json.loads(await ws.recv())["session"]["id"]
+        for first in setup:
+            await ws.send(first)
+        if reply == "session.updated":  # the setup's own echo is not one of the flood's
+            while json.loads(await ws.recv())["type"] != reply:
+                pass
 
         async def drain() -> None:
-            async for _ in ws:
-                pass
+            nonlocal received
+            async for message in ws:
+                received += len(message)
+                if reply is not None and json.loads(message)["type"] == reply:
+                    unanswered.release()
 
         reader = asyncio.create_task(drain())
         report.send(session_id)
@@ -147,13 +209,15 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
             while time.perf_counter() < until:
                 # A send blocks while the server holds its reads back: the flood ends on time
                 # all the same (the send cut short is never counted; the socket is aborted).
+                if reply is not None:
+                    await asyncio.wait_for(unanswered.acquire(), max(0.0, until - time.perf_counter()))
                 await asyncio.wait_for(ws.send(frame), max(0.0, until - time.perf_counter()))
                 sent += 1
                 if audio and sent % clear_every == 0:
                     await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
         except asyncio.TimeoutError:
             pass
-        report.send(sent)
+        report.send((sent, received))
         # Gone without a close handshake: a close frame would wait behind everything the
         # server has not read yet (with pacing on, that is minutes of audio).
         reader.cancel()
@@ -161,6 +225,55 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
         return sent
 
     asyncio.run(main())
+
+
+async def _resume_in_a_loop(url: str, seconds: float, report) -> int:
+    """Fill the replay journal with long items, then reconnect and resume naming an early
+    ``last_seq`` in a loop: each resume replays every event after it (~3 MB here)."""
+    from websockets.asyncio.client import connect
+
+    ws = await connect(url, max_size=None)
+    created = json.loads(await ws.recv())
+    session_id, token, generation = created["session"]["id"], created["resume_token"], 0
+    for _ in range(8):
+        await ws.send(LONG_ITEM.replace('"long"', "null"))  # a fresh id each
+    seqs = []
+    while len(seqs) < 16:  # each item's added and done
+        event = json.loads(await ws.recv())
+        if event["type"].startswith("conversation.item."):
+            seqs.append(event["server_event_seq"])
+    ws.transport.abort()
+    last_seq = seqs[4] - 1  # replay the last 6 items
+    report.send(session_id)
+    resumes = received = 0
+    until = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < until:
+            await asyncio.sleep(0.05)  # the server sees the drop and detaches the session
+            async with asyncio.timeout(max(0.01, until - time.perf_counter())):
+                ws = await connect(f"{url}?session_id={session_id}", max_size=None)
+                resume = {
+                    "type": "session.resume",
+                    "session_id": session_id,
+                    "generation": generation,
+                    "resume_token": token,
+                    "last_seq": last_seq,
+                    "control_id": f"resume_{resumes}",
+                }
+                await ws.send(json.dumps(resume))
+                while True:  # replayed session.resumed events have older generations
+                    message = await ws.recv()
+                    received += len(message)
+                    event = json.loads(message)
+                    if event["type"] == "session.resumed" and event["generation"] > generation:
+                        generation, token = event["generation"], event["resume_token"]
+                        break
+                ws.transport.abort()
+            resumes += 1
+    except TimeoutError:
+        pass
+    report.send((resumes, received))
+    return resumes
 
 
 async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
@@ -193,7 +306,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
                 during.append(await _turn(server.url))
             while not ours.poll():
                 await asyncio.sleep(0.01)
-            sent = ours.recv()
+            sent, received = ours.recv()
             elapsed = time.perf_counter() - began
             accepted_s = flooding.core.received_audio_ms / 1000
             rss_flooded = rss_mb()  # the flooder's unread frames are still queued here
@@ -205,6 +318,8 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
                 "rejected_frames": frames.labels("rejected")._value.get(),
                 "paced_s": sum(server.metrics.paced.labels(w)._value.get() for w in ("audio", "frames")),
                 "flooder_sent_x_real_time": sent * frame_ms / 1000 / elapsed,
+                "frames_sent": sent,
+                "received_mb_per_s": received / 1e6 / elapsed,
                 "accepted_x_real_time": accepted_s / elapsed,
                 "neighbour_turn_s": statistics.median(baseline),
                 "neighbour_turn_worst_s": max(baseline),
@@ -224,26 +339,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", choices=("on", "off"), default="on")
     ap.add_argument("--audio", action="store_true", help="flood valid audio instead of invalid frames")
     ap.add_argument("--updates", action="store_true", help="flood valid ~1 MB session.update frames")
-    ap.add_argument("--seconds", type=float, default=6.0, help="--audio, --updates: how long the flood lasts")
+    ap.add_argument("--echoes", action="store_true", help="small session.updates echoing ~1 MB of tools")
+    ap.add_argument("--retrieves", action="store_true", help="retrieves of a 256 KB item")
+    ap.add_argument("--resumes", action="store_true", help="resumes replaying ~3 MB, in a loop")
+    ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
         "--frame-ms", type=int, default=100, help="--audio: audio per frame (2500: near the 256 KiB cap)"
     )
     args = ap.parse_args(argv)
-    if args.updates or args.audio:
-        kind = "updates" if args.updates else "audio"
+    kind = next((k for k in VALID_FLOODS if getattr(args, k)), None)
+    if kind is not None:
         a = asyncio.run(_run_valid(kind, args.seconds, args.policy == "on", args.frame_ms))
-        what = (
-            "valid ~1 MB session.update frames"
-            if args.updates
-            else f"valid audio in {args.frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x "
-            f"real time, accepted at {a['accepted_x_real_time']:.1f}x,"
-        )
+        if kind == "audio":
+            what = (
+                f"valid audio in {args.frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x "
+                f"real time, accepted at {a['accepted_x_real_time']:.1f}x,"
+            )
+        else:
+            what = f"{VALID_FLOODS[kind]} ({a['frames_sent']} sent)"
         print(
             f"flood of {what} for {a['seconds']:.1f} s, pacing {args.policy}: neighbour turn median "
             f"{a['neighbour_turn_s'] * 1e3:.1f} ms alone (worst {a['neighbour_turn_worst_s'] * 1e3:.1f}), "
             f"{a['during_turn_s'] * 1e3:.1f} ms during (worst {a['during_turn_worst_s'] * 1e3:.1f}, "
             f"{a['during_turns']} turns): x{a['during_turn_s'] / a['neighbour_turn_s']:.2f} at the median; "
-            f"reads held back {a['paced_s']:.1f} s, {a['rejected_frames']:.0f} frames refused; server RSS "
+            f"the flooder was sent {a['received_mb_per_s']:.1f} MB/s; reads held back {a['paced_s']:.1f} s, "
+            f"{a['rejected_frames']:.0f} frames refused; server RSS "
             f"{a['rss_before_mb']:.1f} -> {a['rss_flooded_mb']:.1f} MiB with the flood's frames queued",
             flush=True,
         )
