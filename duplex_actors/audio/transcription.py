@@ -11,16 +11,26 @@ Decoding is blocking CPU work of about real time on this machine, and PocketSphi
 holds the GIL while it decodes (measured: a thread decoding 2 s of speech let a 1 ms sleep on
 another thread run only 3 times in 1.4 s). A worker *thread* would therefore still stall every
 session's event loop, so :meth:`PocketsphinxTranscriber.transcribe` runs the decoder in a
-worker *process* (anyio's process pool); each worker loads the model once and keeps it. A
-capacity limiter bounds how many turns decode at once.
+worker *process*; each worker loads the model once and keeps it.
+
+The workers are a standard-library process pool with the ``spawn`` start method, not anyio's
+``to_process``: that one re-runs the parent's main module *by file path* in each worker, so an
+application started as ``python -m app.server`` whose module has a relative import got
+``BrokenWorkerProcess`` for every turn (our own flood bench did). ``multiprocessing`` imports a
+``-m`` main module by name, as Python itself did. A pool broken by a dead worker is replaced
+for the next turn.
 """
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import threading
+import weakref
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol, runtime_checkable
 
-import anyio
 import structlog
 
 log = structlog.get_logger("duplex_actors.transcription")
@@ -69,21 +79,45 @@ def transcribe_pcm16(pcm: bytes, sample_rate: int) -> str:
 
 
 class PocketsphinxTranscriber:
-    """Offline English transcription with PocketSphinx's packaged model, in worker processes."""
+    """Offline English transcription with PocketSphinx's packaged model, in worker processes
+    (``max_concurrent`` of them, started on the first turn; :meth:`close` stops them)."""
 
     name = "pocketsphinx"
 
     def __init__(self, *, max_concurrent: int = 1) -> None:
         import pocketsphinx  # noqa: F401  (fail at construction, not at the first turn)
 
-        self._limiter = anyio.CapacityLimiter(max_concurrent)
+        self.max_concurrent = max_concurrent
+        self._pool: ProcessPoolExecutor | None = None
+        self._stop_pool: weakref.finalize | None = None
 
     def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
         """In this process (tests, offline use); never call it from the event loop."""
         return transcribe_pcm16(pcm, sample_rate)
 
     async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
-        return await anyio.to_process.run_sync(transcribe_pcm16, pcm, sample_rate, limiter=self._limiter)
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = ProcessPoolExecutor(
+                self.max_concurrent, mp_context=multiprocessing.get_context("spawn")
+            )
+            # Dropped without close(): the workers still go (they hold ~40 MB each).
+            self._stop_pool = weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, transcribe_pcm16, pcm, sample_rate)
+        except BrokenProcessPool:
+            # A worker died (killed, or the decoder crashed): this turn fails, the next one
+            # gets a fresh pool instead of the same error for ever.
+            if self._pool is pool:
+                log.warning("transcription.pool_replaced")
+                self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the worker processes (the next turn would start new ones)."""
+        if self._stop_pool is not None:
+            self._stop_pool()
+        self._pool = self._stop_pool = None
 
 
 def default_transcriber() -> Transcriber | None:

@@ -223,3 +223,75 @@ async def test_a_real_serve_process_transcribes_24k_input(speech):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_an_app_started_with_python_m_and_relative_imports_gets_its_transcripts(tmp_path, speech):
+    """An embedding app started as ``python -m app.main``, whose module has a relative import.
+    anyio's process pool re-ran that module by file path in each worker, where the relative
+    import fails: every turn came back ``BrokenWorkerProcess``."""
+    import subprocess
+    import sys
+    import textwrap
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "recogniser.py").write_text(
+        "from duplex_actors.audio.transcription import PocketsphinxTranscriber\n"
+        "def make():\n    return PocketsphinxTranscriber()\n"
+    )
+    (app / "main.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            import anyio
+
+            from .recogniser import make  # relative, as package code is
+
+
+            async def main() -> None:
+                pcm = open(sys.argv[1], "rb").read()
+                print("TRANSCRIPT:", await make().transcribe(pcm, 16000))
+
+
+            if __name__ == "__main__":
+                anyio.run(main)
+            """
+        )
+    )
+    text = SENTENCES[1]
+    (tmp_path / "turn.pcm").write_bytes(speech[text])
+    done = subprocess.run(
+        [sys.executable, "-m", "app.main", str(tmp_path / "turn.pcm")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    transcript = done.stdout.split("TRANSCRIPT:", 1)[1].strip()
+    assert word_error_rate(text, transcript) <= 0.25, transcript
+
+
+async def test_a_dead_recogniser_worker_fails_one_turn_and_the_next_turn_gets_a_new_one(speech):
+    import os
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+
+    from duplex_actors.audio.transcription import PocketsphinxTranscriber
+
+    text = SENTENCES[2]
+    pcm = speech[text]
+    recogniser = PocketsphinxTranscriber()
+    try:
+        # A fresh worker's first turn (its decoder adapts as it goes) read "if schwartz tory" for
+        # "a short story" once in a few runs: what matters here is that a transcript comes back.
+        assert word_error_rate(text, await recogniser.transcribe(pcm, 16000)) <= 0.5
+        for pid in list(recogniser._pool._processes):  # killed from outside (OOM killer, operator)
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool):
+            await recogniser.transcribe(pcm, 16000)
+        assert word_error_rate(text, await recogniser.transcribe(pcm, 16000)) <= 0.5
+    finally:
+        recogniser.close()
