@@ -32,6 +32,7 @@ from . import gc_policy as _gc
 from .engine_actor import EngineActor, EngineStatistics
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
+from .transcription_queue import TranscriptionJob, TranscriptionQueue
 
 if TYPE_CHECKING:  # the recogniser is an optional extra
     from ..audio.transcription import Transcriber
@@ -176,10 +177,15 @@ class Runtime:
         stall_timeout_s: float | None = None,
         gc_policy: _gc.GcPolicy | None = None,
         transcriber: Transcriber | None = None,
+        transcription_backlog_s: float = 30.0,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         """``gc_policy``: keep the cyclic collector's pauses off the hot path (see
-        actors/gc_policy.py). Process-wide, so it is opt-in: ``serve`` and the benches turn it on."""
+        actors/gc_policy.py). Process-wide, so it is opt-in: ``serve`` and the benches turn it on.
+
+        ``transcription_backlog_s``: seconds of one session's audio that may wait for the
+        ``transcriber`` (actors/transcription_queue.py); turns are decoded as many at once as
+        the transcriber's ``max_concurrent`` (1 if it has none)."""
         if engine is None:
             from ..engines.scripted import ScriptedEngine
 
@@ -198,6 +204,12 @@ class Runtime:
         #: Input transcription for sessions that ask for it (audio/transcription.py); None:
         #: such requests get a transcription ``failed`` event.
         self.transcriber = transcriber
+        #: Turns waiting for it, served round robin between sessions, each session's backlog
+        #: bounded in seconds of audio (actors/transcription_queue.py).
+        self._transcripts = TranscriptionQueue(transcription_backlog_s)
+        self._transcription_workers = max(1, getattr(transcriber, "max_concurrent", 1))
+        self._transcribing = 0  # worker tasks started (lazily: most servers never transcribe)
+        self._transcript_ready: anyio.Event | None = None
         self._sessions: dict[str, SessionActor] = {}
         #: closed sessions whose aborted engine requests are not cleaned up yet
         self._draining: dict[str, tuple[str, ...]] = {}
@@ -338,6 +350,7 @@ class Runtime:
     def _session_closed(self, actor: SessionActor) -> None:
         if self._sessions.pop(actor.session_id, None) is not None:
             self.closed += 1
+            self._transcripts.forget(actor.session_id)  # nobody is left to tell
             for listener in self._close_listeners:
                 try:
                     listener(actor.session_id)
@@ -373,8 +386,8 @@ class Runtime:
 
     # -- the dispatcher ---------------------------------------------------------------------
 
-    def transcribe(self, action: TranscribeInput, deliver) -> None:
-        """Transcribe a committed turn off the event loop; ``deliver`` gets the result."""
+    def transcribe(self, action: TranscribeInput, deliver, session_id: str) -> None:
+        """Transcribe a committed turn off the event loop; ``deliver`` gets the result, once."""
         if self.transcriber is None:
             deliver(
                 InputTranscript(
@@ -384,21 +397,56 @@ class Runtime:
                 )
             )
             return
-        transcriber = self.transcriber
         if self._tg is None:  # not running (closing): still answer the turn, never drop it
             deliver(InputTranscript(action.item_id, error="the runtime is not running"))
             return
+        queue = self._transcripts
+        if not queue.offer(TranscriptionJob(session_id, action, deliver)):
+            log.info(
+                "transcription_refused",
+                session_id=session_id,
+                item_id=action.item_id,
+                backlog_s=round(queue.backlog_s(session_id), 2),
+            )
+            deliver(
+                InputTranscript(
+                    action.item_id,
+                    error=f"transcription backlog full: this session already has "
+                    f"{queue.backlog_s(session_id):.1f} s of audio waiting for the recogniser "
+                    f"(at most {queue.max_backlog_s:g} s)",
+                )
+            )
+            return
+        while self._transcribing < self._transcription_workers:
+            self._transcribing += 1
+            self._tg.start_soon(self._transcribe_queued)
+        if self._transcript_ready is not None:
+            self._transcript_ready.set()
 
-        async def run() -> None:
+    async def _transcribe_queued(self) -> None:
+        """One recogniser worker: takes the queue's turns in its fair order, for ever."""
+        transcriber = self.transcriber
+        assert transcriber is not None  # only started by transcribe()
+        queue = self._transcripts
+        while True:
+            job = queue.take()
+            if job is None:
+                # One event for every idle worker: each would otherwise replace the other's.
+                ready = self._transcript_ready
+                if ready is None or ready.is_set():
+                    ready = self._transcript_ready = anyio.Event()
+                await ready.wait()
+                continue
+            action = job.action
             try:
                 text = await transcriber.transcribe(action.audio, action.sample_rate)
                 result = InputTranscript(action.item_id, text=text)
             except Exception as exc:  # the recogniser's failure is this turn's, not the runtime's
                 log.warning("transcription_failed", item_id=action.item_id, error=repr(exc))
                 result = InputTranscript(action.item_id, error=f"transcription failed: {type(exc).__name__}")
-            deliver(result)
-
-        self._tg.start_soon(run)
+            finally:
+                queue.done(job)
+            job.deliver(result)
 
     def _schedule(self, actor: SessionActor) -> None:
         if not actor.scheduled:

@@ -49,7 +49,7 @@ class SessionHost(Protocol):
 
     def _session_closed(self, actor: SessionActor) -> None: ...
 
-    def transcribe(self, action: TranscribeInput, deliver) -> None: ...
+    def transcribe(self, action: TranscribeInput, deliver, session_id: str) -> None: ...
 
 
 class _Reply:
@@ -261,7 +261,7 @@ class SessionActor:
             elif isinstance(action, AbortRequests):
                 engine.abort(action.request_ids)
             elif isinstance(action, TranscribeInput):
-                self.runtime.transcribe(action, self.deliver_transcript)
+                self.runtime.transcribe(action, self.deliver_transcript, self.session_id)
 
     def _finish(self) -> None:
         """The session closed: refuse what is still queued, exactly once each."""

@@ -128,6 +128,12 @@ def register(app: typer.Typer) -> None:
         frame_intake_burst_bytes: int = typer.Option(
             8 << 20, min=1, help="bytes of frames a session's client may send at once before pacing applies"
         ),
+        transcription_backlog_s: float = typer.Option(
+            30.0,
+            min=0.001,
+            help="seconds of a session's audio that may wait for input transcription; a turn "
+            "past it gets a transcription failed event at once (sessions take turns)",
+        ),
         compression: bool = typer.Option(
             True,
             "--compression/--no-compression",
@@ -185,7 +191,10 @@ def register(app: typer.Typer) -> None:
                     max_sessions=max_sessions,
                     max_connections=max_connections,
                     server_options=server_options,
-                    runtime_options={"stall_timeout_s": stall_timeout_s or None},
+                    runtime_options={
+                        "stall_timeout_s": stall_timeout_s or None,
+                        "transcription_backlog_s": transcription_backlog_s,
+                    },
                     gc_reclaim_s=gc_reclaim_s,
                 ),
             )
@@ -206,6 +215,7 @@ def register(app: typer.Typer) -> None:
         runtime_options = {
             "max_sessions": max_sessions,
             "stall_timeout_s": stall_timeout_s or None,
+            "transcription_backlog_s": transcription_backlog_s,
             "gc_reclaim_s": gc_reclaim_s,
         }
         anyio.run(_serve, backend, config, overrides, runtime_options, engine.value, drain_timeout_s)

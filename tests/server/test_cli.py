@@ -53,6 +53,7 @@ def test_serve_is_registered_with_its_options():
         "--audio-intake-rate",
         "--audio-intake-burst-s",
         "--frame-intake-bytes-per-s",
+        "--transcription-backlog-s",
     ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])
@@ -63,7 +64,18 @@ def test_serve_is_registered_with_its_options():
 async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint():
     env = dict(os.environ, DUPLEX_API_KEY="cli-key")
     proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--audio-intake-rate", "8"],
+        [
+            sys.executable,
+            "-c",
+            LAUNCH,
+            "serve",
+            "--port",
+            "0",
+            "--audio-intake-rate",
+            "8",
+            "--transcription-backlog-s",
+            "12",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -777,3 +777,76 @@ async def test_a_client_resuming_in_a_loop_waits_for_what_its_replays_cost():
         took, _ = await resume()
         assert took >= 0.7 * (replayed - burst) / rate, (took, replayed)
         assert pacer.waited_s > waited_before
+
+
+class _SlowRecogniser:
+    """A deterministic stand-in for PocketSphinx (tests/server/test_transcription.py runs the
+    real one): each turn takes ``seconds``; records the length of each turn it decodes."""
+
+    name = "slow"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.decoded: list[int] = []
+
+    async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
+        await anyio.sleep(self.seconds)
+        self.decoded.append(len(pcm) // 2 * 1000 // sample_rate)
+        return "words"
+
+
+async def test_a_client_committing_faster_than_the_recogniser_decodes_neither_starves_nor_outgrows():
+    # One recogniser serves every session. Served first come, first served, a client committing
+    # turns faster than it decodes queued them, without limit, in front of everyone else's.
+    # Now sessions take turns, and each session's backlog is bounded in seconds of audio.
+    recogniser = _SlowRecogniser(0.2)
+    transcribed = {
+        "type": "session.update",
+        "session": {
+            "type": "realtime",
+            "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}},
+        },
+    }
+    commit = json.dumps({"type": "input_audio_buffer.commit"})
+
+    def append(seconds: float) -> str:
+        pcm = b"\x01\x00" * int(24000 * seconds)
+        return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+    async def transcribing(ws) -> str:
+        created = await recv_json(ws)
+        await ws.send(json.dumps(transcribed))
+        await recv_until(ws, "session.updated")
+        return created["session"]["id"]
+
+    async def terminal_events(ws, count: int) -> list[dict]:
+        found = []
+        with anyio.fail_after(10):
+            while len(found) < count:
+                event = json.loads(await ws.recv())
+                if event["type"].endswith(("input_audio_transcription.completed", "transcription.failed")):
+                    found.append(event)
+        return found
+
+    runtime_kw = {"transcriber": recogniser, "transcription_backlog_s": 3.0}
+    async with running_server(runtime_kw=runtime_kw) as server:
+        async with connect(server.url) as flooder, connect(server.url) as neighbour:
+            flooder_id = await transcribing(flooder)
+            await transcribing(neighbour)
+            for _ in range(6):  # 6 s of turns against a 3 s backlog
+                await flooder.send(append(1.0))
+                await flooder.send(commit)
+            refused = await terminal_events(flooder, 3)  # at once, before any decoding ends
+            assert all(e["type"].endswith("failed") for e in refused)
+            assert all("backlog full" in e["error"]["message"] for e in refused)
+            await neighbour.send(append(0.5))
+            await neighbour.send(commit)
+            done = await recv_until(neighbour, "conversation.item.input_audio_transcription.completed")
+            assert done[-1]["transcript"] == "words"
+            # Its turn came after the flooder's turn in progress and one more, not all three.
+            assert recogniser.decoded[:3] == [1000, 1000, 500]
+            answered = await terminal_events(flooder, 3)
+            assert all(e["type"].endswith("completed") for e in answered)
+            # Every commit answered exactly once: six items, six terminal events.
+            assert len({e["item_id"] for e in refused + answered}) == 6
+            assert server.runtime._transcripts.backlog_s(flooder_id) == 0.0  # all of it freed
