@@ -19,6 +19,10 @@ were declared: each echoes them all), ``--retrieves`` (a ``conversation.item.ret
 item of 65,536 emoji, 256 KB) and ``--resumes`` (a reconnect and ``session.resume`` naming an
 old ``last_seq``, which replays ~3 MB of journal, in a loop). ``--policy off`` turns frame pacing
 off too.
+
+``--transcripts`` commits 1 s turns of loud noise with input transcription on, as fast as audio
+pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
+transcript (the server runs the real recogniser, PocketSphinx).
 """
 
 from __future__ import annotations
@@ -51,6 +55,47 @@ async def _turn(url: str) -> float:
         while json.loads(await ws.recv())["type"] != "response.done":
             pass
         return time.perf_counter() - began
+
+
+TRANSCRIBED = json.dumps(
+    {
+        "type": "session.update",
+        "session": {
+            "type": "realtime",
+            "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}},
+        },
+    }
+)
+
+
+def _loud_noise(seconds: float) -> str:
+    """An append of loud 24 kHz gaussian noise: the costliest input for the recogniser we
+    found (0.41 s of decoding per second of it on this machine; full-scale uniform noise
+    0.2-0.3 s, silence 0.08 s)."""
+    import numpy as np
+
+    noise = np.random.default_rng().normal(0.0, 3000.0, int(24000 * seconds)).astype("<i2").tobytes()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+
+
+async def _transcribed_turn(url: str) -> float:
+    """One second of noise, committed with input transcription on: seconds to its transcript."""
+    from websockets.asyncio.client import connect
+
+    async with connect(url) as ws:
+        await ws.recv()
+        await ws.send(TRANSCRIBED)
+        while json.loads(await ws.recv())["type"] != "session.updated":
+            pass
+        began = time.perf_counter()
+        await ws.send(_loud_noise(1.0))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while True:
+            event = json.loads(await ws.recv())
+            if event["type"] == "conversation.item.input_audio_transcription.completed":
+                return time.perf_counter() - began
+            if event["type"] == "conversation.item.input_audio_transcription.failed":
+                raise RuntimeError(f"the neighbour's transcription failed: {event['error']['message']}")
 
 
 async def _run(frames: int, policy: bool) -> dict:
@@ -135,6 +180,7 @@ VALID_FLOODS = {
     "echoes": "40-byte session.updates, each echoing ~1 MB of tools",
     "retrieves": "retrieves of a 65,536-emoji item",
     "resumes": "resumes replaying ~3 MB of journal",
+    "transcripts": "commits of loud noise with input transcription on",
 }
 
 LONG_ITEM = json.dumps(
@@ -155,24 +201,27 @@ LONG_ITEM = json.dumps(
 REPLY_WINDOW = 8
 
 
-def _setup_and_frame(kind: str, frame_ms: int) -> tuple[list[str], str, str | None]:
-    """What the flooder sends once, the frame it repeats, and the reply each one gets (None:
-    it sends without waiting for any)."""
+def _setup_and_frames(kind: str, frame_ms: int) -> tuple[list[str], tuple[str, ...], str | None]:
+    """What the flooder sends once, the frames it repeats, and the reply each round gets
+    (None: it sends without waiting for any)."""
     if kind == "audio":
-        return [], _audio_frame(frame_ms), None
+        return [], (_audio_frame(frame_ms),), None
     if kind == "updates":
-        return [], _update_frame(), None
+        return [], (_update_frame(),), None
     if kind == "echoes":
         small = json.dumps({"type": "session.update", "session": {"type": "realtime"}})
-        return [_update_frame()], small, "session.updated"
+        return [_update_frame()], (small,), "session.updated"
     if kind == "retrieves":
         retrieve = json.dumps({"type": "conversation.item.retrieve", "item_id": "long"})
-        return [LONG_ITEM], retrieve, "conversation.item.retrieved"
+        return [LONG_ITEM], (retrieve,), "conversation.item.retrieved"
+    if kind == "transcripts":
+        commit = json.dumps({"type": "input_audio_buffer.commit"})
+        return [TRANSCRIBED], (_loud_noise(frame_ms / 1000), commit), None
     raise ValueError(kind)
 
 
 def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -> None:
-    """The flooding client (``kind`` "audio", "updates", "echoes", "retrieves" or "resumes"),
+    """The flooding client (``kind``: one of VALID_FLOODS),
     in its own process as a hostile client would be: in the server's process its sends would
     take that loop itself (a websocket send only yields once the socket's buffers are full, and
     loopback's hold megabytes)."""
@@ -183,7 +232,7 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
         if kind == "resumes":
             return await _resume_in_a_loop(url, seconds, report)
         audio = kind == "audio"
-        setup, frame, reply = _setup_and_frame(kind, frame_ms)
+        setup, frames, reply = _setup_and_frames(kind, frame_ms)
         unanswered = asyncio.Semaphore(REPLY_WINDOW)
         clear_every = max(1, 5000 // frame_ms)  # 5 s of audio: within the input buffer's limit
         sent = received = 0
@@ -211,7 +260,8 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
                 # all the same (the send cut short is never counted; the socket is aborted).
                 if reply is not None:
                     await asyncio.wait_for(unanswered.acquire(), max(0.0, until - time.perf_counter()))
-                await asyncio.wait_for(ws.send(frame), max(0.0, until - time.perf_counter()))
+                for frame in frames:
+                    await asyncio.wait_for(ws.send(frame), max(0.0, until - time.perf_counter()))
                 sent += 1
                 if audio and sent % clear_every == 0:
                     await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
@@ -286,10 +336,16 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
 
     pacing = {} if policy else {"audio_intake_rate": None, "frame_intake_bytes_per_s": None}
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
-    async with Runtime(ScriptedEngine(script, record=False)) as rt:
+    transcriber = None
+    turn = _turn
+    if kind == "transcripts":
+        from ..audio.transcription import default_transcriber
+
+        transcriber, turn = default_transcriber(), _transcribed_turn
+    async with Runtime(ScriptedEngine(script, record=False), transcriber=transcriber) as rt:
         async with RealtimeServer(rt, ServerConfig(port=0, **pacing)) as server:
-            await _turn(server.url)  # warm-up (VAD model, first response)
-            baseline = [await _turn(server.url) for _ in range(turns)]
+            await turn(server.url)  # warm-up (VAD model, first response, the recogniser's model)
+            baseline = [await turn(server.url) for _ in range(turns)]
             rss_before = rss_mb()
             ctx = multiprocessing.get_context("spawn")
             ours, theirs = ctx.Pipe()
@@ -303,7 +359,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             began = time.perf_counter()
             during = []
             while flooder.is_alive() and not ours.poll():
-                during.append(await _turn(server.url))
+                during.append(await turn(server.url))
             while not ours.poll():
                 await asyncio.sleep(0.01)
             sent, received = ours.recv()
@@ -342,17 +398,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--echoes", action="store_true", help="small session.updates echoing ~1 MB of tools")
     ap.add_argument("--retrieves", action="store_true", help="retrieves of a 256 KB item")
     ap.add_argument("--resumes", action="store_true", help="resumes replaying ~3 MB, in a loop")
+    ap.add_argument(
+        "--transcripts", action="store_true", help="commits of loud noise with input transcription on"
+    )
     ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
-        "--frame-ms", type=int, default=100, help="--audio: audio per frame (2500: near the 256 KiB cap)"
+        "--frame-ms",
+        type=int,
+        default=None,
+        help="--audio (100 ms by default; 2500: near the 256 KiB cap), --transcripts (1000): audio per frame",
     )
     args = ap.parse_args(argv)
     kind = next((k for k in VALID_FLOODS if getattr(args, k)), None)
     if kind is not None:
-        a = asyncio.run(_run_valid(kind, args.seconds, args.policy == "on", args.frame_ms))
-        if kind == "audio":
+        frame_ms = args.frame_ms or (1000 if kind == "transcripts" else 100)
+        a = asyncio.run(_run_valid(kind, args.seconds, args.policy == "on", frame_ms))
+        if kind in ("audio", "transcripts"):
             what = (
-                f"valid audio in {args.frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x "
+                f"{VALID_FLOODS[kind]} in {frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x "
                 f"real time, accepted at {a['accepted_x_real_time']:.1f}x,"
             )
         else:
