@@ -127,6 +127,12 @@ class CreateResponse(Command):
     modalities: tuple[str, ...] | None = None
     #: Echoed on response.created and response.done (OpenAI: up to 16 string pairs).
     metadata: dict[str, str] | None = attrs.field(default=None, eq=False, hash=False)
+    #: This response's function tools and tool_choice, instead of the session's (None: the
+    #: session's). OpenAI clients pass them to ask for, or rule out, a call in one reply.
+    tools: tuple[FunctionTool, ...] | None = None
+    tool_choice: str | None = None
+    #: This response's token limit, instead of the session's sampling.max_tokens.
+    max_tokens: int | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

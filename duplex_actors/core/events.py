@@ -179,6 +179,8 @@ class ResponseCreated(ResponseEvent):
     metrics: ResponseMetrics | None = None
     modalities: tuple[str, ...] = ("audio",)
     metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
+    #: The token limit the response runs under (None: the engine's own).
+    max_output_tokens: int | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -262,6 +264,7 @@ class ResponseDone(ResponseEvent):
     output: tuple[Item, ...] = ()
     #: Tokens the response generated (text deltas' token counts).
     output_tokens: int = 0
+    max_output_tokens: int | None = None
 
 
 RESPONSE_STATUSES = ("completed", "cancelled", "failed", "incomplete")

@@ -34,6 +34,7 @@ class ResponseAssembly:
         "audio",
         "modalities",
         "metadata",
+        "max_output_tokens",
         "audio_ms",
         "output_tokens",
         "calls",
@@ -62,6 +63,7 @@ class ResponseAssembly:
         self.audio = False
         self.calls: list[CallRecord] | None = None  # None until the first call: most have none
         self.modalities = modalities
+        self.max_output_tokens: int | None = None  # the token limit it runs under (None: none)
         self.metadata = metadata
         self.audio_ms = 0.0
         self.output_tokens = 0

@@ -74,7 +74,9 @@ from .engine_io import (
     EngineFailure,
     EngineOutput,
     FunctionCall,
+    FunctionTool,
     ModelTurnRequest,
+    SamplingOverrides,
     TextDelta,
     TurnDone,
     TurnKind,
@@ -815,6 +817,7 @@ class SessionCore:
         cmd = self._step.get("command")
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
         shown = self._response_modalities()
+        tools, tool_choice, sampling = self._response_options()
         return ModelTurnRequest(
             request_id=request_id,
             fence=self.fence,
@@ -823,14 +826,28 @@ class SessionCore:
             sample_rate=self.config.sample_rate,
             output_sample_rate=self.config.output_sample_rate,
             instructions=instructions,
-            sampling=self.config.sampling,
+            sampling=sampling,
             # The engine always writes the words: an audio response's transcript is its text.
             modalities=("text", "audio") if "audio" in shown else ("text",),
             submitted_at=self._step["now"],
             input_text=" ".join(self._pending_text),
-            tools=self.config.tools,
-            tool_choice=self.config.tool_choice,
+            tools=tools,
+            tool_choice=tool_choice,
         )
+
+    def _response_options(self) -> tuple[tuple[FunctionTool, ...], str, SamplingOverrides]:
+        """Tools, tool_choice and sampling for the response being created: the session's,
+        unless its response.create set them for itself."""
+        config = self.config
+        tools, tool_choice, sampling = config.tools, config.tool_choice, config.sampling
+        cmd = self._step.get("command")
+        if isinstance(cmd, CreateResponse):
+            if cmd.tools is not None:
+                tools = cmd.tools
+            tool_choice = cmd.tool_choice or tool_choice
+            if cmd.max_tokens is not None:
+                sampling = attrs.evolve(sampling, max_tokens=cmd.max_tokens)
+        return tools, tool_choice, sampling
 
     def _response_modalities(self) -> tuple[str, ...]:
         override = getattr(self._step.get("command"), "modalities", None)
@@ -902,6 +919,7 @@ class SessionCore:
         r = self._response = ResponseAssembly(
             rid, self._new_item_id(), self.epoch, self.turn_id, self._response_modalities(), metadata
         )
+        r.max_output_tokens = self._response_options()[2].max_tokens
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
         self._emit(
@@ -912,6 +930,7 @@ class SessionCore:
             metrics=self._timing.snapshot(),
             modalities=r.modalities,
             metadata=metadata,
+            max_output_tokens=r.max_output_tokens,
         )
         item = r.item("in_progress")
         self._emit(ev.OutputItemAdded, response_id=rid, item_id=r.item_id, item=item)
@@ -1036,6 +1055,7 @@ class SessionCore:
             metadata=r.metadata,
             output=r.output_items(item),
             output_tokens=r.output_tokens,
+            max_output_tokens=r.max_output_tokens,
             **ids,
         )
         self._response = None

@@ -78,6 +78,7 @@ class SessionConfig:
                 for t in self.tools
             ],
             "tool_choice": self.tool_choice,
+            "max_output_tokens": self.sampling.max_tokens,
             "transcription": self.transcription,
         }
 

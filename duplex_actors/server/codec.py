@@ -95,8 +95,8 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
             },
             "output": {"format": wire.output_format.to_wire(), "voice": wire.voice, "speed": 1.0},
         },
-        "max_output_tokens": "inf",
-        "tool_choice": config.get("tool_choice") or "auto",
+        "max_output_tokens": config.get("max_output_tokens") or "inf",
+        "tool_choice": _tool_choice(config.get("tool_choice") or "auto"),
         "tools": [{**t, "parameters": json.loads(t["parameters"])} for t in config.get("tools") or ()],
         "tracing": None,
         "truncation": "auto",
@@ -181,7 +181,7 @@ def _response_object(
         "conversation_id": _conversation_id(e),
         "metadata": e.metadata,
         "usage": usage,
-        "max_output_tokens": "inf",
+        "max_output_tokens": e.max_output_tokens or "inf",
         "audio": {"output": {"format": wire.output_format.to_wire(), "voice": wire.voice}},
         # duplex extensions
         "turn_id": e.turn_id,
@@ -212,6 +212,13 @@ def _rate_limits(done: ev.ResponseDone) -> dict:
 
 
 # --- one body per event type -----------------------------------------------------------------
+
+
+def _tool_choice(choice: str):
+    """GA's spelling: a mode as a string, a named function as an object."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "name": choice}
 
 
 def _session_created(e: ev.SessionCreated, wire):

@@ -36,7 +36,7 @@ import attrs
 
 from ..core import commands as cmd
 from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
-from ..core.engine_io import FunctionTool, SamplingOverrides
+from ..core.engine_io import SAMPLING_RANGES, FunctionTool, SamplingOverrides
 from ..errors import (
     ClientError,
     DuplexError,
@@ -443,6 +443,7 @@ def _modalities(f: _Fields, key: str) -> tuple[str, ...] | None:
 def _response_create(f: _Fields, event_id, epoch, limits, rates):
     response = f.object("response")
     instructions = modalities = metadata = None
+    options: dict[str, Any] = {}
     if response is not None:
         instructions = response.str("instructions")
         conversation = response.obj.get("conversation")
@@ -462,8 +463,20 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
                     raise response.fail("metadata", f"key {key[:64]!r}... is longer than 64 characters")
                 meta.str(key, required=True, max_len=512)
             metadata = dict(meta.obj)
+        # This reply's own tools and tool_choice (livekit's generate_reply passes them), and
+        # token limit: read as session.update reads them, errors named under response.
+        options = _session_tools(response)
+        if response.obj.get("max_output_tokens") != "inf":
+            options["max_tokens"] = response.int(
+                "max_output_tokens", minimum=1, maximum=SAMPLING_RANGES["max_tokens"][1]
+            )
     return cmd.CreateResponse(
-        instructions=instructions, modalities=modalities, metadata=metadata, event_id=event_id, epoch=epoch
+        instructions=instructions,
+        modalities=modalities,
+        metadata=metadata,
+        event_id=event_id,
+        epoch=epoch,
+        **options,
     )
 
 
@@ -766,7 +779,8 @@ _MAX_TOOLS = 128
 
 
 def _session_tools(s: _Fields) -> dict[str, Any]:
-    """``session.tools`` and ``session.tool_choice`` as UpdateSession fields (only those given)."""
+    """``tools`` and ``tool_choice`` (of a session.update's session, or of a response.create's
+    response) as command fields: only those given."""
     changes: dict[str, Any] = {}
     if s.has("tools") and s.obj["tools"] is not None:
         tools = s.obj["tools"]

@@ -178,3 +178,68 @@ async def test_scripted_serve_engine_calls_with_arguments_that_fit_the_schema():
         done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
         assert json.loads(done["arguments"]) == {"city": "example"}
         await ws.close()
+
+
+def _calls(events: list[dict]) -> list[str]:
+    """The names of the functions a response called."""
+    return [
+        e["item"]["name"]
+        for e in events
+        if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
+    ]
+
+
+async def test_a_response_create_may_bring_its_own_tools_tool_choice_and_token_limit():
+    # livekit's generate_reply(tools=..., tool_choice=...) sends them on response.create; they
+    # were read as nothing, so "tool_choice: none" for one reply still got a call.
+    script = Script(tokens=("It", " is"), audio_packets=1, tool_arguments='{"city": "Paris"}')
+    clock = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+    async with running_server(script) as server:
+        ws = await _open(server)
+        await _send(ws, type="session.update", session={"type": "realtime", "tools": [WEATHER]})
+        await recv_until(ws, "session.updated")
+        engine = server.runtime.engine.backend
+
+        await _send(ws, type="response.create", response={"tool_choice": "none"})
+        assert _calls(await recv_until(ws, "response.done")) == []
+        # Its own tools, and one of them required, for this reply only.
+        await _send(ws, type="response.create", response={"tools": [clock], "tool_choice": "required"})
+        assert _calls(await recv_until(ws, "response.done")) == ["get_time"]
+        assert [t.name for t in engine.submitted[-1].tools] == ["get_time"]
+        # The session's own tools again for the next; a named function as GA spells it.
+        await _send(
+            ws,
+            type="response.create",
+            response={"tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 7},
+        )
+        events = await recv_until(ws, "response.done")
+        assert _calls(events) == ["get_weather"]
+        request = engine.submitted[-1]
+        assert request.sampling.max_tokens == 7 and [t.name for t in request.tools] == ["get_weather"]
+        created = next(e for e in events if e["type"] == "response.created")
+        assert created["response"]["max_output_tokens"] == 7 == events[-1]["response"]["max_output_tokens"]
+        await _send(ws, type="response.create", response={"max_output_tokens": "inf"})
+        events = await recv_until(ws, "response.done")
+        assert engine.submitted[-1].sampling.max_tokens is None
+        assert events[-1]["response"]["max_output_tokens"] == "inf"
+        await ws.close()
+
+
+@pytest.mark.parametrize(
+    "response, param",
+    [
+        ({"tools": {"name": "x"}}, "response.tools"),
+        ({"tools": [{"type": "function"}]}, "response.tools[0].name"),
+        ({"tool_choice": "sometimes"}, "response.tool_choice"),
+        ({"max_output_tokens": 0}, "response.max_output_tokens"),
+        ({"max_output_tokens": 40_000}, "response.max_output_tokens"),
+    ],
+)
+async def test_a_bad_per_response_tool_or_limit_is_refused_naming_it_and_creates_nothing(response, param):
+    async with running_server() as server:
+        ws = await _open(server)
+        await _send(ws, type="response.create", event_id="r1", response=response)
+        error = (await recv_until(ws, "error"))[-1]["error"]
+        assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", param, "r1")
+        assert server.runtime.engine.backend.submitted == []
+        await ws.close()

@@ -311,3 +311,31 @@ def test_every_session_event_type_is_ga_or_a_declared_extension():
         assert cls.TYPE in GA_MODELS, f"{cls.__name__} ({cls.TYPE}) is neither GA nor an extension"
         assert cls in codec._BODIES or not attrs.fields(cls)[3:], f"{cls.__name__} has no codec body"
     assert {"session.resumed", "session.closed", "heartbeat.ack", "duplex.decision"} == codec.EXTENSION_TYPES
+
+
+async def test_a_named_tool_choice_and_token_limits_are_echoed_in_ga_shape():
+    # A named tool_choice was echoed as a bare name (not GA: a function choice is an object) and
+    # max_output_tokens as "inf" whatever the session or the response had asked for.
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+    async with running_server(Script(token_latency_s=0.002, tokens=("ok",))) as server:
+        async with connect(server.url) as ws:
+            r = Recorder(ws)
+            await r.until("session.created")
+            await r.send(
+                type="session.update",
+                session={
+                    "type": "realtime",
+                    "tools": [tool],
+                    "tool_choice": {"type": "function", "name": "get_time"},
+                    "max_output_tokens": 50,
+                },
+            )
+            session = (await r.until("session.updated"))[-1]["session"]
+            assert session["tool_choice"] == {"type": "function", "name": "get_time"}
+            assert session["max_output_tokens"] == 50
+            await r.send(type="response.create", response={"max_output_tokens": 9, "tool_choice": "none"})
+            events = await r.until("response.done")
+            assert events[-1]["response"]["max_output_tokens"] == 9
+            await r.send(type="response.create")  # the session's limit
+            assert (await r.until("response.done"))[-1]["response"]["max_output_tokens"] == 50
+        assert r.validated["session.updated"] == 1 and r.validated["response.done"] == 2
