@@ -94,10 +94,11 @@ class Harness:
             f"server events: {[e.get('type') for e in self.raw][:30]}"
         )
 
-    async def reply(self, timeout: float = 15.0) -> tuple[str, int, list]:
-        """generate_reply() and read the generation to its end: (text, audio frames, calls)."""
+    async def reply(self, timeout: float = 15.0, **options) -> tuple[str, int, list]:
+        """generate_reply(**options) and read the generation to its end: (text, audio frames,
+        calls)."""
         try:
-            generation = await asyncio.wait_for(self.session.generate_reply(), timeout)
+            generation = await asyncio.wait_for(self.session.generate_reply(**options), timeout)
         except Exception as exc:
             raise AssertionError(f"generate_reply failed: {exc!r}; {self.summary()}") from None
         return await read_generation(generation)
@@ -184,4 +185,20 @@ async def test_tool_call(serve_url):
         await h.session.update_chat_ctx(ctx)
         text, frames, _ = await h.reply()
         assert "sunny in" in text, h.summary()
+        assert not h.errors and not h.of("error"), h.summary()
+
+
+async def test_generate_reply_with_its_own_tool_choice(serve_url):
+    # generate_reply(tool_choice=...) puts it on that one response.create: "none" rules a call
+    # out although the session offers a tool (the scripted engine would call it), "required"
+    # asks for one. The server ignored it before, and "none" still got a call.
+    async with Harness(serve_url, turn_detection=None) as h:
+        await h.session.update_tools([get_weather])
+        ctx = llm.ChatContext()
+        ctx.add_message(role="user", content="What is the weather in Paris?")
+        await h.session.update_chat_ctx(ctx)
+        text, frames, calls = await h.reply(tool_choice="none")
+        assert calls == [] and text and frames > 0, h.summary()
+        _, _, calls = await h.reply(tool_choice="required")
+        assert [c.name for c in calls] == ["get_weather"], h.summary()
         assert not h.errors and not h.of("error"), h.summary()
