@@ -712,6 +712,13 @@ def _content_text(
             raise item.fail(f"content[{i}]", "must be an object")
         part = _Fields(raw, f"{item.prefix}content[{i}].", item.event_id)
         kind = part.str("type", required=True)
+        if kind == "input_image":  # valid OpenAI input, which no engine here can take
+            raise NotSupported(
+                f"{part.prefix}type: image input is not supported (the engines hear and read; "
+                "none of them sees); send the message without its input_image parts",
+                param=f"{part.prefix}type",
+                event_id=item.event_id,
+            )
         if kind not in allowed:
             raise part.fail("type", f"{kind!r} is not supported here; use {' or '.join(allowed)}")
         parts.append(ContentPart(type=as_type, text=part.str("text", required=True)))

@@ -135,6 +135,24 @@ BAD_FRAMES = [
         "e18",
     ),
     (json.dumps({"type": "heartbeat", "event_id": ["not", "a", "string"]}), "invalid_value", None),
+    (  # openai-agents sends images this way: valid OpenAI, which no engine here can take
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "event_id": "e21",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "what is this?"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+                    ],
+                },
+            }
+        ),
+        "not_supported",
+        "e21",
+    ),
     ("\u0000\u0001\u0002", "invalid_json", None),
 ]
 
