@@ -165,12 +165,17 @@ async def test_server_vad_turn_with_barge_in(serve_url, speech_24k):
         assert not h.errors and not h.of("error"), h.summary()
 
 
+async def ask_about_the_weather(h: Harness) -> None:
+    """Offer get_weather and put a question that calls for it in the chat context."""
+    await h.session.update_tools([get_weather])
+    ctx = llm.ChatContext()
+    ctx.add_message(role="user", content="What is the weather in Paris?")
+    await h.session.update_chat_ctx(ctx)
+
+
 async def test_tool_call(serve_url):
     async with Harness(serve_url, turn_detection=None) as h:
-        await h.session.update_tools([get_weather])
-        ctx = llm.ChatContext()
-        ctx.add_message(role="user", content="What is the weather in Paris?")
-        await h.session.update_chat_ctx(ctx)
+        await ask_about_the_weather(h)
         _, _, calls = await h.reply()
         assert [c.name for c in calls] == ["get_weather"], h.summary()
         call = calls[0]
@@ -193,10 +198,7 @@ async def test_generate_reply_with_its_own_tool_choice(serve_url):
     # out although the session offers a tool (the scripted engine would call it), "required"
     # asks for one. The server ignored it before, and "none" still got a call.
     async with Harness(serve_url, turn_detection=None) as h:
-        await h.session.update_tools([get_weather])
-        ctx = llm.ChatContext()
-        ctx.add_message(role="user", content="What is the weather in Paris?")
-        await h.session.update_chat_ctx(ctx)
+        await ask_about_the_weather(h)
         text, frames, calls = await h.reply(tool_choice="none")
         assert calls == [] and text and frames > 0, h.summary()
         _, _, calls = await h.reply(tool_choice="required")
