@@ -78,9 +78,21 @@ def transcribe_pcm16(pcm: bytes, sample_rate: int) -> str:
     return "" if hyp is None else hyp.hypstr
 
 
+#: Worker pools that may break one after another before the recogniser gives up: a worker
+#: killed from outside is replaced, one that cannot even start would be started for every turn.
+MAX_BROKEN_POOLS = 3
+
+
+class RecogniserUnavailable(RuntimeError):
+    """The recogniser's worker processes died MAX_BROKEN_POOLS times in a row (their stderr
+    says why: typically a main module a ``spawn`` worker cannot import, as ``python -`` run
+    from stdin has): turns fail at once instead of each starting a process that dies."""
+
+
 class PocketsphinxTranscriber:
     """Offline English transcription with PocketSphinx's packaged model, in worker processes
-    (``max_concurrent`` of them, started on the first turn; :meth:`close` stops them)."""
+    (``max_concurrent`` of them, ~130 MB each with the model loaded, started on the first turn;
+    :meth:`close` stops them)."""
 
     name = "pocketsphinx"
 
@@ -90,28 +102,36 @@ class PocketsphinxTranscriber:
         self.max_concurrent = max_concurrent
         self._pool: ProcessPoolExecutor | None = None
         self._stop_pool: weakref.finalize | None = None
+        self._broken_in_a_row = 0
 
     def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
         """In this process (tests, offline use); never call it from the event loop."""
         return transcribe_pcm16(pcm, sample_rate)
 
     async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
+        if self._broken_in_a_row >= MAX_BROKEN_POOLS:
+            raise RecogniserUnavailable(
+                f"the recogniser's worker processes died {self._broken_in_a_row} times in a row"
+            )
         pool = self._pool
         if pool is None:
             pool = self._pool = ProcessPoolExecutor(
                 self.max_concurrent, mp_context=multiprocessing.get_context("spawn")
             )
-            # Dropped without close(): the workers still go (they hold ~40 MB each).
+            # Dropped without close(): the workers still go.
             self._stop_pool = weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, transcribe_pcm16, pcm, sample_rate)
+            text = await asyncio.get_running_loop().run_in_executor(pool, transcribe_pcm16, pcm, sample_rate)
         except BrokenProcessPool:
             # A worker died (killed, or the decoder crashed): this turn fails, the next one
             # gets a fresh pool instead of the same error for ever.
             if self._pool is pool:
-                log.warning("transcription.pool_replaced")
+                self._broken_in_a_row += 1
+                log.warning("transcription.pool_broken", in_a_row=self._broken_in_a_row)
                 self.close()
             raise
+        self._broken_in_a_row = 0
+        return text
 
     def close(self) -> None:
         """Stop the worker processes (the next turn would start new ones)."""
@@ -120,11 +140,11 @@ class PocketsphinxTranscriber:
         self._pool = self._stop_pool = None
 
 
-def default_transcriber() -> Transcriber | None:
-    """PocketSphinx when installed (extra ``transcription``), else None (requests for
-    transcription then get ``conversation.item.input_audio_transcription.failed``)."""
+def default_transcriber(workers: int = 1) -> Transcriber | None:
+    """PocketSphinx in ``workers`` processes when installed (extra ``transcription``), else None
+    (requests for transcription then get ``conversation.item.input_audio_transcription.failed``)."""
     try:
-        return PocketsphinxTranscriber()
+        return PocketsphinxTranscriber(max_concurrent=workers)
     except ImportError:
         return None
 

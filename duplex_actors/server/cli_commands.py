@@ -134,6 +134,9 @@ def register(app: typer.Typer) -> None:
             help="seconds of a session's audio that may wait for input transcription; a turn "
             "past it gets a transcription failed event at once (sessions take turns)",
         ),
+        transcription_workers: int = typer.Option(
+            1, min=1, help="recogniser processes decoding turns at once (each holds ~40 MB; per --workers)"
+        ),
         compression: bool = typer.Option(
             True,
             "--compression/--no-compression",
@@ -196,6 +199,7 @@ def register(app: typer.Typer) -> None:
                         "transcription_backlog_s": transcription_backlog_s,
                     },
                     gc_reclaim_s=gc_reclaim_s,
+                    transcription_workers=transcription_workers,
                 ),
             )
             return
@@ -216,6 +220,7 @@ def register(app: typer.Typer) -> None:
             "max_sessions": max_sessions,
             "stall_timeout_s": stall_timeout_s or None,
             "transcription_backlog_s": transcription_backlog_s,
+            "transcription_workers": transcription_workers,
             "gc_reclaim_s": gc_reclaim_s,
         }
         anyio.run(_serve, backend, config, overrides, runtime_options, engine.value, drain_timeout_s)
@@ -223,7 +228,13 @@ def register(app: typer.Typer) -> None:
 
 @contextlib.asynccontextmanager
 async def open_server(
-    backend, config, overrides: dict | None = None, *, gc_reclaim_s: float = 30.0, **runtime_options
+    backend,
+    config,
+    overrides: dict | None = None,
+    *,
+    gc_reclaim_s: float = 30.0,
+    transcription_workers: int = 1,
+    **runtime_options,
 ) -> AsyncIterator[RealtimeServer]:
     """The runtime and Realtime server ``serve`` runs, open until the block ends.
 
@@ -236,7 +247,7 @@ async def open_server(
     from .app import RealtimeServer
 
     # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.
-    transcriber = default_transcriber()
+    transcriber = default_transcriber(transcription_workers)
     # Freezing keeps full collections off the loop, but cycles frozen while alive (dropped
     # connections, cancelled tasks) wait for the next reclaim: the 500-client wire soak grew
     # ~2 MiB/s with a 600 s reclaim, and was level with 30 s. 0 turns the policy off.

@@ -101,6 +101,8 @@ class WorkerSettings:
     runtime_options: dict = attrs.field(factory=dict)
     #: GcPolicy's reclaim interval, as ``serve --gc-reclaim-s`` (0: CPython's own collector).
     gc_reclaim_s: float = 30.0
+    #: Recogniser processes per worker, as ``serve --transcription-workers``.
+    transcription_workers: int = 1
 
     def build_engine(self):
         if self.engine_factory is not None:
@@ -170,7 +172,7 @@ async def _run_worker(
     backend = EngineProcessClient(engine_path)
     # As single-process serve: a session that asks for input transcription gets it here too
     # (loaded lazily on its first transcribed turn; None without the 'transcription' extra).
-    transcriber = default_transcriber()
+    transcriber = default_transcriber(settings.transcription_workers)
     config = ServerConfig(
         host="127.0.0.1",
         port=0,

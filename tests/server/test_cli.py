@@ -54,6 +54,7 @@ def test_serve_is_registered_with_its_options():
         "--audio-intake-burst-s",
         "--frame-intake-bytes-per-s",
         "--transcription-backlog-s",
+        "--transcription-workers",
     ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])

@@ -295,3 +295,47 @@ async def test_a_dead_recogniser_worker_fails_one_turn_and_the_next_turn_gets_a_
         assert word_error_rate(text, await recogniser.transcribe(pcm, 16000)) <= 0.5
     finally:
         recogniser.close()
+
+
+def test_workers_that_cannot_start_are_not_restarted_for_every_turn(tmp_path, speech):
+    """A program read from stdin (``python -``) has a main module no ``spawn`` worker can load:
+    each worker dies at start. After MAX_BROKEN_POOLS pools in a row the recogniser stops
+    starting new ones and fails turns at once with a typed error."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from duplex_actors.audio.transcription import MAX_BROKEN_POOLS
+
+    (tmp_path / "turn.pcm").write_bytes(speech[SENTENCES[0]])
+    program = textwrap.dedent(
+        f"""
+        import anyio
+
+        from duplex_actors.audio.transcription import PocketsphinxTranscriber
+
+
+        async def main() -> None:
+            recogniser = PocketsphinxTranscriber()
+            pcm = open({str(tmp_path / "turn.pcm")!r}, "rb").read()
+            for _ in range({MAX_BROKEN_POOLS} + 2):
+                try:
+                    await recogniser.transcribe(pcm, 16000)
+                    outcome = "ok"
+                except Exception as exc:
+                    outcome = type(exc).__name__
+                print("OUTCOME", outcome, "pool" if recogniser._pool is not None else "none")
+
+
+        if __name__ == "__main__":
+            anyio.run(main)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-"], input=program, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    outcomes = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("OUTCOME")]
+    assert [o[0] for o in outcomes] == ["BrokenProcessPool"] * MAX_BROKEN_POOLS + [
+        "RecogniserUnavailable"
+    ] * 2, done.stdout + done.stderr[-1500:]
+    assert all(o[1] == "none" for o in outcomes[MAX_BROKEN_POOLS:])  # no process started for them
