@@ -9,8 +9,9 @@ waiting turn held its audio.
 
 So the queue is sans-IO and fair:
 
-* one FIFO per session, and sessions take turns (round robin): a neighbour's turn waits for at
-  most one turn of each other session with work queued, whatever their backlogs;
+* one FIFO per session, and sessions take turns (round robin): a neighbour's turn waits for the
+  turns being decoded and at most one more turn of each other session with work queued,
+  whatever their backlogs;
 * each session's backlog is bounded in seconds of audio (``max_backlog_s``): a turn past it is
   refused at once, and the runtime answers it with a transcription ``failed`` event saying
   why. Every turn is transcribed or refused exactly once; memory held is at most the bound per
