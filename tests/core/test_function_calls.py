@@ -4,9 +4,19 @@ becomes its own output item with argument events, and a function output reaches 
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from duplex_actors.core import commands as cmd
-from duplex_actors.core.engine_io import Decision, FunctionCall, FunctionTool, TextDelta, TurnDone
+from duplex_actors.core import events as ev
+from duplex_actors.core.engine_io import (
+    Decision,
+    FunctionCall,
+    FunctionTool,
+    SamplingOverrides,
+    TextDelta,
+    TurnDone,
+)
 from duplex_actors.core.session import SubmitTurn
 from duplex_actors.errors import UnknownFunctionCall
 from duplex_actors.server.codec import WireSession, encode
@@ -136,3 +146,42 @@ def test_a_stale_function_call_is_counted_not_delivered():
     assert not [e for e in core.take_events() if "function_call" in e.type]
     with pytest.raises(UnknownFunctionCall):  # a call never delivered cannot be answered
         core.handle(cmd.AddFunctionOutput(call_id="call_late", output="1"))
+
+
+_CLOCK_TOOL = FunctionTool("get_time", "", '{"type":"object"}')
+
+
+@given(
+    session_limit=st.none() | st.integers(1, 32_768),
+    responses=st.lists(
+        st.tuples(
+            st.none() | st.sampled_from(((), (TOOL,), (_CLOCK_TOOL,), (TOOL, _CLOCK_TOOL))),
+            st.none() | st.sampled_from(("auto", "none", "required", "get_time")),
+            st.none() | st.integers(1, 32_768),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_a_response_create_s_own_options_apply_to_that_response_only(session_limit, responses):
+    # Per-response tools, tool_choice and max_tokens (livekit's generate_reply sends them)
+    # replace the session's for that one request; the next response is back to the session's.
+    core = core_in("idle")
+    core.handle(
+        cmd.UpdateSession(
+            tools=(TOOL,), tool_choice="auto", sampling=SamplingOverrides(max_tokens=session_limit)
+        )
+    )
+    core.take_events()
+    for tools, choice, limit in responses:
+        core.handle(cmd.CreateResponse(tools=tools, tool_choice=choice, max_tokens=limit))
+        (request,) = _submitted(core)
+        assert request.tools == (tools if tools is not None else (TOOL,))
+        assert request.tool_choice == (choice or "auto")
+        assert request.sampling.max_tokens == (limit if limit is not None else session_limit)
+        core.on_engine_output(TurnDone(request.request_id))
+        events = core.take_events()
+        created = next(e for e in events if isinstance(e, ev.ResponseCreated))
+        done = next(e for e in events if isinstance(e, ev.ResponseDone))
+        assert created.max_output_tokens == done.max_output_tokens == request.sampling.max_tokens
+        assert core.state == "idle"
