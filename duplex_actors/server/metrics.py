@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..core import events as ev
+from ..core import transcription_events as tev
 from ..core.statechart import State
 
 if TYPE_CHECKING:
@@ -147,6 +148,12 @@ class ServerMetrics:
         self.barge_ins = Counter(
             "duplex_barge_ins", "Responses cancelled because the user spoke over them", registry=r
         )
+        self.transcriptions = Counter(
+            "duplex_input_transcriptions",
+            "Committed turns transcribed, by outcome (failed: backlog full, recogniser failed or absent)",
+            ["outcome"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "duplex_ttft_seconds",
             "Time to first text token (server clock)",
@@ -179,6 +186,10 @@ class ServerMetrics:
         self.server_events.inc()
         if isinstance(event, ev.ErrorEvent):
             self.client_errors.labels(event.code).inc()
+        elif isinstance(event, tev.TranscriptionCompleted):
+            self.transcriptions.labels("completed").inc()
+        elif isinstance(event, tev.TranscriptionFailed):
+            self.transcriptions.labels("failed").inc()
         elif isinstance(event, ev.ResponseDone):
             self.responses.labels(event.status).inc()
             if event.status == "cancelled" and event.reason == "turn_detected":

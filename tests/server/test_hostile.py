@@ -850,3 +850,6 @@ async def test_a_client_committing_faster_than_the_recogniser_decodes_neither_st
             # Every commit answered exactly once: six items, six terminal events.
             assert len({e["item_id"] for e in refused + answered}) == 6
             assert server.runtime._transcripts.backlog_s(flooder_id) == 0.0  # all of it freed
+        counted = server.metrics.transcriptions
+        assert counted.labels("failed")._value.get() == 3
+        assert counted.labels("completed")._value.get() == 4  # the flooder's three, the neighbour's
