@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
             "past it gets a transcription failed event at once (sessions take turns)",
         ),
         transcription_workers: int = typer.Option(
-            1, min=1, help="recogniser processes decoding turns at once (each holds ~40 MB; per --workers)"
+            1, min=1, help="recogniser processes decoding turns at once (each holds ~130 MB; per --workers)"
         ),
         compression: bool = typer.Option(
             True,
