@@ -80,25 +80,21 @@ def accepted_key(headers: Headers, keys: tuple[str, ...]) -> str | None:
 class FloodGuard:
     """Token bucket over refused frames: ``burst`` at once, ``rate`` per second sustained."""
 
-    __slots__ = ("rate", "burst", "_tokens", "_last", "refused")
+    __slots__ = ("rate", "burst", "_bucket", "refused")
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
         if rate <= 0 or burst < 1:
             raise ValueError("need rate > 0 and burst >= 1")
         self.rate = rate
         self.burst = burst
-        self._tokens = float(burst)
-        self._last = now
+        # The pacer's bucket, one token a refused frame: in debt means over budget.
+        self._bucket = IntakePacer(rate, burst, now)
         self.refused = 0
 
     def over_budget(self, now: float) -> bool:
         """Count one refused frame at ``now``; True once the client has exceeded the budget."""
         self.refused += 1
-        if now > self._last:
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
-            self._last = now
-        self._tokens -= 1.0
-        return self._tokens < 0.0
+        return self._bucket.charge(1.0, now) > 0.0
 
 
 class IntakePacer:

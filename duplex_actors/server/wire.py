@@ -465,7 +465,7 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
             metadata = dict(meta.obj)
         # This reply's own tools and tool_choice (livekit's generate_reply passes them), and
         # token limit: read as session.update reads them, errors named under response.
-        options = _session_tools(response)
+        options = _tool_fields(response)
         if response.obj.get("max_output_tokens") != "inf":
             options["max_tokens"] = response.int(
                 "max_output_tokens", minimum=1, maximum=SAMPLING_RANGES["max_tokens"][1]
@@ -655,7 +655,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
                     sampling[key] = (value, sp._name(key))
 
     def tools():
-        changes.update(_session_tools(s))
+        changes.update(_tool_fields(s))
 
     def transcription():
         changes.update(_session_transcription(s, in_fields))
@@ -785,7 +785,7 @@ def _item_retrieve(f: _Fields, event_id, epoch, limits, rates):
 _MAX_TOOLS = 128
 
 
-def _session_tools(s: _Fields) -> dict[str, Any]:
+def _tool_fields(s: _Fields) -> dict[str, Any]:
     """``tools`` and ``tool_choice`` (of a session.update's session, or of a response.create's
     response) as command fields: only those given."""
     changes: dict[str, Any] = {}
