@@ -20,6 +20,10 @@ item of 65,536 emoji, 256 KB) and ``--resumes`` (a reconnect and ``session.resum
 old ``last_seq``, which replays ~3 MB of journal, in a loop). ``--policy off`` turns frame pacing
 off too.
 
+``--pings`` sends 125-byte pings as fast as the socket takes them and never reads the pongs
+(websockets answers pings itself, outside the frame budget); ``--policy off`` turns control-frame
+pacing off. The server's peak RSS during the flood is reported with every valid flood.
+
 ``--transcripts`` commits 1 s turns of loud noise with input transcription on, as fast as audio
 pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
 transcript (the server runs the real recogniser, PocketSphinx).
@@ -181,6 +185,7 @@ VALID_FLOODS = {
     "retrieves": "retrieves of a 65,536-emoji item",
     "resumes": "resumes replaying ~3 MB of journal",
     "transcripts": "commits of loud noise with input transcription on",
+    "pings": "125-byte pings, never reading the pongs",
 }
 
 LONG_ITEM = json.dumps(
@@ -231,6 +236,8 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
 
         if kind == "resumes":
             return await _resume_in_a_loop(url, seconds, report)
+        if kind == "pings":
+            return await _ping_flat_out(url, seconds, report)
         audio = kind == "audio"
         setup, frames, reply = _setup_and_frames(kind, frame_ms)
         unanswered = asyncio.Semaphore(REPLY_WINDOW)
@@ -326,6 +333,30 @@ async def _resume_in_a_loop(url: str, seconds: float, report) -> int:
     return resumes
 
 
+async def _ping_flat_out(url: str, seconds: float, report) -> int:
+    """Send pings as fast as the socket takes them, on a 4 KiB receive buffer never read: each
+    one the server reads, it answers with a pong that waits in its write buffer."""
+    from ..testing.raw_websocket import RawWebSocket
+
+    ws = await RawWebSocket.connect(url, rcvbuf=4096)
+    _, created = await ws.read_frame()
+    report.send(json.loads(created)["session"]["id"])
+    sent = 0
+    until = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < until:
+            for _ in range(200):
+                ws.send_frame(b"p" * 125, opcode=0x9)
+            sent += 200
+            async with asyncio.timeout(max(0.01, until - time.perf_counter())):
+                await ws.drain()  # blocks once the server stops reading
+    except (TimeoutError, OSError):
+        pass
+    report.send((sent, 0))
+    ws.abort()
+    return sent
+
+
 async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
     import multiprocessing
     import statistics
@@ -334,7 +365,11 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
     from ..engines.scripted import Script, ScriptedEngine
     from ..server.app import RealtimeServer, ServerConfig
 
-    pacing = {} if policy else {"audio_intake_rate": None, "frame_intake_bytes_per_s": None}
+    pacing = (
+        {}
+        if policy
+        else {"audio_intake_rate": None, "frame_intake_bytes_per_s": None, "control_frames_per_s": None}
+    )
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
     transcriber = None
     turn = _turn
@@ -358,8 +393,10 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             flooding = server.runtime.get(ours.recv())  # connected: the flood starts now
             began = time.perf_counter()
             during = []
+            rss_peak = rss_before
             while flooder.is_alive() and not ours.poll():
                 during.append(await turn(server.url))
+                rss_peak = max(rss_peak, rss_mb())
             while not ours.poll():
                 await asyncio.sleep(0.01)
             sent, received = ours.recv()
@@ -372,7 +409,9 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
                 "policy": policy,
                 "seconds": elapsed,
                 "rejected_frames": frames.labels("rejected")._value.get(),
-                "paced_s": sum(server.metrics.paced.labels(w)._value.get() for w in ("audio", "frames")),
+                "paced_s": sum(
+                    server.metrics.paced.labels(w)._value.get() for w in ("audio", "frames", "control")
+                ),
                 "flooder_sent_x_real_time": sent * frame_ms / 1000 / elapsed,
                 "frames_sent": sent,
                 "received_mb_per_s": received / 1e6 / elapsed,
@@ -384,6 +423,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
                 "during_turns": len(during),
                 "rss_before_mb": rss_before,
                 "rss_flooded_mb": rss_flooded,
+                "rss_peak_mb": rss_peak,
             }
 
 
@@ -398,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--echoes", action="store_true", help="small session.updates echoing ~1 MB of tools")
     ap.add_argument("--retrieves", action="store_true", help="retrieves of a 256 KB item")
     ap.add_argument("--resumes", action="store_true", help="resumes replaying ~3 MB, in a loop")
+    ap.add_argument("--pings", action="store_true", help="pings flat out, the pongs never read")
     ap.add_argument(
         "--transcripts", action="store_true", help="commits of loud noise with input transcription on"
     )
@@ -427,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{a['during_turns']} turns): x{a['during_turn_s'] / a['neighbour_turn_s']:.2f} at the median; "
             f"the flooder was sent {a['received_mb_per_s']:.1f} MB/s; reads held back {a['paced_s']:.1f} s, "
             f"{a['rejected_frames']:.0f} frames refused; server RSS "
-            f"{a['rss_before_mb']:.1f} -> {a['rss_flooded_mb']:.1f} MiB with the flood's frames queued",
+            f"{a['rss_before_mb']:.1f} -> {a['rss_flooded_mb']:.1f} MiB with the flood's frames queued "
+            f"(peak {a['rss_peak_mb']:.1f} MiB during it)",
             flush=True,
         )
         return 0

@@ -58,6 +58,7 @@ from ..errors import (
 )
 from . import codec, guard, wire
 from .audio_format import GA_DEFAULT, InputConverter
+from .connection import CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_S, control_paced_connection
 from .metrics import ServerMetrics
 
 log = structlog.get_logger("duplex_actors.server")
@@ -142,6 +143,14 @@ class ServerConfig:
         default=1 << 20, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
     frame_intake_burst_bytes: int = attrs.field(default=8 << 20, validator=attrs.validators.gt(0))
+    #: Control-frame pacing (connection.ControlPacedConnection): pings and pongs a client may
+    #: send a second, after ``control_frames_burst`` at once. websockets answers each ping
+    #: itself, outside the frame budget and the write deadline; past this the connection reads
+    #: its next bytes later. None: no pacing.
+    control_frames_per_s: float | None = attrs.field(
+        default=CONTROL_FRAMES_PER_S, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    control_frames_burst: int = attrs.field(default=CONTROL_FRAMES_BURST, validator=attrs.validators.gt(0))
     #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013.
     max_sessions_per_key: int | None = None
     max_sessions_per_address: int | None = None
@@ -249,10 +258,19 @@ class RealtimeServer:
             ping_timeout=self.config.ping_timeout_s,
             close_timeout=2.0,
             compression=self.config.compression,
+            create_connection=self._connection_class(),
         )
         self.runtime.add_close_listener(self._session_closed)
         log.info("server.listening", url=self.url)
         return self
+
+    def _connection_class(self) -> type[ServerConnection]:
+        rate = self.config.control_frames_per_s
+        if rate is None:
+            return ServerConnection
+        return control_paced_connection(
+            rate, self.config.control_frames_burst, on_paced=self.metrics.paced.labels("control").inc
+        )
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()

@@ -3,6 +3,7 @@ starved `serve`, and what the server does about it instead."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -853,3 +854,73 @@ async def test_a_client_committing_faster_than_the_recogniser_decodes_neither_st
         counted = server.metrics.transcriptions
         assert counted.labels("failed")._value.get() == 3
         assert counted.labels("completed")._value.get() == 4  # the flooder's three, the neighbour's
+
+
+# --- control frames ----------------------------------------------------------------------------
+
+
+async def _ping_until_held_back(client: RawWebSocket, pings: int) -> int:
+    """Send up to ``pings`` pings, stopping once the server stops reading (the sends block):
+    how many went out."""
+    sent = 0
+    with contextlib.suppress(TimeoutError):
+        while sent < pings:
+            for _ in range(200):
+                client.send_frame(b"p" * 125, opcode=0x9)
+            sent += 200
+            with anyio.fail_after(2):
+                await client.drain()
+    return sent
+
+
+async def test_a_client_pinging_flat_out_and_never_reading_is_paced_and_its_pongs_stay_bounded():
+    # websockets answers each ping itself, where no reader of ours sees it: 55,000 pings a
+    # second went unpaced, and their pongs piled up in the server's write buffer (~6 MB/s of
+    # RSS, kept until the keepalive dropped the client 20-40 s later).
+    async with running_server() as server:
+        flooder = await RawWebSocket.connect(server.url, rcvbuf=4096)
+        await wait_until(lambda: server.runtime.session_count == 1)
+        sent = await _ping_until_held_back(flooder, 40_000)
+        (conn,) = server._server.connections
+        assert not conn.transport.is_reading()
+        assert server.metrics.paced.labels("control")._value.get() > 0
+        # Everything one read returned is answered (websockets parses it all), then reading
+        # waits for the debt: ~2,000 pongs at most (256 KiB of pings), not one per ping sent.
+        pongs = 0
+        with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                opcode, _ = await flooder.read_frame(timeout=0.5)
+                pongs += opcode == 0xA
+        assert pongs <= 2_500 and sent >= 4 * pongs, (sent, pongs)
+        await one_turn(server.url)  # a neighbour is served meanwhile
+        flooder.abort()
+
+
+async def test_control_frame_pacing_delays_the_frames_behind_the_pings_and_loses_none():
+    rate, burst, pings = 200.0, 50, 250
+    async with running_server(control_frames_per_s=rate, control_frames_burst=burst) as server:
+        client = await RawWebSocket.connect(server.url)
+        assert json.loads((await client.read_frame())[1])["type"] == "session.created"
+        began = time.perf_counter()
+        for i in range(pings):
+            client.send_frame(str(i).encode(), opcode=0x9)
+        await client.drain()
+        # In a later read than the pings (frames in the same read are all parsed at once).
+        await anyio.sleep(0.1)
+        client.send_text(json.dumps({"type": "conversation.item.create", "item": user_text("hello")}))
+        await client.drain()
+        pongs, reply = [], None
+        while reply is None:
+            opcode, payload = await client.read_frame()
+            if opcode == 0xA:
+                pongs.append(int(payload))
+            elif opcode == 0x1 and json.loads(payload)["type"] == "conversation.item.added":
+                reply = time.perf_counter() - began
+        assert pongs == list(range(pings)), "every ping answered, in order"
+        # The item was read only once the pings over the burst were paid for.
+        assert reply >= 0.9 * (pings - burst) / rate, reply
+        with anyio.fail_after(5):  # and the session goes on as before
+            client.send_text(json.dumps({"type": "response.create"}))
+            while json.loads((await client.read_frame())[1]).get("type") != "response.done":
+                pass
+        client.abort()
