@@ -21,8 +21,9 @@ old ``last_seq``, which replays ~3 MB of journal, in a loop). ``--policy off`` t
 off too.
 
 ``--pings`` sends 125-byte pings as fast as the socket takes them and never reads the pongs
-(websockets answers pings itself, outside the frame budget); ``--policy off`` turns control-frame
-pacing off. The server's peak RSS during the flood is reported with every valid flood.
+(websockets answers pings itself, outside the frame budget); ``--fragments`` sends 10 ms appends
+cut into 1-byte fragments (parsing costs per frame, which the byte and audio budgets do not see).
+``--policy off`` turns the connection's frame-count and control-frame pacing off. The server's peak RSS during the flood is reported with every valid flood.
 
 ``--transcripts`` commits 1 s turns of loud noise with input transcription on, as fast as audio
 pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import time
@@ -108,7 +110,9 @@ async def _run(frames: int, policy: bool) -> dict:
     from ..server.app import RealtimeServer, ServerConfig
     from ..testing.raw_websocket import RawWebSocket
 
-    budget = {} if policy else {"invalid_frames_per_s": 1e9, "invalid_frames_burst": 10**9}
+    budget = (
+        {} if policy else {"invalid_frames_per_s": 1e9, "invalid_frames_burst": 10**9, "frames_per_s": None}
+    )
     script = Script(
         tokens=tuple(f" w{i}" for i in range(24)),
         audio_packets=12,
@@ -186,6 +190,7 @@ VALID_FLOODS = {
     "resumes": "resumes replaying ~3 MB of journal",
     "transcripts": "commits of loud noise with input transcription on",
     "pings": "125-byte pings, never reading the pongs",
+    "fragments": "10 ms appends cut into 1-byte fragments (~690 frames each)",
 }
 
 LONG_ITEM = json.dumps(
@@ -238,6 +243,8 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
             return await _resume_in_a_loop(url, seconds, report)
         if kind == "pings":
             return await _ping_flat_out(url, seconds, report)
+        if kind == "fragments":
+            return await _fragments_flat_out(url, seconds, report)
         audio = kind == "audio"
         setup, frames, reply = _setup_and_frames(kind, frame_ms)
         unanswered = asyncio.Semaphore(REPLY_WINDOW)
@@ -357,6 +364,41 @@ async def _ping_flat_out(url: str, seconds: float, report) -> int:
     return sent
 
 
+async def _fragments_flat_out(url: str, seconds: float, report) -> int:
+    """Send 10 ms appends of silence, each cut into 1-byte fragments, as fast as the socket
+    takes them (a clear after every 5 s of audio, within the input buffer's limit)."""
+    from ..testing.raw_websocket import RawWebSocket, fragmented
+
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(480)).decode()})
+    batch = fragmented(append) * 100
+    ws = await RawWebSocket.connect(url)
+    _, created = await ws.read_frame()
+    report.send(json.loads(created)["session"]["id"])
+
+    async def discard_replies() -> None:
+        with contextlib.suppress(Exception):
+            while True:
+                await ws.read_frame(timeout=3600)
+
+    reader = asyncio.create_task(discard_replies())
+    sent = 0
+    until = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < until:
+            ws.writer.write(batch)
+            sent += 100
+            if sent % 500 == 0:
+                ws.writer.write(fragmented(CLEAR))
+            async with asyncio.timeout(max(0.01, until - time.perf_counter())):
+                await ws.drain()
+    except (TimeoutError, OSError):
+        pass
+    report.send((sent, 0))
+    reader.cancel()
+    ws.abort()
+    return sent
+
+
 async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
     import multiprocessing
     import statistics
@@ -368,7 +410,12 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
     pacing = (
         {}
         if policy
-        else {"audio_intake_rate": None, "frame_intake_bytes_per_s": None, "control_frames_per_s": None}
+        else {
+            "audio_intake_rate": None,
+            "frame_intake_bytes_per_s": None,
+            "frames_per_s": None,
+            "control_frames_per_s": None,
+        }
     )
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
     transcriber = None
@@ -410,7 +457,8 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
                 "seconds": elapsed,
                 "rejected_frames": frames.labels("rejected")._value.get(),
                 "paced_s": sum(
-                    server.metrics.paced.labels(w)._value.get() for w in ("audio", "frames", "control")
+                    server.metrics.paced.labels(w)._value.get()
+                    for w in ("audio", "frames", "frame_count", "control")
                 ),
                 "flooder_sent_x_real_time": sent * frame_ms / 1000 / elapsed,
                 "frames_sent": sent,
@@ -439,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retrieves", action="store_true", help="retrieves of a 256 KB item")
     ap.add_argument("--resumes", action="store_true", help="resumes replaying ~3 MB, in a loop")
     ap.add_argument("--pings", action="store_true", help="pings flat out, the pongs never read")
+    ap.add_argument("--fragments", action="store_true", help="10 ms appends cut into 1-byte fragments")
     ap.add_argument(
         "--transcripts", action="store_true", help="commits of loud noise with input transcription on"
     )

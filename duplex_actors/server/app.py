@@ -58,7 +58,13 @@ from ..errors import (
 )
 from . import codec, guard, wire
 from .audio_format import GA_DEFAULT, InputConverter
-from .connection import CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_S, control_paced_connection
+from .connection import (
+    CONTROL_FRAMES_BURST,
+    CONTROL_FRAMES_PER_S,
+    FRAMES_BURST,
+    FRAMES_PER_S,
+    paced_connection,
+)
 from .metrics import ServerMetrics
 
 log = structlog.get_logger("duplex_actors.server")
@@ -143,10 +149,16 @@ class ServerConfig:
         default=1 << 20, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
     frame_intake_burst_bytes: int = attrs.field(default=8 << 20, validator=attrs.validators.gt(0))
-    #: Control-frame pacing (connection.ControlPacedConnection): pings and pongs a client may
-    #: send a second, after ``control_frames_burst`` at once. websockets answers each ping
-    #: itself, outside the frame budget and the write deadline; past this the connection reads
-    #: its next bytes later. None: no pacing.
+    #: Frame-count pacing (connection.PacedConnection): websocket frames of any kind, each
+    #: fragment and ping counted, a client may send a second, after ``frames_burst`` at once.
+    #: Parsing costs per frame, which the byte and audio budgets do not see (a message cut into
+    #: 1-byte fragments). Pings and pongs also have their own, smaller budget: websockets
+    #: answers each ping itself, outside the frame budget and the write deadline. Past either,
+    #: the connection reads its next bytes later. None: no pacing.
+    frames_per_s: float | None = attrs.field(
+        default=FRAMES_PER_S, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    frames_burst: int = attrs.field(default=FRAMES_BURST, validator=attrs.validators.gt(0))
     control_frames_per_s: float | None = attrs.field(
         default=CONTROL_FRAMES_PER_S, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
@@ -265,11 +277,13 @@ class RealtimeServer:
         return self
 
     def _connection_class(self) -> type[ServerConnection]:
-        rate = self.config.control_frames_per_s
-        if rate is None:
-            return ServerConnection
-        return control_paced_connection(
-            rate, self.config.control_frames_burst, on_paced=self.metrics.paced.labels("control").inc
+        config = self.config
+        return paced_connection(
+            frames_per_s=config.frames_per_s,
+            frames_burst=config.frames_burst,
+            control_frames_per_s=config.control_frames_per_s,
+            control_frames_burst=config.control_frames_burst,
+            on_paced=lambda what, wait: self.metrics.paced.labels(what).inc(wait),
         )
 
     async def __aexit__(self, *exc) -> None:

@@ -1,128 +1,246 @@
-"""The server's websocket connection: websockets' own, with the client's control frames paced.
+"""The server's websocket connection: websockets' own, with what its parser does for a client
+paced and sliced.
 
 Why a subclass
 --------------
-websockets answers each ping with a pong from inside ``data_received``, before any reader of
-ours sees a frame. Pings are therefore outside every other defence: the frame budget is charged
-by the server's reader, the write deadline wraps the server's own sends, and the websocket's
-read queue (``max_queue``) counts data frames only. A client sending 125-byte pings as fast as
-its socket allows, and never reading, had the server answer 55,000 a second on this machine:
-the pongs piled up in the transport's write buffer at ~6 MB/s until the keepalive gave up on
-the client (20-40 s later, so ~250 MB for one connection, and a client may open many).
+Every other defence of the server (the frame budget, audio pacing, the write deadline) works on
+whole messages, in the server's reader. Some costs come before that, in websockets' parser,
+where the reader never sees them:
 
-The pacing is the same as for the other intake budgets: a token bucket
-(:class:`~.guard.IntakePacer`) over pings and pongs, and past it the connection reads its next
-bytes later (``transport.pause_reading``), so TCP pushes back on the client. Nothing is refused.
-websockets parses everything one read returns, so what a single read holds (at most 256 KiB,
-~2,000 pings) is answered before the pause takes effect; that bounds the pongs a client can
-leave unread. A client that stays paused past the keepalive's ping timeout cannot answer our
-ping either, and is dropped as any unresponsive peer is.
+* **Pings.** websockets answers each ping with a pong from inside ``data_received``. A client
+  sending 125-byte pings flat out and never reading had the server answer 55,000 a second on
+  this machine; the pongs piled up in the write buffer at ~6 MB/s until the keepalive gave up
+  on the client 20-40 s later (``flood_bench --pings``).
+* **Frames, not bytes.** Parsing costs per frame. A message cut into 1-byte fragments is ~690
+  frames for a 10 ms append: within the byte and audio budgets, such a client took a core of
+  parsing and made a neighbour's turn 16-19x slower (1,200-1,350 ms against ~71).
+* **One read, parsed at once.** A read returns up to 256 KiB; websockets parses all of it
+  before the loop runs anything else: the loop lagged 250-300 ms under 7-byte frames.
+* **Fragments of one message** are kept as frame objects until the last arrives, ~200 bytes
+  each: websockets 17 caps them at 4,096, 15 and 16 (which openai-agents pins) do not, and
+  4 MiB of 1-byte fragments would be ~800 MB.
 
-websockets' own read queue pauses and resumes the same transport; the two reasons are kept
-apart, and reading resumes only when neither holds it.
+So the connection:
+
+1. feeds what a read returned to websockets in 4 KiB pieces and gives the event loop up after
+   ``FEED_SLICE_S`` of them, keeping the rest (reading from the socket waits meanwhile);
+2. counts every frame the client sends in a token bucket (``frames_per_s``), and pings and
+   pongs in a second, much smaller one (``control_frames_per_s``); past either it reads the
+   client's next bytes later (TCP pushes back), refusing nothing. Both are checked between
+   pieces, so what a client gets past a budget is bounded by a piece, not a read;
+3. fails a message of more than ``MAX_FRAGMENTS`` fragments with 1009, as websockets 17 does.
+
+A client held back past the keepalive's ping timeout cannot answer the server's ping either,
+and is dropped as any unresponsive peer is.
+
+Reading resumes only when nothing holds it: websockets' own read queue (``max_queue``) pauses
+the same transport, through the same gate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from functools import partial
 
 import structlog
 from websockets.asyncio.server import ServerConnection
-from websockets.frames import Frame, Opcode
-from websockets.http11 import Request
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.protocol import Event
 
 from .guard import IntakePacer
 
 log = structlog.get_logger("duplex_actors.server")
 
+#: Frames of any kind a client may send a second, and at once. Real-time audio in 20 ms
+#: appends is 50 a second, 200 at the audio pacer's 4x; library clients do not fragment.
+FRAMES_PER_S = 1000.0
+FRAMES_BURST = 4000
 #: Pings and pongs a client may send a second, and at once. Library clients ping every 5-30 s
-#: and browsers never do; past this a client is flooding, and is paced, not refused.
+#: and browsers never do.
 CONTROL_FRAMES_PER_S = 5.0
 CONTROL_FRAMES_BURST = 50
+#: Fragments of one message (websockets 17's own limit; earlier versions have none).
+MAX_FRAGMENTS = 4096
+#: What a read returned is fed to the parser this much at a time ...
+FEED_BYTES = 4096
+#: ... and the event loop is given up after this long of it.
+FEED_SLICE_S = 0.002
+
+_CONTROL = (Opcode.PING, Opcode.PONG)
 
 
-class ControlPacedConnection(ServerConnection):
-    """A :class:`ServerConnection` that pauses reading while its client owes control frames.
+class PacedConnection(ServerConnection):
+    """A :class:`ServerConnection` that feeds its parser in slices and pauses reading while its
+    client owes frames. Configured per server by :func:`paced_connection` (class attributes,
+    because websockets builds connections itself from a class)."""
 
-    Configured per server by :func:`control_paced_connection` (class attributes, because
-    websockets builds connections itself from a class)."""
-
-    control_frames_per_s: float = CONTROL_FRAMES_PER_S
+    frames_per_s: float | None = FRAMES_PER_S
+    frames_burst: float = FRAMES_BURST
+    control_frames_per_s: float | None = CONTROL_FRAMES_PER_S
     control_frames_burst: float = CONTROL_FRAMES_BURST
-    #: Told each wait (seconds) the pacing imposes: the server counts it in its metrics.
-    on_paced: Callable[[float], None] | None = None
+    #: Told (what, seconds) of each wait the pacing imposes; the server counts it in a metric.
+    on_paced: Callable[[str, float], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        now = self.loop.time()
+        self._budgets: dict[str, IntakePacer] = {}
+        if self.frames_per_s is not None:
+            self._budgets["frame_count"] = IntakePacer(self.frames_per_s, self.frames_burst, now)
+        if self.control_frames_per_s is not None:
+            self._budgets["control"] = IntakePacer(self.control_frames_per_s, self.control_frames_burst, now)
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         self._holds: set[str] = set()
-        self._control = IntakePacer(self.control_frames_per_s, self.control_frames_burst, self.loop.time())
-        self._control_wait: asyncio.TimerHandle | None = None
+        self._rest = b""  # what a read returned that the parser has not been fed yet
+        self._feeding: asyncio.Handle | None = None
+        self._fragments = 0
         # The read queue's own flow control goes through the same gate.
-        self.recv_messages.pause = partial(self._hold, "queue")
-        self.recv_messages.resume = partial(self._release, "queue")
+        self.recv_messages.pause = lambda: self._hold("queue")
+        self.recv_messages.resume = lambda: self._release("queue")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._control_wait is not None:
-            # A flooder's debt can be minutes long: do not keep the connection alive for it.
-            self._control_wait.cancel()
-            self._control_wait = None
+        # A flooder's debt can be minutes long: do not keep the connection alive for it.
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if self._feeding is not None:
+            self._feeding.cancel()
+            self._feeding = None
+        self._rest = b""
         super().connection_lost(exc)
 
-    def process_event(self, event: Request | Frame) -> None:  # type: ignore[override]
-        super().process_event(event)
-        if isinstance(event, Frame) and event.opcode in (Opcode.PING, Opcode.PONG):
-            self._control.spend(1.0, self.loop.time())
-            if self._control_wait is None:
-                self._pay_control_debt()
+    # -- feeding the parser ---------------------------------------------------------------------
 
-    @property
-    def control_paced_s(self) -> float:
-        """How long, in all, this connection's reads were held back for its control frames."""
-        return self._control.waited_s
+    def data_received(self, data: bytes) -> None:
+        self._feed(data)
 
-    def _pay_control_debt(self) -> None:
-        self._control_wait = None
-        wait = self._control.due(self.loop.time())
-        if wait <= 0.0:
-            self._release("control")
+    def _feed(self, data: bytes) -> None:
+        began = time.perf_counter()
+        end = len(data)
+        offset = 0
+        while offset < end:
+            super().data_received(data[offset : offset + FEED_BYTES])
+            offset += FEED_BYTES
+            if offset < end and (self._holds or time.perf_counter() - began >= FEED_SLICE_S):
+                self._rest = data[offset:]
+                self.transport.pause_reading()
+                if not self._holds:
+                    self._feeding = self.loop.call_soon(self._feed_rest)
+                return
+
+    def _feed_rest(self) -> None:
+        self._feeding = None
+        if self._holds or not self._rest:
+            return  # fed when the last hold is released
+        rest, self._rest = self._rest, b""
+        self._feed(rest)
+        if not self._rest and not self._holds:
+            self.transport.resume_reading()
+
+    # -- pacing ------------------------------------------------------------------------------------
+
+    def process_event(self, event: Event) -> None:
+        if not isinstance(event, Frame):
+            super().process_event(event)  # the handshake request
             return
-        self._hold("control")
-        if self._control.waited_s == wait:  # the first time: once per connection
+        if self._too_many_fragments(event):
+            return
+        super().process_event(event)
+        now = self.loop.time()
+        self._charge("frame_count", now)
+        if event.opcode in _CONTROL:
+            self._charge("control", now)
+
+    def _too_many_fragments(self, frame: Frame) -> bool:
+        if frame.opcode is Opcode.CONT:
+            self._fragments += 1
+        elif frame.opcode in (Opcode.TEXT, Opcode.BINARY):
+            self._fragments = 1
+        else:
+            return False
+        if frame.fin:
+            self._fragments = 0
+        elif self._fragments > MAX_FRAGMENTS:
+            log.warning("server.too_many_fragments", limit=MAX_FRAGMENTS, remote=str(self.remote_address))
+            self.protocol.fail(CloseCode.MESSAGE_TOO_BIG, "too many fragments")
+            self.send_data()
+            # websockets enforces its close timeout only around its own sends: without this,
+            # a client that never closes its side would keep the connection (and the reader
+            # waiting for the message's last fragment) forever.
+            self._timers["close"] = self.loop.call_later(self.close_timeout or 0.0, self.transport.abort)
+            return True
+        return False
+
+    def _charge(self, what: str, now: float) -> None:
+        budget = self._budgets.get(what)
+        if budget is None:
+            return
+        budget.spend(1.0, now)
+        if what not in self._timers:
+            self._pay_debt(what)
+
+    def _pay_debt(self, what: str) -> None:
+        self._timers.pop(what, None)
+        budget = self._budgets[what]
+        wait = budget.due(self.loop.time())
+        if wait <= 0.0:
+            self._release(what)
+            return
+        self._hold(what)
+        if budget.waited_s == wait:  # the first time: once per connection and budget
             log.info(
                 "server.client_paced",
-                what="control",
-                rate=self._control.rate,
-                burst=self._control.burst,
+                what=what,
+                rate=budget.rate,
+                burst=budget.burst,
                 remote=str(self.remote_address),
             )
         if self.on_paced is not None:
-            self.on_paced(wait)
-        self._control_wait = self.loop.call_later(wait, self._pay_control_debt)
+            self.on_paced(what, wait)
+        self._timers[what] = self.loop.call_later(wait, self._pay_debt, what)
+
+    def paced_s(self, what: str) -> float:
+        """How long, in all, this connection's reads were held back by one budget."""
+        budget = self._budgets.get(what)
+        return 0.0 if budget is None else budget.waited_s
+
+    # -- the read gate ---------------------------------------------------------------------------
 
     def _hold(self, reason: str) -> None:
-        if not self._holds:
-            self.transport.pause_reading()
+        self.transport.pause_reading()  # idempotent
         self._holds.add(reason)
 
     def _release(self, reason: str) -> None:
-        if reason in self._holds:
-            self._holds.discard(reason)
-            if not self._holds:
-                self.transport.resume_reading()
+        if reason not in self._holds:
+            return
+        self._holds.discard(reason)
+        if self._holds:
+            return
+        if self._rest:
+            if self._feeding is None:
+                self._feeding = self.loop.call_soon(self._feed_rest)
+        else:
+            self.transport.resume_reading()
 
 
-def control_paced_connection(
-    rate: float, burst: float, on_paced: Callable[[float], None] | None = None
+def paced_connection(
+    *,
+    frames_per_s: float | None = FRAMES_PER_S,
+    frames_burst: float = FRAMES_BURST,
+    control_frames_per_s: float | None = CONTROL_FRAMES_PER_S,
+    control_frames_burst: float = CONTROL_FRAMES_BURST,
+    on_paced: Callable[[str, float], None] | None = None,
 ) -> type[ServerConnection]:
     """The connection class a server hands websockets' ``serve(create_connection=...)``."""
     return type(
-        "ControlPacedConnection",
-        (ControlPacedConnection,),
+        "PacedConnection",
+        (PacedConnection,),
         {
-            "control_frames_per_s": rate,
-            "control_frames_burst": burst,
+            "frames_per_s": frames_per_s,
+            "frames_burst": frames_burst,
+            "control_frames_per_s": control_frames_per_s,
+            "control_frames_burst": control_frames_burst,
             "on_paced": staticmethod(on_paced) if on_paced is not None else None,
         },
     )

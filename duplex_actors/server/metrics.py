@@ -134,7 +134,7 @@ class ServerMetrics:
         )
         self.paced = Counter(
             "duplex_client_paced_seconds",
-            "Seconds client reads were held back by pacing, by what was sent too fast (audio, frames, control)",
+            "Seconds client reads were held back by pacing, by what was sent too fast (audio, frames, frame_count, control)",
             ["what"],
             registry=r,
         )

@@ -51,19 +51,14 @@ class RawWebSocket:
             raise ConnectionError(f"handshake refused: {status!r}")
         return cls(reader, writer)
 
-    def send_frame(self, payload: bytes, opcode: int = 0x1) -> None:
-        """One final frame, masked as RFC 6455 requires of clients. Not awaited: a flooding
-        client does not wait for anything."""
-        mask = os.urandom(4)
-        n = len(payload)
-        if n < 126:
-            header = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
-        elif n < 1 << 16:
-            header = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
-        else:
-            header = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
-        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        self.writer.write(header + mask + masked)
+    def send_frame(self, payload: bytes, opcode: int = 0x1, fin: bool = True) -> None:
+        """One frame (final unless ``fin=False``), masked as RFC 6455 requires of clients. Not
+        awaited: a flooding client does not wait for anything."""
+        self.writer.write(_frame(payload, opcode, fin))
+
+    def send_fragments(self, text: str, piece: int = 1) -> None:
+        """One text message cut into fragments of ``piece`` bytes, in a single write."""
+        self.writer.write(fragmented(text, piece))
 
     def send_text(self, text: str) -> None:
         self.send_frame(text.encode("utf-8"))
@@ -103,3 +98,25 @@ class RawWebSocket:
 
     def abort(self) -> None:
         self.writer.transport.abort()
+
+
+def fragmented(text: str, piece: int = 1) -> bytes:
+    """The frames of one text message cut into fragments of ``piece`` bytes, masked."""
+    data = text.encode("utf-8")
+    pieces = [data[i : i + piece] for i in range(0, len(data), piece)] or [b""]
+    last = len(pieces) - 1
+    return b"".join(_frame(p, 0x1 if i == 0 else 0x0, i == last) for i, p in enumerate(pieces))
+
+
+def _frame(payload: bytes, opcode: int, fin: bool) -> bytes:
+    mask = os.urandom(4)
+    n = len(payload)
+    first = (0x80 if fin else 0) | opcode
+    if n < 126:
+        header = struct.pack("!BB", first, 0x80 | n)
+    elif n < 1 << 16:
+        header = struct.pack("!BBH", first, 0x80 | 126, n)
+    else:
+        header = struct.pack("!BBQ", first, 0x80 | 127, n)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return header + mask + masked

@@ -1,14 +1,24 @@
-"""The server connection's read gate: websockets' read queue and control-frame pacing pause the
-same transport, and reading resumes only when neither holds it."""
+"""The server connection (server/connection.py) without a socket: a transport that records what
+it is asked, a real websockets protocol parsing real frames.
+
+What it must hold: reading resumes only when neither websockets' read queue nor a budget holds
+it; what a read returned is fed in pieces, the rest kept while a budget holds reading and fed,
+in order, once it lets go; every frame is counted, pings and pongs twice; a message of too many
+fragments fails the connection with 1009."""
 
 from __future__ import annotations
 
+import struct
+
 import anyio
+import anyio.lowlevel
 import pytest
-from websockets.frames import Frame, Opcode
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from duplex_actors.server.connection import control_paced_connection
+from duplex_actors.server import connection as connection_module
+from duplex_actors.server.connection import FEED_BYTES, MAX_FRAGMENTS, paced_connection
 
 pytestmark = pytest.mark.anyio
 
@@ -19,6 +29,8 @@ class _Transport:
     def __init__(self) -> None:
         self.reading = True
         self.pauses = 0
+        self.written = bytearray()
+        self.aborted = False
 
     def pause_reading(self) -> None:
         self.pauses += self.reading
@@ -33,6 +45,21 @@ class _Transport:
     def get_extra_info(self, name, default=None):
         return default
 
+    def write(self, data) -> None:
+        self.written += data
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        self.aborted = True
+
 
 class _Server:
     def __init__(self) -> None:
@@ -42,18 +69,34 @@ class _Server:
         pass
 
 
-def _connection(rate: float, burst: int, waits: list[float]):
-    cls = control_paced_connection(rate, burst, on_paced=waits.append)
-    conn = cls(ServerProtocol(), _Server())
+def _open(**budgets):
+    """A connection past its handshake, as the server configures it, and its transport."""
+    waits: list[tuple[str, float]] = []
+    cls = paced_connection(on_paced=lambda what, wait: waits.append((what, wait)), **budgets)
+    protocol = ServerProtocol()
+    protocol.state = State.OPEN  # past the handshake: the parser reads frames
+    protocol.parser = protocol.parse()
+    next(protocol.parser)
+    # No read-queue limit: tests take frames off the queue themselves (and call its pause and
+    # resume directly where the gate is the point).
+    conn = cls(protocol, _Server(), max_queue=None)
     transport = _Transport()
     conn.connection_made(transport)
-    conn.request = object()  # past the handshake: later events are frames
-    return conn, transport
+    conn.request = object()  # later events are frames
+    return conn, transport, waits
+
+
+def _frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    """One masked client frame (payload under 126 bytes)."""
+    return struct.pack("!BB", (0x80 if fin else 0) | opcode, 0x80 | len(payload)) + b"\0\0\0\0" + payload
+
+
+def _messages(conn) -> list[bytes]:
+    return [bytes(frame.data) for frame in conn.recv_messages.frames.queue]
 
 
 async def test_reading_resumes_only_when_the_queue_and_the_control_debt_both_let_go():
-    waits: list[float] = []
-    conn, transport = _connection(rate=100.0, burst=5, waits=waits)
+    conn, transport, waits = _open(control_frames_per_s=100.0, control_frames_burst=5)
     conn.recv_messages.pause()  # the read queue is full
     for _ in range(5):  # within the burst
         conn.process_event(Frame(Opcode.PING, b""))
@@ -61,18 +104,18 @@ async def test_reading_resumes_only_when_the_queue_and_the_control_debt_both_let
     # 3 over, 30 ms owed: the first asks for a 10 ms wait, the others add to it as it runs
     for _ in range(3):
         conn.process_event(Frame(Opcode.PONG, b""))
-    assert len(waits) == 1 and waits[0] == pytest.approx(0.01, rel=0.5)
+    assert [what for what, _ in waits] == ["control"] and waits[0][1] == pytest.approx(0.01, rel=0.5)
     conn.recv_messages.resume()  # the queue drained, but the debt holds reading
     assert not transport.reading
     with anyio.fail_after(1):
         while not transport.reading:
             await anyio.sleep(0.002)
-    assert conn.control_paced_s >= 0.029
+    assert conn.paced_s("control") >= 0.029
     assert transport.pauses == 1, "one pause for both reasons"
 
 
-async def test_the_queue_resumes_reading_when_no_control_debt_is_owed():
-    conn, transport = _connection(rate=100.0, burst=5, waits=[])
+async def test_the_queue_resumes_reading_when_no_debt_is_owed():
+    conn, transport, _ = _open()
     conn.process_event(Frame(Opcode.PING, b""))
     conn.recv_messages.pause()
     assert not transport.reading
@@ -80,18 +123,91 @@ async def test_the_queue_resumes_reading_when_no_control_debt_is_owed():
     assert transport.reading
 
 
-async def test_data_frames_are_not_charged_as_control_frames():
-    waits: list[float] = []
-    conn, transport = _connection(rate=1.0, burst=1, waits=waits)
-    for _ in range(10):
+async def test_every_frame_is_counted_and_only_pings_and_pongs_twice():
+    conn, transport, waits = _open(
+        frames_per_s=1.0, frames_burst=3, control_frames_per_s=1.0, control_frames_burst=1
+    )
+    for _ in range(3):
         conn.process_event(Frame(Opcode.TEXT, b"{}"))
     assert transport.reading and waits == []
+    conn.process_event(Frame(Opcode.CONT, b"x", fin=True))  # a fragment is a frame too
+    assert [what for what, _ in waits] == ["frame_count"]
+    conn2, _, waits2 = _open(
+        frames_per_s=1.0, frames_burst=3, control_frames_per_s=1.0, control_frames_burst=1
+    )
+    conn2.process_event(Frame(Opcode.PING, b""))
+    conn2.process_event(Frame(Opcode.PING, b""))
+    assert [what for what, _ in waits2] == ["control"]
 
 
-async def test_a_lost_connection_cancels_its_pending_resume():
-    conn, transport = _connection(rate=1.0, burst=1, waits=[])
+async def test_a_read_is_fed_in_pieces_and_the_rest_waits_for_the_budget_in_order(monkeypatch):
+    # One read holding 1,200 text frames: with a burst of 100 a second, reading stops within a
+    # piece of the budget, the rest is kept, and it is fed, in order, as the debt is paid.
+    conn, transport, waits = _open(frames_per_s=2000.0, frames_burst=100)
+    frames = [_frame(0x1, f"{i:05d}".encode()) for i in range(1200)]
+    read = b"".join(frames)
+    assert len(read) > 3 * FEED_BYTES
+    conn.data_received(read)
+    per_piece = FEED_BYTES // len(frames[0]) + 1
+    assert not transport.reading
+    assert 100 <= len(_messages(conn)) <= 100 + per_piece
+    assert conn._rest
+    queued = len(_messages(conn))
+    conn.recv_messages.frames.queue.clear()  # the reader took them (without resuming the queue)
+    with anyio.fail_after(5):
+        while conn._rest or not transport.reading:
+            queued += len(_messages(conn))
+            conn.recv_messages.frames.queue.clear()
+            await anyio.sleep(0.001)
+    queued += len(_messages(conn))
+    assert queued == 1200, "nothing lost"
+    assert waits and all(what == "frame_count" for what, _ in waits)
+
+
+async def test_a_long_read_gives_the_loop_up_and_feeds_the_rest_in_order(monkeypatch):
+    monkeypatch.setattr(connection_module, "FEED_SLICE_S", 0.0)  # every piece is a slice
+    conn, transport, _ = _open(frames_per_s=None, control_frames_per_s=None)
+    frames = [_frame(0x1, f"{i:05d}".encode()) for i in range(2000)]
+    conn.data_received(b"".join(frames))
+    assert not transport.reading and conn._rest, "the rest waits for the next turn of the loop"
+    fed_at_once = len(_messages(conn))
+    assert fed_at_once < 2000
+    with anyio.fail_after(5):
+        while conn._rest:
+            await anyio.lowlevel.checkpoint()
+    assert transport.reading
+    assert _messages(conn) == [f"{i:05d}".encode() for i in range(2000)]
+
+
+async def test_a_message_of_too_many_fragments_fails_the_connection_with_1009():
+    conn, transport, _ = _open(frames_per_s=None)
+    conn.process_event(Frame(Opcode.TEXT, b"{", fin=False))
+    for _ in range(MAX_FRAGMENTS - 1):
+        conn.process_event(Frame(Opcode.CONT, b" ", fin=False))
+    assert conn.protocol.state is State.OPEN
+    conn.process_event(Frame(Opcode.CONT, b" ", fin=False))
+    assert conn.protocol.state is State.CLOSING
+    assert conn.protocol.close_sent.code == CloseCode.MESSAGE_TOO_BIG
+    assert transport.written.startswith(b"\x88"), "the close frame went out"
+    # The client is not waited for past the close timeout (the test's connection has 10 s).
+    assert not transport.aborted
+    assert conn._timers["close"].when() - conn.loop.time() == pytest.approx(conn.close_timeout, abs=0.5)
+
+
+async def test_fragments_are_counted_per_message():
+    conn, _, _ = _open(frames_per_s=None)
+    for _ in range(3):  # three messages of MAX_FRAGMENTS fragments each: all within the limit
+        conn.process_event(Frame(Opcode.TEXT, b"{", fin=False))
+        for _ in range(MAX_FRAGMENTS - 2):
+            conn.process_event(Frame(Opcode.CONT, b" ", fin=False))
+        conn.process_event(Frame(Opcode.CONT, b"}", fin=True))
+    assert conn.protocol.state is State.OPEN
+
+
+async def test_a_lost_connection_cancels_its_pending_resume_and_rest():
+    conn, _, _ = _open(control_frames_per_s=1.0, control_frames_burst=1)
     conn.process_event(Frame(Opcode.PING, b""))
     conn.process_event(Frame(Opcode.PING, b""))
-    assert conn._control_wait is not None
+    assert conn._timers
     conn.connection_lost(None)
-    assert conn._control_wait is None
+    assert not conn._timers and not conn._rest

@@ -20,7 +20,7 @@ from duplex_actors.server.app import (
     CLOSE_RESUME_CONFLICT,
     CLOSE_TRY_AGAIN,
 )
-from duplex_actors.testing.raw_websocket import RawWebSocket
+from duplex_actors.testing.raw_websocket import RawWebSocket, fragmented
 
 from .conftest import (
     CHUNK_100MS,
@@ -923,4 +923,77 @@ async def test_control_frame_pacing_delays_the_frames_behind_the_pings_and_loses
             client.send_text(json.dumps({"type": "response.create"}))
             while json.loads((await client.read_frame())[1]).get("type") != "response.done":
                 pass
+        client.abort()
+
+
+APPEND_10MS = json.dumps(
+    {"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(480)).decode()}
+)
+
+
+async def test_messages_cut_into_one_byte_fragments_are_paced_by_their_frames_and_lose_nothing():
+    # Parsing costs per frame: a client sending 10 ms appends as ~690 one-byte fragments each
+    # stayed within the byte and audio budgets and took a core (a neighbour's turn 19x slower).
+    # A rate far under what the parser manages (~200,000 frames a second here), so the
+    # pacing, not the CPU, sets the pace.
+    appends, rate, burst = 15, 5_000.0, 2_000
+    async with running_server(frames_per_s=rate, frames_burst=burst, server_vad_by_default=False) as server:
+        client = await RawWebSocket.connect(server.url)
+        await client.read_frame()
+        for _ in range(appends):
+            client.send_fragments(APPEND_10MS)
+        await client.drain()
+        frames = server.metrics.frames
+        await wait_until(lambda: frames.labels("decoded")._value.get() >= appends, timeout=20)
+        assert frames.labels("decoded")._value.get() == appends, "every append accepted, none lost"
+        assert frames.labels("rejected")._value.get() == 0
+        owed = (appends * len(APPEND_10MS) - burst) / rate
+        assert server.metrics.paced.labels("frame_count")._value.get() >= 0.8 * owed
+        client.abort()
+
+
+async def test_a_read_full_of_tiny_frames_does_not_hold_the_event_loop():
+    # Frame pacing off: what is left is the feeding in slices. websockets parses all of a read
+    # (up to 256 KiB) at once: under seven-byte frames the loop lagged 250-300 ms.
+    flood = fragmented(APPEND_10MS) * 60  # built before the clock starts: it is the client's work
+    async with running_server(frames_per_s=None, server_vad_by_default=False) as server:
+        client = await RawWebSocket.connect(server.url)
+        await client.read_frame()
+        lags: list[float] = []
+        stop = anyio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                asked = time.perf_counter()
+                await anyio.sleep(0.001)
+                lags.append(time.perf_counter() - asked - 0.001)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await anyio.sleep(0.05)
+            client.writer.write(flood)
+            await client.drain()
+            decoded = server.metrics.frames.labels("decoded")
+            await wait_until(lambda: decoded._value.get() >= 60, timeout=30)
+            stop.set()
+        assert max(lags) < 0.05, sorted(lags)[-5:]
+        client.abort()
+
+
+async def test_a_message_of_too_many_fragments_closes_with_1009_and_the_session_can_resume():
+    # websockets before 17 keeps every fragment of a message (~200 bytes each, with no count
+    # limit: 4 MiB of 1-byte fragments would be ~800 MB); the connection counts them itself.
+    async with running_server(frames_per_s=None, session_overrides=GRACE) as server:
+        client = await RawWebSocket.connect(server.url, rcvbuf=4096)
+        created = json.loads((await client.read_frame())[1])
+        client.send_frame(b"{", fin=False)
+        for _ in range(5000):
+            client.send_frame(b" ", opcode=0x0, fin=False)
+        await client.drain()
+        # ... and never closes its side: the server does not wait for it past its close timeout.
+        await wait_until(lambda: server.connection_count == 0, timeout=10)
+        handle = server.runtime.get(created["session"]["id"])
+        await wait_until(lambda: handle.core.lease.detached)
+        _, code = await client.read_until_close(timeout=2)
+        assert code == 1009
         client.abort()
