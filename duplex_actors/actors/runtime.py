@@ -23,6 +23,7 @@ from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import SamplingOverrides
 from ..core.events import ServerEvent
 from ..core.fence import new_session_id
+from ..core.journal import JournalBudget
 from ..core.session import SessionCore
 from ..core.session_config import SessionConfig
 from ..engines.base import EngineBackend
@@ -38,6 +39,12 @@ if TYPE_CHECKING:  # the recogniser is an optional extra
     from ..audio.transcription import Transcriber
 
 log = structlog.get_logger("duplex_actors.runtime")
+
+#: What all sessions' replay journals may hold together by default (their counted bytes). A
+#: busy session journals up to ~3 MB a minute of output audio, so a thousand of them fit with
+#: ~1 MB each (~20 s of replay) and a hundred are not touched; a client opening sessions only
+#: to fill their journals gets this much, not 8 MiB a session.
+JOURNAL_BUDGET_BYTES = 1 << 30
 
 
 @attrs.frozen(slots=True)
@@ -178,6 +185,7 @@ class Runtime:
         gc_policy: _gc.GcPolicy | None = None,
         transcriber: Transcriber | None = None,
         transcription_backlog_s: float = 30.0,
+        journal_budget_bytes: int | None = JOURNAL_BUDGET_BYTES,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         """``gc_policy``: keep the cyclic collector's pauses off the hot path (see
@@ -185,7 +193,12 @@ class Runtime:
 
         ``transcription_backlog_s``: seconds of one session's audio that may wait for the
         ``transcriber`` (actors/transcription_queue.py); turns are decoded as many at once as
-        the transcriber's ``max_concurrent`` (1 if it has none)."""
+        the transcriber's ``max_concurrent`` (1 if it has none).
+
+        ``journal_budget_bytes``: what all sessions' replay journals may hold together (the
+        bytes they count); past it the sessions journaling the most give up the oldest part of
+        their replay first (core/journal.py, JournalBudget). None: each journal's own bound
+        only, which a client opening many sessions multiplies."""
         if engine is None:
             from ..engines.scripted import ScriptedEngine
 
@@ -207,6 +220,7 @@ class Runtime:
         #: Turns waiting for it, served round robin between sessions, each session's backlog
         #: bounded in seconds of audio (actors/transcription_queue.py).
         self._transcripts = TranscriptionQueue(transcription_backlog_s)
+        self.journal_budget = None if journal_budget_bytes is None else JournalBudget(journal_budget_bytes)
         self._transcription_workers = max(1, getattr(transcriber, "max_concurrent", 1))
         self._transcribing = 0  # worker tasks started (lazily: most servers never transcribe)
         self._transcript_ready: anyio.Event | None = None
@@ -303,7 +317,9 @@ class Runtime:
             if "sampling" in overrides and isinstance(overrides["sampling"], dict):
                 overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
             config = attrs.evolve(config, **overrides)
-        core = SessionCore(self.session_ids(), config, self.clock, owner=owner)
+        core = SessionCore(
+            self.session_ids(), config, self.clock, owner=owner, journal_budget=self.journal_budget
+        )
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor
         self.opened += 1
@@ -351,6 +367,7 @@ class Runtime:
         if self._sessions.pop(actor.session_id, None) is not None:
             self.closed += 1
             self._transcripts.forget(actor.session_id)  # nobody is left to tell
+            actor.core.release_journal_budget()  # a closed session is never resumed
             for listener in self._close_listeners:
                 try:
                     listener(actor.session_id)

@@ -25,6 +25,10 @@ off too.
 cut into 1-byte fragments (parsing costs per frame, which the byte and audio budgets do not see).
 ``--policy off`` turns the connection's frame-count and control-frame pacing off. The server's peak RSS during the flood is reported with every valid flood.
 
+``--journals N [--journal-budget-mb 1024]`` is about memory, not a neighbour: one client opens N
+sessions and fills each one's replay journal with distinct long items; it reports what the
+journals hold and the server's RSS. ``--policy off`` runs without the runtime's journal budget.
+
 ``--transcripts`` commits 1 s turns of loud noise with input transcription on, as fast as audio
 pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
 transcript (the server runs the real recogniser, PocketSphinx).
@@ -475,6 +479,55 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             }
 
 
+async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
+    """One client opens ``sessions`` sessions and fills each one's replay journal: 30 distinct
+    items of 60,000 characters (the conversation keeps the last few, the journal all of their
+    added/done events, ~3.6 MB counted a session)."""
+    from websockets.asyncio.client import connect
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    budget = None if budget_mb is None else budget_mb << 20
+    async with Runtime(ScriptedEngine(record=False), journal_budget_bytes=budget) as rt:
+        config = ServerConfig(port=0, frame_intake_bytes_per_s=None, server_vad_by_default=False)
+        async with RealtimeServer(rt, config) as server:
+            rss_before = rss_mb()
+            began = time.perf_counter()
+            clients = []
+            for s in range(sessions):
+                ws = await connect(server.url, max_size=None)
+                await ws.recv()
+                for i in range(30):
+                    text = f"{s:06d}{i:04d}" + "x" * 59_990  # distinct: each is held on its own
+                    item = {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": text}],
+                    }
+                    await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+                done = 0
+                while done < 30:
+                    done += json.loads(await ws.recv())["type"] == "conversation.item.done"
+                clients.append(ws)
+            rt.reap_now()
+            import gc
+
+            gc.collect()
+            report = {
+                "sessions": sessions,
+                "budget_mb": budget_mb,
+                "seconds": time.perf_counter() - began,
+                "journal_mb": sum(h.core.journaled_bytes for h in rt.sessions()) / 2**20,
+                "rss_before_mb": rss_before,
+                "rss_after_mb": rss_mb(),
+            }
+            for ws in clients:
+                ws.transport.abort()
+            return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
@@ -498,7 +551,26 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="--audio (100 ms by default; 2500: near the 256 KiB cap), --transcripts (1000): audio per frame",
     )
+    ap.add_argument(
+        "--journals",
+        type=int,
+        default=0,
+        metavar="N",
+        help="open N sessions and fill their replay journals (memory, against --journal-budget-mb)",
+    )
+    ap.add_argument("--journal-budget-mb", type=int, default=1024, help="--journals: the runtime's budget")
     args = ap.parse_args(argv)
+    if args.journals:
+        budget_mb = args.journal_budget_mb if args.policy == "on" else None
+        j = asyncio.run(_run_journals(args.journals, budget_mb))
+        print(
+            f"{j['sessions']} sessions filling their journals, budget "
+            f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
+            f"(counted); server RSS {j['rss_before_mb']:.1f} -> {j['rss_after_mb']:.1f} MiB "
+            f"(+{j['rss_after_mb'] - j['rss_before_mb']:.1f}) in {j['seconds']:.1f} s",
+            flush=True,
+        )
+        return 0
     kind = next((k for k in VALID_FLOODS if getattr(args, k)), None)
     if kind is not None:
         frame_ms = args.frame_ms or (1000 if kind == "transcripts" else 100)

@@ -71,16 +71,56 @@ def event_size(event: ServerEvent) -> int:
     return 128 if payload is None else 128 + payload(event)
 
 
-class ReplayJournal:
-    __slots__ = ("max_events", "max_bytes", "max_age_s", "_items", "_bytes", "_evicted_through")
+class JournalBudget:
+    """What all the replay journals of a runtime may hold together, in the bytes they count.
 
-    def __init__(self, max_events: int = 4096, max_bytes: int = 8 << 20, max_age_s: float = 60.0):
+    Each journal has its own bound (``max_bytes``, 8 MiB by default), which a client multiplies
+    by opening sessions: each session's replay of long items filled 8 MiB at the frame budget's
+    burst, so a thousand sessions from one client held ~8 GB. With a budget, a journal that
+    records while the total is over it and while it holds more than its fair share
+    (``max_bytes / journals``) evicts its own oldest events until one of the two is no longer
+    true. The sessions that journal the most lose the oldest part of their replay (a resume
+    that reaches into it gets ``ResyncRequired``, as after the age limit); the others keep
+    theirs. Journals also give back on :meth:`ReplayJournal.expire`, which the runtime's reaper
+    calls on every session each pass (0.5 s): after a pass the total is within ``max_bytes``
+    (each journal is within its share, or the total already was), and between passes it stays
+    under about twice that whatever the number of sessions.
+    """
+
+    __slots__ = ("max_bytes", "total", "journals", "trimmed")
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError("need max_bytes > 0")
+        self.max_bytes = max_bytes
+        self.total = 0  # bytes the member journals count
+        self.journals = 0  # member journals (each session's, until it closes)
+        self.trimmed = 0  # events evicted because of the budget
+
+    def over_share(self, held: int) -> bool:
+        """Whether a journal holding ``held`` bytes gives some back now."""
+        return self.total > self.max_bytes and held * self.journals > self.max_bytes
+
+
+class ReplayJournal:
+    __slots__ = ("max_events", "max_bytes", "max_age_s", "_items", "_bytes", "_evicted_through", "_budget")
+
+    def __init__(
+        self,
+        max_events: int = 4096,
+        max_bytes: int = 8 << 20,
+        max_age_s: float = 60.0,
+        budget: JournalBudget | None = None,
+    ):
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self._items: deque[tuple[float, int, ServerEvent]] | None = None  # allocated on first use
         self._bytes = 0
         self._evicted_through = 0  # highest seq no longer held
+        self._budget = budget
+        if budget is not None:
+            budget.journals += 1
 
     def record(self, event: ServerEvent, now: float) -> None:
         if self._items is None:
@@ -88,15 +128,37 @@ class ReplayJournal:
         size = event_size(event)
         self._items.append((now, size, event))
         self._bytes += size
+        if self._budget is not None:
+            self._budget.total += size
         self._evict(now)
 
-    def _evict(self, now: float) -> None:
+    def release(self) -> None:
+        """Leave the budget (the session has closed): what this journal holds stops counting
+        against it, and so does the journal. Recording afterwards is not charged."""
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget.total -= self._bytes
+            budget.journals -= 1
+
+    def _evict(self, now: float, *, share: bool = True) -> None:
+        """Evict what is over a bound; ``share=False`` leaves the budget's share alone (a
+        resume's replay: the chart asked :meth:`holds_after` first, which does not foresee it)."""
         items = self._items
-        while items and (
-            len(items) > self.max_events or self._bytes > self.max_bytes or now - items[0][0] > self.max_age_s
-        ):
+        budget = self._budget
+        while items:
+            over_budget = share and budget is not None and budget.over_share(self._bytes)
+            if not (
+                over_budget
+                or len(items) > self.max_events
+                or self._bytes > self.max_bytes
+                or now - items[0][0] > self.max_age_s
+            ):
+                break
             _, size, ev = items.popleft()
             self._bytes -= size
+            if budget is not None:
+                budget.total -= size
+                budget.trimmed += over_budget
             self._evicted_through = ev.seq
 
     def expire(self, now: float) -> int:
@@ -129,7 +191,7 @@ class ReplayJournal:
     def since(self, last_seq: int, now: float) -> list[ServerEvent]:
         """Every held event with seq > last_seq, or ResyncRequired if some were evicted."""
         if self._items is not None:
-            self._evict(now)
+            self._evict(now, share=False)
         if last_seq < self._evicted_through:
             raise ResyncRequired(
                 f"events after seq {last_seq} are gone (journal holds seq > {self._evicted_through})"

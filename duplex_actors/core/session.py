@@ -85,7 +85,7 @@ from .engine_io import (
 from .fence import Fence
 from .function_calls import FunctionCallRegistry
 from .input_buffer import InputBuffer
-from .journal import ReplayJournal
+from .journal import JournalBudget, ReplayJournal
 from .lease import Lease
 from .outbox import Outbox
 from .overlap import OverlapPolicy, OverlapVerdict
@@ -242,6 +242,7 @@ class SessionCore:
         *,
         chart: CompiledChart = CHART,
         owner: bytes | None = None,
+        journal_budget: JournalBudget | None = None,
     ) -> None:
         self.session_id = session_id
         self.config = config or SessionConfig()
@@ -261,7 +262,10 @@ class SessionCore:
         self._actions: list[EngineAction] = []
         self._seq = 0
         self._journal = ReplayJournal(
-            self.config.journal_max_events, self.config.journal_max_bytes, self.config.journal_max_age_s
+            self.config.journal_max_events,
+            self.config.journal_max_bytes,
+            self.config.journal_max_age_s,
+            journal_budget,
         )
         self._replay: list[ev.ServerEvent] = []
         self._timing = TimingLedger()
@@ -548,6 +552,10 @@ class SessionCore:
         calls it from its reaper; a resume that needed them gets ``ResyncRequired``, exactly as
         if the session had gone on talking."""
         return self._journal.expire(self.clock.now())
+
+    def release_journal_budget(self) -> None:
+        """The session has closed: its journal stops counting against the runtime's budget."""
+        self._journal.release()
 
     @property
     def journaled_events(self) -> int:

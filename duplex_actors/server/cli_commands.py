@@ -89,6 +89,12 @@ def register(app: typer.Typer) -> None:
             "(resumes are routed to the owning worker); see docs/scale-out.md",
         ),
         journal_max_age_s: float = typer.Option(60.0, help="how long events stay replayable for a resume"),
+        journal_budget_mb: int = typer.Option(
+            1024,
+            min=0,
+            help="MiB all sessions' replay journals may hold together (per --workers); past it the "
+            "sessions journaling the most keep less replay (0: each session's own 8 MiB bound only)",
+        ),
         stall_timeout_s: float = typer.Option(
             15.0,
             help="restart the engine when a request produced nothing this long (0: off); "
@@ -197,6 +203,7 @@ def register(app: typer.Typer) -> None:
                     runtime_options={
                         "stall_timeout_s": stall_timeout_s or None,
                         "transcription_backlog_s": transcription_backlog_s,
+                        "journal_budget_bytes": (journal_budget_mb << 20) or None,
                     },
                     gc_reclaim_s=gc_reclaim_s,
                     transcription_workers=transcription_workers,
@@ -220,6 +227,7 @@ def register(app: typer.Typer) -> None:
             "max_sessions": max_sessions,
             "stall_timeout_s": stall_timeout_s or None,
             "transcription_backlog_s": transcription_backlog_s,
+            "journal_budget_bytes": (journal_budget_mb << 20) or None,
             "transcription_workers": transcription_workers,
             "gc_reclaim_s": gc_reclaim_s,
         }

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..core import events as ev
@@ -98,6 +98,14 @@ class _RuntimeCollector:
         journal.add_metric(["events"], journal_events)
         journal.add_metric(["bytes"], journal_bytes)
         yield journal
+        budget = rt.journal_budget
+        if budget is not None:
+            yield CounterMetricFamily(
+                "duplex_journal_trimmed_events",
+                "Journaled events given up because all journals together were over the runtime's "
+                "journal budget (by the sessions journaling the most)",
+                value=budget.trimmed,
+            )
         yield GaugeMetricFamily(
             "duplex_server_session_records",
             "Sessions the websocket server keeps a record of (attached or awaiting resume)",

@@ -55,6 +55,7 @@ def test_serve_is_registered_with_its_options():
         "--frame-intake-bytes-per-s",
         "--transcription-backlog-s",
         "--transcription-workers",
+        "--journal-budget-mb",
     ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])
@@ -76,6 +77,8 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
             "8",
             "--transcription-backlog-s",
             "12",
+            "--journal-budget-mb",
+            "64",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

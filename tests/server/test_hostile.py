@@ -997,3 +997,40 @@ async def test_a_message_of_too_many_fragments_closes_with_1009_and_the_session_
         _, code = await client.read_until_close(timeout=2)
         assert code == 1009
         client.abort()
+
+
+async def test_journals_filled_across_many_sessions_are_bounded_by_the_runtime_budget():
+    # Each session's journal has its own bound (8 MiB); a client opening sessions only to fill
+    # them (long items, retrieved again and again) multiplied it: ~8 GB for a thousand.
+    budget, sessions, retrieves = 2_000_000, 8, 6
+    create = json.dumps({"type": "conversation.item.create", "item": user_text("x" * 60_000, id="long")})
+    retrieve = json.dumps({"type": "conversation.item.retrieve", "item_id": "long"})
+    async with running_server(
+        runtime_kw={"journal_budget_bytes": budget}, frame_intake_bytes_per_s=None
+    ) as server:
+        async with connect(server.url) as quiet:
+            quiet_id = (await recv_json(quiet))["session"]["id"]
+            await quiet.send(json.dumps({"type": "conversation.item.create", "item": user_text("hello")}))
+            await recv_until(quiet, "conversation.item.done")
+            quiet_core = server.runtime.get(quiet_id).core
+            quiet_held = quiet_core.journaled_events
+            async with contextlib.AsyncExitStack() as stack:
+                for _ in range(sessions):
+                    ws = await stack.enter_async_context(connect(server.url, max_size=None))
+                    await recv_json(ws)
+                    await ws.send(create)
+                    for _ in range(retrieves):
+                        await ws.send(retrieve)
+                    await _replies(ws, retrieves, "conversation.item.retrieved")
+                # Unbounded, they would hold ~8 x 8 x 60 KB = 3.8 MB.
+                server.runtime.reap_now()
+                journals = server.runtime.journal_budget
+                assert journals.total <= budget
+                assert sum(h.core.journaled_bytes for h in server.runtime.sessions()) == journals.total
+                assert quiet_core.journaled_events == quiet_held, "the quiet session keeps its replay"
+                _, _, text = await http_get(server.http_url + "/metrics")
+                assert f"duplex_journal_trimmed_events_total {float(journals.trimmed)}" in text
+                assert journals.trimmed > 0
+            # Closed (each connection ended with 1000): their journals stop counting.
+            await wait_until(lambda: server.runtime.session_count == 1)
+            assert (journals.journals, journals.total) == (1, quiet_core.journaled_bytes)
