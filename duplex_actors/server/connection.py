@@ -113,7 +113,19 @@ class PacedConnection(ServerConnection):
     # -- feeding the parser ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._rest:
+            # Reading is paused while a rest waits, but a transport may still hand over what it
+            # had already read (TLS): it goes after the rest, in order.
+            self._rest += data
+            return
         self._feed(data)
+
+    def eof_received(self) -> bool | None:
+        if self._rest:
+            # The client has finished sending: what it sent is parsed before the end is.
+            rest, self._rest = self._rest, b""
+            super().data_received(rest)
+        return super().eof_received()
 
     def _feed(self, data: bytes) -> None:
         began = time.perf_counter()

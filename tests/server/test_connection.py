@@ -211,3 +211,15 @@ async def test_a_lost_connection_cancels_its_pending_resume_and_rest():
     assert conn._timers
     conn.connection_lost(None)
     assert not conn._timers and not conn._rest
+
+
+async def test_bytes_arriving_while_a_rest_waits_go_after_it_and_an_end_feeds_it_all(monkeypatch):
+    monkeypatch.setattr(connection_module, "FEED_SLICE_S", 0.0)
+    conn, transport, _ = _open(frames_per_s=None, control_frames_per_s=None)
+    frames = [_frame(0x1, f"{i:05d}".encode()) for i in range(2000)]
+    conn.data_received(b"".join(frames[:1000]))
+    assert conn._rest
+    conn.data_received(b"".join(frames[1000:]))  # e.g. a TLS transport's already-read bytes
+    conn.eof_received()
+    assert not conn._rest
+    assert _messages(conn) == [f"{i:05d}".encode() for i in range(2000)]
