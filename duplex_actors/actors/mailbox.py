@@ -95,6 +95,10 @@ class Mailbox:
         q = self._lanes[lane]
         return q is not None and any(predicate(message) for message in q)
 
+    def depth(self) -> int:
+        """Messages queued on all lanes (what a metrics scrape reads for every session)."""
+        return sum(len(q) for q in self._lanes if q)
+
     def lane_depth(self, lane: Lane) -> int:
         q = self._lanes[lane]
         return len(q) if q else 0

@@ -99,6 +99,9 @@ class SessionHandle:
     def mailbox_statistics(self) -> MailboxStatistics:
         return self._actor.mailbox.statistics()
 
+    def mailbox_depth(self) -> int:
+        return self._actor.mailbox.depth()
+
     # fire-and-forget: errors arrive as ``error`` events
     def tell(self, command: cmd.Command) -> None:
         self._actor.tell(command)

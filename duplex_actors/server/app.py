@@ -175,6 +175,9 @@ class ServerConfig:
     #: New sessions start as OpenAI's GA sessions do: server VAD on (when a VAD model can be
     #: loaded) with create_response. False: manual turns until a session.update turns it on.
     server_vad_by_default: bool = True
+    #: ``/metrics`` is rendered at most once in this long; scrapes in between get the last
+    #: render (a render walks every session on the event loop, and the endpoint needs no key).
+    metrics_max_age_s: float = 1.0
     #: The ``model`` sessions report (clients may name any in ``?model=``; our engine answers).
     model_name: str = "duplex-actors"
 
@@ -355,7 +358,9 @@ class RealtimeServer:
             body = {"status": "ok", "sessions": self.runtime.session_count, "connections": self._connections}
             return _respond(connection, 200, json.dumps(body) + "\n", "application/json")
         if path == "/metrics":
-            payload, content_type = self.metrics.render()
+            payload, content_type = self.metrics.render(
+                self.runtime.clock.now(), self.config.metrics_max_age_s
+            )
             return _respond(connection, 200, payload.decode("utf-8"), content_type)
         if path != self.config.path.rstrip("/"):
             return _respond(connection, 404, f"not found; the realtime endpoint is {self.config.path}\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
@@ -93,3 +94,21 @@ async def test_permessage_deflate_is_negotiated_only_when_the_server_allows_it()
             async with connect(server.url) as ws:  # the client offers deflate, as SDK clients do
                 assert (await recv_json(ws))["type"] == "session.created"
                 assert [e.name for e in ws.protocol.extensions] == expected
+
+
+async def test_metrics_requested_flat_out_are_rendered_at_most_once_per_max_age():
+    # A render walks every session on the event loop (11 ms at 2,000 sessions) and /metrics
+    # needs no key: a client requesting it flat out made a neighbour's turn 2.8x slower.
+    async with running_server(metrics_max_age_s=0.5) as server:
+        for _ in range(200):
+            server.runtime.open_session_nowait()
+        texts = [(await http_get(server.http_url + "/metrics"))[2] for _ in range(30)]
+        assert server.metrics.renders == 1
+        assert (
+            all(t == texts[0] for t in texts) and sample(texts[0], "duplex_sessions", '{state="idle"}') == 200
+        )
+        server.runtime.open_session_nowait()
+        await anyio.sleep(0.6)  # past the max age: a fresh render sees the new session
+        _, _, text = await http_get(server.http_url + "/metrics")
+        assert server.metrics.renders == 2
+        assert sample(text, "duplex_sessions", '{state="idle"}') == 201
