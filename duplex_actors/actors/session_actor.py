@@ -9,6 +9,7 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Protocol
@@ -66,6 +67,12 @@ class _Expire:
     __slots__ = ()
 
 
+class _IdleTimeout:
+    """Server VAD's idle timer fired; the chart decides whether its deadline still stands."""
+
+    __slots__ = ()
+
+
 class _ReportError:
     """An error found outside the core (e.g. by the wire codec), queued in order with data."""
 
@@ -88,6 +95,8 @@ class SessionActor:
         "_queued_errors",
         "dropped_errors",
         "_voiced_request",
+        "_idle_timer",
+        "_idle_at",
         "__weakref__",
     )
 
@@ -103,6 +112,10 @@ class SessionActor:
         self._queued_errors = 0  # reported errors waiting in the data lane
         self.dropped_errors = 0  # reported errors refused past MAX_QUEUED_ERRORS
         self._voiced_request: str | None = None  # the last request whose first audio went out
+        # The timer set for the core's idle deadline, and the deadline it was set for. Only
+        # sessions with server VAD's idle_timeout_ms ever have one.
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_at: float | None = None
 
     @property
     def session_id(self) -> str:
@@ -222,6 +235,8 @@ class SessionActor:
                 elif isinstance(message, _Expire):
                     self._expiring = False
                     core.expire()  # the chart asks the lease again (lease_expired)
+                elif isinstance(message, _IdleTimeout):
+                    core.idle_timeout()  # the chart asks the deadline again
                 else:
                     self._handle_command(*message)
             except Exception as exc:  # a bug in one session fails that session only
@@ -229,11 +244,33 @@ class SessionActor:
                 core.emit_error(_internal_error(exc))
                 core.fail("session_failed")
         self._flush_actions()
+        if core.idle_deadline != self._idle_at:
+            self._set_idle_timer(core.idle_deadline)
         if core.closed and not self._finished:
             self._finish()
         if self._waiter is not None and core.has_events():
             self._waiter.set()
         return bool(self.mailbox)
+
+    def _set_idle_timer(self, deadline: float | None) -> None:
+        """Follow the core's idle deadline: one timer per session at most, moved when it moves."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self._idle_at = deadline
+        if deadline is not None and not self.core.closed:
+            # A millisecond late rather than a hair early: the loop's clock may run a timer
+            # just before the core's clock reaches the deadline, and the chart would then
+            # (rightly) change nothing. One timer per deadline: it is never set again.
+            delay = max(deadline - self.core.clock.now(), 0.0) + 0.001
+            self._idle_timer = asyncio.get_running_loop().call_later(delay, self._idle_timer_fired)
+
+    def _idle_timer_fired(self) -> None:
+        self._idle_timer = None
+        if self._finished:
+            return
+        self.mailbox.put(Lane.CONTROL, _IdleTimeout(), force=True)
+        self.runtime._schedule(self)
 
     def _handle_command(self, command: Command, reply: _Reply | None, received_at: float) -> None:
         try:

@@ -26,7 +26,7 @@ class Lane(enum.IntEnum):
     DATA = 2
 
 
-def _optional_epoch(instance, attribute, value):
+def _optional_count(instance, attribute, value):
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise InvalidCommand(f"{attribute.name} must be a non-negative integer")
 
@@ -36,7 +36,7 @@ class Command:
     LANE: ClassVar[Lane] = Lane.DATA
     TRIGGER: ClassVar[str] = ""
     event_id: str | None = None
-    epoch: int | None = attrs.field(default=None, validator=_optional_epoch)
+    epoch: int | None = attrs.field(default=None, validator=_optional_count)
 
     def _repr_pretty_(self, printer, cycle) -> None:
         # hypothesis (and IPython) print a failing example with this: the short repr (audio
@@ -156,6 +156,10 @@ class UpdateSession(Command):
     respond_on_commit: bool | None = None
     modalities: tuple[str, ...] | None = None
     server_vad: bool | None = None
+    #: Server VAD's pre-speech window (turn_detection.prefix_padding_ms); None leaves it.
+    speech_prefix_ms: int | None = attrs.field(default=None, validator=_optional_count)
+    #: Server VAD's idle timeout (turn_detection.idle_timeout_ms): 0 turns it off, None leaves it.
+    idle_timeout_ms: int | None = attrs.field(default=None, validator=_optional_count)
     model_native: bool | None = None
     instructions: str | None = None
     sampling: SamplingOverrides | None = None

@@ -112,6 +112,17 @@ class SpeechStopped(ServerEvent):
 
 
 @attrs.frozen(slots=True, kw_only=True)
+class InputTimeoutTriggered(ServerEvent):
+    """Server VAD's idle timeout ran out: the quiet since the last response (``audio_start_ms``
+    to ``audio_end_ms`` on the input's timeline) is committed as ``item_id`` and answered."""
+
+    TYPE = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+@attrs.frozen(slots=True, kw_only=True)
 class InputCommitted(ServerEvent):
     TYPE = "input_audio_buffer.committed"
     item_id: str

@@ -7,7 +7,8 @@ taken (100 appends into each of 1,000 buffers, measured on this project's 2-core
 Appends are the runtime's most frequent message: 50 per second per session.
 
 It answers the bytearray operations the core uses on its input (``+=``, ``len``, ``bytes``,
-a prefix slice and deleting a prefix), so the core reads the same either way.
+a prefix slice and deleting a prefix), so the core reads the same either way, plus
+:meth:`InputBuffer.keep_last`, the window server VAD keeps while nobody speaks.
 """
 
 from __future__ import annotations
@@ -57,6 +58,27 @@ class InputBuffer:
         rest = bytes(self)[key.stop :]
         self._chunks = [rest] if rest else None
         self._len = len(rest)
+
+    def keep_last(self, size: int) -> None:
+        """Forget all but the newest ``size`` bytes (an even number: whole samples).
+
+        Whole chunks are dropped and at most one is cut, so keeping a short window over a long
+        stream costs about one chunk's copy per call, however long the stream has run."""
+        excess = self._len - size
+        if excess <= 0:
+            return
+        chunks = self._chunks
+        assert chunks is not None  # a buffer longer than size holds at least one chunk
+        dropped = 0
+        while dropped < len(chunks) and excess >= len(chunks[dropped]):
+            excess -= len(chunks[dropped])
+            dropped += 1
+        del chunks[:dropped]
+        if excess:
+            chunks[0] = chunks[0][excess:]
+        self._len = size
+        if not chunks:
+            self._chunks = None
 
     def __repr__(self) -> str:
         return f"InputBuffer(<{self._len} bytes>)"

@@ -232,6 +232,11 @@ class SessionCore:
         "_next_input_item",
         "_pending_text",
         "_pending_chars",
+        "_pre_speech_bytes",
+        "_speaking",
+        "_playing_until",
+        "_idle_deadline",
+        "_idle_from_ms",
     )
 
     def __init__(
@@ -289,6 +294,14 @@ class SessionCore:
         self._next_input_item: str | None = None  # the item the buffered audio will become
         self._pending_text: list[str] = []  # user/system words not yet answered by a response
         self._pending_chars = 0  # their length in all (bounded: see _pend_text)
+        # Server VAD: the input window kept while no speech is open (None: keep everything),
+        # whether speech is open, when the last response's audio finishes playing, and the
+        # idle timer (deadline on this clock; the input's ms timeline when it was set).
+        self._pre_speech_bytes = self._speech_window(self.config)
+        self._speaking = False
+        self._playing_until = 0.0
+        self._idle_deadline: float | None = None
+        self._idle_from_ms = 0.0
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
@@ -475,6 +488,21 @@ class SessionCore:
             self._fire("expire")
         finally:
             self._step = {}
+
+    def idle_timeout(self) -> None:
+        """The shell's idle timer ran out: the chart responds if the deadline it was set for
+        still stands (``idle_deadline_passed``); speech or a turn since makes it stale."""
+        self._step = {"now": self.clock.now()}
+        try:
+            self._fire("idle_timeout")
+        finally:
+            self._step = {}
+
+    @property
+    def idle_deadline(self) -> float | None:
+        """When server VAD's idle timeout runs out, on this core's clock (None: no timer).
+        The shell sets a timer for it and calls :meth:`idle_timeout` when it fires."""
+        return self._idle_deadline
 
     def check(self, command: Command) -> None:
         """Raise the typed refusal ``command`` would meet now, changing nothing.
@@ -721,6 +749,10 @@ class SessionCore:
     def _g_lease_expired(self) -> bool:
         return self.lease.expiry(self._now()) is not None
 
+    def _g_idle_deadline_passed(self) -> bool:
+        deadline = self._idle_deadline
+        return deadline is not None and self._now() >= deadline
+
     def _now(self) -> float:
         now = self._step.get("now")
         return self.clock.now() if now is None else now
@@ -771,7 +803,55 @@ class SessionCore:
         self._outbox.push(event)
 
     def _fx_buffer_audio(self) -> None:
-        self._input += cast(AppendAudio, self._step["command"]).pcm
+        buffered = self._input
+        buffered += cast(AppendAudio, self._step["command"]).pcm
+        window = self._pre_speech_bytes
+        # Under server VAD, audio before the user speaks is only the turn's prefix padding:
+        # a microphone streaming quiet kept all of it, until appends were refused as
+        # input_backpressure (after 120 s) and the next turn carried minutes of silence.
+        if window is not None and not self._speaking and len(buffered) > window:
+            buffered.keep_last(window)
+
+    @staticmethod
+    def _speech_window(config: SessionConfig) -> int | None:
+        """Bytes of input kept while no speech is open: the prefix padding under server VAD,
+        everything otherwise (the client commits what it sent)."""
+        if not config.server_vad:
+            return None
+        return int(config.speech_prefix_ms * config.sample_rate / 1000) * 2
+
+    def _fx_open_speech(self) -> None:
+        self._speaking = True
+        self._idle_deadline = None  # the user is not idle
+
+    def _fx_close_speech(self) -> None:
+        self._speaking = False
+        self._fx_start_idle_timer()
+
+    def _fx_start_idle_timer(self) -> None:
+        """Set server VAD's idle timer, if the session has one: the quiet counts from when the
+        last response's audio finishes playing (now, if it has), never while the user speaks
+        or a turn is in flight."""
+        config = self.config
+        timeout = config.idle_timeout_ms
+        if timeout is None or not config.server_vad or self._speaking or self._turn_request is not None:
+            return
+        now = self._step["now"]
+        self._idle_deadline = max(now, self._playing_until) + timeout / 1000.0
+        self._idle_from_ms = self._input_ms
+
+    def _fx_emit_timeout_triggered(self) -> None:
+        # The audio written since the quiet began (GA: audio_end_ms - audio_start_ms is about
+        # the timeout when the client streams its microphone; equal when it sends nothing).
+        timeout = self.config.idle_timeout_ms or 0
+        end = self._input_ms
+        start = max(self._idle_from_ms, end - timeout)
+        self._emit(
+            ev.InputTimeoutTriggered,
+            audio_start_ms=int(start),
+            audio_end_ms=int(end),
+            item_id=self._input_item_id(),
+        )
 
     def _fx_clear_input(self) -> None:
         self._input = InputBuffer()
@@ -874,6 +954,7 @@ class SessionCore:
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
         self._overlap_ms = None
+        self._idle_deadline = None  # a turn is in flight: nobody waits on the user
         self._timing.note_request_start(request.fence, self._step["now"], self.epoch)
         self.lease.in_flight += 1
         self._actions.append(SubmitTurn(request))
@@ -973,6 +1054,9 @@ class SessionCore:
             first = self._timing.on_audio(now, out.duration_s)
             r.audio = True
             r.audio_ms += out.duration_s * 1000.0
+            # The client plays packets back to back from the first: the idle timeout counts
+            # from the end of what it was sent.
+            self._playing_until = max(self._playing_until, now) + out.duration_s
             self._emit(
                 ev.AudioDeltaEvent,
                 response_id=r.response_id,
@@ -1167,6 +1251,7 @@ class SessionCore:
             self._aborting.pop(self._step["output"].request_id, None)
 
     def _fx_drop_undelivered_audio(self) -> None:
+        self._playing_until = 0.0  # a cancelled response stops playing (clients cut it short)
         if self._response is not None:
             self.counters.dropped_audio_events += self._outbox.purge_audio(self._response.response_id)
 
@@ -1316,12 +1401,26 @@ class SessionCore:
         }
         if cmd.transcription is not None:
             changes["transcription"] = cmd.transcription or None  # False turns it off
-        self.config = attrs.evolve(self.config, **changes)
-        self._emit(ev.SessionUpdated, config=self.config.public())
+        if cmd.speech_prefix_ms is not None:
+            changes["speech_prefix_ms"] = cmd.speech_prefix_ms
+        if cmd.idle_timeout_ms is not None:
+            changes["idle_timeout_ms"] = cmd.idle_timeout_ms or None  # 0 turns it off
+        self.config = config = attrs.evolve(self.config, **changes)
+        self._pre_speech_bytes = self._speech_window(config)
+        if cmd.server_vad is not None:
+            # New turn detection settings start a new detector (the server builds one per
+            # update): any speech the old one had open is not going to close.
+            self._speaking = False
+        if config.idle_timeout_ms is None or not config.server_vad:
+            self._idle_deadline = None
+        elif cmd.idle_timeout_ms and self.counters.responses:
+            self._fx_start_idle_timer()  # a new timeout counts from now, after a response
+        self._emit(ev.SessionUpdated, config=config.public())
 
     def _fx_emit_session_closed(self) -> None:
         reason = self._reason() if self._step.get("command") or self._step.get("reason") else "closed"
         self._close_reason = reason
+        self._idle_deadline = None
         self._input = InputBuffer()
         self._committed = b""
         self._pending_text = []

@@ -24,6 +24,17 @@ class SessionConfig:
     respond_on_commit: bool = True
     #: server VAD: speech_stopped ends the user's turn (commit) instead of a client commit.
     server_vad: bool = False
+    #: Under server VAD, the audio kept from before the user starts speaking (OpenAI's
+    #: turn_detection.prefix_padding_ms). While no speech is open the input buffer holds only
+    #: this much of the newest audio, so a microphone streaming silence never fills it (a turn
+    #: is prefix + speech + the silence that ended it, as OpenAI commits it).
+    speech_prefix_ms: int = attrs.field(default=300, validator=attrs.validators.ge(0))
+    #: Under server VAD, the quiet after a response (once its audio has played) that makes the
+    #: session commit what it holds and respond on its own (OpenAI's
+    #: turn_detection.idle_timeout_ms, input_audio_buffer.timeout_triggered). None: never.
+    idle_timeout_ms: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
     #: model-native duplex: the model decides listen/speak per audio unit.
     model_native: bool = False
     sample_rate: int = 16000
@@ -68,6 +79,8 @@ class SessionConfig:
             "respond_on_commit": self.respond_on_commit,
             "model_native": self.model_native,
             "server_vad": self.server_vad,
+            "speech_prefix_ms": self.speech_prefix_ms,
+            "idle_timeout_ms": self.idle_timeout_ms,
             "sample_rate": self.sample_rate,
             "output_sample_rate": self.output_sample_rate,
             "min_interruption_ms": self.min_interruption_ms,

@@ -86,6 +86,7 @@ CANCEL_RESPONSE = [
     "drop_undelivered_audio",  # queued packets of the cancelled response never play
     "emit_response_cancelled",  # exactly one response.done (only if response.created went out)
     "reset_timing",
+    "start_idle_timer",  # server VAD's idle timeout counts from here (unless the user speaks)
 ]
 # Close does not move the epoch: once closed, every output is stale by definition (nothing is
 # registered as in flight any more), and the epoch keeps meaning "number of cancellations".
@@ -96,8 +97,8 @@ CLOSE_SESSION = [
     "reset_timing",
     "emit_session_closed",
 ]
-END_TURN_COMPLETED = ["emit_response_completed", "finish_turn", "reset_timing"]
-END_TURN_FAILED = ["emit_response_failed", "finish_turn", "reset_timing"]
+END_TURN_COMPLETED = ["emit_response_completed", "finish_turn", "reset_timing", "start_idle_timer"]
+END_TURN_FAILED = ["emit_response_failed", "finish_turn", "reset_timing", "start_idle_timer"]
 
 
 def row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
@@ -157,10 +158,12 @@ TRANSITIONS = [
     # Model-native mode: a full audio unit goes to the model, which decides listen or speak.
     _row("unit_ready", LISTENING, SAME, ["submit_unit"], conditions=["model_native"]),
     _row("unit_ready", [IDLE, RESPONDING, BARGE_IN], SAME),  # keep buffering; nothing to ask
-    _row("speech_started", IDLE, LISTENING, ["emit_speech_started"]),
-    _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started"]),
+    # Under server VAD, speech opens the user's turn: until it closes, every chunk is kept
+    # (outside one, the input keeps only the speech_prefix_ms window), and no idle timer runs.
+    _row("speech_started", IDLE, LISTENING, ["emit_speech_started", "open_speech"]),
+    _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started", "open_speech"]),
     # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
-    _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "start_overlap"]),
+    _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "open_speech", "start_overlap"]),
     # Each chunk of speech over the response grows the overlap; the policy (core/overlap.py)
     # says when it has become an interruption rather than a backchannel.
     _row("overlap", RESPONDING, BARGE_IN, CANCEL_RESPONSE, conditions=["overlap_is_interruption"]),
@@ -170,18 +173,31 @@ TRANSITIONS = [
         "speech_stopped",
         [LISTENING, BARGE_IN],
         RESPONDING,
-        ["emit_speech_stopped", "abort_units", "commit_input", "submit_model_turn"],
+        ["emit_speech_stopped", "close_speech", "abort_units", "commit_input", "submit_model_turn"],
         conditions=["server_vad", "has_buffered_audio", "auto_respond"],
     ),
     _row(
         "speech_stopped",
         [LISTENING, BARGE_IN],
         IDLE,
-        ["emit_speech_stopped", "abort_units", "commit_input"],
+        ["emit_speech_stopped", "close_speech", "abort_units", "commit_input"],
         conditions=["server_vad", "has_buffered_audio"],
     ),
-    _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped"]),
-    _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "end_overlap"]),
+    _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped", "close_speech"]),
+    _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "close_speech", "end_overlap"]),
+    # Server VAD's idle timeout (GA turn_detection.idle_timeout_ms): nobody spoke for that long
+    # after a response's audio finished playing. What the input holds (the quiet, possibly
+    # nothing) is committed and the model prompts the user. The timer is only a hint: speech,
+    # a response or a settings change since it was set make it stale, and a stale one changes
+    # nothing (idle_deadline_passed asks the session again).
+    _row(
+        "idle_timeout",
+        [IDLE, LISTENING, BARGE_IN],
+        RESPONDING,
+        ["emit_timeout_triggered", "abort_units", "commit_input", "submit_model_turn"],
+        conditions=["idle_deadline_passed"],
+    ),
+    _row("idle_timeout", OPEN_STATES + [CLOSED], SAME),
     # Units still deciding about audio that is committed or cleared are fenced off: their
     # output would otherwise interleave into the response or answer audio nobody keeps.
     _row("clear", [IDLE, LISTENING], IDLE, ["abort_units", "clear_input"]),
@@ -295,14 +311,22 @@ TRANSITIONS = [
 
 TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 
+# What a closed session still consumes without a refusal: closing again, and what the engine,
+# the recogniser, the reaper or a timer may still deliver after the close.
+_CONSUMED_WHEN_CLOSED = (
+    "close",
+    "stale_output",
+    "abort_confirmed",
+    "expire",
+    "fail",
+    "transcript",
+    "idle_timeout",
+)
+
 # Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
 # Engine triggers refused here are engine protocol errors; the core reports them as such.
 REFUSALS: Mapping[tuple[str, str], type[IllegalTransition]] = {
-    **{
-        (CLOSED, t): SessionClosed
-        for t in TRIGGERS
-        if t not in ("close", "stale_output", "abort_confirmed", "expire", "fail", "transcript")
-    },
+    **{(CLOSED, t): SessionClosed for t in TRIGGERS if t not in _CONSUMED_WHEN_CLOSED},
     (IDLE, "commit"): InputBufferEmpty,
     (LISTENING, "commit"): InputBufferEmpty,
     (BARGE_IN, "commit"): InputBufferEmpty,
@@ -362,7 +386,8 @@ TRIGGER_ORIGINS: Mapping[str, Origin] = {
     ),
     # A transcript is the session's own measurement of committed audio (a recogniser beside it).
     **dict.fromkeys(
-        ("unit_ready", "overlap", "outbox_overflow", "expire", "fail", "transcript"), Origin.SELF
+        ("unit_ready", "overlap", "outbox_overflow", "expire", "fail", "transcript", "idle_timeout"),
+        Origin.SELF,
     ),
 }
 CLIENT_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.CLIENT)
@@ -379,6 +404,10 @@ WHY = {
         "cancels as a barge-in does"
     ),
     "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
+    "idle_timeout": (
+        "server VAD's idle timeout ran out (nobody spoke after the last response's audio played): "
+        "commit what the input holds and respond; a stale timer changes nothing"
+    ),
     "clear": "input_audio_buffer.clear drops uncommitted user audio",
     "commit": "the user's audio becomes a conversation item; with respond_on_commit (embedders) it "
     "starts a model turn",
@@ -444,6 +473,9 @@ GUARD_DOCS = {
     "resume_token_matches": "the resume presents the lease's current token",
     "journal_holds_last_seq": "the replay journal still holds every event after the resume's last_seq",
     "lease_expired": "the lease has run out now (disconnect grace, or idle TTL with no turn in flight)",
+    "idle_deadline_passed": (
+        "server VAD's idle timer is set (no speech, no turn since it was) and its deadline has passed"
+    ),
 }
 
 

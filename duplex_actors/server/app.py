@@ -779,7 +779,9 @@ class _Connection:
                         param="session.audio.input.turn_detection",
                     )
                 )
-                command = attrs.evolve(command, server_vad=None, auto_respond=None)
+                command = attrs.evolve(
+                    command, server_vad=None, auto_respond=None, speech_prefix_ms=None, idle_timeout_ms=None
+                )
         elif update.vad_off:
             record.set_vad(None)
         if update.input_format is not None:
@@ -986,7 +988,7 @@ def _turn_detection_object(
         "silence_duration_ms": settings.silence_duration_ms,
         "create_response": create_response,
         "interrupt_response": interrupt_response,
-        "idle_timeout_ms": None,
+        "idle_timeout_ms": settings.idle_timeout_ms,
     }
 
 

@@ -299,6 +299,11 @@ _BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
     ev.ErrorEvent: _error,
     ev.SpeechStarted: lambda e, w: {"audio_start_ms": e.audio_start_ms, "item_id": e.item_id},
     ev.SpeechStopped: lambda e, w: {"audio_end_ms": e.audio_end_ms, "item_id": e.item_id},
+    ev.InputTimeoutTriggered: lambda e, w: {
+        "audio_start_ms": e.audio_start_ms,
+        "audio_end_ms": e.audio_end_ms,
+        "item_id": e.item_id,
+    },
     ev.InputCommitted: lambda e, w: {
         "item_id": e.item_id,
         "previous_item_id": e.previous_item_id,

@@ -152,6 +152,9 @@ class TurnDetection:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    #: After a response's audio has played, this much quiet makes the server respond on its
+    #: own (input_audio_buffer.timeout_triggered). None: never.
+    idle_timeout_ms: int | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -555,6 +558,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         td = holders[0].obj["turn_detection"]
         if td is None:
             changes["auto_respond"] = False
+            changes["idle_timeout_ms"] = 0
             found["vad_off"] = True
             if _HAS_SERVER_VAD:
                 changes["server_vad"] = False
@@ -572,8 +576,16 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
             "threshold": threshold,
             "prefix_padding_ms": td_fields.int("prefix_padding_ms", maximum=10_000),
             "silence_duration_ms": td_fields.int("silence_duration_ms", minimum=1, maximum=60_000),
+            # At least a second: each timeout makes a response nobody asked for, and a client
+            # must not turn that into a stream of them. At most an hour (idle_ttl_s closes an
+            # idle session long before).
+            "idle_timeout_ms": td_fields.int("idle_timeout_ms", minimum=1_000, maximum=3_600_000),
         }
-        found["turn_detection"] = TurnDetection(**{k: v for k, v in settings.items() if v is not None})
+        detection = TurnDetection(**{k: v for k, v in settings.items() if v is not None})
+        found["turn_detection"] = detection
+        # Each turn_detection object replaces the last whole: what it leaves out is the default.
+        changes["speech_prefix_ms"] = detection.prefix_padding_ms
+        changes["idle_timeout_ms"] = detection.idle_timeout_ms or 0
         found["create_response"] = True if create is None else create
         found["interrupt_response"] = True if interrupt is None else interrupt
         changes["auto_respond"] = found["create_response"]

@@ -204,3 +204,19 @@ async def test_generate_reply_with_its_own_tool_choice(serve_url):
         _, _, calls = await h.reply(tool_choice="required")
         assert [c.name for c in calls] == ["get_weather"], h.summary()
         assert not h.errors and not h.of("error"), h.summary()
+
+
+async def test_idle_timeout_prompts_a_silent_user(serve_url):
+    """GA ``idle_timeout_ms`` through the plugin's own ServerVad settings: after the answer,
+    quiet makes the server answer on its own, and the plugin takes that response as a
+    server-initiated generation without an error."""
+    vad = ServerVad(type="server_vad", idle_timeout_ms=1000, create_response=True, interrupt_response=True)
+    async with Harness(serve_url, turn_detection=vad) as h:
+        ctx = llm.ChatContext()
+        ctx.add_message(role="user", content="Hello there")
+        await h.session.update_chat_ctx(ctx)
+        await h.reply()
+        await h.until(lambda x: len(x.of("response.done")) >= 2)
+        assert len(h.of("input_audio_buffer.timeout_triggered")) == 1, h.summary()
+        assert h.of("response.done")[1]["response"]["status"] == "completed"
+        assert not h.errors and not h.of("error"), h.summary()

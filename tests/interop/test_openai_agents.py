@@ -166,3 +166,18 @@ async def test_tool_call(serve_url):
         assert rec.errors == [], rec.summary()
         text = [c for item in follow["output"] for c in item.get("content", [])]
         assert any("sunny in" in (c.get("transcript") or c.get("text") or "") for c in text)
+
+
+async def test_idle_timeout_prompts_a_silent_user(serve_url):
+    """GA ``idle_timeout_ms``: nobody speaks after the answer has played, so the server says
+    input_audio_buffer.timeout_triggered (the SDK's own input_audio_timeout_triggered event)
+    and answers on its own."""
+    session = await _open(serve_url, turn_detection={"type": "server_vad", "idle_timeout_ms": 1000})
+    async with session:
+        rec = Recorder(session)
+        await session.send_message("Hello there")
+        await rec.until(_responses_done(1))
+        await rec.until(lambda e, r: e.type == "input_audio_timeout_triggered")
+        await rec.until(_responses_done(2))
+        assert rec.done_responses()[1]["status"] == "completed"
+        assert rec.errors == [], rec.summary()

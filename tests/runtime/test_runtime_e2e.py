@@ -175,3 +175,34 @@ async def test_a_waiting_reader_gets_a_responses_first_audio_before_the_rest_of_
     everything = [t for b in batches for t in b]
     assert everything.count("response.output_audio.delta") == 3
     assert everything.count("response.done") == 1 and everything[-1] == "response.done"
+
+
+async def test_the_idle_timer_follows_the_core_and_a_close_cancels_it():
+    """One loop timer per session for server VAD's idle timeout: set when a response ends,
+    dropped when the user speaks, and cancelled by a close (a closed session holds none)."""
+    async with Runtime(ScriptedEngine(Script(token_latency_s=0.001, audio_packets=0))) as rt:
+        session = await rt.open_session(server_vad=True, respond_on_commit=False, idle_timeout_ms=200)
+        actor = session._actor
+        await session.create_response()
+        await collect_until(session, "response.done")
+        assert actor._idle_timer is not None and actor._idle_at == session.core.idle_deadline
+        session.tell(cmd.SpeechStartedSignal(audio_ms=0))
+        with anyio.fail_after(5):
+            while actor._idle_timer is not None:
+                await anyio.sleep(0.01)
+        assert session.core.idle_deadline is None
+        session.tell(cmd.SpeechStoppedSignal(audio_ms=0))  # nothing buffered: no turn, quiet again
+        with anyio.fail_after(5):
+            while actor._idle_timer is None:
+                await anyio.sleep(0.01)
+        # It runs out: the session answers on its own.
+        evs = await collect_until(session, "response.done")
+        assert [e.type for e in evs][:3] == [
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.timeout_triggered",
+        ]
+        assert actor._idle_timer is not None  # set again after that response
+        await session.close()
+        await collect_until(session, "session.closed")
+        assert actor._idle_timer is None and actor._idle_at is None

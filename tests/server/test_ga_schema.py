@@ -339,3 +339,53 @@ async def test_a_named_tool_choice_and_token_limits_are_echoed_in_ga_shape():
             await r.send(type="response.create")  # the session's limit
             assert (await r.until("response.done"))[-1]["response"]["max_output_tokens"] == 50
         assert r.validated["session.updated"] == 1 and r.validated["response.done"] == 2
+
+
+async def test_idle_timeout_prompts_the_user_once_the_answer_has_played():
+    """GA ``turn_detection.idle_timeout_ms``: after the answer's audio has played, that much
+    quiet gets input_audio_buffer.timeout_triggered, the quiet committed as an item, and a
+    response; every event validates against the SDK's models."""
+    import time
+
+    from .test_server_vad import LoudnessVad
+
+    # 1 s of audio, sent in ~0.1 s: the timer must count from the end of playback, not send.
+    script = Script(token_latency_s=0.002, audio_packets=10, packet_ms=100)
+    async with running_server(script, vad_factory=LoudnessVad) as server:
+        async with connect(server.url) as ws:
+            r = Recorder(ws)
+            session_id = (await r.until("session.created"))[-1]["session"]["id"]
+            detection = {"type": "server_vad", "idle_timeout_ms": 1000}
+            update = {"type": "realtime", "audio": {"input": {"turn_detection": detection}}}
+            await r.send(type="session.update", session=update)
+            updated = (await r.until("session.updated"))[-1]
+            assert updated["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == 1000
+            await r.send(type="response.create")
+            await r.until("response.output_audio.delta")
+            first_audio = time.monotonic()
+            answer = await r.until("response.done")
+            assert answer[-1]["response"]["status"] == "completed"
+            prompt = await r.until("input_audio_buffer.timeout_triggered", timeout=10.0)
+            triggered_at = time.monotonic()
+            prompt += await r.until("response.done")
+            prompt = [e for e in prompt if e["type"] != "rate_limits.updated"]  # the answer's
+            types = [e["type"] for e in prompt]
+            assert types[:5] == [
+                "input_audio_buffer.timeout_triggered",
+                "input_audio_buffer.committed",
+                "conversation.item.added",
+                "conversation.item.done",
+                "response.created",
+            ], types
+            # 1 s of playback + 1 s of quiet from the first audio. The 0.1 s allowed is the
+            # loopback's own delay in handing that first audio to this reader (same process).
+            assert triggered_at - first_audio >= 2.0 - 0.1
+            assert prompt[0]["item_id"] == prompt[1]["item_id"]
+            assert prompt[-1]["response"]["status"] == "completed"
+            assert r.validated["input_audio_buffer.timeout_triggered"] == 1
+            # A value below the minimum is refused, naming its param; the timeout set stands.
+            detection["idle_timeout_ms"] = 10
+            await r.send(type="session.update", session=update)
+            error = (await r.until("error"))[-1]
+            assert error["error"]["param"] == "session.audio.input.turn_detection.idle_timeout_ms"
+            assert server.runtime.get(session_id).core.config.idle_timeout_ms == 1000

@@ -174,3 +174,35 @@ async def test_24khz_wire_audio_reaches_the_vad_resampled_to_the_session_rate():
             committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
             assert 0 < committed["audio_ms"] <= 1100
         assert rates and set(rates) == {16000}  # the VAD runs at the session's 16 kHz
+
+
+async def test_a_microphone_streaming_quiet_never_fills_the_input_and_a_turn_is_its_speech():
+    """A phone-call client streams its microphone whether the user talks or not. Under server
+    VAD the quiet before speech is kept only as the prefix padding: 6 s of it into a 2 s input
+    buffer is never refused (it was input_backpressure after 2 s), and the turn committed is
+    the prefix, the speech and the silence that ended it, not the seconds of quiet before."""
+    async with running_server(
+        vad_factory=LoudnessVad, session_overrides={"max_input_bytes": 16000 * 2 * 2}
+    ) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            detection = {"type": "server_vad", "prefix_padding_ms": 200, "silence_duration_ms": 300}
+            update = {"audio": {"input": {"format": PCM_16K, "turn_detection": detection}}}
+            await ws.send(json.dumps({"type": "session.update", "session": update}))
+            await recv_until(ws, "session.updated")
+            for _ in range(60):
+                await ws.send(append(tone(100, 0)))
+            await ws.send(append(tone(400, 8000)))
+            for _ in range(5):
+                await ws.send(append(tone(100, 0)))
+            events = await recv_until(ws, "response.done", timeout=10.0)
+            types = [e["type"] for e in events]
+            assert "error" not in types, [e for e in events if e["type"] == "error"]
+            started = events[types.index("input_audio_buffer.speech_started")]
+            assert 5_700 <= started["audio_start_ms"] <= 5_900  # 6 s of quiet, less the padding
+            committed = events[types.index("input_audio_buffer.committed")]
+            # 200 ms of padding + 400 ms of speech + the silence heard before it ended the turn
+            # (the chunk in which the VAD hears the end follows the commit, as it always has)
+            assert 700 <= committed["audio_ms"] <= 1_000, committed
+            sid = next(iter(server._records))
+            assert server.runtime.get(sid).core.counters.rejected == 0
