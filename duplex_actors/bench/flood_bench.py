@@ -29,6 +29,11 @@ cut into 1-byte fragments (parsing costs per frame, which the byte and audio bud
 sessions and fills each one's replay journal with distinct long items; it reports what the
 journals hold and the server's RSS. ``--policy off`` runs without the runtime's journal budget.
 
+``--churn [--connections 8]`` opens and closes sessions as fast as it can from that many
+connections at once, with its own API key (the neighbour has another). ``--policy on`` sets a
+connect rate on the flooder's key (``--connect-rate``, 20 a second after a burst of 20), so its
+handshakes past it are answered 429; ``off`` sets none (the server's default).
+
 ``--transcripts`` commits 1 s turns of loud noise with input transcription on, as fast as audio
 pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
 transcript (the server runs the real recogniser, PocketSphinx).
@@ -47,10 +52,10 @@ import time
 from .soak import rss_mb
 
 
-async def _turn(url: str) -> float:
+async def _turn(url: str, headers: dict | None = None) -> float:
     from websockets.asyncio.client import connect
 
-    async with connect(url) as ws:
+    async with connect(url, additional_headers=headers) as ws:
         await ws.recv()
         began = time.perf_counter()
         # A GA turn: 100 ms at the 24 kHz wire rate, commit, then ask for the response (a
@@ -479,6 +484,81 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             }
 
 
+CHURN_KEYS = ("flood-key", "neighbour-key")
+
+
+def _churn_flooder(url: str, seconds: float, connections: int, report) -> None:
+    """Open a session, read its session.created, close it; again, from ``connections``
+    connections at once, for ``seconds``. A 429 is retried at once (a hostile client)."""
+
+    async def main() -> None:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidStatus
+
+        headers = {"Authorization": f"Bearer {CHURN_KEYS[0]}"}
+        until = time.perf_counter() + seconds
+        opened = refused = 0
+
+        async def one() -> None:
+            nonlocal opened, refused
+            while time.perf_counter() < until:
+                try:
+                    async with connect(url, additional_headers=headers) as ws:
+                        await ws.recv()
+                    opened += 1
+                except InvalidStatus:
+                    refused += 1
+
+        await asyncio.gather(*(one() for _ in range(connections)))
+        report.send((opened, refused))
+
+    asyncio.run(main())
+
+
+async def _run_churn(seconds: float, connections: int, connect_rate: float | None, turns: int = 5) -> dict:
+    import multiprocessing
+    import statistics
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import Script, ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
+    # The neighbour's key has the same connect rate: a connection per turn, and a turn takes
+    # at least its 24 paced tokens (48 ms), so it opens fewer than 21 a second.
+    neighbour = {"Authorization": f"Bearer {CHURN_KEYS[1]}"}
+    config = ServerConfig(port=0, api_keys=CHURN_KEYS, connect_rate_per_key=connect_rate)
+    async with Runtime(ScriptedEngine(script, record=False)) as rt:
+        async with RealtimeServer(rt, config) as server:
+            await _turn(server.url, neighbour)  # warm-up (VAD model, first response)
+            baseline = [await _turn(server.url, neighbour) for _ in range(turns)]
+            rss_before = rss_mb()
+            ctx = multiprocessing.get_context("spawn")
+            ours, theirs = ctx.Pipe()
+            flooder = ctx.Process(
+                target=_churn_flooder, args=(server.url, seconds, connections, theirs), daemon=True
+            )
+            flooder.start()
+            during = []
+            while flooder.is_alive() and not ours.poll():
+                during.append(await _turn(server.url, neighbour))
+            opened, refused = ours.recv()
+            flooder.join(10)
+            await asyncio.sleep(0.5)  # the last closes reach the server
+            return {
+                "seconds": seconds,
+                "opened": opened,
+                "refused": refused,
+                "neighbour_turn_s": statistics.median(baseline),
+                "during_turn_s": statistics.median(during) if during else float("nan"),
+                "during_turn_worst_s": max(during, default=float("nan")),
+                "during_turns": len(during),
+                "sessions_left": rt.session_count,
+                "rss_before_mb": rss_before,
+                "rss_after_mb": rss_mb(),
+            }
+
+
 async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
     """One client opens ``sessions`` sessions and fills each one's replay journal: 30 distinct
     items of 60,000 characters (the conversation keeps the last few, the journal all of their
@@ -559,7 +639,24 @@ def main(argv: list[str] | None = None) -> int:
         help="open N sessions and fill their replay journals (memory, against --journal-budget-mb)",
     )
     ap.add_argument("--journal-budget-mb", type=int, default=1024, help="--journals: the runtime's budget")
+    ap.add_argument("--churn", action="store_true", help="open and close sessions flat out (own key)")
+    ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
+    ap.add_argument("--connect-rate", type=float, default=20.0, help="--churn: the flooder key's rate (on)")
     args = ap.parse_args(argv)
+    if args.churn:
+        rate = args.connect_rate if args.policy == "on" else None
+        c = asyncio.run(_run_churn(args.seconds, args.connections, rate))
+        print(
+            f"churn from {args.connections} connections for {c['seconds']:.1f} s, connect rate "
+            f"{'off' if rate is None else f'{rate:g}/s on its key'}: {c['opened']} sessions opened "
+            f"({c['opened'] / c['seconds']:.0f}/s), {c['refused']} handshakes refused (429); neighbour "
+            f"turn median {c['neighbour_turn_s'] * 1e3:.1f} ms alone, {c['during_turn_s'] * 1e3:.1f} ms "
+            f"during (worst {c['during_turn_worst_s'] * 1e3:.1f}, {c['during_turns']} turns): "
+            f"x{c['during_turn_s'] / c['neighbour_turn_s']:.2f} at the median; sessions left "
+            f"{c['sessions_left']}; server RSS {c['rss_before_mb']:.1f} -> {c['rss_after_mb']:.1f} MiB",
+            flush=True,
+        )
+        return 0
     if args.journals:
         budget_mb = args.journal_budget_mb if args.policy == "on" else None
         j = asyncio.run(_run_journals(args.journals, budget_mb))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -167,6 +168,18 @@ class ServerConfig:
     max_sessions_per_key: int | None = None
     max_sessions_per_address: int | None = None
     max_detached_sessions: int | None = None
+    #: New connections to the realtime endpoint a second per client address and per API key
+    #: (None: unlimited), after a first burst; past it the handshake is answered 429 with
+    #: Retry-After, before any session exists (guard.ConnectRate). Off by default: behind a
+    #: proxy every client shares one address, and one key often serves all of an app's users.
+    connect_rate_per_address: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    connect_burst_per_address: int = attrs.field(default=20, validator=attrs.validators.ge(1))
+    connect_rate_per_key: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    connect_burst_per_key: int = attrs.field(default=20, validator=attrs.validators.ge(1))
     #: SessionConfig overrides applied to every new session (e.g. disconnect_grace_s).
     session_overrides: dict = attrs.field(factory=dict)
     #: Builds the voice activity model for server VAD, given the session's sample rate
@@ -257,6 +270,14 @@ class RealtimeServer:
             max_per_address=config.max_sessions_per_address,
             max_detached=config.max_detached_sessions,
         )
+        self.connect_rates = {
+            by: guard.ConnectRate(rate, burst)
+            for by, rate, burst in (
+                ("address", config.connect_rate_per_address, config.connect_burst_per_address),
+                ("key", config.connect_rate_per_key, config.connect_burst_per_key),
+            )
+            if rate is not None
+        }
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -364,7 +385,8 @@ class RealtimeServer:
             return _respond(connection, 200, payload.decode("utf-8"), content_type)
         if path != self.config.path.rstrip("/"):
             return _respond(connection, 404, f"not found; the realtime endpoint is {self.config.path}\n")
-        if self._keys and guard.accepted_key(request.headers, self._keys) is None:
+        key = guard.accepted_key(request.headers, self._keys) if self._keys else None
+        if self._keys and key is None:
             self.metrics.auth_refused.inc()
             log.info("server.auth_refused", remote=_remote(connection))
             response = _respond(
@@ -372,8 +394,31 @@ class RealtimeServer:
             )
             response.headers["WWW-Authenticate"] = 'Bearer realm="duplex-actors"'
             return response
+        if self.connect_rates:
+            refused = self._connect_rate_refusal(connection, key)
+            if refused is not None:
+                return refused
         if self._connections >= self.config.max_connections:
             return _respond(connection, 503, "too many connections; retry later\n")
+        return None
+
+    def _connect_rate_refusal(self, connection: ServerConnection, key: str | None) -> Response | None:
+        """429 for a handshake past its address's or its key's connect rate (checked in that
+        order; one admitted by its address and refused by its key has spent its address token)."""
+        now = self.runtime.clock.now()
+        for by, rate in self.connect_rates.items():
+            subject = _address(connection) if by == "address" else guard.key_digest(key)
+            if subject is None:
+                continue  # no key configured or presented: only the address counts
+            wait = rate.admit(subject, now)
+            if wait > 0.0:
+                self.metrics.connects_refused.labels(by).inc()
+                retry = max(1, math.ceil(wait))
+                response = _respond(
+                    connection, 429, f"too many new connections for this {by}; retry in {retry} s\n"
+                )
+                response.headers["Retry-After"] = str(retry)
+                return response
         return None
 
     @property

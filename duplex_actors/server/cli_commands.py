@@ -108,6 +108,17 @@ def register(app: typer.Typer) -> None:
         max_detached_sessions: int | None = typer.Option(
             None, help="sessions waiting for a resume, at most; beyond, new sessions are refused"
         ),
+        connect_rate_per_address: float = typer.Option(
+            0.0,
+            min=0.0,
+            help="new connections a second per client address, after a burst of 20; past it the "
+            "handshake gets 429 + Retry-After (0: off; keep off behind a proxy; per --workers)",
+        ),
+        connect_rate_per_key: float = typer.Option(
+            0.0,
+            min=0.0,
+            help="new connections a second per API key, after a burst of 20; past it 429 (0: off)",
+        ),
         drain_timeout_s: float = typer.Option(
             10.0, help="on SIGTERM/SIGINT, how long responses in flight may take to finish"
         ),
@@ -178,6 +189,8 @@ def register(app: typer.Typer) -> None:
             "max_sessions_per_key": max_sessions_per_key,
             "max_sessions_per_address": max_sessions_per_address,
             "max_detached_sessions": max_detached_sessions,
+            "connect_rate_per_address": connect_rate_per_address or None,
+            "connect_rate_per_key": connect_rate_per_key or None,
             "audio_intake_rate": audio_intake_rate or None,
             "audio_intake_burst_s": audio_intake_burst_s,
             "frame_intake_bytes_per_s": frame_intake_bytes_per_s or None,

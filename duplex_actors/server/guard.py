@@ -26,6 +26,11 @@ so its policy is tested without a server and the server calls it in a line or tw
 * :class:`AdmissionQuotas`: open sessions per API key and per client address, and detached
   sessions in total. Connect-then-abort cycles otherwise hold a slot each for the whole
   disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
+* :class:`ConnectRate`: new connections a second per address or per API key (opt-in). A
+  quota bounds how many sessions a client holds, not how fast it opens and closes them: one
+  client churning sessions (~620 a second, each a handshake, a session and its
+  ``session.created``) made a neighbour's turn 1.75x slower. Past the rate the handshake is
+  answered 429 with ``Retry-After``, before any session exists.
 
 The slow-consumer write deadline lives in the connection's writer (``ServerConfig.write_timeout_s``):
 it needs the socket, and it is one ``fail_after`` around a send.
@@ -138,6 +143,57 @@ class IntakePacer:
         wait = -self._tokens / self.rate
         self.waited_s += wait
         return wait
+
+
+class ConnectRate:
+    """Token buckets over new connections, one per subject (a client address or an API key's
+    digest): ``burst`` at once, then ``rate`` a second. A refused connection costs no token,
+    so a client that waits the ``Retry-After`` it was given gets in.
+
+    Subjects come and go (addresses); a bucket that has refilled is the same as none, so
+    buckets are forgotten once full, and at most ``max_subjects`` are kept (the oldest go
+    first): many addresses cost bounded memory, each at worst getting a fresh burst."""
+
+    __slots__ = ("rate", "burst", "max_subjects", "_buckets", "refused")
+
+    def __init__(self, rate: float, burst: int, max_subjects: int = 65_536) -> None:
+        if rate <= 0 or burst < 1 or max_subjects < 1:
+            raise ValueError("need rate > 0, burst >= 1 and max_subjects >= 1")
+        self.rate = rate
+        self.burst = burst
+        self.max_subjects = max_subjects
+        self._buckets: dict[object, tuple[float, float]] = {}  # subject -> (tokens, at)
+        self.refused = 0
+
+    def admit(self, subject: object, now: float) -> float:
+        """Count one connection of ``subject`` at ``now``. Returns 0.0 if admitted, else how
+        many seconds until it would be (the caller refuses it, and nothing is counted)."""
+        buckets = self._buckets
+        tokens, at = buckets.get(subject, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + max(now - at, 0.0) * self.rate)
+        if tokens < 1.0:
+            self.refused += 1
+            buckets[subject] = (tokens, now)
+            return (1.0 - tokens) / self.rate
+        buckets.pop(subject, None)  # re-inserted last: the dict's order is least recent first
+        buckets[subject] = (tokens - 1.0, now)
+        if len(buckets) > self.max_subjects:
+            self._forget(now)
+        return 0.0
+
+    def _forget(self, now: float) -> None:
+        # Down to three quarters, not to the limit: a walk over every bucket then comes once
+        # per max_subjects / 4 new subjects, not at each one (many addresses, one each).
+        buckets = self._buckets
+        full = [s for s, (tokens, at) in buckets.items() if tokens + (now - at) * self.rate >= self.burst]
+        for subject in full:
+            del buckets[subject]
+        keep = self.max_subjects * 3 // 4
+        for subject in list(buckets)[: max(len(buckets) - keep, 0)]:
+            del buckets[subject]
+
+    def __len__(self) -> int:
+        return len(self._buckets)
 
 
 class AdmissionQuotas:

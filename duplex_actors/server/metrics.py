@@ -136,6 +136,12 @@ class ServerMetrics:
             "duplex_connections_accepted", "Websocket connections accepted", registry=r
         )
         self.auth_refused = Counter("duplex_auth_refused", "Connections refused for auth", registry=r)
+        self.connects_refused = Counter(
+            "duplex_connects_rate_limited",
+            "Handshakes answered 429: past the connect rate of their address or API key",
+            ["by"],
+            registry=r,
+        )
         self.frames = Counter(
             "duplex_client_frames",
             "Client frames received: decoded and handed to the session, or rejected by the codec",

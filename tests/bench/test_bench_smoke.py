@@ -181,3 +181,20 @@ def test_wire_tiny():
     assert any("server-added on the commit path" in m and m.endswith("p99") for m in metrics)
     added = next(f for f in r["figures"] if f["metric"].startswith("server-added on the commit path"))
     assert added["baseline"] == r["floor_added_ms"]["p50"]
+
+
+def test_flood_bench_churn_tiny(capsys):
+    """The churn flood runs end to end with a connect rate: some handshakes are refused (the
+    flooder retries at once), no session is left behind, and the ratio line is printed."""
+    from duplex_actors.bench import flood_bench
+
+    # The neighbour's key has the same rate (its turns open a connection each, ~15 a second).
+    assert (
+        flood_bench.main(["--churn", "--seconds", "1.5", "--connections", "2", "--connect-rate", "20"]) == 0
+    )
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("churn from 2 connections") and "at the median" in line
+    opened = int(line.split(": ")[1].split(" sessions opened")[0])
+    refused = int(line.split("), ")[1].split(" handshakes refused")[0])
+    assert 1 <= opened <= 20 + 20 * 2 and refused > 0  # the burst, plus 20 a second
+    assert "sessions left 0" in line

@@ -56,6 +56,8 @@ def test_serve_is_registered_with_its_options():
         "--transcription-backlog-s",
         "--transcription-workers",
         "--journal-budget-mb",
+        "--connect-rate-per-address",
+        "--connect-rate-per-key",
     ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])
@@ -79,6 +81,8 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
             "12",
             "--journal-budget-mb",
             "64",
+            "--connect-rate-per-key",
+            "0.1",  # a token every 10 s: none comes back while this test connects
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -102,6 +106,18 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
             await client.create_response()
             done, _ = await client.wait_for("response.done", timeout=15)
             assert done["response"]["status"] == "completed"
+        # --connect-rate-per-key: past the burst of 20 the key's handshakes get 429.
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidStatus
+
+        statuses = []
+        for _ in range(21):
+            try:
+                async with connect(url, additional_headers={"Authorization": "Bearer cli-key"}):
+                    statuses.append(101)
+            except InvalidStatus as refused:
+                statuses.append(refused.response.status_code)
+        assert statuses[:19] == [101] * 19 and statuses[-1] == 429, statuses
         proc.send_signal(signal.SIGINT)
         code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=15))
         assert code == 0, proc.stderr.read()

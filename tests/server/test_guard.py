@@ -107,3 +107,53 @@ def test_accepted_key_finds_the_configured_key_in_any_of_the_three_places():
     )
     assert guard.accepted_key(Headers({"Authorization": "Bearer nope"}), keys) is None
     assert guard.key_digest("k1") != guard.key_digest("k2") and guard.key_digest(None) is None
+
+
+# --- connect rate -------------------------------------------------------------------------------
+
+
+def test_connect_rate_admits_the_burst_then_one_per_interval_and_refusals_cost_nothing():
+    r = guard.ConnectRate(rate=2.0, burst=3)
+    assert [r.admit("a", 0.0) for _ in range(3)] == [0.0] * 3
+    assert r.admit("a", 0.0) == pytest.approx(0.5)  # one token comes back every 0.5 s
+    assert r.admit("b", 0.0) == 0.0  # another subject has its own bucket
+    # A client retrying flat out is refused, and its refusals do not push its turn back.
+    assert all(r.admit("a", t / 100) > 0 for t in range(1, 50))
+    assert r.admit("a", 0.5) == 0.0
+    assert r.refused == 50
+
+
+@given(
+    rate=st.floats(0.5, 50.0),
+    burst=st.integers(1, 10),
+    gaps=st.lists(st.floats(0.0, 0.3), min_size=20, max_size=200),
+)
+def test_connect_rate_never_admits_more_than_the_bucket_allows_in_any_window(rate, burst, gaps):
+    """Against the token bucket's bound: in any window [t0, t1], at most burst + rate*(t1-t0)
+    admissions; and a client that waits what it was told gets in."""
+    r = guard.ConnectRate(rate=rate, burst=burst)
+    now, admitted = 0.0, []
+    for gap in gaps:
+        now += gap
+        wait = r.admit("x", now)
+        if wait == 0.0:
+            admitted.append(now)
+        else:
+            assert r.admit("x", now + wait + 1e-9) == 0.0
+            admitted.append(now + wait + 1e-9)
+            now += wait + 1e-9
+    for i in range(len(admitted)):
+        for j in range(i, len(admitted)):
+            assert j - i + 1 <= burst + rate * (admitted[j] - admitted[i]) + 1e-6
+    assert len(admitted) == len(gaps)  # every retry after its Retry-After was admitted
+
+
+def test_connect_rate_memory_is_bounded_by_subjects_and_full_buckets_are_forgotten():
+    r = guard.ConnectRate(rate=1.0, burst=2, max_subjects=1000)
+    for i in range(100_000):  # a client with many addresses, one connection each
+        r.admit(f"10.0.{i // 256}.{i % 256}", 0.0)
+    assert len(r) <= 1000
+    r.admit("late", 10.0)  # the rest have refilled by now: forgotten at the next walk
+    for i in range(1000):
+        r.admit(f"fresh {i}", 10.0)
+    assert len(r) <= 1000 and all(not str(s).startswith("10.0.") for s in r._buckets)

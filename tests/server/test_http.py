@@ -112,3 +112,47 @@ async def test_metrics_requested_flat_out_are_rendered_at_most_once_per_max_age(
         _, _, text = await http_get(server.http_url + "/metrics")
         assert server.metrics.renders == 2
         assert sample(text, "duplex_sessions", '{state="idle"}') == 201
+
+
+async def test_connect_rates_answer_429_with_retry_after_before_any_session_opens():
+    """Opt-in connect rates: past its burst an address (or a key) gets 429 and Retry-After at
+    the handshake; another key is not held back by the first one's churn."""
+    from duplex_actors.core.clock import ManualClock
+
+    keys = ("key-a", "key-b")
+    clock = ManualClock(0.0)  # the rates read the runtime's clock: no refill while we connect
+    async with running_server(
+        runtime_kw={"clock": clock},
+        api_keys=keys,
+        connect_rate_per_key=1.0,
+        connect_burst_per_key=3,
+        connect_rate_per_address=100.0,
+    ) as server:
+        bearer = [{"Authorization": f"Bearer {k}"} for k in keys]
+        for _ in range(3):
+            async with connect(server.url, additional_headers=bearer[0]) as ws:
+                assert (await recv_json(ws))["type"] == "session.created"
+        opened = server.runtime.opened
+        with pytest.raises(InvalidStatus) as info:
+            await connect(server.url, additional_headers=bearer[0])
+        response = info.value.response
+        assert response.status_code == 429 and response.headers["Retry-After"] == "1"
+        assert b"API key" not in response.body and b"key" in response.body
+        assert server.runtime.opened == opened  # refused before any session existed
+        async with connect(server.url, additional_headers=bearer[1]) as ws:  # its own bucket
+            assert (await recv_json(ws))["type"] == "session.created"
+        clock.advance(1.0)  # what Retry-After said
+        async with connect(server.url, additional_headers=bearer[0]) as ws:
+            assert (await recv_json(ws))["type"] == "session.created"
+        _, _, text = await http_get(server.http_url + "/metrics")
+        assert sample(text, "duplex_connects_rate_limited_total", '{by="key"}') == 1
+    async with running_server(
+        runtime_kw={"clock": ManualClock(0.0)}, connect_rate_per_address=1.0, connect_burst_per_address=2
+    ) as server:
+        for _ in range(2):
+            async with connect(server.url) as ws:
+                await recv_json(ws)
+        with pytest.raises(InvalidStatus) as info:
+            await connect(server.url)
+        assert info.value.response.status_code == 429
+        assert server.runtime.opened == 2
