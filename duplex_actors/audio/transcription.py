@@ -65,6 +65,10 @@ def _load_decoder():
 
 def transcribe_pcm16(pcm: bytes, sample_rate: int) -> str:
     """Blocking: the transcript of one turn of pcm16 mono audio (resampled to 16 kHz)."""
+    if len(pcm) < 2:
+        # Nothing to hear (server VAD's idle timeout commits what the input holds, which may
+        # be nothing), and PocketSphinx raises on an empty buffer.
+        return ""
     if sample_rate != RECOGNISER_RATE:
         from .resample import float_to_pcm16, pcm16_to_float, resample
 
@@ -72,8 +76,13 @@ def transcribe_pcm16(pcm: bytes, sample_rate: int) -> str:
     with _decoder_lock:  # a decoder is not thread-safe
         decoder = _load_decoder()
         decoder.start_utt()
-        decoder.process_raw(pcm, full_utt=True)
-        decoder.end_utt()
+        try:
+            decoder.process_raw(pcm, full_utt=True)
+        finally:
+            # Always closed: an utterance left open makes every later start_utt fail, so one
+            # turn the decoder refused failed every later turn of this worker process (every
+            # session's: the worker is shared).
+            decoder.end_utt()
         hyp = decoder.hyp()
     return "" if hyp is None else hyp.hypstr
 

@@ -62,6 +62,34 @@ def test_pocketsphinx_gets_most_words_of_piper_speech_right(transcriber, speech)
     assert wer <= 0.15, f"WER {wer:.2f}"
 
 
+def test_an_empty_turn_is_heard_as_nothing_and_a_refused_turn_does_not_break_the_next(
+    transcriber, speech, monkeypatch
+):
+    """An empty turn (server VAD's idle timeout commits what the input holds) made the decoder
+    raise and left its utterance open, so every later turn of that worker process failed with
+    'Failed to start utterance processing'."""
+    from duplex_actors.audio import transcription
+
+    text, pcm = next(iter(speech.items()))
+    assert transcriber.transcribe_blocking(b"", 16000) == ""
+    decoder = transcription._load_decoder()
+
+    class Refusing:
+        """The real decoder, except that it refuses the audio once utterance processing began."""
+
+        def __getattr__(self, name):
+            return getattr(decoder, name)
+
+        def process_raw(self, *args, **kwargs):
+            raise RuntimeError("the decoder refused this audio")
+
+    monkeypatch.setattr(transcription, "_load_decoder", Refusing)
+    with pytest.raises(RuntimeError, match="refused"):
+        transcriber.transcribe_blocking(pcm, 16000)
+    monkeypatch.undo()
+    assert word_error_rate(text, transcriber.transcribe_blocking(pcm, 16000)) <= 0.25
+
+
 def test_24k_input_is_resampled_for_the_recogniser(transcriber):
     from duplex_actors.audio.utterances import synthesize_utterance
 
