@@ -164,6 +164,8 @@ class UpdateSession(Command):
     instructions: str | None = None
     sampling: SamplingOverrides | None = None
     min_interruption_ms: int | None = None
+    #: Whether speech over a response may cancel it (turn_detection.interrupt_response).
+    interrupt_response: bool | None = None
     #: Replaces the session's function tools as a whole (``()`` removes them all).
     tools: tuple[FunctionTool, ...] | None = None
     tool_choice: str | None = None

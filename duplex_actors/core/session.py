@@ -787,6 +787,9 @@ class SessionCore:
         output = self._step.get("output")
         return output is not None and len(aborting) == 1 and output.request_id in aborting
 
+    def _g_interrupt_response(self) -> bool:
+        return self.config.interrupt_response
+
     def _g_overlap_is_interruption(self) -> bool:
         overlap = self._overlap_ms
         if overlap is None:
@@ -1392,6 +1395,7 @@ class SessionCore:
                 "instructions",
                 "sampling",
                 "min_interruption_ms",
+                "interrupt_response",
                 "modalities",
                 "tools",
                 "tool_choice",

@@ -45,6 +45,10 @@ class SessionConfig:
     unit_samples: int = 16000
     #: speech over a response longer than this (in audio) barges in; shorter is a backchannel.
     min_interruption_ms: int = 500
+    #: Speech over a response may cancel it (OpenAI's turn_detection.interrupt_response). False:
+    #: the response plays to its end, and under server VAD the speech is committed when it
+    #: stops (no response is created for it while one plays, as OpenAI says it may not be).
+    interrupt_response: bool = True
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()
     #: What a response streams. ("text", "audio"): text deltas and audio (with per-packet
@@ -84,6 +88,7 @@ class SessionConfig:
             "sample_rate": self.sample_rate,
             "output_sample_rate": self.output_sample_rate,
             "min_interruption_ms": self.min_interruption_ms,
+            "interrupt_response": self.interrupt_response,
             "instructions": self.instructions,
             "modalities": list(self.modalities),
             "tools": [

@@ -165,8 +165,15 @@ TRANSITIONS = [
     # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
     _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "open_speech", "start_overlap"]),
     # Each chunk of speech over the response grows the overlap; the policy (core/overlap.py)
-    # says when it has become an interruption rather than a backchannel.
-    _row("overlap", RESPONDING, BARGE_IN, CANCEL_RESPONSE, conditions=["overlap_is_interruption"]),
+    # says when it has become an interruption rather than a backchannel. A session whose
+    # speech may not interrupt (GA interrupt_response: false) lets the response play on.
+    _row(
+        "overlap",
+        RESPONDING,
+        BARGE_IN,
+        CANCEL_RESPONSE,
+        conditions=["interrupt_response", "overlap_is_interruption"],
+    ),
     _row("overlap", RESPONDING, SAME),
     # Server VAD: the end of the user's speech is the end of their turn.
     _row(
@@ -184,6 +191,16 @@ TRANSITIONS = [
         conditions=["server_vad", "has_buffered_audio"],
     ),
     _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped", "close_speech"]),
+    # Speech that could not interrupt is still the user's turn: committed when it ends, it waits
+    # for the next response (none is created while this one plays).
+    _row(
+        "speech_stopped",
+        RESPONDING,
+        SAME,
+        ["emit_speech_stopped", "close_speech", "end_overlap", "abort_units", "commit_input"],
+        conditions=["server_vad", "has_buffered_audio"],
+        unless=["interrupt_response"],
+    ),
     _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "close_speech", "end_overlap"]),
     # Server VAD's idle timeout (GA turn_detection.idle_timeout_ms): nobody spoke for that long
     # after a response's audio finished playing. What the input holds (the quiet, possibly
@@ -403,7 +420,7 @@ WHY = {
         "speech over the response grew: once the overlap policy calls it an interruption it "
         "cancels as a barge-in does"
     ),
-    "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel",
+    "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel, and speech that may not interrupt is committed",
     "idle_timeout": (
         "server VAD's idle timeout ran out (nobody spoke after the last response's audio played): "
         "commit what the input holds and respond; a stale timer changes nothing"
@@ -463,6 +480,7 @@ GUARD_DOCS = {
     "response_begun": "response.created went out for the active turn",
     "aborts_settled": "no aborted request is outstanding besides the one whose end is confirmed",
     "overlap_is_interruption": "the overlap policy calls the speech over the response an interruption",
+    "interrupt_response": "speech over a response may cancel it (turn_detection.interrupt_response)",
     "resume_key_matches": "the resume presents the API key that opened the session (or none was bound)",
     "replays_last_resume": (
         "the resume carries the control id of the last accepted resume and the generation and token "

@@ -243,11 +243,18 @@ class _SessionRecord:
         self.wire.input_format = fmt
         self.converter = InputConverter(fmt, self.handle.core.config.sample_rate)
 
-    def set_vad(self, settings: wire.TurnDetection | None, create_response: bool = True) -> None:
+    def set_vad(
+        self,
+        settings: wire.TurnDetection | None,
+        create_response: bool = True,
+        interrupt_response: bool = True,
+    ) -> None:
         self.vad_settings = settings
         self.vad = None
         self.wire.turn_detection = (
-            None if settings is None else _turn_detection_object(settings, create_response, True)
+            None
+            if settings is None
+            else _turn_detection_object(settings, create_response, interrupt_response)
         )
 
 
@@ -804,17 +811,8 @@ class _Connection:
         errors = list(update.errors)
         command = update.command
         if update.turn_detection is not None:
-            if not update.interrupt_response:
-                errors.append(
-                    wire.NotSupported(
-                        "interrupt_response false is not supported: speech over a response longer "
-                        "than min_interruption_ms always interrupts it",
-                        event_id=update.event_id,
-                        param="session.audio.input.turn_detection.interrupt_response",
-                    )
-                )
             if self.server._vad_available():
-                record.set_vad(update.turn_detection, update.create_response)
+                record.set_vad(update.turn_detection, update.create_response, update.interrupt_response)
             else:  # nothing about turn detection changes; the rest of the update still applies
                 errors.append(
                     wire.NotSupported(
@@ -825,7 +823,12 @@ class _Connection:
                     )
                 )
                 command = attrs.evolve(
-                    command, server_vad=None, auto_respond=None, speech_prefix_ms=None, idle_timeout_ms=None
+                    command,
+                    server_vad=None,
+                    auto_respond=None,
+                    speech_prefix_ms=None,
+                    idle_timeout_ms=None,
+                    interrupt_response=None,
                 )
         elif update.vad_off:
             record.set_vad(None)

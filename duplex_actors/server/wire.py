@@ -559,6 +559,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         if td is None:
             changes["auto_respond"] = False
             changes["idle_timeout_ms"] = 0
+            changes["interrupt_response"] = True  # a client's own speech signals may interrupt
             found["vad_off"] = True
             if _HAS_SERVER_VAD:
                 changes["server_vad"] = False
@@ -589,6 +590,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         found["create_response"] = True if create is None else create
         found["interrupt_response"] = True if interrupt is None else interrupt
         changes["auto_respond"] = found["create_response"]
+        changes["interrupt_response"] = found["interrupt_response"]
         if _HAS_SERVER_VAD:
             changes["server_vad"] = True
 

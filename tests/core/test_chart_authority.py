@@ -60,7 +60,7 @@ def test_the_overlap_policy_barges_in_through_the_chart():
 def test_the_overlap_row_cancels_exactly_as_a_barge_in_does():
     (barge,) = [b for b in CHART.table[("responding", "overlap")] if b.dest == "barge_in"]
     assert barge.effects == tuple(CANCEL_RESPONSE)
-    assert barge.guards == (("overlap_is_interruption", True),)
+    assert barge.guards == (("interrupt_response", True), ("overlap_is_interruption", True))
 
 
 @pytest.mark.parametrize("trigger", ["expire", "fail"])

@@ -248,3 +248,43 @@ def test_without_a_timeout_no_timer_is_ever_set():
     core.handle(cmd.SpeechStartedSignal(audio_ms=0))
     core.handle(cmd.SpeechStoppedSignal(audio_ms=0))
     assert core.idle_deadline is None
+
+
+# --- speech that may not interrupt (GA interrupt_response: false) ------------------------------
+
+
+def test_without_interrupt_response_speech_over_an_answer_lets_it_play_and_becomes_the_next_turn():
+    core = vad_core(interrupt_response=False, min_interruption_ms=100)
+    core.handle(cmd.CreateResponse())
+    (submit,) = core.take_actions()
+    rid = submit.request.request_id
+    core.on_engine_output(AudioPacket(rid, chunk(500, 3), RATE))
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    for _ in range(20):  # 2 s of speech: far past min_interruption_ms
+        core.handle(cmd.AppendAudio(pcm=chunk(100, 2), speech=True))
+    assert core.state == "responding" and core.epoch == 0  # not cancelled
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=2000))
+    events = types(core.take_events())
+    assert events[-4:] == [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+    assert core.take_actions() == []  # no second response while this one plays
+    core.on_engine_output(TurnDone(rid))
+    done = [e for e in core.take_events() if e.type == "response.done"]
+    assert [d.status for d in done] == ["completed"]
+    core.handle(cmd.CreateResponse())
+    (nxt,) = core.take_actions()
+    assert nxt.request.audio == chunk(2000, 2)  # the committed speech, whole
+
+
+def test_with_interrupt_response_the_same_speech_cancels_the_answer():
+    core = vad_core(min_interruption_ms=100)
+    core.handle(cmd.CreateResponse())
+    core.take_actions()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    for _ in range(2):
+        core.handle(cmd.AppendAudio(pcm=chunk(100, 2), speech=True))
+    assert core.state == "barge_in"

@@ -181,3 +181,27 @@ async def test_idle_timeout_prompts_a_silent_user(serve_url):
         await rec.until(_responses_done(2))
         assert rec.done_responses()[1]["status"] == "completed"
         assert rec.errors == [], rec.summary()
+
+
+async def test_speech_over_the_answer_does_not_interrupt_it_when_interrupt_response_is_false(
+    serve_url, speech_24k
+):
+    """GA ``interrupt_response: false``: the user talks over the answer, which plays to its
+    end; the speech is committed as the user's next item."""
+    session = await _open(
+        serve_url,
+        turn_detection={"type": "server_vad", "interrupt_response": False, "silence_duration_ms": 500},
+    )
+    async with session:
+        rec = Recorder(session)
+        for chunk in chunks(speech_24k):
+            await session.send_audio(chunk)
+        await rec.until(lambda e, r: any(x.get("type") == "response.created" for x in r.raw))
+        for chunk in chunks(speech_24k):
+            await session.send_audio(chunk)
+        await rec.until(_responses_done(1))
+        assert rec.done_responses()[0]["status"] == "completed"
+        await rec.until(
+            lambda e, r: [x.get("type") for x in r.raw].count("input_audio_buffer.committed") >= 2
+        )
+        assert rec.errors == [], rec.summary()

@@ -9,6 +9,8 @@ import math
 import pytest
 from websockets.asyncio.client import connect
 
+from duplex_actors import Script
+
 from .conftest import recv_json, recv_until, running_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -206,3 +208,33 @@ async def test_a_microphone_streaming_quiet_never_fills_the_input_and_a_turn_is_
             assert 700 <= committed["audio_ms"] <= 1_000, committed
             sid = next(iter(server._records))
             assert server.runtime.get(sid).core.counters.rejected == 0
+
+
+async def test_interrupt_response_false_lets_the_answer_play_and_commits_the_speech_over_it():
+    """GA ``interrupt_response: false`` (it was refused as not_supported): speech over the
+    answer does not cancel it; when the speech stops it is committed, and no second response
+    starts while the first plays."""
+    script = Script(token_latency_s=0.05, tokens=tuple(f" w{i}" for i in range(30)))
+    async with running_server(script, vad_factory=LoudnessVad) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            detection = {"type": "server_vad", "silence_duration_ms": 200, "interrupt_response": False}
+            update = {"audio": {"input": {"format": PCM_16K, "turn_detection": detection}}}
+            await ws.send(json.dumps({"type": "session.update", "session": update}))
+            updated = (await recv_until(ws, "session.updated"))[-1]
+            assert updated["session"]["audio"]["input"]["turn_detection"]["interrupt_response"] is False
+            for pcm in (tone(300, 8000), tone(300, 0)):
+                await ws.send(append(pcm))
+            await recv_until(ws, "response.created")
+            for pcm in (tone(800, 8000), tone(300, 0)):  # talk over the ~1.5 s answer
+                await ws.send(append(pcm))
+            events = await recv_until(ws, "response.done", timeout=10.0)
+            types = [e["type"] for e in events]
+            assert "error" not in types, events
+            assert types.index("input_audio_buffer.speech_started") < types.index(
+                "input_audio_buffer.committed"
+            )
+            assert events[-1]["response"]["status"] == "completed"
+            await ws.send(json.dumps({"type": "heartbeat"}))
+            after = [e["type"] for e in await recv_until(ws, "heartbeat.ack")]
+            assert "response.created" not in after
