@@ -837,7 +837,13 @@ class SessionCore:
         or a turn is in flight."""
         config = self.config
         timeout = config.idle_timeout_ms
-        if timeout is None or not config.server_vad or self._speaking or self._turn_request is not None:
+        if (
+            timeout is None
+            or not config.server_vad
+            or self._speaking
+            or self._turn_request is not None
+            or self.lease.detached  # nobody to prompt: the timer starts again on resume
+        ):
             return
         now = self._step["now"]
         self._idle_deadline = max(now, self._playing_until) + timeout / 1000.0
@@ -1295,6 +1301,9 @@ class SessionCore:
 
     def _fx_detach_lease(self) -> None:
         self.lease.detach(self._step["now"])
+        # A detached session prompts nobody: responses made for an absent user would cost the
+        # engine and fill the journal for the whole disconnect grace.
+        self._idle_deadline = None
 
     def _fx_resume_lease(self) -> None:
         # The chart accepted it (credentials or a replay of them, and a journal that holds
@@ -1305,6 +1314,8 @@ class SessionCore:
         generation, token = self.lease.resume(now, cmd.generation, cmd.resume_token, cmd.control_id)
         self._replay = replay + self._replay
         self._emit(ev.SessionResumed, generation=generation, resume_token=token, replayed=len(replay))
+        if self._idle_deadline is None and self.counters.responses:
+            self._fx_start_idle_timer()  # back after a response: the quiet counts from now
 
     # --- conversation items ---------------------------------------------------------------
 

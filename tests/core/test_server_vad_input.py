@@ -288,3 +288,19 @@ def test_with_interrupt_response_the_same_speech_cancels_the_answer():
     for _ in range(2):
         core.handle(cmd.AppendAudio(pcm=chunk(100, 2), speech=True))
     assert core.state == "barge_in"
+
+
+def test_a_detached_session_prompts_nobody_and_the_quiet_counts_again_from_the_resume():
+    core = vad_core(idle_timeout_ms=1000)
+    respond(core)
+    assert core.idle_deadline == pytest.approx(101.0)
+    core.handle(cmd.Detach())
+    assert core.idle_deadline is None
+    core.clock.advance(5.0)
+    core.idle_timeout()  # a timer set before the detach: nothing happens
+    assert core.take_actions() == []
+    respond(core)  # an answer that completes while nobody is attached does not set it either
+    assert core.idle_deadline is None
+    gen, token = core.lease.generation, core.lease.token
+    core.handle(cmd.Resume(generation=gen, resume_token=token, last_seq=core.last_seq))
+    assert core.idle_deadline == pytest.approx(106.0)
