@@ -127,20 +127,27 @@ async def test_push_to_talk_audio_turn(serve_url, speech_24k):
         assert any(e.type == "audio" for e in rec.events)
 
 
+async def _talk_over_the_answer(session, speech_24k) -> Recorder:
+    """Say a turn, wait for the answer to begin, say it again over the answer, and wait for
+    the answer's response.done."""
+    rec = Recorder(session)
+    for chunk in chunks(speech_24k):
+        await session.send_audio(chunk)
+    await rec.until(lambda e, r: any(x.get("type") == "response.created" for x in r.raw))
+    for chunk in chunks(speech_24k):
+        await session.send_audio(chunk)
+    await rec.until(_responses_done(1))
+    return rec
+
+
 async def test_server_vad_turn_with_barge_in(serve_url, speech_24k):
     session = await _open(
         serve_url,
         turn_detection={"type": "server_vad", "interrupt_response": True, "silence_duration_ms": 500},
     )
     async with session:
-        rec = Recorder(session)
-        for chunk in chunks(speech_24k):
-            await session.send_audio(chunk)
-        await rec.until(lambda e, r: any(x.get("type") == "response.created" for x in r.raw))
         # The user talks over the answer: the server must cancel it (turn_detected).
-        for chunk in chunks(speech_24k):
-            await session.send_audio(chunk)
-        await rec.until(_responses_done(1))
+        rec = await _talk_over_the_answer(session, speech_24k)
         first = rec.done_responses()[0]
         assert first["status"] == "cancelled"
         assert first["status_details"]["reason"] == "turn_detected"
@@ -193,13 +200,7 @@ async def test_speech_over_the_answer_does_not_interrupt_it_when_interrupt_respo
         turn_detection={"type": "server_vad", "interrupt_response": False, "silence_duration_ms": 500},
     )
     async with session:
-        rec = Recorder(session)
-        for chunk in chunks(speech_24k):
-            await session.send_audio(chunk)
-        await rec.until(lambda e, r: any(x.get("type") == "response.created" for x in r.raw))
-        for chunk in chunks(speech_24k):
-            await session.send_audio(chunk)
-        await rec.until(_responses_done(1))
+        rec = await _talk_over_the_answer(session, speech_24k)
         assert rec.done_responses()[0]["status"] == "completed"
         await rec.until(
             lambda e, r: [x.get("type") for x in r.raw].count("input_audio_buffer.committed") >= 2
