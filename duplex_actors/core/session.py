@@ -262,7 +262,7 @@ class SessionCore:
         self._state = "idle"
         self._input = InputBuffer()
         self._input_ms = 0.0  # audio ms received since the session opened (VAD timeline)
-        self._committed = b""
+        self._committed = InputBuffer()  # committed, not yet sent with a model turn
         self._outbox = Outbox(self.config.outbox_capacity, self.config.outbox_reserve)
         self._actions: list[EngineAction] = []
         self._seq = 0
@@ -884,10 +884,15 @@ class SessionCore:
 
     def _fx_commit_input(self) -> None:
         # Audio committed but not yet answered accumulates: several commits before one
-        # response.create all reach the engine (OpenAI's conversation keeps every user item).
+        # response.create all reach the engine (OpenAI's conversation keeps every user item),
+        # within max_committed_bytes, the newest kept. Unbounded, a client that commits and
+        # never asks for a response held all of it, and the bytes += copied it all each time.
         audio = bytes(self._input)
         self._input = InputBuffer()
-        self._committed += audio
+        committed = self._committed
+        committed += audio
+        if len(committed) > self.config.max_committed_bytes:
+            committed.keep_last(self.config.max_committed_bytes - self.config.max_committed_bytes % 2)
         ms = int(len(audio) / 2 / self.config.sample_rate * 1000)
         item = Item(
             id=self._input_item_id(), role="user", content=(ContentPart(type="input_audio", audio_ms=ms),)
@@ -953,7 +958,8 @@ class SessionCore:
         return self.config.modalities
 
     def _fx_submit_model_turn(self) -> None:
-        audio, self._committed = self._committed, b""
+        audio = bytes(self._committed)
+        self._committed = InputBuffer()
         request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id())
         results = () if self._calls is None else self._calls.take_results()
         if results:
@@ -1437,7 +1443,7 @@ class SessionCore:
         self._close_reason = reason
         self._idle_deadline = None
         self._input = InputBuffer()
-        self._committed = b""
+        self._committed = InputBuffer()
         self._pending_text = []
         self._pending_chars = 0
         self._conversation.clear()

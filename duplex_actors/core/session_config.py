@@ -69,6 +69,10 @@ class SessionConfig:
     max_conversation_chars: int | None = 1 << 18
     #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
     max_input_bytes: int = 16000 * 2 * 120
+    #: committed user audio waiting for the next response, kept at most (bytes of pcm16; the
+    #: newest is kept, as a conversation forgets its oldest items). A GA commit does not start
+    #: a response, so a client committing and never asking for one held every commit's audio.
+    max_committed_bytes: int = attrs.field(default=16000 * 2 * 120, validator=attrs.validators.ge(0))
     outbox_capacity: int = 2048
     outbox_reserve: int = 16
     idle_ttl_s: float = 300.0

@@ -72,11 +72,13 @@ from ..logconfig import ensure_configured
 from . import strategies as dst
 from .model import CLOSED, EventStreamChecker, Expectation, SessionModel
 
-#: A session config that makes the interesting paths reachable in a few dozen steps: a small
-#: input bound (backpressure), a short overlap threshold (barge-in by speech), and a lease and
-#: journal that run out within a run (expiry, ResyncRequired).
+#: A session config that makes the interesting paths reachable in a few dozen steps: small
+#: input and committed-audio bounds (backpressure; commits past the bound keep the newest), a
+#: short overlap threshold (barge-in by speech), and a lease and journal that run out within a
+#: run (expiry, ResyncRequired).
 TEST_CONFIG = SessionConfig(
     max_input_bytes=16000 * 2 * 2,
+    max_committed_bytes=16000 * 2 * 3 // 10,
     min_interruption_ms=300,
     idle_ttl_s=20.0,
     disconnect_grace_s=10.0,

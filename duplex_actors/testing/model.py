@@ -293,7 +293,8 @@ class SessionModel:
             exp.error = InputBufferEmpty
             return
         # Committed audio waits for the next response, however many commits come first.
-        self.committed += self.buffered
+        # ...within max_committed_bytes, the newest kept.
+        self.committed = min(self.committed + self.buffered, self.config.max_committed_bytes // 2 * 2)
         self.buffered = 0
         self._add_auto_item()  # the user's audio item
         if self.state == RESPONDING:

@@ -160,3 +160,27 @@ def test_journal_expire_keeps_the_young_and_counts_what_it_dropped():
     with pytest.raises(ResyncRequired):
         journal.since(1, 12.5)
     assert journal.expire(100.0) == 3 and len(journal) == 0
+
+
+def test_committed_audio_waiting_for_a_response_is_bounded_and_the_newest_is_kept():
+    """GA commits do not start responses: a client committing and never asking for one held
+    every commit's audio (and each commit copied all of it). Now the newest
+    max_committed_bytes are kept, to the sample."""
+    second = 16000 * 2
+    config = SessionConfig(respond_on_commit=False, max_committed_bytes=second * 5 // 2)
+    core = SessionCore("sess_commitbound0", config, ManualClock(0.0))
+    chunks = [bytes([i % 250 + 1, 0]) * (second // 2) for i in range(200)]
+    for pcm in chunks:
+        core.handle(cmd.AppendAudio(pcm=pcm))
+        core.handle(cmd.CommitInput())
+    core.handle(cmd.CreateResponse())
+    (submit,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
+    assert submit.request.audio == (chunks[-3][second // 2 :] + chunks[-2] + chunks[-1])
+    core.handle(cmd.AppendAudio(pcm=chunks[0]))
+    core.handle(cmd.CommitInput())
+    core.handle(cmd.CancelResponse())
+    core.take_actions()
+    core.take_events()
+    core.handle(cmd.CreateResponse())
+    (after,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
+    assert after.request.audio == chunks[0]  # what the last response took is gone
