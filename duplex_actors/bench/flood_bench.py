@@ -34,6 +34,9 @@ connections at once, with its own API key (the neighbour has another). ``--polic
 connect rate on the flooder's key (``--connect-rate``, 20 a second after a burst of 20), so its
 handshakes past it are answered 429; ``off`` sets none (the server's default).
 
+``--commits`` appends 1 s of audio and commits it, again and again, never asking for a response
+(a GA commit starts none, so the committed audio waits for one: ``max_committed_bytes``).
+
 ``--transcripts`` commits 1 s turns of loud noise with input transcription on, as fast as audio
 pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
 transcript (the server runs the real recogniser, PocketSphinx).
@@ -198,6 +201,7 @@ VALID_FLOODS = {
     "retrieves": "retrieves of a 65,536-emoji item",
     "resumes": "resumes replaying ~3 MB of journal",
     "transcripts": "commits of loud noise with input transcription on",
+    "commits": "1 s appends, each committed, never asking for a response",
     "pings": "125-byte pings, never reading the pongs",
     "fragments": "10 ms appends cut into 1-byte fragments (~690 frames each)",
 }
@@ -233,9 +237,15 @@ def _setup_and_frames(kind: str, frame_ms: int) -> tuple[list[str], tuple[str, .
     if kind == "retrieves":
         retrieve = json.dumps({"type": "conversation.item.retrieve", "item_id": "long"})
         return [LONG_ITEM], (retrieve,), "conversation.item.retrieved"
+    commit = json.dumps({"type": "input_audio_buffer.commit"})
     if kind == "transcripts":
-        commit = json.dumps({"type": "input_audio_buffer.commit"})
         return [TRANSCRIBED], (_loud_noise(frame_ms / 1000), commit), None
+    if kind == "commits":  # a GA commit starts no response: the committed audio waits
+        manual = {
+            "type": "session.update",
+            "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+        }
+        return [json.dumps(manual)], (_audio_frame(frame_ms), commit), None
     raise ValueError(kind)
 
 
@@ -624,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--transcripts", action="store_true", help="commits of loud noise with input transcription on"
     )
+    ap.add_argument("--commits", action="store_true", help="1 s appends, each committed, no response")
     ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
         "--frame-ms",
@@ -670,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     kind = next((k for k in VALID_FLOODS if getattr(args, k)), None)
     if kind is not None:
-        frame_ms = args.frame_ms or (1000 if kind == "transcripts" else 100)
+        frame_ms = args.frame_ms or (1000 if kind in ("transcripts", "commits") else 100)
         a = asyncio.run(_run_valid(kind, args.seconds, args.policy == "on", frame_ms))
         if kind in ("audio", "transcripts"):
             what = (
