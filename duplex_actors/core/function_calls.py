@@ -17,13 +17,18 @@ RECENT_CALLS = 64
 
 
 class FunctionCallRegistry:
-    """Recent calls (call_id -> function name) and the outputs received since the last turn."""
+    """Recent calls (call_id -> function name) and the outputs received since the last turn.
 
-    __slots__ = ("_names", "_results")
+    ``max_chars`` bounds the waiting outputs' text together, as the conversation's character
+    budget bounds its items (None: only RECENT_CALLS bounds them)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_names", "_results", "_chars", "max_chars")
+
+    def __init__(self, max_chars: int | None = None) -> None:
         self._names: dict[str, str] = {}
         self._results: list[FunctionResult] = []
+        self._chars = 0  # the waiting outputs' length in all
+        self.max_chars = max_chars
 
     def __contains__(self, call_id: str) -> bool:
         return call_id in self._names
@@ -39,15 +44,22 @@ class FunctionCallRegistry:
         """The client's output for ``call_id``: the next model turn receives it. A later output
         for the same call replaces the earlier one, and at most RECENT_CALLS outputs wait (the
         oldest go first): a client answering over and over without asking for a response held
-        every output here, without limit."""
+        every output here, without limit. Past ``max_chars`` the oldest go too, never the newest:
+        64 outputs at the item limit (65,536 characters) were 4.2 M characters a session, 16.8 MB
+        as emoji, outside the conversation's budget."""
         results = self._results
         results[:] = [r for r in results if r.call_id != call_id]
         results.append(FunctionResult(call_id, output, self._names.get(call_id)))
-        if len(results) > RECENT_CALLS:
-            del results[0]
+        self._chars = sum(len(r.output) for r in results)
+        budget = self.max_chars
+        while len(results) > 1 and (
+            len(results) > RECENT_CALLS or (budget is not None and self._chars > budget)
+        ):
+            self._chars -= len(results.pop(0).output)
 
     def take_results(self) -> tuple[FunctionResult, ...]:
         """The outputs received since the last call, oldest first; the registry forgets them."""
         results = tuple(self._results)
         self._results.clear()
+        self._chars = 0
         return results

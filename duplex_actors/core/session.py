@@ -1108,7 +1108,7 @@ class SessionCore:
     def _call_registry(self) -> FunctionCallRegistry:
         calls = self._calls
         if calls is None:
-            calls = self._calls = FunctionCallRegistry()
+            calls = self._calls = FunctionCallRegistry(self.config.max_conversation_chars)
         return calls
 
     def _fx_emit_transcript(self) -> None:

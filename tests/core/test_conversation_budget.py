@@ -123,3 +123,31 @@ def test_function_outputs_waiting_for_a_turn_are_one_per_call_and_bounded():
         registry.answer(f"call_{n}", str(n))
     results = registry.take_results()
     assert len(results) == RECENT_CALLS and results[-1].output == str(RECENT_CALLS * 3 - 1)
+
+
+def test_function_outputs_waiting_for_a_turn_keep_the_conversations_character_budget():
+    """64 outputs at the item limit (65,536 characters) waited for a turn: 4.2 M characters a
+    session, 16.8 MB as emoji. They now keep the conversation's character budget together,
+    oldest dropped first, never the newest."""
+    registry = FunctionCallRegistry(max_chars=200_000)
+    for n in range(RECENT_CALLS):
+        registry.remember(f"call_{n}", "f")
+        registry.answer(f"call_{n}", f"{n:02d}" + "o" * 99_998)
+    results = registry.take_results()
+    assert [r.call_id for r in results] == ["call_62", "call_63"]
+    assert sum(len(r.output) for r in results) <= 200_000
+    registry.answer("call_1", "x" * 500_000)  # one output past the budget alone is kept whole
+    (only,) = registry.take_results()
+    assert only.output == "x" * 500_000
+
+
+def test_a_session_bounds_the_function_outputs_a_client_replays_and_answers():
+    core = SessionCore("sess_budget_calls", SessionConfig(max_conversation_chars=100_000), ManualClock(0.0))
+    for n in range(RECENT_CALLS):
+        call = Item(id=f"fc_{n}", type="function_call", call_id=f"c{n}", name="f", arguments="{}")
+        core.handle(cmd.CreateItem(item=call))
+        output = Item(id=f"fo_{n}", type="function_call_output", call_id=f"c{n}", output="o" * 40_000)
+        core.handle(cmd.CreateItem(item=output))
+    core.handle(cmd.CreateResponse())
+    request = next(a.request for a in core.take_actions() if isinstance(a, SubmitTurn))
+    assert [r.call_id for r in request.function_results] == ["c62", "c63"]
