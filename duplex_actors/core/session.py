@@ -818,8 +818,9 @@ class SessionCore:
     @staticmethod
     def _speech_window(config: SessionConfig) -> int | None:
         """Bytes of input kept while no speech is open: the prefix padding under server VAD,
-        everything otherwise (the client commits what it sent)."""
-        if not config.server_vad:
+        everything otherwise (the client commits what it sent; a model-native model hears
+        every unit, quiet included, and decides for itself)."""
+        if not config.server_vad or config.model_native:
             return None
         return int(config.speech_prefix_ms * config.sample_rate / 1000) * 2
 

@@ -27,7 +27,8 @@ class SessionConfig:
     #: Under server VAD, the audio kept from before the user starts speaking (OpenAI's
     #: turn_detection.prefix_padding_ms). While no speech is open the input buffer holds only
     #: this much of the newest audio, so a microphone streaming silence never fills it (a turn
-    #: is prefix + speech + the silence that ended it, as OpenAI commits it).
+    #: is prefix + speech + the silence that ended it, as OpenAI commits it). Not in
+    #: model-native mode, whose model hears every unit, quiet included.
     speech_prefix_ms: int = attrs.field(default=300, validator=attrs.validators.ge(0))
     #: Under server VAD, the quiet after a response (once its audio has played) that makes the
     #: session commit what it holds and respond on its own (OpenAI's

@@ -578,8 +578,8 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
             "prefix_padding_ms": td_fields.int("prefix_padding_ms", maximum=10_000),
             "silence_duration_ms": td_fields.int("silence_duration_ms", minimum=1, maximum=60_000),
             # At least a second: each timeout makes a response nobody asked for, and a client
-            # must not turn that into a stream of them. At most an hour (idle_ttl_s closes an
-            # idle session long before).
+            # must not turn that into a stream of them. At most an hour (a client that sends
+            # nothing meanwhile has its session closed by idle_ttl_s, 300 s, long before).
             "idle_timeout_ms": td_fields.int("idle_timeout_ms", minimum=1_000, maximum=3_600_000),
         }
         detection = TurnDetection(**{k: v for k, v in settings.items() if v is not None})

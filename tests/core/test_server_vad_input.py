@@ -304,3 +304,11 @@ def test_a_detached_session_prompts_nobody_and_the_quiet_counts_again_from_the_r
     gen, token = core.lease.generation, core.lease.token
     core.handle(cmd.Resume(generation=gen, resume_token=token, last_seq=core.last_seq))
     assert core.idle_deadline == pytest.approx(106.0)
+
+
+def test_a_model_native_session_hears_every_unit_quiet_included():
+    core = vad_core(model_native=True, unit_samples=16000)
+    for _ in range(50):  # 1 s of quiet: one full unit goes to the model
+        core.handle(cmd.AppendAudio(pcm=chunk(20, 1)))
+    (unit,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
+    assert len(unit.request.audio) == 1000 * MS
