@@ -28,9 +28,10 @@ so its policy is tested without a server and the server calls it in a line or tw
   disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
 * :class:`ConnectRate`: new connections a second per address or per API key (opt-in). A
   quota bounds how many sessions a client holds, not how fast it opens and closes them: one
-  client churning sessions (~620 a second, each a handshake, a session and its
-  ``session.created``) made a neighbour's turn 1.75x slower. Past the rate the handshake is
-  answered 429 with ``Retry-After``, before any session exists.
+  client churning sessions (750-830 a second, each a handshake, a session and its
+  ``session.created``) made a neighbour's turn 1.54-1.68x slower (``flood_bench --churn``).
+  Past the rate the handshake is answered 429 with ``Retry-After``, before any session
+  exists: at 20 a second on the churning key, 0.91-0.96x.
 
 The slow-consumer write deadline lives in the connection's writer (``ServerConfig.write_timeout_s``):
 it needs the socket, and it is one ``fail_after`` around a send.
