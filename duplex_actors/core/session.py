@@ -1319,7 +1319,10 @@ class SessionCore:
         now = self._step["now"]
         replay = self._journal.since(cmd.last_seq, now)
         generation, token = self.lease.resume(now, cmd.generation, cmd.resume_token, cmd.control_id)
-        self._replay = replay + self._replay
+        # Replaces a replay not yet taken: the journal still holds all of it after last_seq
+        # (else the chart refused the resume), and what came before, the client says it has.
+        # Prepended, two resumes before any read sent those events twice.
+        self._replay = replay
         self._emit(ev.SessionResumed, generation=generation, resume_token=token, replayed=len(replay))
         if self._idle_deadline is None and self.counters.responses:
             self._fx_start_idle_timer()  # back after a response: the quiet counts from now

@@ -395,8 +395,9 @@ class SessionCoreMachine(RuleBasedStateMachine):
             self.model.learn_token(self.core.lease.token)
             if control_id is not None:
                 self.last_resume = (control_id, generation, token)
-        # The journal's events after last_seq are re-sent, ahead of anything still pending.
-        self.owed_replay = exp.replay_seqs + self.owed_replay
+        # The journal's events after last_seq are re-sent, ahead of anything still pending; a
+        # replay not yet read is replaced (the new one holds all of it after last_seq).
+        self.owed_replay = exp.replay_seqs
 
     @rule()
     def reaper(self):

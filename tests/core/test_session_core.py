@@ -264,3 +264,27 @@ def test_close_is_never_fenced_off_and_future_epochs_are_refused():
     core.handle(cmd.BargeIn(epoch=0))
     core.handle(cmd.Close(epoch=99))
     assert core.state == "closed"
+
+
+def test_a_second_resume_before_the_first_replay_was_read_replaces_it():
+    """Two resumes before any read (the first connection died at once): each missed event is
+    re-sent once. The second replay replaced the first; prepended, it sent them twice."""
+    core = core_in("listening")
+    core.handle(cmd.Heartbeat())
+    seen = core.take_events()
+    core.handle(cmd.Detach())
+    for _ in range(3):
+        core.handle(cmd.Heartbeat())
+    core.take_events()  # handed to a socket that died
+    for control_id in ("r1", "r2"):
+        core.handle(
+            cmd.Resume(
+                generation=core.lease.generation,
+                resume_token=core.lease.token,
+                last_seq=seen[-1].seq,
+                control_id=control_id,
+            )
+        )
+    seqs = [e.seq for e in core.take_events() if e.seq]
+    assert len(seqs) == len(set(seqs)) and seqs == sorted(seqs)
+    assert seqs[:3] == [seen[-1].seq + 1, seen[-1].seq + 2, seen[-1].seq + 3]
