@@ -830,6 +830,11 @@ class SessionCore:
 
     def _fx_close_speech(self) -> None:
         self._speaking = False
+        # Speech that became no turn (a backchannel over a response) is not kept past the
+        # window either; the rows run this after any commit of the speech, so a turn is whole.
+        window = self._pre_speech_bytes
+        if window is not None and len(self._input) > window:
+            self._input.keep_last(window)
         self._fx_start_idle_timer()
 
     def _fx_start_idle_timer(self) -> None:

@@ -160,6 +160,7 @@ TRANSITIONS = [
     _row("unit_ready", [IDLE, RESPONDING, BARGE_IN], SAME),  # keep buffering; nothing to ask
     # Under server VAD, speech opens the user's turn: until it closes, every chunk is kept
     # (outside one, the input keeps only the speech_prefix_ms window), and no idle timer runs.
+    # close_speech comes after any commit of the speech it closes: it trims what is left.
     _row("speech_started", IDLE, LISTENING, ["emit_speech_started", "open_speech"]),
     _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started", "open_speech"]),
     # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
@@ -180,14 +181,14 @@ TRANSITIONS = [
         "speech_stopped",
         [LISTENING, BARGE_IN],
         RESPONDING,
-        ["emit_speech_stopped", "close_speech", "abort_units", "commit_input", "submit_model_turn"],
+        ["emit_speech_stopped", "abort_units", "commit_input", "submit_model_turn", "close_speech"],
         conditions=["server_vad", "has_buffered_audio", "auto_respond"],
     ),
     _row(
         "speech_stopped",
         [LISTENING, BARGE_IN],
         IDLE,
-        ["emit_speech_stopped", "close_speech", "abort_units", "commit_input"],
+        ["emit_speech_stopped", "abort_units", "commit_input", "close_speech"],
         conditions=["server_vad", "has_buffered_audio"],
     ),
     _row("speech_stopped", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_speech_stopped", "close_speech"]),
@@ -197,11 +198,12 @@ TRANSITIONS = [
         "speech_stopped",
         RESPONDING,
         SAME,
-        ["emit_speech_stopped", "close_speech", "end_overlap", "abort_units", "commit_input"],
+        ["emit_speech_stopped", "end_overlap", "abort_units", "commit_input", "close_speech"],
         conditions=["server_vad", "has_buffered_audio"],
         unless=["interrupt_response"],
     ),
-    _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "close_speech", "end_overlap"]),
+    # A backchannel over the response is no turn: past the prefix window it is not kept.
+    _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "end_overlap", "close_speech"]),
     # Server VAD's idle timeout (GA turn_detection.idle_timeout_ms): nobody spoke for that long
     # after a response's audio finished playing. What the input holds (the quiet, possibly
     # nothing) is committed and the model prompts the user. The timer is only a hint: speech,
