@@ -205,3 +205,35 @@ async def test_grace_expiry_ends_the_client_with_session_lost():
             assert info.value.close_code == CLOSE_UNKNOWN_SESSION
             assert last["type"] == "error" and last["error"]["code"] == "unknown_session"
         assert server.runtime.session_count == 0
+
+
+async def test_a_detached_session_is_not_prompted_and_the_quiet_counts_from_the_resume():
+    """GA idle_timeout_ms over a socket that drops: no prompt while nobody is attached (it
+    would cost the engine and fill the journal for the whole grace), and after the resume the
+    prompt comes at least the timeout later."""
+    import time
+
+    from .test_server_vad import LoudnessVad
+
+    async with running_server(Script(token_latency_s=0.001), vad_factory=LoudnessVad) as server:
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        sid, token = created["session"]["id"], created["resume_token"]
+        detection = {"type": "server_vad", "idle_timeout_ms": 1000}
+        update = {"type": "realtime", "audio": {"input": {"turn_detection": detection}}}
+        await ws.send(json.dumps({"type": "session.update", "session": update}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        seen = await recv_until(ws, "response.done")
+        ws.transport.abort()  # gone without a goodbye: the session waits for a resume
+        handle = server.runtime.get(sid)
+        await wait_until(lambda: handle.core.lease.detached)
+        await anyio.sleep(1.6)  # past the timeout and the answer's playback
+        assert handle.core.counters.responses == 1 and handle.core.idle_deadline is None
+        async with connect(f"{server.url}?session_id={sid}") as ws2:
+            last_seq = max(e["server_event_seq"] or 0 for e in seen)
+            await ws2.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=last_seq))
+            resumed_at = time.monotonic()
+            replay = await recv_until(ws2, "session.resumed")
+            assert "input_audio_buffer.timeout_triggered" not in [e["type"] for e in replay]
+            await recv_until(ws2, "input_audio_buffer.timeout_triggered", timeout=5.0)
+            assert time.monotonic() - resumed_at >= 1.0 - 0.05
