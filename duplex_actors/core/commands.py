@@ -133,6 +133,12 @@ class CreateResponse(Command):
     tool_choice: str | None = None
     #: This response's token limit, instead of the session's sampling.max_tokens.
     max_tokens: int | None = None
+    #: Out of band (GA ``response.conversation: "none"``): nothing the response says is
+    #: written into the conversation, and the user's pending turn waits for its own response.
+    out_of_band: bool = False
+    #: GA ``response.input``: the context of this response instead of the pending turn, as
+    #: items (written here) or ids of items in the conversation (str). None: the pending turn.
+    input: tuple[Item | str, ...] | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

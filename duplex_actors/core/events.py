@@ -192,6 +192,8 @@ class ResponseCreated(ResponseEvent):
     metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
     #: The token limit the response runs under (None: the engine's own).
     max_output_tokens: int | None = None
+    #: Outside the conversation (GA conversation "none": conversation_id null on the wire).
+    out_of_band: bool = False
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -276,6 +278,7 @@ class ResponseDone(ResponseEvent):
     #: Tokens the response generated (text deltas' token counts).
     output_tokens: int = 0
     max_output_tokens: int | None = None
+    out_of_band: bool = False
 
 
 RESPONSE_STATUSES = ("completed", "cancelled", "failed", "incomplete")

@@ -39,6 +39,7 @@ class ResponseAssembly:
         "output_tokens",
         "calls",
         "heard_ms",
+        "in_conversation",
     )
 
     def __init__(
@@ -49,8 +50,12 @@ class ResponseAssembly:
         turn_id: int,
         modalities: tuple[str, ...],
         metadata: dict | None,
+        in_conversation: bool = True,
     ) -> None:
         self.response_id = response_id
+        #: False for an out-of-band response (GA response.conversation "none"): its items are
+        #: the client's, never written into the session's conversation.
+        self.in_conversation = in_conversation
         #: The assistant message's id (output item 0); function calls get their own.
         self.item_id = item_id
         #: The fence it was created under: its closing events carry this epoch, even when the

@@ -43,6 +43,7 @@ from ..errors import (
     IllegalTransition,
     InvalidCommand,
     InvalidItem,
+    ItemNotFound,
     StaleFence,
     UnknownFunctionCall,
 )
@@ -655,6 +656,12 @@ class SessionCore:
         call_id = _answered_call(command)
         if call_id is not None and (self._calls is None or call_id not in self._calls):
             raise UnknownFunctionCall(f"no function call with call_id {call_id!r} in this session")
+        if isinstance(command, CreateResponse) and command.input:
+            for i, entry in enumerate(command.input):
+                if isinstance(entry, str) and entry not in self._conversation:
+                    raise ItemNotFound(
+                        f"no item {entry!r} in this conversation", param=f"response.input[{i}].id"
+                    )
         if (
             isinstance(command, PlaybackAck)
             and self._playback is not None
@@ -921,7 +928,21 @@ class SessionCore:
             self._next_input_item = self._new_item_id()
         return self._next_input_item
 
-    def _request(self, kind: TurnKind, audio: bytes, request_id: str) -> ModelTurnRequest:
+    def _context_words(self, context: tuple[Item | str, ...]) -> str:
+        """The words of a response's own context: its items, or the conversation's items by id
+        (``_precheck`` refused unknown ids), in order; an assistant's audio by its transcript."""
+        words = []
+        for entry in context:
+            item = self._conversation.get(entry) if isinstance(entry, str) else entry
+            if item.type == "function_call_output":
+                words.append(item.output or "")
+            else:
+                words.extend(p.text or p.transcript or "" for p in item.content)
+        return " ".join(w for w in words if w)
+
+    def _request(
+        self, kind: TurnKind, audio: bytes, request_id: str, words: str | None = None
+    ) -> ModelTurnRequest:
         cmd = self._step.get("command")
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
         shown = self._response_modalities()
@@ -938,7 +959,7 @@ class SessionCore:
             # The engine always writes the words: an audio response's transcript is its text.
             modalities=("text", "audio") if "audio" in shown else ("text",),
             submitted_at=self._step["now"],
-            input_text=" ".join(self._pending_text),
+            input_text=" ".join(self._pending_text) if words is None else words,
             tools=tools,
             tool_choice=tool_choice,
         )
@@ -964,14 +985,24 @@ class SessionCore:
         return self.config.modalities
 
     def _fx_submit_model_turn(self) -> None:
-        audio = bytes(self._committed)
-        self._committed = InputBuffer()
-        request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id())
-        results = () if self._calls is None else self._calls.take_results()
+        cmd = self._step.get("command")
+        asked = cmd if isinstance(cmd, CreateResponse) else None
+        results: tuple = ()
+        if asked is not None and asked.input is not None:
+            # Its own context (GA response.input): the pending turn waits for its response.
+            audio, words = b"", self._context_words(asked.input)
+        elif asked is not None and asked.out_of_band:
+            # Out of band on the pending turn: read, not taken (the next response answers it).
+            audio, words = bytes(self._committed), " ".join(self._pending_text)
+        else:
+            audio, words = bytes(self._committed), " ".join(self._pending_text)
+            self._committed = InputBuffer()
+            results = () if self._calls is None else self._calls.take_results()
+            self._pending_text = []
+            self._pending_chars = 0
+        request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id(), words)
         if results:
             request = attrs.evolve(request, function_results=results)
-        self._pending_text = []
-        self._pending_chars = 0
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
         self._overlap_ms = None
@@ -1025,9 +1056,17 @@ class SessionCore:
             self._turn_kind = TurnKind.RESPONSE
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
         cmd = self._step.get("command")
-        metadata = getattr(cmd, "metadata", None) if isinstance(cmd, CreateResponse) else None
+        asked = cmd if isinstance(cmd, CreateResponse) else None
+        metadata = asked.metadata if asked is not None else None
+        out_of_band = asked is not None and asked.out_of_band
         r = self._response = ResponseAssembly(
-            rid, self._new_item_id(), self.epoch, self.turn_id, self._response_modalities(), metadata
+            rid,
+            self._new_item_id(),
+            self.epoch,
+            self.turn_id,
+            self._response_modalities(),
+            metadata,
+            in_conversation=not out_of_band,
         )
         r.max_output_tokens = self._response_options()[2].max_tokens
         self._timing.bind(self.turn_id, rid, now)
@@ -1041,11 +1080,13 @@ class SessionCore:
             modalities=r.modalities,
             metadata=metadata,
             max_output_tokens=r.max_output_tokens,
+            out_of_band=out_of_band,
         )
         item = r.item("in_progress")
         self._emit(ev.OutputItemAdded, response_id=rid, item_id=r.item_id, item=item)
-        previous = self._conversation.add(item)
-        self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
+        if r.in_conversation:
+            previous = self._conversation.add(item)
+            self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
         self._emit(ev.ContentPartAdded, response_id=rid, item_id=r.item_id, part_type=r.part_type)
 
     def _fx_deliver_output(self) -> None:
@@ -1102,14 +1143,17 @@ class SessionCore:
         self._emit(fev.FunctionCallItemAdded, **ids)
         # A call is a conversation item of its own (GA): retrievable, what an output answers,
         # and announced like every item a response adds (conversation.item.added now, .done
-        # with its arguments), so a client mirroring the conversation (livekit) knows it.
-        previous = self._conversation.add(call.to_item())
-        self._emit(ev.ItemAdded, item=call.to_item("in_progress"), previous_item_id=previous)
+        # with its arguments), so a client mirroring the conversation (livekit) knows it. Not
+        # an out-of-band response's: its output stays the client's.
+        if r.in_conversation:
+            previous = self._conversation.add(call.to_item())
+            self._emit(ev.ItemAdded, item=call.to_item("in_progress"), previous_item_id=previous)
         if out.arguments:
             self._emit(fev.FunctionArgumentsDelta, delta=out.arguments, **ids)
         self._emit(fev.FunctionArgumentsDone, **ids)
         self._emit(fev.FunctionCallItemDone, **ids)
-        self._emit(ev.ItemDone, item=call.to_item(), previous_item_id=previous)
+        if r.in_conversation:
+            self._emit(ev.ItemDone, item=call.to_item(), previous_item_id=previous)
 
     def _call_registry(self) -> FunctionCallRegistry:
         calls = self._calls
@@ -1169,6 +1213,7 @@ class SessionCore:
             output=r.output_items(item),
             output_tokens=r.output_tokens,
             max_output_tokens=r.max_output_tokens,
+            out_of_band=not r.in_conversation,
             **ids,
         )
         self._response = None

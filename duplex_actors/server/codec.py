@@ -178,7 +178,7 @@ def _response_object(
         "status_details": details,
         "output": output,
         "output_modalities": ["audio"] if "audio" in e.modalities else ["text"],
-        "conversation_id": _conversation_id(e),
+        "conversation_id": None if e.out_of_band else _conversation_id(e),
         "metadata": e.metadata,
         "usage": usage,
         "max_output_tokens": e.max_output_tokens or "inf",

@@ -447,13 +447,17 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
     response = f.object("response")
     instructions = modalities = metadata = None
     options: dict[str, Any] = {}
+    context: dict[str, Any] = {}
     if response is not None:
         instructions = response.str("instructions")
-        conversation = response.obj.get("conversation")
-        if conversation not in (None, "auto"):
+        conversation = response.str("conversation")
+        if conversation not in (None, "auto", "none"):
             raise NotSupported(
-                "out-of-band responses (response.conversation other than 'auto') are not supported"
+                f"response.conversation {conversation[:64]!r}: this server has one conversation "
+                "per session; use 'auto' or 'none' (out of band)",
+                param="response.conversation",
             )
+        context = {"out_of_band": conversation == "none", "input": _response_input(response)}
         modalities = _modalities(response, "output_modalities")
         meta = response.object("metadata")
         if meta is not None:
@@ -480,7 +484,33 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
         event_id=event_id,
         epoch=epoch,
         **options,
+        **context,
     )
+
+
+#: Items a response's own context may hold (GA ``response.input``).
+MAX_RESPONSE_INPUT = 64
+
+
+def _response_input(response: _Fields) -> tuple[Item | str, ...] | None:
+    """GA ``response.input``: items written here, or ``item_reference``s to the conversation's."""
+    raw = response.obj.get("input")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise response.fail("input", "must be a list of items")
+    if len(raw) > MAX_RESPONSE_INPUT:
+        raise response.fail("input", f"has more than {MAX_RESPONSE_INPUT} items")
+    entries: list[Item | str] = []
+    for i, value in enumerate(raw):
+        if not isinstance(value, dict):
+            raise response.fail(f"input[{i}]", "must be an object")
+        entry = _Fields(value, f"{response.prefix}input[{i}].", response.event_id)
+        if entry.str("type") == "item_reference":
+            entries.append(entry.str("id", required=True, max_len=256) or "")
+        else:
+            entries.append(_item_value(entry))
+    return tuple(entries)
 
 
 @_parser("response.cancel")
@@ -741,7 +771,13 @@ def _content_text(
 
 @_parser("conversation.item.create")
 def _item_create(f: _Fields, event_id, epoch, limits, rates):
-    item = f.object("item", required=True)
+    value = _item_value(f.object("item", required=True))
+    previous = f.str("previous_item_id", max_len=256)
+    return cmd.CreateItem(item=value, previous_item_id=previous, event_id=event_id, epoch=epoch)
+
+
+def _item_value(item: _Fields) -> Item:
+    """An item a client writes (conversation.item.create, or a response's own input)."""
     kind = item.str("type", required=True)
     item_id = item.str("id", max_len=256) or ""
     if kind == "message":
@@ -773,11 +809,11 @@ def _item_create(f: _Fields, event_id, epoch, limits, rates):
         )
     else:
         raise NotSupported(
-            f"item.type {kind!r} is not supported; create message, function_call "
-            "or function_call_output items"
+            f"{item.prefix}type {kind!r} is not supported; create message, function_call "
+            "or function_call_output items",
+            param=f"{item.prefix}type",
         )
-    previous = f.str("previous_item_id", max_len=256)
-    return cmd.CreateItem(item=value, previous_item_id=previous, event_id=event_id, epoch=epoch)
+    return value
 
 
 @_parser("conversation.item.delete")

@@ -389,3 +389,50 @@ async def test_idle_timeout_prompts_the_user_once_the_answer_has_played():
             error = (await r.until("error"))[-1]
             assert error["error"]["param"] == "session.audio.input.turn_detection.idle_timeout_ms"
             assert server.runtime.get(session_id).core.config.idle_timeout_ms == 1000
+
+
+async def test_an_out_of_band_response_is_valid_ga_and_stays_out_of_the_conversation():
+    """GA ``response.conversation: "none"`` with ``response.input`` (an item written in the
+    request and a reference to one in the conversation): conversation_id is null, no
+    conversation.item.* event for its output, and the default conversation's next response
+    still answers the user's pending text."""
+    async with running_server(SCRIPT, server_vad_by_default=False) as server:
+        async with connect(server.url) as ws:
+            r = Recorder(ws)
+            await r.until("session.created")
+            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+            await r.send(type="conversation.item.create", item={**item, "id": "it_user"})
+            await r.until("conversation.item.done")
+            context = [
+                {
+                    "type": "message",
+                    "role": "system",
+                    "content": [{"type": "input_text", "text": "Classify."}],
+                },
+                {"type": "item_reference", "id": "it_user"},
+            ]
+            await r.send(
+                type="response.create",
+                response={"conversation": "none", "input": context, "metadata": {"topic": "classify"}},
+            )
+            events = await r.until("response.done")
+            types = [e["type"] for e in events]
+            assert not any(t.startswith("conversation.item.") for t in types), types
+            created, done = events[0]["response"], events[-1]["response"]
+            assert created["conversation_id"] is None and done["conversation_id"] is None
+            assert done["status"] == "completed" and done["metadata"] == {"topic": "classify"}
+            await r.send(type="response.create", response={"conversation": "conv_other"})
+            error = (await r.until("error"))[-1]["error"]
+            assert error["code"] == "not_supported" and error["param"] == "response.conversation"
+            bad = {"conversation": "none", "input": [{"type": "item_reference", "id": "it_gone"}]}
+            await r.send(type="response.create", response=bad)
+            error = (await r.until("error"))[-1]["error"]
+            assert error["code"] == "item_not_found" and error["param"] == "response.input[0].id"
+            await r.send(type="response.create")
+            events = await r.until("response.done")
+            assert events[-1]["response"]["conversation_id"] is not None
+            assert "conversation.item.added" in [e["type"] for e in events]
+            assert r.validated["response.created"] == 2 and r.validated["response.done"] == 2
+            # What the engine read: its own context out of band, then the user's pending text.
+            engine = server.runtime.engine.backend
+            assert [request.input_text for request in engine.submitted] == ["Classify. hi", "hi"]
