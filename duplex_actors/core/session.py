@@ -991,11 +991,11 @@ class SessionCore:
         if asked is not None and asked.input is not None:
             # Its own context (GA response.input): the pending turn waits for its response.
             audio, words = b"", self._context_words(asked.input)
-        elif asked is not None and asked.out_of_band:
-            # Out of band on the pending turn: read, not taken (the next response answers it).
-            audio, words = bytes(self._committed), " ".join(self._pending_text)
         else:
             audio, words = bytes(self._committed), " ".join(self._pending_text)
+        # Out of band, or on its own context, a response leaves the pending turn (read, not
+        # taken) for the default conversation's next response.
+        if asked is None or (asked.input is None and not asked.out_of_band):
             self._committed = InputBuffer()
             results = () if self._calls is None else self._calls.take_results()
             self._pending_text = []
