@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-import anyio
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from duplex_actors.client import DuplexClient
+from duplex_actors.core.clock import ManualClock
 
 from .conftest import CHUNK_100MS, http_get, recv_json, running_server
 from .conftest import metric_sample as sample
@@ -99,7 +99,10 @@ async def test_permessage_deflate_is_negotiated_only_when_the_server_allows_it()
 async def test_metrics_requested_flat_out_are_rendered_at_most_once_per_max_age():
     # A render walks every session on the event loop (11 ms at 2,000 sessions) and /metrics
     # needs no key: a client requesting it flat out made a neighbour's turn 2.8x slower.
-    async with running_server(metrics_max_age_s=0.5) as server:
+    # The max age reads the runtime's clock: a manual one keeps a slow CI host from ageing the
+    # cache between two of the 30 requests (it did once, in 1 run of about 30).
+    clock = ManualClock(0.0)
+    async with running_server(metrics_max_age_s=0.5, runtime_kw={"clock": clock}) as server:
         for _ in range(200):
             server.runtime.open_session_nowait()
         texts = [(await http_get(server.http_url + "/metrics"))[2] for _ in range(30)]
@@ -108,7 +111,9 @@ async def test_metrics_requested_flat_out_are_rendered_at_most_once_per_max_age(
             all(t == texts[0] for t in texts) and sample(texts[0], "duplex_sessions", '{state="idle"}') == 200
         )
         server.runtime.open_session_nowait()
-        await anyio.sleep(0.6)  # past the max age: a fresh render sees the new session
+        clock.advance(0.49)  # still within the max age: the cached text
+        assert (await http_get(server.http_url + "/metrics"))[2] == texts[0]
+        clock.advance(0.02)  # past it: a fresh render sees the new session
         _, _, text = await http_get(server.http_url + "/metrics")
         assert server.metrics.renders == 2
         assert sample(text, "duplex_sessions", '{state="idle"}') == 201
@@ -117,8 +122,6 @@ async def test_metrics_requested_flat_out_are_rendered_at_most_once_per_max_age(
 async def test_connect_rates_answer_429_with_retry_after_before_any_session_opens():
     """Opt-in connect rates: past its burst an address (or a key) gets 429 and Retry-After at
     the handshake; another key is not held back by the first one's churn."""
-    from duplex_actors.core.clock import ManualClock
-
     keys = ("key-a", "key-b")
     clock = ManualClock(0.0)  # the rates read the runtime's clock: no refill while we connect
     async with running_server(
