@@ -219,6 +219,14 @@ class ScriptedEngine:
             packets = script.audio_packets if "audio" in request.modalities else 0
             # Interleave text and audio the way a thinker + talker pipeline does.
             steps = max(len(tokens), packets)
+            # The request's token limit (a response's or session's max_output_tokens) ends the
+            # answer where a real engine's would: at that many tokens, and its speech with
+            # them, reason "length" (the response is then incomplete).
+            limit = request.sampling.max_tokens
+            cut = limit is not None and len(tokens) > limit
+            if cut:
+                tokens = tokens[:limit]
+                steps = limit
             for i in range(steps):
                 if script.hang_after is not None and emitted >= script.hang_after:
                     await anyio.sleep_forever()
@@ -256,6 +264,6 @@ class ScriptedEngine:
                     len(token_times),
                     itl,
                 )
-            yield TurnDone(rid, "completed", metrics, produced_at=time.perf_counter())
+            yield TurnDone(rid, "length" if cut else "completed", metrics, produced_at=time.perf_counter())
         finally:
             self.active.discard(rid)

@@ -698,8 +698,13 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
                 if value is not None:
                     sampling[key] = (value, sp._name(key))
 
+    # Two fields, not one: a refused tool_choice (openai-agents lets a user set a bare tool
+    # name) must not take the update's tools down with it.
     def tools():
-        changes.update(_tool_fields(s))
+        changes.update(_tools_field(s))
+
+    def tool_choice():
+        changes.update(_tool_choice_field(s))
 
     def transcription():
         changes.update(_session_transcription(s, in_fields))
@@ -715,6 +720,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         max_tokens,
         duplex,
         tools,
+        tool_choice,
         transcription,
     ):
         field(reader)
@@ -836,8 +842,13 @@ _MAX_TOOLS = 128
 
 
 def _tool_fields(s: _Fields) -> dict[str, Any]:
-    """``tools`` and ``tool_choice`` (of a session.update's session, or of a response.create's
-    response) as command fields: only those given."""
+    """``tools`` and ``tool_choice`` (of a response.create's response) as command fields: only
+    those given."""
+    return {**_tools_field(s), **_tool_choice_field(s)}
+
+
+def _tools_field(s: _Fields) -> dict[str, Any]:
+    """``tools`` as a command field, if given."""
     changes: dict[str, Any] = {}
     if s.has("tools") and s.obj["tools"] is not None:
         tools = s.obj["tools"]
@@ -864,6 +875,12 @@ def _tool_fields(s: _Fields) -> dict[str, Any]:
                 )
             )
         changes["tools"] = tuple(parsed)
+    return changes
+
+
+def _tool_choice_field(s: _Fields) -> dict[str, Any]:
+    """``tool_choice`` as a command field, if given."""
+    changes: dict[str, Any] = {}
     choice = s.obj.get("tool_choice")
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):

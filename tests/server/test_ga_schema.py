@@ -341,6 +341,32 @@ async def test_a_named_tool_choice_and_token_limits_are_echoed_in_ga_shape():
         assert r.validated["session.updated"] == 1 and r.validated["response.done"] == 2
 
 
+async def test_a_response_stops_at_max_output_tokens_and_is_incomplete():
+    # serve's scripted engine ignored the limit: a session asking for 3 tokens got all 6, with
+    # status "completed" (openai-agents' test of its max_output_tokens setting).
+    words = tuple(f" w{i}" for i in range(6))
+    script = Script(token_latency_s=0.001, tokens=words, audio_packets=6, packet_ms=20)
+    async with running_server(script) as server:
+        async with connect(server.url) as ws:
+            r = Recorder(ws)
+            await r.until("session.created")
+            await r.send(type="session.update", session={"type": "realtime", "max_output_tokens": 3})
+            await r.until("session.updated")
+            for ask, allowed in (({}, 3), ({"max_output_tokens": 2}, 2), ({"max_output_tokens": 6}, 6)):
+                await r.send(type="response.create", response=ask)
+                events = await r.until("response.done")
+                response = events[-1]["response"]
+                audio = [e for e in events if e["type"] == "response.output_audio.delta"]
+                assert response["usage"]["output_tokens"] == allowed and len(audio) == allowed
+                assert response["output"][0]["content"][0]["transcript"] == "".join(words[:allowed])
+                if allowed < len(words):
+                    assert response["status"] == "incomplete"
+                    assert response["status_details"]["reason"] == "max_output_tokens"
+                else:  # exactly at the limit is a whole answer
+                    assert response["status"] == "completed"
+        assert r.validated["response.done"] == 3
+
+
 async def test_idle_timeout_prompts_the_user_once_the_answer_has_played():
     """GA ``turn_detection.idle_timeout_ms``: after the answer's audio has played, that much
     quiet gets input_audio_buffer.timeout_triggered, the quiet committed as an item, and a

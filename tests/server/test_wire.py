@@ -289,6 +289,18 @@ def test_one_refused_field_names_its_param_and_the_rest_of_the_update_still_appl
     assert update.command.min_interruption_ms == 900 and update.voice == "marin"
 
 
+def test_a_refused_tool_choice_keeps_the_tools_of_the_same_update():
+    # openai-agents lets a user set tool_choice to a bare tool name, which GA does not allow:
+    # the choice is refused, but the tools it came with were dropped with it, so the session
+    # answered without any tool at all.
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    update = wire.decode(frame(type="session.update", session={"tools": [tool], "tool_choice": "get_time"}))
+    (error,) = update.errors
+    assert (error.param, error.code) == ("session.tool_choice", "invalid_value")
+    assert [t.name for t in update.command.tools] == ["get_time"]
+    assert update.command.tool_choice is None  # unchanged
+
+
 def test_session_update_declares_formats_and_modalities():
     update = wire.decode(
         frame(
