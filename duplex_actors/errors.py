@@ -86,11 +86,23 @@ class ResponseInProgress(IllegalTransition):
 
     code = "conversation_already_has_active_response"
 
+    # OpenAI's words: clients match on them (pipecat's xAI service ignores this race by them).
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+        super().__init__(
+            state, trigger, message or "Conversation already has an active response in progress", **kw
+        )
+
 
 class NoActiveResponse(IllegalTransition):
     """response.cancel with nothing to cancel (OpenAI: response_cancel_not_active)."""
 
     code = "response_cancel_not_active"
+
+    # OpenAI's words, which clients match on: livekit treats an error starting "Cancellation
+    # failed" as the harmless race of a cancel with response.done, and logs anything else as
+    # an error (its interrupt() sends cancels that meet an ended response all the time).
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+        super().__init__(state, trigger, message or "Cancellation failed: no active response found", **kw)
 
 
 class ItemNotFound(ClientError):

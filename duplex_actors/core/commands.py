@@ -31,6 +31,14 @@ def _optional_count(instance, attribute, value):
         raise InvalidCommand(f"{attribute.name} must be a non-negative integer")
 
 
+def _sampling_knobs(instance, attribute, value):
+    known = {f.name for f in attrs.fields(SamplingOverrides)}
+    if not isinstance(value, tuple) or not set(value) <= known:
+        raise InvalidCommand(
+            f"{attribute.name} must be a tuple of sampling knobs ({', '.join(sorted(known))})"
+        )
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class Command:
     LANE: ClassVar[Lane] = Lane.DATA
@@ -131,8 +139,9 @@ class CreateResponse(Command):
     #: session's). OpenAI clients pass them to ask for, or rule out, a call in one reply.
     tools: tuple[FunctionTool, ...] | None = None
     tool_choice: str | None = None
-    #: This response's token limit, instead of the session's sampling.max_tokens.
-    max_tokens: int | None = None
+    #: This response's token limit, instead of the session's sampling.max_tokens: 0 lifts
+    #: the session's for this response (GA ``"inf"``), None keeps it.
+    max_tokens: int | None = attrs.field(default=None, validator=_optional_count)
     #: Out of band (GA ``response.conversation: "none"``): nothing the response says is
     #: written into the conversation, and the user's pending turn waits for its own response.
     out_of_band: bool = False
@@ -168,7 +177,10 @@ class UpdateSession(Command):
     idle_timeout_ms: int | None = attrs.field(default=None, validator=_optional_count)
     model_native: bool | None = None
     instructions: str | None = None
+    #: The knobs given (not None) replace the session's; the others are kept.
     sampling: SamplingOverrides | None = None
+    #: Knobs set back to the engine's default (GA ``max_output_tokens: "inf"``).
+    reset_sampling: tuple[str, ...] = attrs.field(default=(), validator=_sampling_knobs)
     min_interruption_ms: int | None = None
     #: Whether speech over a response may cancel it (turn_detection.interrupt_response).
     interrupt_response: bool | None = None

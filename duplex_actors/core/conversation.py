@@ -185,6 +185,15 @@ class Conversation:
                 return next(keys, None)
         return None
 
+    def ids_before(self, item_id: str) -> list[str]:
+        """The ids of the items before ``item_id``, oldest first (all of them if it is not held)."""
+        ids = []
+        for key in self._items:
+            if key == item_id:
+                break
+            ids.append(key)
+        return ids
+
     def clear(self) -> None:
         self._items.clear()
         self._chars = 0

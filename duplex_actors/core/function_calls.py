@@ -22,11 +22,12 @@ class FunctionCallRegistry:
     ``max_chars`` bounds the waiting outputs' text together, as the conversation's character
     budget bounds its items (None: only RECENT_CALLS bounds them)."""
 
-    __slots__ = ("_names", "_results", "_chars", "max_chars")
+    __slots__ = ("_names", "_results", "_items", "_chars", "max_chars")
 
     def __init__(self, max_chars: int | None = None) -> None:
         self._names: dict[str, str] = {}
         self._results: list[FunctionResult] = []
+        self._items: dict[str, str] = {}  # waiting output's call_id -> the item that carried it
         self._chars = 0  # the waiting outputs' length in all
         self.max_chars = max_chars
 
@@ -40,7 +41,7 @@ class FunctionCallRegistry:
         if len(names) > RECENT_CALLS:
             names.pop(next(iter(names)))
 
-    def answer(self, call_id: str, output: str) -> None:
+    def answer(self, call_id: str, output: str, item_id: str = "") -> None:
         """The client's output for ``call_id``: the next model turn receives it. A later output
         for the same call replaces the earlier one, and at most RECENT_CALLS outputs wait (the
         oldest go first): a client answering over and over without asking for a response held
@@ -50,16 +51,33 @@ class FunctionCallRegistry:
         results = self._results
         results[:] = [r for r in results if r.call_id != call_id]
         results.append(FunctionResult(call_id, output, self._names.get(call_id)))
+        self._items[call_id] = item_id
         self._chars = sum(len(r.output) for r in results)
         budget = self.max_chars
         while len(results) > 1 and (
             len(results) > RECENT_CALLS or (budget is not None and self._chars > budget)
         ):
-            self._chars -= len(results.pop(0).output)
+            dropped = results.pop(0)
+            self._chars -= len(dropped.output)
+            self._items.pop(dropped.call_id, None)
+
+    def withdraw(self, item_ids: set[str]) -> None:
+        """Outputs carried by these items no longer wait: the items were deleted, or the model
+        already answered them. An output that replaced one of them for the same call stays."""
+        if not self._results or not item_ids:
+            return
+        items = self._items
+        kept = [r for r in self._results if items.get(r.call_id) not in item_ids]
+        for r in self._results:
+            if items.get(r.call_id) in item_ids:
+                del items[r.call_id]
+        self._results = kept
+        self._chars = sum(len(r.output) for r in kept)
 
     def take_results(self) -> tuple[FunctionResult, ...]:
         """The outputs received since the last call, oldest first; the registry forgets them."""
         results = tuple(self._results)
         self._results.clear()
+        self._items.clear()
         self._chars = 0
         return results

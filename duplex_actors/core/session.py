@@ -26,7 +26,7 @@ Guarantees (property-tested in tests/core):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypedDict, cast
 
 if TYPE_CHECKING:
@@ -293,7 +293,9 @@ class SessionCore:
         self._conversation = Conversation(self.config.max_items, self.config.max_conversation_chars)
         self._item_seq = 0
         self._next_input_item: str | None = None  # the item the buffered audio will become
-        self._pending_text: list[str] = []  # user/system words not yet answered by a response
+        # User/system words not yet answered by a response, by item id: a deleted item's words,
+        # or words a replayed assistant item already answered, are forgotten by id.
+        self._pending_text: dict[str, str] = {}
         self._pending_chars = 0  # their length in all (bounded: see _pend_text)
         # Server VAD: the input window kept while no speech is open (None: keep everything),
         # whether speech is open, when the last response's audio finishes playing, and the
@@ -959,7 +961,7 @@ class SessionCore:
             # The engine always writes the words: an audio response's transcript is its text.
             modalities=("text", "audio") if "audio" in shown else ("text",),
             submitted_at=self._step["now"],
-            input_text=" ".join(self._pending_text) if words is None else words,
+            input_text=" ".join(self._pending_text.values()) if words is None else words,
             tools=tools,
             tool_choice=tool_choice,
         )
@@ -975,7 +977,7 @@ class SessionCore:
                 tools = cmd.tools
             tool_choice = cmd.tool_choice or tool_choice
             if cmd.max_tokens is not None:
-                sampling = attrs.evolve(sampling, max_tokens=cmd.max_tokens)
+                sampling = attrs.evolve(sampling, max_tokens=cmd.max_tokens or None)
         return tools, tool_choice, sampling
 
     def _response_modalities(self) -> tuple[str, ...]:
@@ -992,13 +994,13 @@ class SessionCore:
             # Its own context (GA response.input): the pending turn waits for its response.
             audio, words = b"", self._context_words(asked.input)
         else:
-            audio, words = bytes(self._committed), " ".join(self._pending_text)
+            audio, words = bytes(self._committed), " ".join(self._pending_text.values())
         # Out of band, or on its own context, a response leaves the pending turn (read, not
         # taken) for the default conversation's next response.
         if asked is None or (asked.input is None and not asked.out_of_band):
             self._committed = InputBuffer()
             results = () if self._calls is None else self._calls.take_results()
-            self._pending_text = []
+            self._pending_text = {}
             self._pending_chars = 0
         request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id(), words)
         if results:
@@ -1392,32 +1394,49 @@ class SessionCore:
         if item.type == "function_call_output":
             # It answers one of this session's calls (_precheck refused any other): the next
             # model turn receives it.
-            self._call_registry().answer(item.call_id or "", item.output or "")
+            self._call_registry().answer(item.call_id or "", item.output or "", item.id)
         elif item.type == "function_call":
             # A call the client replays (its own history): its output may answer it, as
             # OpenAI accepts an output for any call in the conversation.
             self._call_registry().remember(item.call_id or "", item.name or "")
         elif item.text and item.role != "assistant":
             # Words the next response answers (user text, system/developer notes).
-            self._pend_text(item.text)
+            self._pend_text(item.id, item.text)
+        if item.role == "assistant" or item.type == "function_call":
+            # The model's own words or call, written by the client (history it replays, e.g.
+            # livekit after every reconnect): what comes before them was already answered.
+            # Otherwise the next response read the whole replayed history as new input, and
+            # got function outputs that had been answered long ago.
+            self._forget_pending(self._conversation.ids_before(item.id))
         self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
         self._emit(ev.ItemDone, item=item, previous_item_id=previous)
 
-    def _pend_text(self, text: str) -> None:
+    def _pend_text(self, item_id: str, text: str) -> None:
         """Keep ``text`` for the next response, within the conversation's bounds: a client that
         creates items and never asks for a response held every one of their texts here, without
         limit (100 items of 65,536 four-byte characters: +25 MiB, growing)."""
         pending = self._pending_text
-        pending.append(text)
+        pending[item_id] = text
         self._pending_chars += len(text)
         budget = self.config.max_conversation_chars
         while len(pending) > 1 and (
             len(pending) > self.config.max_items or (budget is not None and self._pending_chars > budget)
         ):
-            self._pending_chars -= len(pending.pop(0))
+            self._pending_chars -= len(pending.pop(next(iter(pending))))
+
+    def _forget_pending(self, item_ids: Iterable[str]) -> None:
+        """The next response no longer reads these items (deleted, or already answered)."""
+        pending = self._pending_text
+        ids = set(item_ids)
+        for item_id in ids & pending.keys():
+            self._pending_chars -= len(pending.pop(item_id))
+        if self._calls is not None:
+            self._calls.withdraw(ids)
 
     def _fx_remove_item(self) -> None:
         item = self._conversation.delete(cast(DeleteItem, self._step["command"]).item_id)
+        # A deleted item is not read either: its words, or its function output, stay unsaid.
+        self._forget_pending((item.id,))
         self._emit(ev.ItemDeleted, item_id=item.id)
 
     def _fx_send_item(self) -> None:
@@ -1464,7 +1483,6 @@ class SessionCore:
                 "model_native",
                 "server_vad",
                 "instructions",
-                "sampling",
                 "min_interruption_ms",
                 "interrupt_response",
                 "modalities",
@@ -1474,6 +1492,14 @@ class SessionCore:
             )
             if getattr(cmd, k) is not None
         }
+        if cmd.sampling is not None or cmd.reset_sampling:
+            # Knob by knob, as every other field of an update: a later update that sets only
+            # max_output_tokens kept no temperature set earlier.
+            knobs = (
+                {} if cmd.sampling is None else attrs.asdict(cmd.sampling, filter=lambda _, v: v is not None)
+            )
+            knobs.update(dict.fromkeys(cmd.reset_sampling))
+            changes["sampling"] = attrs.evolve(self.config.sampling, **knobs)
         if cmd.transcription is not None:
             changes["transcription"] = cmd.transcription or None  # False turns it off
         if cmd.speech_prefix_ms is not None:
@@ -1498,7 +1524,7 @@ class SessionCore:
         self._idle_deadline = None
         self._input = InputBuffer()
         self._committed = InputBuffer()
-        self._pending_text = []
+        self._pending_text = {}
         self._pending_chars = 0
         self._conversation.clear()
         if self._windows is not None:

@@ -223,8 +223,9 @@ class ScriptedEngine:
             # answer where a real engine's would: at that many tokens, and its speech with
             # them, reason "length" (the response is then incomplete).
             limit = request.sampling.max_tokens
-            cut = limit is not None and len(tokens) > limit
-            if cut:
+            cut = False
+            if limit is not None and len(tokens) > limit:
+                cut = True
                 tokens = tokens[:limit]
                 steps = limit
             for i in range(steps):

@@ -473,7 +473,9 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
         # This reply's own tools and tool_choice (livekit's generate_reply passes them), and
         # token limit: read as session.update reads them, errors named under response.
         options = _tool_fields(response)
-        if response.obj.get("max_output_tokens") != "inf":
+        if response.obj.get("max_output_tokens") == "inf":
+            options["max_tokens"] = 0  # no limit for this response, whatever the session's
+        else:
             options["max_tokens"] = response.int(
                 "max_output_tokens", minimum=1, maximum=SAMPLING_RANGES["max_tokens"][1]
             )
@@ -667,6 +669,8 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
     def max_tokens():
         for key in ("max_output_tokens", "max_response_output_tokens"):
             if s.has(key) and s.obj[key] == "inf":
+                # No limit: the session's earlier one goes (it was kept, and echoed).
+                changes["reset_sampling"] = ("max_tokens",)
                 continue
             limit = s.int(key, minimum=1)
             if limit is not None:

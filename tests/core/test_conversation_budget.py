@@ -105,11 +105,11 @@ def test_words_waiting_for_a_response_stay_within_the_budget_and_the_newest_are_
             )
         )
     # Before: all 50 texts (3.3 M characters) waited for a response that never came.
-    assert core._pending_chars == sum(len(t) for t in core._pending_text) <= 200_000
+    assert core._pending_chars == sum(len(t) for t in core._pending_text.values()) <= 200_000
     core.handle(cmd.CreateResponse())
     request = next(a.request for a in core.take_actions() if isinstance(a, SubmitTurn))
     assert request.input_text.startswith("47") and request.input_text.count("w" * 65_534) == 3
-    assert core._pending_text == [] and core._pending_chars == 0
+    assert core._pending_text == {} and core._pending_chars == 0
 
 
 def test_function_outputs_waiting_for_a_turn_are_one_per_call_and_bounded():
@@ -143,9 +143,12 @@ def test_function_outputs_waiting_for_a_turn_keep_the_conversations_character_bu
 
 def test_a_session_bounds_the_function_outputs_a_client_replays_and_answers():
     core = SessionCore("sess_budget_calls", SessionConfig(max_conversation_chars=100_000), ManualClock(0.0))
+    # The calls first (one response's parallel calls), then their outputs: a call replayed
+    # after an output would say the model had already read it.
     for n in range(RECENT_CALLS):
         call = Item(id=f"fc_{n}", type="function_call", call_id=f"c{n}", name="f", arguments="{}")
         core.handle(cmd.CreateItem(item=call))
+    for n in range(RECENT_CALLS):
         output = Item(id=f"fo_{n}", type="function_call_output", call_id=f"c{n}", output="o" * 40_000)
         core.handle(cmd.CreateItem(item=output))
     core.handle(cmd.CreateResponse())

@@ -18,7 +18,7 @@ from duplex_actors.core.engine_io import (
     TurnDone,
 )
 from duplex_actors.core.session import SubmitTurn
-from duplex_actors.errors import UnknownFunctionCall
+from duplex_actors.errors import InvalidCommand, UnknownFunctionCall
 from duplex_actors.server.codec import WireSession, encode
 
 from .helpers import CHUNK, core_in
@@ -185,3 +185,16 @@ def test_a_response_create_s_own_options_apply_to_that_response_only(session_lim
         done = next(e for e in events if isinstance(e, ev.ResponseDone))
         assert created.max_output_tokens == done.max_output_tokens == request.sampling.max_tokens
         assert core.state == "idle"
+
+
+def test_a_session_update_changes_only_the_sampling_knobs_it_names():
+    # The update's knobs replaced the session's as a whole: setting max_output_tokens later
+    # dropped a temperature set earlier. GA "inf" (reset_sampling) sets the limit back.
+    core = core_in("idle")
+    core.handle(cmd.UpdateSession(sampling=SamplingOverrides(temperature=0.5, seed=7)))
+    core.handle(cmd.UpdateSession(sampling=SamplingOverrides(max_tokens=3)))
+    assert core.config.sampling == SamplingOverrides(temperature=0.5, seed=7, max_tokens=3)
+    core.handle(cmd.UpdateSession(reset_sampling=("max_tokens",)))
+    assert core.config.sampling == SamplingOverrides(temperature=0.5, seed=7)
+    with pytest.raises(InvalidCommand):
+        cmd.UpdateSession(reset_sampling=("warmth",))

@@ -9,6 +9,7 @@ import json
 import pytest
 from websockets.asyncio.client import connect
 
+from duplex_actors import Script
 from duplex_actors.server.wire import WireLimits
 
 from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
@@ -230,3 +231,24 @@ async def test_a_client_that_stops_reading_does_not_slow_the_others():
                 event = await recv_until(healthy, "heartbeat.ack", timeout=2.0)
                 assert event[-1]["type"] == "heartbeat.ack"
         stalled.transport.abort()
+
+
+async def test_refused_cancels_and_creates_use_openai_words_which_clients_match_on():
+    # livekit's realtime plugin lets an error through quietly only if its message starts with
+    # "Cancellation failed" (a cancel meeting a response that just ended is routine for it);
+    # ours read "'cancel' is not allowed in state 'idle'", so it logged an error every time.
+    script = Script(token_latency_s=0.05, tokens=("a",) * 20)
+    async with running_server(script) as server:
+        async with connect(server.url) as ws:
+            assert (await recv_json(ws))["type"] == "session.created"
+            await ws.send(json.dumps({"type": "response.cancel", "event_id": "c1"}))
+            error = (await recv_until(ws, "error"))[-1]["error"]
+            assert error["code"] == "response_cancel_not_active"
+            assert error["message"] == "Cancellation failed: no active response found"
+            await ws.send(json.dumps({"type": "response.create"}))
+            await recv_until(ws, "response.created")
+            await ws.send(json.dumps({"type": "response.create", "event_id": "c2"}))
+            error = (await recv_until(ws, "error"))[-1]["error"]
+            assert error["code"] == "conversation_already_has_active_response"
+            assert error["message"].startswith("Conversation already has an active response")
+            assert error["event_id"] == "c2"

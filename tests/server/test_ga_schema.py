@@ -352,7 +352,22 @@ async def test_a_response_stops_at_max_output_tokens_and_is_incomplete():
             await r.until("session.created")
             await r.send(type="session.update", session={"type": "realtime", "max_output_tokens": 3})
             await r.until("session.updated")
-            for ask, allowed in (({}, 3), ({"max_output_tokens": 2}, 2), ({"max_output_tokens": 6}, 6)):
+            # "inf" on a response lifts the session's limit for that response only (it was
+            # read as "the session's"), and on the session lifts it for good (it was ignored).
+            for ask, allowed in (
+                ({}, 3),
+                ({"max_output_tokens": 2}, 2),
+                ({"max_output_tokens": 6}, 6),
+                ({"max_output_tokens": "inf"}, 6),
+                ({}, 3),
+                ("session inf", 6),
+            ):
+                if ask == "session inf":
+                    await r.send(
+                        type="session.update", session={"type": "realtime", "max_output_tokens": "inf"}
+                    )
+                    assert (await r.until("session.updated"))[-1]["session"]["max_output_tokens"] == "inf"
+                    ask = {}
                 await r.send(type="response.create", response=ask)
                 events = await r.until("response.done")
                 response = events[-1]["response"]
@@ -362,9 +377,10 @@ async def test_a_response_stops_at_max_output_tokens_and_is_incomplete():
                 if allowed < len(words):
                     assert response["status"] == "incomplete"
                     assert response["status_details"]["reason"] == "max_output_tokens"
+                    assert response["max_output_tokens"] == allowed
                 else:  # exactly at the limit is a whole answer
                     assert response["status"] == "completed"
-        assert r.validated["response.done"] == 3
+        assert r.validated["response.done"] == 6
 
 
 async def test_idle_timeout_prompts_the_user_once_the_answer_has_played():

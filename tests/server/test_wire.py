@@ -301,6 +301,16 @@ def test_a_refused_tool_choice_keeps_the_tools_of_the_same_update():
     assert update.command.tool_choice is None  # unchanged
 
 
+def test_max_output_tokens_inf_resets_the_limit_and_a_response_may_lift_it():
+    update = wire.decode(frame(type="session.update", session={"max_output_tokens": "inf"}))
+    assert update.command.reset_sampling == ("max_tokens",) and update.command.sampling is None
+    update = wire.decode(frame(type="session.update", session={"max_output_tokens": 5}))
+    assert update.command.reset_sampling == () and update.command.sampling.max_tokens == 5
+    create = wire.decode(frame(type="response.create", response={"max_output_tokens": "inf"}))
+    assert create.max_tokens == 0  # none for this response, whatever the session's
+    assert wire.decode(frame(type="response.create", response={})).max_tokens is None
+
+
 def test_session_update_declares_formats_and_modalities():
     update = wire.decode(
         frame(
