@@ -110,6 +110,22 @@ class ItemNotFound(ClientError):
 
     code = "item_not_found"
 
+    #: OpenAI's code and words for each operation on an item it does not hold. Clients match
+    #: on them: many treat these as a harmless race (an item gone after a barge-in), pipecat
+    #: answers its retrieve call with the first and treats any other error as fatal.
+    _OPERATIONS = {
+        "retrieve": ("item_retrieve_invalid_item_id", "retrieving"),
+        "delete": ("item_delete_invalid_item_id", "deleting"),
+        "truncate": ("item_truncate_invalid_item_id", "truncating"),
+    }
+
+    @classmethod
+    def during(cls, operation: str, item_id: str) -> ItemNotFound:
+        code, doing = cls._OPERATIONS[operation]
+        err = cls(f"Error {doing} item: the item with id {item_id!r} does not exist.")
+        err.code = code
+        return err
+
 
 class InvalidItem(ClientError):
     """A conversation item or a range inside one (truncate) is not acceptable; ``param`` says

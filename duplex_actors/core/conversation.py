@@ -36,7 +36,7 @@ CREATABLE_ROLES = ("user", "system", "developer", "assistant")
 
 @attrs.frozen(slots=True, kw_only=True)
 class ContentPart:
-    #: input_text | input_audio | output_text | output_audio | text
+    #: input_text | input_audio | input_image (its image not kept) | output_text | output_audio | text
     type: str
     text: str | None = None
     transcript: str | None = None

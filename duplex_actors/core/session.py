@@ -1433,20 +1433,29 @@ class SessionCore:
         if self._calls is not None:
             self._calls.withdraw(ids)
 
+    def _held_item(self, item_id: str, operation: str) -> Item:
+        """The conversation's item ``item_id``, or the refusal OpenAI gives ``operation``."""
+        if item_id not in self._conversation:
+            raise ItemNotFound.during(operation, item_id)
+        return self._conversation.get(item_id)
+
     def _fx_remove_item(self) -> None:
-        item = self._conversation.delete(cast(DeleteItem, self._step["command"]).item_id)
+        item_id = cast(DeleteItem, self._step["command"]).item_id
+        self._held_item(item_id, "delete")
+        item = self._conversation.delete(item_id)
         # A deleted item is not read either: its words, or its function output, stay unsaid.
         self._forget_pending((item.id,))
         self._emit(ev.ItemDeleted, item_id=item.id)
 
     def _fx_send_item(self) -> None:
         self._emit(
-            ev.ItemRetrieved, item=self._conversation.get(cast(RetrieveItem, self._step["command"]).item_id)
+            ev.ItemRetrieved,
+            item=self._held_item(cast(RetrieveItem, self._step["command"]).item_id, "retrieve"),
         )
 
     def _fx_cut_item_audio(self) -> None:
         cmd = cast(TruncateItem, self._step["command"])
-        item = self._conversation.get(cmd.item_id)
+        item = self._held_item(cmd.item_id, "truncate")
         r = self._response
         live = r is not None and item.id == r.item_id
         if r is not None and live:

@@ -755,7 +755,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
 
 
 def _content_text(
-    item: _Fields, allowed: tuple[str, ...], as_type: str = "input_text"
+    item: _Fields, allowed: tuple[str, ...], as_type: str = "input_text", images: bool = False
 ) -> tuple[ContentPart, ...]:
     content = item.obj.get("content")
     if not isinstance(content, list) or not content:
@@ -766,13 +766,14 @@ def _content_text(
             raise item.fail(f"content[{i}]", "must be an object")
         part = _Fields(raw, f"{item.prefix}content[{i}].", item.event_id)
         kind = part.str("type", required=True)
-        if kind == "input_image":  # valid OpenAI input, which no engine here can take
-            raise NotSupported(
-                f"{part.prefix}type: image input is not supported (the engines hear and read; "
-                "none of them sees); send the message without its input_image parts",
-                param=f"{part.prefix}type",
-                event_id=item.event_id,
-            )
+        if kind == "input_image" and images:
+            # Valid GA input (a user's camera frame or picture) that no engine here can see.
+            # It was refused, and the refusal ended the session for pipecat, which treats any
+            # error as fatal: one video frame killed the call. The part is kept as a marker,
+            # without its image (which would fill the conversation's budget), and is not read.
+            part.str("image_url", max_len=1 << 30)  # a string if given (the frame bounds it)
+            parts.append(ContentPart(type="input_image"))
+            continue
         if kind not in allowed:
             raise part.fail("type", f"{kind!r} is not supported here; use {' or '.join(allowed)}")
         parts.append(ContentPart(type=as_type, text=part.str("text", required=True)))
@@ -797,7 +798,10 @@ def _item_value(item: _Fields) -> Item:
         if role == "assistant":  # replayed history: text only (audio is never kept)
             parts = _content_text(item, ("output_text", "text"), as_type="output_text")
         else:
-            parts = _content_text(item, ("input_text",) if role == "user" else ("input_text", "text"))
+            if role == "user":
+                parts = _content_text(item, ("input_text",), images=True)
+            else:
+                parts = _content_text(item, ("input_text", "text"))
         value = Item(id=item_id, role=role, content=parts)
     elif kind == "function_call_output":
         value = Item(

@@ -91,7 +91,7 @@ BAD_FRAMES = [
     ),
     (
         json.dumps({"type": "conversation.item.delete", "item_id": "x", "event_id": "e15"}),
-        "item_not_found",
+        "item_delete_invalid_item_id",
         "e15",
     ),
     (
@@ -109,7 +109,7 @@ BAD_FRAMES = [
                 "event_id": "e20",
             }
         ),
-        "item_not_found",
+        "item_truncate_invalid_item_id",
         "e20",
     ),
     (
@@ -136,24 +136,6 @@ BAD_FRAMES = [
         "e18",
     ),
     (json.dumps({"type": "heartbeat", "event_id": ["not", "a", "string"]}), "invalid_value", None),
-    (  # openai-agents sends images this way: valid OpenAI, which no engine here can take
-        json.dumps(
-            {
-                "type": "conversation.item.create",
-                "event_id": "e21",
-                "item": {
-                    "type": "message",
-                    "role": "user",
-                    "content": [
-                        {"type": "input_text", "text": "what is this?"},
-                        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
-                    ],
-                },
-            }
-        ),
-        "not_supported",
-        "e21",
-    ),
     ("\u0000\u0001\u0002", "invalid_json", None),
 ]
 
@@ -252,3 +234,45 @@ async def test_refused_cancels_and_creates_use_openai_words_which_clients_match_
             assert error["code"] == "conversation_already_has_active_response"
             assert error["message"].startswith("Conversation already has an active response")
             assert error["event_id"] == "c2"
+
+
+async def test_an_image_in_a_user_message_is_kept_as_a_marker_not_refused():
+    # pipecat ends its session on any error event but two: a single camera frame (a user
+    # message with an input_image part, which we refused as not_supported) killed the call.
+    image = "data:image/jpeg;base64," + b64(b"\xff\xd8" + b"\x00" * 30_000)
+    async with running_server() as server:
+        async with connect(server.url) as ws:
+            assert (await recv_json(ws))["type"] == "session.created"
+            content = [
+                {"type": "input_text", "text": "what is this?"},
+                {"type": "input_image", "image_url": image},
+            ]
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {"type": "message", "role": "user", "content": content},
+                    }
+                )
+            )
+            added = (await recv_until(ws, "conversation.item.added"))[-1]["item"]
+            assert added["content"] == [
+                {"type": "input_text", "text": "what is this?"},
+                {"type": "input_image"},
+            ]
+            (handle,) = server.runtime.sessions()
+            core = handle.core
+            assert core._conversation.chars == len("what is this?")  # the image is not kept
+            assert list(core._pending_text.values()) == ["what is this?"]  # nor read
+            # Only a user may show one (GA): on a system message it is still refused.
+            content = [{"type": "input_image", "image_url": image}]
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {"type": "message", "role": "system", "content": content},
+                    }
+                )
+            )
+            error = (await recv_until(ws, "error"))[-1]["error"]
+            assert (error["code"], error["param"]) == ("invalid_value", "item.content[0].type")

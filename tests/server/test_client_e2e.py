@@ -148,7 +148,7 @@ async def test_extensions_heartbeat_playback_ack_and_truncate(server):
         first, _ = await client.wait_for("error")
         second, _ = await client.wait_for("error")
         refusals = {e["error"]["event_id"]: e["error"]["code"] for e in (first, second)}
-        assert refusals[bad] == "item_not_found"
+        assert refusals[bad] == "item_truncate_invalid_item_id"
         assert backwards in refusals  # played_ms cannot go backwards
         playback = server.runtime.get(client.session_id).core._playback.snapshot()
         assert playback == {done["response"]["id"]: 120, item: 15}

@@ -104,7 +104,7 @@ async def test_item_ids_are_unique_and_linked_and_edits_check_their_ranges():
                 "dup": ("invalid_value", "item.id"),
                 "where": ("invalid_value", "previous_item_id"),
                 "user": ("invalid_value", "item_id"),
-                "missing": ("item_not_found", None),
+                "missing": ("item_retrieve_invalid_item_id", None),  # OpenAI's code
             }
 
             await send(ws, type="response.create")
@@ -131,7 +131,14 @@ async def test_item_ids_are_unique_and_linked_and_edits_check_their_ranges():
             assert (await recv_json(ws))["item_id"] == assistant
             await send(ws, type="conversation.item.retrieve", item_id=assistant, event_id="gone")
             gone = await recv_json(ws)
-            assert (gone["error"]["code"], gone["error"]["event_id"]) == ("item_not_found", "gone")
+            assert (gone["error"]["code"], gone["error"]["event_id"]) == (
+                "item_retrieve_invalid_item_id",
+                "gone",
+            )
+            assert (
+                gone["error"]["message"]
+                == f"Error retrieving item: the item with id {assistant!r} does not exist."
+            )
 
 
 async def test_replayed_assistant_history_is_kept_but_never_read_as_input():
@@ -154,6 +161,8 @@ async def test_replayed_assistant_history_is_kept_but_never_read_as_input():
             assistant = events[-1]["item"]
             assert assistant["role"] == "assistant"
             assert assistant["content"] == [{"type": "output_text", "text": "Hi Ada"}]
+            await send(ws, type="conversation.item.create", item=user_text("what is my name?"))
             await send(ws, type="response.create")
             await recv_until(ws, "response.done")
-            assert engine.submitted[0].input_text == "my name is Ada"
+            # Not the assistant's words, nor the user's that they already answered.
+            assert engine.submitted[0].input_text == "what is my name?"

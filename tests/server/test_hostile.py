@@ -657,7 +657,7 @@ async def test_a_client_filling_its_conversation_with_long_texts_holds_a_bounded
             # A forgotten item is gone for the client too, with a typed error.
             await ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": ids[0]}))
             error = (await recv_until(ws, "error"))[-1]
-            assert error["error"]["code"] == "item_not_found", error
+            assert error["error"]["code"] == "item_retrieve_invalid_item_id", error
 
 
 async def test_large_valid_frames_sent_fast_are_paced_and_every_one_is_answered():
