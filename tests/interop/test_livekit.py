@@ -21,6 +21,8 @@ from .conftest import API_KEY, GA_RATE, chunks, get_weather_impl
 pytest.importorskip("livekit.plugins.openai.realtime")
 pytestmark = [pytest.mark.interop, pytest.mark.anyio, pytest.mark.timeout(120)]
 
+_NOT_SET = object()  # the RealtimeModel's own default turn detection
+
 import aiohttp  # noqa: E402
 from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
@@ -47,32 +49,65 @@ class _ErrorLog(logging.Handler):
         self.sink.append(f"logged: {record.getMessage()[:200]}{cause[:300]}")
 
 
+class _WarningLog(logging.Handler):
+    """The plugin's warnings (e.g. an item anchored after an unknown item, a rejected chat
+    context update): a test that expects none asserts on them."""
+
+    def __init__(self, sink: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno == logging.WARNING:
+            self.sink.append(record.getMessage()[:300])
+
+
 class Harness:
-    def __init__(self, serve_url: str, turn_detection) -> None:
+    def __init__(self, serve_url: str, turn_detection=_NOT_SET, *, session_options=None, **options) -> None:
         self.serve_url = serve_url
         self.turn_detection = turn_detection
+        self.options = options  # more RealtimeModel options, as a user passes them
+        self.session_options = session_options or {}  # RealtimeModel.session(...)
         self.raw: list[dict] = []
         self.errors: list[str] = []
+        #: What the plugin sent (appends without their audio), and its warnings.
+        self.sent: list[dict] = []
+        self.warnings: list[str] = []
 
     async def __aenter__(self):
         self.http = aiohttp.ClientSession()
+        options = dict(self.options)
+        if self.turn_detection is not _NOT_SET:
+            options["turn_detection"] = self.turn_detection
         self.model = RealtimeModel(
             base_url=self.serve_url,
             api_key=API_KEY,
             model="gpt-realtime",
             http_session=self.http,
-            turn_detection=self.turn_detection,
+            **options,
         )
-        self.session = self.model.session()
+        self.session = self.model.session(**self.session_options)
         self.session.on("openai_server_event_received", self.raw.append)
+        self.session.on("openai_client_event_queued", self._record_sent)
         self.session.on("error", lambda ev: self.errors.append(repr(getattr(ev, "error", ev))[:400]))
         # The plugin logs (and drops) an event it fails to handle instead of raising: count it.
         self._log = _ErrorLog(self.errors)
+        self._warn_log = _WarningLog(self.warnings)
         logging.getLogger("livekit.agents").addHandler(self._log)
+        logging.getLogger("livekit.agents").addHandler(self._warn_log)
         return self
+
+    def _record_sent(self, event: dict) -> None:
+        if event.get("type") == "input_audio_buffer.append":
+            event = {"type": event["type"], "bytes": len(event.get("audio", "")) * 3 // 4}
+        self.sent.append(json.loads(json.dumps(event, default=str)))
+
+    def sent_of(self, kind: str) -> list[dict]:
+        return [e for e in self.sent if e.get("type") == kind]
 
     async def __aexit__(self, *exc):
         logging.getLogger("livekit.agents").removeHandler(self._log)
+        logging.getLogger("livekit.agents").removeHandler(self._warn_log)
         await self.session.aclose()
         await self.model.aclose()
         await self.http.close()
@@ -91,7 +126,9 @@ class Harness:
         server_errors = [e.get("error") for e in self.of("error")]
         return (
             f"plugin errors: {self.errors[:8]}; server errors: {server_errors[:8]}; "
-            f"server events: {[e.get('type') for e in self.raw][:30]}"
+            f"plugin warnings: {self.warnings[:8]}; "
+            f"server events: {[e.get('type') for e in self.raw][-40:]}; "
+            f"sent: {[e.get('type') for e in self.sent if e.get('type') != 'input_audio_buffer.append'][-20:]}"
         )
 
     async def reply(self, timeout: float = 15.0, **options) -> tuple[str, int, list]:
@@ -220,3 +257,774 @@ async def test_idle_timeout_prompts_a_silent_user(serve_url):
         assert len(h.of("input_audio_buffer.timeout_triggered")) == 1, h.summary()
         assert h.of("response.done")[1]["response"]["status"] == "completed"
         assert not h.errors and not h.of("error"), h.summary()
+
+
+# --- what AgentSession does around a live session -------------------------------------------
+
+
+def no_trouble(h: Harness) -> bool:
+    """No server error event, no plugin error (event or log), no plugin warning."""
+    return not h.errors and not h.of("error") and not h.warnings
+
+
+async def say_hello(h: Harness, text: str = "Hello there") -> None:
+    ctx = h.session.chat_ctx.copy()
+    ctx.add_message(role="user", content=text)
+    await h.session.update_chat_ctx(ctx)
+
+
+async def start_reply(h: Harness, **options):
+    """generate_reply and wait for its first message and first audio frame: (generation,
+    message, frames so far)."""
+    generation = await asyncio.wait_for(h.session.generate_reply(**options), 10)
+    message = await asyncio.wait_for(generation.message_stream.__anext__(), 10)
+    frames = [await asyncio.wait_for(message.audio_stream.__anext__(), 10)]
+    return generation, message, frames
+
+
+async def drain(message) -> list:
+    return [frame async for frame in message.audio_stream]
+
+
+def frames_ms(frames) -> int:
+    return sum(f.samples_per_channel for f in frames) * 1000 // GA_RATE
+
+
+async def updated(h: Harness, count: int) -> dict:
+    """The session object of the ``count``-th session.updated (1-based)."""
+    await h.until(lambda x: len(x.of("session.updated")) >= count or x.of("error"))
+    assert len(h.of("session.updated")) >= count, h.summary()
+    return h.of("session.updated")[count - 1]["session"]
+
+
+async def test_interrupt_then_truncate_as_agent_session_does(serve_url):
+    """The user talks over the answer: AgentSession calls interrupt() (response.cancel), then
+    truncate() with what was played (conversation.item.truncate); the next turn answers."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h)
+        generation, message, frames = await start_reply(h)
+        h.session.interrupt()
+        frames += await asyncio.wait_for(drain(message), 10)
+        await h.until(lambda x: x.of("response.done"))
+        done = h.of("response.done")[0]["response"]
+        assert done["status"] == "cancelled", h.summary()
+        assert done["status_details"]["reason"] == "client_cancelled"
+        assert [e["type"] for e in h.sent_of("response.cancel")] == ["response.cancel"]
+        played_ms = frames_ms(frames) // 2  # the listener heard half of what arrived
+        assert played_ms > 0
+        modalities = await message.modalities
+        assert "audio" in modalities
+        h.session.truncate(
+            message_id=message.message_id,
+            modalities=modalities,
+            audio_end_ms=played_ms,
+            audio_transcript="word0",
+        )
+        await h.until(lambda x: x.of("conversation.item.truncated") or x.of("error"))
+        truncated = h.of("conversation.item.truncated")
+        assert truncated, h.summary()
+        assert truncated[0]["item_id"] == message.message_id
+        assert truncated[0]["audio_end_ms"] == played_ms and truncated[0]["content_index"] == 0
+        # the next turn
+        await say_hello(h, "Go on")
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        assert h.of("response.done")[-1]["response"]["status"] == "completed"
+        assert no_trouble(h), h.summary()
+
+
+async def test_truncate_to_nothing_heard_deletes_the_message(serve_url):
+    """Interrupted before any of it played (playback position 0): the plugin deletes the
+    assistant message (conversation.item.delete) and its mirror of the context drops it."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h)
+        generation, message, _ = await start_reply(h)
+        h.session.interrupt()
+        await asyncio.wait_for(drain(message), 10)
+        await h.until(lambda x: x.of("response.done"))
+        h.session.truncate(
+            message_id=message.message_id,
+            modalities=await message.modalities,
+            audio_end_ms=0,
+            audio_transcript="",
+        )
+        await h.until(lambda x: x.of("conversation.item.deleted") or x.of("error"))
+        assert [e["item_id"] for e in h.of("conversation.item.deleted")] == [message.message_id], h.summary()
+        assert h.session.chat_ctx.get_by_id(message.message_id) is None
+        await say_hello(h, "Go on")
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        assert no_trouble(h), h.summary()
+
+
+def _history() -> llm.ChatContext:
+    """A chat context as AgentSession hands over at the start of an agent (or a handoff): a
+    system note, a past exchange with a tool call and its output, and the user's question."""
+    ctx = llm.ChatContext()
+    ctx.add_message(role="system", content="The user lives in Paris.")
+    ctx.add_message(role="user", content="Hi")
+    ctx.add_message(role="assistant", content="Hello! How can I help?")
+    ctx.insert(
+        [
+            llm.FunctionCall(call_id="call_hist_1", name="get_weather", arguments='{"city": "Paris"}'),
+            llm.FunctionCallOutput(
+                call_id="call_hist_1", name="get_weather", output="rainy in Paris", is_error=False
+            ),
+        ]
+    )
+    ctx.add_message(role="user", content="And what should I wear?")
+    return ctx
+
+
+def _ids(ctx: llm.ChatContext) -> list[str]:
+    return [item.id for item in ctx.items]
+
+
+async def test_update_chat_ctx_adds_removes_and_replaces_items(serve_url):
+    """update_chat_ctx as AgentSession uses it: the whole history at start (every item type
+    it syncs), then a context without some items (conversation.item.delete), then a different
+    context (every old item deleted, the new ones created). The plugin's mirror follows the
+    server's answers."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        history = _history()
+        await h.session.update_chat_ctx(history)
+        added = [e["item"]["id"] for e in h.of("conversation.item.added")]
+        assert added == _ids(history), h.summary()
+        assert _ids(h.session.chat_ctx) == _ids(history)
+        roles = [(e["item"]["type"], e["item"].get("role")) for e in h.of("conversation.item.added")]
+        assert roles == [
+            ("message", "system"),
+            ("message", "user"),
+            ("message", "assistant"),
+            ("function_call", None),
+            ("function_call_output", None),
+            ("message", "user"),
+        ]
+
+        # remove the tool exchange (AgentSession does when it drops never-played items)
+        fewer = history.copy()
+        dropped = [item.id for item in fewer.items if item.type in ("function_call", "function_call_output")]
+        fewer.items[:] = [item for item in fewer.items if item.id not in dropped]
+        await h.session.update_chat_ctx(fewer)
+        assert sorted(e["item_id"] for e in h.sent_of("conversation.item.delete")) == sorted(dropped)
+        assert sorted(e["item_id"] for e in h.of("conversation.item.deleted")) == sorted(dropped), h.summary()
+        assert _ids(h.session.chat_ctx) == _ids(fewer)
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+
+        # replace the context as a whole
+        other = llm.ChatContext()
+        other.add_message(role="user", content="Let's talk about Rome instead.")
+        before = len(h.of("conversation.item.deleted"))
+        await h.session.update_chat_ctx(other)
+        assert len(h.of("conversation.item.deleted")) - before == len(fewer.items) + 1  # + the reply
+        assert _ids(h.session.chat_ctx) == _ids(other)
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        assert no_trouble(h), h.summary()
+
+
+async def test_update_chat_ctx_with_a_tool_output_answers_with_it(serve_url):
+    """After a tool call AgentSession copies the session's chat_ctx, appends the outputs and
+    syncs it, then asks for the reply: only the new output goes out, the model reads it."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await ask_about_the_weather(h)
+        _, _, calls = await h.reply()
+        assert [c.name for c in calls] == ["get_weather"], h.summary()
+        ctx = h.session.chat_ctx.copy()
+        ctx.items.append(
+            llm.FunctionCallOutput(
+                call_id=calls[0].call_id, name="get_weather", output="sunny in Lyon", is_error=False
+            )
+        )
+        await h.session.update_chat_ctx(ctx)
+        created = [e["item"]["type"] for e in h.sent_of("conversation.item.create")]
+        assert created == ["message", "function_call_output"], h.sent_of("conversation.item.create")
+        assert not h.sent_of("conversation.item.delete"), h.sent_of("conversation.item.delete")
+        text, frames, calls = await h.reply()
+        assert "sunny in Lyon" in text and frames > 0 and not calls, h.summary()
+        assert no_trouble(h), h.summary()
+
+
+async def test_replacing_an_item_with_new_content(serve_url):
+    """An item of the same id with other content (AgentSession's copy of an assistant message
+    holds what was forwarded, the server's holds the whole transcript): the plugin deletes it
+    and creates it again under the same id, after the same item."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h)
+        text, _, _ = await h.reply()
+        ctx = h.session.chat_ctx.copy()
+        heard = ctx.items[-1]
+        assert heard.type == "message" and heard.role == "assistant", ctx.items
+        assistant = llm.ChatMessage(id=heard.id, role="assistant", content=["word0 word1"], interrupted=True)
+        ctx.items[-1] = assistant  # copy() shares the items: AgentSession puts a new one in
+        await h.session.update_chat_ctx(ctx)
+        assert [e["item_id"] for e in h.of("conversation.item.deleted")] == [assistant.id], h.summary()
+        again = [e for e in h.of("conversation.item.added") if e["item"]["id"] == assistant.id]
+        assert len(again) == 2, h.summary()  # the response's, then the replacement
+        assert again[-1]["item"]["content"][0]["text"] == "word0 word1"
+        assert again[-1]["previous_item_id"] == ctx.items[-2].id
+        mirrored = h.session.chat_ctx.get_by_id(assistant.id)
+        assert mirrored is not None and mirrored.text_content == "word0 word1"
+        await say_hello(h, "Go on")
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        assert no_trouble(h), h.summary()
+
+
+async def test_deleted_function_output_does_not_reach_the_model(serve_url):
+    """AgentSession removes items the user never heard (and a context replaced at a handoff
+    deletes all of them): once conversation.item.deleted confirms it, the model must not read
+    the item. The scripted engine says every function output it is given, first."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        history = _history()
+        await h.session.update_chat_ctx(history)
+        kept = history.copy()
+        kept.items[:] = [i for i in kept.items if i.type not in ("function_call", "function_call_output")]
+        await h.session.update_chat_ctx(kept)
+        assert len(h.of("conversation.item.deleted")) == 2, h.summary()
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        assert no_trouble(h), h.summary()
+        assert "rainy in Paris" not in text, f"the deleted output reached the model: {text[:60]!r}"
+
+
+async def test_instructions_tools_and_tool_choice_updates(serve_url):
+    """update_instructions, update_tools and update_options(tool_choice=...) as AgentSession
+    calls them (at start, on a handoff, for one turn's tool_choice): each is one session.update
+    the server applies (session.updated echoes it) and the next response follows it."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await updated(h, 1)  # the plugin's opening session.update
+        await h.session.update_instructions("You are a weather assistant. Be brief.")
+        assert (await updated(h, 2))["instructions"] == "You are a weather assistant. Be brief."
+        await h.session.update_tools([get_weather])
+        session = await updated(h, 3)
+        assert [t["name"] for t in session["tools"]] == ["get_weather"], session["tools"]
+        assert [t.id for t in h.session.tools.flatten()] == ["get_weather"]
+        await say_hello(h, "What is the weather in Paris?")
+
+        h.session.update_options(tool_choice="none")
+        assert (await updated(h, 4))["tool_choice"] == "none"
+        text, frames, calls = await h.reply()
+        assert not calls and text and frames > 0, h.summary()
+
+        h.session.update_options(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        assert (await updated(h, 5))["tool_choice"] == {"type": "function", "name": "get_weather"}
+        _, _, calls = await h.reply()
+        assert [c.name for c in calls] == ["get_weather"], h.summary()
+        h.session.update_options(tool_choice="auto")
+        assert (await updated(h, 6))["tool_choice"] == "auto"
+
+        await h.session.update_tools([])  # a handoff to an agent without tools
+        assert (await updated(h, 7))["tools"] == []
+        # the generate_reply of a tool-less agent: no call although tool_choice is auto
+        text, frames, calls = await h.reply(instructions="Say goodbye.")
+        assert not calls and text and frames > 0, h.summary()
+        create = h.sent_of("response.create")[-1]["response"]
+        assert create["instructions"] == "You are a weather assistant. Be brief.\nSay goodbye."
+        assert no_trouble(h), h.summary()
+
+
+async def test_generate_reply_with_its_own_tools(serve_url):
+    """AgentSession passes a turn's tools on the response.create (per_response_tool_choice):
+    with none on the session, that response can call one; the next one, without, cannot."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h, "What is the weather in Paris?")
+        _, _, calls = await h.reply(tools=[get_weather], tool_choice="auto")
+        assert [c.name for c in calls] == ["get_weather"], h.summary()
+        assert [t["name"] for t in h.sent_of("response.create")[-1]["response"]["tools"]] == ["get_weather"]
+        text, frames, calls = await h.reply()
+        assert not calls and text and frames > 0, h.summary()
+        assert no_trouble(h), h.summary()
+
+
+async def test_update_options_voice_speed_and_noise_reduction(serve_url):
+    """update_options with the audio settings a user changes mid-session (voice, speed, noise
+    reduction): one session.update, nothing refused, the voice echoed, and the session answers
+    as before."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await updated(h, 1)
+        h.session.update_options(voice="alloy", speed=1.2, input_audio_noise_reduction="near_field")
+        session = await updated(h, 2)
+        assert session["audio"]["output"]["voice"] == "alloy", session
+        sent = h.sent_of("session.update")[-1]["session"]["audio"]
+        assert sent["output"] == {"voice": "alloy", "speed": 1.2}, sent
+        assert sent["input"]["noise_reduction"] == {"type": "near_field"}, sent
+        # the model's update_options, as users call it, reaches every session it made
+        h.model.update_options(voice="echo")
+        assert (await updated(h, 3))["audio"]["output"]["voice"] == "echo"
+        # (it also sends the model's own noise reduction, null, over the session's near_field)
+        assert h.sent_of("session.update")[-1]["session"]["audio"]["output"] == {"voice": "echo"}
+        await say_hello(h)
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        assert h.of("response.done")[-1]["response"]["audio"]["output"]["voice"] == "echo"
+        assert no_trouble(h), h.summary()
+
+
+async def test_max_response_output_tokens_inf_lifts_the_limit(serve_url):
+    """After a limit of 3, update_options(max_response_output_tokens="inf") (the plugin's own
+    default) lifts it: session.updated and the next response say "inf"."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await updated(h, 1)
+        h.session.update_options(max_response_output_tokens=3)
+        await updated(h, 2)
+        h.session.update_options(max_response_output_tokens="inf")
+        session = await updated(h, 3)
+        assert h.sent_of("session.update")[-1]["session"] == {"type": "realtime", "max_output_tokens": "inf"}
+        await say_hello(h)
+        await h.reply()
+        done = h.of("response.done")[-1]["response"]
+        assert not h.errors and not h.of("error"), h.summary()
+        assert (session["max_output_tokens"], done["max_output_tokens"]) == ("inf", "inf")
+
+
+async def test_max_response_output_tokens_limits_the_response(serve_url):
+    """A limit of 3 tokens: the response stops there, status incomplete with reason
+    max_output_tokens, as OpenAI ends it."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await updated(h, 1)
+        h.session.update_options(max_response_output_tokens=3)
+        await updated(h, 2)
+        await say_hello(h)
+        # The plugin fails its generation's done future on an incomplete response (as with
+        # OpenAI), and only awaits it itself before a reconnect: take it here, so the failure
+        # is read rather than left to the loop as "never retrieved".
+        generations = []
+        h.session.on("generation_created", lambda _ev: generations.append(h.session._current_generation))
+        await h.reply()
+        with pytest.raises(llm.RealtimeError, match="incomplete: max_output_tokens"):
+            await generations[0]._done_fut
+        done = h.of("response.done")[-1]["response"]
+        assert not h.errors and not h.of("error"), h.summary()
+        assert done["max_output_tokens"] == 3, done
+        assert done["usage"]["output_tokens"] <= 3, (done["status"], done["usage"])
+        assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens", (
+            done
+        )
+
+
+async def talk(h: Harness, pcm: bytes) -> None:
+    """Push ``pcm`` at the pace a microphone makes it (20 ms frames)."""
+    for frame in _frames(pcm):
+        h.session.push_audio(frame)
+        await asyncio.sleep(0.02)
+
+
+def _vad(**overrides) -> ServerVad:
+    settings = dict(
+        type="server_vad",
+        threshold=0.5,
+        prefix_padding_ms=300,
+        silence_duration_ms=500,
+        create_response=True,
+        interrupt_response=True,
+    )
+    return ServerVad(**{**settings, **overrides})
+
+
+async def test_turn_detection_switched_by_update_options(serve_url, speech_24k):
+    """update_options(turn_detection=...): manual turns, then server VAD (the server detects the
+    turn and answers it), then manual again (speech alone starts nothing; commit_audio and
+    generate_reply do)."""
+    async with Harness(serve_url, turn_detection=None, input_audio_transcription=None) as h:
+        await updated(h, 1)
+        h.session.update_options(turn_detection=_vad())
+        detection = (await updated(h, 2))["audio"]["input"]["turn_detection"]
+        assert detection["type"] == "server_vad" and detection["create_response"] is True, detection
+        assert h.session.capabilities.turn_detection
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        await h.until(lambda x: x.of("response.done"))
+        assert h.of("input_audio_buffer.speech_started") and h.of("input_audio_buffer.committed"), h.summary()
+        assert h.of("response.done")[0]["response"]["status"] == "completed"
+
+        h.session.update_options(turn_detection=None)
+        assert (await updated(h, 3))["audio"]["input"]["turn_detection"] is None
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        await asyncio.sleep(2.5)  # the speech and its second of silence, at 4x real time
+        assert len(h.of("input_audio_buffer.speech_started")) == 1, h.summary()
+        assert len(h.of("response.created")) == 1, h.summary()
+        h.session.commit_audio()
+        text, frames, _ = await h.reply()
+        assert frames > 0 and len(h.of("input_audio_buffer.committed")) == 2, h.summary()
+        assert no_trouble(h), h.summary()
+
+
+async def test_input_transcription_turned_on_by_update_options(serve_url, speech_24k):
+    """update_options(input_audio_transcription=...): the next committed turn is transcribed,
+    the plugin emits input_audio_transcription_completed for the committed item and writes the
+    transcript into its chat context."""
+    from openai.types.realtime import AudioTranscription
+
+    async with Harness(serve_url, turn_detection=None, input_audio_transcription=None) as h:
+        transcripts = []
+        h.session.on("input_audio_transcription_completed", transcripts.append)
+        await updated(h, 1)
+        h.session.update_options(
+            input_audio_transcription=AudioTranscription(model="gpt-4o-transcribe", language="en")
+        )
+        session = await updated(h, 2)
+        assert session["audio"]["input"]["transcription"] is not None, session
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        h.session.commit_audio()
+        await h.until(lambda x: x.of("input_audio_buffer.committed"))
+        item_id = h.of("input_audio_buffer.committed")[0]["item_id"]
+        await h.until(lambda x: any(t.is_final for t in transcripts))
+        final = [t for t in transcripts if t.is_final]
+        assert [t.item_id for t in final] == [item_id]
+        assert "weather" in final[0].transcript.lower(), final[0].transcript
+        assert "weather" in h.session.chat_ctx.get_by_id(item_id).text_content.lower()
+        assert no_trouble(h), h.summary()
+
+
+async def test_model_defaults_semantic_vad_and_transcription(serve_url, speech_24k):
+    """RealtimeModel() as most users make it: the plugin's defaults (semantic_vad with
+    eagerness, gpt-4o-mini-transcribe, voice marin, text+audio modalities). Speech is detected,
+    transcribed, and answered with audio."""
+    async with Harness(serve_url) as h:
+        transcripts = []
+        h.session.on("input_audio_transcription_completed", transcripts.append)
+        opening = await updated(h, 1)
+        assert opening["audio"]["input"]["turn_detection"]["type"] in ("semantic_vad", "server_vad"), opening
+        sent = h.sent_of("session.update")[0]["session"]
+        assert sent["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+        assert sent["audio"]["output"]["voice"] == "marin"
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        await h.until(lambda x: x.of("response.done") and any(t.is_final for t in transcripts))
+        assert h.of("response.done")[0]["response"]["status"] == "completed", h.summary()
+        assert sum(len(e["delta"]) for e in h.of("response.output_audio.delta")) > 0
+        assert "weather" in [t for t in transcripts if t.is_final][0].transcript.lower()
+        assert no_trouble(h), h.summary()
+
+
+async def test_generate_reply_while_a_response_plays_is_refused_as_openai_does(serve_url):
+    """generate_reply(instructions=...) while a response streams: the server refuses the second
+    response.create with OpenAI's conversation_already_has_active_response, echoing its
+    event_id, so the plugin fails that future at once (not after its 10 s timeout); the playing
+    response completes and the next generate_reply works."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h)
+        generation, message, frames = await start_reply(h)
+        second = h.session.generate_reply(instructions="Tell me a joke instead.")
+        with pytest.raises(llm.RealtimeError) as refused:
+            await asyncio.wait_for(second, 5)
+        assert refused.value.code == "conversation_already_has_active_response"
+        errors = h.of("error")
+        assert [e["error"]["code"] for e in errors] == ["conversation_already_has_active_response"]
+        assert errors[0]["error"]["event_id"] == h.sent_of("response.create")[-1]["event_id"]
+        frames += await asyncio.wait_for(drain(message), 10)
+        await h.until(lambda x: x.of("response.done"))
+        assert h.of("response.done")[0]["response"]["status"] == "completed", h.summary()
+        assert len(h.of("response.created")) == 1
+        text, more, _ = await h.reply(instructions="Now the joke.")
+        assert text and more > 0, h.summary()
+        assert h.of("response.done")[-1]["response"]["status"] == "completed"
+
+
+async def test_interrupt_then_generate_reply_at_once(serve_url):
+    """AgentSession's interrupt() followed by generate_reply(instructions=...) (session.interrupt
+    then session.generate_reply, e.g. a tool or a timer that speaks over the agent): the cancel
+    and the create go back to back; the first response ends cancelled, the second completes."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h)
+        generation, message, _ = await start_reply(h)
+        h.session.interrupt()
+        text, frames, _ = await h.reply(instructions="Say: one moment please.")
+        assert text and frames > 0, h.summary()
+        await asyncio.wait_for(drain(message), 10)
+        statuses = [e["response"]["status"] for e in h.of("response.done")]
+        assert statuses == ["cancelled", "completed"], h.summary()
+        assert no_trouble(h), h.summary()
+
+
+async def test_generate_reply_cancelled_before_the_response_is_created(serve_url):
+    """AgentSession cancels the generate_reply future when its speech is interrupted before
+    response.created (speech_handle.interrupted): the plugin sends response.cancel at once,
+    and when the response still arrives it cancels it by id and drops its events. Neither
+    cancel may come back as an error the plugin reports (OpenAI answers a late one with
+    "Cancellation failed: ...", which the plugin ignores)."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h)
+        fut = h.session.generate_reply()
+        fut.cancel()
+        await h.until(lambda x: x.of("response.done"))
+        await asyncio.sleep(0.5)  # the second cancel's answer, if any
+        assert h.of("response.done")[0]["response"]["status"] == "cancelled", h.summary()
+        assert len(h.sent_of("response.cancel")) >= 1
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        # A cancel that meets no response is refused as OpenAI refuses it, in words the plugin
+        # knows to ignore (it reported the old ones as errors).
+        assert not h.errors, h.summary()
+        # The plugin's own note on the cancelled future: its normal path, not about the server.
+        assert all(w.startswith("discarding response that arrived after") for w in h.warnings), h.summary()
+        for error in h.of("error"):
+            assert error["error"]["message"].startswith("Cancellation failed"), h.summary()
+
+
+async def test_server_vad_barge_in_handled_as_agent_session_does(serve_url, speech_24k):
+    """Server VAD barge-in with AgentSession's reaction: on input_speech_started it calls
+    interrupt() while the plugin still has a generation, then truncates the interrupted
+    message at what was played. The answer to the new turn completes, with no error."""
+    async with Harness(serve_url, turn_detection=_vad(), input_audio_transcription=None) as h:
+        interrupts = []
+
+        def on_speech_started(_ev) -> None:
+            if h.session.has_active_generation:  # what AgentActivity.interrupt() reaches
+                interrupts.append(True)
+                h.session.interrupt()
+
+        h.session.on("input_speech_started", on_speech_started)
+        generations = []
+        h.session.on("generation_created", generations.append)
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        await h.until(lambda x: generations)
+        message = await asyncio.wait_for(generations[0].message_stream.__anext__(), 10)
+        first = [await asyncio.wait_for(message.audio_stream.__anext__(), 10)]
+        # talk over the answer, in real time as a microphone does: pushed all at once, the
+        # whole turn would reach the server ahead of the cancel, which would then cancel the
+        # answer to that turn instead (frames are read in order)
+        talking = asyncio.create_task(talk(h, speech_24k))
+        first += await asyncio.wait_for(drain(message), 15)
+        await talking
+        await h.until(lambda x: len(x.of("response.done")) >= 2)
+        h.session.truncate(
+            message_id=message.message_id,
+            modalities=await message.modalities,
+            audio_end_ms=min(frames_ms(first), 200),
+            audio_transcript="word0",
+        )
+        await h.until(lambda x: x.of("conversation.item.truncated") or x.of("error"))
+        first_done, second_done = (e["response"] for e in h.of("response.done")[:2])
+        assert first_done["status"] == "cancelled", h.summary()
+        assert second_done["status"] == "completed", h.summary()
+        assert interrupts and h.sent_of("response.cancel"), h.summary()
+        await asyncio.sleep(0.3)
+        assert not h.errors and not h.of("error"), h.summary()
+
+
+def _speech_ms(pcm: bytes) -> int:
+    return len(pcm) // 2 * 1000 // GA_RATE
+
+
+async def test_push_to_talk_cancel_turn_then_turn(serve_url, speech_24k):
+    """AgentSession in push-to-talk (turn_detection="manual"): the model as users make it, its
+    session opened with turn detection disabled. A cancelled turn (clear_audio) is dropped:
+    input_audio_buffer.cleared, and a commit with nothing pushed since sends nothing. The next
+    turn is committed whole (commit_audio) and answered (generate_reply)."""
+    async with Harness(serve_url, session_options={"turn_detection_disabled": True}) as h:
+        opening = await updated(h, 1)
+        assert opening["audio"]["input"]["turn_detection"] is None, opening
+        assert not h.session.capabilities.turn_detection
+        half = speech_24k[: len(speech_24k) // 4 * 2]  # whole samples
+        for frame in _frames(half):
+            h.session.push_audio(frame)
+        h.session.clear_audio()  # the user lets go of the button and cancels the turn
+        await h.until(lambda x: x.of("input_audio_buffer.cleared"))
+        h.session.commit_audio()  # nothing pushed since: the plugin sends no commit
+        assert not h.sent_of("input_audio_buffer.commit")
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        h.session.commit_audio()
+        await h.until(lambda x: x.of("input_audio_buffer.committed"))
+        committed = h.of("input_audio_buffer.committed")
+        assert len(committed) == 1, h.summary()
+        # all of the turn, none of the cancelled one (the plugin sends whole 100 ms frames)
+        assert abs(committed[0]["audio_ms"] - _speech_ms(speech_24k)) <= 100, committed[0]
+        text, frames, _ = await h.reply()
+        assert frames > 0, h.summary()
+        assert h.of("response.done")[-1]["response"]["status"] == "completed"
+        assert no_trouble(h), h.summary()
+
+
+async def test_push_to_talk_over_the_agent(serve_url, speech_24k):
+    """Push-to-talk while the agent speaks: AgentSession's start of turn is interrupt() and
+    clear_audio(), its end commit_audio() and generate_reply(). The answer being spoken ends
+    cancelled, the new turn is answered."""
+    async with Harness(serve_url, session_options={"turn_detection_disabled": True}) as h:
+        await say_hello(h)
+        generation, message, _ = await start_reply(h)
+        h.session.interrupt()
+        h.session.clear_audio()
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        await asyncio.wait_for(drain(message), 10)
+        h.session.commit_audio()
+        text, frames, _ = await h.reply()
+        assert frames > 0, h.summary()
+        statuses = [e["response"]["status"] for e in h.of("response.done")]
+        assert statuses == ["cancelled", "completed"], h.summary()
+        assert len(h.of("input_audio_buffer.cleared")) == 1 and len(h.of("input_audio_buffer.committed")) == 1
+        assert no_trouble(h), h.summary()
+
+
+def _after_reconnect(h: Harness, kind: str) -> list[dict]:
+    """The ``kind`` events the second connection's server session sent."""
+    types = [e["type"] for e in h.raw]
+    if types.count("session.created") < 2:
+        return []
+    return [e for e in h.raw[types.index("session.created", 1) :] if e["type"] == kind]
+
+
+async def test_reconnect_after_max_session_duration_replays_the_context(serve_url):
+    """max_session_duration: the plugin closes the connection (code 1000) and opens a new one,
+    on which it sends its options, its tools and its whole chat context again (items with
+    their ids, each after the previous one). The new server session takes every item, and the
+    conversation carries on there: a function output answering a replayed call is read."""
+    # 3 s: the setup below takes about 1.5 s, the checks after the reconnect under 1 s, so
+    # there is exactly one reconnect while the test talks (the next would be 3 s later)
+    async with Harness(serve_url, turn_detection=None, max_session_duration=3.0) as h:
+        reconnected = []
+        h.session.on("session_reconnected", reconnected.append)
+        await h.session.update_instructions("You are a weather assistant.")
+        await h.session.update_tools([get_weather])
+        await h.session.update_chat_ctx(_history())
+        text, _, _ = await h.reply()  # answers with the history's function output
+        assert "rainy in Paris" in text, h.summary()
+        await say_hello(h, "And in Nice?")
+        _, _, calls = await h.reply()  # the scripted engine calls the offered tool
+        assert [c.name for c in calls] == ["get_weather"], h.summary()
+        before = _ids(h.session.chat_ctx)
+        # the plugin replays all but system messages (chat_ctx.copy(exclude_instructions=True))
+        expected = [
+            i.id for i in h.session.chat_ctx.items if not (i.type == "message" and i.role == "system")
+        ]
+        first_session = h.of("session.created")[0]["session"]["id"]
+        sent_before = len(h.sent)
+
+        await h.until(lambda x: reconnected and len(x.of("session.created")) == 2, timeout=10)
+        await h.until(lambda x: len(_after_reconnect(x, "conversation.item.added")) >= len(expected))
+        assert h.of("session.created")[1]["session"]["id"] != first_session
+        replay = h.sent[sent_before:]
+        if [e["type"] for e in replay].count("session.update") > 2:  # a later reconnect's replay
+            replay = replay[: [i for i, e in enumerate(replay) if e["type"] == "session.update"][2]]
+        kinds = [e["type"] for e in replay]
+        assert kinds[:2] == ["session.update", "session.update"], kinds  # options, then tools
+        assert replay[0]["session"]["instructions"] == "You are a weather assistant."
+        assert [t["name"] for t in replay[1]["session"]["tools"]] == ["get_weather"]
+        creates = [e for e in replay if e["type"] == "conversation.item.create"]
+        replayed = [e["item"]["id"] for e in creates]
+        assert replayed == expected, (before, replayed)
+        assert [e["previous_item_id"] for e in creates] == ["root", *replayed[:-1]]
+        added = [e["item"]["id"] for e in _after_reconnect(h, "conversation.item.added")]
+        assert added == replayed, h.summary()
+        assert _ids(h.session.chat_ctx) == expected
+        assert not h.of("error") and not h.errors, h.summary()
+
+        # the conversation goes on on the new connection: the tool's output answers its call
+        ctx = h.session.chat_ctx.copy()
+        ctx.items.append(
+            llm.FunctionCallOutput(
+                call_id=calls[0].call_id, name="get_weather", output="sunny in Nice", is_error=False
+            )
+        )
+        await h.session.update_chat_ctx(ctx)
+        text, frames, _ = await h.reply()
+        assert "sunny in Nice" in text and frames > 0, h.summary()
+        assert len(h.of("session.created")) == 2, "reconnected again while the test talked"
+        assert not h.errors and not h.of("error"), h.summary()
+
+
+async def test_reconnect_replay_does_not_deliver_answered_outputs_again(serve_url):
+    """After the reconnect (max_session_duration; 20 min by default) the plugin replays the
+    history, including a function output the model already answered, followed by that answer.
+    The first response on the new connection must not be given that output as a new result
+    (the scripted engine says every output it is given)."""
+    async with Harness(serve_url, turn_detection=None, max_session_duration=3.0) as h:
+        reconnected = []
+        h.session.on("session_reconnected", reconnected.append)
+        await h.session.update_chat_ctx(_history())
+        text, _, _ = await h.reply()
+        assert text.startswith("rainy in Paris"), h.summary()  # answered on this connection
+        await h.until(lambda x: reconnected and len(x.of("session.created")) == 2, timeout=10)
+        await h.until(lambda x: len(_after_reconnect(x, "conversation.item.added")) >= 5)
+        await say_hello(h, "Thanks!")
+        text, frames, _ = await h.reply()
+        assert frames > 0 and not h.of("error") and not h.errors, h.summary()
+        assert "rainy in Paris" not in text, f"an answered output was delivered again: {text[:60]!r}"
+
+
+async def test_text_modality_interrupt_and_truncate_by_transcript(serve_url):
+    """A text-only model (modalities=["text"], e.g. paired with a TTS): words stream as
+    output_text, no audio; after an interruption AgentSession truncates by the forwarded text,
+    which the plugin sends as a delete and a create of the assistant message under its id."""
+    async with Harness(serve_url, turn_detection=None, modalities=["text"]) as h:
+        await updated(h, 1)
+        assert h.sent_of("session.update")[0]["session"]["output_modalities"] == ["text"]
+        await say_hello(h)
+        generation = await asyncio.wait_for(h.session.generate_reply(), 10)
+        message = await asyncio.wait_for(generation.message_stream.__anext__(), 10)
+        first = await asyncio.wait_for(message.text_stream.__anext__(), 10)
+        h.session.interrupt()
+        rest = [piece async for piece in message.text_stream]
+        assert await message.modalities == ["text"]
+        assert [f async for f in message.audio_stream] == []
+        await h.until(lambda x: x.of("response.done"))
+        assert h.of("response.done")[0]["response"]["status"] == "cancelled", h.summary()
+        assert h.of("response.output_text.delta") and not h.of("response.output_audio.delta")
+        # what the TTS had spoken when the user cut in: less than the server's transcript
+        forwarded = str(first).strip()[:3]
+        assert forwarded and forwarded != "".join([str(first), *map(str, rest)])
+        h.session.truncate(
+            message_id=message.message_id, modalities=["text"], audio_end_ms=0, audio_transcript=forwarded
+        )
+        await h.until(
+            lambda x: x.of("conversation.item.deleted") and len(x.of("conversation.item.added")) >= 3
+        )
+        readded = h.of("conversation.item.added")[-1]["item"]
+        assert readded["id"] == message.message_id and readded["content"][0]["text"] == forwarded, readded
+        assert h.session.chat_ctx.get_by_id(message.message_id).text_content == forwarded
+        await say_hello(h, "Go on")
+        text, frames, _ = await h.reply()
+        assert text and frames == 0, h.summary()
+        assert no_trouble(h), h.summary()
+
+
+async def test_agent_handoff_on_the_reused_session(serve_url):
+    """A handoff to another agent while the first one speaks, as AgentActivity does with a
+    reused realtime session: interrupt(), clear_audio(), then the new agent's instructions,
+    chat context (the old one plus a note) and tools. The old answer ends cancelled, every
+    update applies, and the new agent's first reply calls its tool."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        await say_hello(h)
+        generation, message, _ = await start_reply(h)
+        h.session.interrupt()
+        h.session.clear_audio()
+        await h.session.update_instructions("You are the weather agent.")
+        handed = h.session.chat_ctx.copy()
+        handed.add_message(role="system", content="The user was handed over from the greeter.")
+        handed.add_message(role="user", content="What is the weather in Paris?")
+        await h.session.update_chat_ctx(handed)
+        await h.session.update_tools([get_weather])
+        await asyncio.wait_for(drain(message), 10)
+        _, _, calls = await h.reply()
+        assert [c.name for c in calls] == ["get_weather"], h.summary()
+        statuses = [e["response"]["status"] for e in h.of("response.done")]
+        assert statuses == ["cancelled", "completed"], h.summary()
+        updates = [e["session"] for e in h.of("session.updated")]
+        assert updates[-2]["instructions"] == "You are the weather agent.", updates
+        assert [t["name"] for t in updates[-1]["tools"]] == ["get_weather"]
+        assert no_trouble(h), h.summary()
+
+
+async def test_push_video_frames_are_kept_as_markers_and_the_session_carries_on(serve_url):
+    """push_video (AgentSession with video input on) sends each frame as a user message with
+    an input_image part. No engine here sees: the server keeps the part as a marker, without
+    the image, and says nothing (it answered not_supported, which the plugin logged as an
+    error for every frame); the session carries on."""
+    async with Harness(serve_url, turn_detection=None) as h:
+        frame = rtc.VideoFrame(4, 4, rtc.VideoBufferType.RGBA, bytes(4 * 4 * 4))
+        h.session.push_video(frame)
+        await h.until(lambda x: x.of("conversation.item.done"))
+        item = h.of("conversation.item.done")[0]["item"]
+        assert item["role"] == "user" and item["content"] == [{"type": "input_image"}], item
+        assert item["id"] == h.sent_of("conversation.item.create")[0]["item"]["id"]
+        await say_hello(h)
+        text, frames, _ = await h.reply()
+        assert text and frames > 0, h.summary()
+        assert no_trouble(h), h.summary()
