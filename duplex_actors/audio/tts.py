@@ -66,17 +66,25 @@ class PiperTTS:
         )
         self._voice = PiperVoice(session=session, config=config)
         self.native_rate: int = config.sample_rate
+        # The voice's own pace, which a speed scales (a voice may ship one other than 1.0).
+        self._length_scale: float = config.length_scale
         log.info("tts.voice_loaded", model=voice.model.name, native_rate=self.native_rate)
 
-    def synthesize(self, text: str) -> np.ndarray:
-        """Float32 samples at the voice's native rate; empty for text with nothing to say."""
-        chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(text)]
+    def synthesize(self, text: str, speed: float = 1.0) -> np.ndarray:
+        """Float32 samples at the voice's native rate; empty for text with nothing to say.
+        ``speed`` > 1 speaks faster (Piper's length_scale is its inverse: phoneme durations)."""
+        config = None
+        if speed != 1.0:
+            from piper import SynthesisConfig
+
+            config = SynthesisConfig(length_scale=self._length_scale / speed)
+        chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(text, syn_config=config)]
         if not chunks:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(chunks).astype(np.float32)
 
-    def synthesize_pcm16(self, text: str, rate: int = OUTPUT_RATE) -> bytes:
-        return float_to_pcm16(resample(self.synthesize(text), self.native_rate, rate))
+    def synthesize_pcm16(self, text: str, rate: int = OUTPUT_RATE, speed: float = 1.0) -> bytes:
+        return float_to_pcm16(resample(self.synthesize(text, speed), self.native_rate, rate))
 
 
 _default: PiperTTS | None = None

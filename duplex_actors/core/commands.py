@@ -17,7 +17,7 @@ import attrs
 
 from ..errors import InvalidCommand
 from .conversation import Item
-from .engine_io import FunctionTool, SamplingOverrides
+from .engine_io import SPEED_RANGE, FunctionTool, SamplingOverrides
 
 
 class Lane(enum.IntEnum):
@@ -37,6 +37,15 @@ def _sampling_knobs(instance, attribute, value):
         raise InvalidCommand(
             f"{attribute.name} must be a tuple of sampling knobs ({', '.join(sorted(known))})"
         )
+
+
+def _optional_speed(instance, attribute, value):
+    if value is not None and (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not SPEED_RANGE[0] <= value <= SPEED_RANGE[1]
+    ):
+        raise InvalidCommand(f"{attribute.name} must be a number from {SPEED_RANGE[0]} to {SPEED_RANGE[1]}")
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -189,6 +198,8 @@ class UpdateSession(Command):
     tool_choice: str | None = None
     #: Input transcription: a model name turns it on, False turns it off, None leaves it.
     transcription: str | bool | None = None
+    #: How fast the engine speaks (OpenAI's audio.output.speed, 0.25-1.5); None leaves it.
+    output_speed: float | None = attrs.field(default=None, validator=_optional_speed)
     #: The rate the client now plays audio at (its output format changed); None leaves it.
     output_sample_rate: int | None = attrs.field(default=None, validator=attrs.validators.optional(_rate))
 

@@ -42,6 +42,10 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
     "seed": (0, 2**63 - 1),
 }
 
+#: How fast an engine may be asked to speak, 1.0 being its natural pace (OpenAI's
+#: audio.output.speed range).
+SPEED_RANGE = (0.25, 1.5)
+
 
 def _in_range(instance, attribute, value) -> None:
     if value is None:
@@ -107,6 +111,9 @@ class ModelTurnRequest:
     #: this one, so the edge sends it as it is, with no conversion on the first packet's path.
     #: Packets carry their own rate, and the edge converts whatever rate arrives.
     output_sample_rate: int | None = None
+    #: How fast to speak, 1.0 being the voice's natural pace (the session's audio.output.speed).
+    #: A hint, as the rate is: an engine whose voice cannot change pace speaks at its own.
+    speed: float = 1.0
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()
     #: Whether the engine should also speak (talker) or only produce text.

@@ -956,6 +956,7 @@ class SessionCore:
             audio=audio,
             sample_rate=self.config.sample_rate,
             output_sample_rate=self.config.output_sample_rate,
+            speed=self.config.output_speed,
             instructions=instructions,
             sampling=sampling,
             # The engine always writes the words: an audio response's transcript is its text.
@@ -1498,6 +1499,7 @@ class SessionCore:
                 "tools",
                 "tool_choice",
                 "output_sample_rate",
+                "output_speed",
             )
             if getattr(cmd, k) is not None
         }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from .engine_io import FunctionTool, SamplingOverrides
+from .engine_io import SPEED_RANGE, FunctionTool, SamplingOverrides
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -43,6 +43,11 @@ class SessionConfig:
     #: pass it to the engine (``ModelTurnRequest.output_sample_rate``) so a speaking engine
     #: synthesises at it and the edge need not convert.
     output_sample_rate: int | None = None
+    #: How fast the engine speaks, 1.0 being its natural pace (OpenAI's audio.output.speed,
+    #: 0.25-1.5). Model turns pass it to the engine (``ModelTurnRequest.speed``).
+    output_speed: float = attrs.field(
+        default=1.0, validator=[attrs.validators.ge(SPEED_RANGE[0]), attrs.validators.le(SPEED_RANGE[1])]
+    )
     unit_samples: int = 16000
     #: speech over a response longer than this (in audio) barges in; shorter is a backchannel.
     min_interruption_ms: int = 500
@@ -92,6 +97,7 @@ class SessionConfig:
             "idle_timeout_ms": self.idle_timeout_ms,
             "sample_rate": self.sample_rate,
             "output_sample_rate": self.output_sample_rate,
+            "output_speed": self.output_speed,
             "min_interruption_ms": self.min_interruption_ms,
             "interrupt_response": self.interrupt_response,
             "instructions": self.instructions,

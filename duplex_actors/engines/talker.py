@@ -98,19 +98,19 @@ class Talker:
             # not in the first response's TTFP.
             self._tts.synthesize_pcm16("Okay.", self.config.sample_rate)
 
-    def synthesize_packets(self, phrase: str, rate: int | None = None) -> list[bytes]:
-        """Blocking: the phrase's speech at ``rate`` (default: the config's), cut into
-        ``packet_ms`` pieces (the last may be shorter). The voice's own rate is converted once,
-        straight to ``rate``."""
+    def synthesize_packets(self, phrase: str, rate: int | None = None, speed: float = 1.0) -> list[bytes]:
+        """Blocking: the phrase's speech at ``rate`` (default: the config's) and ``speed`` (1.0:
+        the voice's own pace), cut into ``packet_ms`` pieces (the last may be shorter). The
+        voice's own rate is converted once, straight to ``rate``."""
         self.load()
         rate = rate or self.config.sample_rate
-        pcm = self._tts.synthesize_pcm16(phrase, rate)
+        pcm = self._tts.synthesize_pcm16(phrase, rate, speed)
         step = 2 * rate * self.config.packet_ms // 1000
         return [pcm[i : i + step] for i in range(0, len(pcm), step)]
 
-    async def speak(self, phrase: str, rate: int | None = None) -> list[bytes]:
+    async def speak(self, phrase: str, rate: int | None = None, speed: float = 1.0) -> list[bytes]:
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self.synthesize_packets, phrase, rate
+            self._pool, self.synthesize_packets, phrase, rate, speed
         )
 
     def close(self) -> None:
@@ -158,19 +158,19 @@ class SpeakingEngine:
             async for output in inner:
                 if isinstance(output, TurnDone):
                     for phrase in splitter.flush():
-                        async for packet in self._packets(rid, phrase, rate):
+                        async for packet in self._packets(rid, phrase, rate, request.speed):
                             yield packet
                     yield output
                     return
                 yield output
                 if isinstance(output, TextDelta):
                     for phrase in splitter.feed(output.text):
-                        async for packet in self._packets(rid, phrase, rate):
+                        async for packet in self._packets(rid, phrase, rate, request.speed):
                             yield packet
 
-    async def _packets(self, rid: str, phrase: str, rate: int) -> AsyncIterator[AudioPacket]:
+    async def _packets(self, rid: str, phrase: str, rate: int, speed: float) -> AsyncIterator[AudioPacket]:
         began = time.perf_counter()
-        chunks = await self.talker.speak(phrase, rate)
+        chunks = await self.talker.speak(phrase, rate, speed)
         now = time.perf_counter()
         log.debug("talker.phrase", request_id=rid, words=len(phrase.split()), synth_s=round(now - began, 4))
         for n, chunk in enumerate(chunks):

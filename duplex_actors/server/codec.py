@@ -93,7 +93,11 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
                 ),
                 "noise_reduction": None,
             },
-            "output": {"format": wire.output_format.to_wire(), "voice": wire.voice, "speed": 1.0},
+            "output": {
+                "format": wire.output_format.to_wire(),
+                "voice": wire.voice,
+                "speed": config.get("output_speed", 1.0),
+            },
         },
         "max_output_tokens": config.get("max_output_tokens") or "inf",
         "tool_choice": _tool_choice(config.get("tool_choice") or "auto"),

@@ -36,7 +36,7 @@ import attrs
 
 from ..core import commands as cmd
 from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
-from ..core.engine_io import SAMPLING_RANGES, FunctionTool, SamplingOverrides
+from ..core.engine_io import SAMPLING_RANGES, SPEED_RANGE, FunctionTool, SamplingOverrides
 from ..errors import (
     ClientError,
     DuplexError,
@@ -239,7 +239,7 @@ class _Fields:
             raise self.fail(key, f"must be <= {maximum}")
         return value
 
-    def number(self, key: str, *, minimum: float | None = None) -> float | None:
+    def number(self, key: str, *, minimum: float | None = None, maximum: float | None = None) -> float | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or value is None:
             return None
@@ -247,6 +247,8 @@ class _Fields:
             raise self.fail(key, f"must be a number, not {_json_type(value)}")
         if minimum is not None and value < minimum:
             raise self.fail(key, f"must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be <= {maximum}")
         return float(value)
 
     def bool(self, key: str) -> bool | None:
@@ -648,6 +650,13 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         if value is not None:
             found["voice"] = value
 
+    def speed():
+        # GA audio.output.speed; the beta API had it at the top level.
+        holder = out_fields if out_fields is not None and out_fields.has("speed") else s
+        value = holder.number("speed", minimum=SPEED_RANGE[0], maximum=SPEED_RANGE[1])
+        if value is not None:
+            changes["output_speed"] = value
+
     def instructions():
         value = s.str("instructions")
         if value is not None:
@@ -718,6 +727,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         input_format,
         output_format,
         voice,
+        speed,
         instructions,
         modalities,
         temperature,

@@ -121,6 +121,28 @@ def test_the_talker_speaks_at_the_rate_the_request_asks_for(talker):
     assert np.abs(np.frombuffer(b"".join(p.pcm for p in packets), dtype="<i2")).max() > 3000
 
 
+def test_the_talker_speaks_at_the_speed_the_request_asks_for(talker):
+    """audio.output.speed (openai-agents and livekit let a user set it) was echoed as 1.0 and
+    never applied: Piper's pace follows the request's speed now."""
+    import attrs
+
+    words = ["Sure,", "the", "train", "to", "Paris", "leaves", "at", "nine", "."]
+
+    def seconds(speed: float) -> float:
+        engine = SpeakingEngine(_ScriptedText(words), talker)
+        asked = attrs.evolve(request("sess_s", modalities=("text", "audio")), speed=speed)
+
+        async def main():
+            return [out async for out in engine.generate(asked)]
+
+        return sum(o.duration_s for o in run(main()) if isinstance(o, AudioPacket))
+
+    natural, fast, slow = seconds(1.0), seconds(1.5), seconds(0.5)
+    # Piper's phoneme lengths carry a few per cent of random noise; the pauses between
+    # sentences do not all scale: far apart from the natural pace, in the right direction.
+    assert fast < 0.8 * natural and slow > 1.6 * natural, (natural, fast, slow)
+
+
 def test_text_only_requests_get_no_audio(talker):
     engine = SpeakingEngine(_ScriptedText(["hello", "."]), talker)
 

@@ -547,6 +547,7 @@ async def test_update_options_voice_speed_and_noise_reduction(serve_url):
         h.session.update_options(voice="alloy", speed=1.2, input_audio_noise_reduction="near_field")
         session = await updated(h, 2)
         assert session["audio"]["output"]["voice"] == "alloy", session
+        assert session["audio"]["output"]["speed"] == 1.2, session  # applied (engines that speak)
         sent = h.sent_of("session.update")[-1]["session"]["audio"]
         assert sent["output"] == {"voice": "alloy", "speed": 1.2}, sent
         assert sent["input"]["noise_reduction"] == {"type": "near_field"}, sent

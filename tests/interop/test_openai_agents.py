@@ -811,6 +811,7 @@ async def test_common_model_settings_are_accepted(serve_url, sent, sdk_log):
         assert tracing == [{"workflow_name": "interop", "group_id": "g1", "metadata": {"suite": "interop"}}]
         updated = _of(rec, "session.updated")[-1]["session"]
         assert updated["audio"]["output"]["voice"] == "marin"
+        assert updated["audio"]["output"]["speed"] == 1.2  # applied (engines that speak)
         assert updated["audio"]["input"]["transcription"]["model"] == "gpt-4o-mini-transcribe"
         assert updated["instructions"] == "Be brief."
         assert rec.done_responses()[0]["status"] == "completed"
@@ -846,6 +847,7 @@ async def test_ga_audio_config_with_server_vad_answers_a_spoken_turn(serve_url, 
         td = _of(rec, "session.updated")[0]["session"]["audio"]["input"]["turn_detection"]
         assert (td["type"], td["silence_duration_ms"], td["idle_timeout_ms"]) == ("server_vad", 400, 30000)
         assert _of(rec, "session.updated")[0]["session"]["audio"]["output"]["voice"] == "cedar"
+        assert _of(rec, "session.updated")[0]["session"]["audio"]["output"]["speed"] == 0.9
         assert _of(rec, "input_audio_buffer.speech_started") and _of(rec, "input_audio_buffer.committed")
         assert rec.done_responses()[0]["status"] == "completed"
         _assert_clean(rec, sdk_log)

@@ -383,6 +383,31 @@ async def test_a_response_stops_at_max_output_tokens_and_is_incomplete():
         assert r.validated["response.done"] == 6
 
 
+async def test_audio_output_speed_is_applied_echoed_and_reaches_the_engine():
+    # openai-agents and livekit let a user set speed: it was accepted, echoed as 1.0 and never
+    # reached the engine (the embedded engine's talker now speaks at it, tests/embedded).
+    async with running_server(Script(token_latency_s=0.001, tokens=("ok",))) as server:
+        engine = server.runtime.engine.backend
+        async with connect(server.url) as ws:
+            r = Recorder(ws)
+            created = (await r.until("session.created"))[-1]["session"]
+            assert created["audio"]["output"]["speed"] == 1.0
+            await r.send(
+                type="session.update", session={"type": "realtime", "audio": {"output": {"speed": 1.3}}}
+            )
+            assert (await r.until("session.updated"))[-1]["session"]["audio"]["output"]["speed"] == 1.3
+            await r.send(type="response.create")
+            await r.until("response.done")
+            assert engine.submitted[-1].speed == 1.3
+            await r.send(
+                type="session.update", session={"type": "realtime", "audio": {"output": {"speed": 9}}}
+            )
+            error = (await r.until("error"))[-1]["error"]
+            assert (error["code"], error["param"]) == ("invalid_value", "session.audio.output.speed")
+            assert (await r.until("session.updated"))[-1]["session"]["audio"]["output"]["speed"] == 1.3
+        assert r.validated["session.updated"] == 2
+
+
 async def test_idle_timeout_prompts_the_user_once_the_answer_has_played():
     """GA ``turn_detection.idle_timeout_ms``: after the answer's audio has played, that much
     quiet gets input_audio_buffer.timeout_triggered, the quiet committed as an item, and a

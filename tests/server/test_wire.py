@@ -267,6 +267,8 @@ def test_turn_detection_switches_server_vad_with_its_settings():
             "unsupported_audio_format",
         ),
         ({"output_modalities": ["smell"]}, "session.output_modalities", "invalid_value"),
+        ({"audio": {"output": {"speed": 2.0}}}, "session.audio.output.speed", "invalid_value"),
+        ({"speed": "fast"}, "session.speed", "invalid_value"),
     ],
 )
 def test_one_refused_field_names_its_param_and_the_rest_of_the_update_still_applies(session, param, code):
@@ -299,6 +301,13 @@ def test_a_refused_tool_choice_keeps_the_tools_of_the_same_update():
     assert (error.param, error.code) == ("session.tool_choice", "invalid_value")
     assert [t.name for t in update.command.tools] == ["get_time"]
     assert update.command.tool_choice is None  # unchanged
+
+
+def test_speed_is_read_from_audio_output_or_the_top_level():
+    ga = wire.decode(frame(type="session.update", session={"audio": {"output": {"speed": 1.25}}}))
+    beta = wire.decode(frame(type="session.update", session={"speed": 0.25}))
+    assert (ga.command.output_speed, beta.command.output_speed) == (1.25, 0.25)
+    assert wire.decode(frame(type="session.update", session={})).command.output_speed is None
 
 
 def test_max_output_tokens_inf_resets_the_limit_and_a_response_may_lift_it():
