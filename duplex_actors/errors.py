@@ -80,6 +80,18 @@ class InputBufferEmpty(IllegalTransition):
 
     code = "input_audio_buffer_commit_empty"
 
+    # OpenAI's words (some clients match "buffer too small" to let this race pass quietly).
+    # OpenAI also refuses a commit of less than 100 ms; this server commits any audio.
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+        super().__init__(
+            state,
+            trigger,
+            message
+            or "Error committing input audio buffer: buffer too small. Expected at least 100ms of audio, "
+            "but buffer only has 0.00ms of audio.",
+            **kw,
+        )
+
 
 class ResponseInProgress(IllegalTransition):
     """A new model turn was asked for while one is active: at most one per session."""

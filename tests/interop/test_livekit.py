@@ -180,14 +180,7 @@ async def test_push_to_talk_audio_turn(serve_url, speech_24k):
 
 
 async def test_server_vad_turn_with_barge_in(serve_url, speech_24k):
-    vad = ServerVad(
-        type="server_vad",
-        threshold=0.5,
-        prefix_padding_ms=300,
-        silence_duration_ms=500,
-        create_response=True,
-        interrupt_response=True,
-    )
+    vad = _vad()
     async with Harness(serve_url, turn_detection=vad) as h:
         for frame in _frames(speech_24k):
             h.session.push_audio(frame)

@@ -535,20 +535,21 @@ async def test_interrupt_after_the_response_while_its_audio_still_plays(serve_ur
 # --- 3. structured messages and update_agent --------------------------------------------------
 
 
+def _user_message(*parts: dict) -> dict:
+    """A structured user message, as send_message takes one."""
+    return {"type": "message", "role": "user", "content": list(parts)}
+
+
 async def test_structured_message_then_update_agent_switches_instructions_and_tools(serve_url, sent, sdk_log):
     calls.clear()
     session = await _start(serve_url, RealtimeAgent(name="assistant", instructions="Be brief."))
     async with session:
         rec = Recorder(session)
         await session.send_message(
-            {
-                "type": "message",
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": "Hello"},
-                    {"type": "input_text", "text": "I am planning a trip."},
-                ],
-            }
+            _user_message(
+                {"type": "input_text", "text": "Hello"},
+                {"type": "input_text", "text": "I am planning a trip."},
+            )
         )
         await rec.until(_responses_done(1))
         assert rec.done_responses()[0]["status"] == "completed"
@@ -609,14 +610,10 @@ async def test_an_image_part_is_kept_as_a_marker_and_the_session_goes_on(serve_u
     async with session:
         rec = Recorder(session)
         await session.send_message(
-            {
-                "type": "message",
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": "What is in this picture?"},
-                    {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
-                ],
-            }
+            _user_message(
+                {"type": "input_text", "text": "What is in this picture?"},
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+            )
         )
         await rec.until(_responses_done(1))
         (added,) = [e for e in _of(rec, "conversation.item.added") if e["item"].get("role") == "user"]

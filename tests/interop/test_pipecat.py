@@ -617,15 +617,20 @@ async def test_messages_update_and_set_tools_mid_session_reach_the_session(serve
         h.assert_clean()
 
 
+async def _hello(h) -> None:
+    """A first user message, answered: the session is up and the context synced."""
+    h.context.add_message({"role": "user", "content": "Hello there"})
+    await h.worker.queue_frame(LLMContextFrame(h.context))
+    await h.until_received("response.done")
+
+
 async def test_messages_appended_at_the_service_become_items_and_are_answered(serve_url):
     # An LLMMessagesAppendFrame that reaches the service (pushed by a processor in front of it;
     # one queued at the pipeline's head is consumed by the user aggregator, which only updates
     # its context). The service writes each message as a system item and the assistant
     # aggregator's context push asks for the response.
     async with WireHarness(serve_url, _td_session(False)) as h:
-        h.context.add_message({"role": "user", "content": "Hello there"})
-        await h.worker.queue_frame(LLMContextFrame(h.context))
-        await h.until_received("response.done")
+        await _hello(h)
         before = len(h.sent_of("conversation.item.create"))
         appended = [
             {"role": "user", "content": "Now tell me about Paris."},
@@ -650,9 +655,7 @@ async def test_an_appended_assistant_message_is_refused_as_openai_refuses_it(ser
     # this server: invalid_value naming the part, the client's event_id echoed, nothing added.
     # pipecat treats every error as fatal, so its session ends here: a pipecat bug.
     async with WireHarness(serve_url, _td_session(False)) as h:
-        h.context.add_message({"role": "user", "content": "Hello there"})
-        await h.worker.queue_frame(LLMContextFrame(h.context))
-        await h.until_received("response.done")
+        await _hello(h)
         await h.llm.queue_frame(LLMMessagesAppendFrame(messages=[{"role": "assistant", "content": "Said"}]))
         await h.until_received("error")
         sent = h.sent_of("conversation.item.create")[-1]
@@ -676,9 +679,7 @@ async def test_update_settings_mid_session_turns_on_server_vad_transcription_and
     # instructions, server VAD, transcription (a model that takes a prompt), a voice. Then only
     # new instructions; then turn detection off again.
     async with WireHarness(serve_url, _td_session(False)) as h:
-        h.context.add_message({"role": "user", "content": "Hello there"})
-        await h.worker.queue_frame(LLMContextFrame(h.context))
-        await h.until_received("response.done")
+        await _hello(h)
         updates = len(h.received_of("session.updated"))
 
         properties = events.SessionProperties(
@@ -771,9 +772,7 @@ async def test_text_only_output_modalities_stream_output_text_into_llm_text_fram
 
 async def test_retrieve_conversation_item_returns_the_users_and_the_assistants_items(serve_url):
     async with WireHarness(serve_url, _td_session(False)) as h:
-        h.context.add_message({"role": "user", "content": "Hello there"})
-        await h.worker.queue_frame(LLMContextFrame(h.context))
-        await h.until_received("response.done")
+        await _hello(h)
         user_id = h.sent_of("conversation.item.create")[0]["item"]["id"]
         user = await asyncio.wait_for(h.llm.retrieve_conversation_item(user_id), 5)
         assert (user.role, user.content[0].type, user.content[0].text) == (
@@ -809,9 +808,7 @@ async def test_reset_conversation_reconnects_to_a_new_session_and_it_answers(ser
     # OpenAIRealtimeLLMService.reset_conversation(): disconnect, connect again, configure the
     # new session from the service's settings.
     async with WireHarness(serve_url, _td_session(False)) as h:
-        h.context.add_message({"role": "user", "content": "Hello there"})
-        await h.worker.queue_frame(LLMContextFrame(h.context))
-        await h.until_received("response.done")
+        await _hello(h)
         updates = len(h.sent_of("session.update"))
         await h.llm.reset_conversation()
         created = await h.until_received("session.created", 2)

@@ -227,6 +227,10 @@ async def test_refused_cancels_and_creates_use_openai_words_which_clients_match_
             error = (await recv_until(ws, "error"))[-1]["error"]
             assert error["code"] == "response_cancel_not_active"
             assert error["message"] == "Cancellation failed: no active response found"
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c0"}))
+            error = (await recv_until(ws, "error"))[-1]["error"]
+            assert error["code"] == "input_audio_buffer_commit_empty"
+            assert error["message"].startswith("Error committing input audio buffer: buffer too small.")
             await ws.send(json.dumps({"type": "response.create"}))
             await recv_until(ws, "response.created")
             await ws.send(json.dumps({"type": "response.create", "event_id": "c2"}))
