@@ -150,6 +150,16 @@ class ServerConfig:
         default=1 << 20, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
     frame_intake_burst_bytes: int = attrs.field(default=8 << 20, validator=attrs.validators.gt(0))
+    #: Handling pacing: seconds of the event loop a session's frames may take to handle
+    #: (parsing, conversion, server VAD), per second, after ``frame_handling_burst_s`` at once.
+    #: Bytes are a poor stand-in for that cost: a frame of many tiny JSON values costs far more
+    #: per byte than audio does (a 60 KB one ~26 ms). Real use takes under 0.02 s a second
+    #: (audio at 4x real time through server VAD). Past it, the session's next frame is read
+    #: later, nothing refused. None: no pacing.
+    frame_handling_s_per_s: float | None = attrs.field(
+        default=0.05, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    frame_handling_burst_s: float = attrs.field(default=0.5, validator=attrs.validators.gt(0))
     #: Frame-count pacing (connection.PacedConnection): websocket frames of any kind, each
     #: fragment and ping counted, a client may send a second, after ``frames_burst`` at once.
     #: Parsing costs per frame, which the byte and audio budgets do not see (a message cut into
@@ -216,18 +226,20 @@ class _SessionRecord:
         "converter",
         "pacer",
         "frame_pacer",
+        "handling_pacer",
     )
 
     def __init__(
         self,
         handle: SessionHandle,
         model: str = "duplex-actors",
-        pacers: tuple[guard.IntakePacer | None, guard.IntakePacer | None] = (None, None),
+        pacers: tuple[guard.IntakePacer | None, ...] = (None, None, None),
     ) -> None:
         self.handle = handle
         # The session's, not a connection's: a client that reconnects (resumes) to start over
-        # with a full burst finds the buckets as it left them. Seconds of audio, bytes of frames.
-        self.pacer, self.frame_pacer = pacers
+        # with a full burst finds the buckets as it left them. Seconds of audio, bytes of
+        # frames, seconds of handling.
+        self.pacer, self.frame_pacer, self.handling_pacer = pacers
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
@@ -536,6 +548,11 @@ class RealtimeServer:
             frame = await ws.recv()
         if frame is None:
             raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
+        limit = self.config.limits.max_resume_frame_bytes
+        if len(frame) > limit:
+            # Refused unparsed: nothing paces this frame (no session, no budget yet), and a
+            # padded one cost the loop ~0.4 s to parse for ~1 KB on the wire (deflated).
+            raise wire.FrameTooLarge(f"a session.resume frame is at most {limit} bytes")
         request = wire.decode(frame, self.config.limits)
         if not isinstance(request, wire.ResumeRequest):
             raise wire.WireError(
@@ -581,13 +598,15 @@ class RealtimeServer:
         )
         return record
 
-    def _new_pacers(self) -> tuple[guard.IntakePacer | None, guard.IntakePacer | None]:
+    def _new_pacers(self) -> tuple[guard.IntakePacer | None, ...]:
         config, now = self.config, self.runtime.clock.now()
         audio = config.audio_intake_rate
         frames = config.frame_intake_bytes_per_s
+        handling = config.frame_handling_s_per_s
         return (
             None if audio is None else guard.IntakePacer(audio, config.audio_intake_burst_s, now),
             None if frames is None else guard.IntakePacer(frames, config.frame_intake_burst_bytes, now),
+            None if handling is None else guard.IntakePacer(handling, config.frame_handling_burst_s, now),
         )
 
     def _forget(self, record: _SessionRecord) -> None:
@@ -689,6 +708,8 @@ class _Connection:
                     await self._close_for_flood()
                     return
                 done = clock()
+                if self.record.handling_pacer is not None:
+                    self._pace(self.record.handling_pacer, done - began, "handling")
                 if self.pace_wait:
                     wait, self.pace_wait = self.pace_wait, 0.0
                     await anyio.sleep(wait)

@@ -59,6 +59,14 @@ class WireLimits:
     max_chunk_bytes: int = attrs.field(default=256 << 10, validator=attrs.validators.gt(0))
     #: How deep JSON may nest before we refuse to look at it.
     max_depth: int = 32
+    #: At most this many JSON values in one frame, counted before parsing (commas and opening
+    #: brackets, strings' own included: an overestimate). Parsing costs per value, not per
+    #: byte: 1 MB of ``[[],[],...]`` took 0.4 s of the event loop, and deflates to ~1 KB. Real
+    #: frames hold far fewer: an append ~3, 128 tool schemas ~5,000, 64 KB of prose ~2,000.
+    max_json_values: int = attrs.field(default=20_000, validator=attrs.validators.gt(0))
+    #: Largest ``session.resume`` frame (the first frame of a resuming connection, parsed
+    #: before any session or budget exists); a real one is under 1 KB.
+    max_resume_frame_bytes: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
 
     @property
     def transport_cap(self) -> int:
@@ -74,6 +82,12 @@ class WireError(InvalidCommand):
     """A client frame could not be turned into an event; nothing was changed."""
 
     code = "invalid_event"
+
+
+class FrameTooComplex(WireError):
+    """A frame holds more JSON values than ``WireLimits.max_json_values``; it is not parsed."""
+
+    code = "frame_too_complex"
 
 
 class InvalidFrame(WireError):
@@ -338,6 +352,10 @@ def decode(
     size = len(frame) if frame.isascii() else len(frame.encode("utf-8", "surrogatepass"))
     if size > limits.max_frame_bytes:
         raise FrameTooLarge(f"frame is larger than max_frame_bytes={limits.max_frame_bytes}")
+    # C-speed counts, before any Python walks the frame (see WireLimits.max_json_values).
+    brackets = frame.count("[") + frame.count("{")
+    if brackets + frame.count(",") > limits.max_json_values:
+        raise FrameTooComplex(f"frame holds more than max_json_values={limits.max_json_values} JSON values")
     try:
         obj = json.loads(frame)
     except RecursionError:
@@ -359,7 +377,8 @@ def decode(
         raise InvalidField("event_id", f"must be a string, not {_json_type(event_id)}")
     if event_id is not None and len(event_id) > 512:
         raise InvalidField("event_id", "is longer than 512 characters")
-    if not _depth_ok(obj, limits.max_depth):
+    # Nesting cannot pass the number of brackets: the walk runs only when it could.
+    if brackets > limits.max_depth and not _depth_ok(obj, limits.max_depth):
         raise InvalidJSON(f"JSON nests deeper than {limits.max_depth} levels", event_id=event_id)
     fields = _Fields(obj, "", event_id)
     event_type = obj.get("type")

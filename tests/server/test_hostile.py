@@ -1036,3 +1036,49 @@ async def test_journals_filled_across_many_sessions_are_bounded_by_the_runtime_b
             # Closed (each connection ended with 1000): their journals stop counting.
             await wait_until(lambda: server.runtime.session_count == 1)
             assert (journals.journals, journals.total) == (1, quiet_core.journaled_bytes)
+
+
+async def test_frames_that_cost_much_to_handle_are_paced_by_their_handling_time():
+    # Bytes are a poor measure of what a frame costs: 60 KB of tiny JSON values took ~26 ms to
+    # parse. Each session's frames may take frame_handling_s_per_s of the loop a second; past
+    # it the next frame is read later, and nothing is refused.
+    costly = json.dumps({"type": "heartbeat", "x": [[] for _ in range(5_000)]})  # ~5-10 ms each
+    async with running_server(frame_handling_s_per_s=0.01, frame_handling_burst_s=0.001) as server:
+        paced = server.metrics.paced.labels("handling")
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            began = time.perf_counter()
+            for _ in range(4):
+                await ws.send(costly)
+            for _ in range(4):  # every frame handled: paced, not refused
+                await recv_until(ws, "heartbeat.ack", timeout=20)
+            took = time.perf_counter() - began
+        # At 10 ms of handling a second, each frame's few ms were owed as that many tenths of
+        # a second before the next frame was read (the last frame's wait follows its ack).
+        assert paced._value.get() >= 0.5 and took >= 0.5, (paced._value.get(), took)
+    async with running_server() as server:  # the default budget: real use is never paced
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            for _ in range(8):
+                await ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(CHUNK_100MS).decode()}
+                    )
+                )
+            await ws.send(costly)
+            await recv_until(ws, "heartbeat.ack")
+        assert server.metrics.paced.labels("handling")._value.get() == 0.0
+
+
+async def test_a_padded_session_resume_is_refused_before_it_is_parsed():
+    # The first frame of a resuming connection is parsed before any session or budget exists:
+    # padded to 1 MB of tiny values (~1 KB deflated) it cost the loop ~0.4 s, unpaced.
+    async with running_server() as server:
+        async with connect(f"{server.url}?session_id=sess_x") as ws:
+            pad = [[] for _ in range(2000)]
+            await ws.send(json.dumps({"type": "session.resume", "session_id": "sess_x", "pad": pad}))
+            error = await recv_json(ws)
+            assert error["error"]["code"] == "frame_too_large", error
+            with pytest.raises(ConnectionClosed):
+                with anyio.fail_after(5):
+                    await ws.recv()

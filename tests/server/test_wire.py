@@ -174,10 +174,35 @@ def test_declared_limits_are_enforced_before_decoding():
 
 
 def test_deep_nesting_is_refused_not_crashing():
-    with pytest.raises(wire.InvalidJSON):
+    with pytest.raises(wire.FrameTooComplex):  # counted before it is parsed
         wire.decode('{"type": "heartbeat", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(wire.InvalidJSON):
         wire.decode('{"type": "heartbeat", "x": ' + "[" * 50 + "]" * 50 + "}")
+    # The walk is skipped when the brackets cannot nest that deep, and runs when they can.
+    assert wire.decode('{"type": "heartbeat", "x": ' + "[" * 31 + "]" * 31 + "}").TRIGGER == "heartbeat"
+    with pytest.raises(wire.InvalidJSON):
+        wire.decode('{"type": "heartbeat", "x": ' + "[" * 32 + "]" * 32 + "}")
+    wide = '{"type": "heartbeat", "x": [' + ",".join(["[[1]]"] * 20) + "]}"  # 62 brackets, depth 4
+    assert wire.decode(wide).TRIGGER == "heartbeat"
+
+
+def test_a_frame_of_many_tiny_values_is_refused_before_it_is_parsed():
+    # 1 MB of "[[],[],...]" took the event loop ~0.4 s to parse and check, and deflates to
+    # ~1 KB on the wire: a frame's cost is its values, not its bytes.
+    limits = wire.WireLimits(max_json_values=1000)
+    flood = '{"type": "heartbeat", "x": [' + ",".join(["[]"] * 1000) + "]}"
+    with pytest.raises(wire.FrameTooComplex) as refused:
+        wire.decode(flood, limits)
+    assert refused.value.code == "frame_too_complex"
+    assert wire.decode('{"type": "heartbeat", "x": [' + ",".join(["0"] * 400) + "]}", limits)
+    # Real frames are far under the default: 128 tools with ten-property schemas.
+    props = {f"p{i}": {"type": "string", "description": "a field"} for i in range(10)}
+    tools = [
+        {"type": "function", "name": f"t{n}", "parameters": {"type": "object", "properties": props}}
+        for n in range(128)
+    ]
+    update = wire.decode(frame(type="session.update", session={"tools": tools}))
+    assert len(update.command.tools) == 128 and not update.errors
 
 
 @pytest.mark.parametrize(
