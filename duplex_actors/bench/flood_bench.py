@@ -204,6 +204,7 @@ VALID_FLOODS = {
     "commits": "1 s appends, each committed, never asking for a response",
     "pings": "125-byte pings, never reading the pongs",
     "fragments": "10 ms appends cut into 1-byte fragments (~690 frames each)",
+    "values": "heartbeats padded with 9,990 empty JSON arrays (~40 KB, 19,983 values: under max_json_values)",
 }
 
 LONG_ITEM = json.dumps(
@@ -237,6 +238,8 @@ def _setup_and_frames(kind: str, frame_ms: int) -> tuple[list[str], tuple[str, .
     if kind == "retrieves":
         retrieve = json.dumps({"type": "conversation.item.retrieve", "item_id": "long"})
         return [LONG_ITEM], (retrieve,), "conversation.item.retrieved"
+    if kind == "values":  # costs the server per value, not per byte
+        return [], (json.dumps({"type": "heartbeat", "pad": [[]] * 9_990}),), "heartbeat.ack"
     commit = json.dumps({"type": "input_audio_buffer.commit"})
     if kind == "transcripts":
         return [TRANSCRIBED], (_loud_noise(frame_ms / 1000), commit), None
@@ -434,6 +437,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             "frame_intake_bytes_per_s": None,
             "frames_per_s": None,
             "control_frames_per_s": None,
+            "frame_handling_s_per_s": None,
         }
     )
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
@@ -631,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resumes", action="store_true", help="resumes replaying ~3 MB, in a loop")
     ap.add_argument("--pings", action="store_true", help="pings flat out, the pongs never read")
     ap.add_argument("--fragments", action="store_true", help="10 ms appends cut into 1-byte fragments")
+    ap.add_argument("--values", action="store_true", help="heartbeats padded with ~20,000 tiny JSON values")
     ap.add_argument(
         "--transcripts", action="store_true", help="commits of loud noise with input transcription on"
     )

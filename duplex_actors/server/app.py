@@ -159,7 +159,7 @@ class ServerConfig:
     frame_handling_s_per_s: float | None = attrs.field(
         default=0.05, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
-    frame_handling_burst_s: float = attrs.field(default=0.5, validator=attrs.validators.gt(0))
+    frame_handling_burst_s: float = attrs.field(default=0.25, validator=attrs.validators.gt(0))
     #: Frame-count pacing (connection.PacedConnection): websocket frames of any kind, each
     #: fragment and ping counted, a client may send a second, after ``frames_burst`` at once.
     #: Parsing costs per frame, which the byte and audio budgets do not see (a message cut into

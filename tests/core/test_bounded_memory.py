@@ -184,3 +184,17 @@ def test_committed_audio_waiting_for_a_response_is_bounded_and_the_newest_is_kep
     core.handle(cmd.CreateResponse())
     (after,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
     assert after.request.audio == chunks[0]  # what the last response took is gone
+
+
+def test_the_playback_ledger_stays_bounded_when_a_client_only_truncates():
+    # Eviction ran on acknowledgements only: a client cancelling and truncating its answers
+    # (never acknowledging one) grew the ledger by an entry a response, for good.
+    from duplex_actors.core.playback import RECENT_RESPONSES, PlaybackLedger
+
+    ledger = PlaybackLedger()
+    for n in range(10 * RECENT_RESPONSES):
+        ledger.truncated(f"item_{n}", 0)
+    assert len(ledger) == RECENT_RESPONSES
+    assert next(iter(ledger.snapshot())) == f"item_{9 * RECENT_RESPONSES}"  # the oldest went
+    ledger.acknowledge("resp_x", 10)
+    assert len(ledger) == RECENT_RESPONSES and ledger.played_ms("resp_x") == 10
