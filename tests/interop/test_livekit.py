@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import traceback
 
 import pytest
@@ -26,7 +27,8 @@ _NOT_SET = object()  # the RealtimeModel's own default turn detection
 
 import aiohttp  # noqa: E402
 from livekit import rtc  # noqa: E402
-from livekit.agents import llm  # noqa: E402
+from livekit.agents import Agent, AgentSession, function_tool, llm  # noqa: E402
+from livekit.agents.voice import io as voice_io  # noqa: E402
 from livekit.plugins.openai.realtime import RealtimeModel  # noqa: E402
 from openai.types.realtime.realtime_audio_input_turn_detection import ServerVad  # noqa: E402
 
@@ -1051,3 +1053,547 @@ async def test_text_and_push_to_talk_turns_on_the_embedded_engine(embedded_url, 
         statuses = [e["response"]["status"] for e in h.of("response.done")]
         assert len(statuses) == 2 and set(statuses) <= {"completed", "incomplete"}, h.summary()
         assert not h.errors and not h.of("error"), h.summary()
+
+
+# --- AgentSession: livekit's own runtime driving the model, without a room -------------------
+#
+# How nearly every livekit user runs the plugin: ``AgentSession(llm=RealtimeModel(...))`` and
+# ``session.start(agent)``. Without a room (no job context either), the session takes the audio
+# input and output it is given: a Mic that yields a 20 ms frame every 20 ms (silence unless
+# speech was queued) and a Speaker that plays what it gets at real time on a clock, pausable,
+# reporting playback as a sink must (AgentSession truncates at what it reports as played).
+# Everything else is AgentSession's defaults unless a test says otherwise.
+
+
+class Mic(voice_io.AudioInput):
+    """A microphone: 20 ms frames at real-time pace, silence unless ``say`` queued speech."""
+
+    FRAME = GA_RATE // 50 * 2
+
+    def __init__(self) -> None:
+        super().__init__(label="test mic")
+        self._queued = bytearray()
+        self._next: float | None = None
+
+    def say(self, pcm: bytes) -> None:
+        self._queued += pcm
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        loop = asyncio.get_running_loop()
+        self._next = (loop.time() if self._next is None else self._next) + 0.02
+        await asyncio.sleep(max(0.0, self._next - loop.time()))
+        chunk = bytes(self._queued[: self.FRAME]).ljust(self.FRAME, b"\0")
+        del self._queued[: self.FRAME]
+        return rtc.AudioFrame(chunk, sample_rate=GA_RATE, num_channels=1, samples_per_channel=self.FRAME // 2)
+
+
+class Speaker(voice_io.AudioOutput):
+    """Plays at real time (a clock, no device); ``segments`` holds (seconds received, seconds
+    played, interrupted) per played segment, ``pauses`` counts pause() calls."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            label="test speaker",
+            capabilities=voice_io.AudioOutputCapabilities(pause=True),
+            sample_rate=GA_RATE,
+        )
+        self.segments: list[tuple[float, float, bool]] = []
+        self.pauses = 0
+        self._pushed = 0.0
+        self._start = 0.0
+        self._paused_at: float | None = None
+        self._paused_total = 0.0
+        self._playout: asyncio.Task | None = None
+        self._cleared = asyncio.Event()
+
+    def _played(self) -> float:
+        now = self._paused_at if self._paused_at is not None else time.monotonic()
+        return max(0.0, min(now - self._start - self._paused_total, self._pushed))
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        if self._playout is not None and not self._playout.done():
+            await self._playout  # the previous segment plays out first
+        if not self._pushed:
+            self._start, self._paused_total = time.monotonic(), 0.0
+            self.on_playback_started(created_at=time.time())
+        self._pushed += frame.duration
+
+    def flush(self) -> None:
+        super().flush()
+        if self._pushed:
+            self._playout = asyncio.ensure_future(self._play_out())
+
+    def clear_buffer(self) -> None:
+        if self._pushed:
+            self._cleared.set()
+
+    def pause(self) -> None:
+        self.pauses += 1
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self._paused_total += time.monotonic() - self._paused_at
+            self._paused_at = None
+
+    async def _play_out(self) -> None:
+        while not self._cleared.is_set() and (self._paused_at is not None or self._played() < self._pushed):
+            wait = 0.05 if self._paused_at is not None else self._pushed - self._played()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._cleared.wait(), min(max(wait, 0.005), 0.05))
+        interrupted = self._cleared.is_set()
+        played = self._played() if interrupted else self._pushed
+        self.segments.append((self._pushed, played, interrupted))
+        self._pushed, self._paused_at = 0.0, None
+        self._cleared.clear()
+        self.on_playback_finished(playback_position=played, interrupted=interrupted)
+
+
+_SESSION_EVENTS = (
+    "agent_state_changed",
+    "user_state_changed",
+    "conversation_item_added",
+    "user_input_transcribed",
+    "function_tools_executed",
+    "speech_created",
+    "agent_false_interruption",
+    "error",
+)
+
+
+class SessionHarness:
+    """An AgentSession on a RealtimeModel pointed at the server, with a Mic and a Speaker. The
+    plugin's wire traffic is recorded from the realtime session AgentSession makes (the
+    model's ``session()`` is wrapped to subscribe before the connection opens), as are the
+    session's events, every livekit warning or error log and asyncio's error logs."""
+
+    def __init__(self, serve_url: str, *, model_options=None, **session_options) -> None:
+        self.serve_url = serve_url
+        self.model_options = model_options or {}
+        self.session_options = session_options
+        self.raw: list[dict] = []
+        self.sent: list[dict] = []
+        self.events: list[tuple[str, object]] = []
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+        self.mic = Mic()
+        self.speaker = Speaker()
+
+    async def __aenter__(self):
+        self.http = aiohttp.ClientSession()
+        self.model = RealtimeModel(
+            base_url=self.serve_url,
+            api_key=API_KEY,
+            model="gpt-realtime",
+            http_session=self.http,
+            **self.model_options,
+        )
+        make_session = self.model.session
+
+        def session(*args, **kwargs):
+            rt = make_session(*args, **kwargs)
+            rt.on("openai_server_event_received", self.raw.append)
+            rt.on("openai_client_event_queued", self._record_sent)
+            return rt
+
+        self.model.session = session
+        self.session = AgentSession(llm=self.model, **self.session_options)
+        for name in _SESSION_EVENTS:
+            self.session.on(name, lambda ev, name=name: self.events.append((name, ev)))
+        self.session.input.audio = self.mic
+        self.session.output.audio = self.speaker
+        self._log = _ErrorLog(self.errors)
+        self._warn_log = _WarningLog(self.warnings)
+        logging.getLogger("livekit").addHandler(self._log)
+        logging.getLogger("livekit").addHandler(self._warn_log)
+        # a failed future or task nobody awaits (e.g. a generation's done future) is logged here
+        logging.getLogger("asyncio").addHandler(self._log)
+        return self
+
+    def _record_sent(self, event: dict) -> None:
+        if event.get("type") == "input_audio_buffer.append":
+            return
+        self.sent.append(json.loads(json.dumps(event, default=str)))
+
+    async def __aexit__(self, *exc):
+        try:
+            await self.session.aclose()
+            await self.model.aclose()
+            await self.http.close()
+        finally:
+            logging.getLogger("livekit").removeHandler(self._log)
+            logging.getLogger("livekit").removeHandler(self._warn_log)
+            logging.getLogger("asyncio").removeHandler(self._log)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.raw if e.get("type") == kind]
+
+    def sent_of(self, kind: str) -> list[dict]:
+        return [e for e in self.sent if e.get("type") == kind]
+
+    def events_of(self, name: str) -> list:
+        return [ev for n, ev in self.events if n == name]
+
+    def agent_states(self) -> list[str]:
+        return [ev.new_state for ev in self.events_of("agent_state_changed")]
+
+    def added(self, role: str | None = None) -> list:
+        """Chat messages of conversation_item_added (of ``role``)."""
+        items = [ev.item for ev in self.events_of("conversation_item_added")]
+        return [i for i in items if i.type == "message" and (role is None or i.role == role)]
+
+    async def until(self, predicate, timeout: float = 10.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not predicate(self):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out; {self.summary()}")
+            await asyncio.sleep(0.02)
+
+    def server_errors(self) -> list[dict]:
+        return [e["error"] for e in self.of("error")]
+
+    def summary(self) -> str:
+        return (
+            f"livekit errors: {self.errors[:6]}; warnings: {self.warnings[:6]}; "
+            f"server errors: {self.server_errors()[:6]}; agent states: {self.agent_states()}; "
+            f"speaker: {self.speaker.segments}; "
+            f"server events: {[e.get('type') for e in self.raw if 'delta' not in e.get('type', '')][-40:]}; "
+            f"sent: {[e.get('type') for e in self.sent][-25:]}"
+        )
+
+    def no_trouble(self) -> bool:
+        """No livekit error or warning log, no session error event, and no server error but
+        OpenAI's answer to a second response.cancel (AgentSession's interrupt() cancels, and
+        its generation task cancels again; the plugin ignores "Cancellation failed")."""
+        cancels_only = all(e["code"] == "response_cancel_not_active" for e in self.server_errors())
+        return not self.errors and not self.warnings and not self.events_of("error") and cancels_only
+
+
+@pytest.fixture(scope="module")
+def never_mind_24k() -> bytes:
+    """A short user turn to talk over the agent with (about 1.3 s), then 1 s of silence."""
+    pytest.importorskip("piper")
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    return synthesize_utterance("Actually, never mind.", sample_rate=GA_RATE) + b"\x00\x00" * GA_RATE
+
+
+def _approx_s(seconds: float):
+    return pytest.approx(seconds, abs=0.05)
+
+
+#: An answer of the scripted engine: 12 packets of 160 ms.
+ANSWER_S = 1.92
+
+
+def _history_messages(h: SessionHarness) -> list:
+    return [i for i in h.session.history.items if i.type == "message"]
+
+
+def _finals(h: SessionHarness) -> list:
+    return [ev for ev in h.events_of("user_input_transcribed") if ev.is_final]
+
+
+async def test_agent_session_answers_generate_reply_and_a_spoken_turn(serve_url, speech_24k):
+    """AgentSession's defaults on RealtimeModel's (server VAD, input transcription):
+    session.generate_reply() is answered and plays whole; then the user speaks at microphone
+    pace, the server ends the turn and answers it, the words come back as a final
+    user_input_transcribed and a user message, and the states go as AgentSession documents."""
+    async with SessionHarness(serve_url) as h:
+        await h.session.start(Agent(instructions="You are a helpful assistant."))
+        greeting = h.session.generate_reply(instructions="Greet the user.")
+        await asyncio.wait_for(greeting, 10)  # a SpeechHandle resolves once played out
+        assert not greeting.interrupted and h.speaker.segments == [
+            (_approx_s(ANSWER_S), _approx_s(ANSWER_S), False)
+        ]
+
+        h.mic.say(speech_24k)
+        await h.until(
+            lambda x: len(x.speaker.segments) == 2 and x.session.agent_state == "listening" and _finals(x)
+        )
+        assert h.speaker.segments[1] == (_approx_s(ANSWER_S), _approx_s(ANSWER_S), False), h.summary()
+        assert h.agent_states() == ["listening", "speaking", "listening", "speaking", "listening"], (
+            h.summary()
+        )
+        assert [ev.new_state for ev in h.events_of("user_state_changed")] == ["speaking", "listening"]
+
+        # the server's VAD committed the turn and created its response (AgentSession sent neither)
+        assert [e["type"] for e in h.sent if e["type"].startswith(("response.", "input_audio_buffer."))] == [
+            "response.create"
+        ], h.summary()
+        committed = h.of("input_audio_buffer.committed")
+        assert len(committed) == 1, h.summary()
+        done = [e["response"] for e in h.of("response.done")]
+        assert [d["status"] for d in done] == ["completed", "completed"], h.summary()
+
+        final = _finals(h)
+        assert (
+            len(final) == 1
+            and "weather" in final[0].transcript
+            and final[0].item_id == committed[0]["item_id"]
+        )
+        user = h.added("user")
+        assert [(m.id, m.text_content) for m in user] == [(committed[0]["item_id"], final[0].transcript)]
+        assistant = h.added("assistant")
+        assert [m.id for m in assistant] == [d["output"][0]["id"] for d in done], h.summary()
+        assert [m.text_content for m in assistant] == [
+            d["output"][0]["content"][0]["transcript"] for d in done
+        ]
+        assert [m.role for m in _history_messages(h)] == ["assistant", "user", "assistant"]
+        assert h.no_trouble(), h.summary()
+
+
+async def test_agent_session_barge_in_under_server_vad(serve_url, speech_24k, never_mind_24k):
+    """The user talks over the answer (server VAD): AgentSession interrupts on the server's
+    speech_started (response.cancel), stops the Speaker and truncates the message at what was
+    played; the server ends the response cancelled, applies the truncation, commits the new
+    turn and answers it, and that answer plays whole. The history holds the interrupted
+    answer as interrupted."""
+    async with SessionHarness(serve_url) as h:
+        await h.session.start(Agent(instructions="You are a helpful assistant."))
+        # the greeting: AgentSession's echo guard (aec_warmup_duration, 3 s from the first
+        # speech) silences the microphone while the agent speaks; it is over by the answer
+        await asyncio.wait_for(h.session.generate_reply(instructions="Greet the user."), 10)
+        h.mic.say(speech_24k)
+        await h.until(lambda x: len(x.of("response.created")) == 2 and x.session.agent_state == "speaking")
+        await asyncio.sleep(0.4)
+        h.mic.say(never_mind_24k)
+        await h.until(lambda x: len(x.speaker.segments) == 3 and x.session.agent_state == "listening")
+        await h.until(lambda x: len(_finals(x)) == 2 and x.of("conversation.item.truncated"))
+
+        greeting, cut, answer = h.speaker.segments
+        assert not greeting[2] and cut[2] and not answer[2], h.summary()
+        assert 0.3 < cut[1] < ANSWER_S and answer[1] == _approx_s(ANSWER_S), h.summary()
+        done = [e["response"] for e in h.of("response.done")]
+        assert [d["status"] for d in done] == ["completed", "cancelled", "completed"], h.summary()
+        assert done[1]["status_details"]["reason"] in ("client_cancelled", "turn_detected")
+        assert h.sent_of("response.cancel"), h.summary()
+        interrupted_id = done[1]["output"][0]["id"]
+        truncate = h.sent_of("conversation.item.truncate")
+        assert [(t["item_id"], t["audio_end_ms"]) for t in truncate] == [(interrupted_id, int(cut[1] * 1000))]
+        truncated = h.of("conversation.item.truncated")
+        assert [(t["item_id"], t["audio_end_ms"]) for t in truncated] == [
+            (interrupted_id, int(cut[1] * 1000))
+        ]
+
+        messages = {m.id: m for m in _history_messages(h)}
+        assert messages[interrupted_id].interrupted, messages
+        assert not messages[done[2]["output"][0]["id"]].interrupted
+        said = sorted(m.text_content for m in messages.values() if m.role == "user")
+        assert "weather" in said[1] and "never" in said[0], said
+        assert len(h.of("input_audio_buffer.committed")) == 2, h.summary()
+        assert h.no_trouble(), h.summary()
+
+
+async def test_agent_session_runs_a_function_tool_and_plays_the_follow_up(serve_url):
+    """A @function_tool on the Agent: the model calls it (the scripted engine calls an offered
+    tool on a turn without function output), AgentSession runs it, sends its output
+    (conversation.item.create) and asks for the follow-up (response.create); the answer reads
+    the output and plays. The history has the call and its output."""
+    calls = []
+
+    @function_tool
+    async def lookup_weather(city: str) -> str:
+        """Get the weather in a city."""
+        calls.append(city)
+        return get_weather_impl(city)
+
+    async with SessionHarness(serve_url) as h:
+        await h.session.start(Agent(instructions="You tell the weather.", tools=[lookup_weather]))
+        handle = h.session.generate_reply(user_input="What is the weather in Paris?")
+        await asyncio.wait_for(handle, 10)
+        await h.until(lambda x: x.session.agent_state == "listening" and len(x.of("response.done")) == 2)
+
+        assert calls == ["example"], h.summary()  # the scripted engine's example arguments
+        executed = h.events_of("function_tools_executed")
+        assert len(executed) == 1 and [o.output for o in executed[0].function_call_outputs] == [
+            "sunny in example"
+        ]
+        call = h.of("response.function_call_arguments.done")[0]
+        outputs = [
+            e["item"]
+            for e in h.sent_of("conversation.item.create")
+            if e["item"]["type"] == "function_call_output"
+        ]
+        assert [(o["call_id"], o["output"]) for o in outputs] == [(call["call_id"], "sunny in example")]
+        follow_up = h.sent_of("response.create")[-1]["response"]
+        assert follow_up.get("tool_choice") == "auto", follow_up
+        done = [e["response"] for e in h.of("response.done")]
+        assert [d["status"] for d in done] == ["completed", "completed"], h.summary()
+        assert h.speaker.segments == [(_approx_s(ANSWER_S), _approx_s(ANSWER_S), False)], h.summary()
+        assert "thinking" in h.agent_states() and h.agent_states()[-2:] == ["speaking", "listening"]
+        answer = h.added("assistant")[-1]
+        assert answer.text_content.startswith("sunny in example"), answer.text_content
+        kinds = [
+            i.type
+            for i in h.session.history.items
+            if i.type in ("message", "function_call", "function_call_output")
+        ]
+        assert kinds == ["message", "function_call", "function_call_output", "message"], kinds
+        assert h.no_trouble(), h.summary()
+
+
+async def test_agent_session_handoff_and_update_agent(serve_url):
+    """Agents as users chain them: the greeter's tool returns another Agent (a handoff), then
+    the app calls session.update_agent() with a third. Each time AgentSession keeps the
+    realtime session and sends the new agent's instructions and tools (and its chat context:
+    the weather agent starts empty, so the old items are deleted; the last one carries the
+    weather agent's context but not the calls of tools it lacks, which are deleted). The
+    server applies each update, and each new agent's first reply uses what it was given: the
+    weather agent calls its own tool, the tool-less farewell agent answers without one."""
+    calls = []
+
+    @function_tool
+    async def lookup_weather(city: str) -> str:
+        """Get the weather in a city."""
+        calls.append(city)
+        return get_weather_impl(city)
+
+    class WeatherAgent(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You are the weather agent.", tools=[lookup_weather])
+
+        async def on_enter(self) -> None:
+            self.session.generate_reply(instructions="Tell the user the weather.")
+
+    class Greeter(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="You are the greeter.")
+
+        @function_tool
+        async def transfer_to_weather(self):
+            """Hand the user over to the weather agent."""
+            return WeatherAgent(), "Transferring you"
+
+    async with SessionHarness(serve_url) as h:
+        await h.session.start(Greeter())
+        await asyncio.wait_for(h.session.generate_reply(user_input="I want the weather"), 10)
+        await h.until(lambda x: len(x.speaker.segments) == 2 and x.session.agent_state == "listening")
+        assert calls == ["example"], h.summary()
+        updated = [e["session"] for e in h.of("session.updated")]
+        assert updated[-2]["instructions"] == "You are the weather agent.", h.summary()
+        assert [t["name"] for t in updated[-1]["tools"]] == ["lookup_weather"]
+        # the handoff's own reply is asked for without tools (AgentSession is draining)
+        creates = [e["response"] for e in h.sent_of("response.create")]
+        assert creates[1].get("tool_choice") == "none", creates
+        done = [e["response"] for e in h.of("response.done")]
+        assert [[o["type"] for o in d["output"]] for d in done] == [
+            ["message", "function_call"],  # transfer_to_weather
+            ["message"],  # "Transferring you ..."
+            ["message", "function_call"],  # the weather agent's lookup_weather
+            ["message"],  # "sunny in example ..."
+        ], h.summary()
+        assert done[2]["output"][1]["name"] == "lookup_weather"
+        assert h.added("assistant")[-1].text_content.startswith("sunny in example")
+        deleted = len(h.of("conversation.item.deleted"))
+        assert deleted == len(h.sent_of("conversation.item.delete")) > 0, h.summary()
+
+        h.session.update_agent(
+            Agent(instructions="You are the farewell agent.", chat_ctx=h.session.current_agent.chat_ctx)
+        )
+        # the switch is asynchronous: the new activity starts once the server took its tools
+        await h.until(lambda x: [e["session"]["tools"] for e in x.of("session.updated")][-1] == [])
+        updated = [e["session"] for e in h.of("session.updated")]
+        assert updated[-2]["instructions"] == "You are the farewell agent.", h.summary()
+        await h.until(lambda x: len([i for i in x.session.history.items if i.type == "agent_handoff"]) == 3)
+        await asyncio.wait_for(h.session.generate_reply(instructions="Say goodbye."), 10)
+        # Agent(chat_ctx=...) keeps the calls of its own tools only (ChatContext.copy(tools=)):
+        # the weather agent's call and output are deleted, its messages stay
+        call = done[2]["output"][1]
+        dropped = [e["item_id"] for e in h.of("conversation.item.deleted")[deleted:]]
+        output_id = next(
+            e["item"]["id"]
+            for e in h.sent_of("conversation.item.create")
+            if e["item"].get("call_id") == call["call_id"]
+        )
+        assert dropped == [call["id"], output_id], h.summary()
+        done = h.of("response.done")[-1]["response"]
+        assert [o["type"] for o in done["output"]] == ["message"] and done["status"] == "completed"
+        assert not done["output"][0]["content"][0]["transcript"].startswith("sunny"), done  # nothing re-read
+        assert len(h.speaker.segments) == 3 and not h.speaker.segments[-1][2], h.summary()
+        handoffs = [i for i in h.session.history.items if i.type == "agent_handoff"]
+        assert len(handoffs) == 3, h.session.history.items
+        assert h.no_trouble(), h.summary()
+
+
+async def test_agent_session_client_vad_pauses_truncates_and_answers(serve_url, speech_24k, never_mind_24k):
+    """turn_detection="vad" (AgentSession's own Silero VAD; the model's server VAD is turned
+    off, as livekit documents for client-side turn taking): each end of speech is committed
+    (input_audio_buffer.commit) and answered (response.create). Talking over the answer
+    pauses the Speaker after min_interruption_duration (resume_false_interruption's pause);
+    the end of that turn commits it, which ends the paused answer: AgentSession truncates it
+    at what played and asks for the next answer, which plays. No false interruption fires."""
+    async with SessionHarness(serve_url, turn_handling={"turn_detection": "vad"}) as h:
+        await h.session.start(Agent(instructions="You are a helpful assistant."))
+        await asyncio.wait_for(h.session.generate_reply(instructions="Greet the user."), 10)
+        opening = h.sent_of("session.update")[0]["session"]
+        assert opening["audio"]["input"]["turn_detection"] is None, opening
+        assert h.of("session.updated")[0]["session"]["audio"]["input"]["turn_detection"] is None
+        h.mic.say(speech_24k)
+        await h.until(
+            lambda x: len(x.sent_of("response.create")) == 2 and x.session.agent_state == "speaking"
+        )
+        await asyncio.sleep(0.4)
+        h.mic.say(never_mind_24k)
+        await h.until(lambda x: x.speaker.pauses > 0, timeout=5)
+        assert h.session.agent_state == "listening", h.summary()  # paused, not yet interrupted
+        await h.until(lambda x: len(x.speaker.segments) == 3 and x.session.agent_state == "listening")
+        await h.until(lambda x: x.of("conversation.item.truncated") and len(_finals(x)) == 2)
+
+        greeting, cut, answer = h.speaker.segments
+        assert cut[2] and not answer[2] and answer[1] == _approx_s(ANSWER_S), h.summary()
+        assert (
+            len(h.sent_of("input_audio_buffer.commit")) == 2
+            and len(h.of("input_audio_buffer.committed")) == 2
+        )
+        assert len(h.sent_of("response.create")) == 3, h.summary()
+        cut_id = h.of("response.done")[1]["response"]["output"][0]["id"]
+        truncated = h.of("conversation.item.truncated")
+        assert [(t["item_id"], t["audio_end_ms"]) for t in truncated] == [(cut_id, int(cut[1] * 1000))], (
+            h.summary()
+        )
+        assert [d["response"]["status"] for d in h.of("response.done")][-1] == "completed"
+        assert not h.events_of("agent_false_interruption")
+        messages = {m.id: m for m in _history_messages(h)}
+        assert messages[cut_id].interrupted
+        assert h.no_trouble(), h.summary()
+
+
+async def test_agent_session_user_talks_while_a_tool_runs(serve_url, speech_24k):
+    """The user speaks while a function tool runs (server VAD): the tool finishes and
+    AgentSession sends its output while the user's turn is still open; the server commits
+    the turn after that output and answers with it (the scripted engine says the outputs it
+    reads first). One answer plays, with the output, and nothing fails."""
+    started = asyncio.Event()
+
+    @function_tool
+    async def lookup_weather(city: str) -> str:
+        """Get the weather in a city."""
+        started.set()
+        await asyncio.sleep(1.5)
+        return get_weather_impl(city)
+
+    async with SessionHarness(serve_url) as h:
+        await h.session.start(Agent(instructions="You tell the weather.", tools=[lookup_weather]))
+        h.session.generate_reply(user_input="What is the weather in Paris?")
+        await asyncio.wait_for(started.wait(), 5)
+        h.mic.say(speech_24k)
+        await h.until(lambda x: x.speaker.segments and x.session.agent_state == "listening" and _finals(x))
+
+        output = [
+            e for e in h.sent_of("conversation.item.create") if e["item"]["type"] == "function_call_output"
+        ]
+        assert [e["item"]["output"] for e in output] == ["sunny in example"], h.summary()
+        committed = h.of("input_audio_buffer.committed")
+        assert len(committed) == 1 and committed[0]["previous_item_id"] == output[0]["item"]["id"], (
+            h.summary()
+        )
+        done = [e["response"] for e in h.of("response.done")]
+        assert [d["status"] for d in done] == ["completed", "completed"], h.summary()
+        answer = done[-1]["output"][0]["content"][0]["transcript"]
+        assert answer.startswith("sunny in example"), answer
+        assert h.speaker.segments == [(_approx_s(ANSWER_S), _approx_s(ANSWER_S), False)], h.summary()
+        assert h.added("assistant")[-1].text_content == answer
+        assert h.no_trouble(), h.summary()
