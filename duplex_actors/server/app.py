@@ -549,7 +549,7 @@ class RealtimeServer:
         if frame is None:
             raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
         limit = self.config.limits.max_resume_frame_bytes
-        if len(frame) > limit:
+        if _frame_bytes(frame) > limit:
             # Refused unparsed: nothing paces this frame (no session, no budget yet), and a
             # padded one cost the loop ~0.4 s to parse for ~1 KB on the wire (deflated).
             raise wire.FrameTooLarge(f"a session.resume frame is at most {limit} bytes")
@@ -563,7 +563,7 @@ class RealtimeServer:
             raise wire.InvalidField(
                 "session_id", "does not match the session_id of the URL", event_id=request.event_id
             )
-        return request, len(frame)
+        return request, _frame_bytes(frame)
 
     def _vad_available(self) -> bool:
         """Whether server VAD can run here: tried once per server (one model load, ~90 ms)."""
@@ -744,7 +744,7 @@ class _Connection:
         metrics = self.server.metrics
         if record.frame_pacer is not None:
             # Every frame, accepted or refused: its decoding is the work being paced.
-            self._pace(record.frame_pacer, len(frame), "frames")
+            self._pace(record.frame_pacer, _frame_bytes(frame), "frames")
         event = None
         try:
             event = wire.decode(
@@ -1032,6 +1032,15 @@ async def _send_burst(ws: ServerConnection, frames: list[bytes]) -> None:
         # close frames, the end of the stream) before returning to the loop, and send_text
         # never ends the stream, so there is no end-of-stream marker to keep apart.
         ws.transport.write(b"".join(protocol.data_to_send()))
+
+
+def _frame_bytes(frame: str | bytes) -> int:
+    """What a frame cost the client to send, at most: a text frame's characters take up to 4
+    bytes each in UTF-8 (``isascii`` is a flag CPython keeps, no scan). Counted as characters,
+    a frame of emoji paid a quarter of its size to the byte budget."""
+    if isinstance(frame, str) and not frame.isascii():
+        return 4 * len(frame)
+    return len(frame)
 
 
 def _build_server_vad(handle: SessionHandle, settings: wire.TurnDetection, model):

@@ -198,3 +198,23 @@ def test_the_playback_ledger_stays_bounded_when_a_client_only_truncates():
     assert next(iter(ledger.snapshot())) == f"item_{9 * RECENT_RESPONSES}"  # the oldest went
     ledger.acknowledge("resp_x", 10)
     assert len(ledger) == RECENT_RESPONSES and ledger.played_ms("resp_x") == 10
+
+
+def test_the_journal_counts_a_responses_metadata_and_an_errors_client_fields():
+    # Uncounted, 10 sessions creating and cancelling responses with the largest metadata
+    # OpenAI allows held ~21 MB of journal each against 5.2 MB counted.
+    from duplex_actors.core import events as ev
+    from duplex_actors.core.journal import event_size
+
+    metadata = {f"k{i}": "\U0001f600" * 512 for i in range(16)}
+    bare = ev.ResponseCreated(seq=1, epoch=0, session_id="s", response_id="r", turn_id=0)
+    rich = ev.ResponseCreated(seq=1, epoch=0, session_id="s", response_id="r", turn_id=0, metadata=metadata)
+    assert event_size(rich) - event_size(bare) >= 16 * 512 * 4
+    done = ev.ResponseDone(
+        seq=2, epoch=0, session_id="s", response_id="r", turn_id=0, status="cancelled", metadata=metadata
+    )
+    assert event_size(done) >= 16 * 512 * 4
+    error = ev.ErrorEvent(
+        seq=3, epoch=0, session_id="s", code="x", message="m", client_event_id="e" * 512, param="p" * 100
+    )
+    assert event_size(error) >= 128 + 1 + 512 + 100

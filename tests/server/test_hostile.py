@@ -1082,3 +1082,14 @@ async def test_a_padded_session_resume_is_refused_before_it_is_parsed():
             with pytest.raises(ConnectionClosed):
                 with anyio.fail_after(5):
                     await ws.recv()
+
+
+async def test_the_byte_budget_counts_a_text_frame_in_utf8_bytes_not_characters():
+    # Counted as characters, a frame of emoji paid a quarter of its size.
+    async with running_server(frame_intake_bytes_per_s=100_000, frame_intake_burst_bytes=1_000) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps({"type": "heartbeat", "pad": "\U0001f600" * 25_000}, ensure_ascii=False))
+            await recv_until(ws, "heartbeat.ack")
+        # ~100 KB of UTF-8 over a 1 KB burst at 100 KB/s: ~1 s owed (0.25 s as characters).
+        assert server.metrics.paced.labels("frames")._value.get() >= 0.9
