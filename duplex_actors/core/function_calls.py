@@ -67,10 +67,12 @@ class FunctionCallRegistry:
         if not self._results or not item_ids:
             return
         items = self._items
-        kept = [r for r in self._results if items.get(r.call_id) not in item_ids]
+        kept = []
         for r in self._results:
             if items.get(r.call_id) in item_ids:
                 del items[r.call_id]
+            else:
+                kept.append(r)
         self._results = kept
         self._chars = sum(len(r.output) for r in kept)
 

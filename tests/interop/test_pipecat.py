@@ -149,14 +149,9 @@ async def test_server_vad_turn_with_barge_in(serve_url, speech_24k):
         assert not h.collector.of(ErrorFrame) and not h.logs, h.summary()
 
 
-async def test_tool_call(serve_url):
-    ran: list[str] = []
-
-    async def get_weather(params):
-        ran.append(params.arguments.get("city", ""))
-        await params.result_callback({"weather": get_weather_impl(params.arguments.get("city", "?"))})
-
-    tools = ToolsSchema(
+def _weather_tools() -> ToolsSchema:
+    """get_weather(city), as pipecat declares a function."""
+    return ToolsSchema(
         standard_tools=[
             FunctionSchema(
                 name="get_weather",
@@ -166,7 +161,16 @@ async def test_tool_call(serve_url):
             )
         ]
     )
-    async with Harness(serve_url, _session(False), tools=tools) as h:
+
+
+async def test_tool_call(serve_url):
+    ran: list[str] = []
+
+    async def get_weather(params):
+        ran.append(params.arguments.get("city", ""))
+        await params.result_callback({"weather": get_weather_impl(params.arguments.get("city", "?"))})
+
+    async with Harness(serve_url, _session(False), tools=_weather_tools()) as h:
         h.llm.register_function("get_weather", get_weather)
         h.context.add_message({"role": "user", "content": "What is the weather in Paris?"})
         await h.worker.queue_frame(LLMContextFrame(h.context))
@@ -582,17 +586,7 @@ async def test_messages_update_and_set_tools_mid_session_reach_the_session(serve
                 messages=[{"role": "system", "content": "You are a robot."}, *messages[1:]]
             )
         )
-        tools = ToolsSchema(
-            standard_tools=[
-                FunctionSchema(
-                    name="get_weather",
-                    description="Get the weather in a city",
-                    properties={"city": {"type": "string"}},
-                    required=["city"],
-                )
-            ]
-        )
-        await h.worker.queue_frame(LLMSetToolsFrame(tools=tools))
+        await h.worker.queue_frame(LLMSetToolsFrame(tools=_weather_tools()))
         updated = (await h.until_received("session.updated", updates + 1))[-1]["session"]
         sent = h.sent_of("session.update")[-1]["session"]
         assert sent["instructions"] == "You are a robot." and [t["name"] for t in sent["tools"]] == [
