@@ -16,6 +16,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from duplex_actors import Script
+from duplex_actors.server import wire
 from duplex_actors.server.app import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_RESUME_CONFLICT,
@@ -1068,6 +1069,31 @@ async def test_frames_that_cost_much_to_handle_are_paced_by_their_handling_time(
             await ws.send(json.dumps({"type": "heartbeat", "x": [[] for _ in range(5_000)]}))
             await recv_until(ws, "heartbeat.ack")
         assert server.metrics.paced.labels("handling")._value.get() == 0.0
+
+
+async def test_a_frame_is_billed_its_own_work_not_a_collection_or_a_wait(monkeypatch):
+    # In CI a full collection (up to ~0.7 s late in the suite) started during one session's
+    # frame, and the wall clock billed it all: a session using the default budget was held
+    # back 4.4 s. A frame pays the CPU its handling took on the loop's thread, less collections.
+    decode = wire.decode
+
+    def decode_that_collects_and_waits(frame, *args, **kwargs):
+        if isinstance(frame, str) and '"collect_here"' in frame:
+            gc.collect()
+            time.sleep(0.3)  # as a thread does waiting for the GIL or for a core
+        return decode(frame, *args, **kwargs)
+
+    monkeypatch.setattr(wire, "decode", decode_that_collects_and_waits)
+    heap = [[i] for i in range(300_000)]  # a collection over these takes a while
+    async with running_server(frame_handling_s_per_s=0.02, frame_handling_burst_s=0.0001) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            for _ in range(2):
+                await ws.send(json.dumps({"type": "heartbeat", "collect_here": True}))
+                await recv_until(ws, "heartbeat.ack")
+        # Billed by the wall clock, each frame owed >= 0.3 s / 0.02 = 15 s.
+        assert server.metrics.paced.labels("handling")._value.get() < 1.0
+    del heap
 
 
 async def test_a_padded_session_resume_is_refused_before_it_is_parsed():
