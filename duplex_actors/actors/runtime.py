@@ -17,6 +17,7 @@ import anyio.lowlevel
 import attrs
 import structlog
 
+from ..audio.turn_pieces import MAX_PIECE_S
 from ..core import commands as cmd
 from ..core.actions import InputTranscript, TranscribeInput
 from ..core.clock import MONOTONIC, Clock
@@ -188,6 +189,7 @@ class Runtime:
         gc_policy: _gc.GcPolicy | None = None,
         transcriber: Transcriber | None = None,
         transcription_backlog_s: float = 30.0,
+        transcription_piece_s: float = MAX_PIECE_S,
         journal_budget_bytes: int | None = JOURNAL_BUDGET_BYTES,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
@@ -195,8 +197,9 @@ class Runtime:
         actors/gc_policy.py). Process-wide, so it is opt-in: ``serve`` and the benches turn it on.
 
         ``transcription_backlog_s``: seconds of one session's audio that may wait for the
-        ``transcriber`` (actors/transcription_queue.py); turns are decoded as many at once as
-        the transcriber's ``max_concurrent`` (1 if it has none).
+        ``transcriber`` (actors/transcription_queue.py); turns are decoded in pieces of at
+        most ``transcription_piece_s`` of audio, cut at a pause, sessions taking turns piece
+        by piece, as many at once as the transcriber's ``max_concurrent`` (1 if it has none).
 
         ``journal_budget_bytes``: what all sessions' replay journals may hold together (the
         bytes they count); past it the sessions journaling the most give up the oldest part of
@@ -222,7 +225,7 @@ class Runtime:
         self.transcriber = transcriber
         #: Turns waiting for it, served round robin between sessions, each session's backlog
         #: bounded in seconds of audio (actors/transcription_queue.py).
-        self._transcripts = TranscriptionQueue(transcription_backlog_s)
+        self._transcripts = TranscriptionQueue(transcription_backlog_s, max_piece_s=transcription_piece_s)
         self.journal_budget = None if journal_budget_bytes is None else JournalBudget(journal_budget_bytes)
         self._transcription_workers = max(1, getattr(transcriber, "max_concurrent", 1))
         self._transcribing = 0  # worker tasks started (lazily: most servers never transcribe)
@@ -444,29 +447,37 @@ class Runtime:
             self._transcript_ready.set()
 
     async def _transcribe_queued(self) -> None:
-        """One recogniser worker: takes the queue's turns in its fair order, for ever."""
+        """One recogniser worker: takes the queue's pieces of turns in its fair order, for ever,
+        and answers each turn once its last piece is heard (or one of them failed)."""
         transcriber = self.transcriber
         assert transcriber is not None  # only started by transcribe()
         queue = self._transcripts
         while True:
-            job = queue.take()
-            if job is None:
+            piece = queue.take()
+            if piece is None:
                 # One event for every idle worker: each would otherwise replace the other's.
                 ready = self._transcript_ready
                 if ready is None or ready.is_set():
                     ready = self._transcript_ready = anyio.Event()
                 await ready.wait()
                 continue
-            action = job.action
+            action = piece.job.action
             try:
-                text = await transcriber.transcribe(action.audio, action.sample_rate)
-                result = InputTranscript(action.item_id, text=text)
+                words = await transcriber.transcribe(piece.audio, action.sample_rate)
             except Exception as exc:  # the recogniser's failure is this turn's, not the runtime's
-                log.warning("transcription_failed", item_id=action.item_id, error=repr(exc))
-                result = InputTranscript(action.item_id, error=f"transcription failed: {type(exc).__name__}")
-            finally:
-                queue.done(job)
-            job.deliver(result)
+                log.warning(
+                    "transcription_failed", item_id=action.item_id, piece=piece.index, error=repr(exc)
+                )
+                failed = queue.failed(piece)
+                if failed is not None:
+                    error = f"transcription failed: {type(exc).__name__}"
+                    failed.deliver(InputTranscript(action.item_id, error=error))
+                continue
+            heard = queue.heard(piece, words)
+            if heard is not None:
+                # A long turn's words go out piece by piece; the last carries the transcript.
+                text = heard.transcript if heard.transcript is not None else ""
+                heard.job.deliver(InputTranscript(action.item_id, text, delta=heard.delta, final=heard.final))
 
     def _schedule(self, actor: SessionActor) -> None:
         if not actor.scheduled:

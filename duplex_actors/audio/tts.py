@@ -70,21 +70,27 @@ class PiperTTS:
         self._length_scale: float = config.length_scale
         log.info("tts.voice_loaded", model=voice.model.name, native_rate=self.native_rate)
 
-    def synthesize(self, text: str, speed: float = 1.0) -> np.ndarray:
+    def synthesize(self, text: str, speed: float = 1.0, *, varied: bool = True) -> np.ndarray:
         """Float32 samples at the voice's native rate; empty for text with nothing to say.
-        ``speed`` > 1 speaks faster (Piper's length_scale is its inverse: phoneme durations)."""
+        ``speed`` > 1 speaks faster (Piper's length_scale is its inverse: phoneme durations).
+        ``varied=False`` turns Piper's sampling noise off: the same text gives the same samples
+        every time (tests that must not depend on one synthesis's luck)."""
         config = None
-        if speed != 1.0:
+        if speed != 1.0 or not varied:
             from piper import SynthesisConfig
 
             config = SynthesisConfig(length_scale=self._length_scale / speed)
+            if not varied:
+                config.noise_scale = config.noise_w_scale = 0.0
         chunks = [chunk.audio_float_array for chunk in self._voice.synthesize(text, syn_config=config)]
         if not chunks:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(chunks).astype(np.float32)
 
-    def synthesize_pcm16(self, text: str, rate: int = OUTPUT_RATE, speed: float = 1.0) -> bytes:
-        return float_to_pcm16(resample(self.synthesize(text, speed), self.native_rate, rate))
+    def synthesize_pcm16(
+        self, text: str, rate: int = OUTPUT_RATE, speed: float = 1.0, *, varied: bool = True
+    ) -> bytes:
+        return float_to_pcm16(resample(self.synthesize(text, speed, varied=varied), self.native_rate, rate))
 
 
 _default: PiperTTS | None = None

@@ -46,9 +46,12 @@ def load_utterances() -> Utterances:
     return parse_utterances(text)
 
 
-def synthesize_utterance(text: str, *, tts: PiperTTS | None = None, sample_rate: int = OUTPUT_RATE) -> bytes:
+def synthesize_utterance(
+    text: str, *, tts: PiperTTS | None = None, sample_rate: int = OUTPUT_RATE, varied: bool = True
+) -> bytes:
     """pcm16 mono speech of ``text`` at ``sample_rate`` (16 kHz by default). Blocking: run it
-    in a thread when an event loop is live. Uses the shared packaged voice unless given one."""
+    in a thread when an event loop is live. Uses the shared packaged voice unless given one.
+    ``varied=False``: the same samples every time (PiperTTS.synthesize)."""
     if not text.strip():
         raise ValueError("nothing to say")
-    return (tts or default_tts()).synthesize_pcm16(text, sample_rate)
+    return (tts or default_tts()).synthesize_pcm16(text, sample_rate, varied=varied)

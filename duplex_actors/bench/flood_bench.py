@@ -40,6 +40,10 @@ handshakes past it are answered 429; ``off`` sets none (the server's default).
 ``--transcripts`` commits 1 s turns of loud noise with input transcription on, as fast as audio
 pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
 transcript (the server runs the real recogniser, PocketSphinx).
+
+``--long-turn SECONDS`` commits one turn of that many seconds of loud noise with transcription
+on (uploaded with pacing off: what is measured is the recogniser's sharing), then measures the
+neighbour's 1 s transcribed turns, one after another, until the long turn's transcript is in.
 """
 
 from __future__ import annotations
@@ -498,6 +502,60 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             }
 
 
+async def _run_long_turn(turn_s: float, turns: int = 3) -> dict:
+    import statistics
+
+    from websockets.asyncio.client import connect
+
+    from ..actors.runtime import Runtime
+    from ..audio.transcription import default_transcriber
+    from ..engines.scripted import ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    transcriber = default_transcriber()
+    if transcriber is None:
+        raise SystemExit("--long-turn needs the recogniser (extra 'transcription')")
+    unpaced = {"audio_intake_rate": None, "frame_handling_s_per_s": None, "frame_intake_bytes_per_s": None}
+    async with Runtime(ScriptedEngine(record=False), transcriber=transcriber) as rt:
+        async with RealtimeServer(rt, ServerConfig(port=0, **unpaced)) as server:
+            await _transcribed_turn(server.url)  # warm-up: the recogniser's worker and model
+            baseline = [await _transcribed_turn(server.url) for _ in range(turns)]
+            async with connect(server.url, max_size=None) as talker:
+                await talker.recv()
+                await talker.send(TRANSCRIBED)
+                while json.loads(await talker.recv())["type"] != "session.updated":
+                    pass
+                for _ in range(int(turn_s / 2)):
+                    await talker.send(_loud_noise(2.0))
+                await talker.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                began = time.perf_counter()
+                heard = asyncio.Event()
+
+                async def wait_for_transcript() -> None:
+                    async for message in talker:
+                        kind = json.loads(message)["type"]
+                        if kind.startswith("conversation.item.input_audio_transcription.") and kind.endswith(
+                            ("completed", "failed")
+                        ):
+                            heard.set()
+                            return
+
+                waiter = asyncio.create_task(wait_for_transcript())
+                during = []
+                while not heard.is_set():
+                    during.append(await _transcribed_turn(server.url))
+                long_turn_took = time.perf_counter() - began
+                await waiter
+    return {
+        "turn_s": 2 * int(turn_s / 2),
+        "neighbour_alone_s": statistics.median(baseline),
+        "during_median_s": statistics.median(during),
+        "during_worst_s": max(during),
+        "during_turns": len(during),
+        "long_turn_took_s": long_turn_took,
+    }
+
+
 CHURN_KEYS = ("flood-key", "neighbour-key")
 
 
@@ -640,6 +698,13 @@ def main(argv: list[str] | None = None) -> int:
         "--transcripts", action="store_true", help="commits of loud noise with input transcription on"
     )
     ap.add_argument("--commits", action="store_true", help="1 s appends, each committed, no response")
+    ap.add_argument(
+        "--long-turn",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="one transcribed turn this long; the neighbour's transcripts meanwhile",
+    )
     ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
         "--frame-ms",
@@ -659,6 +724,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
     ap.add_argument("--connect-rate", type=float, default=20.0, help="--churn: the flooder key's rate (on)")
     args = ap.parse_args(argv)
+    if args.long_turn:
+        r = asyncio.run(_run_long_turn(args.long_turn))
+        print(
+            f"one {r['turn_s']:.0f} s transcribed turn: the neighbour's 1 s turn got its transcript in "
+            f"{r['neighbour_alone_s'] * 1e3:.0f} ms alone, {r['during_median_s'] * 1e3:.0f} ms at the median "
+            f"while the long turn was decoded (worst {r['during_worst_s'] * 1e3:.0f} ms, "
+            f"{r['during_turns']} turns): x{r['during_median_s'] / r['neighbour_alone_s']:.1f}; "
+            f"the long turn's own transcript took {r['long_turn_took_s']:.1f} s",
+            flush=True,
+        )
+        return 0
     if args.churn:
         rate = args.connect_rate if args.policy == "on" else None
         c = asyncio.run(_run_churn(args.seconds, args.connections, rate))

@@ -32,11 +32,19 @@ class TranscribeInput:
 
 @attrs.frozen(slots=True)
 class InputTranscript:
-    """What the recogniser made of ``item_id``'s audio; ``error`` set when it failed."""
+    """What the recogniser made of ``item_id``'s audio; ``error`` set when it failed.
+
+    A long turn is heard piece by piece: each piece's words go out as they come (``delta``,
+    ``final=False``), and the last one carries the whole ``text`` as well."""
 
     item_id: str
+    #: The whole transcript (when ``final``).
     text: str = ""
     error: str | None = None
+    #: Words heard since the last delta (they follow it as written); None: all of ``text``.
+    delta: str | None = None
+    #: False: a delta only, more of the turn is still being heard.
+    final: bool = True
 
 
 @attrs.frozen(slots=True)

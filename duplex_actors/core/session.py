@@ -1169,9 +1169,11 @@ class SessionCore:
         if result.error is not None:
             self._emit(tev.TranscriptionFailed, item_id=result.item_id, message=result.error)
             return
-        if result.text:
-            self._emit(tev.TranscriptionDelta, item_id=result.item_id, delta=result.text)
-        self._emit(tev.TranscriptionCompleted, item_id=result.item_id, transcript=result.text)
+        delta = result.text if result.delta is None else result.delta
+        if delta:
+            self._emit(tev.TranscriptionDelta, item_id=result.item_id, delta=delta)
+        if result.final:
+            self._emit(tev.TranscriptionCompleted, item_id=result.item_id, transcript=result.text)
 
     def _fx_record_function_output(self) -> None:
         cmd = cast(AddFunctionOutput, self._step["command"])
