@@ -790,6 +790,16 @@ async def test_a_client_resuming_in_a_loop_waits_for_what_its_replays_cost():
         assert pacer.waited_s > waited_before
 
 
+#: Input transcription on, turns committed by the client (no server VAD).
+TRANSCRIBED_MANUAL_TURNS = {
+    "type": "session.update",
+    "session": {
+        "type": "realtime",
+        "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}},
+    },
+}
+
+
 class _SlowRecogniser:
     """A deterministic stand-in for PocketSphinx (tests/server/test_transcription.py runs the
     real one): each turn takes ``seconds``; records the length of each turn it decodes."""
@@ -811,13 +821,6 @@ async def test_a_client_committing_faster_than_the_recogniser_decodes_neither_st
     # turns faster than it decodes queued them, without limit, in front of everyone else's.
     # Now sessions take turns, and each session's backlog is bounded in seconds of audio.
     recogniser = _SlowRecogniser(0.2)
-    transcribed = {
-        "type": "session.update",
-        "session": {
-            "type": "realtime",
-            "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}},
-        },
-    }
     commit = json.dumps({"type": "input_audio_buffer.commit"})
 
     def append(seconds: float) -> str:
@@ -826,7 +829,7 @@ async def test_a_client_committing_faster_than_the_recogniser_decodes_neither_st
 
     async def transcribing(ws) -> str:
         created = await recv_json(ws)
-        await ws.send(json.dumps(transcribed))
+        await ws.send(json.dumps(TRANSCRIBED_MANUAL_TURNS))
         await recv_until(ws, "session.updated")
         return created["session"]["id"]
 
@@ -876,18 +879,11 @@ class _PacedRecogniser(_SlowRecogniser):
 
 
 async def test_one_sessions_long_turn_does_not_hold_the_recogniser_from_a_neighbours_short_one():
-    # Turns were decoded whole, one at a time: one session's 120 s turn made a neighbour's 2 s
-    # turn of noise wait 56 s for its transcript (flood_bench --long-turn 120). A long turn is
-    # now decoded in pieces of at most 4 s (cut at a pause), sessions take turns piece by
-    # piece, and a session that was idle goes first.
+    # Turns were decoded whole, one at a time: one session's 120 s turn of noise made a
+    # neighbour's 1 s turn wait 56 s for its transcript (flood_bench --long-turn 120). A long
+    # turn is now decoded in pieces of at most 4 s (cut at a pause), and the session served
+    # least recently goes next.
     recogniser = _PacedRecogniser(0.05)
-    update = {
-        "type": "session.update",
-        "session": {
-            "type": "realtime",
-            "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}},
-        },
-    }
     second = json.dumps(
         {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x00" * 24000).decode()}
     )
@@ -896,7 +892,7 @@ async def test_one_sessions_long_turn_does_not_hold_the_recogniser_from_a_neighb
         async with connect(server.url) as talker, connect(server.url) as neighbour:
             for ws in (talker, neighbour):
                 await recv_json(ws)
-                await ws.send(json.dumps(update))
+                await ws.send(json.dumps(TRANSCRIBED_MANUAL_TURNS))
                 await recv_until(ws, "session.updated")
             for _ in range(40):
                 await talker.send(second)
