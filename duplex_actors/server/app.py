@@ -178,7 +178,8 @@ class ServerConfig:
         default=CONTROL_FRAMES_PER_S, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
     control_frames_burst: int = attrs.field(default=CONTROL_FRAMES_BURST, validator=attrs.validators.gt(0))
-    #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013.
+    #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013. The two
+    #: per-subject maxima also bound connections waiting to resume (guard.AdmissionQuotas).
     max_sessions_per_key: int | None = None
     max_sessions_per_address: int | None = None
     max_detached_sessions: int | None = None
@@ -502,8 +503,13 @@ class RealtimeServer:
 
     async def _resume(self, conn: _Connection, session_id: str) -> _SessionRecord | None:
         ws = conn.ws
+        address = _address(ws)
         try:
-            request, size = await self._first_resume_frame(ws, session_id)
+            self.quotas.resume_waiting(conn.key, address)
+            try:
+                request, size = await self._first_resume_frame(ws, session_id)
+            finally:
+                self.quotas.resume_read(conn.key, address)
             record = self._record_for(session_id)
             async with record.lock:
                 handle = record.handle
@@ -533,6 +539,8 @@ class RealtimeServer:
         except DuplexError as err:
             self.metrics.resumes.labels(err.code).inc()
             code = next((c for t, c in _RESUME_CLOSE_CODES.items() if isinstance(err, t)), CLOSE_BAD_RESUME)
+            if isinstance(err, ResourceExhausted):
+                code = CLOSE_TRY_AGAIN
             log.info("server.resume_refused", session_id=session_id, code=err.code)
             await conn.refuse(err, code)
             return None

@@ -204,6 +204,13 @@ class AdmissionQuotas:
     (closed or forgotten). ``check`` raises QuotaExceeded before a session is opened. Counts may
     include sessions that expired while detached and were not reported yet; ``check`` takes a
     ``sweep`` callback the server uses to report those before it refuses anyone.
+
+    A resuming connection has no session of its own until its ``session.resume`` frame is read
+    (up to ``ServerConfig.resume_wait_s``), so the session quotas did not see it: one address
+    holding 295 such connections, silent, took 295 of a server's 300 connection slots, and
+    everyone else got 503. Such connections are counted per key and per address while they wait
+    (``resume_waiting`` / ``resume_read``), against the same maxima as sessions: a client never
+    needs more of them at once than it holds sessions.
     """
 
     __slots__ = (
@@ -214,6 +221,8 @@ class AdmissionQuotas:
         "_by_key",
         "_by_address",
         "_detached",
+        "_resuming_by_key",
+        "_resuming_by_address",
     )
 
     def __init__(
@@ -226,6 +235,8 @@ class AdmissionQuotas:
         self._by_key: Counter = Counter()
         self._by_address: Counter = Counter()
         self._detached: set[str] = set()
+        self._resuming_by_key: Counter = Counter()
+        self._resuming_by_address: Counter = Counter()
 
     def check(self, key: bytes | None, address: str, sweep=None) -> None:
         reason = self._refusal(key, address)
@@ -246,6 +257,38 @@ class AdmissionQuotas:
                 "refused until some resume or expire"
             )
         return None
+
+    def resume_waiting(self, key: bytes | None, address: str) -> None:
+        """A resuming connection from ``key`` and ``address`` waits for its first frame (pair
+        with :meth:`resume_read`); QuotaExceeded if too many already do."""
+        if (
+            self.max_per_key is not None
+            and key is not None
+            and self._resuming_by_key[key] >= self.max_per_key
+        ):
+            raise QuotaExceeded(
+                f"this API key already has {self.max_per_key} connections waiting to resume; retry later"
+            )
+        if self.max_per_address is not None and self._resuming_by_address[address] >= self.max_per_address:
+            raise QuotaExceeded(
+                f"this address already has {self.max_per_address} connections waiting to resume; retry later"
+            )
+        if key is not None:
+            self._resuming_by_key[key] += 1
+        self._resuming_by_address[address] += 1
+
+    def resume_read(self, key: bytes | None, address: str) -> None:
+        """The waiting connection's first frame was read, or it gave up."""
+        for counter, name in ((self._resuming_by_key, key), (self._resuming_by_address, address)):
+            if name is None or name not in counter:
+                continue
+            counter[name] -= 1
+            if counter[name] <= 0:
+                del counter[name]
+
+    @property
+    def resuming_count(self) -> int:
+        return sum(self._resuming_by_address.values())
 
     def opened(self, session_id: str, key: bytes | None, address: str) -> None:
         self._owner[session_id] = (key, address)

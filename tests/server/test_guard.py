@@ -97,6 +97,27 @@ def test_quotas_count_per_key_and_address_and_detached_and_release_gives_back():
     assert len(q) == 3
 
 
+def test_connections_waiting_to_resume_are_counted_per_key_and_address_and_given_back():
+    q = guard.AdmissionQuotas(max_per_key=2, max_per_address=3, max_detached=None)
+    ka = guard.key_digest("a")
+    q.resume_waiting(ka, "10.0.0.1")
+    q.resume_waiting(ka, "10.0.0.2")
+    with pytest.raises(QuotaExceeded, match="API key already has 2 connections waiting"):
+        q.resume_waiting(ka, "10.0.0.3")
+    for _ in range(3):
+        q.resume_waiting(None, "10.0.0.9")
+    with pytest.raises(QuotaExceeded, match="address already has 3 connections waiting"):
+        q.resume_waiting(None, "10.0.0.9")
+    assert q.resuming_count == 5
+    q.resume_read(ka, "10.0.0.1")
+    q.resume_waiting(ka, "10.0.0.3")  # a slot given back is taken again
+    for _ in range(3):
+        q.resume_read(None, "10.0.0.9")
+    q.resume_read(None, "10.0.0.9")  # once too often is harmless
+    assert q.resuming_count == 2 and len(q) == 0  # sessions are counted apart
+    q.check(ka, "10.0.0.9")  # waiting to resume does not count against opening a session
+
+
 def test_accepted_key_finds_the_configured_key_in_any_of_the_three_places():
     keys = ("k1", "k2")
     assert guard.accepted_key(Headers({"Authorization": "Bearer k2"}), keys) == "k2"

@@ -421,6 +421,33 @@ async def test_connect_then_abort_cycles_hit_the_per_address_quota_with_a_typed_
         await one_turn(server.url)
 
 
+async def test_connections_waiting_to_resume_count_against_the_address_quota():
+    # A resuming connection has no session until its first frame is read (up to resume_wait_s),
+    # so the quotas did not see it: one address held 295 silent ones, and with max_connections
+    # 300 everyone else got 503.
+    async with running_server(max_sessions_per_address=2) as server:
+        waiting = [await connect(f"{server.url}?session_id=sess_x") for _ in range(2)]
+        async with connect(f"{server.url}?session_id=sess_x") as third:
+            error = await recv_json(third)
+            with pytest.raises(ConnectionClosed):
+                with anyio.fail_after(5):
+                    await third.recv()
+        assert error["error"]["code"] == "quota_exceeded" and third.close_code == CLOSE_TRY_AGAIN
+        assert server.quotas.resuming_count == 2
+        await one_turn(server.url)  # opening a session is another count
+        await waiting[0].close()
+        await wait_until(lambda: server.quotas.resuming_count == 1)
+        # The slot is given back: the next resume gets as far as its session (there is none).
+        async with connect(f"{server.url}?session_id=sess_y") as ws:
+            await ws.send(resume_frame(session_id="sess_y", generation=0, resume_token="t", last_seq=0))
+            error = await recv_json(ws)
+            assert error["error"]["code"] != "quota_exceeded", error
+        await waiting[1].send(resume_frame(session_id="sess_x", generation=0, resume_token="t", last_seq=0))
+        await recv_json(waiting[1])
+        await wait_until(lambda: server.quotas.resuming_count == 0)
+        await waiting[1].close()
+
+
 async def test_detached_sessions_are_capped_and_the_per_key_quota_holds():
     async with running_server(
         session_overrides=GRACE, max_detached_sessions=2, api_keys=("k1", "k2"), max_sessions_per_key=3
