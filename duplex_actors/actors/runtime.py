@@ -223,8 +223,8 @@ class Runtime:
         #: Input transcription for sessions that ask for it (audio/transcription.py); None:
         #: such requests get a transcription ``failed`` event.
         self.transcriber = transcriber
-        #: Turns waiting for it, served round robin between sessions, each session's backlog
-        #: bounded in seconds of audio (actors/transcription_queue.py).
+        #: Turns waiting for it, served piece by piece to the session served least recently,
+        #: each session's backlog bounded in seconds of audio (actors/transcription_queue.py).
         self._transcripts = TranscriptionQueue(transcription_backlog_s, max_piece_s=transcription_piece_s)
         self.journal_budget = None if journal_budget_bytes is None else JournalBudget(journal_budget_bytes)
         self._transcription_workers = max(1, getattr(transcriber, "max_concurrent", 1))

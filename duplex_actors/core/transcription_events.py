@@ -5,8 +5,8 @@ committed user turn is transcribed off the event loop and the session sends, for
 item: ``conversation.item.input_audio_transcription.delta`` (one per piece the recogniser
 decodes: a turn of up to 4 s is one piece, a longer one is cut at pauses; the deltas joined
 are the transcript) then ``...completed`` with the transcript, or ``...failed`` with an error
-(possibly after deltas, when a later piece failed). They may arrive before, during or after the turn's response:
-transcription runs beside the model turn, never in front of it.
+(possibly after deltas, when a later piece failed). They may arrive before, during or after
+the turn's response: transcription runs beside the model turn, never in front of it.
 """
 
 from __future__ import annotations
