@@ -97,6 +97,46 @@ def speech_24k() -> bytes:
     return synthesize_utterance(UTTERANCE, sample_rate=GA_RATE) + b"\x00\x00" * GA_RATE
 
 
+#: A long user turn (~9 s): four sentences, piper's own pauses between them. The server
+#: transcribes a committed turn longer than 4 s in pieces cut at pauses, one
+#: ``conversation.item.input_audio_transcription.delta`` per piece (docs/protocol.md).
+LONG_SENTENCES = (
+    "What is the weather like in Paris today?",
+    "I need help planning a trip to the city next week.",
+    "Could you tell me a short story about a train?",
+    "My flight to London leaves on Friday morning.",
+)
+#: Words PocketSphinx hears in each sentence above, in order (each once in the whole turn).
+LONG_KEYWORDS = ("weather", "paris", "planning", "trip", "story", "train", "flight", "london", "friday")
+
+
+@pytest.fixture(scope="session")
+def long_speech_24k() -> bytes:
+    """LONG_SENTENCES spoken by piper (the same samples every run), pcm16 mono 24 kHz, no
+    silence after: a push-to-talk turn for a commit."""
+    pytest.importorskip("piper")
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    pcm = b"".join(synthesize_utterance(s, sample_rate=GA_RATE, varied=False) for s in LONG_SENTENCES)
+    assert len(pcm) > 8 * 2 * GA_RATE, len(pcm) / (2 * GA_RATE)
+    return pcm
+
+
+def check_pieced_transcript(deltas: list[str], transcript: str) -> None:
+    """What the server sent for one long turn is the transcript in pieces: several non-empty
+    deltas, joined they are the completed transcript (a space between pieces, none doubled),
+    and every sentence's words are there once, in order (no piece lost, repeated or garbled)."""
+    assert len(deltas) >= 3, deltas
+    assert all(d.strip() for d in deltas), deltas
+    assert "".join(deltas) == transcript, (deltas, transcript)
+    assert not deltas[0].startswith(" ") and all(d.startswith(" ") and d[1] != " " for d in deltas[1:]), (
+        deltas
+    )
+    words = transcript.lower().split()
+    assert [w for w in words if w in LONG_KEYWORDS] == list(LONG_KEYWORDS), transcript
+    assert 30 <= len(words) <= 42, transcript  # 37 words said
+
+
 def chunks(pcm: bytes, ms: int = 100, rate: int = GA_RATE):
     step = rate * ms // 1000 * 2
     return [pcm[i : i + step] for i in range(0, len(pcm), step)]

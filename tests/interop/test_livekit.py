@@ -18,7 +18,7 @@ import traceback
 
 import pytest
 
-from .conftest import API_KEY, GA_RATE, chunks, get_weather_impl
+from .conftest import API_KEY, GA_RATE, check_pieced_transcript, chunks, get_weather_impl
 
 pytest.importorskip("livekit.plugins.openai.realtime")
 pytestmark = [pytest.mark.interop, pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -674,6 +674,58 @@ async def test_input_transcription_turned_on_by_update_options(serve_url, speech
         assert [t.item_id for t in final] == [item_id]
         assert "weather" in final[0].transcript.lower(), final[0].transcript
         assert "weather" in h.session.chat_ctx.get_by_id(item_id).text_content.lower()
+        assert no_trouble(h), h.summary()
+
+
+async def test_a_long_turn_transcribed_in_pieces_accumulates_then_a_short_turn_still_works(
+    serve_url, long_speech_24k, speech_24k
+):
+    """A ~9 s push-to-talk turn: the server sends one input_audio_transcription.delta per
+    piece, then completed. The plugin emits each delta as a non-final
+    input_audio_transcription_completed holding everything heard so far, then one final with
+    the server's transcript, which is also the item's text in its chat context; the turn is
+    answered. A short turn after it (one delta) is transcribed and answered the same way."""
+    from itertools import accumulate
+
+    from openai.types.realtime import AudioTranscription
+
+    transcription = AudioTranscription(model="gpt-4o-transcribe", language="en")
+    async with Harness(serve_url, turn_detection=None, input_audio_transcription=transcription) as h:
+        heard = []
+        h.session.on("input_audio_transcription_completed", heard.append)
+
+        async def turn(pcm: bytes, n: int) -> tuple[str, list[str], list]:
+            for frame in _frames(pcm):
+                h.session.push_audio(frame)
+            h.session.commit_audio()
+            await h.until(lambda x: len(x.of("input_audio_buffer.committed")) >= n)
+            item_id = h.of("input_audio_buffer.committed")[n - 1]["item_id"]
+            await h.until(lambda x: any(t.is_final and t.item_id == item_id for t in heard))
+            completed = h.of("conversation.item.input_audio_transcription.completed")
+            assert [e["item_id"] for e in completed][n - 1 :] == [item_id], h.summary()
+            deltas = [
+                e["delta"]
+                for e in h.of("conversation.item.input_audio_transcription.delta")
+                if e["item_id"] == item_id
+            ]
+            mine = [t for t in heard if t.item_id == item_id]
+            # each delta surfaces as the text so far; the final is the server's transcript
+            assert [(t.transcript, t.is_final) for t in mine] == [
+                *((so_far, False) for so_far in accumulate(deltas)),
+                (completed[-1]["transcript"], True),
+            ], mine
+            assert h.session.chat_ctx.get_by_id(item_id).text_content == completed[-1]["transcript"]
+            text, frames, _ = await h.reply()
+            assert frames > 0 and h.of("response.done")[-1]["response"]["status"] == "completed", h.summary()
+            return completed[-1]["transcript"], deltas, mine
+
+        transcript, deltas, _ = await turn(long_speech_24k, 1)
+        check_pieced_transcript(deltas, transcript)
+
+        transcript, deltas, mine = await turn(speech_24k, 2)
+        assert deltas == [transcript] and len(mine) == 2, mine
+        assert "weather" in transcript and "paris" in transcript, transcript
+        assert len(heard) == len(h.of("conversation.item.input_audio_transcription.delta")) + 2, heard
         assert no_trouble(h), h.summary()
 
 

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from .conftest import API_KEY, chunks, get_weather_impl
+from .conftest import API_KEY, check_pieced_transcript, chunks, get_weather_impl
 
 agents_realtime = pytest.importorskip("agents.realtime")
 pytestmark = [pytest.mark.interop, pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -813,6 +813,75 @@ async def test_common_model_settings_are_accepted(serve_url, sent, sdk_log):
         assert updated["instructions"] == "Be brief."
         assert rec.done_responses()[0]["status"] == "completed"
         assert _sdk(rec, "audio")
+        _assert_clean(rec, sdk_log)
+
+
+def _history(rec: Recorder) -> list:
+    """The SDK's history as its last history_updated / history_added events tell it."""
+    history: list = []
+    for event in rec.events:
+        if event.type == "history_updated":
+            history = list(event.history)
+        elif event.type == "history_added" and all(i.item_id != event.item.item_id for i in history):
+            history.append(event.item)
+    return history
+
+
+async def test_a_long_turn_transcribed_in_pieces_then_a_short_turn(
+    serve_url, long_speech_24k, speech_24k, sdk_log
+):
+    """input_audio_transcription on, push-to-talk. A ~9 s turn: the server sends one
+    input_audio_transcription.delta per piece, then completed. The SDK (which ignores the
+    deltas) surfaces one input_audio_transcription_completed with the server's transcript, and
+    its history's user message holds that transcript; the turn is answered. A short turn after
+    it (one delta) gets the same, and nothing is logged or refused."""
+    settings = _settings(input_audio_transcription={"model": "gpt-4o-transcribe", "language": "en"})
+    session = await _start(serve_url, RealtimeAgent(name="assistant", instructions="Be brief."), settings)
+    async with session:
+        rec = Recorder(session)
+
+        async def turn(pcm: bytes, n: int) -> tuple[str, list[str]]:
+            pieces = chunks(pcm)
+            for chunk in pieces[:-1]:
+                await session.send_audio(chunk)
+            await session.send_audio(pieces[-1], commit=True)
+            await session.model.send_event(RealtimeModelSendRawMessage(message={"type": "response.create"}))
+
+            def transcribed(r: Recorder) -> list:
+                return [
+                    e.data
+                    for e in _sdk(r, "raw_model_event")
+                    if e.data.type == "input_audio_transcription_completed"
+                ]
+
+            def in_history(r: Recorder) -> bool:  # the history event follows the model's
+                committed = _of(r, "input_audio_buffer.committed")
+                return len(committed) >= n and any(
+                    i.item_id == committed[n - 1]["item_id"] and i.content[0].transcript for i in _history(r)
+                )
+
+            await _reach(rec, lambda r: in_history(r) and len(r.done_responses()) >= n, 20)
+            item_id = _of(rec, "input_audio_buffer.committed")[n - 1]["item_id"]
+            completed = _of(rec, "conversation.item.input_audio_transcription.completed")
+            assert [e["item_id"] for e in completed][n - 1 :] == [item_id], rec.summary()
+            transcript = completed[-1]["transcript"]
+            assert [(t.item_id, t.transcript) for t in transcribed(rec)][n - 1 :] == [(item_id, transcript)]
+            deltas = [
+                e["delta"]
+                for e in _of(rec, "conversation.item.input_audio_transcription.delta")
+                if e["item_id"] == item_id
+            ]
+            user = [i for i in _history(rec) if i.item_id == item_id]
+            assert len(user) == 1 and user[0].role == "user", _history(rec)
+            assert [c.transcript for c in user[0].content] == [transcript], user
+            assert rec.done_responses()[n - 1]["status"] == "completed", rec.summary()
+            return transcript, deltas
+
+        transcript, deltas = await turn(long_speech_24k, 1)
+        check_pieced_transcript(deltas, transcript)
+        transcript, deltas = await turn(speech_24k, 2)
+        assert deltas == [transcript] and "weather" in transcript and "paris" in transcript, deltas
+        assert len(_history(rec)) == 4, _history(rec)  # two user turns, two answers
         _assert_clean(rec, sdk_log)
 
 

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from .conftest import API_KEY, GA_RATE, chunks, get_weather_impl
+from .conftest import API_KEY, GA_RATE, check_pieced_transcript, chunks, get_weather_impl
 
 pytest.importorskip("pipecat.services.openai.realtime")
 pytestmark = [pytest.mark.interop, pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -664,6 +664,53 @@ async def test_an_appended_assistant_message_is_refused_as_openai_refuses_it(ser
         assert sent["item"]["id"] not in {e["item"]["id"] for e in h.received_of("conversation.item.added")}
         # ... and the service reports it as its own error (pushed upstream as an ErrorFrame).
         await h.until(lambda c: any("invalid_value" in m for m in h.logs))
+
+
+async def test_a_long_turn_transcribed_in_pieces_then_a_short_turn(serve_url, long_speech_24k, speech_24k):
+    # Push-to-talk with input transcription on. A ~9 s turn: the server sends one
+    # input_audio_transcription.delta per piece, then completed. The service pushes each delta
+    # upstream as an InterimTranscriptionFrame (pipecat passes OpenAI's deltas on as they come:
+    # each frame is that piece's words, not the text so far), then one TranscriptionFrame with
+    # the server's transcript; the turn is answered. A short turn after it: one interim, one final.
+    session = events.SessionProperties(
+        instructions="Be brief.",
+        audio=events.AudioConfiguration(
+            input=events.AudioInput(
+                turn_detection=False,
+                transcription=events.InputAudioTranscription(model="gpt-4o-transcribe", language="en"),
+            )
+        ),
+    )
+    async with WireHarness(serve_url, session) as h:
+
+        async def turn(pcm: bytes, n: int) -> tuple[str, list[str]]:
+            await _push_to_talk(h, pcm)
+            await h.until_received("conversation.item.input_audio_transcription.completed", n)
+            await h.until_received("response.done", n)
+            await h.until(lambda c: len(h.upstream.of(TranscriptionFrame)) >= n)
+            item_id = h.received_of("input_audio_buffer.committed")[n - 1]["item_id"]
+            completed = h.received_of("conversation.item.input_audio_transcription.completed")
+            assert [e["item_id"] for e in completed][n - 1 :] == [item_id], h.summary()
+            transcript = completed[-1]["transcript"]
+            deltas = [
+                e["delta"]
+                for e in h.received_of("conversation.item.input_audio_transcription.delta")
+                if e["item_id"] == item_id
+            ]
+            assert [f.text for f in h.upstream.of(TranscriptionFrame)][n - 1 :] == [transcript], h.summary()
+            assert h.upstream.of(TranscriptionFrame)[-1].result.item_id == item_id
+            interims = [
+                f.text for f in h.upstream.of(InterimTranscriptionFrame) if f.result.item_id == item_id
+            ]
+            assert interims == deltas, h.summary()
+            assert h.statuses()[n - 1] == ("completed", None), h.summary()
+            return transcript, deltas
+
+        transcript, deltas = await turn(long_speech_24k, 1)
+        check_pieced_transcript(deltas, transcript)
+        transcript, deltas = await turn(speech_24k, 2)
+        assert deltas == [transcript] and "weather" in transcript and "paris" in transcript, deltas
+        h.assert_clean()
 
 
 async def test_update_settings_mid_session_turns_on_server_vad_transcription_and_a_voice(
