@@ -506,10 +506,23 @@ class RealtimeServer:
         address = _address(ws)
         try:
             self.quotas.resume_waiting(conn.key, address)
-            try:
-                request, size = await self._first_resume_frame(ws, session_id)
-            finally:
-                self.quotas.resume_read(conn.key, address)
+        except DuplexError as err:
+            self.metrics.resumes.labels(err.code).inc()
+            log.info("server.resume_refused", session_id=session_id, code=err.code)
+            await conn.refuse(err, CLOSE_TRY_AGAIN)
+            return None
+        try:
+            # Counted until attached or refused, not only until its frame is read: resumes of
+            # one session queue on its lock behind one paying its replay's debt, and a client
+            # with a valid token held 40 of 40 connection slots that way.
+            return await self._resume_counted(conn, session_id)
+        finally:
+            self.quotas.resume_read(conn.key, address)
+
+    async def _resume_counted(self, conn: _Connection, session_id: str) -> _SessionRecord | None:
+        ws = conn.ws
+        try:
+            request, size = await self._first_resume_frame(ws, session_id)
             record = self._record_for(session_id)
             async with record.lock:
                 handle = record.handle
@@ -539,8 +552,6 @@ class RealtimeServer:
         except DuplexError as err:
             self.metrics.resumes.labels(err.code).inc()
             code = next((c for t, c in _RESUME_CLOSE_CODES.items() if isinstance(err, t)), CLOSE_BAD_RESUME)
-            if isinstance(err, ResourceExhausted):
-                code = CLOSE_TRY_AGAIN
             log.info("server.resume_refused", session_id=session_id, code=err.code)
             await conn.refuse(err, code)
             return None

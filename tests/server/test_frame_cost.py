@@ -56,6 +56,23 @@ def test_a_collection_during_the_frame_is_not_billed(timed_collections, big_heap
     assert 0.01 <= billed < 0.01 + took / 4
 
 
+def test_a_young_collection_is_billed_to_the_frame_that_set_it_off(timed_collections):
+    # A young collection walks what was allocated lately, mostly by the frame itself: a frame
+    # of many tiny values must not make its own collections free.
+    gc.disable()  # so that they are still young when collected
+    try:
+        young = [[i] for i in range(200_000)]
+        start = frame_cost.mark()
+        began = time.thread_time()
+        gc.collect(0)
+        took = time.thread_time() - began
+    finally:
+        gc.enable()
+    assert took > 0.002, "too few young objects to tell"
+    assert frame_cost.billed_since(start) >= 0.9 * took
+    del young
+
+
 def test_a_collection_on_another_thread_is_not_taken_off_this_ones_bill(timed_collections, big_heap):
     # The collector's time is kept per thread: another thread's collection did not run on this
     # one, so subtracting it would let this thread's own work go unbilled.

@@ -448,6 +448,32 @@ async def test_connections_waiting_to_resume_count_against_the_address_quota():
         await waiting[1].close()
 
 
+async def test_resumes_queued_behind_another_resume_of_their_session_stay_counted():
+    # Resumes of one session take its lock one at a time, and one may sleep there paying its
+    # replay's debt. Counted only until their frame was read, the resumes queued behind it
+    # were neither waiting nor sessions: one key with a quota of 2 held 40 of 40 slots.
+    async with running_server(session_overrides=GRACE, max_sessions_per_address=2) as server:
+        sid, token = await open_and_drop(server)
+        frame = resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1)
+        queued = []
+        async with server._records[sid].lock:  # as a resume paying its debt holds it
+            for _ in range(2):
+                ws = await connect(f"{server.url}?session_id={sid}")
+                await ws.send(frame)
+                queued.append(ws)
+            await wait_until(lambda: server.quotas.resuming_count == 2)
+            async with connect(f"{server.url}?session_id={sid}") as third:
+                error = await recv_json(third)  # refused before its frame is read
+            assert error["error"]["code"] == "quota_exceeded", error
+        # Let go, the queued resumes are answered in turn (the second's token was spent by the
+        # first), and their slots are given back.
+        await recv_until(queued[0], "session.resumed")
+        assert (await recv_json(queued[1]))["error"]["code"] == "resume_conflict"
+        await wait_until(lambda: server.quotas.resuming_count == 0)
+        for ws in queued:
+            await ws.close()
+
+
 async def test_detached_sessions_are_capped_and_the_per_key_quota_holds():
     async with running_server(
         session_overrides=GRACE, max_detached_sessions=2, api_keys=("k1", "k2"), max_sessions_per_key=3
