@@ -39,6 +39,15 @@ async def get_weather(city: str) -> str:
     return get_weather_impl(city)
 
 
+async def poll_until(harness, predicate, timeout: float, step: float) -> None:
+    """Wait until ``predicate(harness)`` holds; past ``timeout``, fail with the harness's summary."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate(harness):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out; {harness.summary()}")
+        await asyncio.sleep(step)
+
+
 class _ErrorLog(logging.Handler):
     def __init__(self, sink: list[str]) -> None:
         super().__init__(logging.ERROR)
@@ -119,11 +128,7 @@ class Harness:
         return [e for e in self.raw if e.get("type") == kind]
 
     async def until(self, predicate, timeout: float = 20.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not predicate(self):
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out; {self.summary()}")
-            await asyncio.sleep(0.05)
+        await poll_until(self, predicate, timeout, step=0.05)
 
     def summary(self) -> str:
         server_errors = [e.get("error") for e in self.of("error")]
@@ -1297,11 +1302,7 @@ class SessionHarness:
         return [i for i in items if i.type == "message" and (role is None or i.role == role)]
 
     async def until(self, predicate, timeout: float = 10.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not predicate(self):
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out; {self.summary()}")
-            await asyncio.sleep(0.02)
+        await poll_until(self, predicate, timeout, step=0.02)
 
     def server_errors(self) -> list[dict]:
         return [e["error"] for e in self.of("error")]
