@@ -305,15 +305,28 @@ class Runtime:
     # -- sessions ---------------------------------------------------------------------------
 
     async def open_session(
-        self, config: SessionConfig | None = None, *, owner: bytes | None = None, **overrides
+        self,
+        config: SessionConfig | None = None,
+        *,
+        owner: bytes | None = None,
+        tenant: str | None = None,
+        **overrides,
     ) -> SessionHandle:
-        return self.open_session_nowait(config, owner=owner, **overrides)
+        return self.open_session_nowait(config, owner=owner, tenant=tenant, **overrides)
 
     def open_session_nowait(
-        self, config: SessionConfig | None = None, *, owner: bytes | None = None, **overrides
+        self,
+        config: SessionConfig | None = None,
+        *,
+        owner: bytes | None = None,
+        tenant: str | None = None,
+        **overrides,
     ) -> SessionHandle:
         """Open a session. ``owner``: digest of the API key that opened it (a transport's
-        business); every resume must then present it (the chart's ``resume_key_matches``)."""
+        business); every resume must then present it (the chart's ``resume_key_matches``).
+        ``tenant``: whom its work counts against where sessions share the engine, the
+        synthesiser and the recogniser (core/fair_share.py): sessions of one tenant share one
+        tenant's part. None: the session is a tenant of its own."""
         if not self._running:
             raise RuntimeClosed("the runtime is not running (use 'async with Runtime(...)')")
         if len(self._sessions) + self._draining_count() >= self.max_sessions:
@@ -324,7 +337,12 @@ class Runtime:
                 overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
             config = attrs.evolve(config, **overrides)
         core = SessionCore(
-            self.session_ids(), config, self.clock, owner=owner, journal_budget=self.journal_budget
+            self.session_ids(),
+            config,
+            self.clock,
+            owner=owner,
+            tenant=tenant,
+            journal_budget=self.journal_budget,
         )
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor
@@ -409,8 +427,12 @@ class Runtime:
 
     # -- the dispatcher ---------------------------------------------------------------------
 
-    def transcribe(self, action: TranscribeInput, deliver, session_id: str) -> None:
-        """Transcribe a committed turn off the event loop; ``deliver`` gets the result, once."""
+    def transcribe(
+        self, action: TranscribeInput, deliver, session_id: str, tenant: str | None = None
+    ) -> None:
+        """Transcribe a committed turn off the event loop; ``deliver`` gets the result, once.
+        The recogniser is shared by ``tenant`` first, then by session (None: the session is
+        a tenant of its own)."""
         if self.transcriber is None:
             deliver(
                 InputTranscript(
@@ -424,7 +446,7 @@ class Runtime:
             deliver(InputTranscript(action.item_id, error="the runtime is not running"))
             return
         queue = self._transcripts
-        if not queue.offer(TranscriptionJob(session_id, action, deliver)):
+        if not queue.offer(TranscriptionJob(session_id, action, deliver, tenant)):
             log.info(
                 "transcription_refused",
                 session_id=session_id,

@@ -50,7 +50,9 @@ class SessionHost(Protocol):
 
     def _session_closed(self, actor: SessionActor) -> None: ...
 
-    def transcribe(self, action: TranscribeInput, deliver, session_id: str) -> None: ...
+    def transcribe(
+        self, action: TranscribeInput, deliver, session_id: str, tenant: str | None = None
+    ) -> None: ...
 
 
 class _Reply:
@@ -298,7 +300,7 @@ class SessionActor:
             elif isinstance(action, AbortRequests):
                 engine.abort(action.request_ids)
             elif isinstance(action, TranscribeInput):
-                self.runtime.transcribe(action, self.deliver_transcript, self.session_id)
+                self.runtime.transcribe(action, self.deliver_transcript, self.session_id, self.core.tenant)
 
     def _finish(self) -> None:
         """The session closed: refuse what is still queued, exactly once each."""

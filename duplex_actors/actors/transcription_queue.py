@@ -9,15 +9,16 @@ waiting turn held its audio.
 
 So the queue is sans-IO and fair:
 
-* one FIFO per session, and the session served least recently goes next, *piece by piece*: a
-  turn longer than ``max_piece_s`` is decoded in pieces cut at a pause (audio/turn_pieces.py).
-  Sessions with work all along therefore take turns (round robin), and a session that was
-  idle goes ahead of any served since it was last served: a neighbour's short turn waits for
-  the pieces being decoded and not more, whatever the other sessions' backlogs and however
-  long their turns. Served turn by turn, one session's 120 s turn of noise held a neighbour's
-  1 s turn for 56 s at the median (``flood_bench --long-turn 120``). Put simply at the front,
-  an idle session could starve the others: committing again each time its transcript came
-  back, it would always be idle when it committed;
+* one FIFO per session, served *piece by piece* (a turn longer than ``max_piece_s`` is decoded
+  in pieces cut at a pause, audio/turn_pieces.py) in core/fair_share.py's order: the tenant
+  (API key or client address) served least recently, then its session served least recently.
+  Tenants with work all along therefore take turns, and so do the sessions of each; a tenant
+  that was idle goes ahead of any served since it was last served. A neighbour's short turn
+  waits for the pieces being decoded and not more, whatever the other tenants' backlogs, turn
+  lengths and number of sessions. Served turn by turn, one session's 120 s turn of noise held a
+  neighbour's 1 s turn for 56 s at the median (``flood_bench --long-turn 120``); shared by
+  session rather than by tenant, a client with six sessions each committing 60 s turns held a
+  neighbour's 8 s turn 24-28 s (4.2 s alone);
 * each session's backlog is bounded in seconds of audio (``max_backlog_s``): a turn past it is
   refused at once, and the runtime answers it with a transcription ``failed`` event saying
   why. Every turn is answered (its pieces' words joined, or one failure) or refused exactly
@@ -28,7 +29,6 @@ So the queue is sans-IO and fair:
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Callable
 
@@ -36,6 +36,7 @@ import attrs
 
 from ..audio.turn_pieces import MAX_PIECE_S, next_cut
 from ..core.actions import InputTranscript, TranscribeInput
+from ..core.fair_share import FairShare
 
 
 @attrs.frozen(slots=True)
@@ -45,6 +46,8 @@ class TranscriptionJob:
     session_id: str
     action: TranscribeInput
     deliver: Callable[[InputTranscript], None] = attrs.field(eq=False)
+    #: Whom the session's turns count against (None: the session alone).
+    tenant: str | None = None
 
     @property
     def seconds(self) -> float:
@@ -97,19 +100,10 @@ class TranscriptionPiece:
 
 
 class TranscriptionQueue:
-    """Per-session FIFOs; the session served least recently goes next, piece by piece; each
-    session's backlog at most ``max_backlog_s``."""
+    """Per-session FIFOs, served piece by piece in fair-share order (tenant, then session);
+    each session's backlog at most ``max_backlog_s``."""
 
-    __slots__ = (
-        "max_backlog_s",
-        "max_piece_s",
-        "_queues",
-        "_order",
-        "_entry",
-        "_served",
-        "_ticks",
-        "_backlog_s",
-    )
+    __slots__ = ("max_backlog_s", "max_piece_s", "_queues", "_share", "_backlog_s")
 
     def __init__(self, max_backlog_s: float, *, max_piece_s: float = MAX_PIECE_S) -> None:
         if max_backlog_s <= 0 or max_piece_s <= 0:
@@ -118,24 +112,10 @@ class TranscriptionQueue:
         self.max_piece_s = max_piece_s
         #: Sessions with pieces left to hand out.
         self._queues: dict[str, deque[_Turn]] = {}
-        #: Who goes next: (when the session was last served, when it joined, session). Each
-        #: waiting session has one live entry, the one ``_entry`` names; others are stale.
-        self._order: list[tuple[int, int, str]] = []
-        self._entry: dict[str, int] = {}
-        #: When each session was last served (sessions that never were: absent, i.e. -1).
-        #: Kept while the session lives, so an idle spell does not wipe its place in line.
-        self._served: dict[str, int] = {}
-        self._ticks = 0
+        #: Who goes next. A session is a flow of its tenant; it is forgotten when it closes,
+        #: so an idle spell does not wipe its place in line.
+        self._share: FairShare[str] = FairShare()
         self._backlog_s: dict[str, float] = {}
-
-    def _tick(self) -> int:
-        self._ticks += 1
-        return self._ticks
-
-    def _line_up(self, sid: str) -> None:
-        joined = self._tick()
-        self._entry[sid] = joined
-        heapq.heappush(self._order, (self._served.get(sid, -1), joined, sid))
 
     def offer(self, job: TranscriptionJob) -> bool:
         """Queue ``job``; False (nothing queued) if its session's backlog would pass the bound.
@@ -150,21 +130,16 @@ class TranscriptionQueue:
         queue = self._queues.get(sid)
         if queue is None:
             queue = self._queues[sid] = deque()
-            self._line_up(sid)
+            self._share.wait(sid, job.tenant or sid)
         queue.append(_Turn(job))
         return True
 
     def take(self) -> TranscriptionPiece | None:
-        """The next piece: of the oldest turn of the session served least recently (None:
-        nothing queued)."""
-        order = self._order
-        while order:
-            _, joined, sid = heapq.heappop(order)
-            if self._entry.get(sid) == joined:
-                break
-        else:
+        """The next piece: of the oldest turn of the session that goes next (None: nothing
+        queued)."""
+        sid = self._share.next()
+        if sid is None:
             return None
-        del self._entry[sid]
         queue = self._queues[sid]
         turn = queue[0]
         action = turn.job.action
@@ -175,9 +150,9 @@ class TranscriptionQueue:
         if end >= len(action.audio):
             turn.whole = True
             queue.popleft()
-        self._served[sid] = self._tick()
         if queue:
-            self._line_up(sid)  # its next piece comes after every session served before it
+            # Its next piece comes after every tenant, and session of its tenant, served before.
+            self._share.wait(sid, turn.job.tenant or sid)
         else:
             del self._queues[sid]
         return piece
@@ -218,8 +193,7 @@ class TranscriptionQueue:
     def forget(self, session_id: str) -> int:
         """Drop a closed session's queued turns; how many turns that leaves unanswered (pieces
         being decoded finish, and their words are dropped)."""
-        self._served.pop(session_id, None)
-        self._entry.pop(session_id, None)
+        self._share.forget(session_id)
         queue = self._queues.pop(session_id, None)
         if queue is None:
             return 0
@@ -241,7 +215,7 @@ class TranscriptionQueue:
             queue.remove(turn)
             if not queue:
                 del self._queues[sid]
-                self._entry.pop(sid, None)
+                self._share.leave(sid)
 
     def _free(self, session_id: str, seconds: float) -> None:
         left = self._backlog_s.get(session_id, 0.0) - seconds

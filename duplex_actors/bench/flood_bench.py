@@ -41,6 +41,12 @@ handshakes past it are answered 429; ``off`` sets none (the server's default).
 pacing lets it; the neighbour's figure is then the time from its own transcribed commit to its
 transcript (the server runs the real recogniser, PocketSphinx).
 
+``--responses N [--seconds 6]`` runs ``serve``'s engine (the embedded thinker and Piper): one
+client with its own API key opens N sessions, each asking for a response (text in, speech out)
+again as soon as the last is done; the neighbour, with another key, times its first audio and
+its whole response, alone and during the flood. The synthesiser's threads and the thinker's
+slots are what they compete for.
+
 ``--long-turn SECONDS`` commits one turn of that many seconds of loud noise with transcription
 on (uploaded with pacing off: what is measured is the recogniser's sharing), then measures the
 neighbour's 1 s transcribed turns, one after another, until the long turn's transcript is in.
@@ -558,6 +564,111 @@ async def _run_long_turn(turn_s: float, turns: int = 3) -> dict:
 
 CHURN_KEYS = ("flood-key", "neighbour-key")
 
+ASK_FOR_SPEECH = (
+    json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Tell me about the mountains today."}],
+            },
+        }
+    ),
+    json.dumps({"type": "response.create"}),
+)
+
+
+async def _spoken_response(url: str, headers: dict) -> tuple[float, float]:
+    """A text turn answered with speech: seconds to its first audio and to response.done."""
+    from websockets.asyncio.client import connect
+
+    async with connect(url, additional_headers=headers, max_size=None) as ws:
+        await ws.recv()
+        began = time.perf_counter()
+        first = None
+        for frame in ASK_FOR_SPEECH:
+            await ws.send(frame)
+        while True:
+            kind = json.loads(await ws.recv())["type"]
+            if kind == "response.output_audio.delta" and first is None:
+                first = time.perf_counter() - began
+            elif kind == "response.done":
+                done = time.perf_counter() - began
+                return (done if first is None else first), done
+
+
+def _response_flooder(url: str, sessions: int, seconds: float, report) -> None:
+    """``sessions`` sessions of one key, each asking for the next response as soon as the last
+    is done, for ``seconds``; reports how many responses were done."""
+
+    async def main() -> None:
+        from websockets.asyncio.client import connect
+
+        headers = {"Authorization": f"Bearer {CHURN_KEYS[0]}"}
+        until = time.perf_counter() + seconds
+        done = 0
+
+        async def one() -> None:
+            nonlocal done
+            async with connect(url, additional_headers=headers, max_size=None) as ws:
+                await ws.recv()
+                while time.perf_counter() < until:
+                    for frame in ASK_FOR_SPEECH:
+                        await ws.send(frame)
+                    while json.loads(await ws.recv())["type"] != "response.done":
+                        pass
+                    done += 1
+
+        await asyncio.gather(*(one() for _ in range(sessions)))
+        report.send(done)
+
+    asyncio.run(main())
+
+
+async def _run_responses(sessions: int, seconds: float, turns: int = 5) -> dict:
+    import multiprocessing
+    import statistics
+
+    from ..actors.runtime import Runtime
+    from ..engines.embedded import make_embedded_engine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    neighbour = {"Authorization": f"Bearer {CHURN_KEYS[1]}"}
+    async with Runtime(make_embedded_engine()) as rt:
+        async with RealtimeServer(rt, ServerConfig(port=0, api_keys=CHURN_KEYS)) as server:
+            await _spoken_response(server.url, neighbour)  # warm-up
+            alone = [await _spoken_response(server.url, neighbour) for _ in range(turns)]
+            ctx = multiprocessing.get_context("spawn")
+            ours, theirs = ctx.Pipe()
+            flooder = ctx.Process(
+                target=_response_flooder, args=(server.url, sessions, seconds, theirs), daemon=True
+            )
+            flooder.start()
+            # Until its sessions are all asking (the process starts in ~1 s).
+            while rt.session_count < sessions and flooder.is_alive():
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            during = []
+            while flooder.is_alive() and not ours.poll():
+                during.append(await _spoken_response(server.url, neighbour))
+            flooded = ours.recv()
+            flooder.join(10)
+
+    def figures(turns: list[tuple[float, float]], i: int) -> tuple[float, float]:
+        return statistics.median(t[i] for t in turns), max(t[i] for t in turns)
+
+    return {
+        "sessions": sessions,
+        "seconds": seconds,
+        "first_alone": figures(alone, 0),
+        "done_alone": figures(alone, 1),
+        "first_during": figures(during, 0),
+        "done_during": figures(during, 1),
+        "during_turns": len(during),
+        "flooder_responses": flooded,
+    }
+
 
 def _churn_flooder(url: str, seconds: float, connections: int, report) -> None:
     """Open a session, read its session.created, close it; again, from ``connections``
@@ -705,6 +816,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="one transcribed turn this long; the neighbour's transcripts meanwhile",
     )
+    ap.add_argument(
+        "--responses",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N sessions of one key asking for spoken responses back to back (serve's engine)",
+    )
     ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
         "--frame-ms",
@@ -732,6 +850,21 @@ def main(argv: list[str] | None = None) -> int:
             f"while the long turn was decoded (worst {r['during_worst_s'] * 1e3:.0f} ms, "
             f"{r['during_turns']} turns): x{r['during_median_s'] / r['neighbour_alone_s']:.1f}; "
             f"the long turn's own transcript took {r['long_turn_took_s']:.1f} s",
+            flush=True,
+        )
+        return 0
+    if args.responses:
+        r = asyncio.run(_run_responses(args.responses, args.seconds))
+
+        def ms(pair: tuple[float, float]) -> str:
+            return f"{pair[0] * 1e3:.0f} ms (worst {pair[1] * 1e3:.0f})"
+
+        print(
+            f"{r['sessions']} sessions of one key asking for spoken responses for {r['seconds']:.0f} s "
+            f"({r['flooder_responses']} done): the neighbour's first audio {ms(r['first_alone'])} alone, "
+            f"{ms(r['first_during'])} during (x{r['first_during'][0] / r['first_alone'][0]:.2f}); its "
+            f"response done {ms(r['done_alone'])} alone, {ms(r['done_during'])} during "
+            f"(x{r['done_during'][0] / r['done_alone'][0]:.2f}; {r['during_turns']} turns)",
             flush=True,
         )
         return 0

@@ -129,8 +129,17 @@ class ModelTurnRequest:
     #: Words the user (or a system/developer message, or a tool's output) added to the
     #: conversation since the last response, in order: conversation.item.create's text input.
     input_text: str = ""
+    #: Whom this request's work counts against when a backend shares a resource between
+    #: requests (decode slots, the speech synthesiser): an API key's digest or a client
+    #: address, set by the transport. None: the request's session is a tenant of its own.
+    tenant: str | None = None
 
     _repr_pretty_ = _short_pretty
+
+    @property
+    def share_tenant(self) -> str:
+        """The tenant to share by: :attr:`tenant`, else the session (core/fair_share.py)."""
+        return self.tenant or self.fence.session_id
 
     @property
     def audio_out_rate(self) -> int:

@@ -196,6 +196,7 @@ class Step(TypedDict, total=False):
 class SessionCore:
     __slots__ = (
         "session_id",
+        "tenant",
         "config",
         "clock",
         "chart",
@@ -248,9 +249,13 @@ class SessionCore:
         *,
         chart: CompiledChart = CHART,
         owner: bytes | None = None,
+        tenant: str | None = None,
         journal_budget: JournalBudget | None = None,
     ) -> None:
         self.session_id = session_id
+        #: Whom the session's work counts against at shared resources (the engine's slots,
+        #: the synthesiser, the recogniser); None: the session alone (core/fair_share.py).
+        self.tenant = tenant
         self.config = config or SessionConfig()
         self.clock = clock
         self.chart = chart
@@ -965,6 +970,7 @@ class SessionCore:
             input_text=" ".join(self._pending_text.values()) if words is None else words,
             tools=tools,
             tool_choice=tool_choice,
+            tenant=self.tenant,
         )
 
     def _response_options(self) -> tuple[tuple[FunctionTool, ...], str, SamplingOverrides]:

@@ -4,7 +4,8 @@
 the vLLM backend, anything) and is itself an ``EngineBackend``. It passes every output
 through unchanged and, as the text forms phrases (a punctuation mark, or ``max_phrase_words``
 words without one), synthesizes each phrase on a worker thread and yields its audio as
-``AudioPacket``s of ``packet_ms`` each, pcm16 mono at 16 kHz. The first packet of a phrase
+``AudioPacket``s of ``packet_ms`` each, pcm16 mono at 16 kHz. The worker threads are shared by
+every response, tenant first (engines/fair_pool.py). The first packet of a phrase
 carries the phrase's text in ``transcript`` (for response.output_audio_transcript.delta);
 later packets carry "". All audio of a response is yielded before its ``TurnDone``.
 
@@ -19,16 +20,16 @@ Requests whose ``modalities`` lack "audio" pass straight through.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 
 import attrs
 import structlog
 
 from ..core.engine_io import AudioPacket, EngineOutput, ModelTurnRequest, TextDelta, TurnDone
 from .base import EngineBackend, EngineCapabilities, delegated_sync_abort
+from .fair_pool import FairPool
 
 log = structlog.get_logger("duplex_actors.engines.talker")
 
@@ -45,7 +46,8 @@ class TalkerConfig:
     #: The rate of direct ``Talker`` calls that name none, and of the warm-up. A
     #: ``SpeakingEngine`` speaks at each request's ``audio_out_rate`` instead.
     sample_rate: int = 16000
-    #: Worker threads for synthesis, shared by all sessions (bounds TTS's share of the CPU).
+    #: Worker threads for synthesis, shared by all sessions (bounds TTS's share of the CPU);
+    #: phrases are handed to them in fair-share order (engines/fair_pool.py).
     workers: int = 2
 
 
@@ -82,7 +84,7 @@ class Talker:
     def __init__(self, tts=None, config: TalkerConfig = TalkerConfig()) -> None:
         self.config = config
         self._tts = tts
-        self._pool = concurrent.futures.ThreadPoolExecutor(config.workers, thread_name_prefix="talker")
+        self._pool = FairPool(config.workers, thread_name_prefix="talker")
 
     @property
     def sample_rate(self) -> int:
@@ -108,13 +110,34 @@ class Talker:
         step = 2 * rate * self.config.packet_ms // 1000
         return [pcm[i : i + step] for i in range(0, len(pcm), step)]
 
-    async def speak(self, phrase: str, rate: int | None = None, speed: float = 1.0) -> list[bytes]:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self.synthesize_packets, phrase, rate, speed
+    async def speak(
+        self,
+        phrase: str,
+        rate: int | None = None,
+        speed: float = 1.0,
+        *,
+        flow: Hashable | None = None,
+        tenant: Hashable | None = None,
+    ) -> list[bytes]:
+        """:meth:`synthesize_packets` on the talker's threads, shared fairly: by ``tenant``
+        first, then by ``flow`` (a response; call :meth:`finished` when it ends). Neither
+        given: a flow and tenant of its own."""
+        if flow is None:
+            flow = object()
+            try:
+                return await self._pool.run(flow, flow, self.synthesize_packets, phrase, rate, speed)
+            finally:
+                self._pool.end(flow)
+        return await self._pool.run(
+            flow, flow if tenant is None else tenant, self.synthesize_packets, phrase, rate, speed
         )
 
+    def finished(self, flow: Hashable) -> None:
+        """``flow`` (a response) speaks no more: forget its place in the talker's line."""
+        self._pool.end(flow)
+
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
 
 class SpeakingEngine:
@@ -150,27 +173,32 @@ class SpeakingEngine:
                 async for output in inner:
                     yield output
             return
-        rid = request.request_id
         splitter = PhraseSplitter(self.talker.config.max_phrase_words, self.talker.config.first_phrase_words)
+        try:
+            async with contextlib.aclosing(inner):
+                async for output in inner:
+                    if isinstance(output, TurnDone):
+                        for phrase in splitter.flush():
+                            async for packet in self._packets(request, phrase):
+                                yield packet
+                        yield output
+                        return
+                    yield output
+                    if isinstance(output, TextDelta):
+                        for phrase in splitter.feed(output.text):
+                            async for packet in self._packets(request, phrase):
+                                yield packet
+        finally:
+            self.talker.finished(request.request_id)
+
+    async def _packets(self, request: ModelTurnRequest, phrase: str) -> AsyncIterator[AudioPacket]:
+        rid = request.request_id
         # The listener's rate: piper's 22.05 kHz is resampled once, straight to it.
         rate = request.audio_out_rate
-        async with contextlib.aclosing(inner):
-            async for output in inner:
-                if isinstance(output, TurnDone):
-                    for phrase in splitter.flush():
-                        async for packet in self._packets(rid, phrase, rate, request.speed):
-                            yield packet
-                    yield output
-                    return
-                yield output
-                if isinstance(output, TextDelta):
-                    for phrase in splitter.feed(output.text):
-                        async for packet in self._packets(rid, phrase, rate, request.speed):
-                            yield packet
-
-    async def _packets(self, rid: str, phrase: str, rate: int, speed: float) -> AsyncIterator[AudioPacket]:
         began = time.perf_counter()
-        chunks = await self.talker.speak(phrase, rate, speed)
+        # The synthesiser is shared by tenant, then by response: one client's many responses
+        # get one client's share of it (engines/fair_pool.py).
+        chunks = await self.talker.speak(phrase, rate, request.speed, flow=rid, tenant=request.share_tenant)
         now = time.perf_counter()
         log.debug("talker.phrase", request_id=rid, words=len(phrase.split()), synth_s=round(now - began, 4))
         for n, chunk in enumerate(chunks):

@@ -486,8 +486,12 @@ class RealtimeServer:
         address = _address(conn.ws)
         try:
             self.quotas.check(conn.key, address, sweep=self._sweep)
-            # The session binds its resume token to this key (the chart's resume_key_matches).
-            handle = self.runtime.open_session_nowait(owner=conn.key, **overrides)
+            # The session binds its resume token to this key (the chart's resume_key_matches),
+            # and shares the engine, synthesiser and recogniser as its key's (else its
+            # address's) tenant: a client's many sessions get one client's part.
+            handle = self.runtime.open_session_nowait(
+                owner=conn.key, tenant=_tenant(conn.key, address), **overrides
+            )
         except DuplexError as err:
             log.warning("server.admission_refused", code=err.code, remote=address)
             await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
@@ -1121,6 +1125,12 @@ def _respond(
         del response.headers["Content-Type"]
         response.headers["Content-Type"] = content_type
     return response
+
+
+def _tenant(key: bytes | None, address: str) -> str:
+    """Whom a session's work counts against at shared resources: its API key (a prefix of the
+    key's digest: a label, not a secret), else its client's address, as the quotas count."""
+    return f"key:{key[:8].hex()}" if key is not None else f"address:{address}"
 
 
 def _address(ws: ServerConnection) -> str:

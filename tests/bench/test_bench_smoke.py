@@ -6,6 +6,7 @@ checked is that the suite works end to end, prints ratios and writes its files.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -198,3 +199,19 @@ def test_flood_bench_churn_tiny(capsys):
     refused = int(line.split("), ")[1].split(" handshakes refused")[0])
     assert 1 <= opened <= 20 + 20 * 2 and refused > 0  # the burst, plus 20 a second
     assert "sessions left 0" in line
+
+
+def test_flood_bench_responses_tiny():
+    """The response flood runs serve's engine end to end: the flooder's sessions got responses,
+    and the neighbour was answered with speech both alone and during the flood."""
+    pytest.importorskip("torch")
+    pytest.importorskip("piper")
+    from duplex_actors.bench import flood_bench
+
+    r = asyncio.run(flood_bench._run_responses(2, 2.0, turns=1))
+    assert r["flooder_responses"] >= 2 and r["during_turns"] >= 1
+    for key in ("first_alone", "first_during"):
+        median, worst = r[key]
+        assert 0 < median <= worst
+    # First audio comes before the response is done.
+    assert r["first_alone"][1] < r["done_alone"][1]

@@ -30,13 +30,14 @@ def request(
     unit: int | None = None,
     sampling: SamplingOverrides = SamplingOverrides(),
     modalities: tuple[str, ...] = ("text",),
+    tenant: str | None = None,
 ) -> ModelTurnRequest:
     fence = Fence(session, 0, turn)
     if audio is None:
         # 0.5 s of a quiet ramp: deterministic, non-silent input for the log-mel features.
         audio = b"".join(((i * 37) % 2000 - 1000).to_bytes(2, "little", signed=True) for i in range(8000))
     rid = fence.request_id(unit=unit if kind is TurnKind.UNIT else None)
-    return ModelTurnRequest(rid, fence, kind, audio, sampling=sampling, modalities=modalities)
+    return ModelTurnRequest(rid, fence, kind, audio, sampling=sampling, modalities=modalities, tenant=tenant)
 
 
 def run(coro, timeout: float = 30.0):

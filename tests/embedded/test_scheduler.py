@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -172,6 +173,47 @@ def test_queued_requests_are_admitted_in_fifo_order():
 
     names, order = run(main())
     assert order == names
+
+
+def test_a_tenants_queued_requests_do_not_hold_a_neighbours_behind_them_all():
+    async def main():
+        engine = small_engine(
+            sampling=SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8), max_concurrency=1
+        )
+        await engine.start()
+        # The first job's prompt is built (on the worker) only once everything is queued, so
+        # the order does not depend on how fast this host decodes.
+        queued = threading.Event()
+        build = engine.adapter.build_prompt
+
+        def build_when_all_queued(request):
+            if request.fence.session_id == "flood_0":
+                queued.wait(10)
+            return build(request)
+
+        engine.thinker.adapter.build_prompt = build_when_all_queued
+        order: list[str] = []
+
+        async def one(name, tenant):
+            async for out in engine.generate(request(name, tenant=tenant)):
+                if isinstance(out, Decision):
+                    order.append(name)
+
+        # One client's five sessions queue a request each, then a neighbour's: one slot.
+        submissions = [(f"flood_{i}", "key:flooder") for i in range(5)] + [("mine", "key:neighbour")]
+        tasks = []
+        for n, (name, tenant) in enumerate(submissions, start=1):
+            tasks.append(asyncio.create_task(one(name, tenant)))
+            while engine.scheduler.stats().submitted < n:
+                await asyncio.sleep(0.0005)
+        queued.set()
+        await asyncio.gather(*tasks)
+        await engine.aclose()
+        return order
+
+    order = run(main())
+    # flood_0 took the slot at once; the neighbour goes next, then the flooder's own, in order.
+    assert order == ["flood_0", "mine", "flood_1", "flood_2", "flood_3", "flood_4"]
 
 
 def test_unit_turns_get_a_decision_first_and_listen_is_terminal():

@@ -33,6 +33,22 @@ def test_sessions_take_turns_whatever_their_backlogs():
     assert order == ["flooder_0", "neighbour_0", "flooder_1", "flooder_2", "flooder_3", "flooder_4"]
 
 
+def test_a_tenants_sessions_share_one_tenants_part():
+    # Six sessions of one API key, each with a 1 s turn, then a neighbour's: shared by session,
+    # the neighbour would wait for all six; shared by tenant first, it waits for one.
+    q = TranscriptionQueue(max_backlog_s=60.0)
+    for i in range(6):
+        flood = job(f"flood{i}", 1.0)
+        assert q.offer(TranscriptionJob(flood.session_id, flood.action, flood.deliver, "key:flooder"))
+    mine = job("neighbour", 1.0)
+    assert q.offer(TranscriptionJob(mine.session_id, mine.action, mine.deliver, "key:neighbour"))
+    order = []
+    while (piece := q.take()) is not None:
+        order.append(piece.job.session_id)
+        q.heard(piece, "")
+    assert order == ["flood0", "neighbour", "flood1", "flood2", "flood3", "flood4", "flood5"]
+
+
 def test_a_sessions_backlog_is_bounded_in_seconds_and_frees_as_turns_are_answered():
     q = TranscriptionQueue(max_backlog_s=3.0)
     assert q.offer(job("s", 2.0, 0))

@@ -5,8 +5,11 @@ request ids; both only touch a lock-protected inbox and return at once. The work
 owns everything else (slots, the model's cache, sampling state) and loops:
 
 1. take the inbox: drop cancelled sequences (their slots free *before* the next compute, so
-   an abort takes effect within one decode step), then admit queued jobs in FIFO order while
-   slots are free, prefilling all their prompts into their slots in one batched pass;
+   an abort takes effect within one decode step), then admit queued jobs while slots are
+   free, prefilling all their prompts into their slots in one batched pass. Queued jobs are
+   admitted in fair-share order (core/fair_share.py): the tenant admitted least recently goes
+   first, so one client's hundred queued requests do not hold a neighbour's behind them all;
+   a tenant's own jobs go in the order they came;
 2. run one batched decode step over all live sequences, sample one token per row;
 3. hand the produced tokens and endings to the caller's ``dispatch`` in one call, and free
    finished slots at once. A pass that admitted or ended a sequence dispatches at once (first
@@ -23,8 +26,9 @@ dispatch every step.
 
 Live sequences always sit in slots ``0 .. n-1`` (see model.py): a sequence that leaves is
 replaced by the last one, whose cache rows are copied over. Admission is bounded twice: at
-most ``max_concurrency`` live sequences, then a FIFO queue of at most ``max_queue`` waiting
-jobs; a submit past that raises :class:`EngineCapacityError` and changes nothing.
+most ``max_concurrency`` live sequences, then a queue of at most ``max_queue`` waiting jobs;
+a submit past that raises :class:`EngineCapacityError` and changes nothing. (The queue's room
+is not shared by tenant: a server bounds each client's share with its per-key session quota.)
 
 Observers (tests, benchmarks, metrics) get a :class:`StepRecord` after every step and a
 :class:`SlotReleased` whenever a slot is given back; they run on the worker thread and must be
@@ -33,16 +37,16 @@ quick.
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Union
 
 import attrs
 import structlog
 import torch
 
+from ...core.fair_share import FairShare
 from ...errors import EngineCapacityError, EngineFailed
 from .model import Thinker
 from .sampling import SamplingParams, sample_batch
@@ -68,6 +72,8 @@ class DecodeJob:
     request_id: str
     prompt: Callable[[], Prompt]
     params: SamplingParams
+    #: Whom the job counts against when slots are scarce (None: the request alone).
+    tenant: Hashable = None
 
 
 @attrs.frozen(slots=True)
@@ -202,7 +208,9 @@ class BatchScheduler:
         self._punctuation = vocab.punctuation_ids
 
         self._lock = threading.Condition()
-        self._pending: collections.deque[tuple[DecodeJob, Sink]] = collections.deque()
+        #: Queued jobs by request id, and the order they are admitted in.
+        self._pending: dict[str, tuple[DecodeJob, Sink]] = {}
+        self._line: FairShare[str] = FairShare()
         self._cancelled: set[str] = set()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -263,7 +271,11 @@ class BatchScheduler:
                     f"engine queue is full ({self.max_queue} waiting, "
                     f"{self.max_concurrency} running); retry later"
                 )
-            self._pending.append((job, sink))
+            rid = job.request_id
+            if rid in self._pending:
+                raise EngineFailed(f"request {rid!r} is already queued")
+            self._pending[rid] = (job, sink)
+            self._line.wait(rid, rid if job.tenant is None else job.tenant)
             self._submitted += 1
             self._lock.notify_all()
 
@@ -272,11 +284,9 @@ class BatchScheduler:
         now). Unknown or finished ids are a no-op."""
         released = None
         with self._lock:
-            for entry in self._pending:
-                if entry[0].request_id == request_id:
-                    self._pending.remove(entry)
-                    released = SlotReleased(request_id, "aborted", self._steps)
-                    break
+            if self._pending.pop(request_id, None) is not None:
+                self._line.forget(request_id)
+                released = SlotReleased(request_id, "aborted", self._steps)
             else:
                 self._cancelled.add(request_id)
                 self._lock.notify_all()
@@ -321,7 +331,7 @@ class BatchScheduler:
                     break
                 cancelled, self._cancelled = self._cancelled, set()
                 room = self.max_concurrency - len(self._live)
-                admits = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+                admits = [self._take_queued() for _ in range(min(room, len(self._pending)))]
             held = len(outbox)
             live_before = len(self._live)
             try:
@@ -351,6 +361,14 @@ class BatchScheduler:
         if outbox:  # closing: what was held goes before the endings _shutdown sends
             self._dispatch(outbox)
         self._shutdown()
+
+    def _take_queued(self) -> tuple[DecodeJob, Sink]:
+        # Under the lock. A job is admitted once: its flow ends here, and its tenant's place
+        # in line is kept while the tenant has other jobs queued.
+        rid = self._line.next()
+        assert rid is not None, "a queued job is in line"
+        self._line.forget(rid)
+        return self._pending.pop(rid)
 
     def _release_cancelled(self, cancelled: set[str], outbox) -> None:
         if not cancelled:
@@ -508,9 +526,10 @@ class BatchScheduler:
         with self._lock:
             outbox += [
                 (sink, SequenceEnded(job.request_id, "closed", self._steps, now))
-                for job, sink in self._pending
+                for job, sink in self._pending.values()
             ]
             self._pending.clear()
+            self._line = FairShare()
             self._live_count = 0
         if outbox:
             self._dispatch(outbox)

@@ -185,7 +185,9 @@ class EmbeddedThinker:
             return
         params = self.adapter.sampling_for(request.fence.session_id, request.sampling)
         inbox = _Inbox(asyncio.get_running_loop())
-        job = DecodeJob(rid, functools.partial(self.adapter.build_prompt, request), params)
+        job = DecodeJob(
+            rid, functools.partial(self.adapter.build_prompt, request), params, request.share_tenant
+        )
         scheduler.submit(job, inbox.put)  # EngineCapacityError propagates, nothing queued
         accepted_at = time.perf_counter()
         ended = False

@@ -1,0 +1,147 @@
+"""A client's many sessions share the server's shared parts as one client, over a real socket.
+
+The speech synthesiser, the recogniser and the engine's decode slots are shared by every
+session. Shared session by session (or first come, first served), a client that opens many
+sessions under one API key gets a part per session, and a neighbour with one session waits
+behind all of them. They are shared by tenant first (the session's API key, else its client's
+address; core/fair_share.py), then by session or response within a tenant.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+
+from duplex_actors import Runtime, Script, ScriptedEngine
+from duplex_actors.engines.talker import SpeakingEngine, Talker, TalkerConfig
+from duplex_actors.server.app import RealtimeServer, ServerConfig
+
+from .conftest import recv_json, recv_until, running_server, user_text
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+KEYS = ("flooder-key", "neighbour-key")
+FLOODER = {"Authorization": f"Bearer {KEYS[0]}"}
+NEIGHBOUR = {"Authorization": f"Bearer {KEYS[1]}"}
+
+TRANSCRIBED_MANUAL_TURNS = {
+    "type": "session.update",
+    "session": {
+        "type": "realtime",
+        "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}},
+    },
+}
+COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
+
+
+def append(seconds: float) -> str:
+    pcm = b"\x01\x00" * int(24000 * seconds)
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+
+class _Recogniser:
+    """A deterministic stand-in for PocketSphinx: 0.1 s a turn; records each turn's length."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.decoded: list[int] = []
+
+    async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
+        await anyio.sleep(0.1)
+        self.decoded.append(len(pcm) // 2 * 1000 // sample_rate)
+        return "words"
+
+
+async def test_a_clients_many_sessions_get_one_clients_share_of_the_recogniser():
+    # Served session by session, the neighbour's turn went after one turn of each of the
+    # flooder's four sessions (stop 26's probe: six sessions made a neighbour's 8 s turn take
+    # 24-28 s against 4.2 s alone).
+    recogniser = _Recogniser()
+    async with running_server(runtime_kw={"transcriber": recogniser}, api_keys=KEYS) as server:
+        flooders = [await connect(server.url, additional_headers=FLOODER) for _ in range(4)]
+        async with connect(server.url, additional_headers=NEIGHBOUR) as neighbour:
+            for ws in (*flooders, neighbour):
+                await recv_json(ws)
+                await ws.send(json.dumps(TRANSCRIBED_MANUAL_TURNS))
+                await recv_until(ws, "session.updated")
+            for ws in flooders:  # 2 s turns, one per session
+                await ws.send(append(2.0))
+                await ws.send(COMMIT)
+                await recv_until(ws, "input_audio_buffer.committed")
+            await neighbour.send(append(1.0))
+            await neighbour.send(COMMIT)
+            await recv_until(neighbour, "conversation.item.input_audio_transcription.completed")
+            for ws in flooders:
+                await recv_until(ws, "conversation.item.input_audio_transcription.completed")
+                await ws.close()
+    # The neighbour's 1 s turn came right after the flooder's turn being decoded.
+    assert recogniser.decoded == [2000, 1000, 2000, 2000, 2000]
+
+
+class _RecordingVoice:
+    """Stands in for Piper: 30 ms of work a phrase off the event loop; records each phrase in
+    the order the synthesiser's threads take them."""
+
+    def __init__(self) -> None:
+        self.spoken: list[str] = []
+        self._lock = threading.Lock()
+
+    def synthesize_pcm16(self, phrase: str, rate: int, speed: float = 1.0) -> bytes:
+        time.sleep(0.03)
+        with self._lock:
+            self.spoken.append(phrase)
+        return b"\x00\x00" * (rate // 10)
+
+
+def _says_its_input_word(request) -> Script:
+    """Eight one-word sentences of the word the client typed: each is a phrase of its own."""
+    word = (request.input_text.split() or ["nothing"])[0]
+    return Script(tokens=tuple(f" {word}{i}." for i in range(8)), audio_packets=0, token_latency_s=0.001)
+
+
+async def _ask(ws, word: str) -> None:
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": user_text(word)}))
+    await ws.send(json.dumps({"type": "response.create"}))
+
+
+async def test_a_clients_many_responses_get_one_clients_share_of_the_synthesiser():
+    voice = _RecordingVoice()
+    # One synthesis thread, so the order is the line's order.
+    engine = SpeakingEngine(
+        ScriptedEngine(_says_its_input_word, record=False), Talker(voice, TalkerConfig(workers=1))
+    )
+    config = ServerConfig(port=0, host="127.0.0.1", api_keys=KEYS, server_vad_by_default=False)
+    async with Runtime(engine) as rt, RealtimeServer(rt, config) as server:
+        flooders = [await connect(server.url, additional_headers=FLOODER) for _ in range(6)]
+        async with connect(server.url, additional_headers=NEIGHBOUR) as neighbour:
+            for ws in (*flooders, neighbour):
+                await recv_json(ws)
+            for ws in flooders:
+                await _ask(ws, "flood")
+            with anyio.fail_after(10):  # every flooding response has a phrase in line
+                while len(voice.spoken) < 6:
+                    await anyio.sleep(0.005)
+            asked = len(voice.spoken)
+            await _ask(neighbour, "mine")
+            done = await recv_until(neighbour, "response.done", timeout=20)
+            assert done[-1]["response"]["status"] == "completed"
+            for ws in flooders:
+                await recv_until(ws, "response.done", timeout=20)
+                await ws.close()
+    spoken = voice.spoken
+    mine = [i for i, phrase in enumerate(spoken) if phrase.startswith("mine")]
+    assert len(mine) == 8 and len(spoken) == 56
+    # The neighbour's phrases waited for one of the flooder's each, not for one of each of its
+    # six responses (first come, first served: five or six).
+    gaps = [b - a - 1 for a, b in zip(mine, mine[1:])]
+    assert max(gaps) <= 2, (gaps, spoken)
+    # Its first phrase too: after the flooder's phrase being synthesised (and one more if the
+    # thinker's first words came after that one ended), not after one of each response.
+    assert mine[0] - asked <= 2, (asked, spoken)
