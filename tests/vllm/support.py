@@ -22,7 +22,12 @@ _turns = itertools.count()
 
 
 def make_request(
-    max_tokens: int | None = None, *, seconds: float = 0.5, instructions: str = "Answer briefly.", **sampling
+    max_tokens: int | None = None,
+    *,
+    seconds: float = 0.5,
+    instructions: str = "Answer briefly.",
+    tenant: str | None = None,
+    **sampling,
 ) -> ModelTurnRequest:
     fence = Fence(new_session_id(), 0, next(_turns))
     audio = bytes(range(256)) * int(seconds * 16000 * 2 / 256)
@@ -34,6 +39,7 @@ def make_request(
         instructions=instructions,
         sampling=SamplingOverrides(max_tokens=max_tokens, **sampling),
         modalities=("text",),
+        tenant=tenant,
     )
 
 

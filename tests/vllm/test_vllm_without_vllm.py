@@ -74,3 +74,7 @@ def test_engine_args_carry_what_users_set():
     assert args["gpu_memory_utilization"] == 0.5 and args["enforce_eager"] is False
     assert args["swap_space"] == 1 and args["disable_log_stats"] is False
     assert engine.capabilities.max_concurrency == 16 and not engine.capabilities.produces_audio
+    # Waiting requests are ordered by tenant load (VllmEngine.generate); users may turn it off.
+    assert args["scheduling_policy"] == "priority"
+    fcfs = VllmEngine("/models/x", scheduling_policy="fcfs")
+    assert fcfs.config.engine_args()["scheduling_policy"] == "fcfs" and not fcfs._by_tenant
