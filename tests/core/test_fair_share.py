@@ -15,6 +15,16 @@ TENANTS = ("a", "b", "c")
 FLOWS = tuple(f"{t}{i}" for t in TENANTS for i in range(3))
 
 
+def serve_again_and_again(share: FairShare, rounds: int, tenant_of) -> list:
+    """Serve ``rounds`` times; each flow served waits again at once (it always has more)."""
+    served = []
+    for _ in range(rounds):
+        flow = share.next()
+        served.append(flow)
+        share.wait(flow, tenant_of(flow))
+    return served
+
+
 def drain(share: FairShare) -> list:
     served = []
     while (flow := share.next()) is not None:
@@ -52,11 +62,7 @@ def test_always_arriving_idle_does_not_starve_the_others():
     share: FairShare[str] = FairShare()
     share.wait("flood", "flooder")
     share.wait("eager", "eager")
-    served = []
-    for _ in range(6):
-        flow = share.next()
-        served.append(flow)
-        share.wait(flow, "flooder" if flow == "flood" else "eager")
+    served = serve_again_and_again(share, 6, lambda flow: "flooder" if flow == "flood" else "eager")
     assert served.count("flood") == 3 and served.count("eager") == 3
 
 
@@ -64,12 +70,7 @@ def test_within_a_tenant_flows_take_turns():
     share: FairShare[str] = FairShare()
     share.wait("x", "t")
     share.wait("y", "t")
-    order = []
-    for _ in range(4):
-        flow = share.next()
-        order.append(flow)
-        share.wait(flow, "t")
-    assert order == ["x", "y", "x", "y"]
+    assert serve_again_and_again(share, 4, lambda flow: "t") == ["x", "y", "x", "y"]
 
 
 def test_a_flow_keeps_its_tenant_until_forgotten():

@@ -20,17 +20,24 @@ async def _started(pool: FairPool, n: int) -> None:
         await asyncio.sleep(0.001)
 
 
+def held_jobs():
+    """A gate, the names of the jobs run so far, and a job that waits for the gate, then
+    notes its name and returns it."""
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def job(name: str) -> str:
+        gate.wait(5)
+        ran.append(name)
+        return name
+
+    return gate, ran, job
+
+
 def test_a_neighbour_waits_for_one_of_a_flooders_jobs_not_all():
     async def main():
         pool = FairPool(1)
-        gate = threading.Event()
-        order: list[str] = []
-
-        def job(name: str) -> str:
-            gate.wait(5)
-            order.append(name)
-            return name
-
+        gate, order, job = held_jobs()
         tasks = [asyncio.create_task(pool.run(f"flood{i}", "flooder", job, f"flood{i}")) for i in range(4)]
         await _started(pool, 1)  # flood0 holds the one thread
         tasks.append(asyncio.create_task(pool.run("mine", "neighbour", job, "mine")))
@@ -49,14 +56,7 @@ def test_a_neighbour_waits_for_one_of_a_flooders_jobs_not_all():
 def test_a_job_cancelled_while_waiting_never_runs_and_a_running_one_finishes():
     async def main():
         pool = FairPool(1)
-        gate = threading.Event()
-        ran: list[str] = []
-
-        def job(name: str) -> str:
-            gate.wait(5)
-            ran.append(name)
-            return name
-
+        gate, ran, job = held_jobs()
         running = asyncio.create_task(pool.run("a", "a", job, "a"))
         await _started(pool, 1)
         waiting = asyncio.create_task(pool.run("b", "b", job, "b"))
