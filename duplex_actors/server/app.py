@@ -387,11 +387,17 @@ class RealtimeServer:
 
     @property
     def url(self) -> str:
-        return f"ws://{self.config.host}:{self.port}{self.config.path}"
+        return f"ws://{self._netloc}{self.config.path}"
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
+        return f"http://{self._netloc}"
+
+    @property
+    def _netloc(self) -> str:
+        host = self.config.host
+        # An IPv6 literal goes in brackets in a URL (RFC 3986): ws://[::1]:8000/...
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     @property
     def connection_count(self) -> int:
@@ -1134,9 +1140,10 @@ def _tenant(key: bytes | None, address: str) -> str:
 
 
 def _address(ws: ServerConnection) -> str:
-    """The client's IP address (quotas count per address, not per port)."""
+    """The client as the per-address quotas, connect rates and shares count it: its IP
+    address, not its port; an IPv6 client by its /64 (guard.client_subject)."""
     try:
-        return str(ws.remote_address[0])
+        return guard.client_subject(str(ws.remote_address[0]))
     except Exception:
         return "?"
 

@@ -40,6 +40,7 @@ it needs the socket, and it is one ``fail_after`` around a send.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import secrets
 from collections import Counter
 
@@ -53,6 +54,23 @@ SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 def key_digest(key: str | None) -> bytes | None:
     """What the server keeps of a key: its digest, so records never hold the secret itself."""
     return None if key is None else hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def client_subject(address: str) -> str:
+    """What the per-address quotas, connect rates and shares count a client as: an IPv4
+    address as it is; an IPv6 address by its /64 network, the block one subscriber is given
+    (a client may send from any address in it, so counted address by address it would get
+    2**64 quotas); an IPv4 address carried in IPv6 (``::ffff:a.b.c.d``) as that IPv4 address.
+    Anything else (a Unix socket's path, "?") as it is."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone ("fe80::1%eth0")
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def presented_keys(headers: Headers) -> list[str]:

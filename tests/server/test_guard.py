@@ -178,3 +178,16 @@ def test_connect_rate_memory_is_bounded_by_subjects_and_full_buckets_are_forgott
     for i in range(1000):
         r.admit(f"fresh {i}", 10.0)
     assert len(r) <= 1000 and all(not str(s).startswith("10.0.") for s in r._buckets)
+
+
+def test_an_ipv6_client_is_counted_by_its_64_block_and_a_mapped_ipv4_one_by_its_ipv4_address():
+    # One subscriber's /64: every address in it is the same client for quotas and rates.
+    assert (
+        guard.client_subject("2001:db8:1:2::1")
+        == guard.client_subject("2001:db8:1:2:ffff::9")
+        == ("2001:db8:1:2::/64")
+    )
+    assert guard.client_subject("2001:db8:1:3::1") != guard.client_subject("2001:db8:1:2::1")
+    assert guard.client_subject("::ffff:192.0.2.7") == "192.0.2.7" == guard.client_subject("192.0.2.7")
+    assert guard.client_subject("fe80::1%eth0") == "fe80::/64"
+    assert guard.client_subject("?") == "?" and guard.client_subject("/run/app.sock") == "/run/app.sock"

@@ -145,3 +145,17 @@ async def test_a_clients_many_responses_get_one_clients_share_of_the_synthesiser
     # Its first phrase too: after the flooder's phrase being synthesised (and one more if the
     # thinker's first words came after that one ended), not after one of each response.
     assert mine[0] - asked <= 2, (asked, spoken)
+
+
+async def test_an_ipv6_client_is_one_tenant_and_one_quota_subject_by_its_64_block():
+    # Without keys a client is its address; over IPv6 its /64, which it could otherwise walk
+    # through for a new tenant (and quota) per connection.
+    async with running_server(host="::1", max_sessions_per_address=1) as server:
+        assert server.url.startswith("ws://[::1]:")
+        async with connect(server.url) as first:
+            created = await recv_json(first)
+            handle = server.runtime.get(created["session"]["id"])
+            assert handle.core.tenant == "address:::/64"
+            async with connect(server.url) as second:
+                refused = await recv_json(second)
+                assert refused["error"]["code"] == "quota_exceeded"
