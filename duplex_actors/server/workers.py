@@ -461,14 +461,17 @@ async def _run_front(
     engine_pid: int,
     on_ready: Callable[[int], None] | None,
 ) -> None:
-    listener = socket.create_server((host, port), backlog=1024)
+    ipv6 = ":" in host
+    family = socket.AF_INET6 if ipv6 else socket.AF_INET
+    listener = socket.create_server((host, port), family=family, backlog=1024)
     listener.setblocking(False)
     bound = listener.getsockname()[1]
+    netloc = f"[{host}]:{bound}" if ipv6 else f"{host}:{bound}"
     front = FrontDoor(pool, listener)
     auth = "on" if settings.api_key else "off"
     print(
-        f"duplex-actors serving ws://{host}:{bound}/v1/realtime (engine={settings.engine}, auth={auth}, "
-        f"workers={len(pool)}); health http://{host}:{bound}/health (answered by one worker)",
+        f"duplex-actors serving ws://{netloc}/v1/realtime (engine={settings.engine}, auth={auth}, "
+        f"workers={len(pool)}); health http://{netloc}/health (answered by one worker)",
         flush=True,
     )
     for worker in pool:

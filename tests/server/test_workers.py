@@ -419,3 +419,18 @@ def test_serve_flags_reach_the_workers_the_per_address_quota_counts_per_worker()
                 await ws.close()
 
         run(main)
+
+
+def test_serve_workers_listens_on_an_ipv6_host_and_prints_a_url_clients_parse():
+    # The front door's listener was IPv4 only (create_server's default family), and the URL it
+    # printed, ws://::1:PORT/..., is one no client parses.
+    with serve_workers(2, "--host", "::1") as s:
+        assert s.url.startswith("ws://[::1]:"), s.url
+
+        async def main() -> None:
+            client = await DuplexClient.connect(s.url)
+            await client.recv()
+            await one_turn(client)
+            await client.close()
+
+        run(main)
