@@ -13,6 +13,11 @@ The neighbour's turns before the flood are the baseline; its turns during the fl
 compared with them (median and worst), and the flooder's accepted audio is reported as a
 multiple of real time. ``--policy off`` turns audio pacing off (``audio_intake_rate=None``).
 
+``--audio --sessions N [--seconds 6]`` floods valid audio from N sessions of one API key at
+once, each as fast as its own pacers allow (the per-session budgets multiply with sessions);
+the neighbour has another key. ``--policy off`` turns off the loop's sharing by client
+(``loop_share_s_per_s=None``) and nothing else.
+
 ``--updates`` floods valid ~1 MB ``session.update`` frames the same way. Three floods ask for
 large replies with small frames: ``--echoes`` (a 40-byte ``session.update`` after ~1 MB of tools
 were declared: each echoes them all), ``--retrieves`` (a ``conversation.item.retrieve`` of an
@@ -59,6 +64,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import time
 
@@ -626,6 +632,90 @@ def _response_flooder(url: str, sessions: int, seconds: float, report) -> None:
     asyncio.run(main())
 
 
+def _audio_sessions_flooder(url: str, sessions: int, seconds: float, report) -> None:
+    """``sessions`` sessions of one key, each sending 100 ms appends as fast as the server
+    reads them, for ``seconds``; reports the frames sent."""
+
+    async def main() -> None:
+        from websockets.asyncio.client import connect
+
+        frame = _audio_frame(100)
+        until = time.perf_counter() + seconds
+        sent = 0
+
+        async def one() -> None:
+            nonlocal sent
+            ws = await connect(url, additional_headers={"Authorization": f"Bearer {CHURN_KEYS[0]}"})
+            await ws.recv()
+
+            async def drain() -> None:
+                async for _ in ws:
+                    pass
+
+            reader = asyncio.create_task(drain())
+            try:
+                while time.perf_counter() < until:
+                    await asyncio.wait_for(ws.send(frame), max(0.0, until - time.perf_counter()))
+                    sent += 1
+                    if sent % 50 == 0:  # 5 s of audio: within the input buffer's limit
+                        await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
+            except asyncio.TimeoutError:
+                pass
+            reader.cancel()
+            ws.transport.abort()  # what the server has not read is dropped with the socket
+
+        await asyncio.gather(*(one() for _ in range(sessions)))
+        report.send(sent)
+
+    asyncio.run(main())
+
+
+async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns: int = 5) -> dict:
+    import multiprocessing
+    import statistics
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import Script, ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
+    neighbour = {"Authorization": f"Bearer {CHURN_KEYS[1]}"}
+    config = ServerConfig(port=0, api_keys=CHURN_KEYS, **({} if shared else {"loop_share_s_per_s": None}))
+    async with Runtime(ScriptedEngine(script, record=False)) as rt:
+        async with RealtimeServer(rt, config) as server:
+            await _turn(server.url, neighbour)  # warm-up (VAD model, first response)
+            alone = [await _turn(server.url, neighbour) for _ in range(turns)]
+            ctx = multiprocessing.get_context("spawn")
+            ours, theirs = ctx.Pipe()
+            flooder = ctx.Process(
+                target=_audio_sessions_flooder, args=(server.url, sessions, seconds, theirs), daemon=True
+            )
+            flooder.start()
+            while rt.session_count < sessions and flooder.is_alive():
+                await asyncio.sleep(0.01)
+            began = time.perf_counter()
+            heard = sum(h.core.received_audio_ms for h in rt.sessions())
+            during = []
+            while flooder.is_alive() and not ours.poll():
+                during.append(await _turn(server.url, neighbour))
+            heard = sum(h.core.received_audio_ms for h in rt.sessions()) - heard
+            elapsed = time.perf_counter() - began
+            ours.recv()
+            flooder.join(10)
+            during.sort()
+            return {
+                "sessions": sessions,
+                "shared": shared,
+                "alone_s": statistics.median(alone),
+                "during_s": statistics.median(during),
+                "during_p90_s": during[math.ceil(0.9 * len(during)) - 1],
+                "during_worst_s": during[-1],
+                "during_turns": len(during),
+                "accepted_x_real_time": heard / 1000 / elapsed,
+                "held_s": server.metrics.paced.labels("client_share")._value.get(),
+            }
+
+
 async def _run_responses(sessions: int, seconds: float, turns: int = 5) -> dict:
     import multiprocessing
     import statistics
@@ -817,6 +907,13 @@ def main(argv: list[str] | None = None) -> int:
         help="one transcribed turn this long; the neighbour's transcripts meanwhile",
     )
     ap.add_argument(
+        "--sessions",
+        type=int,
+        default=1,
+        metavar="N",
+        help="--audio: N sessions of one key flood at once (--policy off: no loop sharing by client)",
+    )
+    ap.add_argument(
         "--responses",
         type=int,
         default=0,
@@ -890,6 +987,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
             f"(counted); server RSS {j['rss_before_mb']:.1f} -> {j['rss_after_mb']:.1f} MiB "
             f"(+{j['rss_after_mb'] - j['rss_before_mb']:.1f}) in {j['seconds']:.1f} s",
+            flush=True,
+        )
+        return 0
+    if args.audio and args.sessions > 1:
+        a = asyncio.run(_run_audio_sessions(args.sessions, args.seconds, args.policy == "on"))
+        print(
+            f"{a['sessions']} sessions of one key flooding audio for {args.seconds:.0f} s, loop shared by "
+            f"client {'on' if a['shared'] else 'off'}: accepted {a['accepted_x_real_time']:.1f}x real time "
+            f"in all; neighbour turn {a['alone_s'] * 1e3:.0f} ms alone, {a['during_s'] * 1e3:.0f} ms during "
+            f"(p90 {a['during_p90_s'] * 1e3:.0f}, worst {a['during_worst_s'] * 1e3:.0f}, "
+            f"{a['during_turns']} turns): x{a['during_s'] / a['alone_s']:.2f} at the median; reads held "
+            f"back {a['held_s']:.1f} s by the client share",
             flush=True,
         )
         return 0

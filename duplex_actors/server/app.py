@@ -66,6 +66,7 @@ from .connection import (
     FRAMES_PER_S,
     paced_connection,
 )
+from .loop_share import LoopShare
 from .metrics import ServerMetrics
 
 log = structlog.get_logger("duplex_actors.server")
@@ -164,6 +165,14 @@ class ServerConfig:
         default=0.1, validator=attrs.validators.optional(attrs.validators.gt(0))
     )
     frame_handling_burst_s: float = attrs.field(default=0.25, validator=attrs.validators.gt(0))
+    #: The loop shared by client (loop_share.py): once the frames of all clients together take
+    #: more than this many seconds of the loop a second, a client (API key, else address) whose
+    #: sessions take more than its fair share reads its next frames later. The per-session
+    #: budgets above multiply with a client's sessions: 32 sessions of one key sending audio as
+    #: fast as theirs allowed made a neighbour's turn 68x slower. None: not shared.
+    loop_share_s_per_s: float | None = attrs.field(
+        default=0.5, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
     #: Frame-count pacing (connection.PacedConnection): websocket frames of any kind, each
     #: fragment and ping counted, a client may send a second, after ``frames_burst`` at once.
     #: Parsing costs per frame, which the byte and audio budgets do not see (a message cut into
@@ -289,6 +298,7 @@ class RealtimeServer:
         self._vad_ok: bool | None = None
         self._swept_at = runtime.clock.now()
         self._shutting_down = False
+        self.loop_share = None if config.loop_share_s_per_s is None else LoopShare(config.loop_share_s_per_s)
         self.quotas = guard.AdmissionQuotas(
             max_per_key=config.max_sessions_per_key,
             max_per_address=config.max_sessions_per_address,
@@ -732,6 +742,9 @@ class _Connection:
         slice_began = done = clock()
         replies = self.record.frame_pacer
         handling = self.record.handling_pacer
+        loop_share = self.server.loop_share
+        billed = handling is not None or loop_share is not None
+        tenant = self.record.handle.core.tenant or self.record.handle.id
         try:
             async for frame in self.ws:
                 if replies is not None:
@@ -744,7 +757,7 @@ class _Connection:
                 began = clock()
                 if began - done > READ_GAP_S:
                     slice_began = began  # the reader waited for this frame: a new slice
-                cost_mark = frame_cost.mark() if handling is not None else None
+                cost_mark = frame_cost.mark() if billed else None
                 self._on_frame(frame)
                 if self.flooding:
                     await self._close_for_flood()
@@ -752,7 +765,15 @@ class _Connection:
                 done = clock()
                 if cost_mark is not None:
                     # Billed in CPU time, collections excepted: not the wall clock (frame_cost).
-                    self._pace(handling, frame_cost.billed_since(cost_mark), "handling")
+                    cost = frame_cost.billed_since(cost_mark)
+                    if handling is not None:
+                        self._pace(handling, cost, "handling")
+                    if loop_share is not None:
+                        # And to the client, whose sessions share the loop with other clients'.
+                        wait = loop_share.bill(tenant, cost, self.server.runtime.clock.now())
+                        if wait:
+                            self.pace_wait = max(self.pace_wait, wait)
+                            self.server.metrics.paced.labels("client_share").inc(wait)
                 if self.pace_wait:
                     wait, self.pace_wait = self.pace_wait, 0.0
                     await anyio.sleep(wait)

@@ -150,7 +150,8 @@ class ServerMetrics:
         )
         self.paced = Counter(
             "duplex_client_paced_seconds",
-            "Seconds client reads were held back by pacing, by what was sent too fast (audio, frames, frame_count, control)",
+            "Seconds client reads were held back by pacing, by what was sent too fast (audio, frames, frame_count, "
+            "control, handling) or by the client's share of the loop (client_share)",
             ["what"],
             registry=r,
         )

@@ -215,3 +215,14 @@ def test_flood_bench_responses_tiny():
         assert 0 < median <= worst
     # First audio comes before the response is done.
     assert r["first_alone"][1] < r["done_alone"][1]
+
+
+def test_flood_bench_audio_sessions_tiny():
+    """Several sessions of one key flooding audio: the neighbour's turns ran during it, and with
+    the loop shared by client the figures come back whole."""
+    from duplex_actors.bench import flood_bench
+
+    r = asyncio.run(flood_bench._run_audio_sessions(3, 1.5, True, turns=1))
+    assert r["sessions"] == 3 and r["shared"] and r["during_turns"] >= 1
+    assert 0 < r["during_s"] <= r["during_p90_s"] <= r["during_worst_s"]
+    assert r["accepted_x_real_time"] > 0 and r["held_s"] >= 0

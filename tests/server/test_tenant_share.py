@@ -20,7 +20,9 @@ from websockets.asyncio.client import connect
 
 from duplex_actors import Runtime, Script, ScriptedEngine
 from duplex_actors.engines.talker import SpeakingEngine, Talker, TalkerConfig
+from duplex_actors.server import guard
 from duplex_actors.server.app import RealtimeServer, ServerConfig
+from duplex_actors.server.loop_share import LoopShare
 
 from .conftest import recv_json, recv_until, running_server, user_text
 
@@ -159,3 +161,72 @@ async def test_an_ipv6_client_is_one_tenant_and_one_quota_subject_by_its_64_bloc
             async with connect(server.url) as second:
                 refused = await recv_json(second)
                 assert refused["error"]["code"] == "quota_exceeded"
+
+
+def _noise_append(ms: int) -> str:
+    """``ms`` of low-level 24 kHz noise: server VAD hears every window of it, no turn starts."""
+    import os
+
+    noise = bytes(b & 0x0F if i % 2 == 0 else 0 for i, b in enumerate(os.urandom(2 * 24 * ms)))
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+
+
+async def test_a_clients_many_sessions_get_one_clients_share_of_the_event_loop():
+    # Every per-session budget multiplies with a client's sessions: 32 sessions of one key
+    # sending audio as fast as their pacers allowed took the loop, and a neighbour's turn went
+    # from 63 ms to 4.3 s. Past loop_share_s_per_s (here 0.1 s a second, so that a few
+    # sessions reach it), the client over its fair share reads its next frames later.
+    capacity = 0.1
+    billed: dict[str, list[tuple[float, float]]] = {}
+    waits: dict[str, float] = {}
+
+    class RecordingShare(LoopShare):
+        __slots__ = ()
+
+        def bill(self, tenant, seconds, now):
+            wait = super().bill(tenant, seconds, now)
+            billed.setdefault(tenant, []).append((now, seconds))
+            waits[tenant] = waits.get(tenant, 0.0) + wait
+            return wait
+
+    async with running_server(api_keys=KEYS, loop_share_s_per_s=capacity) as server:
+        server.loop_share = RecordingShare(capacity)
+        frame = _noise_append(100)
+        stop = anyio.Event()
+
+        async def flood(ws) -> None:
+            await recv_json(ws)
+            while not stop.is_set():
+                await ws.send(frame)
+
+        async def drain(ws) -> None:
+            async for _ in ws:
+                pass
+
+        flooders = [await connect(server.url, additional_headers=FLOODER) for _ in range(8)]
+        async with anyio.create_task_group() as tg:
+            for ws in flooders:
+                tg.start_soon(flood, ws)
+                tg.start_soon(drain, ws)
+            async with connect(server.url, additional_headers=NEIGHBOUR) as neighbour:
+                await recv_json(neighbour)
+                began = time.perf_counter()
+                while time.perf_counter() - began < 4.0:  # the neighbour's turns meanwhile
+                    await neighbour.send(frame)
+                    await neighbour.send(COMMIT)
+                    await neighbour.send(json.dumps({"type": "response.create"}))
+                    done = await recv_until(neighbour, "response.done", timeout=20)
+                    assert done[-1]["response"]["status"] == "completed"
+                    await anyio.sleep(0.25)  # a person's turns, not a flood of them
+            stop.set()
+            for ws in flooders:
+                ws.transport.abort()
+            tg.cancel_scope.cancel()
+    flooder, neighbour_tenant = (f"key:{guard.key_digest(key)[:8].hex()}" for key in KEYS)
+    assert set(billed) == {flooder, neighbour_tenant}
+    # Only the client over its share was held back.
+    assert waits[flooder] > 0 and waits[neighbour_tenant] == 0.0
+    # Over the last 2 s, the flooder's eight sessions took about the share, not the loop.
+    end = max(now for now, _ in billed[flooder])
+    late = sum(seconds for now, seconds in billed[flooder] if now >= end - 2.0)
+    assert late / 2.0 <= 2 * capacity, late / 2.0
