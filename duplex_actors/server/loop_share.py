@@ -3,9 +3,10 @@
 Every pacer of guard.py is per session: a session's audio (4x real time), bytes (1 MiB a
 second) and handling time (0.1 s a second). A client that opens many sessions multiplies
 them. Measured with one API key's sessions each sending valid audio as fast as their pacers
-allow (``/tmp``-style probe, scripted engine, server VAD on): 16 sessions made a neighbour's
-turn x1.28 slower at the median; 32 sessions took the loop (130x real time of audio through
-Silero) and the neighbour's turn went from 63 ms to 4.3 s, 64 sessions to 11 s.
+allow (``flood_bench --audio --sessions N --policy off``; scripted engine, server VAD on): 16
+sessions made a neighbour's turn x1.28 slower at the median; 32 sessions took the loop
+(126-134x real time of audio through Silero) and the neighbour's turn went from ~70 ms to
+4.0-4.4 s; 64 sessions, to 11 s. Shared by client at 0.5 s a second: x1.20-1.26 with 32.
 
 So the server also bills each frame's handling time (frame_cost: the loop thread's CPU) to
 the frame's *tenant* (API key, else client address), and :class:`LoopShare` answers how long
