@@ -670,8 +670,31 @@ def _audio_sessions_flooder(url: str, sessions: int, seconds: float, report) -> 
     asyncio.run(main())
 
 
-async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns: int = 5) -> dict:
+async def _during_flood(rt, target, args: tuple, sessions: int, measure, on_start=None) -> tuple:
+    """Run the flooder ``target(*args, pipe)`` in its own process; once its ``sessions`` are
+    open, call ``on_start()`` (if given), then ``measure()`` again and again until the flooder
+    reports. Returns the measurements, its report, ``on_start``'s result and the seconds from
+    the start to the report."""
     import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    flooder = ctx.Process(target=target, args=(*args, theirs), daemon=True)
+    flooder.start()
+    while rt.session_count < sessions and flooder.is_alive():
+        await asyncio.sleep(0.01)
+    began = time.perf_counter()
+    started = on_start() if on_start is not None else None
+    during = []
+    while flooder.is_alive() and not ours.poll():
+        during.append(await measure())
+    report = ours.recv()
+    elapsed = time.perf_counter() - began
+    flooder.join(10)
+    return during, report, started, elapsed
+
+
+async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns: int = 5) -> dict:
     import statistics
 
     from ..actors.runtime import Runtime
@@ -685,23 +708,19 @@ async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns
         async with RealtimeServer(rt, config) as server:
             await _turn(server.url, neighbour)  # warm-up (VAD model, first response)
             alone = [await _turn(server.url, neighbour) for _ in range(turns)]
-            ctx = multiprocessing.get_context("spawn")
-            ours, theirs = ctx.Pipe()
-            flooder = ctx.Process(
-                target=_audio_sessions_flooder, args=(server.url, sessions, seconds, theirs), daemon=True
+
+            def heard_ms() -> float:
+                return sum(h.core.received_audio_ms for h in rt.sessions())
+
+            during, _, heard_before, elapsed = await _during_flood(
+                rt,
+                _audio_sessions_flooder,
+                (server.url, sessions, seconds),
+                sessions,
+                lambda: _turn(server.url, neighbour),
+                heard_ms,
             )
-            flooder.start()
-            while rt.session_count < sessions and flooder.is_alive():
-                await asyncio.sleep(0.01)
-            began = time.perf_counter()
-            heard = sum(h.core.received_audio_ms for h in rt.sessions())
-            during = []
-            while flooder.is_alive() and not ours.poll():
-                during.append(await _turn(server.url, neighbour))
-            heard = sum(h.core.received_audio_ms for h in rt.sessions()) - heard
-            elapsed = time.perf_counter() - began
-            ours.recv()
-            flooder.join(10)
+            heard = heard_ms() - heard_before
             during.sort()
             return {
                 "sessions": sessions,
@@ -717,7 +736,6 @@ async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns
 
 
 async def _run_responses(sessions: int, seconds: float, turns: int = 5) -> dict:
-    import multiprocessing
     import statistics
 
     from ..actors.runtime import Runtime
@@ -729,21 +747,13 @@ async def _run_responses(sessions: int, seconds: float, turns: int = 5) -> dict:
         async with RealtimeServer(rt, ServerConfig(port=0, api_keys=CHURN_KEYS)) as server:
             await _spoken_response(server.url, neighbour)  # warm-up
             alone = [await _spoken_response(server.url, neighbour) for _ in range(turns)]
-            ctx = multiprocessing.get_context("spawn")
-            ours, theirs = ctx.Pipe()
-            flooder = ctx.Process(
-                target=_response_flooder, args=(server.url, sessions, seconds, theirs), daemon=True
+            during, flooded, _, _ = await _during_flood(
+                rt,
+                _response_flooder,
+                (server.url, sessions, seconds),
+                sessions,
+                lambda: _spoken_response(server.url, neighbour),
             )
-            flooder.start()
-            # Until its sessions are all asking (the process starts in ~1 s).
-            while rt.session_count < sessions and flooder.is_alive():
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.5)
-            during = []
-            while flooder.is_alive() and not ours.poll():
-                during.append(await _spoken_response(server.url, neighbour))
-            flooded = ours.recv()
-            flooder.join(10)
 
     def figures(turns: list[tuple[float, float]], i: int) -> tuple[float, float]:
         return statistics.median(t[i] for t in turns), max(t[i] for t in turns)
