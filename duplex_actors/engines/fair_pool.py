@@ -106,8 +106,12 @@ class FairPool:
                 self._share.wait(flow, self._tenants[flow])
             if future.done():  # cancelled and not withdrawn yet: never start it
                 continue
+            try:
+                done = self._threads.submit(fn, *args)
+            except RuntimeError as exc:  # shut down: the caller hears it, nothing stays busy
+                future.set_exception(exc)
+                continue
             self._busy += 1
-            done = self._threads.submit(fn, *args)
             done.add_done_callback(lambda d, f=future: self._finished_threadsafe(d, f))
 
     def _finished_threadsafe(self, done: concurrent.futures.Future, future: asyncio.Future) -> None:

@@ -109,3 +109,15 @@ def test_ended_flows_hold_nothing():
     # Five tenants' stamps remembered (bounded), nothing per flow.
     assert (jobs, tenants) == (0, 0)
     assert share_held <= 5 + 16
+
+
+def test_a_job_after_shutdown_fails_at_once_and_holds_nothing():
+    async def main():
+        pool = FairPool(1)
+        assert await pool.run("f", "t", lambda: 1) == 1
+        pool.shutdown()
+        with pytest.raises(RuntimeError):
+            await pool.run("g", "t", lambda: 2)
+        return pool.busy
+
+    assert run(main()) == 0
