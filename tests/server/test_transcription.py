@@ -33,7 +33,10 @@ SENTENCES = (
 def transcriber():
     from duplex_actors.audio.transcription import PocketsphinxTranscriber
 
-    return PocketsphinxTranscriber()
+    recogniser = PocketsphinxTranscriber()
+    # Closed, or its worker process outlives the test run (one per CI run was left behind).
+    yield recogniser
+    recogniser.close()
 
 
 @pytest.fixture(scope="module")
