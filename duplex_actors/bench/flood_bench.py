@@ -50,7 +50,9 @@ transcript (the server runs the real recogniser, PocketSphinx).
 client with its own API key opens N sessions, each asking for a response (text in, speech out)
 again as soon as the last is done; the neighbour, with another key, times its first audio and
 its whole response, alone and during the flood. The synthesiser's threads and the thinker's
-slots are what they compete for.
+slots are what they compete for. ``--engine scripted`` answers with the scripted engine
+instead: what is left to compete for is the event loop (the runtime's and the server's own work
+for each response); ``--policy off`` turns the loop's sharing by client off.
 
 ``--long-turn SECONDS`` commits one turn of that many seconds of loud noise with transcription
 on (uploaded with pacing off: what is measured is the recogniser's sharing), then measures the
@@ -442,7 +444,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
     import statistics
 
     from ..actors.runtime import Runtime
-    from ..engines.scripted import Script, ScriptedEngine
+    from ..engines.scripted import ScriptedEngine
     from ..server.app import RealtimeServer, ServerConfig
 
     pacing = (
@@ -456,7 +458,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             "frame_handling_s_per_s": None,
         }
     )
-    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
+    script = _flood_script()
     transcriber = None
     turn = _turn
     if kind == "transcripts":
@@ -569,6 +571,14 @@ async def _run_long_turn(turn_s: float, turns: int = 3) -> dict:
 
 
 CHURN_KEYS = ("flood-key", "neighbour-key")
+
+
+def _flood_script():
+    """The scripted engine's response in the floods: 24 tokens 2 ms apart, 12 audio packets."""
+    from ..engines.scripted import Script
+
+    return Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
+
 
 ASK_FOR_SPEECH = (
     json.dumps(
@@ -698,13 +708,12 @@ async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns
     import statistics
 
     from ..actors.runtime import Runtime
-    from ..engines.scripted import Script, ScriptedEngine
+    from ..engines.scripted import ScriptedEngine
     from ..server.app import RealtimeServer, ServerConfig
 
-    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
     neighbour = {"Authorization": f"Bearer {CHURN_KEYS[1]}"}
     config = ServerConfig(port=0, api_keys=CHURN_KEYS, **({} if shared else {"loop_share_s_per_s": None}))
-    async with Runtime(ScriptedEngine(script, record=False)) as rt:
+    async with Runtime(ScriptedEngine(_flood_script(), record=False)) as rt:
         async with RealtimeServer(rt, config) as server:
             await _turn(server.url, neighbour)  # warm-up (VAD model, first response)
             alone = [await _turn(server.url, neighbour) for _ in range(turns)]
@@ -735,16 +744,26 @@ async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns
             }
 
 
-async def _run_responses(sessions: int, seconds: float, turns: int = 5) -> dict:
+async def _run_responses(
+    sessions: int, seconds: float, engine: str = "embedded", shared: bool = True, turns: int = 5
+) -> dict:
     import statistics
 
     from ..actors.runtime import Runtime
-    from ..engines.embedded import make_embedded_engine
     from ..server.app import RealtimeServer, ServerConfig
 
     neighbour = {"Authorization": f"Bearer {CHURN_KEYS[1]}"}
-    async with Runtime(make_embedded_engine()) as rt:
-        async with RealtimeServer(rt, ServerConfig(port=0, api_keys=CHURN_KEYS)) as server:
+    if engine == "embedded":
+        from ..engines.embedded import make_embedded_engine
+
+        made = make_embedded_engine()
+    else:  # the runtime's and the server's own work per response, with no model in the way
+        from ..engines.scripted import ScriptedEngine
+
+        made = ScriptedEngine(_flood_script(), record=False)
+    config = ServerConfig(port=0, api_keys=CHURN_KEYS, **({} if shared else {"loop_share_s_per_s": None}))
+    async with Runtime(made) as rt:
+        async with RealtimeServer(rt, config) as server:
             await _spoken_response(server.url, neighbour)  # warm-up
             alone = [await _spoken_response(server.url, neighbour) for _ in range(turns)]
             during, flooded, _, _ = await _during_flood(
@@ -761,6 +780,9 @@ async def _run_responses(sessions: int, seconds: float, turns: int = 5) -> dict:
     return {
         "sessions": sessions,
         "seconds": seconds,
+        "engine": engine,
+        "shared": shared,
+        "held_s": server.metrics.paced.labels("client_share")._value.get(),
         "first_alone": figures(alone, 0),
         "done_alone": figures(alone, 1),
         "first_during": figures(during, 0),
@@ -803,10 +825,10 @@ async def _run_churn(seconds: float, connections: int, connect_rate: float | Non
     import statistics
 
     from ..actors.runtime import Runtime
-    from ..engines.scripted import Script, ScriptedEngine
+    from ..engines.scripted import ScriptedEngine
     from ..server.app import RealtimeServer, ServerConfig
 
-    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
+    script = _flood_script()
     # The neighbour's key has the same connect rate: a connection per turn, and a turn takes
     # at least its 24 paced tokens (48 ms), so it opens fewer than 21 a second.
     neighbour = {"Authorization": f"Bearer {CHURN_KEYS[1]}"}
@@ -930,6 +952,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="N sessions of one key asking for spoken responses back to back (serve's engine)",
     )
+    ap.add_argument(
+        "--engine",
+        choices=("embedded", "scripted"),
+        default="embedded",
+        help="--responses: serve's engine, or the scripted one (the runtime's and server's own work)",
+    )
     ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
         "--frame-ms",
@@ -961,14 +989,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.responses:
-        r = asyncio.run(_run_responses(args.responses, args.seconds))
+        r = asyncio.run(_run_responses(args.responses, args.seconds, args.engine, args.policy == "on"))
 
         def ms(pair: tuple[float, float]) -> str:
             return f"{pair[0] * 1e3:.0f} ms (worst {pair[1] * 1e3:.0f})"
 
         print(
             f"{r['sessions']} sessions of one key asking for spoken responses for {r['seconds']:.0f} s "
-            f"({r['flooder_responses']} done): the neighbour's first audio {ms(r['first_alone'])} alone, "
+            f"({r['engine']} engine, loop share {'on' if r['shared'] else 'off'}, held "
+            f"{r['held_s']:.1f} s; {r['flooder_responses']} done): the neighbour's first audio {ms(r['first_alone'])} alone, "
             f"{ms(r['first_during'])} during (x{r['first_during'][0] / r['first_alone'][0]:.2f}); its "
             f"response done {ms(r['done_alone'])} alone, {ms(r['done_during'])} during "
             f"(x{r['done_during'][0] / r['done_alone'][0]:.2f}; {r['during_turns']} turns)",

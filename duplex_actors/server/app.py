@@ -298,7 +298,11 @@ class RealtimeServer:
         self._vad_ok: bool | None = None
         self._swept_at = runtime.clock.now()
         self._shutting_down = False
-        self.loop_share = None if config.loop_share_s_per_s is None else LoopShare(config.loop_share_s_per_s)
+        self.loop_share = (
+            None
+            if config.loop_share_s_per_s is None
+            else LoopShare(config.loop_share_s_per_s, loop_cpu=time.thread_time)
+        )
         self.quotas = guard.AdmissionQuotas(
             max_per_key=config.max_sessions_per_key,
             max_per_address=config.max_sessions_per_address,
@@ -744,7 +748,8 @@ class _Connection:
         handling = self.record.handling_pacer
         loop_share = self.server.loop_share
         billed = handling is not None or loop_share is not None
-        tenant = self.record.handle.core.tenant or self.record.handle.id
+        tenant = self._share_tenant()
+        now = self.server.runtime.clock.now
         try:
             async for frame in self.ws:
                 if replies is not None:
@@ -770,7 +775,7 @@ class _Connection:
                         self._pace(handling, cost, "handling")
                     if loop_share is not None:
                         # And to the client, whose sessions share the loop with other clients'.
-                        wait = loop_share.bill(tenant, cost, self.server.runtime.clock.now())
+                        wait = loop_share.bill(tenant, cost, now())
                         if wait:
                             self.pace_wait = max(self.pace_wait, wait)
                             self.server.metrics.paced.labels("client_share").inc(wait)
@@ -783,6 +788,12 @@ class _Connection:
                     slice_began = done = clock()
         except ConnectionClosed:
             pass  # how it ended is read from the protocol state in _release
+
+    def _share_tenant(self) -> str:
+        """Whom this connection's loop time is billed to: its session's tenant, else the
+        session itself (a session without one is a client of its own)."""
+        handle = self.record.handle
+        return handle.core.tenant or handle.id
 
     async def _close_for_flood(self) -> None:
         """Declared flood policy: the session closes (``invalid_frame_flood``), the client
@@ -951,9 +962,13 @@ class _Connection:
         observe = self.server.metrics.observe
         timeout = self.server.config.write_timeout_s
         pacer = record.frame_pacer
+        loop_share = self.server.loop_share
+        tenant = self._share_tenant()
+        now = self.server.runtime.clock.now
         ended = False
         try:
             while not ended and await handle.wait_events():
+                cost_mark = frame_cost.mark() if loop_share is not None else None
                 frames: list[bytes] = []
                 size = owed = 0
                 for event in handle.ready_events():
@@ -985,11 +1000,22 @@ class _Connection:
                     ):
                         break  # the rest stays ready: wait_events returns at once
                 if owed and pacer is not None:
-                    pacer.spend(owed, self.server.runtime.clock.now())
+                    pacer.spend(owed, now())
+                # Measured before the send, which may wait for the socket while others run.
+                cost = 0.0 if cost_mark is None else frame_cost.billed_since(cost_mark)
                 # A client that stops reading is closed after write_timeout_s (guard.py's
                 # policy), so it never pins its connection and outbox forever.
                 with anyio.fail_after(timeout):
-                    await _send_burst(self.ws, frames)
+                    cost += await _send_burst(self.ws, frames)
+                if loop_share is not None:
+                    # What was sent is billed to the client too: encoding (and compressing) a
+                    # response took over half of the loop's time in a flood of responses, and
+                    # billed only for what it read, a client asking for responses back to back
+                    # on 128 sessions made a neighbour's response x20 slower and was never held
+                    # back. The encoding's CPU is measured here, the sending's in _send_burst.
+                    # The client's readers wait for it after their next frames (the reader's
+                    # bill answers with the wait), which is what lets it ask for more.
+                    loop_share.charge(tenant, cost, now())
             self.server._forget(record)
             code = self.end_code
             if self.server._shutting_down and code[0] == 1000:
@@ -1076,7 +1102,7 @@ class _Connection:
 # --- helpers --------------------------------------------------------------------------------
 
 
-async def _send_burst(ws: ServerConnection, frames: list[bytes]) -> None:
+async def _send_burst(ws: ServerConnection, frames: list[bytes]) -> float:
     """Send text frames (UTF-8 JSON) in one socket write, waiting while the client's buffer is full.
 
     websockets writes each message it sends on its own: a syscall per event, which on loopback
@@ -1084,11 +1110,12 @@ async def _send_burst(ws: ServerConnection, frames: list[bytes]) -> None:
     0.47 ms in one write, and the server's CPU per turn fell by 8-16% (2026-12-01,
     docs/benchmarks.md). Here the frames are serialised by websockets' own sans-I/O protocol
     and the bytes go out together; ``send_context`` does what ``send`` does around that (state
-    checks, flow control, closing on errors)."""
-    if len(frames) == 1:
-        await ws.send(frames[0], text=True)
-        return
+    checks, flow control, closing on errors).
+
+    Returns the CPU seconds the serialising and writing took (frame_cost), without the waits
+    around it (for the socket to drain), which are other tasks' time: the client's bill."""
     async with ws.send_context():
+        began = frame_cost.mark()
         protocol = ws.protocol
         for frame in frames:
             protocol.send_text(frame)
@@ -1096,6 +1123,7 @@ async def _send_burst(ws: ServerConnection, frames: list[bytes]) -> None:
         # close frames, the end of the stream) before returning to the loop, and send_text
         # never ends the stream, so there is no end-of-stream marker to keep apart.
         ws.transport.write(b"".join(protocol.data_to_send()))
+        return frame_cost.billed_since(began)
 
 
 def _frame_bytes(frame: str | bytes) -> int:

@@ -1,4 +1,4 @@
-"""The event loop's time, shared by client when it runs short.
+r"""The event loop's time, shared by client when it runs short.
 
 Every pacer of guard.py is per session: a session's audio (4x real time), bytes (1 MiB a
 second) and handling time (0.1 s a second). A client that opens many sessions multiplies
@@ -25,16 +25,37 @@ that tenant's readers should wait before their next frame:
 The wait happens where the per-session pacers' waits do: the connection's reader reads its
 next frame later, TCP pushes back on the client, and nothing accepted is lost.
 
-Sans-IO: times are passed in.
+What the server *sends* a client is its work too. A client asking for responses back to back
+reads a few bytes a response and is sent hundreds of events; encoding and compressing them took
+over half of the loop in such a flood. Billed only for its frames, one key's 128 sessions were
+never held back, and a neighbour's response went x20 slower (``flood_bench --responses 128
+--engine scripted``). The writer therefore :meth:`~LoopShare.charge`\ s what it encodes and
+sends to the client's tenant; the tenant's readers wait for it at their next frame.
+
+Unbilled work. The rest of a response's work (its session's state machine, the engine actor's
+pump, asyncio's own scheduling) is the same clients' work, and not billed: measuring it per
+session would cost every actor step two CPU clock reads. Billed seconds were 45-55 % of the
+loop's in the flood above, so measured in billed seconds alone the loop never looked short.
+Given the loop thread's CPU clock (``loop_cpu``), the capacity is counted in loop seconds: each
+billed second stands for ``unbilled`` of them (the loop's recent CPU over the billed total, at
+least 1 and at most 4), as if the unbilled work were shared out in proportion to the billed.
+With both, 128 sessions made the neighbour's response x1.03-1.07 slower at the median.
+
+Sans-IO: times are passed in, and the loop thread's CPU clock is injected.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 #: Rates below this (seconds a second) count as idle: the tenant is forgotten.
 _IDLE = 1e-5
+
+#: At most this many seconds of loop are counted for each billed second. Billed work was 45-55 %
+#: of the loop in a flood of responses (x2); the cap keeps a loop busy with work nobody is
+#: billed for (a collection, an embedder's own tasks) from magnifying small bills into waits.
+_MAX_UNBILLED = 4.0
 
 
 class LoopShare:
@@ -51,6 +72,10 @@ class LoopShare:
         "_share",
         "_share_at",
         "held_s",
+        "_loop_cpu",
+        "_cpu_seen",
+        "_loop_rate",
+        "unbilled",
     )
 
     def __init__(
@@ -60,6 +85,7 @@ class LoopShare:
         window_s: float = 1.0,
         max_wait_s: float = 1.0,
         recompute_s: float = 0.05,
+        loop_cpu: Callable[[], float] | None = None,
     ) -> None:
         if not capacity_s_per_s > 0 or not window_s > 0 or not max_wait_s > 0:
             raise ValueError("capacity, window and max wait must be > 0")
@@ -76,19 +102,35 @@ class LoopShare:
         self._share_at = -math.inf
         #: Seconds of waiting asked of readers, all tenants (for the metric and tests).
         self.held_s = 0.0
+        #: The loop thread's CPU clock (``time.thread_time``, read on the loop), injected: the
+        #: work billed to clients is not all of the loop's (module doc, "Unbilled work").
+        self._loop_cpu = loop_cpu
+        self._cpu_seen: tuple[float, float] | None = None  # (loop CPU, now) at the last recompute
+        self._loop_rate = 0.0
+        #: How many seconds of loop each billed second stands for (>= 1): the loop's recent
+        #: CPU over the clients' billed total. 1 without a loop CPU clock.
+        self.unbilled = 1.0
 
     def _decayed(self, rate: float, since: float, now: float) -> float:
         return rate * math.exp(-(now - since) / self.window_s) if now > since else rate
 
-    def bill(self, tenant: Hashable, seconds: float, now: float) -> float:
-        """``tenant``'s frame took ``seconds`` of the loop: the seconds its readers should wait
-        before their next frame (0: none)."""
+    def charge(self, tenant: Hashable, seconds: float, now: float) -> float:
+        """``tenant``'s work took ``seconds`` of the loop; returns its rate (seconds a second).
+
+        For work that is not a frame read (what the writer sends the client): its readers wait
+        for it when they next :meth:`bill`."""
         added = max(0.0, seconds) / self.window_s
         rate, since = self._rates.get(tenant, (0.0, now))
         rate = self._decayed(rate, since, now) + added
         self._rates[tenant] = (rate, now)
         self._total = (0.0 if self._at is None else self._decayed(self._total, self._at, now)) + added
         self._at = now
+        return rate
+
+    def bill(self, tenant: Hashable, seconds: float, now: float) -> float:
+        """``tenant``'s frame took ``seconds`` of the loop: the seconds its readers should wait
+        before their next frame (0: none)."""
+        rate = self.charge(tenant, seconds, now)
         if now - self._share_at >= self.recompute_s:
             self._recompute(now)
         share = self._share
@@ -108,13 +150,17 @@ class LoopShare:
             else:
                 self._rates[tenant] = (rate, now)
                 rates.append(rate)
-        if len(rates) < 2 or self._decayed(self._total, self._at or now, now) < self.capacity:
+        total = self._decayed(self._total, self._at or now, now)
+        self._measure_unbilled(total, now)
+        # In billed seconds: the loop's capacity less what the unbilled work around it takes.
+        capacity = self.capacity / self.unbilled
+        if len(rates) < 2 or total < capacity:
             self._share = None
             return
         # Water-filling: the smallest users keep what they use while that is under an equal
         # split of what is left; the rest share the remainder equally.
         rates.sort()
-        left, count = self.capacity, len(rates)
+        left, count = capacity, len(rates)
         for rate in rates:
             equal = left / count
             if rate > equal:
@@ -123,6 +169,19 @@ class LoopShare:
             left -= rate
             count -= 1
         self._share = None  # everyone is under an equal split: nobody is over its share
+
+    def _measure_unbilled(self, total: float, now: float) -> None:
+        """Bring the loop's CPU rate and the unbilled factor up to date (module doc)."""
+        if self._loop_cpu is None:
+            return
+        cpu = self._loop_cpu()
+        if self._cpu_seen is not None and now > self._cpu_seen[1]:
+            seen_cpu, seen_at = self._cpu_seen
+            # The same decaying average as the bills', over the interval since the last look.
+            weight = 1.0 - math.exp(-(now - seen_at) / self.window_s)
+            self._loop_rate += weight * ((cpu - seen_cpu) / (now - seen_at) - self._loop_rate)
+        self._cpu_seen = (cpu, now)
+        self.unbilled = min(_MAX_UNBILLED, max(1.0, self._loop_rate / total)) if total > _IDLE else 1.0
 
     def rate(self, tenant: Hashable, now: float) -> float:
         """``tenant``'s recent handling time, seconds a second."""

@@ -217,6 +217,18 @@ def test_flood_bench_responses_tiny():
     assert r["first_alone"][1] < r["done_alone"][1]
 
 
+def test_flood_bench_scripted_responses_tiny(capsys):
+    """The response flood on the scripted engine (the loop's own work per response), from the
+    command line: its line reports the engine, the loop share and both figures."""
+    from duplex_actors.bench import flood_bench
+
+    argv = ["--responses", "2", "--engine", "scripted", "--seconds", "1.5", "--policy", "off"]
+    assert flood_bench.main(argv) == 0
+    line = capsys.readouterr().out
+    assert "scripted engine, loop share off, held 0.0 s" in line, line
+    assert "the neighbour's first audio" in line and "response done" in line
+
+
 def test_flood_bench_audio_sessions_tiny():
     """Several sessions of one key flooding audio: the neighbour's turns ran during it, and with
     the loop shared by client the figures come back whole."""

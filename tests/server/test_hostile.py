@@ -287,7 +287,7 @@ async def test_a_slow_but_steady_reader_is_not_a_slow_consumer(monkeypatch):
     async def slow_send_burst(ws, frames):
         slow_writes.append(len(frames))
         await anyio.sleep(0.05)  # each write drains in 0.05 s: well within the 0.5 s deadline
-        await send_burst(ws, frames)
+        return await send_burst(ws, frames)
 
     monkeypatch.setattr(app, "_send_burst", slow_send_burst)
     # One event per write, so the burst is many writes (a burst normally shares writes).

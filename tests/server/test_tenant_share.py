@@ -163,6 +163,36 @@ async def test_an_ipv6_client_is_one_tenant_and_one_quota_subject_by_its_64_bloc
                 assert refused["error"]["code"] == "quota_exceeded"
 
 
+FLOODER_TENANT, NEIGHBOUR_TENANT = (f"key:{guard.key_digest(key)[:8].hex()}" for key in KEYS)
+
+
+class _RecordingShare(LoopShare):
+    """The server's LoopShare, recording every bill and the waits it asked for, by tenant."""
+
+    __slots__ = ("billed", "waits")
+
+    def __init__(self, capacity: float) -> None:
+        super().__init__(capacity)
+        self.billed: dict[str, list[tuple[float, float]]] = {}
+        self.waits: dict[str, float] = {}
+
+    def bill(self, tenant, seconds, now):
+        wait = super().bill(tenant, seconds, now)
+        self.billed.setdefault(tenant, []).append((now, seconds))
+        self.waits[tenant] = self.waits.get(tenant, 0.0) + wait
+        return wait
+
+    def late_rate(self, tenant: str, seconds: float) -> float:
+        """``tenant``'s billed seconds a second over the last ``seconds`` of its bills."""
+        bills = self.billed[tenant]
+        end = max(now for now, _ in bills)
+        return sum(cost for now, cost in bills if now >= end - seconds) / seconds
+
+    def assert_only_the_flooder_was_held(self) -> None:
+        assert set(self.billed) == {FLOODER_TENANT, NEIGHBOUR_TENANT}
+        assert self.waits[FLOODER_TENANT] > 0 and self.waits[NEIGHBOUR_TENANT] == 0.0, self.waits
+
+
 def _noise_append(ms: int) -> str:
     """``ms`` of low-level 24 kHz noise: server VAD hears every window of it, no turn starts."""
     import os
@@ -177,20 +207,9 @@ async def test_a_clients_many_sessions_get_one_clients_share_of_the_event_loop()
     # from 63 ms to 4.3 s. Past loop_share_s_per_s (here 0.1 s a second, so that a few
     # sessions reach it), the client over its fair share reads its next frames later.
     capacity = 0.1
-    billed: dict[str, list[tuple[float, float]]] = {}
-    waits: dict[str, float] = {}
-
-    class RecordingShare(LoopShare):
-        __slots__ = ()
-
-        def bill(self, tenant, seconds, now):
-            wait = super().bill(tenant, seconds, now)
-            billed.setdefault(tenant, []).append((now, seconds))
-            waits[tenant] = waits.get(tenant, 0.0) + wait
-            return wait
-
+    share = _RecordingShare(capacity)
     async with running_server(api_keys=KEYS, loop_share_s_per_s=capacity) as server:
-        server.loop_share = RecordingShare(capacity)
+        server.loop_share = share
         frame = _noise_append(100)
         stop = anyio.Event()
 
@@ -222,11 +241,47 @@ async def test_a_clients_many_sessions_get_one_clients_share_of_the_event_loop()
             for ws in flooders:
                 ws.transport.abort()
             tg.cancel_scope.cancel()
-    flooder, neighbour_tenant = (f"key:{guard.key_digest(key)[:8].hex()}" for key in KEYS)
-    assert set(billed) == {flooder, neighbour_tenant}
-    # Only the client over its share was held back.
-    assert waits[flooder] > 0 and waits[neighbour_tenant] == 0.0
+    share.assert_only_the_flooder_was_held()
     # Over the last 2 s, the flooder's eight sessions took about the share, not the loop.
-    end = max(now for now, _ in billed[flooder])
-    late = sum(seconds for now, seconds in billed[flooder] if now >= end - 2.0)
-    assert late / 2.0 <= 2 * capacity, late / 2.0
+    assert share.late_rate(FLOODER_TENANT, 2.0) <= 2 * capacity, share.late_rate(FLOODER_TENANT, 2.0)
+
+
+async def test_what_a_client_is_sent_counts_against_its_share_of_the_event_loop():
+    # A client asking for responses back to back reads a few bytes a response and is sent a
+    # response's events. Billed only for what it read, it was never held back: 128 sessions of
+    # one key made a neighbour's response x20 slower (flood_bench --responses 128 --engine
+    # scripted). What the writer encodes and sends a client is billed to it too, and its
+    # next request is read later.
+    capacity = 0.1
+    share = _RecordingShare(capacity)
+    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
+    config = {"api_keys": KEYS, "loop_share_s_per_s": capacity, "server_vad_by_default": False}
+    async with running_server(script, **config) as server:
+        server.loop_share = share
+        stop = anyio.Event()
+
+        async def flood(ws) -> None:
+            await recv_json(ws)
+            while not stop.is_set():
+                await _ask(ws, "flood")
+                await recv_until(ws, "response.done", timeout=20)
+
+        flooders = [await connect(server.url, additional_headers=FLOODER) for _ in range(8)]
+        async with anyio.create_task_group() as tg:
+            for ws in flooders:
+                tg.start_soon(flood, ws)
+            async with connect(server.url, additional_headers=NEIGHBOUR) as neighbour:
+                await recv_json(neighbour)
+                began = time.perf_counter()
+                while time.perf_counter() - began < 4.0:  # the neighbour's turns meanwhile
+                    await _ask(neighbour, "mine")
+                    done = await recv_until(neighbour, "response.done", timeout=20)
+                    assert done[-1]["response"]["status"] == "completed"
+                    await anyio.sleep(0.25)
+            stop.set()
+            for ws in flooders:
+                ws.transport.abort()
+            tg.cancel_scope.cancel()
+    share.assert_only_the_flooder_was_held()
+    late = share.late_rate(FLOODER_TENANT, 2.0)
+    assert late <= 2 * capacity, late

@@ -32,10 +32,11 @@ def writes(monkeypatch):
         write = transport.write
         transport.write = lambda data: (calls.append(len(data)), write(data))[1]
         try:
-            await send_burst(ws, frames)
+            cost = await send_burst(ws, frames)
         finally:
             del transport.write  # back to the class's method
         seen.append((len(frames), len(calls), [json.loads(f)["type"] for f in frames]))
+        return cost
 
     monkeypatch.setattr(app, "_send_burst", counting_send_burst)
     return seen
