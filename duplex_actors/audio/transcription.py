@@ -142,14 +142,26 @@ class PocketsphinxTranscriber:
         self._broken_in_a_row = 0
         return text
 
-    def close(self) -> None:
-        """Stop the worker processes (the next turn would start new ones)."""
-        if self._stop_pool is not None:
-            self._stop_pool()
+    def close(self, *, wait: bool = False) -> None:
+        """Stop the worker processes (the next turn would start new ones). ``wait``: until
+        they have exited (a turn being decoded first finishes; waiting ones are cancelled).
+
+        A process that ends with ``os._exit``, as every ``multiprocessing`` child does (serve's
+        workers), runs no exit hooks: without ``close(wait=True)`` its recogniser's worker
+        process outlived it (one ~150 MB orphan per ``serve --workers`` run that transcribed).
+        """
+        pool, stop = self._pool, self._stop_pool
         self._pool = self._stop_pool = None
+        if stop is None or pool is None:
+            return
+        if wait:
+            stop.detach()
+            pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            stop()
 
 
-def default_transcriber(workers: int = 1) -> Transcriber | None:
+def default_transcriber(workers: int = 1) -> PocketsphinxTranscriber | None:
     """PocketSphinx in ``workers`` processes when installed (extra ``transcription``), else None
     (requests for transcription then get ``conversation.item.input_audio_transcription.failed``)."""
     try:

@@ -261,6 +261,10 @@ async def open_server(
 
     Shared with the wire bench, which runs it in a child process: the latency it reports is
     the latency of this assembly, GC policy included, not of a look-alike."""
+    import functools
+
+    import anyio
+
     from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
     from ..audio.transcription import default_transcriber
@@ -274,15 +278,21 @@ async def open_server(
     # ~2 MiB/s with a 600 s reclaim, and was level with 30 s. 0 turns the policy off.
     gc_policy = GcPolicy(reclaim_interval_s=gc_reclaim_s) if gc_reclaim_s > 0 else None
     # A server runs for hours with thousands of journals: keep full GC passes off the loop.
-    async with Runtime(
-        backend,
-        config=SessionConfig(**(overrides or {})),
-        gc_policy=gc_policy,
-        transcriber=transcriber,
-        **runtime_options,
-    ) as runtime:
-        async with RealtimeServer(runtime, config) as server:
-            yield server
+    try:
+        async with Runtime(
+            backend,
+            config=SessionConfig(**(overrides or {})),
+            gc_policy=gc_policy,
+            transcriber=transcriber,
+            **runtime_options,
+        ) as runtime:
+            async with RealtimeServer(runtime, config) as server:
+                yield server
+    finally:
+        if transcriber is not None:
+            # Its worker process is ours to stop: a process that ends with os._exit (the wire
+            # bench's child) runs no exit hook that would.
+            await anyio.to_thread.run_sync(functools.partial(transcriber.close, wait=True))
 
 
 async def _serve(

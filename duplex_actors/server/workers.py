@@ -215,6 +215,10 @@ async def _run_worker(
         with contextlib.suppress(OSError):
             os.unlink(handoff_path)
         await backend.aclose()
+        if transcriber is not None:
+            # This process ends with os._exit (multiprocessing's): no exit hook would stop the
+            # recogniser's worker process, which outlived every worker that had transcribed.
+            await asyncio.to_thread(transcriber.close, wait=True)
         _ignore_stop_signals()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pathlib
 import queue
 import signal
 import subprocess
@@ -260,35 +261,79 @@ def test_one_engine_process_has_both_workers_turns_in_flight_at_once(served):
     assert after["max_runtimes_in_flight"] == 2
 
 
-def test_a_worker_transcribes_input_as_single_process_serve_does(served):
+def _descendants(pid: int) -> set[int]:
+    """The processes under ``pid`` now (Linux: read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process tree from /proc")
+def test_a_worker_transcribes_input_as_single_process_serve_does_and_stops_its_recogniser():
     pytest.importorskip("pocketsphinx")  # without the extra both servers answer .failed
-
-    async def main():
-        client = await DuplexClient.connect(served.url)
-        try:
-            await client.recv()
-            await client.update_session(
-                {
-                    "type": "realtime",
-                    "audio": {"input": {"transcription": {"model": "whisper-1"}, "turn_detection": None}},
-                }
-            )
-            await client.wait_for("session.updated", timeout=10)
-            await client.send_audio(CHUNK_100MS)
-            await client.commit()
-            for _ in range(100):
-                event = await client.recv(timeout=60)
-                kind = event["type"]
-                if kind.startswith("conversation.item.input_audio_transcription.") and not kind.endswith(
-                    ".delta"
-                ):
-                    return event
-        finally:
-            await client.close()
-        raise AssertionError("no transcription result")
-
-    result = run(main)
+    # Its own server: what is checked is what is left once it has stopped. A worker process
+    # ends with os._exit, which runs no exit hook: its recogniser's worker process (~150 MB)
+    # outlived it, one per test run, until the worker stopped it itself.
+    with serve_workers(2) as served:  # (--workers 1 is single-process serve)
+        result = run(_transcribed_turn, served.url)
+        running = _descendants(served.process.pid)
     assert result["type"] == "conversation.item.input_audio_transcription.completed", result
+    assert len(running) >= 3  # the engine process, the worker and its recogniser at least
+    deadline = time.monotonic() + 10  # processes still exiting get a moment
+    while (left := _alive(running)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
+
+
+def _alive(pids: set[int]) -> dict[int, bytes]:
+    """Those of ``pids`` still running (not exited, nor exited and waiting to be reaped), with
+    their command lines."""
+    alive = {}
+    for pid in pids:
+        try:
+            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state not in ("Z", "X"):
+                alive[pid] = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+    return alive
+
+
+async def _transcribed_turn(url: str) -> dict:
+    """One committed turn with input transcription on: its completed (or failed) event."""
+    client = await DuplexClient.connect(url)
+    try:
+        await client.recv()
+        await client.update_session(
+            {
+                "type": "realtime",
+                "audio": {"input": {"transcription": {"model": "whisper-1"}, "turn_detection": None}},
+            }
+        )
+        await client.wait_for("session.updated", timeout=10)
+        await client.send_audio(CHUNK_100MS)
+        await client.commit()
+        for _ in range(100):
+            event = await client.recv(timeout=60)
+            kind = event["type"]
+            if kind.startswith("conversation.item.input_audio_transcription.") and not kind.endswith(
+                ".delta"
+            ):
+                return event
+    finally:
+        await client.close()
+    raise AssertionError("no transcription result")
 
 
 # --------------------------------------------------------------------------- failure and shutdown
