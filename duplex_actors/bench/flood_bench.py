@@ -52,7 +52,9 @@ again as soon as the last is done; the neighbour, with another key, times its fi
 its whole response, alone and during the flood. The synthesiser's threads and the thinker's
 slots are what they compete for. ``--engine scripted`` answers with the scripted engine
 instead: what is left to compete for is the event loop (the runtime's and the server's own work
-for each response); ``--policy off`` turns the loop's sharing by client off.
+for each response); ``--policy off`` turns the loop's sharing by client off. ``--cancel-after
+SECONDS`` has the flooder cancel each response that long after asking for it (create-and-cancel
+churn: each response's start, then its end, over and over).
 
 ``--long-turn SECONDS`` commits one turn of that many seconds of loud noise with transcription
 on (uploaded with pacing off: what is measured is the recogniser's sharing), then measures the
@@ -614,9 +616,10 @@ async def _spoken_response(url: str, headers: dict) -> tuple[float, float]:
                 return (done if first is None else first), done
 
 
-def _response_flooder(url: str, sessions: int, seconds: float, report) -> None:
+def _response_flooder(url: str, sessions: int, seconds: float, cancel_after: float | None, report) -> None:
     """``sessions`` sessions of one key, each asking for the next response as soon as the last
-    is done, for ``seconds``; reports how many responses were done."""
+    is done, for ``seconds``; reports how many responses were done. With ``cancel_after``,
+    each response is cancelled that many seconds after it was asked for."""
 
     async def main() -> None:
         from websockets.asyncio.client import connect
@@ -632,14 +635,32 @@ def _response_flooder(url: str, sessions: int, seconds: float, report) -> None:
                 while time.perf_counter() < until:
                     for frame in ASK_FOR_SPEECH:
                         await ws.send(frame)
-                    while json.loads(await ws.recv())["type"] != "response.done":
-                        pass
+                    if cancel_after is None:
+                        while json.loads(await ws.recv())["type"] != "response.done":
+                            pass
+                    else:
+                        await _cancel_after(ws, cancel_after)
                     done += 1
 
         await asyncio.gather(*(one() for _ in range(sessions)))
         report.send(done)
 
     asyncio.run(main())
+
+
+async def _cancel_after(ws, seconds: float) -> None:
+    """Read a response's events; ``seconds`` after it was asked for, cancel it (unless it was
+    done by then); return at its response.done."""
+    deadline = time.perf_counter() + seconds
+    while True:
+        try:
+            frame = await asyncio.wait_for(ws.recv(), max(0.0, deadline - time.perf_counter()))
+        except asyncio.TimeoutError:
+            await ws.send(json.dumps({"type": "response.cancel"}))
+            deadline = math.inf
+            continue
+        if json.loads(frame)["type"] == "response.done":
+            return
 
 
 def _audio_sessions_flooder(url: str, sessions: int, seconds: float, report) -> None:
@@ -745,7 +766,12 @@ async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns
 
 
 async def _run_responses(
-    sessions: int, seconds: float, engine: str = "embedded", shared: bool = True, turns: int = 5
+    sessions: int,
+    seconds: float,
+    engine: str = "embedded",
+    shared: bool = True,
+    turns: int = 5,
+    cancel_after: float | None = None,
 ) -> dict:
     import statistics
 
@@ -769,7 +795,7 @@ async def _run_responses(
             during, flooded, _, _ = await _during_flood(
                 rt,
                 _response_flooder,
-                (server.url, sessions, seconds),
+                (server.url, sessions, seconds, cancel_after),
                 sessions,
                 lambda: _spoken_response(server.url, neighbour),
             )
@@ -782,6 +808,7 @@ async def _run_responses(
         "seconds": seconds,
         "engine": engine,
         "shared": shared,
+        "cancel_after": cancel_after,
         "held_s": server.metrics.paced.labels("client_share")._value.get(),
         "first_alone": figures(alone, 0),
         "done_alone": figures(alone, 1),
@@ -958,6 +985,13 @@ def main(argv: list[str] | None = None) -> int:
         default="embedded",
         help="--responses: serve's engine, or the scripted one (the runtime's and server's own work)",
     )
+    ap.add_argument(
+        "--cancel-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--responses: the flooder cancels each response this long after asking for it",
+    )
     ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
         "--frame-ms",
@@ -989,13 +1023,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.responses:
-        r = asyncio.run(_run_responses(args.responses, args.seconds, args.engine, args.policy == "on"))
+        r = asyncio.run(
+            _run_responses(
+                args.responses, args.seconds, args.engine, args.policy == "on", cancel_after=args.cancel_after
+            )
+        )
 
         def ms(pair: tuple[float, float]) -> str:
             return f"{pair[0] * 1e3:.0f} ms (worst {pair[1] * 1e3:.0f})"
 
+        cancelled = "" if r["cancel_after"] is None else f", each cancelled after {r['cancel_after']:g} s"
         print(
-            f"{r['sessions']} sessions of one key asking for spoken responses for {r['seconds']:.0f} s "
+            f"{r['sessions']} sessions of one key asking for spoken responses for {r['seconds']:.0f} s"
+            f"{cancelled} "
             f"({r['engine']} engine, loop share {'on' if r['shared'] else 'off'}, held "
             f"{r['held_s']:.1f} s; {r['flooder_responses']} done): the neighbour's first audio {ms(r['first_alone'])} alone, "
             f"{ms(r['first_during'])} during (x{r['first_during'][0] / r['first_alone'][0]:.2f}); its "

@@ -218,14 +218,15 @@ def test_flood_bench_responses_tiny():
 
 
 def test_flood_bench_scripted_responses_tiny(capsys):
-    """The response flood on the scripted engine (the loop's own work per response), from the
-    command line: its line reports the engine, the loop share and both figures."""
+    """The response flood on the scripted engine (the loop's own work per response), each
+    response cancelled as soon as asked for, from the command line: its line reports the
+    churn, the engine, the loop share and both figures."""
     from duplex_actors.bench import flood_bench
 
     argv = ["--responses", "2", "--engine", "scripted", "--seconds", "1.5", "--policy", "off"]
-    assert flood_bench.main(argv) == 0
+    assert flood_bench.main([*argv, "--cancel-after", "0"]) == 0
     line = capsys.readouterr().out
-    assert "scripted engine, loop share off, held 0.0 s" in line, line
+    assert "each cancelled after 0 s (scripted engine, loop share off, held 0.0 s" in line, line
     assert "the neighbour's first audio" in line and "response done" in line
 
 
