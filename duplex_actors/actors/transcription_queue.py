@@ -130,7 +130,7 @@ class TranscriptionQueue:
         queue = self._queues.get(sid)
         if queue is None:
             queue = self._queues[sid] = deque()
-            self._share.wait(sid, job.tenant or sid)
+            self._share.wait(sid, job.tenant)
         queue.append(_Turn(job))
         return True
 
@@ -152,7 +152,7 @@ class TranscriptionQueue:
             queue.popleft()
         if queue:
             # Its next piece comes after every tenant, and session of its tenant, served before.
-            self._share.wait(sid, turn.job.tenant or sid)
+            self._share.wait(sid, turn.job.tenant)
         else:
             del self._queues[sid]
         return piece

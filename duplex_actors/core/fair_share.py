@@ -121,9 +121,12 @@ class FairShare(Generic[F]):
         self._ticks += 1
         return self._ticks
 
-    def wait(self, flow: F, tenant: Hashable) -> None:
+    def wait(self, flow: F, tenant: Hashable = None) -> None:
         """``flow`` (of ``tenant``) has work. Waiting already: no change. A flow belongs to
-        one tenant until forgotten; naming another is a ValueError."""
+        one tenant until forgotten; naming another is a ValueError. No tenant (None): the flow
+        is a tenant of its own (a session or request no client was named for)."""
+        if tenant is None:
+            tenant = flow
         known = self._flow_tenant.get(flow)
         if known is None:
             self._flow_tenant[flow] = tenant

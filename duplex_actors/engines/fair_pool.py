@@ -48,7 +48,8 @@ class FairPool:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, flow: Hashable, tenant: Hashable, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on a worker thread, when fair share says it is ``flow``'s turn."""
+        """``fn(*args)`` on a worker thread, when fair share says it is ``flow``'s turn
+        (``tenant`` None: the flow is a tenant of its own)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             # Its state is the loop's to touch; an idle pool may move (a talker shared by

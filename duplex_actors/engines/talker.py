@@ -125,12 +125,10 @@ class Talker:
         if flow is None:
             flow = object()
             try:
-                return await self._pool.run(flow, flow, self.synthesize_packets, phrase, rate, speed)
+                return await self._pool.run(flow, None, self.synthesize_packets, phrase, rate, speed)
             finally:
                 self._pool.end(flow)
-        return await self._pool.run(
-            flow, flow if tenant is None else tenant, self.synthesize_packets, phrase, rate, speed
-        )
+        return await self._pool.run(flow, tenant, self.synthesize_packets, phrase, rate, speed)
 
     def finished(self, flow: Hashable) -> None:
         """``flow`` (a response) speaks no more: forget its place in the talker's line."""

@@ -45,6 +45,19 @@ def test_a_tenant_with_many_flows_gets_one_share_not_one_per_flow():
     assert drain(share) == ["flood1", "flood2", "flood3"]
 
 
+def test_a_flow_named_with_no_tenant_is_a_tenant_of_its_own():
+    # A session no client was named for shares as a client of its own: beside a tenant of
+    # four flows it goes after one of them, and it is no other flow's tenant.
+    share: FairShare[str] = FairShare()
+    for i in range(4):
+        share.wait(f"flood{i}", "flooder")
+    share.wait("alone")
+    assert [share.next(), share.next()] == ["flood0", "alone"]
+    share.wait("alone", "alone")  # the same tenant, named
+    with pytest.raises(ValueError):
+        share.wait("alone", "flooder")
+
+
 def test_a_tenant_that_waits_again_goes_before_those_served_since():
     share: FairShare[str] = FairShare()
     share.wait("mine", "neighbour")

@@ -275,7 +275,7 @@ class BatchScheduler:
             if rid in self._pending:
                 raise EngineFailed(f"request {rid!r} is already queued")
             self._pending[rid] = (job, sink)
-            self._line.wait(rid, rid if job.tenant is None else job.tenant)
+            self._line.wait(rid, job.tenant)
             self._submitted += 1
             self._lock.notify_all()
 
