@@ -148,6 +148,43 @@ def test_admission_past_the_queue_bound_raises_capacity_error():
     assert isinstance(rest[-1], TurnDone) and isinstance(second[-1], TurnDone)
 
 
+def test_one_tenant_fills_three_quarters_of_the_queue_at_most():
+    # A client with many sessions, each asking for a response, filled the slots and then the
+    # whole queue: every other client's next request was refused until it let go.
+    async def main():
+        engine = small_engine(sampling=LONG, max_concurrency=1, max_queue=4)
+        await engine.start()
+        assert engine.scheduler.max_queue_per_tenant == 3
+        running = engine.generate(request("flood_0", tenant="key:flooder"))
+        await running.__anext__()  # admitted and decoding: the one slot is taken
+        queued = {}
+
+        async def queue(name: str, tenant: str) -> None:
+            submitted = engine.scheduler.stats().submitted
+            queued[name] = asyncio.create_task(_drain(engine, request(name, tenant=tenant)))
+            while engine.scheduler.stats().submitted == submitted:
+                await asyncio.sleep(0.001)
+
+        for i in (1, 2, 3):
+            await queue(f"flood_{i}", "key:flooder")
+        with pytest.raises(EngineCapacityError, match="this client already has 3 requests waiting"):
+            await engine.generate(request("flood_4", tenant="key:flooder")).__anext__()
+        await queue("mine", "key:neighbour")  # the place kept for the others
+        with pytest.raises(EngineCapacityError, match="engine queue is full"):
+            await engine.generate(request("other", tenant="key:other")).__anext__()
+        # A queued request cancelled gives its client's place back.
+        queued.pop("flood_1").cancel()
+        while engine.scheduler.stats().queued == 4:
+            await asyncio.sleep(0.001)
+        await queue("flood_4", "key:flooder")
+        await running.aclose()
+        for task in queued.values():
+            task.cancel()
+        await engine.aclose()
+
+    run(main())
+
+
 def test_queued_requests_are_admitted_in_fifo_order():
     async def main():
         engine = small_engine(

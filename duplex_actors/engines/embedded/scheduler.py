@@ -27,8 +27,11 @@ dispatch every step.
 Live sequences always sit in slots ``0 .. n-1`` (see model.py): a sequence that leaves is
 replaced by the last one, whose cache rows are copied over. Admission is bounded twice: at
 most ``max_concurrency`` live sequences, then a queue of at most ``max_queue`` waiting jobs;
-a submit past that raises :class:`EngineCapacityError` and changes nothing. (The queue's room
-is not shared by tenant: a server bounds each client's share with its per-key session quota.)
+a submit past that raises :class:`EngineCapacityError` and changes nothing. One tenant's jobs
+may take at most ``max_queue_per_tenant`` of the queue's places (three quarters by default):
+a client with 320 sessions each asking for a response would otherwise fill the slots and the
+queue, and every other client's next request would be refused until it let go. Jobs without
+a tenant are each a tenant of their own.
 
 Observers (tests, benchmarks, metrics) get a :class:`StepRecord` after every step and a
 :class:`SlotReleased` whenever a slot is given back; they run on the worker thread and must be
@@ -190,6 +193,7 @@ class BatchScheduler:
         max_queue: int = 256,
         seed: int = 0,
         dispatch_interval_s: float = 0.005,
+        max_queue_per_tenant: int | None = None,
     ) -> None:
         if not 1 <= max_concurrency <= model.cfg.max_slots:
             raise ValueError(f"max_concurrency must be in 1..{model.cfg.max_slots}")
@@ -203,6 +207,10 @@ class BatchScheduler:
         self._dispatch = dispatch
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
+        #: The places one tenant may take (module doc); the rest are kept for the others.
+        self.max_queue_per_tenant = (
+            max_queue - max_queue // 4 if max_queue_per_tenant is None else max_queue_per_tenant
+        )
         self._shared_gen = torch.Generator().manual_seed(seed)
         self._masks = self._build_masks()
         self._punctuation = vocab.punctuation_ids
@@ -211,6 +219,8 @@ class BatchScheduler:
         #: Queued jobs by request id, and the order they are admitted in.
         self._pending: dict[str, tuple[DecodeJob, Sink]] = {}
         self._line: FairShare[str] = FairShare()
+        #: Queued jobs of each named tenant.
+        self._queued_of: dict[Hashable, int] = {}
         self._cancelled: set[str] = set()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -266,16 +276,25 @@ class BatchScheduler:
         with self._lock:
             if self._closing:
                 raise EngineFailed("the embedded engine is closed")
-            if len(self._pending) >= self.max_queue and self._free_slots_locked() == 0:
-                raise EngineCapacityError(
-                    f"engine queue is full ({self.max_queue} waiting, "
-                    f"{self.max_concurrency} running); retry later"
-                )
+            tenant = job.tenant
+            if self._free_slots_locked() == 0:
+                if len(self._pending) >= self.max_queue:
+                    raise EngineCapacityError(
+                        f"engine queue is full ({self.max_queue} waiting, "
+                        f"{self.max_concurrency} running); retry later"
+                    )
+                if tenant is not None and self._queued_of.get(tenant, 0) >= self.max_queue_per_tenant:
+                    raise EngineCapacityError(
+                        f"this client already has {self.max_queue_per_tenant} requests waiting for "
+                        f"the engine, its most ({self.max_queue} places in all); retry later"
+                    )
             rid = job.request_id
             if rid in self._pending:
                 raise EngineFailed(f"request {rid!r} is already queued")
             self._pending[rid] = (job, sink)
-            self._line.wait(rid, job.tenant)
+            self._line.wait(rid, tenant)
+            if tenant is not None:
+                self._queued_of[tenant] = self._queued_of.get(tenant, 0) + 1
             self._submitted += 1
             self._lock.notify_all()
 
@@ -284,8 +303,9 @@ class BatchScheduler:
         now). Unknown or finished ids are a no-op."""
         released = None
         with self._lock:
-            if self._pending.pop(request_id, None) is not None:
-                self._line.forget(request_id)
+            queued = self._pending.pop(request_id, None)
+            if queued is not None:
+                self._unqueued(queued[0])
                 released = SlotReleased(request_id, "aborted", self._steps)
             else:
                 self._cancelled.add(request_id)
@@ -367,8 +387,20 @@ class BatchScheduler:
         # in line is kept while the tenant has other jobs queued.
         rid = self._line.next()
         assert rid is not None, "a queued job is in line"
-        self._line.forget(rid)
-        return self._pending.pop(rid)
+        taken = self._pending.pop(rid)
+        self._unqueued(taken[0])
+        return taken
+
+    def _unqueued(self, job: DecodeJob) -> None:
+        """Under the lock: ``job`` left the queue (admitted or cancelled)."""
+        self._line.forget(job.request_id)
+        tenant = job.tenant
+        if tenant is not None:
+            left = self._queued_of[tenant] - 1
+            if left:
+                self._queued_of[tenant] = left
+            else:
+                del self._queued_of[tenant]
 
     def _release_cancelled(self, cancelled: set[str], outbox) -> None:
         if not cancelled:
@@ -529,6 +561,7 @@ class BatchScheduler:
                 for job, sink in self._pending.values()
             ]
             self._pending.clear()
+            self._queued_of.clear()
             self._line = FairShare()
             self._live_count = 0
         if outbox:
