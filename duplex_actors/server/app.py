@@ -92,6 +92,15 @@ BURST_MAX_BYTES = 256 * 1024
 READ_SLICE_S = 0.002
 #: ...and a pause longer than this before a frame means it waited for that frame (a new slice).
 READ_GAP_S = 0.0005
+#: What a connection's opening and closing cost the loop, charged to its client's share at the
+#: handshake (an estimate: one client opening and closing sessions flat out from 8 connections
+#: got 620-830 a second through, each a handshake, a session, its session.created and a close,
+#: ~1.2-1.6 ms of the loop each; `flood_bench --churn --policy off`, 2026-12-01).
+HANDSHAKE_COST_S = 0.001
+
+#: How often the events of detached sessions are billed to their clients (RealtimeServer.
+#: _charge_detached): well within the loop share's one-second window.
+DETACHED_BILLING_S = 0.1
 #: Frames the websocket may hold for a connection's reader before it stops reading the socket
 #: (websockets' default is 16). While audio pacing holds a reader back, what the client sent
 #: meanwhile waits here, up to this many frames of up to ``WireLimits.transport_cap`` each; the
@@ -234,6 +243,7 @@ class _SessionRecord:
         "lock",
         "attached",
         "counted_seq",
+        "billed_seq",
         "vad",
         "vad_settings",
         "wire",
@@ -257,6 +267,9 @@ class _SessionRecord:
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
+        #: Events up to this seq were billed to the client's loop share: written to it, or
+        #: produced while it was away (RealtimeServer._charge_detached).
+        self.billed_seq = 0
         # Server VAD settings while turn_detection is server_vad; the ServerVad itself is built
         # at the first append (a Silero model costs ~90 ms to load here; a session that never
         # streams audio, or turns VAD off first, never pays it).
@@ -303,6 +316,11 @@ class RealtimeServer:
             if config.loop_share_s_per_s is None
             else LoopShare(config.loop_share_s_per_s, loop_cpu=time.thread_time)
         )
+        #: Detached sessions, whose events are billed as if they were sent (_charge_detached),
+        #: at what sending an event has recently cost (seconds; updated by every writer).
+        self._detached: set[_SessionRecord] = set()
+        self._cost_per_event = 0.0
+        self._charging: asyncio.Task | None = None
         self.quotas = guard.AdmissionQuotas(
             max_per_key=config.max_sessions_per_key,
             max_per_address=config.max_sessions_per_address,
@@ -336,8 +354,37 @@ class RealtimeServer:
         )
         self.runtime.add_close_listener(self._session_closed)
         frame_cost.install()
+        if self.loop_share is not None:
+            self._charging = asyncio.get_running_loop().create_task(self._charge_detached())
         log.info("server.listening", url=self.url)
         return self
+
+    async def _charge_detached(self) -> None:
+        """Bill each detached session's new events to its client, as if they had been sent.
+
+        A detached session's response goes on into its outbox (for a resume), and with no
+        writer nothing of it was billed: a client opening a session, asking for a response and
+        dropping the connection, over and over, made a neighbour's response x17-24 slower, and
+        was never held back. Billed at what sending an event costs (what the client would have
+        been billed had it stayed), its next frames wait like any client's over its share."""
+        share = self.loop_share
+        assert share is not None
+        now = self.runtime.clock.now
+        while True:
+            await anyio.sleep(DETACHED_BILLING_S)
+            cost = self._cost_per_event
+            for record in list(self._detached):
+                handle = record.handle
+                if record.attached is not None or handle.state == "closed":
+                    self._detached.discard(record)
+                    continue
+                core = handle.core
+                # Events are numbered as they are taken: a detached session's wait unnumbered.
+                produced = core.last_seq + core.pending_events
+                if produced > record.billed_seq:
+                    if cost:
+                        share.charge(_share_tenant(handle), (produced - record.billed_seq) * cost, now())
+                    record.billed_seq = produced
 
     def _connection_class(self) -> type[ServerConnection]:
         config = self.config
@@ -374,6 +421,9 @@ class RealtimeServer:
 
     async def aclose(self) -> None:
         self.runtime.remove_close_listener(self._session_closed)
+        if self._charging is not None:
+            self._charging.cancel()
+            self._charging = None
         if self._server is not None:
             frame_cost.uninstall()
             self._server.close(close_connections=True)
@@ -446,7 +496,31 @@ class RealtimeServer:
                 return refused
         if self._connections >= self.config.max_connections:
             return _respond(connection, 503, "too many connections; retry later\n")
+        if self.loop_share is not None:
+            # A client over its share of the loop opens its next connection once it is back
+            # within it. Held only at its frames, a client that opened a session, asked for a
+            # response and dropped the connection, over and over, never waited: its next
+            # connection was open before the held frame was handled.
+            tenant = _tenant(guard.key_digest(key) if self._keys else None, _address(connection))
+            now = self.runtime.clock.now()
+            # A handshake's work (the HTTP upgrade, the session, its first events, the close)
+            # happens around awaits and cannot be timed as one piece: it is charged at an
+            # estimate.
+            self.loop_share.charge(tenant, HANDSHAKE_COST_S, now)
+            held = self.loop_share.hold(tenant, now)
+            if held:
+                return self._handshake_when_within_share(tenant, held)  # websockets awaits it
         return None
+
+    async def _handshake_when_within_share(self, tenant: str, held: float) -> None:
+        """Wait until ``tenant`` is within its loop share, then let its handshake go on
+        (websockets' ``open_timeout``, 10 s, bounds the whole handshake)."""
+        share = self.loop_share
+        assert share is not None
+        while held:
+            self.metrics.paced.labels("client_share").inc(held)
+            await anyio.sleep(held)
+            held = share.hold(tenant, self.runtime.clock.now())
 
     def _connect_rate_refusal(self, connection: ServerConnection, key: str | None) -> Response | None:
         """429 for a handshake past its address's or its key's connect rate (checked in that
@@ -664,6 +738,7 @@ class RealtimeServer:
         )
 
     def _forget(self, record: _SessionRecord) -> None:
+        self._detached.discard(record)
         if self._records.get(record.handle.id) is record:
             del self._records[record.handle.id]
         self.quotas.released(record.handle.id)
@@ -748,10 +823,24 @@ class _Connection:
         handling = self.record.handling_pacer
         loop_share = self.server.loop_share
         billed = handling is not None or loop_share is not None
-        tenant = self._share_tenant()
+        tenant = _share_tenant(self.record.handle)
         now = self.server.runtime.clock.now
         try:
             async for frame in self.ws:
+                if loop_share is not None:
+                    # The client's standing is checked before its frame is handled, on every
+                    # connection, the first frame of a new one included. Held back only after
+                    # a frame, a client asking for responses with one frame each was never
+                    # held: the response its frame asked for ran during the wait, and the next
+                    # frame came after it (128 sessions: a neighbour's response x21, as with
+                    # no sharing). Checked again after the wait: the client's other
+                    # connections may have been served meanwhile.
+                    held = loop_share.hold(tenant, now())
+                    while held:
+                        self.server.metrics.paced.labels("client_share").inc(held)
+                        await anyio.sleep(held)
+                        held = loop_share.hold(tenant, now())
+                    slice_began = done = clock()
                 if replies is not None:
                     # What the replies to earlier frames cost is paid before this one is read:
                     # the writer charges them as they go out, after the frames that asked.
@@ -774,11 +863,9 @@ class _Connection:
                     if handling is not None:
                         self._pace(handling, cost, "handling")
                     if loop_share is not None:
-                        # And to the client, whose sessions share the loop with other clients'.
-                        wait = loop_share.bill(tenant, cost, now())
-                        if wait:
-                            self.pace_wait = max(self.pace_wait, wait)
-                            self.server.metrics.paced.labels("client_share").inc(wait)
+                        # And to the client, whose sessions share the loop with other clients'
+                        # (its next frame, on any connection, waits for it: above).
+                        loop_share.charge(tenant, cost, now())
                 if self.pace_wait:
                     wait, self.pace_wait = self.pace_wait, 0.0
                     await anyio.sleep(wait)
@@ -788,12 +875,6 @@ class _Connection:
                     slice_began = done = clock()
         except ConnectionClosed:
             pass  # how it ended is read from the protocol state in _release
-
-    def _share_tenant(self) -> str:
-        """Whom this connection's loop time is billed to: its session's tenant, else the
-        session itself (a session without one is a client of its own)."""
-        handle = self.record.handle
-        return handle.core.tenant or handle.id
 
     async def _close_for_flood(self) -> None:
         """Declared flood policy: the session closes (``invalid_frame_flood``), the client
@@ -963,15 +1044,16 @@ class _Connection:
         timeout = self.server.config.write_timeout_s
         pacer = record.frame_pacer
         loop_share = self.server.loop_share
-        tenant = self._share_tenant()
+        tenant = _share_tenant(handle)
         now = self.server.runtime.clock.now
         ended = False
         try:
             while not ended and await handle.wait_events():
                 cost_mark = frame_cost.mark() if loop_share is not None else None
                 frames: list[bytes] = []
-                size = owed = 0
+                size = owed = events = 0
                 for event in handle.ready_events():
+                    events += 1
                     first_time = event.seq > record.counted_seq
                     if first_time:
                         record.counted_seq = event.seq
@@ -1013,9 +1095,17 @@ class _Connection:
                     # billed only for what it read, a client asking for responses back to back
                     # on 128 sessions made a neighbour's response x20 slower and was never held
                     # back. The encoding's CPU is measured here, the sending's in _send_burst.
-                    # The client's readers wait for it after their next frames (the reader's
-                    # bill answers with the wait), which is what lets it ask for more.
+                    # The client's readers wait for it before their next frames, which is what
+                    # lets it ask for more.
                     loop_share.charge(tenant, cost, now())
+                    record.billed_seq = max(record.billed_seq, record.counted_seq)
+                    # What an event costs to send, lately: what a detached session's events
+                    # are billed at (RealtimeServer._charge_detached).
+                    if events:
+                        server = self.server
+                        per_event = cost / events
+                        known = server._cost_per_event
+                        server._cost_per_event = known + 0.01 * (per_event - known) if known else per_event
             self.server._forget(record)
             code = self.end_code
             if self.server._shutting_down and code[0] == 1000:
@@ -1084,6 +1174,7 @@ class _Connection:
                 else:
                     await handle.ask(cmd.Detach())
                     self.server.quotas.detached(handle.id)
+                    self.server._detached.add(record)
                     metrics.disconnects.labels("detached").inc()
             except DuplexError as err:  # closed meanwhile (expiry, shutdown): nothing to keep
                 log.debug("server.release_ignored", session_id=handle.id, code=err.code)
@@ -1180,6 +1271,12 @@ def _respond(
         del response.headers["Content-Type"]
         response.headers["Content-Type"] = content_type
     return response
+
+
+def _share_tenant(handle: SessionHandle) -> str:
+    """Whom a session's loop time is billed to: its tenant, else the session itself (a session
+    without one is a client of its own)."""
+    return handle.core.tenant or handle.id
 
 
 def _tenant(key: bytes | None, address: str) -> str:

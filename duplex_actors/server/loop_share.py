@@ -22,15 +22,22 @@ that tenant's readers should wait before their next frame:
 * one tenant alone is never held back here (its sessions' own pacers still apply): there is
   nobody to protect, and holding it back would leave the loop idle.
 
-The wait happens where the per-session pacers' waits do: the connection's reader reads its
-next frame later, TCP pushes back on the client, and nothing accepted is lost.
+The wait happens before the tenant's next frame is handled, on any of its connections
+(:meth:`LoopShare.hold`, checked again after each wait), and before its next connection's
+handshake completes: TCP pushes back on the client, and nothing accepted is lost. Checked only
+after a frame, a client asking for responses with one frame each was never held back (the
+response ran during the wait; 128 sessions: a neighbour's response x21, as with no sharing),
+nor was one opening a connection for each request.
 
 What the server *sends* a client is its work too. A client asking for responses back to back
 reads a few bytes a response and is sent hundreds of events; encoding and compressing them took
 over half of the loop in such a flood. Billed only for its frames, one key's 128 sessions were
 never held back, and a neighbour's response went x20 slower (``flood_bench --responses 128
 --engine scripted``). The writer therefore :meth:`~LoopShare.charge`\ s what it encodes and
-sends to the client's tenant; the tenant's readers wait for it at their next frame.
+sends to the client's tenant; the tenant's readers wait for it at their next frame. A
+detached session's events (its response goes on for a resume, with no writer) are charged as
+if they had been sent, at what sending an event has lately cost, and each handshake at an
+estimate of a connection's cost (server/app.py).
 
 Unbilled work. The rest of a response's work (its session's state machine, the engine actor's
 pump, asyncio's own scheduling) is the same clients' work, and not billed: measuring it per
@@ -40,6 +47,12 @@ Given the loop thread's CPU clock (``loop_cpu``), the capacity is counted in loo
 billed second stands for ``unbilled`` of them (the loop's recent CPU over the billed total, at
 least 1 and at most 4), as if the unbilled work were shared out in proportion to the billed.
 With both, 128 sessions made the neighbour's response x1.03-1.07 slower at the median.
+
+The factor only makes the loop short sooner: it never holds a tenant that takes no more than
+an equal split of the capacity in billed seconds. Unbilled work is not always shared out in
+proportion: a client opening connections and dropping them made its own, the factor went to
+4, and a neighbour streaming audio on three sessions was held back (its audio 0.9-2.1 s late)
+while that client, billed less, kept everything it used.
 
 Sans-IO: times are passed in, and the loop thread's CPU clock is injected.
 """
@@ -127,18 +140,25 @@ class LoopShare:
         self._at = now
         return rate
 
-    def bill(self, tenant: Hashable, seconds: float, now: float) -> float:
-        """``tenant``'s frame took ``seconds`` of the loop: the seconds its readers should wait
-        before their next frame (0: none)."""
-        rate = self.charge(tenant, seconds, now)
+    def hold(self, tenant: Hashable, now: float) -> float:
+        """The seconds ``tenant``'s readers should wait before handling their next frame (0:
+        none): until its recent rate has decayed to its share, at most ``max_wait_s``."""
         if now - self._share_at >= self.recompute_s:
             self._recompute(now)
         share = self._share
-        if share is None or rate <= share:
+        if share is None:
+            return 0.0
+        rate = self.rate(tenant, now)
+        if rate <= share:
             return 0.0
         wait = min(self.max_wait_s, self.window_s * math.log(rate / share))
         self.held_s += wait
         return wait
+
+    def bill(self, tenant: Hashable, seconds: float, now: float) -> float:
+        """:meth:`charge` ``tenant`` for a frame, then :meth:`hold`."""
+        self.charge(tenant, seconds, now)
+        return self.hold(tenant, now)
 
     def _recompute(self, now: float) -> None:
         self._share_at = now
@@ -160,11 +180,17 @@ class LoopShare:
         # Water-filling: the smallest users keep what they use while that is under an equal
         # split of what is left; the rest share the remainder equally.
         rates.sort()
+        # The unbilled work may make the loop short sooner, but it never holds a client that
+        # takes no more than an equal split of the capacity in billed seconds. Unbilled work is
+        # not always shared out in proportion: a client that made its own unbilled (opening
+        # connections and dropping them) pushed the factor to 4, and the share held back a
+        # neighbour streaming audio on three sessions while it kept everything it used.
+        floor = self.capacity / len(rates)
         left, count = capacity, len(rates)
         for rate in rates:
             equal = left / count
             if rate > equal:
-                self._share = equal
+                self._share = max(equal, floor)
                 return
             left -= rate
             count -= 1

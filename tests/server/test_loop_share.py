@@ -105,12 +105,19 @@ class _LoopClock:
         return self.cpu
 
 
-def feed_two(share: LoopShare, loop: _LoopClock | None, busy: float, until: float) -> float:
-    """ "heavy" bills 0.3 s a second and "light" 0.05; the loop runs ``busy`` s a second."""
+def feed_two(
+    share: LoopShare,
+    loop: _LoopClock | None,
+    busy: float,
+    until: float,
+    heavy: float = 0.4,
+    light: float = 0.05,
+) -> float:
+    """Bill "heavy" and "light" their rates (seconds a second); the loop runs ``busy``."""
     t = 0.0
     while t < until:
-        share.bill("heavy", 0.003, t)
-        share.bill("light", 0.0005, t)
+        share.bill("heavy", heavy * 0.01, t)
+        share.bill("light", light * 0.01, t)
         if loop is not None:
             loop.cpu += busy * 0.01
         t += 0.01
@@ -124,16 +131,29 @@ def test_work_nobody_is_billed_for_counts_the_loop_as_shorter():
     # looked short, and the flooder was never held back (the neighbour's response x20).
     alone = LoopShare(0.5)
     t = feed_two(alone, None, 0.0, 5.0)
-    assert alone.bill("heavy", 0.003, t) == 0.0 and alone.share is None  # 0.35 billed < 0.5
+    assert alone.bill("heavy", 0.004, t) == 0.0 and alone.share is None  # 0.45 billed < 0.5
 
     loop = _LoopClock()
     share = LoopShare(0.5, loop_cpu=loop)
-    t = feed_two(share, loop, 0.7, 5.0)  # the loop is busy twice what is billed
+    t = feed_two(share, loop, 0.9, 5.0)  # the loop is busy twice what is billed
     assert share.unbilled == pytest.approx(2.0, rel=0.05)
-    # In billed seconds the capacity is 0.25: light keeps its 0.05; heavy's share is 0.2.
-    assert share.share == pytest.approx(0.2, rel=0.05)
-    assert share.bill("heavy", 0.003, t) > 0.0
-    assert share.bill("light", 0.0005, t) == 0.0
+    # In billed seconds the capacity is 0.25: light keeps its 0.05, and heavy's water-filled
+    # share would be 0.2; it gets an equal split of the capacity in billed seconds, 0.25.
+    assert share.share == pytest.approx(0.25, rel=0.05)
+    assert share.hold("heavy", t) > 0.0
+    assert share.hold("light", t) == 0.0
+
+
+def test_work_nobody_is_billed_for_never_holds_a_client_within_an_equal_split():
+    # Probe: a client opening connections and dropping them made work nobody was billed for
+    # (handshakes, detached sessions' responses), the factor went to 4, and the share held
+    # back a neighbour streaming audio on three sessions (0.12 s a second billed) while the
+    # client itself, billed 0.05, kept everything.
+    loop = _LoopClock()
+    share = LoopShare(0.5, loop_cpu=loop)
+    t = feed_two(share, loop, 10.0, 5.0, heavy=0.12, light=0.05)
+    assert share.unbilled == 4.0
+    assert share.hold("heavy", t) == 0.0 and share.hold("light", t) == 0.0
 
 
 def test_unbilled_work_counts_four_times_the_billed_at_most():
@@ -141,7 +161,7 @@ def test_unbilled_work_counts_four_times_the_billed_at_most():
     # magnify small bills into waits without end.
     loop = _LoopClock()
     share = LoopShare(0.5, loop_cpu=loop)
-    feed_two(share, loop, 35.0, 5.0)  # a hundred times the billed
+    feed_two(share, loop, 45.0, 5.0)  # a hundred times the billed
     assert share.unbilled == 4.0
 
 

@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 
 from duplex_actors import Runtime, Script, ScriptedEngine
 from duplex_actors.engines.talker import SpeakingEngine, Talker, TalkerConfig
-from duplex_actors.server import guard
+from duplex_actors.server import app, guard
 from duplex_actors.server.app import RealtimeServer, ServerConfig
 from duplex_actors.server.loop_share import LoopShare
 
@@ -171,14 +171,18 @@ class _RecordingShare(LoopShare):
 
     __slots__ = ("billed", "waits")
 
-    def __init__(self, capacity: float) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: float, **options) -> None:
+        super().__init__(capacity, **options)
         self.billed: dict[str, list[tuple[float, float]]] = {}
         self.waits: dict[str, float] = {}
 
-    def bill(self, tenant, seconds, now):
-        wait = super().bill(tenant, seconds, now)
+    def charge(self, tenant, seconds, now):
         self.billed.setdefault(tenant, []).append((now, seconds))
+        self.waits.setdefault(tenant, 0.0)
+        return super().charge(tenant, seconds, now)
+
+    def hold(self, tenant, now):
+        wait = super().hold(tenant, now)
         self.waits[tenant] = self.waits.get(tenant, 0.0) + wait
         return wait
 
@@ -251,9 +255,11 @@ async def test_what_a_client_is_sent_counts_against_its_share_of_the_event_loop(
     # response's events. Billed only for what it read, it was never held back: 128 sessions of
     # one key made a neighbour's response x20 slower (flood_bench --responses 128 --engine
     # scripted). What the writer encodes and sends a client is billed to it too, and its
-    # next request is read later.
+    # next request waits before it is handled. One frame a response: held only after a frame,
+    # the response it asked for ran during the wait. Waits here are at most 20 ms, shorter than
+    # a response, as a loaded server's waits (1 s) were shorter than its responses (1.5 s).
     capacity = 0.1
-    share = _RecordingShare(capacity)
+    share = _RecordingShare(capacity, max_wait_s=0.02)
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.002)
     config = {"api_keys": KEYS, "loop_share_s_per_s": capacity, "server_vad_by_default": False}
     async with running_server(script, **config) as server:
@@ -263,7 +269,7 @@ async def test_what_a_client_is_sent_counts_against_its_share_of_the_event_loop(
         async def flood(ws) -> None:
             await recv_json(ws)
             while not stop.is_set():
-                await _ask(ws, "flood")
+                await ws.send(json.dumps({"type": "response.create"}))
                 await recv_until(ws, "response.done", timeout=20)
 
         flooders = [await connect(server.url, additional_headers=FLOODER) for _ in range(8)]
@@ -285,3 +291,62 @@ async def test_what_a_client_is_sent_counts_against_its_share_of_the_event_loop(
     share.assert_only_the_flooder_was_held()
     late = share.late_rate(FLOODER_TENANT, 2.0)
     assert late <= 2 * capacity, late
+
+
+async def test_a_detached_sessions_events_are_billed_to_its_client_as_if_sent():
+    # A client asking for a response and dropping the connection, over and over, was billed
+    # nothing for the responses: they went on into detached sessions' outboxes, with no writer.
+    share = _RecordingShare(0.5)
+    script = Script(tokens=tuple(f" w{i}" for i in range(40)), audio_packets=0, token_latency_s=0.02)
+    async with running_server(script, api_keys=KEYS, server_vad_by_default=False) as server:
+        server.loop_share = share
+        ws = await connect(server.url, additional_headers=FLOODER)
+        created = await recv_json(ws)
+        handle = server.runtime.get(created["session"]["id"])
+        record = server._records[handle.id]
+        await ws.send(json.dumps({"type": "response.create"}))
+        await recv_until(ws, "response.created")
+        ws.transport.abort()
+        with anyio.fail_after(10):
+            while not handle.core.lease.detached:
+                await anyio.sleep(0.005)
+        detached_at, billed_then = server.runtime.clock.now(), record.billed_seq
+        with anyio.fail_after(10):
+            while handle.core.response_id is not None:
+                await anyio.sleep(0.01)
+        await anyio.sleep(3 * app.DETACHED_BILLING_S)
+        produced = handle.core.last_seq + handle.core.pending_events  # numbered once taken
+        produced_away = produced - billed_then
+        assert produced_away > 10  # most of the response came after the client had gone
+        assert record.billed_seq == produced  # and all of it was billed, once
+        charged = sum(cost for now, cost in share.billed[FLOODER_TENANT] if now > detached_at)
+        assert charged == pytest.approx(produced_away * server._cost_per_event, rel=0.05)
+
+
+async def test_a_client_over_its_share_opens_its_next_connection_once_within_it():
+    # Held only at its frames, a client opening a connection, asking for a response and
+    # dropping it, over and over, never waited: the handshake is where it waits now.
+    class FlooderHeld(_RecordingShare):
+        """The flooder is over its share once: its first check answers 0.3 s."""
+
+        __slots__ = ()
+
+        def hold(self, tenant, now):
+            if tenant != FLOODER_TENANT or self.waits.get(tenant):
+                return 0.0
+            self.waits[tenant] = 0.3
+            return 0.3
+
+    async with running_server(api_keys=KEYS) as server:
+        server.loop_share = share = FlooderHeld(0.5)
+        for headers, tenant in ((NEIGHBOUR, NEIGHBOUR_TENANT), (FLOODER, FLOODER_TENANT)):
+            began = time.perf_counter()
+            async with connect(server.url, additional_headers=headers) as ws:
+                took = time.perf_counter() - began
+                await recv_json(ws)
+            # Each handshake is charged to its client, as an estimate of its work.
+            assert share.billed[tenant][0][1] == app.HANDSHAKE_COST_S
+            if tenant == FLOODER_TENANT:
+                assert took >= 0.3, took
+            else:
+                assert took < 0.3, took
