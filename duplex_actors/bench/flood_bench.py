@@ -54,7 +54,11 @@ slots are what they compete for. ``--engine scripted`` answers with the scripted
 instead: what is left to compete for is the event loop (the runtime's and the server's own work
 for each response); ``--policy off`` turns the loop's sharing by client off. ``--cancel-after
 SECONDS`` has the flooder cancel each response that long after asking for it (create-and-cancel
-churn: each response's start, then its end, over and over).
+churn: each response's start, then its end, over and over). ``--how`` says how the flooder
+asks: ``items`` (the default: a user item and a response.create on open sessions),
+``one-frame`` (the response.create alone), ``reconnect`` (a connection for each response, read
+to its end, then closed) or ``drop`` (a connection for each response, dropped as soon as it
+has asked: the session detaches and its response goes on).
 
 ``--long-turn SECONDS`` commits one turn of that many seconds of loud noise with transcription
 on (uploaded with pacing off: what is measured is the recogniser's sharing), then measures the
@@ -184,6 +188,7 @@ async def _run(frames: int, policy: bool) -> dict:
 
 
 CLEAR = json.dumps({"type": "input_audio_buffer.clear"})
+CREATE = json.dumps({"type": "response.create"})
 
 
 def _update_frame() -> str:
@@ -616,10 +621,21 @@ async def _spoken_response(url: str, headers: dict) -> tuple[float, float]:
                 return (done if first is None else first), done
 
 
-def _response_flooder(url: str, sessions: int, seconds: float, cancel_after: float | None, report) -> None:
+#: How the response flooder asks (``--how``): on ``sessions`` open sessions, with an item and a
+#: response.create, or with the response.create alone; or ``sessions`` loops each opening a
+#: connection for every response, reading it to its end and closing (``reconnect``), or
+#: dropping the connection as soon as it has asked (``drop``: the session detaches and its
+#: response goes on for a resume nobody makes).
+FLOOD_HOW = ("items", "one-frame", "reconnect", "drop")
+
+
+def _response_flooder(
+    url: str, sessions: int, seconds: float, cancel_after: float | None, how: str, report
+) -> None:
     """``sessions`` sessions of one key, each asking for the next response as soon as the last
-    is done, for ``seconds``; reports how many responses were done. With ``cancel_after``,
-    each response is cancelled that many seconds after it was asked for."""
+    is done, for ``seconds``, as ``how`` says (FLOOD_HOW); reports how many responses were
+    asked for. With ``cancel_after``, each response is cancelled that many seconds after it was
+    asked for."""
 
     async def main() -> None:
         from websockets.asyncio.client import connect
@@ -630,10 +646,23 @@ def _response_flooder(url: str, sessions: int, seconds: float, cancel_after: flo
 
         async def one() -> None:
             nonlocal done
+            if how in ("reconnect", "drop"):
+                while time.perf_counter() < until:
+                    ws = await connect(url, additional_headers=headers, max_size=None)
+                    await ws.recv()
+                    await ws.send(CREATE)
+                    done += 1
+                    if how == "drop":
+                        ws.transport.close()  # FIN after the frame, no close handshake
+                        continue
+                    while json.loads(await ws.recv())["type"] != "response.done":
+                        pass
+                    await ws.close()
+                return
             async with connect(url, additional_headers=headers, max_size=None) as ws:
                 await ws.recv()
                 while time.perf_counter() < until:
-                    for frame in ASK_FOR_SPEECH:
+                    for frame in ASK_FOR_SPEECH if how == "items" else (CREATE,):
                         await ws.send(frame)
                     if cancel_after is None:
                         while json.loads(await ws.recv())["type"] != "response.done":
@@ -772,6 +801,7 @@ async def _run_responses(
     shared: bool = True,
     turns: int = 5,
     cancel_after: float | None = None,
+    how: str = "items",
 ) -> dict:
     import statistics
 
@@ -795,8 +825,9 @@ async def _run_responses(
             during, flooded, _, _ = await _during_flood(
                 rt,
                 _response_flooder,
-                (server.url, sessions, seconds, cancel_after),
-                sessions,
+                (server.url, sessions, seconds, cancel_after, how),
+                # A connection for each response: sessions come and go, measure from the first.
+                sessions if how in ("items", "one-frame") else 1,
                 lambda: _spoken_response(server.url, neighbour),
             )
 
@@ -809,6 +840,7 @@ async def _run_responses(
         "engine": engine,
         "shared": shared,
         "cancel_after": cancel_after,
+        "how": how,
         "held_s": server.metrics.paced.labels("client_share")._value.get(),
         "first_alone": figures(alone, 0),
         "done_alone": figures(alone, 1),
@@ -992,6 +1024,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="--responses: the flooder cancels each response this long after asking for it",
     )
+    ap.add_argument(
+        "--how",
+        choices=FLOOD_HOW,
+        default="items",
+        help="--responses: how the flooder asks (an item and response.create on open sessions, "
+        "response.create alone, a connection per response, or asking and dropping the connection)",
+    )
     ap.add_argument("--seconds", type=float, default=6.0, help="valid floods: how long the flood lasts")
     ap.add_argument(
         "--frame-ms",
@@ -1025,7 +1064,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.responses:
         r = asyncio.run(
             _run_responses(
-                args.responses, args.seconds, args.engine, args.policy == "on", cancel_after=args.cancel_after
+                args.responses,
+                args.seconds,
+                args.engine,
+                args.policy == "on",
+                cancel_after=args.cancel_after,
+                how=args.how,
             )
         )
 
@@ -1033,6 +1077,8 @@ def main(argv: list[str] | None = None) -> int:
             return f"{pair[0] * 1e3:.0f} ms (worst {pair[1] * 1e3:.0f})"
 
         cancelled = "" if r["cancel_after"] is None else f", each cancelled after {r['cancel_after']:g} s"
+        if r["how"] != "items":
+            cancelled += f", asking {r['how']}"
         print(
             f"{r['sessions']} sessions of one key asking for spoken responses for {r['seconds']:.0f} s"
             f"{cancelled} "

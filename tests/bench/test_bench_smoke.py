@@ -227,6 +227,12 @@ def test_flood_bench_scripted_responses_tiny(capsys):
     assert flood_bench.main([*argv, "--cancel-after", "0"]) == 0
     line = capsys.readouterr().out
     assert "each cancelled after 0 s (scripted engine, loop share off, held 0.0 s" in line, line
+    # A connection for each response, dropped as soon as it has asked.
+    assert flood_bench.main([*argv, "--how", "drop"]) == 0
+    line = capsys.readouterr().out
+    assert "asking drop (scripted engine" in line and "the neighbour's first audio" in line, line
+    done = int(line.split("; ")[1].split(" done")[0])
+    assert done >= 2, line
     assert "the neighbour's first audio" in line and "response done" in line
 
 
