@@ -231,6 +231,10 @@ class Runtime:
         self._transcribing = 0  # worker tasks started (lazily: most servers never transcribe)
         self._transcript_ready: anyio.Event | None = None
         self._sessions: dict[str, SessionActor] = {}
+        #: Loop time the dispatcher spent on each tenant's sessions since it was last taken,
+        #: while metered (meter_tenant_work); None: not metered.
+        self._tenant_work: dict[str, float] | None = None
+        self._work_clock: Callable[[], float] | None = None
         #: closed sessions whose aborted engine requests are not cleaned up yet
         self._draining: dict[str, tuple[str, ...]] = {}
         #: told the id of each session as it closes (the server drops its record at once)
@@ -512,6 +516,24 @@ class Runtime:
                 self._wake = None
                 wake.set()
 
+    def meter_tenant_work(self, cpu_clock: Callable[[], float] | None) -> None:
+        """Count the loop time the dispatcher spends on each tenant's sessions (a session
+        without a tenant counts as its own), by ``cpu_clock`` (seconds; read on the loop);
+        :meth:`take_tenant_work` hands it out. A server sharing the loop by client bills it:
+        a session's state machine runs here for every engine output and command, and a client
+        whose responses run in sessions it has left was otherwise billed for none of it.
+        None: stop counting (nobody takes it any more)."""
+        self._work_clock = cpu_clock
+        self._tenant_work = None if cpu_clock is None else {}
+
+    def take_tenant_work(self) -> dict[str, float]:
+        """The loop time spent on each tenant's sessions since the last call ({} unmetered)."""
+        work = self._tenant_work
+        if not work:
+            return {}
+        self._tenant_work = {}
+        return work
+
     async def _dispatch(self) -> None:
         ready = self._ready
         budget = self.dispatch_budget
@@ -521,13 +543,36 @@ class Runtime:
                 await self._wake.wait()
                 self._wake = None
                 continue
-            for _ in range(len(ready)):
-                actor = ready.popleft()
-                actor.scheduled = False
-                if actor.process(budget):
-                    self._schedule(actor)
+            if self._tenant_work is None:
+                for _ in range(len(ready)):
+                    actor = ready.popleft()
+                    actor.scheduled = False
+                    if actor.process(budget):
+                        self._schedule(actor)
+            else:
+                self._metered_round(ready, budget)
             # Let engine pumps and event consumers run between rounds.
             await anyio.lowlevel.checkpoint()
+
+    def _metered_round(self, ready: deque[SessionActor], budget: int) -> None:
+        """One dispatcher round, its loop time split evenly between the sessions it ran: two
+        clock reads a round, not two a session."""
+        clock = self._work_clock
+        assert clock is not None
+        began = clock()
+        tenants = []
+        for _ in range(len(ready)):
+            actor = ready.popleft()
+            actor.scheduled = False
+            core = actor.core
+            tenants.append(core.tenant or core.session_id)
+            if actor.process(budget):
+                self._schedule(actor)
+        work = self._tenant_work
+        if work is not None and tenants:
+            each = (clock() - began) / len(tenants)
+            for tenant in tenants:
+                work[tenant] = work.get(tenant, 0.0) + each
 
     async def _reap(self) -> None:
         while True:

@@ -98,9 +98,10 @@ READ_GAP_S = 0.0005
 #: ~1.2-1.6 ms of the loop each; `flood_bench --churn --policy off`, 2026-12-01).
 HANDSHAKE_COST_S = 0.001
 
-#: How often the events of detached sessions are billed to their clients (RealtimeServer.
-#: _charge_detached): well within the loop share's one-second window.
-DETACHED_BILLING_S = 0.1
+#: How often the work no frame of a client's measured (its sessions' state machines, its
+#: detached sessions' events) is billed to it (RealtimeServer._charge_unsent_work): well within
+#: the loop share's one-second window.
+UNSENT_WORK_BILLING_S = 0.1
 #: Frames the websocket may hold for a connection's reader before it stops reading the socket
 #: (websockets' default is 16). While audio pacing holds a reader back, what the client sent
 #: meanwhile waits here, up to this many frames of up to ``WireLimits.transport_cap`` each; the
@@ -268,7 +269,7 @@ class _SessionRecord:
         self.attached: _Connection | None = None
         self.counted_seq = 0  # metrics count each event once, not again when replayed
         #: Events up to this seq were billed to the client's loop share: written to it, or
-        #: produced while it was away (RealtimeServer._charge_detached).
+        #: produced while it was away (RealtimeServer._charge_unsent_work).
         self.billed_seq = 0
         # Server VAD settings while turn_detection is server_vad; the ServerVad itself is built
         # at the first append (a Silero model costs ~90 ms to load here; a session that never
@@ -316,7 +317,7 @@ class RealtimeServer:
             if config.loop_share_s_per_s is None
             else LoopShare(config.loop_share_s_per_s, loop_cpu=time.thread_time)
         )
-        #: Detached sessions, whose events are billed as if they were sent (_charge_detached),
+        #: Detached sessions, whose events are billed as if they were sent (_charge_unsent_work),
         #: at what sending an event has recently cost (seconds; updated by every writer).
         self._detached: set[_SessionRecord] = set()
         self._cost_per_event = 0.0
@@ -355,12 +356,16 @@ class RealtimeServer:
         self.runtime.add_close_listener(self._session_closed)
         frame_cost.install()
         if self.loop_share is not None:
-            self._charging = asyncio.get_running_loop().create_task(self._charge_detached())
+            self.runtime.meter_tenant_work(frame_cost.billable_clock)
+            self._charging = asyncio.get_running_loop().create_task(self._charge_unsent_work())
         log.info("server.listening", url=self.url)
         return self
 
-    async def _charge_detached(self) -> None:
-        """Bill each detached session's new events to its client, as if they had been sent.
+    async def _charge_unsent_work(self) -> None:
+        """Bill each client, every UNSENT_WORK_BILLING_S, for the work done for it that no frame
+        of its own measured: the dispatcher's time on its sessions (their state machines, for
+        every engine output and command; Runtime.meter_tenant_work), and its detached sessions'
+        new events, as if they had been sent.
 
         A detached session's response goes on into its outbox (for a resume), and with no
         writer nothing of it was billed: a client opening a session, asking for a response and
@@ -371,7 +376,9 @@ class RealtimeServer:
         assert share is not None
         now = self.runtime.clock.now
         while True:
-            await anyio.sleep(DETACHED_BILLING_S)
+            await anyio.sleep(UNSENT_WORK_BILLING_S)
+            for tenant, seconds in self.runtime.take_tenant_work().items():
+                share.charge(tenant, seconds, now())
             cost = self._cost_per_event
             for record in list(self._detached):
                 handle = record.handle
@@ -424,6 +431,7 @@ class RealtimeServer:
         if self._charging is not None:
             self._charging.cancel()
             self._charging = None
+            self.runtime.meter_tenant_work(None)
         if self._server is not None:
             frame_cost.uninstall()
             self._server.close(close_connections=True)
@@ -1100,7 +1108,7 @@ class _Connection:
                     loop_share.charge(tenant, cost, now())
                     record.billed_seq = max(record.billed_seq, record.counted_seq)
                     # What an event costs to send, lately: what a detached session's events
-                    # are billed at (RealtimeServer._charge_detached).
+                    # are billed at (RealtimeServer._charge_unsent_work).
                     if events:
                         server = self.server
                         per_event = cost / events

@@ -206,3 +206,30 @@ async def test_the_idle_timer_follows_the_core_and_a_close_cancels_it():
         await session.close()
         await collect_until(session, "session.closed")
         assert actor._idle_timer is None and actor._idle_at is None
+
+
+async def test_metered_dispatcher_time_is_counted_by_tenant_and_split_by_session():
+    # A server sharing the loop by client bills each client for its sessions' state machines;
+    # here a clock that advances 1 s a reading makes every round cost 1 s.
+    readings = iter(range(10**6))
+    async with Runtime(ScriptedEngine(Script(token_latency_s=0.001))) as rt:
+        rt.meter_tenant_work(lambda: float(next(readings)))
+        mine = [await rt.open_session(tenant="key:a") for _ in range(3)]
+        theirs = await rt.open_session(tenant="key:b")
+        alone = await rt.open_session()  # no tenant: a tenant of its own
+        for s in (*mine, theirs, alone):
+            s.append_audio(CHUNK)
+            await s.commit()
+        for s in (*mine, theirs, alone):
+            await collect_until(s, "response.done")
+        work = rt.take_tenant_work()
+        assert set(work) == {"key:a", "key:b", alone.id}
+        # Every round cost 1 s, split evenly: all of it was handed out, and the client with
+        # three sessions was billed more than the one with one.
+        assert sum(work.values()) == pytest.approx(round(sum(work.values())))
+        assert work["key:a"] > work["key:b"] > 0
+        rt.meter_tenant_work(None)
+        theirs.append_audio(CHUNK)
+        await theirs.commit()
+        await collect_until(theirs, "response.done")
+        assert rt.take_tenant_work() == {}
