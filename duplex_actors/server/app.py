@@ -377,21 +377,27 @@ class RealtimeServer:
         now = self.runtime.clock.now
         while True:
             await anyio.sleep(UNSENT_WORK_BILLING_S)
-            for tenant, seconds in self.runtime.take_tenant_work().items():
-                share.charge(tenant, seconds, now())
-            cost = self._cost_per_event
-            for record in list(self._detached):
-                handle = record.handle
-                if record.attached is not None or handle.state == "closed":
-                    self._detached.discard(record)
-                    continue
-                core = handle.core
-                # Events are numbered as they are taken: a detached session's wait unnumbered.
-                produced = core.last_seq + core.pending_events
-                if produced > record.billed_seq:
-                    if cost:
-                        share.charge(_share_tenant(handle), (produced - record.billed_seq) * cost, now())
-                    record.billed_seq = produced
+            try:
+                self._charge_once(share, now())
+            except Exception as exc:  # a bug here must not end the billing for good
+                log.error("server.billing_failed", error=repr(exc))
+
+    def _charge_once(self, share: LoopShare, now: float) -> None:
+        for tenant, seconds in self.runtime.take_tenant_work().items():
+            share.charge(tenant, seconds, now)
+        cost = self._cost_per_event
+        for record in list(self._detached):
+            handle = record.handle
+            if record.attached is not None or handle.state == "closed":
+                self._detached.discard(record)
+                continue
+            core = handle.core
+            # Events are numbered as they are taken: a detached session's events wait unnumbered.
+            produced = core.last_seq + core.pending_events
+            if produced > record.billed_seq:
+                if cost:
+                    share.charge(_share_tenant(handle), (produced - record.billed_seq) * cost, now)
+                record.billed_seq = produced
 
     def _connection_class(self) -> type[ServerConnection]:
         config = self.config
