@@ -153,6 +153,9 @@ async def test_barge_in_cancels_the_turn_on_the_engine_replica_and_the_next_turn
     from ray import serve
 
     engine = serve.get_deployment_handle("engine", app_name=APP)
+    # A new handle's first call waits for the replicas to be found (0.7 s in a CI run), longer
+    # than the turn has left after its first words (~0.4 s): made before the turn, not in it.
+    assert len(await engine.active.remote()) == 0
     url = await router.route.remote(None)
     async with await DuplexClient.connect(url) as client:
         await client.recv()
