@@ -543,7 +543,7 @@ class Runtime:
                 await self._wake.wait()
                 self._wake = None
                 continue
-            if self._tenant_work is None:
+            if self._tenant_work is None:  # the runtime's hot path, as lean as it was
                 for _ in range(len(ready)):
                     actor = ready.popleft()
                     actor.scheduled = False
@@ -564,8 +564,7 @@ class Runtime:
         for _ in range(len(ready)):
             actor = ready.popleft()
             actor.scheduled = False
-            core = actor.core
-            tenants.append(core.tenant or core.session_id)
+            tenants.append(actor.core.share_tenant)
             if actor.process(budget):
                 self._schedule(actor)
         work = self._tenant_work

@@ -341,6 +341,12 @@ class SessionCore:
         return Fence(self.session_id, self.epoch, self.turn_id)
 
     @property
+    def share_tenant(self) -> str:
+        """The tenant to share by: :attr:`tenant`, else the session itself (a session no
+        client was named for is a client of its own)."""
+        return self.tenant or self.session_id
+
+    @property
     def timing(self) -> TimingLedger:
         return self._timing
 

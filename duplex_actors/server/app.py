@@ -396,7 +396,7 @@ class RealtimeServer:
             produced = core.last_seq + core.pending_events
             if produced > record.billed_seq:
                 if cost:
-                    share.charge(_share_tenant(handle), (produced - record.billed_seq) * cost, now)
+                    share.charge(handle.core.share_tenant, (produced - record.billed_seq) * cost, now)
                 record.billed_seq = produced
 
     def _connection_class(self) -> type[ServerConnection]:
@@ -837,7 +837,7 @@ class _Connection:
         handling = self.record.handling_pacer
         loop_share = self.server.loop_share
         billed = handling is not None or loop_share is not None
-        tenant = _share_tenant(self.record.handle)
+        tenant = self.record.handle.core.share_tenant
         now = self.server.runtime.clock.now
         try:
             async for frame in self.ws:
@@ -1058,7 +1058,7 @@ class _Connection:
         timeout = self.server.config.write_timeout_s
         pacer = record.frame_pacer
         loop_share = self.server.loop_share
-        tenant = _share_tenant(handle)
+        tenant = handle.core.share_tenant
         now = self.server.runtime.clock.now
         ended = False
         try:
@@ -1285,12 +1285,6 @@ def _respond(
         del response.headers["Content-Type"]
         response.headers["Content-Type"] = content_type
     return response
-
-
-def _share_tenant(handle: SessionHandle) -> str:
-    """Whom a session's loop time is billed to: its tenant, else the session itself (a session
-    without one is a client of its own)."""
-    return handle.core.tenant or handle.id
 
 
 def _tenant(key: bytes | None, address: str) -> str:

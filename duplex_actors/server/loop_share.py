@@ -39,10 +39,11 @@ detached session's events (its response goes on for a resume, with no writer) ar
 if they had been sent, at what sending an event has lately cost, and each handshake at an
 estimate of a connection's cost (server/app.py).
 
-Unbilled work. The rest of a response's work (its session's state machine, the engine actor's
-pump, asyncio's own scheduling) is the same clients' work, and not billed: measuring it per
-session would cost every actor step two CPU clock reads. Billed seconds were 45-55 % of the
-loop's in the flood above, so measured in billed seconds alone the loop never looked short.
+Unbilled work. Billed were 45-55 % of the loop's seconds in the flood above (reading and
+sending only), so measured in billed seconds alone the loop never looked short. The sessions'
+state machines are now metered too (two clock reads a dispatcher round, split by session:
+``Runtime.meter_tenant_work``); the engine actor's pump and asyncio's own scheduling still
+are not.
 Given the loop thread's CPU clock (``loop_cpu``), the capacity is counted in loop seconds: each
 billed second stands for ``unbilled`` of them (the loop's recent CPU over the billed total, at
 least 1 and at most 4), as if the unbilled work were shared out in proportion to the billed.
@@ -130,8 +131,7 @@ class LoopShare:
     def charge(self, tenant: Hashable, seconds: float, now: float) -> float:
         """``tenant``'s work took ``seconds`` of the loop; returns its rate (seconds a second).
 
-        For work that is not a frame read (what the writer sends the client): its readers wait
-        for it when they next :meth:`bill`."""
+        Asks no wait itself: the tenant's readers ask :meth:`hold` before their next frame."""
         added = max(0.0, seconds) / self.window_s
         rate, since = self._rates.get(tenant, (0.0, now))
         rate = self._decayed(rate, since, now) + added

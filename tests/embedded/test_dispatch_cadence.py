@@ -159,3 +159,9 @@ def test_a_negative_interval_is_refused(parts):
     model, vocab, _ = parts
     with pytest.raises(ValueError, match="dispatch_interval_s"):
         BatchScheduler(model, vocab, Recorder(), max_concurrency=4, dispatch_interval_s=-1.0)
+
+
+def test_a_negative_share_of_the_queue_is_refused(parts):
+    model, vocab, _ = parts
+    with pytest.raises(ValueError, match="max_queue_per_tenant"):
+        BatchScheduler(model, vocab, Recorder(), max_concurrency=4, max_queue_per_tenant=-1)

@@ -199,6 +199,8 @@ class BatchScheduler:
             raise ValueError(f"max_concurrency must be in 1..{model.cfg.max_slots}")
         if max_queue < 0:
             raise ValueError("max_queue must be >= 0")
+        if max_queue_per_tenant is not None and max_queue_per_tenant < 0:
+            raise ValueError("max_queue_per_tenant must be >= 0")
         if not dispatch_interval_s >= 0:
             raise ValueError("dispatch_interval_s must be >= 0")
         self.dispatch_interval_s = dispatch_interval_s
