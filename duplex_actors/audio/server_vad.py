@@ -7,8 +7,11 @@ signals with a real VAD model, in the order the audio arrived. :meth:`ServerVad.
 them as commands for the caller to send (sans-IO, like the core); :meth:`ServerVad.append` is
 the convenience that tells them to the session it was given.
 
-The VAD model costs ~0.1 ms per 32 ms frame; for a handful of sessions running it on the event
-loop is fine, for thousands run it on the client or in a worker.
+:meth:`ServerVad.hear` asks the model itself, window by window. A caller serving many sessions
+splits it: :meth:`ServerVad.frames_of` cuts the windows, the caller scores many sessions'
+windows in one batch, and :meth:`ServerVad.heard` turns the answers into the same commands
+(the server does, server/vad_batch.py: the model costs 0.12-0.35 ms a window alone, a
+fraction of that in a batch).
 """
 
 from __future__ import annotations
@@ -26,24 +29,6 @@ if TYPE_CHECKING:
     from ..actors.runtime import SessionHandle
 
 
-class _RecordingVad:
-    """Remembers the last frame's speech probability, so each chunk can carry a verdict."""
-
-    def __init__(self, model: VoiceActivityModel) -> None:
-        self.model = model
-        self.sample_rate = model.sample_rate
-        self.frame_samples = model.frame_samples
-        self.last = 0.0
-
-    def probability(self, frame: bytes) -> float:
-        self.last = self.model.probability(frame)
-        return self.last
-
-    def reset(self) -> None:
-        self.model.reset()
-        self.last = 0.0
-
-
 class ServerVad:
     def __init__(
         self,
@@ -54,11 +39,12 @@ class ServerVad:
         clock: Clock = MONOTONIC,
     ) -> None:
         self.session = session
-        self._vad = _RecordingVad(vad or SileroVad())
-        self.detector = TurnDetector(config, self._vad)
+        self.model = vad or SileroVad()
+        self.detector = TurnDetector(config, self.model)
         self.clock = clock
         self.speech_started = 0
         self.speech_stopped = 0
+        self._last = 0.0  # the last frame's speech probability: each chunk carries a verdict
 
     @property
     def speaking(self) -> bool:
@@ -70,10 +56,28 @@ class ServerVad:
 
         ``audio`` may be the client's own AppendAudio command, so its event_id and fence stay
         with it (an error about it then names the client's event)."""
-        command = audio if isinstance(audio, AppendAudio) else AppendAudio(pcm=audio)
-        signals = self.detector.feed(command.pcm, self.clock.now() * 1000.0)
+        command = self.command_of(audio)
+        model = self.model
+        return self.heard(command, [model.probability(frame) for frame in self.frames_of(command)])
+
+    # The two halves of hear, for a caller that asks the model itself (the server asks it for
+    # many sessions' frames in one batch: vad_batch.VadBatcher).
+    @staticmethod
+    def command_of(audio: bytes | AppendAudio) -> AppendAudio:
+        return audio if isinstance(audio, AppendAudio) else AppendAudio(pcm=audio)
+
+    def frames_of(self, command: AppendAudio) -> list[bytes]:
+        """The whole VAD frames this audio completes: ask :attr:`model` about each, in order,
+        then pass the answers to :meth:`heard`, before this stream's next audio."""
+        return self.detector.cut(command.pcm)
+
+    def heard(self, command: AppendAudio, probabilities: list[float]) -> list[Command]:
+        """:meth:`hear`'s commands, given the model's answers for :meth:`frames_of`."""
+        signals = self.detector.judge(probabilities, self.clock.now() * 1000.0)
+        if probabilities:
+            self._last = probabilities[-1]
         cfg = self.detector.config
-        speech = self.detector.speaking and self._vad.last >= cfg.threshold - cfg.hysteresis
+        speech = self.detector.speaking and self._last >= cfg.threshold - cfg.hysteresis
         # Signals first: speech_started must open the overlap before its audio is counted.
         out: list[Command] = []
         for signal in signals:

@@ -85,19 +85,45 @@ class TurnDetector:
         self._silence_ms = 0.0
 
     def feed(self, pcm: bytes, now_ms: float) -> list[TurnSignal]:
+        """The signals ``pcm`` causes, asking the VAD about each whole frame in turn."""
+        vad = self._vad
+        return self.judge([vad.probability(frame) for frame in self.cut(pcm)], now_ms)
+
+    def may_stop_within(self, frames: int) -> bool:
+        """Whether the next ``frames`` frames could end a speech: while speaking, when that
+        many silent frames complete ``silence_duration_ms``; otherwise when the first could
+        start one and the rest complete it (one append of more than the silence)."""
+        needed = self.config.silence_duration_ms
+        if self._speaking:
+            return self._silence_ms + frames * self._frame_ms >= needed
+        return frames > 1 and (frames - 1) * self._frame_ms >= needed
+
+    def cut(self, pcm: bytes) -> list[bytes]:
+        """The whole VAD frames ``pcm`` completes, in order (a remainder waits for the next
+        call). With :meth:`judge`, the two halves of :meth:`feed` for a caller that asks the
+        VAD itself, e.g. for many streams' frames in one batch."""
         if len(pcm) % 2:
             raise ValueError("pcm16 audio must have an even number of bytes")
         self._pending += pcm
+        size = self._frame_bytes
+        if len(self._pending) < size:
+            return []
+        pending = self._pending
+        whole = len(pending) - len(pending) % size
+        frames = [bytes(pending[i : i + size]) for i in range(0, whole, size)]
+        del pending[:whole]
+        return frames
+
+    def judge(self, probabilities: list[float], now_ms: float) -> list[TurnSignal]:
+        """The signals caused by the next frames, given the VAD's speech probability of each
+        (the frames :meth:`cut` returned, in that order)."""
         signals: list[TurnSignal] = []
         cfg = self.config
         release = cfg.threshold - cfg.hysteresis
-        while len(self._pending) >= self._frame_bytes:
-            frame = bytes(self._pending[: self._frame_bytes])
-            del self._pending[: self._frame_bytes]
+        for p in probabilities:
             start_ms = self._frames * self._frame_ms
             self._frames += 1
             end_ms = self._frames * self._frame_ms
-            p = self._vad.probability(frame)
             if not self._speaking:
                 if p >= cfg.threshold:
                     self._speaking = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -71,6 +72,61 @@ class SileroVad:
     def reset(self) -> None:
         self._input.fill(0.0)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
+
+    @classmethod
+    def score_batch(cls, streams: Sequence[SileroVad], frames: Sequence[bytes]) -> list[float]:
+        """``streams[i].probability(frames[i])`` for every i, in one run of the network.
+
+        The network takes a batch (its recurrent state has a batch axis), and a batch is what
+        makes it affordable in a server: one window costs 0.12-0.16 ms alone on this project's
+        machines and 0.35 ms inside a busy server (its weights gone from the cache between two
+        sessions' windows), against 0.06-0.07 ms a window in a batch of 16 or more, with the
+        same probabilities. The streams must be distinct (a stream's second window needs its
+        first one's state: a second batch) and at one sample rate."""
+        n = len(streams)
+        if n != len(frames):
+            raise ValueError("one frame per stream")
+        if n == 1:
+            return [streams[0].probability(frames[0])]
+        first = streams[0]
+        context, width = first._context, first._context + first.frame_samples
+        batch = np.empty((n, width), dtype=np.float32)
+        state = np.empty((2, n, 128), dtype=np.float32)
+        for i, (stream, frame) in enumerate(zip(streams, frames)):
+            if stream.sample_rate != first.sample_rate:
+                raise ValueError("a batch is at one sample rate")
+            if len(frame) != 2 * stream.frame_samples:
+                raise ValueError(
+                    f"a VAD frame is {stream.frame_samples} samples ({2 * stream.frame_samples} bytes)"
+                )
+            row = batch[i]
+            row[:context] = stream._input[0, -context:]
+            np.multiply(np.frombuffer(frame, dtype="<i2"), 1.0 / 32768.0, out=row[context:], casting="unsafe")
+            state[:, i] = stream._state[:, 0]
+        output, new_state = first._session.run(_OUTPUTS, {"input": batch, "state": state, "sr": first._rate})
+        for i, stream in enumerate(streams):
+            stream._input[0] = batch[i]
+            stream._state = new_state[:, i : i + 1].copy()
+        return [float(p) for p in output[:, 0]]
+
+
+def score_frames(models: Sequence[VoiceActivityModel], frames: Sequence[bytes]) -> list[float]:
+    """Each model's speech probability of its frame (``models`` distinct, one frame each): in
+    batches of one sample rate where the models' class scores batches (``score_batch``, as
+    :class:`SileroVad` does), one by one otherwise."""
+    out: list[float] = [0.0] * len(models)
+    groups: dict[tuple[type, int], list[int]] = {}
+    for i, model in enumerate(models):
+        groups.setdefault((type(model), model.sample_rate), []).append(i)
+    for (kind, _rate), members in groups.items():
+        batch = getattr(kind, "score_batch", None)
+        if batch is None:
+            for i in members:
+                out[i] = models[i].probability(frames[i])
+        else:
+            for i, p in zip(members, batch([models[i] for i in members], [frames[i] for i in members])):
+                out[i] = p
+    return out
 
 
 #: Samples of the previous window the network sees before each window, by sample rate.

@@ -135,3 +135,40 @@ def test_resampler_edge_cases():
     assert resample(np.zeros(0), 22050, 16000).size == 0
     with pytest.raises(ValueError):
         resample(same, 0, 16000)
+
+
+def test_silero_in_batches_hears_what_it_hears_alone(speech):
+    """The server scores many sessions' windows in one run of the network
+    (server/vad_batch.py): each stream's probabilities, and so its turns, are the ones it gets
+    scored alone. Four streams: the speech at different offsets and loudness, and silence."""
+    from duplex_actors.audio.vad import score_frames
+
+    window = 2 * 512
+    streams = [
+        bytes(32 * 300) + speech + bytes(32 * 900),
+        bytes(32 * 700)
+        + bytes(np.clip(np.frombuffer(speech, "<i2") * 0.3, -32768, 32767).astype("<i2"))
+        + bytes(32 * 500),
+        speech + bytes(32 * 1200),
+        bytes(len(speech) + 32 * 1200),
+    ]
+    length = min(len(s) for s in streams) // window * window
+    alone = [SileroVad() for _ in streams]
+    together = [SileroVad() for _ in streams]
+    detectors = [[TurnDetector(TurnDetectionConfig(), SileroVad()) for _ in streams] for _ in range(2)]
+    heard: list[list[float]] = [[] for _ in streams]
+    batched: list[list[float]] = [[] for _ in streams]
+    signals: list[list[list]] = [[[] for _ in streams] for _ in range(2)]
+    for start in range(0, length, window):
+        frames = [s[start : start + window] for s in streams]
+        ps = [vad.probability(f) for vad, f in zip(alone, frames)]
+        pb = score_frames(together, frames)
+        for i in range(len(streams)):
+            heard[i].append(ps[i])
+            batched[i].append(pb[i])
+            signals[0][i] += detectors[0][i].judge([ps[i]], now_ms=start / 32)
+            signals[1][i] += detectors[1][i].judge([pb[i]], now_ms=start / 32)
+    assert np.max(np.abs(np.array(heard) - np.array(batched))) < 1e-5
+    assert max(max(p) for p in heard[:3]) > 0.9 and max(heard[3]) < 0.2  # speech was heard, silence not
+    assert signals[0] == signals[1]
+    assert all(len(s) == 2 for s in signals[1][:3])  # each speech stream: one start, one stop

@@ -1,0 +1,185 @@
+"""Server VAD for every session of the loop, scored in batches.
+
+Each session's server VAD asks the model about each 32 ms window of its audio. One window at a
+time, the Silero network cost 0.12-0.16 ms on its own on this project's machines, but 0.26-0.35
+ms inside a server busy with 40 real-time sessions (between two windows the loop's other work
+pushes the network's weights out of the cache; 0.65 ms with a cold cache): about half of such
+a server's CPU. The network takes a batch (:meth:`~duplex_actors.audio.vad.SileroVad.score_batch`),
+which reads the weights once for all its windows.
+
+So a connection's reader hands the windows an append completes to the :class:`VadBatcher`
+instead of scoring them itself. The batcher scores what it was handed together, at most its
+window after the first (see :class:`VadBatcher` for what may wait and what may not). A reader
+waits for its job before it handles the client's next frame, so a session's commands reach it
+in the order the frames came (a commit never overtakes the audio before it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import structlog
+
+from ..audio.vad import score_frames
+from . import frame_cost
+
+if TYPE_CHECKING:
+    from ..audio.server_vad import ServerVad
+    from ..core.commands import AppendAudio
+
+log = structlog.get_logger("duplex_actors.server.vad_batch")
+
+
+class VadJob:
+    """One append's windows, waiting for their speech probabilities."""
+
+    __slots__ = ("vad", "command", "frames", "deliver", "done", "_batcher", "_waiter")
+
+    def __init__(
+        self,
+        batcher: VadBatcher,
+        vad: ServerVad,
+        command: AppendAudio,
+        frames: list[bytes],
+        deliver: Callable[[VadJob, list[float] | None, float], None],
+    ) -> None:
+        self.vad = vad
+        self.command = command
+        self.frames = frames
+        #: Called once, in the order jobs were submitted: the job, the model's probability of
+        #: each frame (None: the model failed) and the CPU seconds that are this job's share.
+        self.deliver = deliver
+        self.done = False
+        self._batcher = batcher
+        self._waiter: anyio.Event | None = None
+
+    async def settled(self) -> None:
+        """Return once the job has been delivered; a job someone waits for is scored at the
+        next pass, not at the end of the batching window."""
+        if not self.done:
+            # Created only when someone waits: most jobs are delivered before the next frame.
+            self._waiter = anyio.Event()
+            self._batcher.hurry()
+            await self._waiter.wait()
+
+    def _finish(self) -> None:
+        self.done = True
+        if self._waiter is not None:
+            self._waiter.set()
+
+
+class VadBatcher:
+    """Collects jobs and scores them together, at most ``window_s`` after the first.
+
+    ``window_s`` is what a batch gets to fill. In a server with 40 real-time sessions, scoring
+    at the next loop pass made batches of 2-3 windows, no cheaper than one at a time (0.26-0.27
+    ms a window); 4 ms made ~10 (0.25 ms) and 8 ms ~16-19 (0.15 ms). Waiting is only for
+    windows whose answer nobody waits on: a job that may end the user's turn (``urgent``: its
+    windows could complete server VAD's silence) is scored at the next pass, with whatever is
+    pending, and so is a job whose reader has the client's next frame in hand. What waits is
+    the verdict on audio in the middle of speech or silence, and a speech_started, which is
+    sent up to ``window_s`` later (a 32 ms window's verdict, after the ~100-250 ms a VAD needs
+    to hear speech begin).
+    """
+
+    def __init__(self, window_s: float = 0.0, *, billed: bool = False) -> None:
+        if window_s < 0:
+            raise ValueError("window_s must be >= 0")
+        self.window_s = window_s
+        #: Measure each flush's CPU (frame_cost) and hand each job its share, by windows.
+        self.billed = billed
+        self._jobs: list[VadJob] = []
+        self._soon = False  # a flush is queued for the next pass
+        self._timer: asyncio.TimerHandle | None = None
+        self.flushes = 0
+        self.windows = 0
+        self.largest_batch = 0
+
+    def submit(
+        self,
+        vad: ServerVad,
+        command: AppendAudio,
+        frames: list[bytes],
+        deliver: Callable[[VadJob, list[float] | None, float], None],
+        *,
+        urgent: bool = False,
+    ) -> VadJob:
+        job = VadJob(self, vad, command, frames, deliver)
+        self._jobs.append(job)
+        if urgent or not self.window_s:
+            self.hurry()
+        elif self._timer is None and not self._soon:
+            self._timer = asyncio.get_running_loop().call_later(self.window_s, self.flush)
+        return job
+
+    def hurry(self) -> None:
+        """Score what is pending at the next pass of the loop."""
+        if self._jobs and not self._soon:
+            self._soon = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Score every job submitted so far and deliver each, in submission order."""
+        self._soon = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        jobs, self._jobs = self._jobs, []
+        if not jobs:
+            return
+        began = frame_cost.mark() if self.billed else None
+        scored = self._score(jobs)
+        total = sum(len(job.frames) for job in jobs)
+        cost = 0.0 if began is None else frame_cost.billed_since(began)
+        self.flushes += 1
+        self.windows += total
+        for job in jobs:
+            share = cost * len(job.frames) / total if total else 0.0
+            try:
+                job.deliver(job, scored.get(id(job)), share)
+            except Exception as exc:  # one session's failure is not its neighbours'
+                log.error("server.vad_delivery_failed", error=repr(exc))
+            finally:
+                job._finish()
+
+    def _score(self, jobs: list[VadJob]) -> dict[int, list[float]]:
+        """Each job's probabilities by ``id(job)``; a job whose model failed is left out.
+
+        A stream's windows depend on each other (the network is recurrent), so each round
+        scores at most one window of each stream: the r-th window of every stream that has r+1
+        in this flush, in order."""
+        queues: dict[int, list[tuple[VadJob, int]]] = {}
+        for job in jobs:
+            queue = queues.setdefault(id(job.vad), [])
+            queue.extend((job, k) for k in range(len(job.frames)))
+        results: dict[int, list[float]] = {id(job): [0.0] * len(job.frames) for job in jobs}
+        failed: set[int] = set()
+        depth = max(len(queue) for queue in queues.values())
+        for r in range(depth):
+            entries = [queue[r] for queue in queues.values() if len(queue) > r]
+            entries = [(job, k) for job, k in entries if id(job.vad) not in failed]
+            if not entries:
+                continue
+            self.largest_batch = max(self.largest_batch, len(entries))
+            try:
+                probabilities = score_frames(
+                    [job.vad.model for job, _ in entries], [job.frames[k] for job, k in entries]
+                )
+            except Exception as exc:
+                # One model's failure fails the whole batch: score the round one by one, so
+                # that it costs only the streams whose own model fails.
+                log.warning("server.vad_batch_failed", error=repr(exc), windows=len(entries))
+                probabilities = []
+                for job, k in entries:
+                    try:
+                        probabilities.append(job.vad.model.probability(job.frames[k]))
+                    except Exception as one:
+                        log.error("server.vad_failed", error=repr(one))
+                        failed.add(id(job.vad))
+                        probabilities.append(0.0)
+            for (job, k), p in zip(entries, probabilities):
+                results[id(job)][k] = p
+        return {id(job): results[id(job)] for job in jobs if id(job.vad) not in failed}

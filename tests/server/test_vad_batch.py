@@ -1,0 +1,205 @@
+"""Server VAD scored in batches: what waits, in what order, who pays, and over a socket."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+
+from duplex_actors.audio.server_vad import ServerVad
+from duplex_actors.audio.turn_detection import TurnDetectionConfig
+from duplex_actors.core import commands as cmd
+from duplex_actors.server.vad_batch import VadBatcher
+
+from .conftest import recv_json, recv_until, running_server
+from .test_server_vad import PCM_16K, append, tone
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+FRAME = 512  # samples a window, as Silero's
+
+
+class BatchLoudnessVad:
+    """Loud windows are speech; scores batches, and records each batch's size and frames."""
+
+    frame_samples = FRAME
+    batches: list[list[bytes]] = []
+
+    def __init__(self, sample_rate: int = 16000) -> None:
+        self.sample_rate = sample_rate
+        self.heard: list[bytes] = []
+
+    def probability(self, frame: bytes) -> float:
+        self.heard.append(frame)
+        samples = memoryview(frame).cast("h")
+        return 0.95 if sum(abs(x) for x in samples) / len(samples) > 1000 else 0.02
+
+    def reset(self) -> None:
+        pass
+
+    @classmethod
+    def score_batch(cls, streams, frames) -> list[float]:
+        cls.batches.append(list(frames))
+        return [stream.probability(frame) for stream, frame in zip(streams, frames)]
+
+
+class FailingVad(BatchLoudnessVad):
+    def probability(self, frame: bytes) -> float:
+        raise RuntimeError("model broke")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_batches():
+    BatchLoudnessVad.batches = []
+
+
+def window(value: int, tag: int = 0) -> bytes:
+    """One window's pcm16: every sample ``value``, the first ``tag`` (to tell windows apart)."""
+    return tag.to_bytes(2, "little", signed=True) + value.to_bytes(2, "little", signed=True) * (FRAME - 1)
+
+
+def job_for(batcher: VadBatcher, vad: ServerVad, pcm: bytes, got: list, *, urgent: bool = False):
+    command = cmd.AppendAudio(pcm=pcm)
+    frames = vad.frames_of(command)
+
+    def deliver(job, probabilities, cost):
+        got.append((job, probabilities, cost))
+
+    return batcher.submit(vad, command, frames, deliver, urgent=urgent)
+
+
+def stream(model=None) -> ServerVad:
+    return ServerVad(config=TurnDetectionConfig(), vad=model or BatchLoudnessVad())
+
+
+async def test_the_jobs_of_one_pass_are_scored_in_one_batch_and_delivered_in_order():
+    batcher = VadBatcher(0.0)
+    streams = [stream() for _ in range(3)]
+    got: list = []
+    jobs = [job_for(batcher, s, window(3000 * (i % 2), tag=i), got) for i, s in enumerate(streams)]
+    assert not got  # nothing is scored while the pass that submitted runs
+    await anyio.sleep(0)
+    await anyio.sleep(0)
+    assert [len(b) for b in BatchLoudnessVad.batches] == [3]
+    assert [job for job, _, _ in got] == jobs
+    assert [p for _, p, _ in got] == [[0.02], [0.95], [0.02]]
+    assert all(job.done for job in jobs)
+
+
+async def test_a_streams_windows_are_scored_in_order_one_in_each_batch():
+    """The network is recurrent: a stream's second window needs its first one's state."""
+    batcher = VadBatcher(0.0)
+    long, short = stream(), stream()
+    got: list = []
+    job_for(batcher, long, window(0, 1) + window(3000, 2) + window(0, 3), got)
+    job_for(batcher, short, window(0, 9), got)
+    job_for(batcher, long, window(0, 4), got)  # the same stream again, after its first job
+    await anyio.sleep(0)
+    await anyio.sleep(0)
+    assert [len(b) for b in BatchLoudnessVad.batches] == [2, 1, 1, 1]
+    assert [int.from_bytes(f[:2], "little") for f in long.model.heard] == [1, 2, 3, 4]
+    assert [p for _, p, _ in got] == [[0.02, 0.95, 0.02], [0.02], [0.02]]
+
+
+async def test_a_job_waits_for_its_batch_unless_urgent_or_awaited():
+    batcher = VadBatcher(3600.0)  # the timer never fires within the test
+    got: list = []
+    first = job_for(batcher, stream(), window(0), got)
+    for _ in range(5):
+        await anyio.sleep(0)
+    assert not got and not first.done  # filling its batch
+    # Someone waits for it (the client's next frame): it is scored at the next pass.
+    with anyio.fail_after(1):
+        await first.settled()
+    assert len(got) == 1
+    # An urgent job takes what is pending with it.
+    waiting = job_for(batcher, stream(), window(0), got)
+    urgent = job_for(batcher, stream(), window(0), got, urgent=True)
+    await anyio.sleep(0)
+    await anyio.sleep(0)
+    assert waiting.done and urgent.done
+    assert [len(b) for b in BatchLoudnessVad.batches] == [1, 2]
+
+
+async def test_a_model_that_fails_fails_only_its_own_streams_jobs():
+    batcher = VadBatcher(0.0)
+    got: list = []
+    good = job_for(batcher, stream(), window(3000), got)
+    bad = job_for(batcher, stream(FailingVad()), window(3000), got)
+    await anyio.sleep(0)
+    await anyio.sleep(0)
+    assert {id(job): p for job, p, _ in got} == {id(good): [0.95], id(bad): None}
+
+
+async def test_each_job_is_billed_its_windows_share_of_the_batch():
+    batcher = VadBatcher(0.0, billed=True)
+    got: list = []
+    three = job_for(batcher, stream(), window(0) * 3, got)
+    one = job_for(batcher, stream(), window(0), got)
+    await anyio.sleep(0)
+    await anyio.sleep(0)
+    cost = {id(job): c for job, _, c in got}
+    assert cost[id(one)] > 0
+    assert math.isclose(cost[id(three)], 3 * cost[id(one)], rel_tol=1e-9)
+
+
+async def _turn(url: str) -> list[dict]:
+    """One client's turn: 300 ms of speech then 700 ms of quiet, in 20 ms appends."""
+    async with connect(url) as ws:
+        await recv_json(ws)
+        await ws.send(
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": PCM_16K}}}})
+        )
+        await recv_until(ws, "session.updated")
+        audio = tone(300, 8000) + tone(700, 0)
+        for i in range(0, len(audio), 640):
+            await ws.send(append(audio[i : i + 640]))
+            await anyio.sleep(0.002)
+        return await recv_until(ws, "response.done", timeout=20)
+
+
+async def test_many_sessions_speech_is_scored_together_and_each_gets_its_own_turn():
+    async with running_server(vad_factory=BatchLoudnessVad, vad_batch_window_s=0.01) as server:
+        results: list[list[dict]] = []
+
+        async def one() -> None:
+            results.append(await _turn(server.url))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(one)
+        assert server.vad_batcher is not None and server.vad_batcher.largest_batch > 1
+        assert max(len(b) for b in BatchLoudnessVad.batches) > 1
+        for events in results:
+            types = [e["type"] for e in events]
+            assert types.count("input_audio_buffer.speech_started") == 1
+            assert types.count("input_audio_buffer.speech_stopped") == 1
+            stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+            assert 250 <= stopped["audio_end_ms"] <= 400  # its own 300 ms of speech, not a neighbour's
+            assert (
+                types.index("input_audio_buffer.speech_stopped")
+                < types.index("input_audio_buffer.committed")
+                < types.index("response.created")
+            )
+            assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_the_window_that_ends_the_turn_is_not_held_for_a_batch():
+    """With a batching window longer than the test, a turn still ends: audio in the middle of
+    speech waits until the client's next frame, and the window that completes the silence is
+    scored at once (the client sends nothing after it: it waits for the answer)."""
+    async with running_server(vad_factory=BatchLoudnessVad, vad_batch_window_s=3600.0) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            update = {"type": "session.update", "session": {"audio": {"input": {"format": PCM_16K}}}}
+            await ws.send(json.dumps(update))
+            await recv_until(ws, "session.updated")
+            await ws.send(append(tone(300, 8000)))
+            await ws.send(append(tone(700, 0)))
+            events = await recv_until(ws, "response.done", timeout=10)
+            types = [e["type"] for e in events]
+            assert "input_audio_buffer.speech_started" in types
+            assert events[-1]["response"]["status"] == "completed"
