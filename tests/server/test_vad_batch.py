@@ -61,6 +61,12 @@ def window(value: int, tag: int = 0) -> bytes:
     return tag.to_bytes(2, "little", signed=True) + value.to_bytes(2, "little", signed=True) * (FRAME - 1)
 
 
+async def passes(n: int) -> None:
+    """Let the event loop run ``n`` passes (the batcher flushes in the pass after a submit)."""
+    for _ in range(n):
+        await anyio.lowlevel.checkpoint()
+
+
 def job_for(batcher: VadBatcher, vad: ServerVad, pcm: bytes, got: list, *, urgent: bool = False):
     command = cmd.AppendAudio(pcm=pcm)
     frames = vad.frames_of(command)
@@ -81,8 +87,7 @@ async def test_the_jobs_of_one_pass_are_scored_in_one_batch_and_delivered_in_ord
     got: list = []
     jobs = [job_for(batcher, s, window(3000 * (i % 2), tag=i), got) for i, s in enumerate(streams)]
     assert not got  # nothing is scored while the pass that submitted runs
-    await anyio.sleep(0)
-    await anyio.sleep(0)
+    await passes(2)
     assert [len(b) for b in BatchLoudnessVad.batches] == [3]
     assert [job for job, _, _ in got] == jobs
     assert [p for _, p, _ in got] == [[0.02], [0.95], [0.02]]
@@ -97,8 +102,7 @@ async def test_a_streams_windows_are_scored_in_order_one_in_each_batch():
     job_for(batcher, long, window(0, 1) + window(3000, 2) + window(0, 3), got)
     job_for(batcher, short, window(0, 9), got)
     job_for(batcher, long, window(0, 4), got)  # the same stream again, after its first job
-    await anyio.sleep(0)
-    await anyio.sleep(0)
+    await passes(2)
     assert [len(b) for b in BatchLoudnessVad.batches] == [2, 1, 1, 1]
     assert [int.from_bytes(f[:2], "little") for f in long.model.heard] == [1, 2, 3, 4]
     assert [p for _, p, _ in got] == [[0.02, 0.95, 0.02], [0.02], [0.02]]
@@ -108,8 +112,7 @@ async def test_a_job_waits_for_its_batch_unless_urgent_or_awaited():
     batcher = VadBatcher(3600.0)  # the timer never fires within the test
     got: list = []
     first = job_for(batcher, stream(), window(0), got)
-    for _ in range(5):
-        await anyio.sleep(0)
+    await passes(5)
     assert not got and not first.done  # filling its batch
     # Someone waits for it (the client's next frame): it is scored at the next pass.
     with anyio.fail_after(1):
@@ -118,8 +121,7 @@ async def test_a_job_waits_for_its_batch_unless_urgent_or_awaited():
     # An urgent job takes what is pending with it.
     waiting = job_for(batcher, stream(), window(0), got)
     urgent = job_for(batcher, stream(), window(0), got, urgent=True)
-    await anyio.sleep(0)
-    await anyio.sleep(0)
+    await passes(2)
     assert waiting.done and urgent.done
     assert [len(b) for b in BatchLoudnessVad.batches] == [1, 2]
 
@@ -129,8 +131,7 @@ async def test_a_model_that_fails_fails_only_its_own_streams_jobs():
     got: list = []
     good = job_for(batcher, stream(), window(3000), got)
     bad = job_for(batcher, stream(FailingVad()), window(3000), got)
-    await anyio.sleep(0)
-    await anyio.sleep(0)
+    await passes(2)
     assert {id(job): p for job, p, _ in got} == {id(good): [0.95], id(bad): None}
 
 
@@ -139,8 +140,7 @@ async def test_each_job_is_billed_its_windows_share_of_the_batch():
     got: list = []
     three = job_for(batcher, stream(), window(0) * 3, got)
     one = job_for(batcher, stream(), window(0), got)
-    await anyio.sleep(0)
-    await anyio.sleep(0)
+    await passes(2)
     cost = {id(job): c for job, _, c in got}
     assert cost[id(one)] > 0
     assert math.isclose(cost[id(three)], 3 * cost[id(one)], rel_tol=1e-9)
