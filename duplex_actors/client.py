@@ -219,6 +219,7 @@ class DuplexClient:
             self.generation = event.get("generation", self.generation)
             self.resume_token = event.get("resume_token", self.resume_token)
             self._resume_control = None
+            self._connected.set()
         elif kind == "session.closed":
             self.session_closed = True
         self._queue.put_nowait(event)
@@ -266,7 +267,8 @@ class DuplexClient:
                 continue
             self._ws = ws
             self.reconnects += 1
-            self._connected.set()
+            # Senders wait for session.resumed (_on_message): the server answers an exact
+            # retry of this resume only until the client sends on the resumed connection.
             return True
         self._failure = SessionLost(
             f"could not reconnect after {self.max_reconnect_attempts} attempts: {last_error!r}"

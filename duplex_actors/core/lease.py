@@ -10,6 +10,15 @@ presents the very generation and token the original resume presented (its digest
 not the token). A ``control_id`` alone is not a credential: it travels in clear and may be
 guessed or replayed, and answering it would hand the new token to whoever sent it.
 
+Nor do those old credentials stay good: a retry is for an answer that never arrived, so the
+cached answer is given only while nothing shows that the client has it. It is dropped by any
+later resume (with a control_id or without), by the first command the client sends after the
+resume (a client waits for ``session.resumed`` before it sends on a resumed connection), and
+after :data:`REPLAY_WINDOW_S`; and a replay may not ask for more of the journal than the
+original did (``last_seq`` no lower). Until then a captured resume frame, replayed while the
+session was detached, took the session over for as long as it lived, and was handed the
+journal with the client's later items and, after a later resume, its current token.
+
 The lease is a ledger, not the authority: whether a resume is accepted is the statechart's
 decision (core/statechart.py, the ``resume`` rows), made with the pure predicates below
 (:meth:`Lease.replays`, :meth:`Lease.owned_by`, ...). :meth:`Lease.resume` then performs the
@@ -23,6 +32,10 @@ import hashlib
 import secrets
 
 from ..errors import ResumeConflict
+
+#: How long after a resume its exact retry is still answered from the cache (seconds): a
+#: client retries within its reconnect backoff (DuplexClient: 8 attempts, under 8 s in all).
+REPLAY_WINDOW_S = 15.0
 
 IDLE_TTL_EXPIRED = "idle_ttl_expired"
 DISCONNECT_GRACE_EXPIRED = "disconnect_grace_expired"
@@ -54,8 +67,10 @@ class Lease:
         #: Digest of the API key that opened the session: resumes must present it (None: the
         #: session was opened without authentication, and any key resumes it).
         self.owner = owner
-        #: control_id, credentials digest it presented, and the (generation, token) it got
-        self._last_resume: tuple[str, bytes, int, str] | None = None
+        #: The last resume while its answer may still be lost: control_id, the digest of the
+        #: credentials it presented, its last_seq, when it was accepted, and the (generation,
+        #: token) it got. None once anything shows the client has the answer.
+        self._last_resume: tuple[str, bytes, int, float, int, str] | None = None
 
     def touch(self, now: float) -> None:
         if now > self.last_activity:
@@ -75,15 +90,24 @@ class Lease:
         """Whether a client presenting API key digest ``key`` may resume this session."""
         return self.owner is None or secrets.compare_digest(self.owner, key or b"")
 
-    def replays(self, control_id: str | None, generation: int, token: str) -> bool:
-        """Whether this is the last accepted resume again, with the credentials it presented."""
+    def replays(self, control_id: str | None, generation: int, token: str, last_seq: int, now: float) -> bool:
+        """Whether this is the last accepted resume again, retried because its answer was lost:
+        the credentials it presented, a journal position no earlier than its own, within
+        :data:`REPLAY_WINDOW_S`, and nothing since showing that the client has the answer."""
         last = self._last_resume
         return (
             control_id is not None
             and last is not None
             and last[0] == control_id
+            and last_seq >= last[2]
+            and now - last[3] <= REPLAY_WINDOW_S
             and secrets.compare_digest(_credentials_digest(generation, token), last[1])
         )
+
+    def answered(self) -> None:
+        """The client has acted since its resume (it sent a command): it has the answer, so
+        the old credentials are no longer a retry's."""
+        self._last_resume = None
 
     def token_matches(self, token: str) -> bool:
         return secrets.compare_digest(token, self.token)
@@ -91,17 +115,17 @@ class Lease:
     # --- the ledger ---------------------------------------------------------------------------
 
     def resume(
-        self, now: float, generation: int, token: str, control_id: str | None = None
+        self, now: float, generation: int, token: str, control_id: str | None = None, last_seq: int = 0
     ) -> tuple[int, str]:
         """Attach again; returns the new (generation, token). Raises ResumeConflict."""
         last = self._last_resume
-        if last is not None and self.replays(control_id, generation, token):
+        if last is not None and self.replays(control_id, generation, token, last_seq, now):
             # The same resume again (its answer was lost): same answer, and the client is
             # evidently attached, so the grace timer stops. Other credentials with this
             # control_id are no replay: they face the compare-and-swap below like any resume.
             self.detached_at = None
             self.touch(now)
-            return last[2], last[3]
+            return last[4], last[5]
         if generation != self.generation:
             raise ResumeConflict(f"lease generation is {self.generation}, resume named {generation}")
         if not self.token_matches(token):
@@ -111,8 +135,13 @@ class Lease:
         self.token = secrets.token_urlsafe(12)
         self.detached_at = None
         self.touch(now)
-        if control_id is not None:
-            self._last_resume = (control_id, presented, self.generation, self.token)
+        # Every resume replaces the last one's cached answer: a retry of an older one would
+        # present credentials that a later resume has already used.
+        self._last_resume = (
+            None
+            if control_id is None
+            else (control_id, presented, last_seq, now, self.generation, self.token)
+        )
         return self.generation, self.token
 
     def expiry(self, now: float) -> str | None:

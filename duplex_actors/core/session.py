@@ -141,6 +141,11 @@ def _effect_functions(resolution) -> tuple:
     return functions
 
 
+#: Accepted commands that do not show the client has its last resume's answer: the resume
+#: itself, and the detach the server sends when the resumed connection drops.
+_NOT_AN_ANSWER = frozenset({"resume", "detach"})
+
+
 def _transition_logging() -> bool:
     """Whether debug events would be emitted at all: skip building one per transition if not.
 
@@ -406,7 +411,12 @@ class SessionCore:
         overflowed meanwhile closes the session as a slow consumer."""
         if self._state == CLOSED:
             return
-        self.lease.touch(now)
+        lease = self.lease
+        lease.touch(now)
+        if trigger not in _NOT_AN_ANSWER:
+            # The client acts on its resumed connection, so it has the resume's answer: a
+            # replay of that resume is no longer its retry (Lease.answered).
+            lease.answered()
         if trigger == "append":
             self._after_append(command)  # type: ignore[arg-type]
         if self._outbox.overflowed:
@@ -748,7 +758,9 @@ class SessionCore:
 
     def _g_replays_last_resume(self) -> bool:
         c = self._resume_command()
-        return c is not None and self.lease.replays(c.control_id, c.generation, c.resume_token)
+        return c is not None and self.lease.replays(
+            c.control_id, c.generation, c.resume_token, c.last_seq, self._step.get("now", self.clock.now())
+        )
 
     def _g_no_takeover(self) -> bool:
         c = self._resume_command()
@@ -1385,7 +1397,9 @@ class SessionCore:
         cmd = cast(Resume, self._step["command"])
         now = self._step["now"]
         replay = self._journal.since(cmd.last_seq, now)
-        generation, token = self.lease.resume(now, cmd.generation, cmd.resume_token, cmd.control_id)
+        generation, token = self.lease.resume(
+            now, cmd.generation, cmd.resume_token, cmd.control_id, cmd.last_seq
+        )
         # Replaces a replay not yet taken: the journal still holds all of it after last_seq
         # (else the chart refused the resume), and what came before, the client says it has.
         # Prepended, two resumes before any read sent those events twice.

@@ -486,7 +486,8 @@ GUARD_DOCS = {
     "resume_key_matches": "the resume presents the API key that opened the session (or none was bound)",
     "replays_last_resume": (
         "the resume carries the control id of the last accepted resume and the generation and token "
-        "that resume carried (a control id alone is no credential)"
+        "that resume carried (a control id alone is no credential), asks for no earlier last_seq, "
+        "and comes within REPLAY_WINDOW_S with no command or resume since (its answer was lost)"
     ),
     "no_takeover": "the resume would not push out a transport that is still attached",
     "resume_generation_current": "the resume names the lease's current generation",

@@ -207,8 +207,9 @@ class SessionCoreMachine(RuleBasedStateMachine):
         #: Every event the client was handed, by seq; the replays a resume still owes it.
         self.received: dict[int, Any] = {}
         self.owed_replay: list[int] = []
-        #: (control_id, generation, token) of the last accepted resume that had a control_id.
-        self.last_resume: tuple[str, int, str] | None = None
+        #: (control_id, generation, token, last_seq) of the last accepted resume that had a
+        #: control_id: what a client whose answer was lost sends again.
+        self.last_resume: tuple[str, int, str, int] | None = None
         self.checker = EventStreamChecker()
         self.reading = True  # the client reads events after every step (a slow one does not)
         self.last_epoch = 0
@@ -353,7 +354,15 @@ class SessionCoreMachine(RuleBasedStateMachine):
 
     @rule(
         credentials=st.sampled_from(
-            ("current", "current", "stale_generation", "wrong_token", "replay", "replay_forged")
+            (
+                "current",
+                "current",
+                "stale_generation",
+                "wrong_token",
+                "replay",
+                "replay_forged",
+                "replay_for_more",
+            )
         ),
         key=st.sampled_from(("owner", "owner", "other", "none")),
         missed=st.sampled_from(("nothing", "some", "everything")),
@@ -366,12 +375,16 @@ class SessionCoreMachine(RuleBasedStateMachine):
             generation = max(generation - 1, 0) if generation else generation + 1
         elif credentials == "wrong_token":
             token = "not-the-token"
-        elif credentials.startswith("replay") and self.last_resume is not None:
-            control_id, generation, token = self.last_resume
-            if credentials == "replay_forged":
-                token = "forged"
         seen = max(self.received, default=0)
         last_seq = {"nothing": seen, "some": seen // 2, "everything": 0}[missed]
+        if credentials.startswith("replay") and self.last_resume is not None:
+            # The same frame again (a retry), with a forged token, or asking for more of the
+            # journal than the original did (a captured frame, edited).
+            control_id, generation, token, last_seq = self.last_resume
+            if credentials == "replay_forged":
+                token = "forged"
+            elif credentials == "replay_for_more":
+                last_seq = max(last_seq - 1, 0)
         command = cmd.Resume(
             generation=generation,
             resume_token=token,
@@ -393,8 +406,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
         else:
             assert self.core.lease.token != lease_before[1], "an accepted resume kept the old token"
             self.model.learn_token(self.core.lease.token)
-            if control_id is not None:
-                self.last_resume = (control_id, generation, token)
+            self.last_resume = None if control_id is None else (control_id, generation, token, last_seq)
         # The journal's events after last_seq are re-sent, ahead of anything still pending; a
         # replay not yet read is replaced (the new one holds all of it after last_seq).
         self.owed_replay = exp.replay_seqs

@@ -29,6 +29,7 @@ import attrs
 
 from ..core import events as ev
 from ..core.commands import Command
+from ..core.lease import REPLAY_WINDOW_S
 from ..core.engine_io import (
     Aborted,
     AudioPacket,
@@ -156,8 +157,10 @@ class SessionModel:
         self.owner = owner
         self.generation = 0
         self.token = token  # None after a rotation until the client learns the new one
-        #: (control_id, generation, token) the last accepted resume with a control_id presented
-        self.last_resume: tuple[str, int, str | None] | None = None
+        #: (control_id, generation, token, last_seq, accepted at) the last accepted resume with
+        #: a control_id presented, while its exact retry is still answered (core/lease.py: not
+        #: after a later resume, a client command, or REPLAY_WINDOW_S)
+        self.last_resume: tuple[str, int, str | None, int, float | None] | None = None
         self.detached_at: float | None = None
         self.last_activity = opened_at
         #: The replay journal: (taken at, seq, size) of every event handed to the client and
@@ -188,6 +191,8 @@ class SessionModel:
         self.terminals.extend(exp.terminals)
         if exp.error is None and self.state != CLOSED:
             self._touch(now)  # every accepted command is activity
+            if trigger not in ("resume", "detach"):
+                self.last_resume = None  # the client acts: it has its resume's answer
         return exp
 
     # -- the lease and the journal ----------------------------------------------------------
@@ -252,7 +257,9 @@ class SessionModel:
         replay = (
             last is not None
             and c.control_id == last[0]
-            and (c.generation, c.resume_token) == last[1:]
+            and (c.generation, c.resume_token) == last[1:3]
+            and c.last_seq >= last[3]  # no more of the journal than the original asked for
+            and (now is None or last[4] is None or now - last[4] <= REPLAY_WINDOW_S)
             and not c.takeover  # pushing an attached connection out takes current credentials
         )
         if not replay and (c.generation != self.generation or c.resume_token != self.token):
@@ -265,8 +272,11 @@ class SessionModel:
         exp.resumed, exp.replayed_resume = True, replay
         exp.replay_seqs = [seq for _, seq, _ in self.journal if seq > c.last_seq]
         if not replay:
-            if c.control_id is not None:
-                self.last_resume = (c.control_id, c.generation, c.resume_token)
+            self.last_resume = (
+                None
+                if c.control_id is None
+                else (c.control_id, c.generation, c.resume_token, c.last_seq, now)
+            )
             self.generation += 1
             self.token = None  # rotated: the client learns it from session.resumed
         self.detached_at = None

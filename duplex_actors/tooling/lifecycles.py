@@ -141,7 +141,8 @@ LEASE_STATES = {
 
 LEASE_GUARDS = {
     "replays_last_resume": "the resume carries the control id of the last accepted resume and the "
-    "generation and token that resume carried (a control id alone is no credential)",
+    "generation and token that resume carried (a control id alone is no credential), within "
+    "REPLAY_WINDOW_S and before the client's next command",
     "credentials_match": "generation and token equal the lease's current ones",
     "grace_elapsed": "detached for at least the disconnect grace",
     "idle_ttl_elapsed": "no turn in flight and no activity for at least the idle TTL",

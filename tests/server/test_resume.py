@@ -19,7 +19,7 @@ from duplex_actors.server.app import (
     CLOSE_UNKNOWN_SESSION,
 )
 
-from .conftest import CHUNK_100MS, recv_json, recv_until, resume_frame, running_server
+from .conftest import CHUNK_100MS, recv_json, recv_until, resume_frame, running_server, user_text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -251,3 +251,42 @@ async def test_a_resuming_connection_that_leaves_before_its_first_frame_is_not_a
                 await ws.close()
             await wait_until(lambda: server.metrics.resumes.labels("invalid_event")._value.get() >= 5)
         assert not [e for e in logs if e["event"] == "server.connection_failed"], logs
+
+
+async def test_a_captured_resume_frame_replayed_later_takes_nothing_over():
+    """A hostile probe's steps (2026-12-02): the client resumes with a control_id, adds an
+    item on the resumed connection and drops. Whoever captured its resume frame replays it
+    (asking for the whole journal, then verbatim): refused both times, nothing replayed to
+    them, nothing of theirs written; the client itself resumes with its current credentials."""
+    async with running_server(session_overrides={"disconnect_grace_s": 30.0}) as server:
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        sid, token = created["session"]["id"], created["resume_token"]
+        handle = server.runtime.get(sid)
+        ws.transport.abort()
+        await wait_until(lambda: handle.core.lease.detached)
+        captured = dict(session_id=sid, generation=0, resume_token=token, last_seq=1, control_id="resume_abc")
+        async with connect(f"{server.url}?session_id={sid}") as ws2:
+            await ws2.send(resume_frame(**captured))
+            resumed = await recv_json(ws2)
+            assert resumed["type"] == "session.resumed"
+            create = {"type": "conversation.item.create", "item": user_text("secret-two")}
+            await ws2.send(json.dumps(create))
+            await recv_until(ws2, "conversation.item.done")
+            ws2.transport.abort()
+        await wait_until(lambda: handle.core.lease.detached)
+        for last_seq in (0, captured["last_seq"]):
+            frame = {k: v for k, v in captured.items() if k != "session_id"}
+            error, code = await _resume_refusal(server, sid, **{**frame, "last_seq": last_seq})
+            assert error["type"] == "error" and error["error"]["code"] == "resume_conflict"
+            assert code == CLOSE_RESUME_CONFLICT
+        assert handle.core.lease.detached and handle.core.lease.generation == 1
+        async with connect(f"{server.url}?session_id={sid}") as ws3:
+            await ws3.send(
+                resume_frame(session_id=sid, generation=1, resume_token=resumed["resume_token"], last_seq=0)
+            )
+            replayed = [await recv_json(ws3)]
+            while not (replayed[-1]["type"] == "session.resumed" and replayed[-1]["generation"] == 2):
+                replayed.append(await recv_json(ws3))
+            texts = [json.dumps(e) for e in replayed]
+            assert any("secret-two" in t for t in texts)  # the client's own item, for the client

@@ -20,7 +20,7 @@ from duplex_actors.core.engine_io import (
     TurnKind,
 )
 from duplex_actors.core.fence import Fence
-from duplex_actors.core.lease import DISCONNECT_GRACE_EXPIRED, IDLE_TTL_EXPIRED, Lease
+from duplex_actors.core.lease import DISCONNECT_GRACE_EXPIRED, IDLE_TTL_EXPIRED, REPLAY_WINDOW_S, Lease
 from duplex_actors.engines.scripted import Script, ScriptedEngine
 from duplex_actors.errors import ResumeConflict
 from duplex_actors.tooling import statechart_export as export
@@ -209,7 +209,9 @@ def test_lease_follows_the_lease_chart(ops):
     now = 0.0
     lease = Lease(now, idle_ttl=300.0, grace=30.0)
     state = LEASE.initial
-    accepted: list[tuple[str, int, str]] = []  # control id and the credentials it presented
+    # control id, the credentials it presented and when: the last accepted resume's retry is
+    # answered within REPLAY_WINDOW_S (core/lease.py)
+    accepted: list[tuple[str, int, str, float]] = []
     machine = _interpreter(LEASE)
     for i, (op, arg) in enumerate(ops):
         guards = dict.fromkeys(LEASE.guards, False)
@@ -227,9 +229,9 @@ def test_lease_follows_the_lease_chart(ops):
             generation = lease.generation + (1 if arg == "bad_generation" else 0)
             token = lease.token + ("x" if arg in ("bad_token", "forged_replay") else "")
             control_id = f"c{i}"
-            replay = arg == "replay" and bool(accepted)
-            if replay:  # the very request again: its control id and the credentials it carried
-                control_id, generation, token = accepted[-1]
+            replay = arg == "replay" and bool(accepted) and now - accepted[-1][3] <= REPLAY_WINDOW_S
+            if arg == "replay" and accepted:  # the very request again: its id and credentials
+                control_id, generation, token, _ = accepted[-1]
             elif arg == "forged_replay" and accepted:  # the last control id, other credentials
                 control_id = accepted[-1][0]
             guards["replays_last_resume"] = replay
@@ -246,7 +248,7 @@ def test_lease_follows_the_lease_chart(ops):
             try:
                 lease.resume(now, generation, token, control_id)
                 if not guards["replays_last_resume"]:
-                    accepted.append((control_id, generation, token))
+                    accepted.append((control_id, generation, token, now))
             except ResumeConflict:
                 outcome = "refused"
         elif op == "reap":
