@@ -29,7 +29,6 @@ import attrs
 
 from ..core import events as ev
 from ..core.commands import Command
-from ..core.lease import REPLAY_WINDOW_S
 from ..core.engine_io import (
     Aborted,
     AudioPacket,
@@ -40,6 +39,7 @@ from ..core.engine_io import (
     TextDelta,
     TurnDone,
 )
+from ..core.lease import REPLAY_WINDOW_S
 from ..core.session_config import SessionConfig
 from ..core.timing import SERVER
 from ..errors import (
