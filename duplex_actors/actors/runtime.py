@@ -116,6 +116,10 @@ class SessionHandle:
     async def ask(self, command: cmd.Command, timeout: float | None = 5.0) -> None:
         await self._actor.ask(command, timeout)
 
+    async def barrier(self) -> None:
+        """Wait until the session has processed everything queued for it before this call."""
+        await self._actor.barrier()
+
     def report_error(self, error) -> None:
         """Queue an ``error`` event for this session's client (e.g. a frame that failed to
         parse), so it arrives numbered and in order with the session's other events."""

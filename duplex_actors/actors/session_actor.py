@@ -75,6 +75,15 @@ class _IdleTimeout:
     __slots__ = ()
 
 
+class _Barrier:
+    """Processed after everything queued before it, on every lane: :meth:`SessionActor.barrier`."""
+
+    __slots__ = ("reached",)
+
+    def __init__(self) -> None:
+        self.reached = anyio.Event()
+
+
 class _ReportError:
     """An error found outside the core (e.g. by the wire codec), queued in order with data."""
 
@@ -155,6 +164,18 @@ class SessionActor:
         if reply.error is not None:
             raise reply.error
 
+    async def barrier(self) -> None:
+        """Return once everything queued before this call has been processed (or the session
+        has finished). Data is the last lane drained, so a barrier queued at its end comes after
+        every message already queued on any lane. Never refused: it is the server's, not the
+        client's, and one is queued at a time per resume."""
+        if self._finished:
+            return
+        barrier = _Barrier()
+        self.mailbox.put(Lane.DATA, barrier, force=True)
+        self.runtime._schedule(self)
+        await barrier.reached.wait()
+
     def _lane(self, command: Command) -> Lane:
         # A cancel must not overtake the response.create it cancels: while one is still queued
         # on the data lane, the cancel queues behind it (OpenAI: cancel right after create
@@ -220,6 +241,8 @@ class SessionActor:
                 elif isinstance(message, _ReportError):
                     self._queued_errors -= 1
                     core.emit_error(message.error)
+                elif isinstance(message, _Barrier):
+                    message.reached.set()
                 elif isinstance(message, InputTranscript):
                     core.on_transcript(message)
                 elif lane == Lane.ENGINE:
@@ -308,6 +331,9 @@ class SessionActor:
         for lane, message in self.mailbox.drain():
             if isinstance(message, _ReportError):
                 continue  # the session is closed: nobody is left to tell
+            if isinstance(message, _Barrier):
+                message.reached.set()
+                continue
             if isinstance(message, InputTranscript):
                 self.core.on_transcript(message)  # the chart consumes it: closed
             elif lane == Lane.ENGINE:

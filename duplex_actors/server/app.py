@@ -673,6 +673,18 @@ class RealtimeServer:
                         await anyio.sleep(wait)
                         handle.check(resume)  # the session may have moved on meanwhile
                 if old is not None:
+                    # What the old connection's client sent before it is pushed out reaches the
+                    # session first, and the chart is asked again after it: a session.close it
+                    # sent a moment before got the session closed, and that client is still
+                    # there to get its session.closed (kicked, it got 4001 and no terminal
+                    # event, and this resume was refused anyway: 7 in 200 races).
+                    await old.hold_reading()
+                    try:
+                        await handle.barrier()
+                        handle.check(resume)
+                    except BaseException:
+                        old.release_reading()
+                        raise
                     record.attached = None
                     await old.kick()
                 await handle.ask(resume)
@@ -804,6 +816,7 @@ class _Connection:
         "pace_wait",
         "end_code",
         "vad_job",
+        "reading_gate",
     )
 
     def __init__(self, server: RealtimeServer, ws: ServerConnection) -> None:
@@ -822,6 +835,9 @@ class _Connection:
         self.pace_wait = 0.0  # set by _on_frame, waited out by _read_loop
         #: The last append handed to the server's VAD batcher: the next frame waits for it.
         self.vad_job: VadJob | None = None
+        #: Set while a resume on another connection decides whether to push this one out: the
+        #: reader handles no frame until it is released (or the connection is superseded).
+        self.reading_gate: anyio.Event | None = None
         #: how the writer closes the socket after session.closed
         self.end_code: tuple[int, str] = (1000, "session closed")
 
@@ -890,6 +906,10 @@ class _Connection:
                     if owed:
                         self._held_back(replies, owed, "frames")
                         await anyio.sleep(owed)
+                if self.reading_gate is not None:
+                    await self.reading_gate.wait()
+                if self.superseded:
+                    return
                 began = clock()
                 if began - done > READ_GAP_S:
                     slice_began = began  # the reader waited for this frame: a new slice
@@ -1226,9 +1246,23 @@ class _Connection:
         if self.ws.transport is not None:
             self.ws.transport.abort()
 
+    async def hold_reading(self) -> None:
+        """Handle no more of the client's frames until :meth:`release_reading` (or the kick),
+        once the append it has in the VAD batcher has reached the session."""
+        if self.reading_gate is None:
+            self.reading_gate = anyio.Event()
+        if self.vad_job is not None:
+            await self.vad_job.settled()
+
+    def release_reading(self) -> None:
+        gate, self.reading_gate = self.reading_gate, None
+        if gate is not None:
+            gate.set()
+
     async def kick(self) -> None:
         """Another connection resumed this session: stop writing, close, do not detach."""
         self.superseded = True
+        self.release_reading()  # the reader wakes to find itself superseded
         with anyio.move_on_after(1.0):
             await self.ws.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
         if self.ws.transport is not None and not self.writer_stopped.is_set():

@@ -12,6 +12,8 @@ from websockets.exceptions import ConnectionClosed
 
 from duplex_actors import Script
 from duplex_actors.client import DuplexClient, SessionLost
+from duplex_actors.core import commands as cmd
+from duplex_actors.errors import ResyncRequired
 from duplex_actors.server.app import (
     CLOSE_RESUME_CONFLICT,
     CLOSE_RESYNC_REQUIRED,
@@ -290,3 +292,68 @@ async def test_a_captured_resume_frame_replayed_later_takes_nothing_over():
                 replayed.append(await recv_json(ws3))
             texts = [json.dumps(e) for e in replayed]
             assert any("secret-two" in t for t in texts)  # the client's own item, for the client
+
+
+async def test_a_close_queued_when_another_connection_resumes_still_reaches_its_client():
+    """A hostile probe's race (7 in 200 runs): connection A sends session.close while B resumes
+    with the current token. The close was queued, not yet processed, when the chart was asked
+    about B's resume; A was pushed out (4001, no session.closed), then the close was processed
+    and B refused: an accepted close with no terminal event. The race is made certain here: the
+    close is queued at the very moment the resume is checked."""
+    from duplex_actors.actors.runtime import SessionHandle
+
+    async with running_server() as server:
+        a = await connect(server.url)
+        created = await recv_json(a)
+        sid, token = created["session"]["id"], created["resume_token"]
+        real_check = SessionHandle.check
+        queued = []
+
+        def check_with_a_close_just_queued(handle, command):
+            if command.TRIGGER == "resume" and not queued:
+                queued.append(True)
+                handle.tell(cmd.Close(reason="client_closed"))  # A's session.close, in the mailbox
+            real_check(handle, command)
+
+        SessionHandle.check = check_with_a_close_just_queued  # type: ignore[method-assign]
+        try:
+            error, code = await _resume_refusal(server, sid, generation=0, resume_token=token, last_seq=1)
+        finally:
+            SessionHandle.check = real_check  # type: ignore[method-assign]
+        assert queued
+        assert error["error"]["code"] == "session_closed" and code == CLOSE_UNKNOWN_SESSION
+        events = await recv_until(a, "session.closed")  # A's close got its terminal event
+        assert events[-1]["reason"] == "client_closed"
+        with pytest.raises(ConnectionClosed):
+            with anyio.fail_after(5):
+                await a.recv()
+        assert a.close_code == 1000
+
+
+async def test_a_resume_refused_after_the_old_connection_was_held_leaves_it_reading():
+    """The old connection stops reading while the resume is decided; a resume refused at that
+    point (here: the journal evicted what it asks for meanwhile) gives it back its reading."""
+    from duplex_actors.actors.runtime import SessionHandle
+
+    async with running_server() as server:
+        a = await connect(server.url)
+        created = await recv_json(a)
+        sid, token = created["session"]["id"], created["resume_token"]
+        real_check = SessionHandle.check
+        calls = []
+
+        def refuse_the_second_check(handle, command):
+            if command.TRIGGER == "resume":
+                calls.append(True)
+                if len(calls) == 2:
+                    raise ResyncRequired("the journal moved on meanwhile")
+            real_check(handle, command)
+
+        SessionHandle.check = refuse_the_second_check  # type: ignore[method-assign]
+        try:
+            error, code = await _resume_refusal(server, sid, generation=0, resume_token=token, last_seq=1)
+        finally:
+            SessionHandle.check = real_check  # type: ignore[method-assign]
+        assert len(calls) == 2 and error["error"]["code"] == "resync_required"
+        await a.send(json.dumps({"type": "heartbeat"}))
+        assert (await recv_until(a, "heartbeat.ack"))[-1]["type"] == "heartbeat.ack"
