@@ -1,0 +1,65 @@
+"""``serve --workers``' front reads each connection's request line without spinning.
+
+A hostile probe (2026-12-02) opened 5,000 connections that each sent a request line without
+its end: the front re-peeked every 5 ms and sat at a full core, before any key was checked."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from duplex_actors.server.workers import _peek_request_line
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+class CountingSocket(socket.socket):
+    """Counts the front's peeks."""
+
+    peeks = 0
+
+    def recv(self, *args):  # type: ignore[override]
+        type(self).peeks += 1
+        return super().recv(*args)
+
+
+@pytest.fixture
+def pair():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    listener.close()
+    conn = CountingSocket(fileno=accepted.detach())
+    conn.setblocking(False)
+    CountingSocket.peeks = 0
+    yield client, conn
+    client.close()
+    conn.close()
+
+
+async def test_a_request_line_in_pieces_is_waited_for_not_polled(pair):
+    client, conn = pair
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(_peek_request_line(loop, conn))
+    client.sendall(b"GET /v1/realtime?session")
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    assert CountingSocket.peeks <= 3, CountingSocket.peeks  # polling every 5 ms: ~60
+    client.sendall(b"_id=sess_w0_ab HTTP/1.1\r\nHost: x\r\n\r\n")
+    line = await asyncio.wait_for(task, 5)
+    assert line == b"GET /v1/realtime?session_id=sess_w0_ab HTTP/1.1"
+    # The worker receives the same socket: it is readable again at every byte.
+    assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    assert conn.recv(1 << 16).startswith(b"GET /v1/realtime?session_id=")  # nothing was consumed
+
+
+async def test_a_client_gone_mid_line_ends_the_wait(pair):
+    client, conn = pair
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(_peek_request_line(loop, conn))
+    client.sendall(b"GET /v1/real")
+    await asyncio.sleep(0.1)
+    client.close()
+    assert await asyncio.wait_for(task, 5) is None
