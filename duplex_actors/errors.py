@@ -198,6 +198,11 @@ class UnknownSession(ClientError):
     code = "unknown_session"
 
 
+#: What an unknown session id is told, and so what a session opened with another API key is
+#: told: the same words, so that a resume cannot learn whether someone else's session is live.
+NO_SUCH_SESSION = "no open session with this id"
+
+
 class ResumeConflict(ClientError):
     """Resume lost the compare-and-swap on the lease generation, or the token is wrong."""
 

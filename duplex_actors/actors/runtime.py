@@ -28,7 +28,7 @@ from ..core.journal import JournalBudget
 from ..core.session import SessionCore
 from ..core.session_config import SessionConfig
 from ..engines.base import EngineBackend
-from ..errors import ResourceExhausted, RuntimeClosed, UnknownSession
+from ..errors import NO_SUCH_SESSION, ResourceExhausted, RuntimeClosed, UnknownSession
 from ..logconfig import ensure_configured
 from . import gc_policy as _gc
 from .engine_actor import EngineActor, EngineStatistics
@@ -360,7 +360,7 @@ class Runtime:
     def get(self, session_id: str) -> SessionHandle:
         actor = self._sessions.get(session_id)
         if actor is None:
-            raise UnknownSession(f"no open session {session_id!r}")
+            raise UnknownSession(NO_SUCH_SESSION)
         return SessionHandle(actor)
 
     async def resume(

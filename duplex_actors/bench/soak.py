@@ -236,6 +236,17 @@ async def _converse(
         dropped = churn = False
         async with anyio.create_task_group() as conn:
             await conn.start(reader)
+            if stream.pending_resume is not None:
+                # Nothing is sent on a resumed connection before its session.resumed (the
+                # server answers a retry of the resume only until the client acts on it). The
+                # link may drop first: the answer is lost, and the same resume is sent again.
+                if rng.random() < p_detach:
+                    dropped = True
+                else:
+                    with anyio.fail_after(10):
+                        while stream.pending_resume is not None:
+                            await anyio.sleep(0.002)
+                            await settle_wire()
             while MONOTONIC.now() < deadline and not dropped and not churn:
                 # One user turn: speak for a while, then commit.
                 for _ in range(rng.randint(1, 4)):

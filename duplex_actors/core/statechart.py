@@ -48,6 +48,7 @@ import attrs
 from transitions import Machine
 
 from ..errors import (
+    NO_SUCH_SESSION,
     Backpressure,
     DuplexError,
     IllegalTransition,
@@ -59,6 +60,7 @@ from ..errors import (
     ResumeConflict,
     ResyncRequired,
     SessionClosed,
+    UnknownSession,
 )
 
 
@@ -137,7 +139,9 @@ class Check:
 CHECKS: Mapping[str, Check] = {
     "audio_at_session_rate": Check(InvalidCommand, "the audio is not at this session's sample rate"),
     "input_fits": Check(Backpressure, "the input buffer would exceed max_input_bytes; commit or clear first"),
-    "resume_key_matches": Check(ResumeConflict, "this session was opened with another API key"),
+    # Refused as an id nobody opened is: telling the two apart told another client's key
+    # which session ids are live (a hostile probe, 2026-12-02).
+    "resume_key_matches": Check(UnknownSession, NO_SUCH_SESSION),
     "resume_generation_current": Check(
         ResumeConflict, "the resume names a lease generation that is not the current one"
     ),

@@ -57,6 +57,7 @@ from ..errors import (
     ResyncRequired,
     SessionClosed,
     StaleFence,
+    UnknownSession,
 )
 
 IDLE, LISTENING, RESPONDING, BARGE_IN, CLOSED = "idle", "listening", "responding", "barge_in", "closed"
@@ -251,7 +252,7 @@ class SessionModel:
     def _c_resume(self, c, exp, now) -> None:
         # Authentication first (the key, then the credentials), then the journal.
         if self.owner is not None and c.key_digest != self.owner:
-            exp.error = ResumeConflict
+            exp.error = UnknownSession  # as an id nobody opened: no oracle for other keys
             return
         last = self.last_resume
         replay = (

@@ -21,6 +21,7 @@ from duplex_actors.server.app import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_RESUME_CONFLICT,
     CLOSE_TRY_AGAIN,
+    CLOSE_UNKNOWN_SESSION,
 )
 from duplex_actors.testing.raw_websocket import RawWebSocket, fragmented
 
@@ -155,7 +156,7 @@ async def test_a_resume_token_only_works_with_the_api_key_that_opened_the_sessio
         error, code, others = await resume_refused(
             server, sid, as_b, generation=0, resume_token=token, last_seq=0
         )
-        assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
+        assert error["error"]["code"] == "unknown_session" and code == CLOSE_UNKNOWN_SESSION
         assert others == [] and server.runtime.get(sid).generation == 0
         async with connect(f"{server.url}?session_id={sid}", **as_a) as ws:
             await ws.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1))
@@ -200,9 +201,19 @@ async def test_the_api_key_binding_is_the_sessions_own_check():
             resume_token=token,
             last_seq=0,
         )
-        # The refusal is the chart's resume_key_matches check, mapped to its close code.
-        assert error["error"]["message"] == "this session was opened with another API key"
-        assert code == CLOSE_RESUME_CONFLICT
+        # The refusal is the chart's resume_key_matches check, mapped to its close code: the same
+        # error and close as for an id nobody opened, so another key learns nothing of it.
+        made_up, made_up_code, _ = await resume_refused(
+            server,
+            "sess_" + "0" * 24,
+            {"additional_headers": {"Authorization": "Bearer key-b"}},
+            generation=0,
+            resume_token=token,
+            last_seq=0,
+        )
+        assert error["error"]["code"] == made_up["error"]["code"] == "unknown_session"
+        assert error["error"]["message"] == made_up["error"]["message"]
+        assert code == made_up_code == CLOSE_UNKNOWN_SESSION
 
 
 # --- flooding, bounded errors, slow consumers -----------------------------------------------
