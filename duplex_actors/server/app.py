@@ -332,12 +332,7 @@ class RealtimeServer:
         self._cost_per_event = 0.0
         self._charging: asyncio.Task | None = None
         self.vad_batcher = (
-            None
-            if config.vad_batch_window_s is None
-            else VadBatcher(
-                config.vad_batch_window_s,
-                billed=config.frame_handling_s_per_s is not None or self.loop_share is not None,
-            )
+            None if config.vad_batch_window_s is None else VadBatcher(config.vad_batch_window_s)
         )
         self.quotas = guard.AdmissionQuotas(
             max_per_key=config.max_sessions_per_key,
@@ -1114,6 +1109,7 @@ class _Connection:
             # A window that may end the user's turn is scored at once: the reply waits on it.
             urgent = record.vad.detector.may_stop_within(len(frames))
             self.vad_job = batcher.submit(record.vad, event, frames, self._vad_heard, urgent=urgent)
+            self._bill(len(frames) * batcher.cost_per_window)
         else:  # no whole window yet: the audio goes in with the last window's verdict
             for command in record.vad.heard(event, []):
                 self._tell(command)
@@ -1128,9 +1124,9 @@ class _Connection:
         assert self.record is not None
         self.record.handle.tell(command)
 
-    def _vad_heard(self, job: VadJob, probabilities: list[float] | None, cost: float) -> None:
-        """The batcher scored an append's windows: its commands go to the session (speech
-        signals first, then the append), and the scoring's share is billed as the frame was."""
+    def _vad_heard(self, job: VadJob, probabilities: list[float] | None) -> None:
+        """The batcher scored an append's windows: its commands go to the session, speech
+        signals first, then the append (billed when it was handed over: :meth:`_append`)."""
         record = self.record
         assert record is not None
         try:
@@ -1142,12 +1138,19 @@ class _Connection:
             self._refuse(err, job.command)
         except Exception as exc:
             self._failed(exc)
-        if cost:
-            if record.handling_pacer is not None:
-                self._pace(record.handling_pacer, cost, "handling")
-            loop_share = self.server.loop_share
-            if loop_share is not None:
-                loop_share.charge(record.handle.core.share_tenant, cost, self.server.runtime.clock.now())
+
+    def _bill(self, cost: float) -> None:
+        """Bill work done for this client outside the frame being timed (its share of a VAD
+        batch), as its frames are billed: to the session's handling pace and to the client's
+        share of the loop."""
+        record = self.record
+        if not cost or record is None:
+            return
+        if record.handling_pacer is not None:
+            self._pace(record.handling_pacer, cost, "handling")
+        loop_share = self.server.loop_share
+        if loop_share is not None:
+            loop_share.charge(record.handle.core.share_tenant, cost, self.server.runtime.clock.now())
 
     async def _write_loop(self) -> None:
         record = self.record

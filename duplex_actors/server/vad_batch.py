@@ -44,13 +44,13 @@ class VadJob:
         vad: ServerVad,
         command: AppendAudio,
         frames: list[bytes],
-        deliver: Callable[[VadJob, list[float] | None, float], None],
+        deliver: Callable[[VadJob, list[float] | None], None],
     ) -> None:
         self.vad = vad
         self.command = command
         self.frames = frames
-        #: Called once, in the order jobs were submitted: the job, the model's probability of
-        #: each frame (None: the model failed) and the CPU seconds that are this job's share.
+        #: Called once, in the order jobs were submitted: the job and the model's probability of
+        #: each frame (None: the model failed).
         self.deliver = deliver
         self.done = False
         self._batcher = batcher
@@ -85,12 +85,16 @@ class VadBatcher:
     to hear speech begin).
     """
 
-    def __init__(self, window_s: float = 0.0, *, billed: bool = False) -> None:
+    def __init__(self, window_s: float = 0.0) -> None:
         if window_s < 0:
             raise ValueError("window_s must be >= 0")
         self.window_s = window_s
-        #: Measure each flush's CPU (frame_cost) and hand each job its share, by windows.
-        self.billed = billed
+        #: What scoring and delivering one window has cost of late (seconds of the loop
+        #: thread's CPU, collections excepted: frame_cost). A client is billed this much a
+        #: window when it hands its audio over, not when the batch runs: the readers handling
+        #: frames in the meantime must see the bill (billed at the flush, all eight sessions of
+        #: a flooding client passed the share's check in one pass, and it took 3x its share).
+        self.cost_per_window = 0.0
         self._jobs: list[VadJob] = []
         self._soon = False  # a flush is queued for the next pass
         self._timer: asyncio.TimerHandle | None = None
@@ -103,7 +107,7 @@ class VadBatcher:
         vad: ServerVad,
         command: AppendAudio,
         frames: list[bytes],
-        deliver: Callable[[VadJob, list[float] | None, float], None],
+        deliver: Callable[[VadJob, list[float] | None], None],
         *,
         urgent: bool = False,
     ) -> VadJob:
@@ -130,20 +134,25 @@ class VadBatcher:
         jobs, self._jobs = self._jobs, []
         if not jobs:
             return
-        began = frame_cost.mark() if self.billed else None
+        began = frame_cost.mark()
         scored = self._score(jobs)
-        total = sum(len(job.frames) for job in jobs)
-        cost = 0.0 if began is None else frame_cost.billed_since(began)
-        self.flushes += 1
-        self.windows += total
         for job in jobs:
-            share = cost * len(job.frames) / total if total else 0.0
             try:
-                job.deliver(job, scored.get(id(job)), share)
+                job.deliver(job, scored.get(id(job)))
             except Exception as exc:  # one session's failure is not its neighbours'
                 log.error("server.vad_delivery_failed", error=repr(exc))
             finally:
                 job._finish()
+        windows = sum(len(job.frames) for job in jobs)
+        per_window = frame_cost.billed_since(began) / windows
+        # A recent average: a single flush is noisy (a collection, a cold cache).
+        self.cost_per_window = (
+            per_window
+            if not self.flushes
+            else self.cost_per_window + 0.1 * (per_window - self.cost_per_window)
+        )
+        self.flushes += 1
+        self.windows += windows
 
     def _score(self, jobs: list[VadJob]) -> dict[int, list[float]]:
         """Each job's probabilities by ``id(job)``; a job whose model failed is left out.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
+import time
 
 import anyio
 import pytest
@@ -12,6 +12,7 @@ from websockets.asyncio.client import connect
 from duplex_actors.audio.server_vad import ServerVad
 from duplex_actors.audio.turn_detection import TurnDetectionConfig
 from duplex_actors.core import commands as cmd
+from duplex_actors.server.loop_share import LoopShare
 from duplex_actors.server.vad_batch import VadBatcher
 
 from .conftest import recv_json, recv_until, running_server
@@ -71,8 +72,8 @@ def job_for(batcher: VadBatcher, vad: ServerVad, pcm: bytes, got: list, *, urgen
     command = cmd.AppendAudio(pcm=pcm)
     frames = vad.frames_of(command)
 
-    def deliver(job, probabilities, cost):
-        got.append((job, probabilities, cost))
+    def deliver(job, probabilities):
+        got.append((job, probabilities))
 
     return batcher.submit(vad, command, frames, deliver, urgent=urgent)
 
@@ -89,8 +90,8 @@ async def test_the_jobs_of_one_pass_are_scored_in_one_batch_and_delivered_in_ord
     assert not got  # nothing is scored while the pass that submitted runs
     await passes(2)
     assert [len(b) for b in BatchLoudnessVad.batches] == [3]
-    assert [job for job, _, _ in got] == jobs
-    assert [p for _, p, _ in got] == [[0.02], [0.95], [0.02]]
+    assert [job for job, _ in got] == jobs
+    assert [p for _, p in got] == [[0.02], [0.95], [0.02]]
     assert all(job.done for job in jobs)
 
 
@@ -105,7 +106,7 @@ async def test_a_streams_windows_are_scored_in_order_one_in_each_batch():
     await passes(2)
     assert [len(b) for b in BatchLoudnessVad.batches] == [2, 1, 1, 1]
     assert [int.from_bytes(f[:2], "little") for f in long.model.heard] == [1, 2, 3, 4]
-    assert [p for _, p, _ in got] == [[0.02, 0.95, 0.02], [0.02], [0.02]]
+    assert [p for _, p in got] == [[0.02, 0.95, 0.02], [0.02], [0.02]]
 
 
 async def test_a_job_waits_for_its_batch_unless_urgent_or_awaited():
@@ -132,18 +133,56 @@ async def test_a_model_that_fails_fails_only_its_own_streams_jobs():
     good = job_for(batcher, stream(), window(3000), got)
     bad = job_for(batcher, stream(FailingVad()), window(3000), got)
     await passes(2)
-    assert {id(job): p for job, p, _ in got} == {id(good): [0.95], id(bad): None}
+    assert {id(job): p for job, p in got} == {id(good): [0.95], id(bad): None}
 
 
-async def test_each_job_is_billed_its_windows_share_of_the_batch():
-    batcher = VadBatcher(0.0, billed=True)
-    got: list = []
-    three = job_for(batcher, stream(), window(0) * 3, got)
-    one = job_for(batcher, stream(), window(0), got)
+class SlowVad(BatchLoudnessVad):
+    """Spends a millisecond of CPU on each window."""
+
+    def probability(self, frame: bytes) -> float:
+        began = time.thread_time()
+        while time.thread_time() - began < 0.001:
+            pass
+        return 0.02
+
+
+async def test_what_a_window_costs_is_learnt_from_the_batches():
+    batcher = VadBatcher(0.0)
+    assert batcher.cost_per_window == 0.0  # nothing known yet: nothing billed
+    job_for(batcher, stream(SlowVad()), window(0) * 3, [])
     await passes(2)
-    cost = {id(job): c for job, _, c in got}
-    assert cost[id(one)] > 0
-    assert math.isclose(cost[id(three)], 3 * cost[id(one)], rel_tol=1e-9)
+    learnt = batcher.cost_per_window
+    assert 0.001 <= learnt < 0.01, learnt
+    job_for(batcher, stream(), window(0), [])  # a cheap one moves the average a tenth of the way
+    await passes(2)
+    assert 0.85 * learnt < batcher.cost_per_window < learnt
+
+
+async def test_a_client_is_billed_its_windows_when_it_hands_them_over():
+    """Billed when the batch runs, the eight sessions of a flooding client all passed the loop
+    share's check in one pass (none saw the others' bills yet) and it took 3x its share."""
+    billed: list[tuple[str, float]] = []
+
+    class RecordingShare(LoopShare):
+        def charge(self, tenant, seconds, now):
+            billed.append((tenant, seconds))
+            return super().charge(tenant, seconds, now)
+
+    async with running_server(vad_factory=BatchLoudnessVad, vad_batch_window_s=3600.0) as server:
+        server.loop_share = RecordingShare(0.5)
+        assert server.vad_batcher is not None
+        server.vad_batcher.cost_per_window = 0.01  # as if a window had cost 10 ms
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await ws.send(
+                json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": PCM_16K}}}})
+            )
+            await recv_until(ws, "session.updated")
+            await ws.send(append(tone(32 * 3, 0)))  # three windows, not scored yet (no timer)
+            with anyio.fail_after(5):
+                while not any(cost >= 0.03 for _, cost in billed):
+                    await anyio.sleep(0.01)
+            assert server.vad_batcher.flushes == 0  # billed before the batch ran
 
 
 async def _turn(url: str) -> list[dict]:
