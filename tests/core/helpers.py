@@ -61,3 +61,18 @@ class RecordingChart:
         resolution = CHART.resolve_on(subject, guards, state, trigger)
         self.steps.append((state, trigger, resolution.dest))
         return resolution
+
+
+#: The API key digest the resume tests' sessions are bound to.
+OWNER = b"digest of key-a"
+
+
+def resume(core: SessionCore, **kw) -> cmd.Resume:
+    """A resume with the session's current credentials (and OWNER's key), ``kw`` changed."""
+    fields = {
+        "generation": core.lease.generation,
+        "resume_token": core.lease.token,
+        "last_seq": core.last_seq,
+        "key_digest": OWNER,
+    }
+    return cmd.Resume(**{**fields, **kw})

@@ -22,9 +22,7 @@ from duplex_actors.errors import (
     UnknownSession,
 )
 
-from .helpers import RecordingChart, snapshot
-
-OWNER = b"digest of key-a"
+from .helpers import OWNER, RecordingChart, resume, snapshot
 
 
 def lease_of(core: SessionCore) -> tuple:
@@ -40,16 +38,6 @@ def detached_core(**config) -> tuple[SessionCore, ManualClock]:
     core.take_events()  # the client read session.created and five acks: seqs 1..6, journaled
     core.handle(cmd.Detach())
     return core, clock
-
-
-def resume(core: SessionCore, **kw) -> cmd.Resume:
-    fields = {
-        "generation": core.lease.generation,
-        "resume_token": core.lease.token,
-        "last_seq": core.last_seq,
-        "key_digest": OWNER,
-    }
-    return cmd.Resume(**{**fields, **kw})
 
 
 # --- the chart declares them ------------------------------------------------------------------

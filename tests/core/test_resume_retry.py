@@ -16,17 +16,8 @@ from duplex_actors.core.lease import REPLAY_WINDOW_S
 from duplex_actors.core.session import SessionConfig, SessionCore
 from duplex_actors.errors import ResumeConflict
 
-OWNER = b"digest of key-a"
-
-
-def current(core: SessionCore, **kw) -> cmd.Resume:
-    fields = {
-        "generation": core.lease.generation,
-        "resume_token": core.lease.token,
-        "last_seq": core.last_seq,
-        "key_digest": OWNER,
-    }
-    return cmd.Resume(**{**fields, **kw})
+from .helpers import OWNER
+from .helpers import resume as current
 
 
 def resumed_once(*, then: cmd.Command | None = None) -> tuple[SessionCore, ManualClock, cmd.Resume]:

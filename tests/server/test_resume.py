@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 
 import anyio
@@ -300,26 +301,19 @@ async def test_a_close_queued_when_another_connection_resumes_still_reaches_its_
     about B's resume; A was pushed out (4001, no session.closed), then the close was processed
     and B refused: an accepted close with no terminal event. The race is made certain here: the
     close is queued at the very moment the resume is checked."""
-    from duplex_actors.actors.runtime import SessionHandle
-
     async with running_server() as server:
         a = await connect(server.url)
         created = await recv_json(a)
         sid, token = created["session"]["id"], created["resume_token"]
-        real_check = SessionHandle.check
         queued = []
 
-        def check_with_a_close_just_queued(handle, command):
-            if command.TRIGGER == "resume" and not queued:
+        def queue_a_close_first(handle, command) -> None:
+            if not queued:
                 queued.append(True)
                 handle.tell(cmd.Close(reason="client_closed"))  # A's session.close, in the mailbox
-            real_check(handle, command)
 
-        SessionHandle.check = check_with_a_close_just_queued  # type: ignore[method-assign]
-        try:
+        with _before_each_resume_check(queue_a_close_first):
             error, code = await _resume_refusal(server, sid, generation=0, resume_token=token, last_seq=1)
-        finally:
-            SessionHandle.check = real_check  # type: ignore[method-assign]
         assert queued
         assert error["error"]["code"] == "session_closed" and code == CLOSE_UNKNOWN_SESSION
         events = await recv_until(a, "session.closed")  # A's close got its terminal event
@@ -333,27 +327,38 @@ async def test_a_close_queued_when_another_connection_resumes_still_reaches_its_
 async def test_a_resume_refused_after_the_old_connection_was_held_leaves_it_reading():
     """The old connection stops reading while the resume is decided; a resume refused at that
     point (here: the journal evicted what it asks for meanwhile) gives it back its reading."""
-    from duplex_actors.actors.runtime import SessionHandle
-
     async with running_server() as server:
         a = await connect(server.url)
         created = await recv_json(a)
         sid, token = created["session"]["id"], created["resume_token"]
-        real_check = SessionHandle.check
         calls = []
 
-        def refuse_the_second_check(handle, command):
-            if command.TRIGGER == "resume":
-                calls.append(True)
-                if len(calls) == 2:
-                    raise ResyncRequired("the journal moved on meanwhile")
-            real_check(handle, command)
+        def refuse_the_second_check(handle, command) -> None:
+            calls.append(True)
+            if len(calls) == 2:
+                raise ResyncRequired("the journal moved on meanwhile")
 
-        SessionHandle.check = refuse_the_second_check  # type: ignore[method-assign]
-        try:
+        with _before_each_resume_check(refuse_the_second_check):
             error, code = await _resume_refusal(server, sid, generation=0, resume_token=token, last_seq=1)
-        finally:
-            SessionHandle.check = real_check  # type: ignore[method-assign]
         assert len(calls) == 2 and error["error"]["code"] == "resync_required"
         await a.send(json.dumps({"type": "heartbeat"}))
         assert (await recv_until(a, "heartbeat.ack"))[-1]["type"] == "heartbeat.ack"
+
+
+@contextlib.contextmanager
+def _before_each_resume_check(hook):
+    """Run ``hook(handle, command)`` before the server asks the chart about each resume."""
+    from duplex_actors.actors.runtime import SessionHandle
+
+    real_check = SessionHandle.check
+
+    def check(handle, command) -> None:
+        if command.TRIGGER == "resume":
+            hook(handle, command)
+        real_check(handle, command)
+
+    SessionHandle.check = check  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SessionHandle.check = real_check  # type: ignore[method-assign]
