@@ -61,7 +61,9 @@ class VadJob:
         next pass, not at the end of the batching window."""
         if not self.done:
             # Created only when someone waits: most jobs are delivered before the next frame.
-            self._waiter = anyio.Event()
+            # Shared by all who wait (the reader, and a resume pushing its connection out).
+            if self._waiter is None:
+                self._waiter = anyio.Event()
             self._batcher.hurry()
             await self._waiter.wait()
 

@@ -127,6 +127,23 @@ async def test_a_job_waits_for_its_batch_unless_urgent_or_awaited():
     assert [len(b) for b in BatchLoudnessVad.batches] == [1, 2]
 
 
+async def test_everyone_waiting_for_a_job_is_woken():
+    """The reader and a resume taking its connection over may both wait for the same job."""
+    batcher = VadBatcher(3600.0)
+    job = job_for(batcher, stream(), window(0), [])
+    woken = []
+
+    async def wait(name: str) -> None:
+        await job.settled()
+        woken.append(name)
+
+    with anyio.fail_after(2):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, "reader")
+            tg.start_soon(wait, "resume")
+    assert sorted(woken) == ["reader", "resume"]
+
+
 async def test_a_model_that_fails_fails_only_its_own_streams_jobs():
     batcher = VadBatcher(0.0)
     got: list = []
