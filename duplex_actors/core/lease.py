@@ -51,7 +51,7 @@ class Lease:
         "token",
         "in_flight",
         "owner",
-        "_last_resume",
+        "last_resume",
     )
 
     def __init__(
@@ -69,8 +69,9 @@ class Lease:
         self.owner = owner
         #: The last resume while its answer may still be lost: control_id, the digest of the
         #: credentials it presented, its last_seq, when it was accepted, and the (generation,
-        #: token) it got. None once anything shows the client has the answer.
-        self._last_resume: tuple[str, bytes, int, float, int, str] | None = None
+        #: token) it got. None once anything shows the client has the answer (read by the core
+        #: on every command, so that the common case costs one attribute read).
+        self.last_resume: tuple[str, bytes, int, float, int, str] | None = None
 
     def touch(self, now: float) -> None:
         if now > self.last_activity:
@@ -94,7 +95,7 @@ class Lease:
         """Whether this is the last accepted resume again, retried because its answer was lost:
         the credentials it presented, a journal position no earlier than its own, within
         :data:`REPLAY_WINDOW_S`, and nothing since showing that the client has the answer."""
-        last = self._last_resume
+        last = self.last_resume
         return (
             control_id is not None
             and last is not None
@@ -107,7 +108,7 @@ class Lease:
     def answered(self) -> None:
         """The client has acted since its resume (it sent a command): it has the answer, so
         the old credentials are no longer a retry's."""
-        self._last_resume = None
+        self.last_resume = None
 
     def token_matches(self, token: str) -> bool:
         return secrets.compare_digest(token, self.token)
@@ -118,7 +119,7 @@ class Lease:
         self, now: float, generation: int, token: str, control_id: str | None = None, last_seq: int = 0
     ) -> tuple[int, str]:
         """Attach again; returns the new (generation, token). Raises ResumeConflict."""
-        last = self._last_resume
+        last = self.last_resume
         if last is not None and self.replays(control_id, generation, token, last_seq, now):
             # The same resume again (its answer was lost): same answer, and the client is
             # evidently attached, so the grace timer stops. Other credentials with this
@@ -137,7 +138,7 @@ class Lease:
         self.touch(now)
         # Every resume replaces the last one's cached answer: a retry of an older one would
         # present credentials that a later resume has already used.
-        self._last_resume = (
+        self.last_resume = (
             None
             if control_id is None
             else (control_id, presented, last_seq, now, self.generation, self.token)

@@ -413,7 +413,7 @@ class SessionCore:
             return
         lease = self.lease
         lease.touch(now)
-        if trigger not in _NOT_AN_ANSWER:
+        if lease.last_resume is not None and trigger not in _NOT_AN_ANSWER:
             # The client acts on its resumed connection, so it has the resume's answer: a
             # replay of that resume is no longer its retry (Lease.answered).
             lease.answered()

@@ -7,6 +7,7 @@ server re-checked the API key, the credentials of a takeover and the sample rate
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from duplex_actors.core import commands as cmd
@@ -121,7 +122,7 @@ def test_a_replay_answers_again_but_never_pushes_out_an_attached_transport():
     assert (core.lease.generation, core.lease.token) == answer
     # Another connection is attached: the replay's old credentials cannot push it out ...
     with pytest.raises(ResumeConflict):
-        core.handle(cmd.Resume(**{**_fields(first), "takeover": True}))
+        core.handle(attrs.evolve(first, takeover=True))
     assert (core.lease.generation, core.lease.token) == answer
     # ... the current ones can (and rotate the token).
     core.handle(resume(core, takeover=True))
@@ -136,7 +137,7 @@ def test_a_replayed_control_id_with_other_credentials_is_refused():
     lease = lease_of(core)
     for forged in ({"resume_token": "forged"}, {"generation": 7}, {"key_digest": b"other"}):
         with pytest.raises(UnknownSession if "key_digest" in forged else ResumeConflict):
-            core.handle(cmd.Resume(**{**_fields(first), **forged}))
+            core.handle(attrs.evolve(first, **forged))
     assert lease_of(core) == lease
 
 
@@ -149,16 +150,6 @@ def test_check_answers_as_handle_would_and_changes_nothing():
     assert snapshot(core) == before and lease_of(core) == lease
     core.handle(resume(core))
     assert core.lease.generation == 1
-
-
-def _fields(command: cmd.Resume) -> dict:
-    return {
-        "generation": command.generation,
-        "resume_token": command.resume_token,
-        "last_seq": command.last_seq,
-        "control_id": command.control_id,
-        "key_digest": command.key_digest,
-    }
 
 
 # --- expiry ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ tests/server/test_resume.py has the probe's own form)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from duplex_actors.core import commands as cmd
@@ -46,7 +47,7 @@ def test_the_exact_retry_gets_the_same_answer_while_nothing_shows_the_client_has
     assert (core.lease.generation, core.lease.token) == lease
     assert not core.lease.detached
     core.handle(cmd.Detach())
-    core.handle(cmd.Resume(**{**_fields(first), "last_seq": first.last_seq + 1}))  # it had read one more
+    core.handle(attrs.evolve(first, last_seq=first.last_seq + 1))  # it had read one more
 
 
 @pytest.mark.parametrize("since", ["a client command", "a resume without control_id", "the window"])
@@ -67,20 +68,10 @@ def test_the_old_frame_is_refused_once_the_answer_has_arrived_or_is_too_old(sinc
 def test_a_retry_may_not_ask_for_more_of_the_journal_than_the_original():
     core, _clock, first = resumed_once()
     with pytest.raises(ResumeConflict):
-        core.handle(cmd.Resume(**{**_fields(first), "last_seq": first.last_seq - 1}))
+        core.handle(attrs.evolve(first, last_seq=first.last_seq - 1))
     assert core.lease.detached
 
 
 def test_the_servers_detach_does_not_count_as_the_client_having_the_answer():
     core, _clock, first = resumed_once()  # a Detach came after the resume
     core.handle(first)
-
-
-def _fields(resume: cmd.Resume) -> dict:
-    return {
-        "generation": resume.generation,
-        "resume_token": resume.resume_token,
-        "last_seq": resume.last_seq,
-        "control_id": resume.control_id,
-        "key_digest": resume.key_digest,
-    }
