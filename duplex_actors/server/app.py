@@ -975,7 +975,7 @@ class _Connection:
             if isinstance(event, wire.EncodedAudio):
                 pcm = record.converter.convert(event.data)
                 if not pcm:  # the resampler is still filling its filter: nothing to hand on yet
-                    metrics.frames.labels("decoded").inc()
+                    metrics.frames_decoded.inc()
                     return
                 event = cmd.AppendAudio(
                     pcm=pcm,
@@ -1006,12 +1006,12 @@ class _Connection:
         except Exception as exc:  # a codec bug must not cost the client its connection
             self._failed(exc)
             return
-        metrics.frames.labels("decoded").inc()
+        metrics.frames_decoded.inc()
 
     def _refuse(self, err: DuplexError, event: object) -> None:
         """A frame (or what it asked for) refused: the client gets the error, counted against
         its flood budget."""
-        self.server.metrics.frames.labels("rejected").inc()
+        self.server.metrics.frames_rejected.inc()
         if err.event_id is None:
             err.with_event_id(getattr(event, "event_id", None))
         assert self.record is not None
@@ -1084,7 +1084,7 @@ class _Connection:
         if update.voice is not None:
             record.wire.voice = update.voice
         for err in errors:
-            self.server.metrics.frames.labels("rejected").inc()
+            self.server.metrics.frames_rejected.inc()
             _report(handle, err)
         return command
 
