@@ -100,10 +100,10 @@ def run(quick: bool = True, threads: int = 1, float32_dense: bool = False) -> di
     torch.set_num_threads(threads)
 
     async def measure() -> tuple[list, EmbeddedThinker, Thinker, object]:
-        # float32_dense: the figures without bf16 dense layers in batched steps, for comparison.
+        # float32_dense: the figures without low-precision dense layers in batched steps.
         config = ThinkerConfig(vocab_size=len(default_vocabulary()), max_slots=64)
         if float32_dense:
-            config = attrs.evolve(config, dense_bfloat16_from_rows=None)
+            config = attrs.evolve(config, dense_low_precision_from_rows=None)
         engine = EmbeddedThinker(defaults=params, config=config)
         await engine.start()
         try:
@@ -167,10 +167,12 @@ def run(quick: bool = True, threads: int = 1, float32_dense: bool = False) -> di
             "params": model.parameter_count(),
             "d_model": engine.config.d_model,
             "layers": engine.config.n_layers,
+            "heads": engine.config.n_heads,
+            "kv_heads": engine.config.n_kv_heads,
             "vocab": engine.config.vocab_size,
             "torch_threads": torch.get_num_threads(),
             "kv_cache": str(model.k_cache.dtype).removeprefix("torch."),
-            "bf16_dense_from_rows": model.bf16_dense_from_rows,
+            "dense_low_precision": model.dense_low_precision,
         },
         "max_tokens": max_tokens,
         "prompt_positions": len(prompt.prefix_ids) + prompt.budget.tokens + len(prompt.suffix_ids),
@@ -194,13 +196,11 @@ def run(quick: bool = True, threads: int = 1, float32_dense: bool = False) -> di
 
 def _print(report: dict) -> None:
     m = report["model"]
-    from_rows = m["bf16_dense_from_rows"]
-    dense = (
-        "float32 dense layers" if from_rows is None else f"bf16 dense layers in steps of >= {from_rows} rows"
-    )
+    low = m["dense_low_precision"]
+    dense = "float32 dense layers" if low is None else f"{low[0]} dense layers in steps of >= {low[1]} rows"
     print(
         f"embedded thinker: {m['params'] / 1e6:.2f} M params, d_model {m['d_model']}, {m['layers']} layers, "
-        f"vocab {m['vocab']}, {m['kv_cache']} KV cache, {dense}, "
+        f"{m['heads']} heads sharing {m['kv_heads']} key/value heads, vocab {m['vocab']}, {m['kv_cache']} KV cache, {dense}, "
         f"torch threads {m['torch_threads']}; "
         f"{report['max_tokens']} tokens per request, "
         f"{report['prompt_positions']}-position prompt"

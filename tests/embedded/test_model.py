@@ -1,6 +1,7 @@
 """The thinker's compute paths agree with each other: batched prefill with one-at-a-time
 prefill, the (in, out) dense layer with torch's own linear, a cache whose time axis grows and
-shrinks with one that never moves, bf16 dense layers with float32 ones."""
+shrinks with one that never moves, low-precision dense layers with float32 ones, shared
+key/value heads with one key/value head per query head."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ SMALL = dict(
 
 def _model(**overrides) -> Thinker:
     # float32 dense layers unless a test asks otherwise: these tests compare compute paths,
-    # and bf16 would differ between a step of few rows and one of many.
-    return Thinker(ThinkerConfig(**{"dense_bfloat16_from_rows": None, **SMALL, **overrides}))
+    # and low precision would differ between a step of few rows and one of many.
+    return Thinker(ThinkerConfig(**{"dense_low_precision_from_rows": None, **SMALL, **overrides}))
 
 
 def _prompts(model: Thinker):
@@ -50,12 +51,13 @@ def _next_logits(model: Thinker, positions: list[int], prompts) -> torch.Tensor:
     return model.decode(tokens, torch.tensor(positions))
 
 
-def test_batched_prefill_matches_one_prompt_at_a_time():
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_batched_prefill_matches_one_prompt_at_a_time(kv_heads):
     prompts = _prompts(_model())
 
-    alone = _model()
+    alone = _model(n_kv_heads=kv_heads)
     alone_positions = [alone.prefill(slot, *prompt) for slot, prompt in enumerate(prompts)]
-    together = _model()
+    together = _model(n_kv_heads=kv_heads)
     embedded = [together.embed_prompt(*prompt) for prompt in prompts]
     together_positions = together.prefill_many(0, embedded)
 
@@ -189,26 +191,70 @@ def test_a_cache_whose_time_axis_grows_and_shrinks_computes_what_a_fixed_one_doe
     assert grew and shrank, seen
 
 
-def test_bfloat16_dense_layers_compute_nearly_what_float32_does():
-    from duplex_actors.engines.embedded.model import _native_bf16
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_low_precision_dense_layers_compute_nearly_what_float32_does(precision):
+    from duplex_actors.engines.embedded.model import resolve_dense_low_precision
 
     full = _model()
-    low = _model(dense_bfloat16_from_rows=2)
+    low = _model(dense_low_precision=precision, dense_low_precision_from_rows=2)
     prompts = _prompts(full)
     logits = []
     for model in (full, low):
         positions = model.prefill_many(0, [model.embed_prompt(*p) for p in prompts])
         logits.append(_next_logits(model, positions, prompts))
-    if not _native_bf16():
-        # Hosts without native bf16 dot products keep float32 whatever the setting.
+    if resolve_dense_low_precision(precision) is None:
+        # Hosts without native bf16 dot products (or without torch's int8 kernels) keep
+        # float32 whatever the setting.
+        assert low.dense_low_precision is None
         assert torch.equal(logits[0], logits[1])
         return
-    assert (logits[0] - logits[1]).abs().max() < 0.05
-    assert not torch.equal(logits[0], logits[1]), "the bf16 path did not run"
+    assert low.dense_low_precision == (precision, 2)
+    # bf16 keeps ~3 significant digits of each weight, int8 ~2 (per output channel) and
+    # quantises each step's activations too: the logits move by far less than the ~1.5 nats
+    # of spread that decide which token wins.
+    assert (logits[0] - logits[1]).abs().max() < 0.1
+    assert not torch.equal(logits[0], logits[1]), f"the {precision} path did not run"
     # A one-row step stays below the threshold, so it is float32 in both (on fresh models:
     # the caches above were written by prefills of different precision).
     one = [
         model.decode(torch.tensor([3]), torch.tensor([0]))
-        for model in (_model(), _model(dense_bfloat16_from_rows=2))
+        for model in (_model(), _model(dense_low_precision=precision, dense_low_precision_from_rows=2))
     ]
     assert torch.equal(one[0], one[1])
+
+
+def test_shared_key_value_heads_compute_what_repeated_heads_do():
+    # A model whose 4 query heads share 2 key/value heads is the same function as one with 4
+    # key/value heads where each shared head's weights are repeated for its 2 query heads.
+    # This pins which query head reads which cache head, in prefill and in every decode step
+    # (across cache growth and compaction).
+    cfg = dict(n_heads=4, max_audio_tokens=20, max_new_tokens=24, cache_growth=4)
+    shared = _model(n_kv_heads=2, **cfg)
+    repeated = _model(n_kv_heads=4, **cfg)
+    D, H = shared.cfg.head_dim, 4
+    heads = [0, 0, 1, 1]  # query head -> the key/value head it shares
+
+    def spread(w: torch.Tensor) -> torch.Tensor:
+        return torch.cat([w[..., h * D : (h + 1) * D] for h in heads], dim=-1)
+
+    weights = shared.state_dict()
+    for name in [n for n in weights if ".qkv." in n]:
+        if name.endswith("bias"):  # zeros at init: make them matter
+            weights[name] = torch.randn_like(weights[name])
+            shared.state_dict()[name].copy_(weights[name])
+        q, k, v = weights[name].split((H * D, 2 * D, 2 * D), dim=-1)
+        weights[name] = torch.cat([q, spread(k), spread(v)], dim=-1)
+    repeated.load_state_dict(weights)
+    assert shared.k_cache.shape[2] == 2 and repeated.k_cache.shape[2] == 4
+    prompts = _prompts(shared)
+    got = _decode_run(shared, prompts, steps=20, leave_after=12)
+    want = _decode_run(repeated, prompts, steps=20, leave_after=12)
+    for step, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.allclose(a, b, atol=1e-4), f"step {step} differs"
+
+
+def test_key_value_heads_must_divide_the_query_heads():
+    with pytest.raises(ValueError, match="must divide"):
+        ThinkerConfig(vocab_size=10, n_heads=4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="must divide"):
+        ThinkerConfig(vocab_size=10, n_kv_heads=0)

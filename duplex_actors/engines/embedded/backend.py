@@ -62,6 +62,7 @@ def make_embedded_engine(
     d_model: int = 256,
     n_layers: int = 4,
     n_heads: int = 4,
+    n_kv_heads: int = 1,
     d_ff: int = 1024,
     max_new_tokens: int = 64,
     max_concurrency: int = 64,
@@ -72,9 +73,10 @@ def make_embedded_engine(
     seed: int = 20240617,
     dispatch_interval_s: float = 0.005,
 ) -> EmbeddedEngine:
-    """Build (not start) the embedded engine. Defaults: ~3.5 M parameter thinker, 64 live
-    sequences, 256 queued, Piper talker speaking at each request's ``audio_out_rate``. ``talker=False`` gives a text-only engine
-    (no piper import).
+    """Build (not start) the embedded engine. Defaults: ~3.1 M parameter thinker (4 query
+    heads sharing one key/value head), 64 live sequences, 256 queued, Piper talker speaking
+    at each request's ``audio_out_rate``. ``talker=False`` gives a text-only engine (no piper
+    import).
 
     ``torch_threads=1`` (process-wide, applied at start): on 2 cores the event loop, VAD and
     the talker need the other core, and a 2-thread OpenMP team stalls badly whenever one of
@@ -88,6 +90,7 @@ def make_embedded_engine(
         d_model=d_model,
         n_layers=n_layers,
         n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
         d_ff=d_ff,
         max_new_tokens=max_new_tokens,
         max_slots=max_concurrency,

@@ -28,7 +28,10 @@ model emits common words, punctuation and an end token at plausible rates.
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -65,17 +68,37 @@ class ThinkerConfig:
         default="float32", validator=attrs.validators.in_(("auto", "float32", "bfloat16"))
     )
 
+    #: Key/value heads, shared by groups of ``n_heads // n_kv_heads`` query heads
+    #: (grouped-query attention; 1 is multi-query). A batched decode step reads every live
+    #: row's whole cache, which made attention a sixth of a 64-row step with one key/value
+    #: head per query head; shared heads cut what it reads, and the cache's memory, by
+    #: ``n_heads / n_kv_heads``, and give each batched matmul several query rows. Real models
+    #: (Llama 3, Mistral, Qwen2) share their heads for the same reason.
+    n_kv_heads: int = attrs.field(default=1)
     #: Granularity of the cache's time axis (see the module docstring). Larger means fewer
     #: relayout copies but more masked positions in every step's attention.
     cache_growth: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     #: Steps of at least this many rows (batched decode, prefill) run the dense layers on
-    #: bfloat16 copies of the weights, with float32 accumulation, where the CPU has native
-    #: bf16 dot products; smaller steps, and hosts without them, stay in float32. Measured on
-    #: this project's AVX512-BF16 EPYC, one thread: at 64 rows a dense layer takes 0.17-0.21
-    #: ms in bf16 against 0.30-0.37 ms in float32, while at one row bf16 is 2x slower (the
-    #: weights are converted per call); the two cross near 8 rows. ``None`` keeps float32
-    #: everywhere (then a request's tokens never depend on how many others share its step).
-    dense_bfloat16_from_rows: int | None = 8
+    #: low-precision weights (``dense_low_precision``); smaller steps stay in float32, as
+    #: fast as they can be. At one row the weights' bytes, not the arithmetic, set the pace,
+    #: and converting or quantising the activations costs more than it saves; from about 8
+    #: rows the arithmetic does, and the low-precision kernels win (measured figures in
+    #: docs/embedded.md). ``None`` keeps float32 everywhere (then a request's tokens never
+    #: depend on how many others share its step).
+    dense_low_precision_from_rows: int | None = 8
+    #: The low precision: "bfloat16" (bf16 copies of the weights, float32 accumulation; only
+    #: where the CPU has native bf16 dot products, elsewhere torch emulates them 10-60x
+    #: slower), "int8" (weights quantised per output channel, activations per step, through
+    #: torch's quantized CPU kernels: fbgemm on x86, qnnpack on ARM), or "auto": bfloat16 where
+    #: native, else int8 where those kernels run, else float32.
+    dense_low_precision: str = attrs.field(
+        default="auto", validator=attrs.validators.in_(("auto", "bfloat16", "int8"))
+    )
+
+    @n_kv_heads.validator
+    def _kv_heads_divide_heads(self, attribute, value: int) -> None:
+        if value < 1 or self.n_heads % value:
+            raise ValueError(f"n_kv_heads={value} must divide n_heads={self.n_heads}")
 
     @property
     def head_dim(self) -> int:
@@ -104,21 +127,35 @@ class _Dense(nn.Module):
         self.in_features = in_features
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        self._bf16: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._low: Callable[[torch.Tensor], torch.Tensor] | None = None
 
-    def keep_bfloat16_copy(self) -> None:
-        """Keep bf16 copies of the weights for :meth:`forward_bf16` (after they are final)."""
-        bias = None if self.bias is None else self.bias.detach().to(torch.bfloat16)
-        self._bf16 = (self.weight_t.detach().to(torch.bfloat16).contiguous(), bias)
+    def keep_low_precision_copy(self, precision: str) -> None:
+        """Keep a ``precision`` ("bfloat16" or "int8") copy of the weights for
+        :meth:`forward_low_precision`; call once the weights are final."""
+        weight, bias = self.weight_t.detach(), None if self.bias is None else self.bias.detach()
+        if precision == "bfloat16":
+            weight_bf16 = weight.to(torch.bfloat16).contiguous()
+            bias_bf16 = None if bias is None else bias.to(torch.bfloat16)
 
-    def forward_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        """The same layer on the bf16 copies, for a 2-D float32 ``x``; returns float32."""
-        if self._bf16 is None:
-            return self.forward(x)
-        weight, bias = self._bf16
-        xb = x.to(torch.bfloat16)
-        y = torch.mm(xb, weight) if bias is None else torch.addmm(bias, xb, weight)
-        return y.to(torch.float32)
+            def forward_bf16(x: torch.Tensor) -> torch.Tensor:
+                xb = x.to(torch.bfloat16)
+                y = (
+                    torch.mm(xb, weight_bf16)
+                    if bias_bf16 is None
+                    else torch.addmm(bias_bf16, xb, weight_bf16)
+                )
+                return y.to(torch.float32)
+
+            self._low = forward_bf16
+        elif precision == "int8":
+            packed = _pack_int8(weight, bias)
+            self._low = lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)
+        else:
+            raise ValueError(f"unknown precision {precision!r}")
+
+    def forward_low_precision(self, x: torch.Tensor) -> torch.Tensor:
+        """The same layer on the low-precision copy, for a 2-D float32 ``x``; float32 out."""
+        return self.forward(x) if self._low is None else self._low(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:
@@ -129,11 +166,28 @@ class _Dense(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def _pack_int8(weight_t: torch.Tensor, bias: torch.Tensor | None):
+    """Quantise an (in, out) float32 weight to int8, symmetric per output channel, and pack it
+    for ``quantized.linear_dynamic`` (which quantises each call's activations per tensor,
+    multiplies in int8 with int32 sums, and returns float32)."""
+    weight = weight_t.t().contiguous()  # the kernels take (out, in)
+    scales = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.float64)
+    with warnings.catch_warnings():
+        # torch 2.13 marks quantized tensor creation deprecated (the kernels are not);
+        # _int8_kernels() checks at start that they still run, else the model stays float32.
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_channel(
+            weight, scales, torch.zeros(weight.shape[0], dtype=torch.long), 0, torch.qint8
+        )
+    return torch.ops.quantized.linear_prepack(quantized, bias)
+
+
 class _Block(nn.Module):
     def __init__(self, cfg: ThinkerConfig) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.qkv = _Dense(cfg.d_model, 3 * cfg.d_model)
+        # Query heads, then the shared key heads, then the value heads.
+        self.qkv = _Dense(cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim)
         self.proj = _Dense(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.fc1 = _Dense(cfg.d_model, cfg.d_ff)
@@ -190,7 +244,7 @@ class Thinker(nn.Module):
         # capacity. Zeros, not empty: every position of the time axis, masked or not, goes
         # through the matmuls (times a zero weight if masked), so each must hold a finite
         # number; junk left by earlier sequences and layouts is finite too.
-        size = cfg.n_layers * cfg.max_slots * cfg.n_heads * cfg.max_len * cfg.head_dim
+        size = cfg.n_layers * cfg.max_slots * cfg.n_kv_heads * cfg.max_len * cfg.head_dim
         self._k_storage = torch.zeros(size, dtype=kv_dtype)
         self._v_storage = torch.zeros(size, dtype=kv_dtype)
         self.register_buffer(
@@ -203,11 +257,14 @@ class Thinker(nn.Module):
         self.eval()
         self._parts = [_BlockParts(block) for block in self.blocks]
         self._final_norm = _norm_args(self.ln_f)
-        self._bf16_from_rows = cfg.dense_bfloat16_from_rows if _native_bf16() else None
-        if self._bf16_from_rows is not None:
+        from_rows = cfg.dense_low_precision_from_rows
+        kind = None if from_rows is None else resolve_dense_low_precision(cfg.dense_low_precision)
+        self._low_precision_kind = kind
+        self._low_from_rows = None if kind is None else from_rows
+        if kind is not None:
             for module in self.modules():
                 if isinstance(module, _Dense):
-                    module.keep_bfloat16_copy()
+                    module.keep_low_precision_copy(kind)
 
     def _init_random(self, gen: torch.Generator) -> None:
         # Fan-in scaled weights keep activations O(1) through the residual stack, so the
@@ -237,13 +294,16 @@ class Thinker(nn.Module):
 
     def _cache_view(self, storage: torch.Tensor, capacity: int) -> torch.Tensor:
         cfg = self.cfg
-        shape = (cfg.n_layers, cfg.max_slots, cfg.n_heads, capacity, cfg.head_dim)
+        shape = (cfg.n_layers, cfg.max_slots, cfg.n_kv_heads, capacity, cfg.head_dim)
         return storage[: math.prod(shape)].view(shape)
 
     @property
-    def bf16_dense_from_rows(self) -> int | None:
-        """``cfg.dense_bfloat16_from_rows`` as it applies on this host (None: float32 only)."""
-        return self._bf16_from_rows
+    def dense_low_precision(self) -> tuple[str, int] | None:
+        """The low precision batched steps' dense layers run in on this host, and from how
+        many rows: ``("int8", 8)``, ``("bfloat16", 8)``, or None (float32 only)."""
+        if self._low_precision_kind is None or self._low_from_rows is None:
+            return None
+        return self._low_precision_kind, self._low_from_rows
 
     @property
     def cache_capacity(self) -> int:
@@ -267,11 +327,9 @@ class Thinker(nn.Module):
             view[:, :live, :, :keep] = kept
             setattr(self, name, view)
 
-    def _low_precision(self, rows: int) -> bool:
-        return self._bf16_from_rows is not None and rows >= self._bf16_from_rows
-
     def _dense(self, layer: _Dense, x: torch.Tensor, rows: int) -> torch.Tensor:
-        return layer.forward_bf16(x) if self._low_precision(rows) else layer.forward(x)
+        low = self._low_from_rows
+        return layer.forward_low_precision(x) if low is not None and rows >= low else layer.forward(x)
 
     def _feed_forward(self, parts: _BlockParts, x: torch.Tensor, rows: int) -> torch.Tensor:
         # (Keeping the hidden layer in bf16 through the GELU saves two conversions, but
@@ -346,15 +404,15 @@ class Thinker(nn.Module):
         for i, p in enumerate(prompts):
             x[i, : lengths[i]] = p
         x = x + self.pos_emb[:longest]
-        H, D = cfg.n_heads, cfg.head_dim
+        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         rows = count * longest
         slots = slice(first_slot, first_slot + count)
         for layer, parts in enumerate(self._parts):
             qkv = self._dense(parts.qkv, F.layer_norm(x, *parts.norm1).view(rows, cfg.d_model), rows)
-            q, k, v = qkv.view(count, longest, 3, H, D).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.view(count, longest, H + 2 * K, D).transpose(1, 2).split((H, K, K), dim=1)
             self.k_cache[layer, slots, :, :longest] = k  # (cast to the cache's dtype)
             self.v_cache[layer, slots, :, :longest] = v
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=K != H)
             attn = attn.transpose(1, 2).reshape(rows, cfg.d_model)
             x = x + self._dense(parts.proj, attn, rows).view(count, longest, cfg.d_model)
             x = x + self._feed_forward(parts, x.view(rows, cfg.d_model), rows).view(
@@ -368,27 +426,31 @@ class Thinker(nn.Module):
         ``positions[i]`` of slot i. Returns logits of shape (n, vocab)."""
         cfg = self.cfg
         n = tokens.shape[0]
-        H, D = cfg.n_heads, cfg.head_dim
+        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        group = H // K
         self._fit_cache(int(positions.max()) + 1, live=n)
         width = self.cache_capacity
         kv_dtype = self.k_cache.dtype
         rows = torch.arange(n)
         # Row i may attend to cache positions 0 .. positions[i]; the rest of the (compact,
-        # contiguous) time axis is masked out. One mask row per (row, head) pair.
+        # contiguous) time axis is masked out. One mask row per (row, key head) pair, broadcast
+        # over the query heads that share it.
         hidden = torch.arange(width)[None, :] > positions[:, None]
         mask = torch.zeros((n, 1, width), dtype=kv_dtype).masked_fill_(hidden.view(n, 1, width), -math.inf)
-        mask = mask.expand(n, H, width).reshape(n * H, 1, width)
+        mask = mask.expand(n, K, width).reshape(n * K, 1, width)
         scale = 1.0 / math.sqrt(D)
         x = self.tok_emb[tokens] + self.pos_emb[positions]
         for layer, parts in enumerate(self._parts):
-            q, k, v = self._dense(parts.qkv, F.layer_norm(x, *parts.norm1), n).view(n, 3, H, D).unbind(1)
+            qkv = self._dense(parts.qkv, F.layer_norm(x, *parts.norm1), n)
+            q, k, v = qkv.view(n, H + 2 * K, D).split((H, K, K), dim=1)
             self.k_cache[layer, rows, :, positions] = k.to(kv_dtype)
             self.v_cache[layer, rows, :, positions] = v.to(kv_dtype)
-            # Slots 0 .. n-1 over the whole axis: one contiguous block, so plain batched matmuls.
-            keys = self.k_cache[layer, :n].view(n * H, width, D)
-            values = self.v_cache[layer, :n].view(n * H, width, D)
+            # Slots 0 .. n-1 over the whole axis: one contiguous block, so plain batched matmuls,
+            # each with the ``group`` query heads that share a key head as its rows.
+            keys = self.k_cache[layer, :n].view(n * K, width, D)
+            values = self.v_cache[layer, :n].view(n * K, width, D)
             scores = torch.baddbmm(
-                mask, q.reshape(n * H, 1, D).to(kv_dtype), keys.transpose(1, 2), alpha=scale
+                mask, q.reshape(n * K, group, D).to(kv_dtype), keys.transpose(1, 2), alpha=scale
             )
             weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(kv_dtype)
             attn = torch.bmm(weights, values).to(x.dtype)
@@ -410,6 +472,32 @@ def resolve_kv_dtype(name: str) -> torch.dtype:
     if name == "bfloat16":
         return torch.bfloat16
     return torch.bfloat16 if _native_bf16() else torch.float32
+
+
+def resolve_dense_low_precision(name: str) -> str | None:
+    """The low precision for a ThinkerConfig.dense_low_precision setting on this host, or
+    None where it would be slower than float32 (emulated bf16) or cannot run (no int8 kernels)."""
+    if name == "bfloat16":
+        return "bfloat16" if _native_bf16() else None
+    if name == "int8":
+        return "int8" if _int8_kernels() else None
+    if _native_bf16():
+        return "bfloat16"
+    return "int8" if _int8_kernels() else None
+
+
+@functools.cache
+def _int8_kernels() -> bool:
+    """Whether torch's dynamic int8 linear runs here (fbgemm/x86 or qnnpack), checked once on
+    a tiny layer: the quantized ops are optional in a torch build, and deprecated."""
+    if torch.backends.quantized.engine not in ("x86", "fbgemm", "qnnpack"):
+        return False
+    try:
+        packed = _pack_int8(torch.ones(4, 2), None)
+        out = torch.ops.quantized.linear_dynamic(torch.ones(1, 4), packed, True)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(out, torch.full((1, 2), 4.0), atol=0.1))
 
 
 def _native_bf16() -> bool:
