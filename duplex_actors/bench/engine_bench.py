@@ -200,7 +200,8 @@ def _print(report: dict) -> None:
     dense = "float32 dense layers" if low is None else f"{low[0]} dense layers in steps of >= {low[1]} rows"
     print(
         f"embedded thinker: {m['params'] / 1e6:.2f} M params, d_model {m['d_model']}, {m['layers']} layers, "
-        f"{m['heads']} heads sharing {m['kv_heads']} key/value heads, vocab {m['vocab']}, {m['kv_cache']} KV cache, {dense}, "
+        f"{m['heads']} heads sharing {m['kv_heads']} key/value head{'s' if m['kv_heads'] > 1 else ''}, "
+        f"vocab {m['vocab']}, {m['kv_cache']} KV cache, {dense}, "
         f"torch threads {m['torch_threads']}; "
         f"{report['max_tokens']} tokens per request, "
         f"{report['prompt_positions']}-position prompt"
