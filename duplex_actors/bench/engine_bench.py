@@ -18,7 +18,7 @@ ratio is the median over rounds of the ratio within a round (5 rounds quick, 9 f
 tokens/s shown are that median round's (the machine is shared and its speed drifts within
 seconds, so only runs close in time compare).
 
-    python -m duplex_actors.bench.engine_bench [--full]
+    python -m duplex_actors.bench.engine_bench [--full] [--float32-dense] [--kv-heads N]
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ def _bare_run(model: Thinker, prompt, n: int, max_tokens: int) -> tuple[float, i
     return time.perf_counter() - began, n * max_tokens
 
 
-def run(quick: bool = True, threads: int = 1, float32_dense: bool = False) -> dict:
+def run(
+    quick: bool = True, threads: int = 1, float32_dense: bool = False, kv_heads: int | None = None
+) -> dict:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     max_tokens = 48 if quick else 64
     rounds = 5 if quick else 9  # odd: the median is a real round
@@ -104,6 +106,8 @@ def run(quick: bool = True, threads: int = 1, float32_dense: bool = False) -> di
         config = ThinkerConfig(vocab_size=len(default_vocabulary()), max_slots=64)
         if float32_dense:
             config = attrs.evolve(config, dense_low_precision_from_rows=None)
+        if kv_heads is not None:  # the model before its heads were shared: kv_heads=4
+            config = attrs.evolve(config, n_kv_heads=kv_heads)
         engine = EmbeddedThinker(defaults=params, config=config)
         await engine.start()
         try:
@@ -227,4 +231,6 @@ def _print(report: dict) -> None:
 
 
 if __name__ == "__main__":
-    _print(run(quick="--full" not in sys.argv, float32_dense="--float32-dense" in sys.argv))
+    args = sys.argv[1:]
+    heads = int(args[args.index("--kv-heads") + 1]) if "--kv-heads" in args else None
+    _print(run(quick="--full" not in args, float32_dense="--float32-dense" in args, kv_heads=heads))
