@@ -811,6 +811,7 @@ class _Connection:
         "pace_wait",
         "end_code",
         "vad_job",
+        "frame_credit",
         "reading_gate",
     )
 
@@ -830,6 +831,10 @@ class _Connection:
         self.pace_wait = 0.0  # set by _on_frame, waited out by _read_loop
         #: The last append handed to the server's VAD batcher: the next frame waits for it.
         self.vad_job: VadJob | None = None
+        #: What the frame being handled did for others and must not be billed for: a VAD
+        #: batch it had to score at once (_tell), whose windows were billed to their own
+        #: clients when they were handed over.
+        self.frame_credit = 0.0
         #: Set while a resume on another connection decides whether to push this one out: the
         #: reader handles no frame until it is released (or the connection is superseded).
         self.reading_gate: anyio.Event | None = None
@@ -909,6 +914,7 @@ class _Connection:
                 if began - done > READ_GAP_S:
                     slice_began = began  # the reader waited for this frame: a new slice
                 cost_mark = frame_cost.mark() if billed else None
+                self.frame_credit = 0.0
                 self._on_frame(frame)
                 if self.flooding:
                     await self._close_for_flood()
@@ -916,7 +922,7 @@ class _Connection:
                 done = clock()
                 if cost_mark is not None:
                     # Billed in CPU time, collections excepted: not the wall clock (frame_cost).
-                    cost = frame_cost.billed_since(cost_mark)
+                    cost = max(0.0, frame_cost.billed_since(cost_mark) - self.frame_credit)
                     if handling is not None:
                         self._pace(handling, cost, "handling")
                     if loop_share is not None:
@@ -1120,7 +1126,10 @@ class _Connection:
         job = self.vad_job
         if job is not None and not job.done:
             assert self.server.vad_batcher is not None
-            self.server.vad_batcher.flush()
+            # The batch holds every session's waiting windows, other clients' among them, each
+            # billed to its client when handed over (_append). Scored here, inside this frame,
+            # its whole cost would be billed to this client again: it is credited back.
+            self.frame_credit += self.server.vad_batcher.flush()
         assert self.record is not None
         self.record.handle.tell(command)
 

@@ -127,15 +127,16 @@ class VadBatcher:
             self._soon = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def flush(self) -> None:
-        """Score every job submitted so far and deliver each, in submission order."""
+    def flush(self) -> float:
+        """Score every job submitted so far and deliver each, in submission order. Returns the
+        loop thread's CPU it took (frame_cost), which each job's client was billed in advance."""
         self._soon = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         jobs, self._jobs = self._jobs, []
         if not jobs:
-            return
+            return 0.0
         began = frame_cost.mark()
         scored = self._score(jobs)
         for job in jobs:
@@ -146,7 +147,8 @@ class VadBatcher:
             finally:
                 job._finish()
         windows = sum(len(job.frames) for job in jobs)
-        per_window = frame_cost.billed_since(began) / windows
+        took = frame_cost.billed_since(began)
+        per_window = took / windows
         # A recent average: a single flush is noisy (a collection, a cold cache).
         self.cost_per_window = (
             per_window
@@ -155,6 +157,7 @@ class VadBatcher:
         )
         self.flushes += 1
         self.windows += windows
+        return took
 
     def _score(self, jobs: list[VadJob]) -> dict[int, list[float]]:
         """Each job's probabilities by ``id(job)``; a job whose model failed is left out.

@@ -259,3 +259,71 @@ async def test_the_window_that_ends_the_turn_is_not_held_for_a_batch():
             types = [e["type"] for e in events]
             assert "input_audio_buffer.speech_started" in types
             assert events[-1]["response"]["status"] == "completed"
+
+
+class CostlyVad(BatchLoudnessVad):
+    """Every window costs 5 ms of the loop thread's CPU."""
+
+    def probability(self, frame: bytes) -> float:
+        began = time.thread_time()
+        while time.thread_time() - began < 0.005:
+            pass
+        return 0.02
+
+
+def _short_of_a_window_until_the_tail() -> bytes:
+    """24 kHz audio whose streaming resample is short of one 16 kHz window, and whose
+    resampler tail (what a commit flushes) completes it."""
+    import numpy as np
+    import soxr
+
+    for n in range(24 * 20, 24 * 60):
+        stream = soxr.ResampleStream(24000, 16000, 1, dtype="int16")
+        head = len(stream.resample_chunk(np.zeros(n, dtype="<i2")))
+        tail = len(stream.resample_chunk(np.zeros(0, dtype="<i2"), last=True))
+        if head < FRAME <= head + tail:
+            return b"\0\0" * n
+    raise AssertionError("no such length: the resampler holds back too little")
+
+
+async def test_a_commit_that_scores_the_batch_is_not_billed_for_other_clients_windows():
+    """A commit's resampler tail completes a window, and that window is scored at once, with
+    every window waiting in the batch: another client's too. Those were billed to their own
+    client when handed over; the committing client is billed for none of them."""
+    billed: list[tuple[str, float]] = []
+
+    class RecordingShare(LoopShare):
+        def charge(self, tenant, seconds, now):
+            billed.append((tenant, seconds))
+            return super().charge(tenant, seconds, now)
+
+    keys = ("other-key", "committer-key")
+    async with running_server(vad_factory=CostlyVad, vad_batch_window_s=3600.0, api_keys=keys) as server:
+        server.loop_share = RecordingShare(0.5)
+        batcher = server.vad_batcher
+        assert batcher is not None
+        headers = [{"Authorization": f"Bearer {key}"} for key in keys]
+        async with (
+            connect(server.url, additional_headers=headers[0]) as other,
+            connect(server.url, additional_headers=headers[1]) as committer,
+        ):
+            await recv_json(other)
+            await recv_json(committer)
+            update = {"type": "session.update", "session": {"audio": {"input": {"format": PCM_16K}}}}
+            await other.send(json.dumps(update))
+            await recv_until(other, "session.updated")
+            # The committer keeps the GA default, 24 kHz: its audio goes through a resampler.
+            await committer.send(append(_short_of_a_window_until_the_tail()))
+            await other.send(append(tone(32 * 8, 0)))  # eight windows, left waiting in the batch
+            with anyio.fail_after(5):
+                while len(batcher._jobs) < 1:
+                    await anyio.sleep(0.005)
+            assert batcher.flushes == 0
+            before = len(billed)
+            await committer.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await recv_until(committer, "input_audio_buffer.committed")
+            # The commit scored the batch (the other client's 8 windows and its own tail's one):
+            # about 45 ms of the loop, of which none is billed to the committer's frame.
+            assert batcher.flushes == 1 and batcher.windows == 9
+            during = [seconds for _, seconds in billed[before:]]
+            assert during and max(during) < 0.02, during
