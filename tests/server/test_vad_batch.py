@@ -154,11 +154,13 @@ async def test_a_model_that_fails_fails_only_its_own_streams_jobs():
 
 
 class SlowVad(BatchLoudnessVad):
-    """Spends a millisecond of CPU on each window."""
+    """Spends ``cost_s`` of CPU on each window (a millisecond unless a subclass says)."""
+
+    cost_s = 0.001
 
     def probability(self, frame: bytes) -> float:
         began = time.thread_time()
-        while time.thread_time() - began < 0.001:
+        while time.thread_time() - began < self.cost_s:
             pass
         return 0.02
 
@@ -261,14 +263,8 @@ async def test_the_window_that_ends_the_turn_is_not_held_for_a_batch():
             assert events[-1]["response"]["status"] == "completed"
 
 
-class CostlyVad(BatchLoudnessVad):
-    """Every window costs 5 ms of the loop thread's CPU."""
-
-    def probability(self, frame: bytes) -> float:
-        began = time.thread_time()
-        while time.thread_time() - began < 0.005:
-            pass
-        return 0.02
+class CostlyVad(SlowVad):
+    cost_s = 0.005
 
 
 def _short_of_a_window_until_the_tail() -> bytes:
