@@ -481,6 +481,20 @@ async def _soak(
     return report
 
 
+def plan(seconds: float, journal_max_age_s: float, warmup_s: float | None = None) -> tuple[float, float]:
+    """``(run_s, warmup_s)``: how long the load runs and when memory starts to be judged.
+
+    Warm-up lasts 1.5x the journal age (a quarter of the run if that is longer): each session's
+    journal fills for ``journal_max_age_s`` and is level only after it, so RSS judged any earlier
+    counts the journals filling as growth. The run then lasts at least 1.5x the warm-up, so a
+    third of it is measured: a ``seconds`` too short for that is lengthened rather than judged on
+    journals still filling (200 x 60 s at the default 60 s age runs 135 s, warm-up 90 s).
+    """
+    if warmup_s is None:
+        warmup_s = max(1.5 * journal_max_age_s, 0.25 * seconds)
+    return max(seconds, 1.5 * warmup_s), warmup_s
+
+
 def run(
     sessions: int = 1000,
     seconds: float = 600.0,
@@ -498,18 +512,22 @@ def run(
 ) -> dict[str, Any]:
     """Run the soak and return its report (see the module docstring).
 
-    Memory is judged after warm-up, which must outlast the replay journal's age limit (each
-    session's journal fills for ``journal_max_age_s`` and then stays level). Level as long as the
+    Memory is judged after warm-up, which outlasts the replay journal's age limit (:func:`plan`;
+    the report's ``seconds`` is the run's length, which may exceed the one asked). Level as long as the
     event *rate* is: the journals hold the last ``journal_max_age_s`` of events, so a run whose
     warm-up was slowed (another process on the same cores) fills them further once it speeds up,
     and that shows as RSS growth. ``journal_events_*`` and ``py_blocks_*`` tell that apart from a
     leak; the memory check itself does not discount it.
     """
-    if warmup_s is None:
-        warmup_s = min(max(1.5 * journal_max_age_s, 0.25 * seconds), 0.5 * seconds)
+    asked = seconds
+    seconds, warmup_s = plan(seconds, journal_max_age_s, warmup_s)
+    if progress and seconds > asked:
+        progress(
+            f"running {seconds:g} s, not {asked:g}, to measure a third of it after the {warmup_s:g} s warm-up"
+        )
     if sample_every_s is None:
         sample_every_s = max(0.5, min(5.0, seconds / 40))
-    return anyio.run(
+    report = anyio.run(
         _soak,
         sessions,
         seconds,
@@ -524,6 +542,8 @@ def run(
         journal_max_age_s,
         progress,
     )
+    report["seconds_asked"] = asked
+    return report
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -531,7 +551,8 @@ def summary(report: dict[str, Any]) -> str:
     c = r["counts"]
     return "\n".join(
         [
-            f"soak: {r['sessions']} sessions x {r['seconds']} s (elapsed {r['elapsed_s']} s), seed {r['seed']}",
+            f"soak: {r['sessions']} sessions x {r['seconds']} s (asked {r.get('seconds_asked', r['seconds'])} s, "
+            f"elapsed {r['elapsed_s']} s), seed {r['seed']}, journal age {r['journal_max_age_s']} s",
             f"  ok: {r['ok']}",
             f"  events: {r['events']} kept ({r['events_per_s']}/s), lost (seq gaps): {r['events_lost']}, "
             f"replay duplicates dropped: {c.get('replay_duplicates_dropped', 0)}",
@@ -562,7 +583,7 @@ def register_soak(app) -> None:
 
     def soak(
         sessions: int = typer.Option(1000, help="Concurrent sessions."),
-        seconds: float = typer.Option(600.0, help="How long to run."),
+        seconds: float = typer.Option(600.0, help="How long to run (at least 1.5x the warm-up)."),
         seed: int = typer.Option(0, help="Random seed."),
         json_out: str = typer.Option("", "--json", help="Also write the report here."),
         wire: bool = typer.Option(
@@ -573,7 +594,8 @@ def register_soak(app) -> None:
         ),
         hostile: float = typer.Option(0.05, help="--wire: fraction of hostile clients."),
         journal_max_age_s: float = typer.Option(
-            60.0, help="--wire: the server's journal age; warm-up is 1.5x this"
+            60.0,
+            help="The sessions' journal age; warm-up is 1.5x this (a run too short for it is lengthened)",
         ),
     ) -> None:
         """Soak the runtime: sessions with barge-ins, disconnects and resumes; report leaks."""
@@ -590,7 +612,9 @@ def register_soak(app) -> None:
             )
             typer.echo(wire_soak.summary(report))
         else:
-            report = run(sessions, seconds, seed=seed, progress=typer.echo)
+            report = run(
+                sessions, seconds, seed=seed, journal_max_age_s=journal_max_age_s, progress=typer.echo
+            )
             typer.echo(summary(report))
         if json_out:
             with open(json_out, "w") as f:
@@ -608,11 +632,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--journal-max-age-s", type=float, default=60.0, help="warm-up is 1.5x this")
     ap.add_argument("--json", default="")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     progress = None if args.quiet else (lambda line: print(line, flush=True))
-    report = run(args.sessions, args.seconds, seed=args.seed, progress=progress)
+    report = run(
+        args.sessions,
+        args.seconds,
+        seed=args.seed,
+        journal_max_age_s=args.journal_max_age_s,
+        progress=progress,
+    )
     print(summary(report), flush=True)
     if args.json:
         with open(args.json, "w") as f:
