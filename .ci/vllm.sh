@@ -67,5 +67,16 @@ set +e
 "$VENV/bin/python" -m pytest tests/vllm -m vllm -p no:cacheprovider -q --durations=5 "$@"
 status=$?
 set -e
-step "tests finished in $((SECONDS - t))s (exit $status); total $((SECONDS - t_all))s"
+step "tests finished in $((SECONDS - t))s (exit $status)"
+
+# The vLLM bench's two entry points, smoke size (a few tokens, one round: its figures are noise,
+# finishing with every figure is the check): the module, and `duplex-actors bench --only vllm`.
+# Each starts its own engine (tests/vllm/test_vllm_bench.py measures on the shared one).
+t=$SECONDS
+step "bench smoke: python -m duplex_actors.bench.vllm_bench --smoke"
+"$VENV/bin/python" -m duplex_actors.bench.vllm_bench --smoke --model "$DUPLEX_VLLM_MODEL" || status=1
+step "bench smoke: duplex-actors bench --quick --only vllm (DUPLEX_VLLM_BENCH_SIZE=smoke)"
+DUPLEX_VLLM_BENCH_SIZE=smoke "$VENV/bin/python" -m duplex_actors.bench --quick --only vllm \
+    --out "$SCRATCH/bench" || status=1
+step "bench smoke finished in $((SECONDS - t))s (exit $status); total $((SECONDS - t_all))s"
 exit $status
