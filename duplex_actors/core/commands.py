@@ -185,6 +185,8 @@ class UpdateSession(Command):
     #: Server VAD's idle timeout (turn_detection.idle_timeout_ms): 0 turns it off, None leaves it.
     idle_timeout_ms: int | None = attrs.field(default=None, validator=_optional_count)
     model_native: bool | None = None
+    #: duplex.state events on or off (extension); None leaves it.
+    state_events: bool | None = None
     instructions: str | None = None
     #: The knobs given (not None) replace the session's; the others are kept.
     sampling: SamplingOverrides | None = None

@@ -180,6 +180,18 @@ class DecisionEvent(ServerEvent):
     turn_id: int
 
 
+@attrs.frozen(slots=True, kw_only=True)
+class StateChanged(ServerEvent):
+    """The session's statechart changed state (opt-in: ``duplex.state_events``), so a client
+    can show the live chart. ``source == dest`` once, when turned on: the state it is in."""
+
+    TYPE = "duplex.state"
+    EXTENSION = True
+    source: str
+    dest: str
+    trigger: str
+
+
 # --- response -----------------------------------------------------------------------------
 
 

@@ -650,6 +650,9 @@ class SessionCore:
         return _GUARD_FUNCTIONS[name](self)
 
     def _classify(self, output: EngineOutput) -> str:
+        # Not for closed: session.closed says it, and it must stay the last event.
+        if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
+            self._emit(ev.StateChanged, source=source, dest=resolution.dest, trigger=trigger)
         rid = output.request_id
         is_turn = rid == self._turn_request
         is_unit = self._units is not None and rid in self._units
@@ -1537,6 +1540,7 @@ class SessionCore:
             knobs = (
                 {} if cmd.sampling is None else attrs.asdict(cmd.sampling, filter=lambda _, v: v is not None)
             )
+                "state_events",
             knobs.update(dict.fromkeys(cmd.reset_sampling))
             changes["sampling"] = attrs.evolve(self.config.sampling, **knobs)
         if cmd.transcription is not None:
@@ -1569,3 +1573,6 @@ class SessionCore:
         if self._windows is not None:
             self._windows.clear()
         self._emit(ev.SessionClosedEvent, reason=reason)
+        if config.state_events and cmd.state_events:
+            # Turned on (or again): where the chart is now, so the client starts from it.
+            self._emit(ev.StateChanged, source=self._state, dest=self._state, trigger="update")

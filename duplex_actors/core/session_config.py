@@ -38,6 +38,9 @@ class SessionConfig:
     )
     #: model-native duplex: the model decides listen/speak per audio unit.
     model_native: bool = False
+    #: Send a ``duplex.state`` event on every change of the statechart's state (extension,
+    #: off by default: GA clients never see it).
+    state_events: bool = False
     sample_rate: int = 16000
     #: The rate the client plays the session's audio at (None: ``sample_rate``). Model turns
     #: pass it to the engine (``ModelTurnRequest.output_sample_rate``) so a speaking engine
@@ -92,6 +95,7 @@ class SessionConfig:
             "auto_respond": self.auto_respond,
             "respond_on_commit": self.respond_on_commit,
             "model_native": self.model_native,
+            "state_events": self.state_events,
             "server_vad": self.server_vad,
             "speech_prefix_ms": self.speech_prefix_ms,
             "idle_timeout_ms": self.idle_timeout_ms,

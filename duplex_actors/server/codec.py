@@ -110,6 +110,7 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
                 "auto_respond",
                 "respond_on_commit",
                 "model_native",
+                "state_events",
                 "server_vad",
                 "sample_rate",
                 "min_interruption_ms",
@@ -325,6 +326,7 @@ _BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
         "audio_end_ms": e.audio_end_ms,
     },
     ev.DecisionEvent: lambda e, w: {"decision": e.decision, "turn_id": e.turn_id},
+    ev.StateChanged: lambda e, w: {"from": e.source, "to": e.dest, "trigger": e.trigger},
     ev.ResponseCreated: _response_created,
     ev.OutputItemAdded: lambda e, w: {
         "response_id": e.response_id,

@@ -719,6 +719,9 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         native = block.bool("model_native")
         if native is not None:
             changes["model_native"] = native
+        state_events = block.bool("state_events")
+        if state_events is not None:
+            changes["state_events"] = state_events
         min_ms = block.int("min_interruption_ms", minimum=0, maximum=60_000)
         if min_ms is not None:
             changes["min_interruption_ms"] = min_ms
