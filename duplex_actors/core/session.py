@@ -638,6 +638,9 @@ class SessionCore:
         self._state = resolution.dest
         for effect in _effect_functions(resolution):
             effect(self)
+        # Not for closed: session.closed says it, and it must stay the last event.
+        if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
+            self._emit(ev.StateChanged, source=source, dest=resolution.dest, trigger=trigger)
         if (resolution.dest != source or resolution.effects) and _transition_logging():
             self._log_transition(trigger, source, resolution.dest)
 
@@ -650,9 +653,6 @@ class SessionCore:
         return _GUARD_FUNCTIONS[name](self)
 
     def _classify(self, output: EngineOutput) -> str:
-        # Not for closed: session.closed says it, and it must stay the last event.
-        if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
-            self._emit(ev.StateChanged, source=source, dest=resolution.dest, trigger=trigger)
         rid = output.request_id
         is_turn = rid == self._turn_request
         is_unit = self._units is not None and rid in self._units
@@ -1522,6 +1522,7 @@ class SessionCore:
                 "auto_respond",
                 "respond_on_commit",
                 "model_native",
+                "state_events",
                 "server_vad",
                 "instructions",
                 "min_interruption_ms",
@@ -1540,7 +1541,6 @@ class SessionCore:
             knobs = (
                 {} if cmd.sampling is None else attrs.asdict(cmd.sampling, filter=lambda _, v: v is not None)
             )
-                "state_events",
             knobs.update(dict.fromkeys(cmd.reset_sampling))
             changes["sampling"] = attrs.evolve(self.config.sampling, **knobs)
         if cmd.transcription is not None:
@@ -1560,6 +1560,9 @@ class SessionCore:
         elif cmd.idle_timeout_ms and self.counters.responses:
             self._fx_start_idle_timer()  # a new timeout counts from now, after a response
         self._emit(ev.SessionUpdated, config=config.public())
+        if config.state_events and cmd.state_events:
+            # Turned on (or again): where the chart is now, so the client starts from it.
+            self._emit(ev.StateChanged, source=self._state, dest=self._state, trigger="update")
 
     def _fx_emit_session_closed(self) -> None:
         reason = self._reason() if self._step.get("command") or self._step.get("reason") else "closed"
@@ -1573,6 +1576,3 @@ class SessionCore:
         if self._windows is not None:
             self._windows.clear()
         self._emit(ev.SessionClosedEvent, reason=reason)
-        if config.state_events and cmd.state_events:
-            # Turned on (or again): where the chart is now, so the client starts from it.
-            self._emit(ev.StateChanged, source=self._state, dest=self._state, trigger="update")
