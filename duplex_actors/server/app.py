@@ -59,6 +59,7 @@ from ..errors import (
 )
 from . import codec, frame_cost, guard, wire
 from .audio_format import GA_DEFAULT, InputConverter
+from .console import ConsoleRoutes
 from .connection import (
     CONTROL_FRAMES_BURST,
     CONTROL_FRAMES_PER_S,
@@ -68,6 +69,7 @@ from .connection import (
 )
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
+from .tls import server_ssl_context
 from .vad_batch import VadBatcher, VadJob
 
 log = structlog.get_logger("duplex_actors.server")
@@ -236,6 +238,9 @@ class ServerConfig:
     metrics_max_age_s: float = 1.0
     #: The ``model`` sessions report (clients may name any in ``?model=``; our engine answers).
     model_name: str = "duplex-actors"
+    #: TLS (wss:// and https://): a PEM certificate chain and its private key. Both or neither.
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 #: How Realtime sessions differ from the runtime's embedder defaults: a commit only adds audio
@@ -314,6 +319,8 @@ class RealtimeServer:
         self.runtime = runtime
         self.config = config
         self.metrics = ServerMetrics(runtime, records=lambda: len(self._records))
+        self.console = ConsoleRoutes(self)
+        self._ssl = server_ssl_context(config.tls_cert, config.tls_key)
         self._records: dict[str, _SessionRecord] = {}
         self._server: Server | None = None
         self._connections = 0
@@ -364,6 +371,7 @@ class RealtimeServer:
             close_timeout=2.0,
             compression=self.config.compression,
             create_connection=self._connection_class(),
+            ssl=self._ssl,
         )
         self.runtime.add_close_listener(self._session_closed)
         frame_cost.install()
@@ -446,6 +454,7 @@ class RealtimeServer:
 
     async def aclose(self) -> None:
         self.runtime.remove_close_listener(self._session_closed)
+        self.console.close()
         if self._charging is not None:
             self._charging.cancel()
             self._charging = None
@@ -477,11 +486,11 @@ class RealtimeServer:
 
     @property
     def url(self) -> str:
-        return f"ws://{self._netloc}{self.config.path}"
+        return f"{'wss' if self._ssl else 'ws'}://{self._netloc}{self.config.path}"
 
     @property
     def http_url(self) -> str:
-        return f"http://{self._netloc}"
+        return f"{'https' if self._ssl else 'http'}://{self._netloc}"
 
     @property
     def _netloc(self) -> str:
@@ -505,6 +514,8 @@ class RealtimeServer:
                 self.runtime.clock.now(), self.config.metrics_max_age_s
             )
             return _respond(connection, 200, payload.decode("utf-8"), content_type)
+        if self.console.handles(path):  # the web console and its operator JSON (console.py)
+            return self.console.respond(connection, request, path)
         if path != self.config.path.rstrip("/"):
             return _respond(connection, 404, f"not found; the realtime endpoint is {self.config.path}\n")
         key = guard.accepted_key(request.headers, self._keys) if self._keys else None

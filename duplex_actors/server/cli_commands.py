@@ -160,8 +160,12 @@ def register(app: typer.Typer) -> None:
             help="permessage-deflate for clients that offer it; off saves CPU per event "
             "(base64 audio compresses by about a quarter)",
         ),
+        tls_cert: str | None = typer.Option(
+            None, help="PEM certificate (chain) to serve wss:// and https:// (with --tls-key)"
+        ),
+        tls_key: str | None = typer.Option(None, help="PEM private key of --tls-cert"),
     ) -> None:
-        """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics)."""
+        """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics) and the web console (/)."""
         try:
             import prometheus_client  # noqa: F401
             import websockets  # noqa: F401
@@ -171,6 +175,13 @@ def register(app: typer.Typer) -> None:
             )
             raise typer.Exit(2) from None
         from .wire import WireLimits
+
+        if (tls_cert is None) != (tls_key is None):
+            raise typer.BadParameter("--tls-cert and --tls-key go together")
+        if tls_cert is not None and workers > 1:
+            # The front routes a connection by peeking at its plaintext request line (a resume
+            # must reach the worker that owns its session); under TLS that line is encrypted.
+            raise typer.BadParameter("--tls-cert is not supported with --workers > 1 yet; run one process")
 
         if not _is_loopback(host) and api_key is None:
             typer.echo(
@@ -234,6 +245,8 @@ def register(app: typer.Typer) -> None:
             api_key=api_key,
             limits=limits,
             max_connections=max_connections,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
             **server_options,
         )
         runtime_options = {
@@ -306,7 +319,7 @@ async def _serve(
         auth = "on" if config.api_key else "off"
         print(
             f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
-            f"health {server.http_url}/health, metrics {server.http_url}/metrics",
+            f"health {server.http_url}/health, metrics {server.http_url}/metrics, console {server.http_url}/",
             flush=True,
         )
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
