@@ -8,6 +8,12 @@ if ! command -v dot >/dev/null 2>&1; then
     # Graphviz renders the SVG statecharts (and transitions' diagram support uses it).
     (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "warning: graphviz not installed"
 fi
+if ! command -v chromium >/dev/null 2>&1; then
+    # Debian's chromium: the web console's browser test drives it (playwright over CDP; no
+    # browser is downloaded), and Mermaid's renderer uses it too.
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+        || echo "warning: chromium not installed"
+fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

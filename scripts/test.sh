@@ -20,6 +20,13 @@ if bash .ci/mermaid.sh --setup-only; then
 else
     status=1
 fi
+# The web console's browser test (tests/browser) must run, not skip: setup.sh installed chromium.
+if command -v chromium >/dev/null 2>&1; then
+    export DUPLEX_REQUIRE_BROWSER=1
+else
+    echo "chromium is missing: the browser test cannot run" >&2
+    status=1
+fi
 python -m pytest -q -m "not vllm and not interop" "$@" || status=$?
 if [ "${DUPLEX_SKIP_VLLM:-0}" != "1" ] && [ -f .ci/vllm.sh ]; then
     bash .ci/vllm.sh || status=$?
