@@ -39,15 +39,26 @@ class Edge:
         """Where the machine is after the edge fires (the source for internal edges)."""
         return self.source if self.target is None else self.target
 
+    @property
+    def is_else(self) -> bool:
+        """Tried only when every earlier branch of its (source, trigger) failed. Many such
+        branches differ from an earlier one only by this position, so every export says it."""
+        return self.priority > 0
+
     def guard_text(self) -> str:
-        """Guards as a readable expression: ``a and not b`` (empty when unguarded)."""
-        return " and ".join(name if want else f"not {name}" for name, want in self.guards)
+        """When the edge is taken: ``a and not b``, ``else``, ``else if a`` (empty when it is
+        the only or first branch and unguarded)."""
+        own = " and ".join(name if want else f"not {name}" for name, want in self.guards)
+        if not self.is_else:
+            return own
+        return f"else if {own}" if own else "else"
 
     def label(self) -> str:
         """UML-style edge label: ``trigger [guard] / effect, effect``."""
         text = self.trigger
-        if self.guards:
-            text += f" [{self.guard_text()}]"
+        guard = self.guard_text()
+        if guard:
+            text += f" [{guard}]"
         if self.effects:
             text += " / " + ", ".join(self.effects)
         return text

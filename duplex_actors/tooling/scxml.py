@@ -80,6 +80,9 @@ def to_scxml(spec: ChartSpec) -> str:
         refusals = {trigger: error for trigger, _, error in spec.refused(state) if error}
         for trigger in spec.triggers:
             for edge in spec.branches(state, trigger):
+                if edge.is_else:
+                    # Document order already decides; the comment tells a reader it does.
+                    element.append(ET.Comment(f" else: {trigger} when no branch above holds "))
                 attributes = {"event": edge.trigger}
                 cond = cond_expression(edge.guards)
                 if cond:

@@ -118,42 +118,98 @@ def _mermaid_id(state: str) -> str:
     return state  # our state names are identifiers already; kept as a hook for odd names
 
 
-def merged_external_edges(chart: ChartSpec) -> list[tuple[str, str, str]]:
+def merged_external_edges(chart: ChartSpec, *, effects: bool = True) -> list[tuple[str, str, str]]:
     """``(source, target, label)`` for the arrows: external edges that differ only in their
     trigger (close, expire and fail all close the session the same way) share one arrow,
-    labelled ``close | expire | fail / effects``."""
+    labelled ``close | expire | fail / effects`` (without ``/ effects`` when not ``effects``)."""
     groups: dict[tuple, list[str]] = {}
     for edge in chart.edges:
         if not edge.internal:
-            groups.setdefault((edge.source, edge.target, edge.guards, edge.effects), []).append(edge.trigger)
+            # Keyed by the guard as written, so an "else" branch never shares a first one's arrow.
+            key = (edge.source, edge.target, edge.guard_text(), edge.effects if effects else ())
+            groups.setdefault(key, []).append(edge.trigger)
     arrows = []
-    for (source, target, guards, effects), triggers in groups.items():
+    for (source, target, guard, effects), triggers in groups.items():
         label = " | ".join(triggers)
-        if guards:
-            label += " [" + " and ".join(n if w else f"not {n}" for n, w in guards) + "]"
+        if guard:
+            label += f" [{guard}]"
         if effects:
             label += " / " + ", ".join(effects)
         arrows.append((source, target, label))
     return arrows
 
 
-def to_mermaid(chart: ChartSpec) -> str:
-    """``stateDiagram-v2``: external transitions are arrows; internal ones (state unchanged)
-    are listed inside their state box, the UML way (``trigger [guard] / effects``)."""
-    lines = ["---", f"title: {chart.name}", "---", "stateDiagram-v2", "    direction LR"]
+#: Charts too large to read as one Mermaid picture: ``NAME.mmd`` is an overview (the states and
+#: the arrows between them) and ``NAME.STATE.mmd`` a view of each state's own transitions.
+SPLIT = frozenset({"session"})
+
+
+def _mermaid_head(title: str, states, direction: str = "LR") -> list[str]:
     # Every state is declared by name first: Mermaid titles a box with the first description
     # it meets, so a box whose first line were a self-transition would be titled with it.
-    for state in chart.states:
-        lines.append(f'    state "{state}" as {_mermaid_id(state)}')
+    lines = ["---", f"title: {title}", "---", "stateDiagram-v2", f"    direction {direction}"]
+    lines += [f'    state "{state}" as {_mermaid_id(state)}' for state in states]
+    return lines
+
+
+def _mermaid_arrows(chart: ChartSpec, sources) -> list[str]:
+    return [
+        f"    {_mermaid_id(source)} --> {_mermaid_id(target)} : {label}"
+        for source, target, label in merged_external_edges(chart)
+        if source in sources
+    ]
+
+
+def _mermaid_internal(chart: ChartSpec, state: str) -> list[str]:
+    return [f"    {_mermaid_id(state)} : {e.label()}" for e in chart.edges_from(state) if e.internal]
+
+
+def to_mermaid(chart: ChartSpec) -> str:
+    """``stateDiagram-v2``: external transitions are arrows; internal ones (state unchanged)
+    are listed inside their state box, the UML way (``trigger [guard] / effects``). A chart in
+    :data:`SPLIT` is drawn as an overview: each box says how many internal transitions its
+    state has and arrows leave out their effects; :func:`mermaid_view` shows them all."""
+    split = chart.name in SPLIT
+    lines = _mermaid_head(chart.name, chart.states)
     lines.append(f"    [*] --> {_mermaid_id(chart.initial)}")
     for state in chart.states:
-        internal = [e for e in chart.edges_from(state) if e.internal]
-        for edge in internal:
-            lines.append(f"    {_mermaid_id(state)} : {edge.label()}")
-    for source, target, label in merged_external_edges(chart):
-        lines.append(f"    {_mermaid_id(source)} --> {_mermaid_id(target)} : {label}")
+        if split:
+            count = sum(1 for e in chart.edges_from(state) if e.internal)
+            if count:
+                lines.append(f"    {_mermaid_id(state)} : {count} in-state transitions")
+        else:
+            lines += _mermaid_internal(chart, state)
+    if split:
+        # One arrow per pair of states, one line per transition: a third of the arrows.
+        pairs: dict[tuple[str, str], list[str]] = {}
+        for source, target, label in merged_external_edges(chart, effects=False):
+            pairs.setdefault((source, target), []).append(label)
+        lines += [
+            f"    {_mermaid_id(s)} --> {_mermaid_id(t)} : {'<br/>'.join(labels)}"
+            for (s, t), labels in pairs.items()
+        ]
+    else:
+        lines += _mermaid_arrows(chart, chart.states)
     for state in chart.absorbing:
         lines.append(f"    {_mermaid_id(state)} --> [*]")
+    return "\n".join(lines) + "\n"
+
+
+def view_states(chart: ChartSpec) -> tuple[str, ...]:
+    """The states that get a view of their own: those of a :data:`SPLIT` chart with transitions."""
+    return tuple(s for s in chart.states if chart.name in SPLIT and chart.has_transitions(s))
+
+
+def mermaid_view(chart: ChartSpec, state: str) -> str:
+    """One state of a large chart: its in-state transitions in its box, and every arrow out of
+    it to the states it leads to (small enough to read at Mermaid's default scale)."""
+    targets = [e.target for e in chart.edges_from(state) if not e.internal]
+    shown = [state, *dict.fromkeys(t for t in targets if t != state)]
+    # Top to bottom, the arrows leave under the box, never beside one of its lines; and the
+    # title has no colon, which would break its YAML.
+    lines = _mermaid_head(f"{chart.name}, from {state}", shown, "TB")
+    lines += _mermaid_internal(chart, state)
+    lines += _mermaid_arrows(chart, {state})
     return "\n".join(lines) + "\n"
 
 
@@ -181,26 +237,38 @@ def _edge_text(label: str, width: int = 36) -> str:
     return head + "\n" + "\n".join(lines)
 
 
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def _dot_node_label(chart: ChartSpec, state: str) -> str:
+    """A UML state box: the name, a rule, then the in-state transitions one per line. Arrows
+    attach to the name's row (port ``name``), so none seems to point at one transition line."""
+    rows = [f'<tr><td port="name"><b>{_html(state)}</b></td></tr>']
+    internal = [e for e in chart.edges_from(state) if e.internal]
+    if internal:
+        rows.append("<hr/>")
+        rows += [f'<tr><td align="left">{_html(e.label())}</td></tr>' for e in internal]
+    return '<<table border="0" cellborder="0" cellspacing="0" cellpadding="3">' + "".join(rows) + "</table>>"
+
+
 def to_dot(chart: ChartSpec) -> str:
     out = [
         f"// {GENERATED}",
         f"digraph {chart.name} {{",
         f"  graph [rankdir=LR, labelloc=t, fontname=Helvetica, label={_dot_string(chart.title)}];",
-        "  node [shape=box, style=rounded, fontname=Helvetica, fontsize=11];",
+        "  node [shape=box, style=rounded, fontname=Helvetica, fontsize=11, margin=0.05];",
         "  edge [fontname=Helvetica, fontsize=9];",
         '  __start [shape=point, width=0.15, label=""];',
-        f"  __start -> {chart.initial};",
+        f"  __start -> {chart.initial}:name;",
     ]
     for state in chart.states:
-        internal = [e for e in chart.edges_from(state) if e.internal]
-        # Internal transitions go inside the box, left-aligned, under the state's name.
-        label = state + "\\n" + "".join(_dot_string(e.label())[1:-1] + "\\l" for e in internal)
-        attributes = [f'label="{label}"']
+        attributes = [f"label={_dot_node_label(chart, state)}"]
         if state in chart.absorbing:
             attributes.append("peripheries=2")
         out.append(f"  {state} [{', '.join(attributes)}];")
     for source, target, label in merged_external_edges(chart):
-        out.append(f"  {source} -> {target} [label={_dot_string(_edge_text(label))}];")
+        out.append(f"  {source}:name -> {target}:name [label={_dot_string(_edge_text(label))}];")
     out.append("}")
     return "\n".join(out) + "\n"
 
@@ -268,6 +336,7 @@ def to_json(chart: ChartSpec) -> str:
                 "trigger": e.trigger,
                 "target": e.target,
                 "priority": e.priority,
+                "else": e.is_else,
                 "guards": [{"name": name, "required": want} for name, want in e.guards],
                 "effects": list(e.effects),
             }
@@ -315,12 +384,17 @@ def review_markdown() -> str:
         "",
         "How to read them: an arrow is a transition `trigger [guard] / effects`. Guards are named",
         "predicates (`not x` for an `unless` guard); when several branches share a state and",
-        "trigger they are tried in the order listed and the first whose guards hold wins.",
+        "trigger they are tried in the order listed and the first whose guards hold wins, so every",
+        "branch after the first reads `[else]` (taken when no earlier branch holds) or",
+        "`[else if x]` (taken when no earlier branch holds and `x` does).",
         "Transitions written inside a state box are internal: the state does not change.",
         "A (state, trigger) pair with no transition is refused with the typed error listed,",
         "and the state is left untouched.",
         "",
         "Exports of each chart in Mermaid, DOT, SVG, SCXML and JSON are in `statecharts/`.",
+        "Each chart is shown whole as Graphviz draws it (open the SVG full size to zoom), then in",
+        "Mermaid; the session chart, too large for one Mermaid picture, as an overview of the",
+        "arrows between states and one view per state of its own transitions.",
         "",
     ]
     for chart in charts:
@@ -329,9 +403,24 @@ def review_markdown() -> str:
             "",
             chart.title + ".",
             "",
+            f"![the {chart.name} chart, rendered by Graphviz](../{CHART_DIR.as_posix()}/{chart.name}.svg)",
+            "",
             "```mermaid",
             to_mermaid(chart).rstrip(),
             "```",
+        ]
+        for state in view_states(chart):
+            out += [
+                "",
+                f"### From `{state}`",
+                "",
+                f"`{CHART_DIR.as_posix()}/{chart.name}.{state}.mmd`",
+                "",
+                "```mermaid",
+                mermaid_view(chart, state).rstrip(),
+                "```",
+            ]
+        out += [
             "",
             "### States",
             "",
@@ -382,7 +471,7 @@ def review_markdown() -> str:
         for e in chart.edges:
             target = "(internal)" if e.internal else f"`{e.target}`"
             effects = ", ".join(f"`{x}`" for x in e.effects)
-            guard = f"`{e.guard_text()}`" if e.guards else ""
+            guard = f"`{e.guard_text()}`" if e.guard_text() else ""
             out.append(
                 f"| `{e.source}` | `{e.trigger}` | {_cell(guard)} | {target} | {_cell(effects)} "
                 f"| {_cell(chart.why.get(e.trigger, ''))} |"
@@ -441,8 +530,14 @@ def expected_files(root: Path, *, with_svg: bool = True) -> dict[Path, str]:
             if fmt == "svg" and not with_svg:
                 continue
             files[root / CHART_DIR / f"{name}.{EXTENSIONS[fmt]}"] = render(chart, fmt)
+        files.update(view_files(root, chart))
     files[root / REVIEW_DOC] = review_markdown()
     return files
+
+
+def view_files(root: Path, chart: ChartSpec) -> dict[Path, str]:
+    """``NAME.STATE.mmd`` for each state view of a :data:`SPLIT` chart."""
+    return {root / CHART_DIR / f"{chart.name}.{s}.mmd": mermaid_view(chart, s) for s in view_states(chart)}
 
 
 def write_all(root: Path) -> list[Path]:
@@ -474,6 +569,16 @@ def check(root: Path) -> list[str]:
                     problems.append(f"{path}: rendered from a different DOT source than the code gives now")
                 continue
             _compare(path, have, render(chart, fmt), problems)
+        views = view_files(root, chart)
+        for path, want in views.items():
+            if not path.exists():
+                problems.append(f"{path}: missing")
+            else:
+                _compare(path, path.read_text(encoding="utf-8"), want, problems)
+        # A view of a state the chart no longer has would still be read as true.
+        for path in sorted((root / CHART_DIR).glob(f"{name}.*.mmd")):
+            if path not in views:
+                problems.append(f"{path}: not generated from the code (a state that is gone?)")
     doc = root / REVIEW_DOC
     if not doc.exists():
         problems.append(f"{doc}: missing")

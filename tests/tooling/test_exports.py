@@ -53,34 +53,38 @@ def test_session_json_matches_the_runtime_table_and_why():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_mermaid_has_every_state_and_transition(name):
+def test_mermaid_declares_each_state_before_anything_mentions_it(name):
+    # What each transition says is checked by parsing the files back
+    # (test_exports_parse_back.py); this is about how Mermaid titles the boxes.
     spec = export.spec(name)
-    text = export.to_mermaid(spec)
-    lines = text.splitlines()
-    assert "stateDiagram-v2" in lines
-    assert f"    [*] --> {spec.initial}" in lines
-    for state in spec.states:
-        # Declared by name before anything else mentions it: Mermaid titles a box with the
-        # first description it sees, so a box with self-transitions would otherwise be titled
-        # with one of them instead of the state's name.
-        declaration = f'    state "{state}" as {state}'
-        assert declaration in lines, state
-        first_mention = next(
-            i for i, line in enumerate(lines) if re.match(rf"^    (state \"{state}\" as )?{state}\b", line)
-        )
-        assert lines[first_mention] == declaration, (state, lines[first_mention])
-    for edge in spec.edges:
-        if edge.internal:
-            assert f"    {edge.source} : {edge.label()}" in lines, edge
-        else:
-            arrows = [line for line in lines if line.startswith(f"    {edge.source} --> {edge.target} : ")]
-            assert any(
-                edge.trigger in line.split(" : ", 1)[1].split(" [")[0].split(" / ")[0].split(" | ")
-                and (not edge.effects or line.endswith(" / " + ", ".join(edge.effects)))
-                for line in arrows
-            ), edge
+    documents = [(export.to_mermaid(spec), spec.states)]
+    for state in export.view_states(spec):
+        text = export.mermaid_view(spec, state)
+        documents.append((text, re.findall(r'^    state "\w+" as (\w+)$', text, re.M)))
+        assert documents[-1][1][0] == state
+    for text, states in documents:
+        lines = text.splitlines()
+        assert "stateDiagram-v2" in lines
+        for state in states:
+            # Declared by name before anything else mentions it: Mermaid titles a box with the
+            # first description it sees, so a box with self-transitions would otherwise be
+            # titled with one of them instead of the state's name.
+            declaration = f'    state "{state}" as {state}'
+            first_mention = next(
+                i
+                for i, line in enumerate(lines)
+                if re.match(rf"^    (state \"{state}\" as )?{state}\b", line)
+            )
+            assert lines[first_mention] == declaration, (state, lines[first_mention])
+    overview = documents[0][0].splitlines()
+    assert f"    [*] --> {spec.initial}" in overview
     for state in spec.absorbing:
-        assert f"    {state} --> [*]" in lines
+        assert f"    {state} --> [*]" in overview
+
+
+def test_only_the_session_chart_is_split_into_views():
+    assert [n for n in NAMES if export.view_states(export.spec(n))] == ["session"]
+    assert export.view_states(export.spec("session")) == export.spec("session").states
 
 
 @needs_dot
@@ -200,6 +204,13 @@ def test_drift_check_reports_missing_files(tmp_path):
     root = _copy_committed(tmp_path)
     (root / "statecharts" / "lease.mmd").unlink()
     assert export.check(root) == [f"{root / 'statecharts' / 'lease.mmd'}: missing"]
+
+
+def test_drift_check_reports_a_view_the_code_does_not_draw(tmp_path):
+    root = _copy_committed(tmp_path)
+    stale = root / "statecharts" / "session.gone.mmd"
+    stale.write_text("stateDiagram-v2\n")
+    assert export.check(root) == [f"{stale}: not generated from the code (a state that is gone?)"]
 
 
 # --- the command line -----------------------------------------------------------------------
