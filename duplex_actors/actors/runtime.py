@@ -46,6 +46,8 @@ log = structlog.get_logger("duplex_actors.runtime")
 #: ~1 MB each (~20 s of replay) and a hundred are not touched; a client opening sessions only
 #: to fill their journals gets this much, not 8 MiB a session.
 JOURNAL_BUDGET_BYTES = 1 << 30
+#: Sessions the reaper looks at before it lets the loop run again (~3 us each).
+REAP_SLICE = 500
 
 
 @attrs.frozen(slots=True)
@@ -580,7 +582,13 @@ class Runtime:
     async def _reap(self) -> None:
         while True:
             await anyio.sleep(self.reaper_interval_s)
-            self.reap_now()
+            # A pass in slices, the loop free between them: one pass over 10,000 idle
+            # sessions held it 31 ms, twice a second.
+            actors = list(self._sessions.values())
+            for start in range(0, len(actors), REAP_SLICE):
+                if start:
+                    await anyio.lowlevel.checkpoint()
+                self._reap_some(actors[start : start + REAP_SLICE], self.clock.now())
 
     def reap_now(self) -> int:
         """Expire every session whose lease ran out; returns how many.
@@ -588,13 +596,17 @@ class Runtime:
         The same pass ages out each session's replay journal: a session that stopped talking
         records nothing, and only recording evicts, so without it the journal's age limit
         would not bound what a quiet session holds."""
-        now = self.clock.now()
+        return self._reap_some(list(self._sessions.values()), self.clock.now())
+
+    def _reap_some(self, actors: list[SessionActor], now: float) -> int:
         expired = 0
-        for actor in list(self._sessions.values()):
+        for actor in actors:
             core = actor.core
+            if core.closed:
+                continue  # closed between two slices of a pass: its journal is let go already
             # Only a hint: the expiry is queued behind what the session has yet to process
             # (a resume, say), and the chart decides when it comes to run.
-            if core.lease.expiry(now) is not None and not core.closed and actor.expire():
+            if core.lease.expiry(now) is not None and actor.expire():
                 expired += 1
             core.expire_journal()
         return expired

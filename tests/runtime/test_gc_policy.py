@@ -71,7 +71,8 @@ async def test_reclaim_takes_back_cycles_frozen_while_alive():
     class Node:
         pass
 
-    policy = GcPolicy(freeze_interval_s=None, reclaim_interval_s=0.02)
+    # growth 0: every interval reclaims, whatever the memory did
+    policy = GcPolicy(freeze_interval_s=None, reclaim_interval_s=0.02, reclaim_growth=0, reclaim_min_growth_mb=0)
     async with Runtime(ScriptedEngine(), reaper_interval_s=0, gc_policy=policy):
         a, b = Node(), Node()
         a.other, b.other = b, a

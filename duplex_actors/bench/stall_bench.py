@@ -1,0 +1,360 @@
+"""Event-loop stalls at scale: idle sessions with periodic reclaim on, and a mass resume.
+
+``python -m duplex_actors.bench.stall_bench --sessions 10000 [--seconds 12] [--reclaim-s 4]``
+runs ``serve``'s assembly in this process (``open_server``, GcPolicy included, the scripted
+engine), with a loop-lag probe on its event loop: a task that sleeps 5 ms again and again and
+records how late each wake-up is. The probe runs first on the bare server (no session: the
+baseline, same run), then while a client process holds ``--sessions`` idle sessions over real
+sockets, for ``--seconds`` each, with the reclaim pass every ``--reclaim-s`` (30 s in
+``serve``; shorter here so that a short run sees several). It prints the lag's max and p99
+for both, and the longest collection the collector ran (``gc.callbacks``).
+
+``--resume [--clients 1000]`` is the mass resume: the client process opens ``--sessions``
+sessions spread over ``--clients`` clients (each counted
+as its own address by the server, from a header: the bench stays on 127.0.0.1), drops every connection at once (no close frame), and resumes
+all of them at once; a session whose resume fails for a reason worth retrying (a refused or
+timed-out handshake, close 1013) retries after a short random backoff, until the session's
+disconnect grace has passed. A neighbour (127.0.0.1) times GA turns before the drop
+(the baseline) and during the resumes. It prints how many resumed, how many were lost (not
+resumed inside the grace) and why, and the neighbour's turn before and during.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import multiprocessing
+import random
+import statistics
+import time
+
+PROBE_SLEEP_S = 0.005
+
+
+class LagProbe:
+    """How late a task sleeping ``PROBE_SLEEP_S`` again and again wakes up (seconds)."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        while True:
+            began = time.perf_counter()
+            await asyncio.sleep(PROBE_SLEEP_S)
+            self.lags.append(time.perf_counter() - began - PROBE_SLEEP_S)
+
+    def start(self) -> None:
+        self.lags = []
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> dict:
+        assert self._task is not None
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        return lag_summary(self.lags)
+
+
+def lag_summary(lags: list[float]) -> dict:
+    if not lags:
+        return {"samples": 0, "max_ms": 0.0, "p99_ms": 0.0, "p50_ms": 0.0}
+    ordered = sorted(lags)
+    return {
+        "samples": len(ordered),
+        "max_ms": round(ordered[-1] * 1e3, 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 2),
+        "p50_ms": round(statistics.median(ordered) * 1e3, 2),
+    }
+
+
+class CollectionTimer:
+    """The collector's own pauses, by generation (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.longest: dict[int, float] = {}
+        self.count = 0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            took = time.perf_counter() - self._began
+            generation = info["generation"]
+            self.longest[generation] = max(self.longest.get(generation, 0.0), took)
+            self.count += 1
+
+    def __enter__(self) -> CollectionTimer:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+    def summary(self) -> dict:
+        return {f"gen{g}_longest_ms": round(t * 1e3, 2) for g, t in sorted(self.longest.items())}
+
+
+# -- the client process -----------------------------------------------------------------------
+
+
+CLIENT_HEADER = "X-Stall-Bench-Client"
+
+
+def _simulate_addresses() -> None:
+    """Count each bench client as its own address (the bench stays on 127.0.0.1): the quotas,
+    connect rates and loop share see ``--clients`` clients, as they would 1,000 addresses."""
+    from ..server import app
+
+    real = app._address
+
+    def address(ws) -> str:
+        request = getattr(ws, "request", None)
+        client = request.headers.get(CLIENT_HEADER) if request is not None else None
+        return f"bench-client-{client}" if client is not None else real(ws)
+
+    app._address = address  # type: ignore[assignment]
+
+
+def _client_process(url: str, sessions: int, clients: int, resume: bool, pipe) -> None:
+    asyncio.run(_client_main(url, sessions, clients, resume, pipe))
+
+
+def _raw_process(host: str, port: int, count: int, pipe) -> None:
+    """Hold ``count`` TCP connections that never send a byte, opened as fast as they go."""
+    import socket
+
+    held = []
+    for _ in range(count):
+        try:
+            held.append(socket.create_connection((host, port)))
+        except OSError:
+            break
+    pipe.send(("opened", len(held)))
+    pipe.recv()
+    for sock in held:
+        sock.close()
+
+
+async def _client_main(url: str, sessions: int, clients: int, resume: bool, pipe) -> None:
+    from websockets.asyncio.client import connect
+
+    loop = asyncio.get_running_loop()
+    opened: list[tuple[object, dict]] = []
+    gate = asyncio.Semaphore(100)
+
+    async def one(i: int) -> None:
+        headers = {CLIENT_HEADER: str(i % clients)}
+        async with gate:
+            for _attempt in range(20):
+                try:
+                    ws = await connect(
+                        url, additional_headers=headers, ping_interval=None, compression=None, open_timeout=60
+                    )
+                    created = json.loads(await ws.recv())
+                    break
+                except Exception:
+                    await asyncio.sleep(0.2 + random.random())
+            else:
+                return
+        state = {
+            "sid": created["session"]["id"],
+            "token": created["resume_token"],
+            "generation": 0,
+            "last": created.get("server_event_seq", 0),
+            "headers": headers,
+        }
+        opened.append((ws, state))
+
+    await asyncio.gather(*(one(i) for i in range(sessions)))
+    pipe.send(("opened", len(opened)))
+    command = await loop.run_in_executor(None, pipe.recv)
+    if command == "drop" and resume:
+        for ws, _ in opened:
+            ws.transport.abort()  # type: ignore[attr-defined]  # a blip: no close frame
+        began = time.monotonic()
+        grace = 30.0  # SessionConfig.disconnect_grace_s, serve's default
+        outcomes = await asyncio.gather(*(_resume_one(url, state, began + grace - 1.0) for _, state in opened))
+        took = time.monotonic() - began
+        tally: dict[str, int] = {}
+        for outcome, _ in outcomes:
+            tally[outcome] = tally.get(outcome, 0) + 1
+        attempts = sum(n for _, n in outcomes)
+        pipe.send(("resumed", {"outcomes": tally, "attempts": attempts, "seconds": round(took, 2)}))
+        await loop.run_in_executor(None, pipe.recv)
+    for ws, _ in opened:
+        ws.transport.abort()  # type: ignore[attr-defined]
+
+
+async def _resume_one(url: str, state: dict, deadline: float) -> tuple[str, int]:
+    """Resume one session until it works, a refusal that is final, or ``deadline``."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    attempts = 0
+    last = "timeout"
+    while time.monotonic() < deadline:
+        attempts += 1
+        try:
+            ws = await connect(
+                f"{url}?session_id={state['sid']}",
+                additional_headers=state["headers"],
+                ping_interval=None,
+                compression=None,
+                open_timeout=max(1.0, deadline - time.monotonic()),
+            )
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session.resume",
+                        "session_id": state["sid"],
+                        "generation": state["generation"],
+                        "resume_token": state["token"],
+                        "last_seq": state["last"],
+                        "control_id": f"r{attempts}",
+                    }
+                )
+            )
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), max(1.0, deadline - time.monotonic())))
+                if event["type"] == "session.resumed":
+                    ws.transport.abort()
+                    return "resumed", attempts
+                if event["type"] == "error" and event.get("server_event_seq") is None:
+                    last = f"refused:{event['error']['code']}"
+                    break
+        except InvalidStatus as exc:
+            last = f"http:{exc.response.status_code}"
+        except (ConnectionClosed, OSError, asyncio.TimeoutError) as exc:
+            last = type(exc).__name__
+        if last.startswith("refused:") and last not in ("refused:quota_exceeded", "refused:resource_exhausted"):
+            return last, attempts
+        await asyncio.sleep(0.2 + random.random() * 0.8)
+    return last, attempts
+
+
+# -- the server side --------------------------------------------------------------------------
+
+
+async def _neighbour_turn(url: str) -> float:
+    from .flood_bench import _turn
+
+    return await _turn(url)
+
+
+def _timed_ms(work) -> float:
+    began = time.perf_counter()
+    work()
+    return round((time.perf_counter() - began) * 1e3, 2)
+
+
+async def run(
+    sessions: int,
+    seconds: float,
+    reclaim_s: float,
+    resume: bool = False,
+    clients: int = 1000,
+    reclaim_on_clock: bool = False,
+    raw: bool = False,
+) -> dict:
+    from ..actors import gc_policy
+    from ..engines.scripted import Script, ScriptedEngine
+    from ..server.app import ServerConfig
+    from ..server.cli_commands import open_server
+
+    _simulate_addresses()
+    config = ServerConfig(port=0, max_connections=sessions * 2 + 100)
+    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.02)
+    mode = "resume" if resume else "raw" if raw else "idle"
+    report: dict = {"sessions": sessions, "reclaim_s": reclaim_s, "mode": mode}
+    if reclaim_on_clock:
+        report["reclaim_on_clock"] = True
+        # The policy before reclaims were due on growth: every interval, whatever memory did.
+        gc_policy.reclaim_due = lambda *_: True  # type: ignore[assignment]
+    probe = LagProbe()
+    async with open_server(ScriptedEngine(script, record=False), config, gc_reclaim_s=reclaim_s) as server:
+        loop = asyncio.get_running_loop()
+        with CollectionTimer() as timer:
+            probe.start()
+            await asyncio.sleep(seconds)
+            report["baseline"] = {**await probe.stop(), **timer.summary()}
+        if resume:
+            report["neighbour_alone_ms"] = round(
+                statistics.median([await _neighbour_turn(server.url) for _ in range(5)]) * 1e3, 1
+            )
+        parent, child = multiprocessing.get_context("spawn").Pipe()
+        if raw:
+            target, args = _raw_process, (config.host, server.port, sessions, child)
+        else:
+            target, args = _client_process, (server.url, sessions, clients, resume, child)
+        process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
+        process.start()
+        began = time.perf_counter()
+        with CollectionTimer() as timer:
+            probe.start()  # the ramp: the reclaims the sessions' growth is owed fall here
+            _, count = await loop.run_in_executor(None, parent.recv)
+            report["opening"] = {**await probe.stop(), **timer.summary()}
+        report["opened"] = count
+        report["open_s"] = round(time.perf_counter() - began, 1)
+        report["server_sessions"] = server.runtime.session_count
+        if not resume:
+            # The first window may still take a reclaim the sessions' growth is owed; the
+            # second is the steady state.
+            for window in ("idle_first", "idle_steady"):
+                with CollectionTimer() as timer:
+                    probe.start()
+                    await asyncio.sleep(seconds)
+                    report[window] = {**await probe.stop(), **timer.summary()}
+            report["one_reap_ms"] = _timed_ms(server.runtime.reap_now)
+            report["one_sweep_ms"] = _timed_ms(server._sweep)
+        else:
+            with CollectionTimer() as timer:
+                probe.start()
+                parent.send("drop")
+                turns: list[float] = []
+                waiting = loop.run_in_executor(None, parent.recv)
+                while not waiting.done():
+                    turns.append(await _neighbour_turn(server.url))
+                _, resumed = await waiting
+                report["resume"] = {**resumed, **await probe.stop(), **timer.summary()}
+                report["neighbour_during_ms"] = round(statistics.median(turns) * 1e3, 1) if turns else None
+                report["neighbour_worst_ms"] = round(max(turns) * 1e3, 1) if turns else None
+                report["neighbour_turns"] = len(turns)
+        parent.send("stop")
+        process.join(60)
+        if process.is_alive():
+            process.kill()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=3000)
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--reclaim-s", type=float, default=4.0)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--raw", action="store_true", help="idle TCP connections that never send a byte")
+    parser.add_argument(
+        "--reclaim-on-clock", action="store_true", help="reclaim at every interval (the policy before growth)"
+    )
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    report = asyncio.run(
+        run(args.sessions, args.seconds, args.reclaim_s, args.resume, args.clients, args.reclaim_on_clock, args.raw)
+    )
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
