@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run third-party OpenAI Realtime clients, unmodified, against `duplex-actors serve`:
-# openai-agents (RealtimeAgent/RealtimeRunner), pipecat-ai (OpenAIRealtimeLLMService) and
-# livekit-plugins-openai (realtime.RealtimeModel). tests/interop/ starts the server itself.
+# openai-agents (RealtimeAgent/RealtimeRunner), pipecat-ai (OpenAIRealtimeLLMService),
+# livekit-plugins-openai (realtime.RealtimeModel) and the Node openai SDK (OpenAIRealtimeWS,
+# over TLS). tests/interop/ starts the server itself.
 #
 #   .ci/interop.sh                     # venv at .venv-interop
 #   INTEROP_VENV=/x .ci/interop.sh [extra pytest args]
@@ -40,6 +41,17 @@ else
     "$VENV/bin/python" -c "$imports" || { echo "the clients do not import in $VENV" >&2; exit 1; }
 fi
 quiet_pip install -q -e "$ROOT" --no-deps
+
+# The official Node openai SDK's realtime client (tests/interop/test_node_openai.py, over TLS):
+# installed from its committed lock file, and required to run here.
+if ! command -v npm >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+if [[ ! -d "$ROOT/.ci/node-openai/node_modules/openai" ]]; then
+    step "installing the Node openai SDK (.ci/node-openai)"
+    (cd "$ROOT/.ci/node-openai" && npm ci --no-audit --no-fund --silent)
+fi
+export DUPLEX_REQUIRE_NODE_OPENAI=1
 
 step "running tests/interop"
 cd "$ROOT"
