@@ -22,7 +22,13 @@ def statechart(
         help="session | engine_request | lease; all only with --out (one file per machine)",
     ),
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="write <machine>.<ext> files into this directory"
+        None,
+        "--out",
+        "-o",
+        help="write <machine>.<ext> files into this directory (and a split chart's Mermaid views)",
+    ),
+    view: str | None = typer.Option(
+        None, "--view", help="with --format mermaid: print one state's view of a split chart (session)"
     ),
     check: bool = typer.Option(
         False, "--check", help="fail if statecharts/ or docs/design-review.md drift from the code"
@@ -72,6 +78,16 @@ def statechart(
             raise typer.BadParameter(
                 f"unknown machine {name!r}; choose from {', '.join(export.MACHINES)} or all"
             )
+    if view is not None:
+        chart = export.spec(names[0])
+        states = export.view_states(chart)
+        if format != "mermaid" or len(names) != 1 or view not in states:
+            raise typer.BadParameter(
+                f"--view takes --format mermaid, one split machine and one of its states "
+                f"({', '.join(states) or 'this machine has no views'})"
+            )
+        sys.stdout.write(export.mermaid_view(chart, view))
+        return
     for name in names:
         try:
             text = export.render(export.spec(name), format)
@@ -83,6 +99,10 @@ def statechart(
             path = out / f"{name}.{export.EXTENSIONS[format]}"
             path.write_text(text, encoding="utf-8")
             typer.echo(f"wrote {path}")
+            if format == "mermaid":
+                for view_path, view_text in export.view_files(out, export.spec(name)).items():
+                    view_path.write_text(view_text, encoding="utf-8")
+                    typer.echo(f"wrote {view_path}")
         else:
             sys.stdout.write(text)
 

@@ -530,14 +530,14 @@ def expected_files(root: Path, *, with_svg: bool = True) -> dict[Path, str]:
             if fmt == "svg" and not with_svg:
                 continue
             files[root / CHART_DIR / f"{name}.{EXTENSIONS[fmt]}"] = render(chart, fmt)
-        files.update(view_files(root, chart))
+        files.update(view_files(root / CHART_DIR, chart))
     files[root / REVIEW_DOC] = review_markdown()
     return files
 
 
-def view_files(root: Path, chart: ChartSpec) -> dict[Path, str]:
-    """``NAME.STATE.mmd`` for each state view of a :data:`SPLIT` chart."""
-    return {root / CHART_DIR / f"{chart.name}.{s}.mmd": mermaid_view(chart, s) for s in view_states(chart)}
+def view_files(directory: Path, chart: ChartSpec) -> dict[Path, str]:
+    """``directory/NAME.STATE.mmd`` for each state view of a :data:`SPLIT` chart."""
+    return {directory / f"{chart.name}.{s}.mmd": mermaid_view(chart, s) for s in view_states(chart)}
 
 
 def write_all(root: Path) -> list[Path]:
@@ -569,7 +569,7 @@ def check(root: Path) -> list[str]:
                     problems.append(f"{path}: rendered from a different DOT source than the code gives now")
                 continue
             _compare(path, have, render(chart, fmt), problems)
-        views = view_files(root, chart)
+        views = view_files(root / CHART_DIR, chart)
         for path, want in views.items():
             if not path.exists():
                 problems.append(f"{path}: missing")

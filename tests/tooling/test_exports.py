@@ -245,6 +245,22 @@ def test_cli_writes_each_format(tmp_path, fmt):
         assert path.read_text() == (ROOT / "statecharts" / path.name).read_text() or fmt == "svg"
 
 
+def test_cli_writes_and_prints_the_mermaid_views(tmp_path):
+    runner = CliRunner()
+    wrote = runner.invoke(
+        _app(), ["statechart", "--format", "mermaid", "--machine", "session", "-o", str(tmp_path)]
+    )
+    assert wrote.exit_code == 0, wrote.output
+    views = sorted(p.name for p in tmp_path.glob("session.*.mmd"))
+    assert views == sorted(p.name for p in (ROOT / "statecharts").glob("session.*.mmd")) and views
+    for name in views:
+        assert (tmp_path / name).read_text() == (ROOT / "statecharts" / name).read_text()
+    one = runner.invoke(_app(), ["statechart", "--machine", "session", "--view", "barge_in"])
+    assert one.exit_code == 0 and one.output == (ROOT / "statecharts" / "session.barge_in.mmd").read_text()
+    for args in (["--machine", "lease", "--view", "attached"], ["--machine", "session", "--view", "nope"]):
+        assert runner.invoke(_app(), ["statechart", *args]).exit_code != 0, args
+
+
 def test_cli_prints_one_machine_and_the_review_doc():
     runner = CliRunner()
     lease = runner.invoke(_app(), ["statechart", "--format", "mermaid", "--machine", "lease"])
