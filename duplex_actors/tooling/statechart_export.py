@@ -280,6 +280,9 @@ def dot_digest(dot_source: str) -> str:
 _DIGEST_MARK = re.compile(r"<!-- duplex-actors dot-sha256: ([0-9a-f]{64}) -->")
 
 
+_PORT_IN_TITLE = re.compile(r":name(?=&#45;&gt;|</title>)")
+
+
 def render_svg(dot_source: str) -> str:
     """Render DOT with the Graphviz ``dot`` binary, stamped with the source's digest."""
     binary = shutil.which("dot")
@@ -288,7 +291,9 @@ def render_svg(dot_source: str) -> str:
     result = subprocess.run([binary, "-Tsvg"], input=dot_source, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"dot failed: {result.stderr.strip()}")
-    svg = result.stdout
+    # Graphviz titles an edge "tail:port->head:port"; readers of the SVG (the server's console
+    # highlights the edge a transition took) look edges up as "tail->head", state names alone.
+    svg = _PORT_IN_TITLE.sub("", result.stdout)
     mark = f"<!-- duplex-actors dot-sha256: {dot_digest(dot_source)} -->\n"
     # After the XML declaration and doctype, before the <svg> element.
     index = svg.find("<svg")

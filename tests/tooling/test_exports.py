@@ -99,6 +99,15 @@ def test_dot_parses_and_svg_is_svg(name):
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     titles = {t.text for t in root.iter("{http://www.w3.org/2000/svg}title")}
     assert set(spec.states) <= titles
+    # Edges are titled "source->target" by state names (the console finds the edge a
+    # transition took so), never with the port the arrow attaches to.
+    edges = [
+        g.find("{http://www.w3.org/2000/svg}title").text
+        for g in root.iter("{http://www.w3.org/2000/svg}g")
+        if g.get("class") == "edge"
+    ]
+    want = {f"{s}->{t}" for s, t, _ in export.merged_external_edges(spec)} | {f"__start->{spec.initial}"}
+    assert set(edges) == want
     assert export.svg_digest(svg) == export.dot_digest(dot)
 
 
