@@ -203,6 +203,17 @@ class UnknownSession(ClientError):
 NO_SUCH_SESSION = "no open session with this id"
 
 
+class WorkerLost(UnknownSession):
+    """A resume names a session whose worker process exited (``serve --workers``): the
+    session's state lived in that process and is gone. Open a new session."""
+
+    code = "session_lost"
+
+
+#: What a resume of a session lost with its worker is told.
+WORKER_LOST = "the worker process that held this session exited; its state is gone: open a new session"
+
+
 class ResumeConflict(ClientError):
     """Resume lost the compare-and-swap on the lease generation, or the token is wrong."""
 
@@ -250,6 +261,13 @@ class EngineCapacityError(ResourceExhausted):
     code = "engine_capacity"
 
 
+class ServerDraining(RuntimeFault):
+    """The server is shutting down (SIGTERM): it finishes the responses in flight but starts
+    no new response or session. Retryable: another server, or this one restarted, will."""
+
+    code = "server_draining"
+
+
 class AskTimeout(RuntimeFault):
     code = "ask_timeout"
 
@@ -294,6 +312,7 @@ __all__ = [
     "InvalidSampling",
     "UnencodableText",
     "UnknownSession",
+    "WorkerLost",
     "ResumeConflict",
     "ResyncRequired",
     "RuntimeFault",
@@ -302,6 +321,7 @@ __all__ = [
     "ResourceExhausted",
     "QuotaExceeded",
     "EngineCapacityError",
+    "ServerDraining",
     "AskTimeout",
     "RuntimeClosed",
     "EngineError",

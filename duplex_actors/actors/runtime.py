@@ -28,7 +28,7 @@ from ..core.journal import JournalBudget
 from ..core.session import SessionCore
 from ..core.session_config import SessionConfig
 from ..engines.base import EngineBackend
-from ..errors import NO_SUCH_SESSION, ResourceExhausted, RuntimeClosed, UnknownSession
+from ..errors import NO_SUCH_SESSION, ResourceExhausted, RuntimeClosed, ServerDraining, UnknownSession
 from ..logconfig import ensure_configured
 from . import gc_policy as _gc
 from .engine_actor import EngineActor, EngineStatistics
@@ -249,6 +249,8 @@ class Runtime:
         self._wake: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._running = False
+        #: Set by drain(): no new session opens and no session starts a new response.
+        self.draining = False
         self.opened = 0
         self.closed = 0
 
@@ -295,6 +297,19 @@ class Runtime:
                     _gc.stop()
         return False
 
+    def drain(self) -> None:
+        """Begin a graceful shutdown: every open session finishes the response it has in flight
+        and starts no other (the chart's ``drain`` trigger: response.create is refused with
+        ``ServerDraining``), and no new session opens. Idempotent."""
+        self.draining = True
+        for actor in list(self._sessions.values()):
+            actor.drain()
+
+    @property
+    def responses_in_flight(self) -> int:
+        """Open sessions with a model turn in flight, begun or not (what a drain waits for)."""
+        return sum(1 for actor in self._sessions.values() if actor.core.state == "responding")
+
     def close_all(self, reason: str) -> int:
         """Queue a close of every open session (never refused); returns how many."""
         return sum(self._force_close(actor, reason) for actor in list(self._sessions.values()))
@@ -339,6 +354,8 @@ class Runtime:
         tenant's part. None: the session is a tenant of its own."""
         if not self._running:
             raise RuntimeClosed("the runtime is not running (use 'async with Runtime(...)')")
+        if self.draining:
+            raise ServerDraining("the server is shutting down: it opens no new session")
         if len(self._sessions) + self._draining_count() >= self.max_sessions:
             raise ResourceExhausted(f"session limit {self.max_sessions} reached; retry later")
         config = config or self.config
@@ -583,7 +600,7 @@ class Runtime:
         while True:
             await anyio.sleep(self.reaper_interval_s)
             # A pass in slices, the loop free between them: one pass over 10,000 idle
-            # sessions held it 31 ms, twice a second.
+            # sessions held it 17-31 ms, twice a second.
             actors = list(self._sessions.values())
             for start in range(0, len(actors), REAP_SLICE):
                 if start:

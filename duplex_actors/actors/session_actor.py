@@ -69,6 +69,12 @@ class _Expire:
     __slots__ = ()
 
 
+class _Drain:
+    """The server began to shut down; the chart stops starting responses when it is processed."""
+
+    __slots__ = ()
+
+
 class _IdleTimeout:
     """Server VAD's idle timer fired; the chart decides whether its deadline still stands."""
 
@@ -222,6 +228,14 @@ class SessionActor:
         self.runtime._schedule(self)
         return True
 
+    def drain(self) -> None:
+        """Queue the drain trigger (never refused): it follows what the client already sent,
+        in the control lane, so a response.create accepted before it is still answered."""
+        if self._finished:
+            return
+        self.mailbox.put(Lane.CONTROL, _Drain(), force=True)
+        self.runtime._schedule(self)
+
     # -- processing (called by the dispatcher) ----------------------------------------------
 
     def process(self, budget: int) -> bool:
@@ -260,6 +274,8 @@ class SessionActor:
                 elif isinstance(message, _Expire):
                     self._expiring = False
                     core.expire()  # the chart asks the lease again (lease_expired)
+                elif isinstance(message, _Drain):
+                    core.drain()
                 elif isinstance(message, _IdleTimeout):
                     core.idle_timeout()  # the chart asks the deadline again
                 else:

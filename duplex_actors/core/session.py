@@ -244,6 +244,7 @@ class SessionCore:
         "_playing_until",
         "_idle_deadline",
         "_idle_from_ms",
+        "draining",
     )
 
     def __init__(
@@ -315,6 +316,8 @@ class SessionCore:
         self._playing_until = 0.0
         self._idle_deadline: float | None = None
         self._idle_from_ms = 0.0
+        #: Set by the drain trigger (server shutdown): the chart starts no new response.
+        self.draining = False
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
@@ -510,6 +513,15 @@ class SessionCore:
         self._step = {"now": now, "reason": self.lease.expiry(now)}
         try:
             self._fire("expire")
+        finally:
+            self._step = {}
+
+    def drain(self) -> None:
+        """The server began to shut down: the response in flight may finish, and the chart
+        starts no new one (``not_draining``; response.create gets ``ServerDraining``)."""
+        self._step = {"now": self.clock.now()}
+        try:
+            self._fire("drain")
         finally:
             self._step = {}
 
@@ -800,6 +812,9 @@ class SessionCore:
 
     def _g_server_vad(self) -> bool:
         return self.config.server_vad
+
+    def _g_not_draining(self) -> bool:
+        return not self.draining
 
     def _g_model_native(self) -> bool:
         return self.config.model_native
@@ -1374,6 +1389,9 @@ class SessionCore:
 
     def _fx_count_stale_output(self) -> None:
         self.counters.stale_outputs += 1
+
+    def _fx_mark_draining(self) -> None:
+        self.draining = True
 
     def _fx_touch_lease(self) -> None:
         self._emit(ev.HeartbeatAck)

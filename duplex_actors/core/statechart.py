@@ -59,6 +59,7 @@ from ..errors import (
     ResponseNotFound,
     ResumeConflict,
     ResyncRequired,
+    ServerDraining,
     SessionClosed,
     UnknownSession,
 )
@@ -149,6 +150,9 @@ CHECKS: Mapping[str, Check] = {
     "journal_holds_last_seq": Check(
         ResyncRequired, "the journal no longer holds every event after last_seq: open a new session"
     ),
+    "not_draining": Check(
+        ServerDraining, "the server is shutting down: it finishes responses in flight and starts none"
+    ),
 }
 
 APPEND_CHECKS = ["audio_at_session_rate", "input_fits"]
@@ -160,7 +164,8 @@ TRANSITIONS = [
     _row("append", IDLE, LISTENING, ["buffer_audio"], conditions=APPEND_CHECKS),
     _row("append", [LISTENING, RESPONDING, BARGE_IN], SAME, ["buffer_audio"], conditions=APPEND_CHECKS),
     # Model-native mode: a full audio unit goes to the model, which decides listen or speak.
-    _row("unit_ready", LISTENING, SAME, ["submit_unit"], conditions=["model_native"]),
+    _row("unit_ready", LISTENING, SAME, ["submit_unit"], conditions=["model_native", "not_draining"]),
+    _row("unit_ready", LISTENING, SAME, conditions=["model_native"]),  # draining: nothing may start
     _row("unit_ready", [IDLE, RESPONDING, BARGE_IN], SAME),  # keep buffering; nothing to ask
     # Under server VAD, speech opens the user's turn: until it closes, every chunk is kept
     # (outside one, the input keeps only the speech_prefix_ms window), and no idle timer runs.
@@ -186,7 +191,7 @@ TRANSITIONS = [
         [LISTENING, BARGE_IN],
         RESPONDING,
         ["emit_speech_stopped", "abort_units", "commit_input", "submit_model_turn", "close_speech"],
-        conditions=["server_vad", "has_buffered_audio", "auto_respond"],
+        conditions=["server_vad", "has_buffered_audio", "auto_respond", "not_draining"],
     ),
     _row(
         "speech_stopped",
@@ -218,7 +223,7 @@ TRANSITIONS = [
         [IDLE, LISTENING, BARGE_IN],
         RESPONDING,
         ["emit_timeout_triggered", "abort_units", "commit_input", "submit_model_turn"],
-        conditions=["idle_deadline_passed"],
+        conditions=["idle_deadline_passed", "not_draining"],
     ),
     _row("idle_timeout", OPEN_STATES + [CLOSED], SAME),
     # Units still deciding about audio that is committed or cleared are fenced off: their
@@ -233,7 +238,7 @@ TRANSITIONS = [
         [LISTENING, BARGE_IN],
         RESPONDING,
         ["abort_units", "commit_input", "submit_model_turn"],
-        conditions=["has_buffered_audio", "respond_on_commit"],
+        conditions=["has_buffered_audio", "respond_on_commit", "not_draining"],
     ),
     _row(
         "commit",
@@ -244,7 +249,14 @@ TRANSITIONS = [
     ),
     # Committing while a response plays is allowed (GA): the audio waits for the next response.
     _row("commit", RESPONDING, SAME, ["abort_units", "commit_input"], conditions=["has_buffered_audio"]),
-    _row("create_response", [IDLE, LISTENING, BARGE_IN], RESPONDING, ["submit_model_turn"]),
+    # Draining (SIGTERM): the responses in flight finish, no new one starts (ServerDraining).
+    _row(
+        "create_response",
+        [IDLE, LISTENING, BARGE_IN],
+        RESPONDING,
+        ["submit_model_turn"],
+        conditions=["not_draining"],
+    ),
     # --- conversation items -----------------------------------------------------------------
     _row("create_item", OPEN_STATES, SAME, ["add_item"]),
     _row("delete_item", OPEN_STATES, SAME, ["remove_item"]),
@@ -316,6 +328,9 @@ TRANSITIONS = [
     # turn, so in any state); once closed, a late one is consumed and not sent.
     _row("transcript", OPEN_STATES, SAME, ["emit_transcript"]),
     _row("transcript", CLOSED, SAME),
+    # The server began to shut down: from now on the session starts no response (not_draining).
+    _row("drain", OPEN_STATES, SAME, ["mark_draining"]),
+    _row("drain", CLOSED, SAME),
     _row("close", OPEN_STATES, CLOSED, CLOSE_SESSION),
     _row("close", CLOSED, SAME),  # closing twice is harmless
     # The reaper queues an expiry when it sees a lease run out; by the time it is processed a
@@ -344,6 +359,7 @@ _CONSUMED_WHEN_CLOSED = (
     "fail",
     "transcript",
     "idle_timeout",
+    "drain",
 )
 
 # Which error an illegal (state, trigger) raises; anything unlisted raises IllegalTransition.
@@ -409,7 +425,16 @@ TRIGGER_ORIGINS: Mapping[str, Origin] = {
     ),
     # A transcript is the session's own measurement of committed audio (a recogniser beside it).
     **dict.fromkeys(
-        ("unit_ready", "overlap", "outbox_overflow", "expire", "fail", "transcript", "idle_timeout"),
+        (
+            "unit_ready",
+            "overlap",
+            "outbox_overflow",
+            "expire",
+            "fail",
+            "transcript",
+            "idle_timeout",
+            "drain",
+        ),
         Origin.SELF,
     ),
 }
@@ -464,6 +489,10 @@ WHY = {
     "sent unless closed",
     "function_output": "a function_call_output item answers a function call; the next model turn receives it",
     "close": "close from any state; closing twice is harmless",
+    "drain": (
+        "the server began to shut down: responses in flight finish, and from now on nothing "
+        "starts a new one (response.create is refused with server_draining)"
+    ),
     "expire": (
         "the reaper saw the lease expire (idle TTL or disconnect grace): close with that reason if it "
         "still has (a resume queued first renewed it); nothing to do once closed"

@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
+import anyio.lowlevel
 import attrs
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -49,17 +50,19 @@ from websockets.http11 import Request, Response
 from ..actors.runtime import Runtime, SessionHandle
 from ..core import commands as cmd
 from ..core import events as ev
+from ..errors import WORKER_LOST as WORKER_LOST_MESSAGE
 from ..errors import (
     DuplexError,
     ResourceExhausted,
     ResumeConflict,
     ResyncRequired,
+    ServerDraining,
     SessionClosed,
     UnknownSession,
+    WorkerLost,
 )
 from . import codec, frame_cost, guard, wire
 from .audio_format import GA_DEFAULT, InputConverter
-from .console import ConsoleRoutes
 from .connection import (
     CONTROL_FRAMES_BURST,
     CONTROL_FRAMES_PER_S,
@@ -67,10 +70,12 @@ from .connection import (
     FRAMES_PER_S,
     paced_connection,
 )
+from .console import ConsoleRoutes
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
 from .tls import server_ssl_context
 from .vad_batch import VadBatcher, VadJob
+from .worker_link import FrontLink
 
 log = structlog.get_logger("duplex_actors.server")
 
@@ -331,6 +336,12 @@ class RealtimeServer:
         self._swept_at = runtime.clock.now()
         self._sweep_queue: list[str] = []  # session ids the sweep has yet to look at
         self._shutting_down = False
+        #: In a ``serve --workers`` worker: the reports to the front (worker_link.py), the
+        #: front's id of each connection it handed over, and which session ids name sessions
+        #: lost with an earlier worker process (a resume of one is refused with WorkerLost).
+        self.front_link: FrontLink | None = None
+        self.lost_session: Callable[[str], bool] | None = None
+        self._handed: dict[ServerConnection, int] = {}
         self.loop_share = (
             None
             if config.loop_share_s_per_s is None
@@ -444,9 +455,18 @@ class RealtimeServer:
             return
         self._shutting_down = True
         self._server.close(close_connections=False)  # stop listening; connections stay
-        log.info("server.draining", sessions=self.runtime.session_count, connections=self._connections)
+        # From here no session opens and none starts a response (response.create is refused
+        # with ServerDraining): the wait below ends with the last response in flight.
+        self.runtime.drain()
+        log.info(
+            "server.draining",
+            sessions=self.runtime.session_count,
+            connections=self._connections,
+            responses=self.runtime.responses_in_flight,
+        )
         with anyio.move_on_after(drain_timeout_s):
-            while any(h.core.response_id is not None for h in self.runtime.sessions()):
+            await anyio.lowlevel.checkpoint()  # the drain triggers queued above are processed first
+            while self.runtime.responses_in_flight:
                 await anyio.sleep(0.02)
         self.runtime.close_all("runtime_shutdown")
         with anyio.move_on_after(max(self.config.write_timeout_s, 1.0)):
@@ -472,15 +492,30 @@ class RealtimeServer:
         assert self._server is not None, "use 'async with RealtimeServer(...)'"
         await self._server.serve_forever()
 
-    async def adopt(self, sock: socket.socket) -> None:
+    async def adopt(self, sock: socket.socket, handed_id: int | None = None) -> None:
         """Serve a connection that was accepted elsewhere: ``serve --workers`` front process
         accepts, reads only the request line, and passes the socket here; the handshake, auth
-        and everything after it run exactly as for a connection this server accepted."""
+        and everything after it run exactly as for a connection this server accepted.
+        ``handed_id``: the front's id of the connection, named in the reports to it."""
         assert self._server is not None, "use 'async with RealtimeServer(...)'"
         # asyncio.Server keeps the protocol factory websockets gave it; reusing it means the
         # adopted connection gets the same limits, keepalive and handler as accepted ones.
         factory = self._server.server._protocol_factory
-        await asyncio.get_running_loop().connect_accepted_socket(factory, sock)
+        loop = asyncio.get_running_loop()
+        _, connection = await loop.connect_accepted_socket(factory, sock, ssl=self._ssl)
+        if handed_id is not None and self.front_link is not None:
+            self._handed[connection] = handed_id
+            loop.create_task(self._report_released(connection, handed_id))
+
+    async def _report_released(self, connection: ServerConnection, handed_id: int) -> None:
+        # Every way a connection ends (a session's close, a refused handshake, /health) ends
+        # here: the front holds a duplicate of the socket, and closes it once told.
+        try:
+            await connection.wait_closed()
+        finally:
+            self._handed.pop(connection, None)
+            if self.front_link is not None:
+                self.front_link.released(handed_id)
 
     @property
     def port(self) -> int:
@@ -600,6 +635,9 @@ class RealtimeServer:
             else:
                 record = await self._open(conn)
             if record is not None:
+                link = self.front_link
+                if link is not None and ws in self._handed:
+                    link.attached(self._handed[ws], record.handle.id)
                 await conn.run(record)
         except Exception as exc:  # one connection's bug never takes the server down
             log.error("server.connection_failed", error=repr(exc))
@@ -628,7 +666,8 @@ class RealtimeServer:
             )
         except DuplexError as err:
             log.warning("server.admission_refused", code=err.code, remote=address)
-            await conn.refuse(err, CLOSE_TRY_AGAIN if isinstance(err, ResourceExhausted) else 1011)
+            retry = isinstance(err, (ResourceExhausted, ServerDraining))
+            await conn.refuse(err, CLOSE_TRY_AGAIN if retry else 1011)
             return None
         record = _SessionRecord(handle, self.config.model_name, self._new_pacers())
         if vad and handle.core.config.server_vad:
@@ -772,6 +811,8 @@ class RealtimeServer:
         record = self._records.get(session_id)
         if record is not None and record.handle.state != "closed":
             return record
+        if self.lost_session is not None and self.lost_session(session_id):
+            raise WorkerLost(WORKER_LOST_MESSAGE)
         handle = self.runtime.get(session_id)  # raises UnknownSession once closed or expired
         record = self._records[session_id] = _SessionRecord(
             handle, self.config.model_name, self._new_pacers()
@@ -1191,6 +1232,7 @@ class _Connection:
         loop_share = self.server.loop_share
         tenant = handle.core.share_tenant
         now = self.server.runtime.clock.now
+        link = self.server.front_link
         ended = False
         try:
             while not ended and await handle.wait_events():
@@ -1215,6 +1257,8 @@ class _Connection:
                     # a replay after a resume is.
                     if not first_time or not isinstance(event, ev.ResponseEvent):
                         owed += size - before
+                    if link is not None:
+                        _report_to_front(link, event)
                     if isinstance(event, ev.SessionClosedEvent):
                         ended = True
                         break
@@ -1350,6 +1394,17 @@ class _Connection:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _report_to_front(link: FrontLink, event: ev.ServerEvent) -> None:
+    """What the front must know to end the client's responses should this worker die."""
+    kind = type(event)
+    if kind is ev.ResponseCreated:
+        link.response_started(event.session_id, event.response_id)
+    elif kind is ev.ResponseDone:
+        link.response_ended(event.session_id, event.response_id)
+    elif kind is ev.SessionClosedEvent:
+        link.session_ended(event.session_id)
 
 
 async def _send_burst(ws: ServerConnection, frames: list[bytes]) -> float:

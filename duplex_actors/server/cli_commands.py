@@ -231,6 +231,7 @@ def register(app: typer.Typer) -> None:
                     },
                     gc_reclaim_s=gc_reclaim_s,
                     transcription_workers=transcription_workers,
+                    drain_timeout_s=drain_timeout_s,
                 ),
             )
             return

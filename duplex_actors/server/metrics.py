@@ -194,6 +194,27 @@ class ServerMetrics:
             registry=r,
         )
         self.resumes = Counter("duplex_resumes", "Resume attempts, by outcome", ["outcome"], registry=r)
+        # serve --workers: the pool as the front last told this worker (set_pool); absent in
+        # a single-process server.
+        self.pool_alive = Gauge(
+            "duplex_workers_alive", "Worker processes running (serve --workers)", registry=r
+        )
+        self.pool_restarts = Gauge(
+            "duplex_worker_restarts",
+            "Times each worker process was started again after it died (serve --workers)",
+            ["worker"],
+            registry=r,
+        )
+        self.pool_engine_restarts = Gauge(
+            "duplex_engine_process_restarts",
+            "Times the engine process was started again after it died (serve --workers)",
+            registry=r,
+        )
+        self.pool_lost_connections = Gauge(
+            "duplex_worker_lost_connections",
+            "Connections the front ended itself because their worker process died (serve --workers)",
+            registry=r,
+        )
         self.disconnects = Counter(
             "duplex_disconnects",
             "Connections ended, by what happened to their session",
@@ -201,6 +222,14 @@ class ServerMetrics:
             registry=r,
         )
         r.register(_RuntimeCollector(runtime, records))
+
+    def set_pool(self, news: dict) -> None:
+        """The front's news of the worker pool (worker_link.py's ``m`` message)."""
+        self.pool_alive.set(int(news.get("alive", 0)))
+        for worker, restarts in dict(news.get("restarts", {})).items():
+            self.pool_restarts.labels(str(worker)).set(int(restarts))
+        self.pool_engine_restarts.set(int(news.get("engine_restarts", 0)))
+        self.pool_lost_connections.set(int(news.get("lost_connections", 0)))
 
     def observe(self, event: ev.ServerEvent) -> None:
         """Count one server event at its first delivery."""

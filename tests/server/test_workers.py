@@ -22,7 +22,7 @@ import urllib.request
 import anyio
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed
 
 from duplex_actors.client import DuplexClient, SessionLost
 from duplex_actors.engines.engine_process import EngineProcessClient
@@ -115,6 +115,17 @@ async def open_on(url: str, worker: int, **options) -> tuple[DuplexClient, dict]
     raise AssertionError(f"no session landed on worker {worker} in 8 tries")
 
 
+async def _raw_session_on(url: str, worker: int):
+    """A plain websocket whose session the front put on ``worker``, and the session's id."""
+    for _ in range(8):
+        ws = await connect(url)
+        session_id = json.loads(await ws.recv())["session"]["id"]
+        if owner_of(session_id) == worker:
+            return ws, session_id
+        await ws.close()
+    raise AssertionError(f"no session landed on worker {worker} in 8 tries")
+
+
 async def one_turn(client: DuplexClient, timeout: float = 20.0) -> list[dict]:
     await ask(client)
     done, events = await client.wait_for("response.done", timeout=timeout)
@@ -140,11 +151,20 @@ def test_the_front_sends_a_resume_to_its_owner_and_new_sessions_round_robin():
     assert owner_of(sid) == 2 and owner_of("sess_0123abcd") is None
     for _ in range(3):
         assert front.choose(f"GET /v1/realtime?model=x&session_id={sid} HTTP/1.1".encode()).index == 2
+    # Its owner gone (or started again: a new generation), a resume goes to a living worker,
+    # which refuses it at once as lost (4404, session_lost).
     front.workers[2].alive = False
-    assert front.choose(f"GET /v1/realtime?session_id={sid} HTTP/1.1".encode()) is None
-    assert {front.choose(b"GET /health HTTP/1.1").index for _ in range(4)} == {0, 1}
+    assert front.choose(f"GET /v1/realtime?session_id={sid} HTTP/1.1".encode()).index in (0, 1)
+    front.workers[2].alive = True
+    front.workers[2].generation = 1
+    assert front.choose(f"GET /v1/realtime?session_id={sid} HTTP/1.1".encode()).index in (0, 1)
+    assert front.choose(f"GET /v1/realtime?session_id={worker_session_id(2, 1)} HTTP/1.1".encode()).index == 2
+    assert {front.choose(b"GET /health HTTP/1.1").index for _ in range(6)} == {0, 1, 2}
     # An id no worker minted goes to any worker, which answers 4404 the usual way.
-    assert front.choose(b"GET /v1/realtime?session_id=sess_w9_ab HTTP/1.1").index in (0, 1)
+    assert front.choose(b"GET /v1/realtime?session_id=sess_w9g0_ab HTTP/1.1").index in (0, 1, 2)
+    for worker in front.workers:
+        worker.alive = False
+    assert front.choose(b"GET /v1/realtime HTTP/1.1") is None
 
 
 # --------------------------------------------------------------------------- a live server
@@ -339,35 +359,81 @@ async def _transcribed_turn(url: str) -> dict:
 # --------------------------------------------------------------------------- failure and shutdown
 
 
-def test_a_dead_workers_resumes_get_503_and_new_sessions_go_to_the_survivor_then_sigterm_stops_all():
+def test_kill_9_of_a_worker_ends_its_responses_for_their_clients_and_the_worker_comes_back():
     with serve_workers(2) as s:
 
-        async def doomed_session():
-            client, created = await open_on(s.url, 1, auto_reconnect=False)
-            client.abort_transport()
-            return created["session"]["id"]
-
-        doomed = run(doomed_session)
-        os.kill(s.worker_pids[1], signal.SIGKILL)
-        time.sleep(1.5)  # the front's watcher marks it dead within 0.5 s
-
-        async def after_the_loss():
-            with pytest.raises(InvalidStatus) as refused:
-                async with connect(f"{s.url}?session_id={doomed}"):
+        async def main():
+            doomed = [await _raw_session_on(s.url, 1) for _ in range(3)]
+            survivor, _ = await open_on(s.url, 0)
+            for ws, _ in doomed:
+                await ws.send(json.dumps({"type": "response.create"}))
+                while json.loads(await ws.recv())["type"] != "response.created":
                     pass
-            clients = [await DuplexClient.connect(s.url) for _ in range(3)]
-            owners = [owner_of((await c.recv())["session"]["id"]) for c in clients]
-            await one_turn(clients[0])
-            for c in clients:
-                await c.close()
-            return refused.value.response.status_code, owners
+            await ask(survivor)
+            killed_at = time.monotonic()
+            os.kill(s.worker_pids[1], signal.SIGKILL)
+            ends = []
+            for ws, session_id in doomed:
+                events = []
+                with anyio.fail_after(20), contextlib.suppress(ConnectionClosed):
+                    async for frame in ws:
+                        events.append(json.loads(frame))
+                ends.append((session_id, events, ws.close_code, time.monotonic() - killed_at))
+            # The survivor's turn, on the other worker, goes on as if nothing happened.
+            done, _ = await survivor.wait_for("response.done", timeout=20)
+            await survivor.close()
+            # A resume of a lost session is refused at once, and says why.
+            lost = ends[0][0]
+            asked_at = time.monotonic()
+            async with connect(f"{s.url}?session_id={lost}") as ws:
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "session.resume",
+                            "session_id": lost,
+                            "generation": 0,
+                            "resume_token": "t",
+                            "last_seq": 1,
+                        }
+                    )
+                )
+                refusal = json.loads(await ws.recv())
+                with contextlib.suppress(Exception):
+                    await ws.recv()
+            refused = (refusal, ws.close_code, time.monotonic() - asked_at)
+            # The worker is started again: new sessions reach its slot, under a new generation.
+            owners = []
+            for _ in range(40):
+                client = await DuplexClient.connect(s.url)
+                owners.append((await client.recv())["session"]["id"])
+                await client.close()
+                if any(sid.startswith("sess_w1g1_") for sid in owners):
+                    break
+                await anyio.sleep(0.25)
+            return ends, done, refused, owners
 
-        status, owners = run(after_the_loss)
-        assert status == 503 and owners == [0, 0, 0]
+        ends, done, refused, owners = run(main)
+        for _sid, events, close_code, after in ends:
+            kinds = [e["type"] for e in events]
+            failed = [e for e in events if e["type"] == "response.done"]
+            assert len(failed) == 1, kinds
+            assert failed[0]["response"]["status"] == "failed", failed
+            assert failed[0]["response"]["status_details"]["error"]["code"] == "worker_lost"
+            assert kinds[-1] == "session.closed" and events[-1]["reason"] == "worker_lost", kinds
+            assert close_code == 1011
+            assert after < 10, after  # told at once, not after a timeout
+        assert done["response"]["status"] == "completed"
+        refusal, close_code, took = refused
+        assert refusal["error"]["code"] == "session_lost" and close_code == 4404, refusal
+        assert took < 5, took
+        assert any(sid.startswith("sess_w1g1_") for sid in owners), owners
+        with urllib.request.urlopen(s.http + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'duplex_worker_restarts{worker="1"} 1.0' in metrics
+        assert "duplex_worker_lost_connections 3.0" in metrics
 
         async def shutdown():
-            # A session is open: SIGTERM ends it as the single-process server does (the
-            # worker's server closes its connections, then its runtime closes the sessions).
+            # A session is open: SIGTERM ends it as the single-process server does.
             client = await DuplexClient.connect(s.url, auto_reconnect=False)
             await client.recv()
             s.process.send_signal(signal.SIGTERM)

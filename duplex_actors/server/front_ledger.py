@@ -1,0 +1,160 @@
+"""What the front of ``serve --workers`` knows about the connections it handed to its workers.
+
+Theory of operation
+-------------------
+The front accepts a connection, passes the socket to a worker and keeps its own duplicate of
+it. The worker reports, over the hand-off socket (:mod:`.worker_link`), which session each
+connection carries and when each response of a session starts and ends. Nothing else of the
+session reaches the front: frames go straight from the worker to the client.
+
+When a worker process dies, by a crash or ``kill -9``, its sockets stay open because the front
+still holds them, and the front can still speak on them: for every connection the dead worker
+had, :meth:`FrontLedger.farewell` gives the websocket frames that end it properly, one
+``response.done`` (status ``failed``, code ``worker_lost``) per response that had started and
+not ended, then ``session.closed`` (reason ``worker_lost``), then a close frame with
+:data:`CLOSE_WORKER_LOST`. These are server frames, unmasked and uncompressed (RFC 7692 lets
+either end send any message uncompressed), so no compression state is needed.
+
+This module is sans-IO: it holds tables and builds bytes, and never touches a socket.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import struct
+
+import attrs
+
+#: The close code a client gets when the worker process holding its session died: RFC 6455's
+#: "internal error" (the server hit a condition it could not recover from). The session cannot
+#: be resumed; a resume of it is refused with ``session_lost`` (4404).
+CLOSE_WORKER_LOST = 1011
+WORKER_LOST = "worker_lost"
+
+
+@attrs.define(slots=True)
+class _Handed:
+    worker: int
+    session_id: str | None = None
+
+
+@attrs.define(slots=True)
+class FrontLedger:
+    """Connections handed to each worker, the session on each, and each session's responses
+    that started and have not ended, as the workers reported them."""
+
+    _connections: dict[int, _Handed] = attrs.field(factory=dict)
+    _responses: dict[str, list[str]] = attrs.field(factory=dict)
+    _next_id: int = 0
+
+    def handed(self, worker: int) -> int:
+        """A connection goes to ``worker``: its id, which the worker's reports name."""
+        self._next_id += 1
+        self._connections[self._next_id] = _Handed(worker)
+        return self._next_id
+
+    def attached(self, connection: int, session_id: str) -> None:
+        handed = self._connections.get(connection)
+        if handed is not None:
+            handed.session_id = session_id
+
+    def response_started(self, session_id: str, response_id: str) -> None:
+        open_ = self._responses.setdefault(session_id, [])
+        if response_id not in open_:
+            open_.append(response_id)
+
+    def response_ended(self, session_id: str, response_id: str) -> None:
+        open_ = self._responses.get(session_id)
+        if open_ is not None and response_id in open_:
+            open_.remove(response_id)
+            if not open_:
+                del self._responses[session_id]
+
+    def session_ended(self, session_id: str) -> None:
+        self._responses.pop(session_id, None)
+
+    def released(self, connection: int) -> bool:
+        """The worker is done with the connection; whether the front still held it."""
+        return self._connections.pop(connection, None) is not None
+
+    def held(self) -> int:
+        return len(self._connections)
+
+    def of_worker(self, worker: int) -> list[int]:
+        return [cid for cid, handed in self._connections.items() if handed.worker == worker]
+
+    def worker_lost(self, worker: int) -> dict[int, bytes]:
+        """Every connection the dead ``worker`` held, with the frames that end it; the worker's
+        connections and sessions are forgotten."""
+        farewells = {}
+        for connection in self.of_worker(worker):
+            handed = self._connections.pop(connection)
+            session_id = handed.session_id
+            responses = self._responses.pop(session_id, []) if session_id is not None else []
+            farewells[connection] = farewell(session_id, responses)
+        return farewells
+
+
+def farewell(session_id: str | None, responses: list[str]) -> bytes:
+    """The frames that end a connection whose worker died: a failed ``response.done`` for each
+    response in flight, ``session.closed``, and the close frame."""
+    frames = [_text_frame(_response_failed(session_id, rid)) for rid in responses]
+    if session_id is not None:
+        frames.append(_text_frame(_event("session.closed", reason=WORKER_LOST)))
+    frames.append(_close_frame(CLOSE_WORKER_LOST, "worker lost: the session is gone"))
+    return b"".join(frames)
+
+
+def _event(kind: str, **body) -> dict:
+    # Not part of the session's numbered stream (the worker that numbered it is gone): no seq,
+    # as for every event sent outside a session's stream.
+    return {
+        "type": kind,
+        "event_id": f"evt_front_{secrets.token_hex(4)}",
+        "server_event_seq": None,
+        "epoch": None,
+        **body,
+    }
+
+
+def _response_failed(session_id: str | None, response_id: str) -> dict:
+    return _event(
+        "response.done",
+        response={
+            "id": response_id,
+            "object": "realtime.response",
+            "status": "failed",
+            "status_details": {
+                "type": "failed",
+                "duplex_reason": WORKER_LOST,
+                "error": {"type": "server_error", "code": WORKER_LOST},
+            },
+            "output": [],
+            "conversation_id": None if session_id is None else f"conv_{session_id[-24:]}",
+            "usage": None,
+        },
+    )
+
+
+def _text_frame(event: dict) -> bytes:
+    return _frame(0x1, json.dumps(event, separators=(",", ":")).encode())
+
+
+def _close_frame(code: int, reason: str) -> bytes:
+    return _frame(0x8, struct.pack("!H", code) + reason.encode()[:120])
+
+
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """One final, unmasked websocket frame (RFC 6455 section 5.2): what a server sends."""
+    size = len(payload)
+    if size < 126:
+        header = struct.pack("!BB", 0x80 | opcode, size)
+    elif size < 1 << 16:
+        header = struct.pack("!BBH", 0x80 | opcode, 126, size)
+    else:
+        header = struct.pack("!BBQ", 0x80 | opcode, 127, size)
+    return header + payload
+
+
+__all__ = ["CLOSE_WORKER_LOST", "WORKER_LOST", "FrontLedger", "farewell"]

@@ -1,0 +1,107 @@
+"""The hand-off socket between the front of ``serve --workers`` and one worker, both ways.
+
+The front passes each accepted socket with a ``["c", connection_id]`` message (the socket rides
+along as ``SCM_RIGHTS``) and tells every worker the pool's state with ``["m", {...}]``. The
+worker reports what the front needs to end its connections should the worker die
+(:mod:`.front_ledger`):
+
+* ``["a", connection, session_id]``: a session is attached to the connection (opened, resumed);
+* ``["r", session_id, response_id]`` / ``["d", session_id, response_id]``: a response's
+  ``response.created`` / ``response.done`` went to its client;
+* ``["e", session_id]``: the session closed;
+* ``["x", connection]``: the worker is done with the socket (the front closes its duplicate).
+
+Each message is one ``SOCK_SEQPACKET`` packet of compact JSON: the kernel keeps their
+boundaries, and a few per response cost nothing next to the response's own frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections import deque
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("duplex_actors.server.worker_link")
+
+#: At most this many reports wait for a full hand-off socket; past it the oldest are dropped
+#: (the front then knows less about this worker's responses, nothing worse).
+MAX_PENDING_REPORTS = 65_536
+
+
+def pack(*message: Any) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def unpack(packet: bytes) -> list:
+    message = json.loads(packet)
+    if not isinstance(message, list) or not message or not isinstance(message[0], str):
+        raise ValueError(f"not a hand-off message: {packet[:80]!r}")
+    return message
+
+
+class FrontLink:
+    """The worker's end: reports to the front, never blocking the worker's loop."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pending: deque[bytes] = deque(maxlen=MAX_PENDING_REPORTS)
+        self._writing = False
+        self.lost = False  # the front went away: nothing is reported any more
+
+    def attached(self, connection: int, session_id: str) -> None:
+        self._send(pack("a", connection, session_id))
+
+    def response_started(self, session_id: str, response_id: str) -> None:
+        self._send(pack("r", session_id, response_id))
+
+    def response_ended(self, session_id: str, response_id: str) -> None:
+        self._send(pack("d", session_id, response_id))
+
+    def session_ended(self, session_id: str) -> None:
+        self._send(pack("e", session_id))
+
+    def released(self, connection: int) -> None:
+        self._send(pack("x", connection))
+
+    def _send(self, packet: bytes) -> None:
+        if self.lost:
+            return
+        if self._pending:
+            self._pending.append(packet)
+            return
+        try:
+            self._sock.send(packet)
+        except BlockingIOError:
+            self._pending.append(packet)
+            self._wait_writable()
+        except OSError:
+            self.lost = True
+
+    def _wait_writable(self) -> None:
+        if self._writing:
+            return
+        self._writing = True
+        asyncio.get_running_loop().add_writer(self._sock.fileno(), self._flush)
+
+    def _flush(self) -> None:
+        while self._pending:
+            try:
+                self._sock.send(self._pending[0])
+            except BlockingIOError:
+                return
+            except OSError:
+                self.lost = True
+                self._pending.clear()
+                break
+            self._pending.popleft()
+        self._writing = False
+        with contextlib.suppress(OSError, ValueError):
+            asyncio.get_running_loop().remove_writer(self._sock.fileno())
+
+
+__all__ = ["FrontLink", "pack", "unpack", "MAX_PENDING_REPORTS"]

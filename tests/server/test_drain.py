@@ -1,0 +1,122 @@
+"""SIGTERM drains ``duplex-actors serve`` the same way with one process and with ``--workers 2``:
+real processes, real sockets, responses in flight when the signal comes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from duplex_actors.server.app import CLOSE_GOING_AWAY
+
+from .test_cli import LAUNCH
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+CLIENTS = 12
+#: Far longer than the scripted engine's ~1 s responses: a server that waited it out would fail.
+DRAIN_TIMEOUT_S = 60
+
+
+async def _talk_through_the_drain(url: str, signalled: anyio.Event) -> dict:
+    """One client: asks for responses back to back, and once more after SIGTERM; returns what
+    it saw up to the server's close."""
+    seen: dict = {"asked": 1, "created": [], "done": [], "errors": [], "closed": [], "after_signal": False}
+    ws = await connect(url)
+    try:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "response.create"}))
+        with anyio.fail_after(60):
+            async for frame in ws:
+                event = json.loads(frame)
+                kind = event["type"]
+                if kind == "response.created":
+                    seen["created"].append(event["response"]["id"])
+                elif kind == "response.done":
+                    seen["done"].append((event["response"]["id"], event["response"]["status"]))
+                    if not signalled.is_set():
+                        seen["asked"] += 1
+                        await ws.send(json.dumps({"type": "response.create"}))
+                    elif not seen["after_signal"]:
+                        seen["after_signal"] = True  # the server is draining: it must refuse this
+                        await ws.send(json.dumps({"type": "response.create", "event_id": "after_sigterm"}))
+                elif kind == "error":
+                    seen["errors"].append((event["error"]["code"], event["error"].get("event_id")))
+                elif kind == "session.closed":
+                    seen["closed"].append(event["reason"])
+    except ConnectionClosed:
+        pass
+    seen["close_code"] = ws.close_code
+    return seen
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.anyio
+async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_with_the_last(workers):
+    command = [
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "serve",
+        "--port",
+        "0",
+        "--workers",
+        str(workers),
+        "--drain-timeout-s",
+        str(DRAIN_TIMEOUT_S),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        with anyio.fail_after(60):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        url = line.split()[2]
+        signalled = anyio.Event()
+        results: list[dict] = []
+
+        async def one() -> None:
+            results.append(await _talk_through_the_drain(url, signalled))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(CLIENTS):
+                tg.start_soon(one)
+            await anyio.sleep(2.0)  # every client has had responses; each has one in flight
+            signalled.set()
+            proc.send_signal(signal.SIGTERM)
+            sent_at = time.monotonic()
+            await anyio.sleep(0.3)
+            # No new session during the drain: the port is closed, or the session refused.
+            try:
+                async with connect(url, open_timeout=5) as late:
+                    refusal = json.loads(await late.recv())
+                    assert refusal["error"]["code"] == "server_draining", refusal
+            except (OSError, ConnectionClosed):
+                pass
+        code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=DRAIN_TIMEOUT_S))
+        exited_after = time.monotonic() - sent_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0
+    # It left with its last response, not after the drain timeout.
+    assert exited_after < DRAIN_TIMEOUT_S / 2, exited_after
+    assert len(results) == CLIENTS
+    for seen in results:
+        done_ids = [rid for rid, _ in seen["done"]]
+        assert sorted(done_ids) == sorted(seen["created"]) and len(set(done_ids)) == len(done_ids), seen
+        assert {status for _, status in seen["done"]} == {"completed"}, seen
+        assert seen["closed"] == ["runtime_shutdown"], seen
+        assert seen["close_code"] == CLOSE_GOING_AWAY, seen
+        # The ask after SIGTERM started nothing: refused (server_draining), or, when it came
+        # after the session had closed, not read at all (session.closed is always last).
+        assert len(seen["created"]) == seen["asked"], seen
+        assert {code for code, _ in seen["errors"]} <= {"server_draining"}, seen
+    refused = sum(("server_draining", "after_sigterm") in seen["errors"] for seen in results)
+    assert refused >= 1, results
