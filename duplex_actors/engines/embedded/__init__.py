@@ -8,7 +8,7 @@ observability records (:class:`StepRecord`, :class:`SlotReleased`, :class:`Sched
 
 from .adapter import AudioBudget, ModelAdapter, Prompt, WordThinkerAdapter
 from .backend import EmbeddedEngine, make_embedded_engine
-from .model import Thinker, ThinkerConfig
+from .model import Thinker, ThinkerConfig, resolve_device
 from .sampling import SamplingParams
 from .scheduler import BatchScheduler, SchedulerStats, SlotReleased, StepRecord
 from .thinker_backend import EmbeddedThinker
@@ -28,4 +28,5 @@ __all__ = [
     "ThinkerConfig",
     "WordThinkerAdapter",
     "make_embedded_engine",
+    "resolve_device",
 ]

@@ -7,6 +7,7 @@ packets; others get text only. Model-native mode (TurnKind.UNIT) is always avail
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import attrs
@@ -14,7 +15,7 @@ import attrs
 from ...core.engine_io import EngineOutput, ModelTurnRequest
 from ..base import EngineCapabilities, delegated_sync_abort
 from ..talker import SpeakingEngine, Talker, TalkerConfig
-from .model import ThinkerConfig
+from .model import ThinkerConfig, resolve_device
 from .sampling import SamplingParams
 from .thinker_backend import EmbeddedThinker
 from .vocab import default_vocabulary
@@ -72,6 +73,8 @@ def make_embedded_engine(
     torch_threads: int | None = 1,
     seed: int = 20240617,
     dispatch_interval_s: float = 0.005,
+    device: str | None = None,
+    cuda_graphs: bool = False,
 ) -> EmbeddedEngine:
     """Build (not start) the embedded engine. Defaults: ~3.1 M parameter thinker (4 query
     heads sharing one key/value head), 64 live sequences, 256 queued, Piper talker speaking
@@ -83,8 +86,16 @@ def make_embedded_engine(
     its threads is descheduled. ``None`` leaves torch's setting alone.
 
     ``dispatch_interval_s``: how long the worker may hold a running response's tokens before
-    waking the event loop (first tokens and endings go at once; see scheduler.py for why)."""
+    waking the event loop (first tokens and endings go at once; see scheduler.py for why).
+
+    ``device``: where the thinker runs: "cpu", "cuda", "cuda:N" or "auto" (CUDA when torch
+    sees one). None reads ``DUPLEX_EMBEDDED_DEVICE`` (what ``serve --device`` and ``demo
+    --device`` set, so ``serve --workers N``'s worker processes get it too), else "cpu".
+    ``cuda_graphs``: replay the batched decode step as CUDA graphs (ThinkerConfig.cuda_graphs);
+    None of this changes the CPU path. The talker (Piper, onnxruntime) stays on the CPU.
+    """
     vocab = default_vocabulary()
+    device = resolve_device(device or os.environ.get("DUPLEX_EMBEDDED_DEVICE") or "cpu")
     config = ThinkerConfig(
         vocab_size=len(vocab),
         d_model=d_model,
@@ -95,6 +106,8 @@ def make_embedded_engine(
         max_new_tokens=max_new_tokens,
         max_slots=max_concurrency,
         seed=seed,
+        device=device,
+        cuda_graphs=cuda_graphs,
     )
     thinker = EmbeddedThinker(
         config,

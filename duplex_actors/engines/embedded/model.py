@@ -94,6 +94,23 @@ class ThinkerConfig:
     dense_low_precision: str = attrs.field(
         default="auto", validator=attrs.validators.in_(("auto", "bfloat16", "int8"))
     )
+    #: Where the weights, the cache and every step live: "cpu", "cuda" or "cuda:N" (see
+    #: :func:`resolve_device` for "auto"). The weights are drawn on the CPU from the seed and
+    #: moved, so every device runs the same model. On CUDA, "auto" low precision stays float32:
+    #: a step of this model is a few hundred small kernels, bound by their launches, not their
+    #: arithmetic (int8 dynamic linear is CPU-only; "bfloat16" can still be asked for).
+    device: str = attrs.field(default="cpu")
+    #: CUDA only: capture the batched decode step once per batch bucket as a CUDA graph and
+    #: replay it (what vLLM does for decode): a launch-bound step then costs one launch. The
+    #: cache's time axis is then fixed at ``max_len`` (graphs need fixed shapes; the masked tail
+    #: costs little on a GPU) and a batch runs padded to its bucket. Off by default: not yet
+    #: measured on a GPU (scripts/device-check.sh measures both).
+    cuda_graphs: bool = False
+
+    @device.validator
+    def _known_device(self, attribute, value: str) -> None:
+        if value != "cpu" and not (value == "cuda" or value.startswith("cuda:")):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
 
     @n_kv_heads.validator
     def _kv_heads_divide_heads(self, attribute, value: int) -> None:
@@ -239,32 +256,39 @@ class Thinker(nn.Module):
         )
         self._init_random(gen)
         self.register_buffer("pos_emb", _sinusoids(cfg.max_len, cfg.d_model), persistent=False)
-        kv_dtype = resolve_kv_dtype(cfg.kv_dtype)
+        device = torch.device(cfg.device)
+        if device.type != "cpu":
+            self.to(device)  # weights drawn on the CPU (same on every device), then moved
+        self.device = device
+        self._on_cpu = device.type == "cpu"
+        kv_dtype = resolve_kv_dtype(cfg.kv_dtype, device)
         # One flat storage per cache, allocated once at its largest and viewed at the current
         # capacity. Zeros, not empty: every position of the time axis, masked or not, goes
         # through the matmuls (times a zero weight if masked), so each must hold a finite
         # number; junk left by earlier sequences and layouts is finite too.
         size = cfg.n_layers * cfg.max_slots * cfg.n_kv_heads * cfg.max_len * cfg.head_dim
-        self._k_storage = torch.zeros(size, dtype=kv_dtype)
-        self._v_storage = torch.zeros(size, dtype=kv_dtype)
-        self.register_buffer(
-            "k_cache", self._cache_view(self._k_storage, min(cfg.cache_growth, cfg.max_len)), persistent=False
-        )
-        self.register_buffer(
-            "v_cache", self._cache_view(self._v_storage, min(cfg.cache_growth, cfg.max_len)), persistent=False
-        )
+        self._k_storage = torch.zeros(size, dtype=kv_dtype, device=device)
+        self._v_storage = torch.zeros(size, dtype=kv_dtype, device=device)
+        if cfg.cuda_graphs and device.type != "cuda":
+            raise ValueError("cuda_graphs needs a CUDA device")
+        # Graph replays read the cache at fixed addresses and shapes: its axis never changes.
+        self._pinned_capacity = cfg.cuda_graphs
+        capacity = cfg.max_len if cfg.cuda_graphs else min(cfg.cache_growth, cfg.max_len)
+        self.register_buffer("k_cache", self._cache_view(self._k_storage, capacity), persistent=False)
+        self.register_buffer("v_cache", self._cache_view(self._v_storage, capacity), persistent=False)
         self.requires_grad_(False)
         self.eval()
         self._parts = [_BlockParts(block) for block in self.blocks]
         self._final_norm = _norm_args(self.ln_f)
         from_rows = cfg.dense_low_precision_from_rows
-        kind = None if from_rows is None else resolve_dense_low_precision(cfg.dense_low_precision)
+        kind = None if from_rows is None else resolve_dense_low_precision(cfg.dense_low_precision, device)
         self._low_precision_kind = kind
         self._low_from_rows = None if kind is None else from_rows
         if kind is not None:
             for module in self.modules():
                 if isinstance(module, _Dense):
                     module.keep_low_precision_copy(kind)
+        self._graphs: _DecodeGraphs | None = _DecodeGraphs(self) if cfg.cuda_graphs else None
 
     def _init_random(self, gen: torch.Generator) -> None:
         # Fan-in scaled weights keep activations O(1) through the residual stack, so the
@@ -315,7 +339,7 @@ class Thinker(nn.Module):
         ``cache_growth``, or shrink once it is two steps of growth longer than needed. The first
         ``live`` slots keep their contents; the rest of the storage is left as it is."""
         capacity, growth = self.cache_capacity, self.cfg.cache_growth
-        if capacity >= needed and capacity < needed + 2 * growth:
+        if (capacity >= needed and capacity < needed + 2 * growth) or self._pinned_capacity:
             return
         target = min(self.cfg.max_len, -(-needed // growth) * growth)
         keep = min(capacity, target)
@@ -348,12 +372,15 @@ class Thinker(nn.Module):
         if not suffix_ids:
             raise ValueError("a prompt must end with at least one token to decode from")
         parts = []
+        device = None if self._on_cpu else self.device  # (None: torch's default, the CPU)
         if prefix_ids:
-            parts.append(self.tok_emb[torch.tensor(prefix_ids)])
+            parts.append(self.tok_emb[torch.tensor(prefix_ids, device=device)])
         if audio_features.numel():
+            if device is not None:
+                audio_features = audio_features.to(device)  # the features are computed on the CPU
             parts.append(self.audio_proj(audio_features))
         if len(suffix_ids) > 1:
-            parts.append(self.tok_emb[torch.tensor(suffix_ids[:-1])])
+            parts.append(self.tok_emb[torch.tensor(suffix_ids[:-1], device=device)])
         if not parts:
             return self.tok_emb.new_zeros((0, self.cfg.d_model))
         x = torch.cat(parts, dim=0)
@@ -423,20 +450,38 @@ class Thinker(nn.Module):
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One decode step for the live slots ``0 .. n-1``: ``tokens[i]`` sits at
-        ``positions[i]`` of slot i. Returns logits of shape (n, vocab)."""
-        cfg = self.cfg
+        ``positions[i]`` of slot i. Returns logits of shape (n, vocab), on the model's device.
+
+        ``tokens`` and ``positions`` may be on the CPU whatever the device (they are moved in
+        one copy). With CUDA graphs the logits are a view of the graph's output, valid until
+        the next step."""
+        if self._on_cpu:
+            n = tokens.shape[0]
+            self._fit_cache(int(positions.max()) + 1, live=n)
+            return self._decode_rows(tokens, positions, n, self.cache_capacity)
         n = tokens.shape[0]
+        if self._graphs is not None:
+            return self._graphs.run(tokens, positions, n)
+        self._fit_cache(int(positions.max()) + 1, live=n)
+        moved = torch.stack((tokens.to(positions.device), positions)).to(self.device, non_blocking=True)
+        return self._decode_rows(moved[0], moved[1], n, self.cache_capacity)
+
+    def _decode_rows(self, tokens: torch.Tensor, positions: torch.Tensor, n: int, width: int) -> torch.Tensor:
+        """The step itself, on the model's device, over a cache axis of ``width`` positions
+        that already holds every row's position (decode fits it; graphs pin it)."""
+        cfg = self.cfg
         H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         group = H // K
-        self._fit_cache(int(positions.max()) + 1, live=n)
-        width = self.cache_capacity
         kv_dtype = self.k_cache.dtype
-        rows = torch.arange(n)
+        device = None if self._on_cpu else self.device
+        rows = torch.arange(n, device=device)
         # Row i may attend to cache positions 0 .. positions[i]; the rest of the (compact,
         # contiguous) time axis is masked out. One mask row per (row, key head) pair, broadcast
         # over the query heads that share it.
-        hidden = torch.arange(width)[None, :] > positions[:, None]
-        mask = torch.zeros((n, 1, width), dtype=kv_dtype).masked_fill_(hidden.view(n, 1, width), -math.inf)
+        hidden = torch.arange(width, device=device)[None, :] > positions[:, None]
+        mask = torch.zeros((n, 1, width), dtype=kv_dtype, device=device).masked_fill_(
+            hidden.view(n, 1, width), -math.inf
+        )
         mask = mask.expand(n, K, width).reshape(n * K, 1, width)
         scale = 1.0 / math.sqrt(D)
         x = self.tok_emb[tokens] + self.pos_emb[positions]
@@ -465,18 +510,38 @@ class Thinker(nn.Module):
         self.v_cache[:, dst, :, :length] = self.v_cache[:, src, :, :length]
 
 
-def resolve_kv_dtype(name: str) -> torch.dtype:
-    """The KV cache dtype for a ThinkerConfig.kv_dtype setting."""
+def resolve_device(name: str) -> str:
+    """A device setting ("cpu", "cuda", "cuda:N", "auto") as ThinkerConfig.device takes it:
+    "auto" is "cuda" where torch sees a CUDA device, else "cpu". Asking for CUDA where there is
+    none is an error here, not a failure at the first step."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu":
+        if not (name == "cuda" or name.startswith("cuda:")):
+            raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {name!r}")
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+    return name
+
+
+def resolve_kv_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """The KV cache dtype for a ThinkerConfig.kv_dtype setting (on CUDA, "auto" is float32:
+    see ThinkerConfig.device)."""
     if name == "float32":
         return torch.float32
     if name == "bfloat16":
         return torch.bfloat16
+    if device is not None and device.type != "cpu":
+        return torch.float32
     return torch.bfloat16 if _native_bf16() else torch.float32
 
 
-def resolve_dense_low_precision(name: str) -> str | None:
+def resolve_dense_low_precision(name: str, device: torch.device | None = None) -> str | None:
     """The low precision for a ThinkerConfig.dense_low_precision setting on this host, or
-    None where it would be slower than float32 (emulated bf16) or cannot run (no int8 kernels)."""
+    None where it would be slower than float32 (emulated bf16) or cannot run (no int8 kernels).
+    On CUDA: "bfloat16" if asked for by name, else None (see ThinkerConfig.device)."""
+    if device is not None and device.type != "cpu":
+        return "bfloat16" if name == "bfloat16" else None
     if name == "bfloat16":
         return "bfloat16" if _native_bf16() else None
     if name == "int8":
@@ -484,6 +549,61 @@ def resolve_dense_low_precision(name: str) -> str | None:
     if _native_bf16():
         return "bfloat16"
     return "int8" if _int8_kernels() else None
+
+
+class _DecodeGraphs:
+    """CUDA graphs of the batched decode step, one per batch bucket (powers of two up to
+    ``max_slots``, and ``max_slots``), as vLLM captures its decode.
+
+    All are captured when the model is built, before any sequence lives in the cache: the
+    warm-up runs write junk at position 0 of the bucket's slots. At a step of n rows the
+    smallest bucket >= n is replayed with the inputs in its static buffers; its padded rows
+    (token 0 at position 0 of free slots n..) write junk where a joining sequence's prefill
+    writes before anything reads it. Graphs share one memory pool, largest captured first.
+    """
+
+    def __init__(self, model: Thinker) -> None:
+        cfg = model.cfg
+        self._model = model
+        top = cfg.max_slots
+        sizes = {top}
+        size = 1
+        while size < top:
+            sizes.add(size)
+            size *= 2
+        self.buckets = sorted(sizes)
+        device = model.device
+        # Inputs for the largest bucket; smaller buckets capture views of their first rows.
+        self._inputs = torch.zeros((2, top), dtype=torch.long, device=device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        width = cfg.max_len
+        pool = None
+        with torch.inference_mode():
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for bucket in self.buckets:  # warm-up: lazy inits happen outside capture
+                    model._decode_rows(self._inputs[0, :bucket], self._inputs[1, :bucket], bucket, width)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            for bucket in reversed(self.buckets):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    out = model._decode_rows(
+                        self._inputs[0, :bucket], self._inputs[1, :bucket], bucket, width
+                    )
+                pool = graph.pool()
+                self._graphs[bucket] = (graph, out)
+            torch.cuda.synchronize(device)
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, n: int) -> torch.Tensor:
+        bucket = next(b for b in self.buckets if b >= n)
+        graph, out = self._graphs[bucket]
+        staged = torch.zeros((2, bucket), dtype=torch.long)
+        staged[0, :n] = tokens
+        staged[1, :n] = positions
+        self._inputs[:, :bucket].copy_(staged, non_blocking=True)  # one copy for both
+        graph.replay()
+        return out[:n]
 
 
 @functools.cache

@@ -50,8 +50,12 @@ def sample_batch(
     probability p), so a row's randomness is one vector of draws: from its own generator if
     the request was seeded, else from the engine's shared one.
     """
-    greedy = logits.argmax(dim=-1)
     sampled_rows = [i for i, p in enumerate(params) if p.temperature > 0.0]
+    if sampled_rows and logits.device.type != "cpu":
+        # The draws come from CPU generators (a seeded request samples the same on any
+        # device): one copy of the step's logits. All-greedy steps stay on the device.
+        logits = logits.cpu()
+    greedy = logits.argmax(dim=-1)
     if not sampled_rows:
         return greedy
     rows = torch.tensor(sampled_rows)

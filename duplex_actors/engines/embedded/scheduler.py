@@ -214,7 +214,12 @@ class BatchScheduler:
             max_queue - max_queue // 4 if max_queue_per_tenant is None else max_queue_per_tenant
         )
         self._shared_gen = torch.Generator().manual_seed(seed)
+        # On a GPU the step's logits stay there: the grammar's masks and their row index go
+        # too (the sampler copies the logits to the CPU only for rows that sample).
+        self._device = None if model.device.type == "cpu" else model.device
         self._masks = self._build_masks()
+        if self._device is not None:
+            self._masks = self._masks.to(self._device)
         self._punctuation = vocab.punctuation_ids
 
         self._lock = threading.Condition()
@@ -457,7 +462,10 @@ class BatchScheduler:
         positions = torch.tensor([s.position for s in live])
         logits = self._model.decode(tokens, positions)
         phases = [_phase(s) for s in live]
-        logits = logits + self._masks[torch.tensor(phases)]
+        if self._device is None:
+            logits = logits + self._masks[torch.tensor(phases)]
+        else:
+            logits = logits + self._masks[torch.tensor(phases).to(self._device, non_blocking=True)]
         picks, sampling_errors = self._sample(logits, live)
         now = time.perf_counter()
         self._steps += 1

@@ -128,6 +128,8 @@ class EmbeddedThinker:
             layers=self.config.n_layers,
             vocab=len(self.vocab),
             max_concurrency=self._max_concurrency,
+            device=self.config.device,
+            cuda_graphs=self.config.cuda_graphs,
         )
 
     async def aclose(self) -> None:
