@@ -18,14 +18,21 @@ def register(app: typer.Typer) -> None:
         json_path: Path | None = typer.Option(Path("out/demo.json"), "--json", help="JSON report path"),
         plot: Path | None = typer.Option(Path("out/demo-timeline.png"), "--plot", help="PNG timeline path"),
         live: bool = typer.Option(True, help="show the live progress view"),
+        device: str = typer.Option(
+            "cpu", help="where the embedded thinker runs: cpu | cuda | cuda:N | auto (cuda if present)"
+        ),
     ) -> None:
         """Run simulated callers in full-duplex conversation with an engine on this machine."""
+        import os
+
         import anyio
         from rich.console import Console
 
         from .report import print_report
         from .run import DemoOptions, run_demo
 
+        # make_embedded_engine reads it (the demo's engine is built deep inside run_demo).
+        os.environ["DUPLEX_EMBEDDED_DEVICE"] = check_device(device)
         console = Console()
         options = DemoOptions(
             sessions=sessions,
@@ -39,6 +46,7 @@ def register(app: typer.Typer) -> None:
         )
         console.print(
             f"[bold]duplex_actors demo[/]: {sessions} callers, {seconds:.0f} s, engine {engine}, seed {seed}"
+            + (f", device {device}" if engine == "embedded" else "")
         )
         report = anyio.run(lambda: run_demo(options, console=console))
         print_report(console, report)
@@ -46,3 +54,11 @@ def register(app: typer.Typer) -> None:
             console.print(f"JSON report: {json_path}")
         if plot:
             console.print(f"timeline: {plot}")
+
+
+def check_device(device: str) -> str:
+    """``--device``'s value as given, once its form is known good (torch is not imported here:
+    the engine resolves "auto" and refuses "cuda" where torch sees none)."""
+    if device in ("cpu", "cuda", "auto") or (device.startswith("cuda:") and device[5:].isdigit()):
+        return device
+    raise typer.BadParameter(f"--device must be cpu, cuda, cuda:N or auto, not {device!r}")

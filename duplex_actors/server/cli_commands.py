@@ -65,6 +65,9 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(8765, help="TCP port; 0 picks a free one (printed at start)"),
         engine: EngineChoice = typer.Option(EngineChoice.scripted, help="engine backend"),
         model: str | None = typer.Option(None, help="model path for --engine vllm"),
+        device: str = typer.Option(
+            "cpu", help="--engine embedded: where its thinker runs: cpu | cuda | cuda:N | auto (cuda if any)"
+        ),
         api_key: str | None = typer.Option(
             None,
             envvar="DUPLEX_API_KEY",
@@ -208,6 +211,13 @@ def register(app: typer.Typer) -> None:
             "frame_intake_burst_bytes": frame_intake_burst_bytes,
             "compression": "deflate" if compression else None,
         }
+        if engine is EngineChoice.embedded:
+            import os
+
+            from ..demo.cli_commands import check_device
+
+            # make_embedded_engine reads it, here and in each --workers process (they inherit it).
+            os.environ["DUPLEX_EMBEDDED_DEVICE"] = check_device(device)
         if workers > 1:  # the engine is built in its own process, not here
             from .workers import WorkerSettings, serve_workers
 
