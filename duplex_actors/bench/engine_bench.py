@@ -18,15 +18,30 @@ ratio is the median over rounds of the ratio within a round (5 rounds quick, 9 f
 tokens/s shown are that median round's (the machine is shared and its speed drifts within
 seconds, so only runs close in time compare).
 
-    python -m duplex_actors.bench.engine_bench [--full] [--float32-dense] [--kv-heads N]
+Time to first token (``ttft``): single requests one after another on the idle engine, from
+``generate()`` to the first text, against the bare loop's own first token for the same request
+(prompt features, prefill, one decode step, the token read back), paired per sample.
+
+On a GPU (``--device cuda``) every arm runs there, and the bare loops read each step's tokens
+back to the host, as any serving loop must (on the CPU they already are there).
+``--cuda-graphs`` replays the decode step as CUDA graphs in both arms (ThinkerConfig.cuda_graphs).
+
+    python -m duplex_actors.bench.engine_bench [--full | --tiny] [--float32-dense] [--kv-heads N]
+        [--device cpu|cuda|auto] [--cuda-graphs] [--concurrency 1,16,64,256] [--json PATH]
+
+``--tiny``: a few tokens, one round (CI's smoke; its figures are noise).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import logging
+import statistics
 import sys
 import time
+from pathlib import Path
 
 import attrs
 import structlog
@@ -34,7 +49,13 @@ import torch
 
 from duplex_actors.core.engine_io import ModelTurnRequest, TextDelta, TurnDone, TurnKind
 from duplex_actors.core.fence import Fence
-from duplex_actors.engines.embedded import EmbeddedThinker, SamplingParams, Thinker, ThinkerConfig
+from duplex_actors.engines.embedded import (
+    EmbeddedThinker,
+    SamplingParams,
+    Thinker,
+    ThinkerConfig,
+    resolve_device,
+)
 from duplex_actors.engines.embedded.thinker_backend import output_prior
 from duplex_actors.engines.embedded.vocab import default_vocabulary
 
@@ -71,7 +92,9 @@ async def _engine_run(engine: EmbeddedThinker, n: int, audio: bytes) -> tuple[fl
     return time.perf_counter() - began, sum(counts)
 
 
-def _bare_run(model: Thinker, prompt, n: int, max_tokens: int) -> tuple[float, int]:
+def _bare_run(
+    model: Thinker, prompt, n: int, max_tokens: int, host_tokens: bool = False
+) -> tuple[float, int]:
     began = time.perf_counter()
     # The same batched prefill the engine's scheduler runs for requests that join together.
     embedded = [
@@ -82,17 +105,57 @@ def _bare_run(model: Thinker, prompt, n: int, max_tokens: int) -> tuple[float, i
     positions = torch.full((n,), position)
     for _ in range(max_tokens):
         tokens = model.decode(tokens, positions).argmax(dim=-1)
+        if host_tokens:  # on a GPU: a serving loop reads every step's tokens (and waits for them)
+            tokens = tokens.cpu()
         positions = positions + 1
     return time.perf_counter() - began, n * max_tokens
 
 
+async def _engine_first_token(engine: EmbeddedThinker, audio: bytes, i: int) -> float:
+    stream = engine.generate(_request(10_000 + i, audio))
+    began = time.perf_counter()
+    try:
+        async for out in stream:
+            if isinstance(out, TextDelta):
+                return time.perf_counter() - began
+    finally:
+        await stream.aclose()
+    raise RuntimeError("the engine produced no text")
+
+
+def _bare_first_token(engine: EmbeddedThinker, model: Thinker, audio: bytes, i: int) -> float:
+    """What the engine's worker does for a lone request's first token, with nothing around it."""
+    began = time.perf_counter()
+    prompt = engine.adapter.build_prompt(_request(10_000 + i, audio))
+    embedded = model.embed_prompt(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids)
+    position = model.prefill_many(0, [embedded])[0]
+    logits = model.decode(torch.tensor([prompt.suffix_ids[-1]]), torch.tensor([position]))
+    logits.argmax(dim=-1).tolist()
+    return time.perf_counter() - began
+
+
 def run(
-    quick: bool = True, threads: int = 1, float32_dense: bool = False, kv_heads: int | None = None
+    quick: bool = True,
+    threads: int = 1,
+    float32_dense: bool = False,
+    kv_heads: int | None = None,
+    *,
+    device: str = "cpu",
+    cuda_graphs: bool = False,
+    concurrency: tuple[int, ...] = CONCURRENCY,
+    tiny: bool = False,
+    ttft_samples: int | None = None,
 ) -> dict:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    max_tokens = 48 if quick else 64
-    rounds = 5 if quick else 9  # odd: the median is a real round
-    sequential_requests = 4 if quick else 16
+    device = resolve_device(device)
+    concurrency = tuple(sorted(concurrency))
+    max_tokens = 8 if tiny else 48 if quick else 64
+    rounds = 1 if tiny else 5 if quick else 9  # odd: the median is a real round
+    sequential_requests = 1 if tiny else 4 if quick else 16
+    pass_requests = 1 if tiny else PASS_REQUESTS
+    if ttft_samples is None:
+        ttft_samples = 2 if tiny else 9 if quick else 25
+    host_tokens = device != "cpu"
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens)
     audio = _audio()
 
@@ -103,18 +166,38 @@ def run(
 
     async def measure() -> tuple[list, EmbeddedThinker, Thinker, object]:
         # float32_dense: the figures without low-precision dense layers in batched steps.
-        config = ThinkerConfig(vocab_size=len(default_vocabulary()), max_slots=64)
+        top = max(concurrency)
+        config = ThinkerConfig(
+            vocab_size=len(default_vocabulary()),
+            max_slots=max(64, top),
+            device=device,
+            cuda_graphs=cuda_graphs,
+        )
         if float32_dense:
             config = attrs.evolve(config, dense_low_precision_from_rows=None)
         if kv_heads is not None:  # the model before its heads were shared: kv_heads=4
             config = attrs.evolve(config, n_kv_heads=kv_heads)
-        engine = EmbeddedThinker(defaults=params, config=config)
+        engine = EmbeddedThinker(
+            defaults=params, config=config, max_concurrency=max(64, top), max_queue=max(256, top)
+        )
         await engine.start()
         try:
             model = Thinker(engine.config, output_prior(engine.vocab))
             prompt = engine.adapter.build_prompt(_request(0, audio))
             await _engine_run(engine, 4, audio)  # warm-up
-            _bare_run(model, prompt, 4, 8)
+            _bare_run(model, prompt, 4, 8, host_tokens)
+            # TTFT first, on the idle engine: pairs of (engine, bare), the order alternating.
+            ttft_pairs = []
+            for i in range(ttft_samples):
+                if i % 2 == 0:
+                    pair = (
+                        await _engine_first_token(engine, audio, i),
+                        _bare_first_token(engine, model, audio, i),
+                    )
+                else:
+                    bare_s = _bare_first_token(engine, model, audio, i)
+                    pair = (await _engine_first_token(engine, audio, i), bare_s)
+                ttft_pairs.append(pair)
             # Every round runs every arm back to back, so each ratio compares runs that met
             # the same machine: this one is shared and its speed drifts by a quarter within
             # seconds, which swamps best-of comparisons across rounds. The pair's order
@@ -123,11 +206,11 @@ def run(
             for r in range(rounds):
                 engine_tps: dict = {}
                 bare_tps: dict = {}
-                for n in CONCURRENCY:
+                for n in concurrency:
                     # At least 16 requests' worth of tokens per arm and round: one request alone
                     # is ~70 ms, and a hiccup of this host swung single-request rounds from
                     # 0.57x to 1.26x (five rounds at 12:10 on 2026-12-01).
-                    passes = max(1, PASS_REQUESTS // n)
+                    passes = max(1, pass_requests // n)
                     for arm in ("engine", "bare") if r % 2 == 0 else ("bare", "engine"):
                         seconds = 0.0
                         tokens = 0
@@ -139,18 +222,22 @@ def run(
                                         f"engine produced {made} tokens, expected {n * max_tokens}"
                                     )
                             else:
-                                took, made = _bare_run(model, prompt, n, max_tokens)
+                                took, made = _bare_run(model, prompt, n, max_tokens, host_tokens)
                             seconds += took
                             tokens += made
                         (engine_tps if arm == "engine" else bare_tps)[n] = tokens / seconds
                 began = time.perf_counter()
-                total = sum(_bare_run(model, prompt, 1, max_tokens)[1] for _ in range(sequential_requests))
+                total = sum(
+                    _bare_run(model, prompt, 1, max_tokens, host_tokens)[1]
+                    for _ in range(sequential_requests)
+                )
                 rounds_taken.append((engine_tps, bare_tps, total / (time.perf_counter() - began)))
-            return rounds_taken, engine, model, prompt
+            return rounds_taken, engine, model, prompt, ttft_pairs
         finally:
             await engine.aclose()
 
-    rounds_taken, engine, model, prompt = asyncio.run(measure())
+    began_run = time.perf_counter()
+    rounds_taken, engine, model, prompt, ttft_pairs = asyncio.run(measure())
 
     # Per concurrency, the round with the median engine/bare ratio; for the batching gain, the
     # round with the median engine-at-64 / sequential ratio. Each reported pair is one real
@@ -159,10 +246,10 @@ def run(
         return sorted(rounds_taken, key=ratio)[len(rounds_taken) // 2]
 
     engine_tps, bare_tps = {}, {}
-    for n in CONCURRENCY:
+    for n in concurrency:
         chosen = median_round(lambda rd, n=n: rd[0][n] / rd[1][n])
         engine_tps[n], bare_tps[n] = chosen[0][n], chosen[1][n]
-    top = CONCURRENCY[-1]
+    top = concurrency[-1]
     chosen = median_round(lambda rd: rd[0][top] / rd[2])
     engine_top_paired, sequential = chosen[0][top], chosen[2]
 
@@ -177,23 +264,38 @@ def run(
             "torch_threads": torch.get_num_threads(),
             "kv_cache": str(model.k_cache.dtype).removeprefix("torch."),
             "dense_low_precision": model.dense_low_precision,
+            "device": engine.config.device,
+            "device_name": torch.cuda.get_device_name(engine.config.device) if device != "cpu" else None,
+            "cuda_graphs": engine.config.cuda_graphs,
+            "torch": torch.__version__,
         },
+        "concurrency": list(concurrency),
+        "top_concurrency": top,
+        "seconds": time.perf_counter() - began_run,
         "max_tokens": max_tokens,
         "prompt_positions": len(prompt.prefix_ids) + prompt.budget.tokens + len(prompt.suffix_ids),
         "rounds": rounds,
         "engine_tokens_per_s": engine_tps,
         "bare_tokens_per_s": bare_tps,
-        "engine_vs_bare": {n: engine_tps[n] / bare_tps[n] for n in CONCURRENCY},
+        "engine_vs_bare": {n: engine_tps[n] / bare_tps[n] for n in concurrency},
         "engine64_paired_tokens_per_s": engine_top_paired,
         "sequential_b1_tokens_per_s": sequential,
         "engine64_vs_sequential": engine_top_paired / sequential,
         "ratios_by_round": [
             {
-                "engine_vs_bare": {n: rd[0][n] / rd[1][n] for n in CONCURRENCY},
+                "engine_vs_bare": {n: rd[0][n] / rd[1][n] for n in concurrency},
                 "engine64_vs_sequential": rd[0][top] / rd[2],
             }
             for rd in rounds_taken
         ],
+        "ttft": {
+            "samples": len(ttft_pairs),
+            "engine_ms_p50": statistics.median(e for e, _ in ttft_pairs) * 1e3,
+            "bare_ms_p50": statistics.median(b for _, b in ttft_pairs) * 1e3,
+            # The median of the per-pair ratios (each pair ran back to back).
+            "engine_vs_bare": statistics.median(e / b for e, b in ttft_pairs),
+            "engine_ms_max": max(e for e, _ in ttft_pairs) * 1e3,
+        },
         "targets": {"engine_vs_bare": 0.8, "engine64_vs_sequential": 10.0},
     }
 
@@ -206,7 +308,8 @@ def _print(report: dict) -> None:
         f"embedded thinker: {m['params'] / 1e6:.2f} M params, d_model {m['d_model']}, {m['layers']} layers, "
         f"{m['heads']} heads sharing {m['kv_heads']} key/value head{'s' if m['kv_heads'] > 1 else ''}, "
         f"vocab {m['vocab']}, {m['kv_cache']} KV cache, {dense}, "
-        f"torch threads {m['torch_threads']}; "
+        f"torch threads {m['torch_threads']}, device {m['device']}"
+        f"{' (' + m['device_name'] + ')' if m['device_name'] else ''}{', CUDA graphs' if m['cuda_graphs'] else ''}; "
         f"{report['max_tokens']} tokens per request, "
         f"{report['prompt_positions']}-position prompt"
     )
@@ -215,7 +318,7 @@ def _print(report: dict) -> None:
         f"median of {report['rounds']} paired rounds (tok/s from the median round; all rounds' ratios at the right)"
     )
     print(f"{'concurrent':>10} {'engine tok/s':>13} {'bare tok/s':>11} {'engine/bare':>12}   rounds")
-    for n in CONCURRENCY:
+    for n in report["concurrency"]:
         spread = " ".join(f"{rd['engine_vs_bare'][n]:.0%}" for rd in by_round)
         print(
             f"{n:>10} {report['engine_tokens_per_s'][n]:>13.0f} {report['bare_tokens_per_s'][n]:>11.0f} "
@@ -223,14 +326,52 @@ def _print(report: dict) -> None:
         )
     spread = " ".join(f"{rd['engine64_vs_sequential']:.1f}x" for rd in by_round)
     print(
-        f"engine at 64: {report['engine64_paired_tokens_per_s']:.0f} tok/s vs sequential batch-1: "
+        f"engine at {report['top_concurrency']}: {report['engine64_paired_tokens_per_s']:.0f} tok/s vs sequential batch-1: "
         f"{report['sequential_b1_tokens_per_s']:.0f} tok/s = {report['engine64_vs_sequential']:.1f}x "
         f"(target >= 10x)   {spread}"
     )
     print("engine/bare target >= 80%")
+    t = report["ttft"]
+    print(
+        f"TTFT, one request on the idle engine (median of {t['samples']}): engine {t['engine_ms_p50']:.2f} ms, "
+        f"bare first token {t['bare_ms_p50']:.2f} ms, paired ratio {t['engine_vs_bare']:.2f}x"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m duplex_actors.bench.engine_bench", description=__doc__.split("\n")[0]
+    )
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--full", action="store_true", help="longer run (default: quick)")
+    size.add_argument("--quick", action="store_true", help="the default size")
+    size.add_argument("--tiny", action="store_true", help="a few tokens, one round (CI smoke)")
+    parser.add_argument("--float32-dense", action="store_true", help="no low-precision dense layers")
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (the model's: 1)")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, or auto")
+    parser.add_argument("--cuda-graphs", action="store_true", help="replay decode steps as CUDA graphs")
+    parser.add_argument(
+        "--concurrency", default=",".join(map(str, CONCURRENCY)), help="comma-separated request counts"
+    )
+    parser.add_argument("--ttft-samples", type=int, default=None, help="single requests timed for TTFT")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    report = run(
+        quick=not args.full,
+        float32_dense=args.float32_dense,
+        kv_heads=args.kv_heads,
+        device=args.device,
+        cuda_graphs=args.cuda_graphs,
+        concurrency=tuple(int(n) for n in args.concurrency.split(",")),
+        tiny=args.tiny,
+        ttft_samples=args.ttft_samples,
+    )
+    _print(report)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    heads = int(args[args.index("--kv-heads") + 1]) if "--kv-heads" in args else None
-    _print(run(quick="--full" not in args, float32_dense="--float32-dense" in args, kv_heads=heads))
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Every bench entry point runs in CI in a smoke form.
+
+Each module of duplex_actors/bench with an entry point (``main`` or ``__main__``), and each
+``duplex-actors bench --only`` name, is listed in ``COVERED`` with the test that runs it at a
+tiny size; the first test below fails when a new one appears without one. No timing is
+asserted (at these sizes figures are noise): what is checked is that each runs to the end and
+reports its figures against a bare baseline of the same run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import duplex_actors.bench as bench_pkg
+from duplex_actors.bench.cli_commands import BENCHES, OPT_IN
+
+BENCH_DIR = Path(bench_pkg.__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
+
+#: Entry point -> (test file under tests/, test function) that runs it at a smoke size.
+COVERED = {
+    # python -m duplex_actors.bench (the CLI's options are listed below, by name)
+    "__main__": ("bench/test_bench_smoke.py", "test_cli_runs_and_writes_files"),
+    "engine_bench": ("bench/test_bench_entry_points.py", "test_engine_bench_main_tiny_writes_its_report"),
+    "flood_bench": ("bench/test_bench_smoke.py", "test_flood_bench_churn_tiny"),
+    "ray_bench": ("bench/test_bench_entry_points.py", "test_ray_bench_and_bench_only_ray"),
+    "serve_bench": ("ray/test_serve_bench.py", "test_the_serve_bench_runs_both_arms_and_prints_a_ratio"),
+    "soak": ("reliability/test_soak_short.py", "test_soak_short_form_loses_nothing_and_leaks_nothing"),
+    "vad_bench": ("bench/test_vad_bench.py", "test_every_arm_streams_and_the_batched_one_batches"),
+    "vllm_bench": (
+        "vllm/test_vllm_bench.py",
+        "test_vllm_bench_smoke_reports_every_figure_against_bare_asyncllm",
+    ),
+    "workers_bench": (
+        "bench/test_workers_bench.py",
+        "test_every_arm_serves_turns_and_the_cpu_split_names_the_processes",
+    ),
+    # duplex-actors bench --only NAME
+    "bench:throughput": ("bench/test_bench_smoke.py", "test_throughput_tiny"),
+    "bench:scale": ("bench/test_bench_smoke.py", "test_scale_tiny"),
+    "bench:realtime": ("bench/test_bench_smoke.py", "test_realtime_tiny"),
+    "bench:barge_in": ("bench/test_bench_smoke.py", "test_barge_in_tiny"),
+    "bench:wire": ("bench/test_bench_smoke.py", "test_wire_tiny"),
+    "bench:engine": ("bench/test_bench_entry_points.py", "test_bench_only_engine_at_smoke_size"),
+    # .ci/vllm.sh also runs `bench --only vllm` itself (DUPLEX_VLLM_BENCH_SIZE=smoke).
+    "bench:vllm": (
+        "vllm/test_vllm_bench.py",
+        "test_vllm_bench_smoke_reports_every_figure_against_bare_asyncllm",
+    ),
+    "bench:ray": ("bench/test_bench_entry_points.py", "test_ray_bench_and_bench_only_ray"),
+}
+
+
+def _entry_points() -> set[str]:
+    found = set()
+    for path in BENCH_DIR.glob("*.py"):
+        text = path.read_text()
+        if re.search(r"^if __name__ == .__main__.:", text, re.M) or re.search(r"^def main\(", text, re.M):
+            found.add(path.stem)
+    return found | {f"bench:{name}" for name in BENCHES + OPT_IN}
+
+
+def test_every_bench_entry_point_has_a_smoke_test():
+    missing = sorted(_entry_points() - COVERED.keys())
+    assert not missing, f"bench entry points without a smoke test (add one and list it in COVERED): {missing}"
+    for name, (file, test) in COVERED.items():
+        source = (TESTS / file).read_text()
+        assert f"def {test}" in source, f"{name}: no {test} in tests/{file}"
+
+
+def _tiny_engine_run():
+    from duplex_actors.bench import engine_bench
+
+    return functools.partial(engine_bench.run, tiny=True, concurrency=(1, 4))
+
+
+def test_engine_bench_main_tiny_writes_its_report(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from duplex_actors.bench import engine_bench
+
+    path = tmp_path / "engine.json"
+    assert engine_bench.main(["--tiny", "--concurrency", "1,4", "--json", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "engine/bare" in printed and "TTFT" in printed and "device cpu" in printed
+    report = json.loads(path.read_text())
+    assert report["concurrency"] == [1, 4] and report["model"]["device"] == "cpu"
+    for n in ("1", "4"):
+        engine, bare = report["engine_tokens_per_s"][n], report["bare_tokens_per_s"][n]
+        assert engine > 0 and bare > 0
+        assert report["engine_vs_bare"][n] == pytest.approx(engine / bare)
+    ttft = report["ttft"]
+    assert ttft["samples"] == 2 and ttft["engine_ms_p50"] > 0 and ttft["bare_ms_p50"] > 0
+
+
+def test_bench_only_engine_at_smoke_size(tmp_path, monkeypatch):
+    """`duplex-actors bench --only engine` end to end (engine_bench at its tiny size): its
+    figures come out with the bare loop as their baseline, and the report files are written."""
+    pytest.importorskip("torch")
+    from duplex_actors.bench import engine_bench
+    from duplex_actors.bench.cli_commands import run_suite
+
+    monkeypatch.setattr(engine_bench, "run", _tiny_engine_run())
+    lines: list[str] = []
+    (result,) = run_suite(True, tmp_path, ["engine"], lines.append)
+    assert "error" not in result, result.get("traceback")
+    figures = result["figures"]
+    assert [f["baseline_label"] for f in figures[:2]] == ["bare batched decode loop, same model"] * 2
+    assert all(f["ratio"] == pytest.approx(f["value"] / f["baseline"]) for f in figures)
+    assert "batch 1" in figures[-1]["baseline_label"]
+    assert json.loads((tmp_path / "bench.json").read_text())["results"][0]["name"] == "engine"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_bench_and_bench_only_ray(tmp_path, capsys):
+    """ray_bench's quick size is already small (40 turns): through `bench --only ray`, then
+    its module's printer."""
+    pytest.importorskip("ray")
+    from duplex_actors.bench import ray_bench
+    from duplex_actors.bench.cli_commands import run_suite
+
+    (result,) = run_suite(True, tmp_path, ["ray"], lambda _line: None)
+    assert "error" not in result and "skipped" not in result, result
+    assert any(f["baseline"] for f in result["figures"])
+    for f in result["figures"]:
+        if f["baseline"]:
+            assert f["ratio"] == pytest.approx(f["value"] / f["baseline"])
+    ray_bench._print(result)
+    assert "ratio" in capsys.readouterr().out
