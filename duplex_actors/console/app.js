@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 // What the page saw, for people (the panels) and for the browser test (window.duplexConsole).
 const stats = {
   connected: false,
+  url: null,
   sessionId: null,
   state: null,
   transitions: [], // {from, to, trigger, at}
@@ -69,6 +70,7 @@ async function connect() {
   };
   const scheme = location.protocol === "https:" ? "wss://" : "ws://";
   ws = new WebSocket(scheme + location.host + "/v1/realtime", keyProtocols());
+  stats.url = ws.url;
   ws.onopen = () => {
     stats.connected = true;
     setStatus("connected", "live");

@@ -219,3 +219,49 @@ async def _converse(page, tmp_path: Path, console_log: list[str]) -> None:
     # Per-response figures reached the table.
     done = [r for r in seen["responses"].values() if r["status"] == "completed"]
     assert done and done[0]["ttftMs"] is not None and done[0]["ttfpMs"] is not None, done
+
+
+async def test_the_console_over_tls_uses_https_and_wss(tmp_path):
+    """serve --tls-cert/--tls-key: the page loads over https and talks over wss (a browser
+    refuses ws:// from an https page). The certificate is self-signed, so this browser context
+    accepts it; the microphone is quiet and the turn is typed."""
+    from tests.server.test_console import self_signed
+
+    cert, key = self_signed(tmp_path)
+    quiet = tmp_path / "quiet.wav"
+    with wave.open(str(quiet), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(MIC_RATE)
+        w.writeframes(b"\x00\x00" * MIC_RATE * 30)
+    config = ServerConfig(port=0, api_key=API_KEY, tls_cert=str(cert), tls_key=str(key))
+    script = Script(
+        tokens=(" Hello", " over", " TLS."), audio_packets=3, packet_ms=100, token_latency_s=0.002
+    )
+    async with open_server(ScriptedEngine(script, record=False), config) as server:
+        assert server.http_url.startswith("https://")
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(
+                executable_path=CHROMIUM,
+                headless=True,
+                args=[*CHROME_ARGS, f"--use-file-for-fake-audio-capture={quiet}%noloop"],
+            )
+            try:
+                context = await browser.new_context(ignore_https_errors=True)
+                page = await context.new_page()
+                await page.goto(server.http_url + "/")
+                await page.fill("#api-key", API_KEY)
+                await page.click("#connect")
+                s = "window.duplexConsole"
+                await page.wait_for_function(f"() => {s}.sessionId !== null", timeout=20_000)
+                await page.fill("#text-input", "Hello")
+                await page.click("#text-form button")
+                await page.wait_for_function(
+                    f"() => Object.values({s}.responses).some(r => r.status === 'completed')", timeout=20_000
+                )
+                seen = await page.evaluate(f"() => ({{url: {s}.url, audio: {s}.audio, errors: {s}.errors}})")
+                assert seen["url"].startswith("wss://127.0.0.1:"), seen
+                assert seen["audio"]["scheduledSamples"] > 0 and seen["errors"] == [], seen
+                assert await page.evaluate("() => location.protocol") == "https:"
+            finally:
+                await browser.close()
