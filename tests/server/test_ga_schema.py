@@ -310,7 +310,13 @@ def test_every_session_event_type_is_ga_or_a_declared_extension():
             continue
         assert cls.TYPE in GA_MODELS, f"{cls.__name__} ({cls.TYPE}) is neither GA nor an extension"
         assert cls in codec._BODIES or not attrs.fields(cls)[3:], f"{cls.__name__} has no codec body"
-    assert {"session.resumed", "session.closed", "heartbeat.ack", "duplex.decision"} == codec.EXTENSION_TYPES
+    assert {
+        "session.resumed",
+        "session.closed",
+        "heartbeat.ack",
+        "duplex.decision",
+        "duplex.state",
+    } == codec.EXTENSION_TYPES
 
 
 async def test_a_named_tool_choice_and_token_limits_are_echoed_in_ga_shape():
