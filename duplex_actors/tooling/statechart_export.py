@@ -1,7 +1,8 @@
 """Exports of the runtime's statecharts, all drawn from the live transitions Machines.
 
 ``MACHINES`` names each chart; :func:`spec` reads it back from its Machine into a
-:class:`~duplex_actors.tooling.chartspec.ChartSpec`, and each ``to_*`` function renders a spec.
+:class:`~duplex_actors.tooling.chartspec.ChartSpec`, and each ``to_*`` function renders a spec
+(a chart in :data:`SPLIT` also gets a Mermaid view per state, :func:`mermaid_view`).
 :func:`write_all` regenerates the committed files (``statecharts/`` and
 ``docs/design-review.md``) and :func:`check` reports how the committed files differ from what
 the code produces now, which is what CI runs.
@@ -180,7 +181,7 @@ def to_mermaid(chart: ChartSpec) -> str:
         else:
             lines += _mermaid_internal(chart, state)
     if split:
-        # One arrow per pair of states, one line per transition: a third of the arrows.
+        # One arrow per pair of states, a line per transition on it: under half the arrows.
         pairs: dict[tuple[str, str], list[str]] = {}
         for source, target, label in merged_external_edges(chart, effects=False):
             pairs.setdefault((source, target), []).append(label)
