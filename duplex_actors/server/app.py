@@ -62,6 +62,7 @@ from ..errors import (
     WorkerLost,
 )
 from . import codec, frame_cost, guard, wire
+from . import connection as edge
 from .audio_format import GA_DEFAULT, InputConverter
 from .connection import (
     CONTROL_FRAMES_BURST,
@@ -71,6 +72,7 @@ from .connection import (
     paced_connection,
 )
 from .console import ConsoleRoutes
+from .inflate import InflateBudget, deflate_extensions
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
 from .tls import server_ssl_context
@@ -248,6 +250,32 @@ class ServerConfig:
     #: TLS (wss:// and https://): a PEM certificate chain and its private key. Both or neither.
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: Before a websocket opens (connection.py): the request head's bytes and header lines
+    #: (past either: 431, before websockets parses it), connections still in their handshake per
+    #: client address (past it: 503; ``exempt_networks`` excepted) and in all, and how long a
+    #: handshake may take (websockets' open_timeout). None: no limit.
+    max_request_head_bytes: int | None = attrs.field(
+        default=edge.MAX_REQUEST_HEAD_BYTES, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    max_request_headers: int = attrs.field(default=edge.MAX_REQUEST_HEADERS, validator=attrs.validators.gt(0))
+    max_handshakes_per_address: int | None = attrs.field(
+        default=edge.MAX_HANDSHAKES_PER_ADDRESS, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    max_handshakes: int | None = attrs.field(
+        default=edge.MAX_HANDSHAKES, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    handshake_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    #: Sessions one client address may hold while ``max_sessions_per_address`` is not set:
+    #: past it a new session's handshake gets 429 (``exempt_networks`` excepted). None: none.
+    default_sessions_per_address: int | None = attrs.field(
+        default=256, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    #: Client networks the default-on per-address limits above leave alone: loopback, where the
+    #: clients are the operator's own (tests, benchmarks, a reverse proxy on the same host).
+    exempt_networks: tuple[str, ...] = guard.LOOPBACK_NETWORKS
+    #: How far permessage-deflate may inflate what a client sends (inflate.py); past it, close
+    #: 1009. None: websockets' own limit only (``max_size``, the transport cap, per message).
+    inflate_budget: InflateBudget | None = InflateBudget()
 
 
 #: How Realtime sessions differ from the runtime's embedder defaults: a commit only adds audio
@@ -384,7 +412,24 @@ class RealtimeServer:
             ping_timeout=self.config.ping_timeout_s,
             close_timeout=2.0,
             compression=self.config.compression,
-            create_connection=self._connection_class(),
+            extensions=(
+                deflate_extensions(
+                    self.config.inflate_budget, self.config.limits.max_frame_bytes, time.monotonic
+                )
+                if self.config.compression == "deflate" and self.config.inflate_budget is not None
+                else None
+            ),
+            open_timeout=self.config.handshake_timeout_s,
+            create_connection=edge.with_edge_limits(
+                self._connection_class(),
+                max_head_bytes=self.config.max_request_head_bytes,
+                max_headers=self.config.max_request_headers,
+                handshakes=guard.PendingHandshakes(
+                    per_address=self.config.max_handshakes_per_address,
+                    total=self.config.max_handshakes,
+                    exempt=guard.exempt_from(self.config.exempt_networks),
+                ),
+            ),
             ssl=self._ssl,
         )
         self.runtime.add_close_listener(self._session_closed)
@@ -569,6 +614,9 @@ class RealtimeServer:
             refused = self._connect_rate_refusal(connection, key)
             if refused is not None:
                 return refused
+        refused = self._default_address_limit(connection, request)
+        if refused is not None:
+            return refused
         if self._connections >= self.config.max_connections:
             return _respond(connection, 503, "too many connections; retry later\n")
         if self.loop_share is not None:
@@ -596,6 +644,24 @@ class RealtimeServer:
             self.metrics.paced.labels("client_share").inc(held)
             await anyio.sleep(held)
             held = share.hold(tenant, self.runtime.clock.now())
+
+    def _default_address_limit(self, connection: ServerConnection, request: Request) -> Response | None:
+        """429 for a new session from an address already holding ``default_sessions_per_address``
+        (only while no ``max_sessions_per_address`` is set; a resume opens no session)."""
+        limit = self.config.default_sessions_per_address
+        if limit is None or self.config.max_sessions_per_address is not None:
+            return None
+        address = _address(connection)
+        if self.quotas.sessions_of(address) < limit or "session_id=" in (urlsplit(request.path).query or ""):
+            return None
+        if guard.exempt_from(self.config.exempt_networks)(str(connection.remote_address[0])):
+            return None
+        self.metrics.connects_refused.labels("address_sessions").inc()
+        response = _respond(
+            connection, 429, f"this address already holds {limit} sessions; close one or retry later\n"
+        )
+        response.headers["Retry-After"] = "5"
+        return response
 
     def _connect_rate_refusal(self, connection: ServerConnection, key: str | None) -> Response | None:
         """429 for a handshake past its address's or its key's connect rate (checked in that

@@ -163,6 +163,30 @@ def register(app: typer.Typer) -> None:
             help="permessage-deflate for clients that offer it; off saves CPU per event "
             "(base64 audio compresses by about a quarter)",
         ),
+        max_request_head_bytes: int = typer.Option(
+            32 << 10, min=0, help="bytes of a request's line and headers; past it 431, unparsed (0: off)"
+        ),
+        max_request_headers: int = typer.Option(64, min=1, help="header lines of a request; past it 431"),
+        max_handshakes_per_address: int = typer.Option(
+            64,
+            min=0,
+            help="connections one client address may have before their websocket opens; past it "
+            "503 and closed (0: off; --exempt-networks excepted)",
+        ),
+        handshake_timeout_s: float = typer.Option(
+            10.0, min=0.001, help="a connection that has not opened its websocket after this long is closed"
+        ),
+        default_sessions_per_address: int = typer.Option(
+            256,
+            min=0,
+            help="sessions one client address may hold while --max-sessions-per-address is not set; "
+            "past it a new session gets 429 (0: off; --exempt-networks excepted)",
+        ),
+        exempt_networks: str = typer.Option(
+            "127.0.0.0/8,::1/128",
+            help="client networks (comma-separated) the default-on per-address limits leave "
+            "alone: loopback, where clients are your own tests, benchmarks or a local proxy",
+        ),
         tls_cert: str | None = typer.Option(
             None, help="PEM certificate (chain) to serve wss:// and https:// (with --tls-key)"
         ),
@@ -210,6 +234,12 @@ def register(app: typer.Typer) -> None:
             "frame_intake_bytes_per_s": frame_intake_bytes_per_s or None,
             "frame_intake_burst_bytes": frame_intake_burst_bytes,
             "compression": "deflate" if compression else None,
+            "max_request_head_bytes": max_request_head_bytes or None,
+            "max_request_headers": max_request_headers,
+            "max_handshakes_per_address": max_handshakes_per_address or None,
+            "handshake_timeout_s": handshake_timeout_s,
+            "default_sessions_per_address": default_sessions_per_address or None,
+            "exempt_networks": tuple(n.strip() for n in exempt_networks.split(",") if n.strip()),
         }
         if engine is EngineChoice.embedded:
             import os

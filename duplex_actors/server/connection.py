@@ -48,7 +48,10 @@ from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event
 
-from .guard import IntakePacer
+from . import memory
+from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit
+from .inflate import BudgetedDeflate
+from .ws_internals import drop_parser_traceback
 
 log = structlog.get_logger("duplex_actors.server")
 
@@ -62,6 +65,13 @@ CONTROL_FRAMES_PER_S = 5.0
 CONTROL_FRAMES_BURST = 50
 #: Fragments of one message (websockets 17's own limit; earlier versions have none).
 MAX_FRAGMENTS = 4096
+#: The request head a client may send (bytes, header lines): browsers send 0.5-4 KB and a
+#: dozen or two headers, a large cookie or token included.
+MAX_REQUEST_HEAD_BYTES = 32 << 10
+MAX_REQUEST_HEADERS = 64
+#: Connections that have not finished their handshake, per client address and in all.
+MAX_HANDSHAKES_PER_ADDRESS = 64
+MAX_HANDSHAKES = 4096
 #: What a read returned is fed to the parser this much at a time ...
 FEED_BYTES = 4096
 #: ... and the event loop is given up after this long of it.
@@ -81,9 +91,27 @@ class PacedConnection(ServerConnection):
     control_frames_burst: float = CONTROL_FRAMES_BURST
     #: Told (what, seconds) of each wait the pacing imposes; the server counts it in a metric.
     on_paced: Callable[[str, float], None] | None = None
+    #: Limits on the request head (None: websockets' own only).
+    max_head_bytes: int | None = MAX_REQUEST_HEAD_BYTES
+    max_headers: int = MAX_REQUEST_HEADERS
+    #: The server's count of connections still in their handshake (None: not counted).
+    handshakes: PendingHandshakes | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self._head = (
+            RequestHeadLimit(self.max_head_bytes, self.max_headers) if self.max_head_bytes is not None else None
+        )
+        self._opening: str | None = None  # the address counted in ``handshakes`` until the request
+        if self.handshakes is not None:
+            peer = transport.get_extra_info("peername")
+            address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            refusal = self.handshakes.enter(address)
+            if refusal is not None:
+                _count_refusal("handshakes", address, refusal)
+                self._refuse_http(503, "Service Unavailable", refusal, retry_after=1)
+            else:
+                self._opening = address
         now = self.loop.time()
         self._budgets: dict[str, IntakePacer] = {}
         if self.frames_per_s is not None:
@@ -95,11 +123,14 @@ class PacedConnection(ServerConnection):
         self._rest = b""  # what a read returned that the parser has not been fed yet
         self._feeding: asyncio.Handle | None = None
         self._fragments = 0
+        self._released = False
         # The read queue's own flow control goes through the same gate.
         self.recv_messages.pause = lambda: self._hold("queue")
         self.recv_messages.resume = lambda: self._release("queue")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._opened()
+        self._head = None
         # A flooder's debt can be minutes long: do not keep the connection alive for it.
         for timer in self._timers.values():
             timer.cancel()
@@ -109,10 +140,23 @@ class PacedConnection(ServerConnection):
             self._feeding = None
         self._rest = b""
         super().connection_lost(exc)
+        self._release_refused()
+        for extension in getattr(self.protocol, "extensions", ()):
+            if isinstance(extension, BudgetedDeflate):
+                extension.release()  # ~40 KiB of zlib state, now rather than at a collection
 
     # -- feeding the parser ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            end = self._head.feed(data)
+            if end == RequestHeadLimit.REFUSED:
+                head = self._head
+                _count_refusal("request_head", self._opening or "?", f"{head.seen} bytes, {head.lines} lines")
+                self._refuse_http(431, "Request Header Fields Too Large", "request head too large")
+                return
+            if end is not None:
+                self._head = None
         if self._rest:
             # Reading is paused while a rest waits, but a transport may still hand over what it
             # had already read (TLS): it goes after the rest, in order.
@@ -125,7 +169,10 @@ class PacedConnection(ServerConnection):
             # The client has finished sending: what it sent is parsed before the end is.
             rest, self._rest = self._rest, b""
             super().data_received(rest)
-        return super().eof_received()
+        try:
+            return super().eof_received()
+        finally:
+            self._release_refused()
 
     def _feed(self, data: bytes) -> None:
         began = time.perf_counter()
@@ -134,6 +181,8 @@ class PacedConnection(ServerConnection):
         while offset < end:
             super().data_received(data[offset : offset + FEED_BYTES])
             offset += FEED_BYTES
+            if self.protocol.parser_exc is not None:
+                self._release_refused()
             if offset < end and (self._holds or time.perf_counter() - began >= FEED_SLICE_S):
                 self._rest = data[offset:]
                 self.transport.pause_reading()
@@ -150,10 +199,36 @@ class PacedConnection(ServerConnection):
         if not self._rest and not self._holds:
             self.transport.resume_reading()
 
+    def _opened(self) -> None:
+        if self._opening is not None and self.handshakes is not None:
+            self.handshakes.leave(self._opening)
+        self._opening = None
+
+    def _refuse_http(self, status: int, reason: str, text: str, retry_after: int | None = None) -> None:
+        # Answered here, before websockets has parsed (and held) any of the request.
+        body = (text + "\n").encode()
+        extra = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
+        self.transport.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode() + body
+        )
+        self._head = None
+        self._opened()
+        self.transport.close()
+        memory.trim_soon(self.loop)
+
+    def _release_refused(self) -> None:
+        # What the parser refused (an inflated message past max_size, the frame it was parsing
+        # when the client vanished) goes now, not when the connection's cycle is collected.
+        if not self._released and drop_parser_traceback(self.protocol):
+            self._released = True
+            memory.trim_soon(self.loop)
+
     # -- pacing ------------------------------------------------------------------------------------
 
     def process_event(self, event: Event) -> None:
         if not isinstance(event, Frame):
+            self._opened()  # the request is in: the server's own limits take over
             super().process_event(event)  # the handshake request
             return
         if self._too_many_fragments(event):
@@ -236,6 +311,16 @@ class PacedConnection(ServerConnection):
             self.transport.resume_reading()
 
 
+_refusals: dict[str, int] = {}
+
+
+def _count_refusal(what: str, address: str, detail: str) -> None:
+    # Logged on the first and then every 1,000th: a flood must not become a flood of log lines.
+    count = _refusals[what] = _refusals.get(what, 0) + 1
+    if count % 1000 == 1:
+        log.warning("server.connection_refused", what=what, remote=address, detail=detail, refused=count)
+
+
 def paced_connection(
     *,
     frames_per_s: float | None = FRAMES_PER_S,
@@ -245,6 +330,7 @@ def paced_connection(
     on_paced: Callable[[str, float], None] | None = None,
 ) -> type[ServerConnection]:
     """The connection class a server hands websockets' ``serve(create_connection=...)``."""
+    memory.configure_allocator()
     return type(
         "PacedConnection",
         (PacedConnection,),
@@ -255,4 +341,21 @@ def paced_connection(
             "control_frames_burst": control_frames_burst,
             "on_paced": staticmethod(on_paced) if on_paced is not None else None,
         },
+    )
+
+
+def with_edge_limits(
+    connection_class: type[ServerConnection],
+    *,
+    max_head_bytes: int | None,
+    max_headers: int,
+    handshakes: PendingHandshakes | None,
+) -> type[ServerConnection]:
+    """``connection_class`` (a :func:`paced_connection`) with the request head limits and the
+    count of connections still in their handshake."""
+    assert issubclass(connection_class, PacedConnection)
+    return type(
+        connection_class.__name__,
+        (connection_class,),
+        {"max_head_bytes": max_head_bytes, "max_headers": max_headers, "handshakes": handshakes},
     )

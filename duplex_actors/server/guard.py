@@ -39,10 +39,12 @@ it needs the socket, and it is one ``fail_after`` around a send.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import secrets
 from collections import Counter
+from collections.abc import Callable
 
 from websockets.datastructures import Headers
 
@@ -304,6 +306,10 @@ class AdmissionQuotas:
             if counter[name] <= 0:
                 del counter[name]
 
+    def sessions_of(self, address: str) -> int:
+        """Open sessions (detached included) opened from ``address`` (a client subject)."""
+        return self._by_address.get(address, 0)
+
     @property
     def resuming_count(self) -> int:
         return sum(self._resuming_by_address.values())
@@ -336,3 +342,112 @@ class AdmissionQuotas:
 
     def __len__(self) -> int:
         return len(self._owner)
+
+
+#: Networks whose clients the default-on per-address limits leave alone (``ServerConfig.
+#: exempt_networks``): on loopback the clients are the operator's own (tests, benchmarks, a
+#: reverse proxy on the same host, behind which every client has the proxy's address).
+LOOPBACK_NETWORKS = ("127.0.0.0/8", "::1/128")
+
+
+@functools.lru_cache(maxsize=16)
+def exempt_from(networks: tuple[str, ...]) -> Callable[[str], bool]:
+    """A predicate over client addresses: True for one inside any of ``networks`` (built once
+    per tuple of networks)."""
+    parsed = tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+
+    def exempt(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in network for network in parsed)
+
+    return exempt
+
+
+class RequestHeadLimit:
+    """The size and line count of an HTTP request head, counted as its bytes arrive, before
+    websockets parses them (its own limits are 8 KiB a line and 128 headers: ~1 MiB a request,
+    which 100 headers of 4 KB to ``/health`` turned into +1.1-1.3 GB of RSS).
+
+    :meth:`feed` returns None while the head goes on, the offset in ``data`` just past its end
+    once it has ended (what follows is the client's first frames), or :data:`REFUSED` once it
+    is over ``max_bytes`` or has more than ``max_headers`` header lines."""
+
+    REFUSED = -1
+
+    __slots__ = ("max_bytes", "max_lines", "seen", "lines", "_tail")
+
+    def __init__(self, max_bytes: int, max_headers: int) -> None:
+        if max_bytes < 1 or max_headers < 1:
+            raise ValueError("need max_bytes >= 1 and max_headers >= 1")
+        self.max_bytes = max_bytes
+        self.max_lines = max_headers + 2  # the request line and the empty line that ends it
+        self.seen = 0
+        self.lines = 0
+        self._tail = b""  # the last bytes fed, for an end that spans two reads
+
+    def feed(self, data: bytes) -> int | None:
+        window = self._tail + data
+        end = window.find(b"\r\n\r\n")
+        counted = data if end < 0 else data[: end + 4 - len(self._tail)]
+        self.seen += len(counted)
+        self.lines += counted.count(b"\n")
+        if self.seen > self.max_bytes or self.lines > self.max_lines:
+            return self.REFUSED
+        if end >= 0:
+            return len(counted)
+        self._tail = window[-3:]
+        return None
+
+
+class PendingHandshakes:
+    """Connections that have not finished their websocket handshake, per client subject and in
+    all. Such a connection costs a socket, a protocol object and a task whatever it sends, and
+    websockets keeps it until its ``open_timeout``; a client opening them flat out and never
+    sending had 15,000 of them and the loop stalled 3.8 s. ``enter`` refuses (returns why)
+    past ``per_address`` for one subject or ``total`` in all (``exempt`` addresses apart)."""
+
+    __slots__ = ("per_address", "total", "exempt", "_by_subject", "_count", "refused")
+
+    def __init__(self, *, per_address: int | None, total: int | None, exempt=None) -> None:
+        self.per_address = per_address
+        self.total = total
+        self.exempt = exempt
+        self._by_subject: Counter = Counter()
+        self._count = 0
+        self.refused = 0
+
+    def enter(self, address: str) -> str | None:
+        """Count a new connection from ``address`` (None), or refuse it (why). Connections from
+        ``exempt`` addresses are neither counted nor refused."""
+        if self.exempt is not None and self.exempt(address):
+            return None
+        subject = client_subject(address)
+        if self.total is not None and self._count >= self.total:
+            self.refused += 1
+            return f"{self.total} connections are opening already; retry later"
+        if self.per_address is not None and self._by_subject[subject] >= self.per_address:
+            self.refused += 1
+            return f"this address has {self.per_address} connections opening already; retry later"
+        self._by_subject[subject] += 1
+        self._count += 1
+        return None
+
+    def leave(self, address: str) -> None:
+        """The connection :meth:`enter` admitted has sent its request, or is gone."""
+        if self.exempt is not None and self.exempt(address):
+            return
+        subject = client_subject(address)
+        left = self._by_subject[subject] - 1
+        if left > 0:
+            self._by_subject[subject] = left
+        else:
+            del self._by_subject[subject]
+        self._count -= 1
+
+    def __len__(self) -> int:
+        return self._count

@@ -1,0 +1,118 @@
+"""Giving memory back to the operating system after a client made the server allocate it.
+
+glibc's malloc, left to itself, keeps most of what a burst of large allocations freed:
+
+* its mmap threshold is dynamic: once a block it had mapped (a 4 MiB inflated message) is
+  freed, blocks that size come from the heap instead, where freed memory is given back only
+  from the top of the heap, past a trim threshold that grows the same way;
+* freed small blocks (a header block's strings) leave pages partly used all over the heap.
+
+So the server fixes the mmap threshold (:func:`configure_allocator`: blocks of at least
+``MMAP_THRESHOLD`` are mapped and unmapped on their own, and setting it turns the dynamic
+adjustment off), and after refused input (:func:`trim_soon`) asks glibc to give back every
+free page (``malloc_trim``), debounced: once the refusals have stopped for ``TRIM_DELAY_S``,
+and at most once every ``TRIM_MIN_INTERVAL_S`` while they go on. Elsewhere than glibc both
+are no-ops. The figures are in docs/reliability.md ("Bounded memory").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import sys
+import time
+
+import structlog
+
+log = structlog.get_logger("duplex_actors.server")
+
+#: Blocks at least this large are mapped on their own and unmapped when freed.
+MMAP_THRESHOLD = 256 << 10
+#: A trim runs this long after the last refused input ...
+TRIM_DELAY_S = 1.0
+#: ... and at most once in this long.
+TRIM_MIN_INTERVAL_S = 5.0
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers (malloc.h)
+
+
+def _load_glibc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.gnu_get_libc_version  # noqa: B018 (musl has no such symbol, nor these semantics)
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_GLIBC = _load_glibc()
+_configured = False
+
+
+def configure_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold for this process (once); False where there is no glibc."""
+    global _configured
+    if _GLIBC is None:
+        return False
+    if not _configured:
+        _configured = bool(_GLIBC.mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
+    return _configured
+
+
+def trim_now() -> float:
+    """Give every free page back (``malloc_trim(0)``); returns the seconds it took."""
+    if _GLIBC is None:
+        return 0.0
+    began = time.perf_counter()
+    _GLIBC.malloc_trim(0)
+    return time.perf_counter() - began
+
+
+class _Trimmer:
+    """One per process: the allocator is the process's."""
+
+    __slots__ = ("_handle", "_loop", "_last", "_first_asked", "trims", "trim_s")
+
+    def __init__(self) -> None:
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last = float("-inf")
+        self._first_asked: float | None = None
+        self.trims = 0
+        self.trim_s = 0.0
+
+    def request(self, loop: asyncio.AbstractEventLoop) -> None:
+        if _GLIBC is None:
+            return
+        now = time.monotonic()
+        if self._first_asked is None:
+            self._first_asked = now
+        if self._handle is not None and self._loop is loop and not loop.is_closed():
+            self._handle.cancel()  # refusals go on: wait for them to stop ...
+        # ... but not past the interval: a steady attack still gets a trim that often.
+        due = max(TRIM_DELAY_S, self._last + TRIM_MIN_INTERVAL_S - now)
+        due = min(due, max(self._first_asked + TRIM_MIN_INTERVAL_S - now, 0.0))
+        self._loop = loop
+        self._handle = loop.call_later(due, self._run)
+
+    def _run(self) -> None:
+        self._handle = None
+        self._first_asked = None
+        self._last = time.monotonic()
+        took = trim_now()
+        self.trims += 1
+        self.trim_s += took
+        log.debug("server.memory_trimmed", took_ms=round(took * 1000, 2))
+
+
+TRIMMER = _Trimmer()
+
+
+def trim_soon(loop: asyncio.AbstractEventLoop) -> None:
+    """Input was refused or dropped: give its memory back once such refusals stop."""
+    TRIMMER.request(loop)
