@@ -24,7 +24,11 @@ from duplex_actors.engines.embedded.vocab import default_vocabulary  # noqa: E40
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")
+_no_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")
+
+
+def needs_cuda(test):
+    return pytest.mark.gpu(_no_cuda(test))
 
 
 def _config(**changes) -> ThinkerConfig:
