@@ -321,6 +321,8 @@ function bargeIn() {
   const record = { at, responseId, itemId, audioEndMs, stopMs: null, fromOnsetMs };
   stats.bargeIns.push(record);
   send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: audioEndMs });
+  const who = document.querySelector(`[data-item="${itemId}"] .who`);
+  if (who) who.textContent = `assistant (you talked over it: heard ${audioEndMs} ms)`;
   const row = stats.responses[responseId] || {};
   row.heardMs = audioEndMs;
   responseRow(responseId, row);
