@@ -93,7 +93,12 @@ async function connect() {
         duplex: { state_events: true },
       },
     });
-    startMic().catch((err) => logLine("microphone: " + err, "error"));
+    startMic().catch((err) => {
+      // Browsers give the microphone only to https pages and to localhost.
+      const hint = window.isSecureContext ? "" : " (this page is not https: serve with --tls-cert/--tls-key)";
+      setStatus("no microphone: " + err.message + hint + "; you can still type", "error");
+      logLine("microphone: " + err, "error");
+    });
   };
   ws.onmessage = (e) => onEvent(JSON.parse(e.data));
   ws.onclose = (e) => {
@@ -101,7 +106,6 @@ async function connect() {
     teardown();
   };
   ws.onerror = () => setStatus("connection failed (wrong key? see the server's log)", "error");
-  pollOperator();
 }
 
 function send(event) {
@@ -438,7 +442,13 @@ async function pollOperator() {
   } catch (err) {
     $("operator").textContent = String(err);
   }
-  if (ws) setTimeout(pollOperator, 2000);
+}
+
+// The operator view refreshes while connected, or while a key is entered (an operator may
+// watch without talking); without either it would only collect 401s.
+function operatorLoop() {
+  if (ws || $("api-key").value.trim()) pollOperator();
+  setTimeout(operatorLoop, 2000);
 }
 
 // ------------------------------------------------------------------ panels
@@ -551,4 +561,5 @@ window.addEventListener("DOMContentLoaded", () => {
   const key = new URLSearchParams(location.hash.slice(1)).get("key");
   if (key) $("api-key").value = key; // #key=... (kept out of server logs: fragments are not sent)
   loadChart().catch((err) => ($("chart").textContent = "chart: " + err));
+  operatorLoop();
 });

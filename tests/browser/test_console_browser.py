@@ -171,6 +171,12 @@ async def _converse(page, tmp_path: Path, console_log: list[str]) -> None:
     await page.wait_for_function(
         f"() => {s}.transitions.some(t => t.from === 'responding' && t.to === 'idle')", timeout=30_000
     )
+    # The operator view, fetched by the page with the key: this session, the engine, the lag.
+    await page.wait_for_function(
+        "() => /engine scripted\\+paced[\\s\\S]*sessions 1:[\\s\\S]*loop lag ms: last/"
+        ".test(document.querySelector('#operator').textContent)",
+        timeout=10_000,
+    )
     # The recogniser's transcript of the question (it may come after the answer).
     await page.wait_for_function(f"() => {s}.userTranscripts.length >= 1", timeout=30_000)
     seen = await page.evaluate(
