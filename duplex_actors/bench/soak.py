@@ -593,6 +593,10 @@ def register_soak(app) -> None:
             "`serve` process (bench/wire_soak.py) instead of in-process.",
         ),
         hostile: float = typer.Option(0.05, help="--wire: fraction of hostile clients."),
+        workers: int = typer.Option(1, help="--wire: run `serve --workers N`."),
+        kill_worker: bool = typer.Option(
+            False, help="--wire --workers N: SIGKILL worker 1 halfway; its clients must each be told"
+        ),
         journal_max_age_s: float = typer.Option(
             60.0,
             help="The sessions' journal age; warm-up is 1.5x this (a run too short for it is lengthened)",
@@ -609,6 +613,8 @@ def register_soak(app) -> None:
                 hostile=hostile,
                 journal_max_age_s=journal_max_age_s,
                 progress=typer.echo,
+                workers=workers,
+                kill_worker=kill_worker,
             )
             typer.echo(wire_soak.summary(report))
         else:

@@ -30,6 +30,14 @@ event-loop tasks and session records; and it reads them once more before the fir
 after the last session is gone, when nothing should be held. At the end every client closes; the
 server must reach 0 sessions (hostile sessions expire after the disconnect grace) and exit 0 on
 SIGTERM.
+
+``--workers N`` runs ``serve --workers N``; RSS is then the whole process tree's (front, workers,
+engine process), and the idle read-outs are whichever worker answered. With ``--kill-worker``,
+worker 1 is killed by its pid (SIGKILL) halfway through: its clients must each be *told* (a
+failed ``response.done`` for every response in flight, ``session.closed`` with reason
+``worker_lost``, close 1011; a resume of a session that was detached then is refused with
+``session_lost``), and they open new sessions. The verdict then asks for zero loss everywhere
+else and for no client of the dead worker left untold (``untold_worker_losses``).
 """
 
 from __future__ import annotations
@@ -53,7 +61,13 @@ PCM_100MS = b"\x01\x00" * 2400
 _EXPECTED_ERRORS = {"response_cancel_not_active", "conversation_already_has_active_response"}
 
 
-def _server_rss_mb(pid: int) -> float:
+def _server_rss_mb(pid: int, tree: bool = False) -> float:
+    """RSS of the server's process; with ``tree``, of it and every process under it (serve
+    --workers' workers and engine process)."""
+    return sum(_rss_mb(p) for p in {pid, *_descendants(pid)}) if tree else _rss_mb(pid)
+
+
+def _rss_mb(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -62,6 +76,26 @@ def _server_rss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _descendants(pid: int) -> set[int]:
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def _slope_per_min(points: list[tuple[float, float]]) -> float:
@@ -77,7 +111,19 @@ def _slope_per_min(points: list[tuple[float, float]]) -> float:
 class _Stream:
     """One client's view of one session's event stream, checked as it arrives."""
 
-    __slots__ = ("stats", "last", "open", "closed", "sid", "generation", "token", "dones", "created")
+    __slots__ = (
+        "stats",
+        "last",
+        "open",
+        "closed",
+        "sid",
+        "generation",
+        "token",
+        "dones",
+        "created",
+        "worker_lost",
+        "ws",
+    )
 
     def __init__(self, stats: Counter) -> None:
         self.stats = stats
@@ -89,12 +135,15 @@ class _Stream:
         self.token = ""
         self.dones = 0
         self.created = 0
+        self.worker_lost = False  # told its worker died (serve --workers)
+        self.ws: Any = None  # the connection the session is on now
 
     def take(self, event: dict) -> bool:
         """Account one event; False for a duplicate the client drops."""
         seq = event.get("server_event_seq")
         stats = self.stats
         if seq is None:
+            self._take_from_the_front(event)
             return True
         if seq <= self.last:
             stats["duplicates"] += 1
@@ -128,6 +177,33 @@ class _Stream:
                 stats[f"error:{code}"] += 1
         return True
 
+    def _take_from_the_front(self, event: dict) -> None:
+        """The front's farewell when this session's worker died: no seq (the worker that
+        numbered the stream is gone), but each response in flight must end here, once."""
+        kind = event["type"]
+        if (
+            kind == "response.done"
+            and event["response"]["status_details"].get("duplex_reason") == "worker_lost"
+        ):
+            rid = event["response"]["id"]
+            if rid not in self.open:
+                self.stats["terminal_violations"] += 1
+            self.open.discard(rid)
+            self.dones += 1
+            self.stats["responses_ended_by_worker_loss"] += 1
+        elif kind == "session.closed" and event.get("reason") == "worker_lost":
+            self.lost_with_worker()
+
+    def lost_with_worker(self) -> None:
+        """Told that the session died with its worker (farewell, or a resume refused as lost):
+        nothing more will come for it, and whatever was open was ended by that."""
+        if not self.worker_lost:
+            self.worker_lost = True
+            self.closed = True
+            self.stats["sessions_lost_with_worker"] += 1
+            self.stats["responses_ended_by_worker_loss"] += len(self.open)
+            self.open.clear()
+
 
 async def _recv(ws, timeout: float = 20.0) -> dict:
     return json.loads(await asyncio.wait_for(ws.recv(), timeout))
@@ -147,7 +223,7 @@ _MANUAL_TURNS = json.dumps(
 async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str):
     from websockets.asyncio.client import connect
 
-    ws = await connect(f"{url}?session_id={stream.sid}")
+    ws = stream.ws = await connect(f"{url}?session_id={stream.sid}")
     await ws.send(
         json.dumps(
             {
@@ -164,6 +240,8 @@ async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str):
         event = await _recv(ws)
         if event["type"] == "error" and event.get("server_event_seq") is None:
             stats[f"resume_refused:{event['error']['code']}"] += 1
+            if event["error"]["code"] == "session_lost":
+                stream.lost_with_worker()
             await ws.close()
             return None
         stream.take(event)
@@ -181,62 +259,104 @@ async def _normal_client(
     p_barge: float,
     p_drop: float,
     p_churn: float,
+    killing: bool = False,
 ) -> None:
     from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
 
     while time.monotonic() < deadline:
         stream = _Stream(stats)
         ws = await connect(url)
-        created = await _recv(ws)
-        stream.take(created)
-        stream.sid, stream.token = created["session"]["id"], created["resume_token"]
-        stats["sessions_opened"] += 1
-        await ws.send(_MANUAL_TURNS)
-        resumes = 0
-        while time.monotonic() < deadline and ws is not None:
-            await ws.send(_append())
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            # GA: a commit never creates a response by itself; the client asks for one.
-            await ws.send(json.dumps({"type": "response.create"}))
-            stats["turns"] += 1
-            created = stream.created
-            barge = rng.random() < p_barge
-            drop_after = rng.randint(1, 12) if rng.random() < p_drop else None
-            seen = 0
-            dones = stream.dones
-            while stream.dones == dones:
-                event = await _recv(ws)
-                seen += 1
-                stream.take(event)
-                if stream.dones > dones:
-                    break
-                # An audio response (the default) streams its words as the audio transcript.
-                if barge and event["type"] == "response.output_audio_transcript.delta":
-                    barge = False
-                    stats["barge_ins"] += 1
-                    await ws.send(json.dumps({"type": "response.cancel"}))
-                if drop_after is not None and seen >= drop_after:
-                    drop_after = None
-                    stats["drops"] += 1
-                    ws.transport.abort()
-                    await asyncio.sleep(rng.uniform(0.05, 1.0))
-                    resumes += 1
-                    ws = await _resume(url, stream, stats, f"{stream.sid}-r{resumes}")
-                    if ws is None:
-                        break
-                    if stream.created == created and stream.dones == dones:
-                        # The replay holds no response for this turn: the server never read
-                        # our response.create before the socket went, so ask again.
-                        stats["response_create_resent"] += 1
-                        await ws.send(json.dumps({"type": "response.create"}))
-                    # (the loop ends here if the response's done came with the replay)
-            await asyncio.sleep(rng.uniform(0.05, 0.3))
-            if ws is not None and rng.random() < p_churn:
-                break
+        try:
+            ws = await _one_session(url, ws, stream, rng, deadline, stats, p_barge, p_drop, p_churn)
+        except ConnectionClosed as closed:
+            if not killing:
+                raise
+            # Its worker was killed: a farewell must have come first (else it was never told).
+            # What arrived before the close frame is still there to read.
+            await _read_what_is_left(stream.ws, stream)
+            if not stream.worker_lost:
+                stats["untold_worker_losses"] += 1
+                stats[f"untold_close:{closed.rcvd.code if closed.rcvd else None}"] += 1
+                stream.open.clear()
+            ws = None
         if ws is not None:
             await ws.close()  # 1000: the server closes the session (client_disconnected)
         if stream.open:
             stats["responses_left_open"] += len(stream.open)
+
+
+async def _read_what_is_left(ws, stream: _Stream) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        while True:
+            stream.take(await _recv(ws, 1.0))
+    except (ConnectionClosed, asyncio.TimeoutError):
+        pass
+
+
+async def _one_session(
+    url: str,
+    ws,
+    stream: _Stream,
+    rng: random.Random,
+    deadline: float,
+    stats: Counter,
+    p_barge: float,
+    p_drop: float,
+    p_churn: float,
+):
+    """One session, from its session.created to a churn or the deadline; returns the socket
+    still to close (None: the session ended without one)."""
+    stream.ws = ws
+    created = await _recv(ws)
+    stream.take(created)
+    stream.sid, stream.token = created["session"]["id"], created["resume_token"]
+    stats["sessions_opened"] += 1
+    await ws.send(_MANUAL_TURNS)
+    resumes = 0
+    while time.monotonic() < deadline and ws is not None and not stream.worker_lost:
+        await ws.send(_append())
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        # GA: a commit never creates a response by itself; the client asks for one.
+        await ws.send(json.dumps({"type": "response.create"}))
+        stats["turns"] += 1
+        created = stream.created
+        barge = rng.random() < p_barge
+        drop_after = rng.randint(1, 12) if rng.random() < p_drop else None
+        seen = 0
+        dones = stream.dones
+        while stream.dones == dones:
+            event = await _recv(ws)
+            seen += 1
+            stream.take(event)
+            if stream.dones > dones:
+                break
+            # An audio response (the default) streams its words as the audio transcript.
+            if barge and event["type"] == "response.output_audio_transcript.delta":
+                barge = False
+                stats["barge_ins"] += 1
+                await ws.send(json.dumps({"type": "response.cancel"}))
+            if drop_after is not None and seen >= drop_after:
+                drop_after = None
+                stats["drops"] += 1
+                ws.transport.abort()
+                await asyncio.sleep(rng.uniform(0.05, 1.0))
+                resumes += 1
+                ws = stream.ws = await _resume(url, stream, stats, f"{stream.sid}-r{resumes}")
+                if ws is None:
+                    break
+                if stream.created == created and stream.dones == dones:
+                    # The replay holds no response for this turn: the server never read
+                    # our response.create before the socket went, so ask again.
+                    stats["response_create_resent"] += 1
+                    await ws.send(json.dumps({"type": "response.create"}))
+                # (the loop ends here if the response's done came with the replay)
+        await asyncio.sleep(rng.uniform(0.05, 0.3))
+        if ws is not None and rng.random() < p_churn:
+            break
+    return ws
 
 
 async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: Counter) -> None:
@@ -283,7 +403,10 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
                 extra = await _recv(thief, 5.0)
             except (ConnectionClosed, asyncio.TimeoutError):
                 extra = None
-            if answer["type"] != "error" or answer["error"]["code"] != "resume_conflict" or extra is not None:
+            # (session_lost: the session died with its worker before the thief came, in a run
+            # that kills one; refused all the same, and its journal is gone)
+            refusals = ("resume_conflict", "session_lost")
+            if answer["type"] != "error" or answer["error"]["code"] not in refusals or extra is not None:
                 stats["defence_failures"] += 1
                 stats["defence_failed:forge"] += 1
         else:
@@ -360,10 +483,12 @@ def _inside(http: str) -> dict[str, float]:
     return found
 
 
-async def _sample(pid: int, http: str, t0: float, samples: list, inside: list, every: float) -> None:
+async def _sample(
+    pid: int, http: str, t0: float, samples: list, inside: list, every: float, tree: bool = False
+) -> None:
     while True:
         at = time.monotonic() - t0
-        samples.append((at, _server_rss_mb(pid)))
+        samples.append((at, _server_rss_mb(pid, tree)))
         inside.append((at, await asyncio.to_thread(_inside, http)))
         await asyncio.sleep(every)
 
@@ -399,7 +524,11 @@ async def _run(
     hostile: float,
     journal_max_age_s: float,
     progress: Callable[[str], None] | None,
+    workers: int = 1,
+    kill_worker: bool = False,
 ) -> dict[str, Any]:
+    if kill_worker and workers < 2:
+        raise ValueError("--kill-worker needs --workers 2 or more")
     grace = 3.0
     command = [
         sys.executable,
@@ -408,6 +537,8 @@ async def _run(
         "serve",
         "--port",
         "0",
+        "--workers",
+        str(workers),
         "--max-sessions",
         str(sessions * 4),
         "--max-connections",
@@ -434,6 +565,11 @@ async def _run(
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
         if "serving" not in line:
             raise RuntimeError(f"serve did not start: {line!r}; see {log_file.name}")
+        # serve --workers prints a line per worker, then the engine's: worker 1's pid is killed.
+        pool = [
+            await asyncio.to_thread(proc.stdout.readline) for _ in range(workers + 1 if workers > 1 else 0)
+        ]
+        worker_pids = [int(p.split()[2].split("=")[1]) for p in pool if p.startswith("worker ")]
         asyncio.get_running_loop().run_in_executor(None, proc.stdout.read)  # keep stdout drained
         url = line.split()[2]
         http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
@@ -443,43 +579,60 @@ async def _run(
         rng = random.Random(seed)
         n_hostile = int(round(sessions * hostile))
         idle_before = await asyncio.to_thread(_inside, http)
-        sampler = asyncio.create_task(_sample(proc.pid, http, t0, samples, inside, max(1.0, seconds / 60)))
+        sampler = asyncio.create_task(
+            _sample(proc.pid, http, t0, samples, inside, max(1.0, seconds / 60), workers > 1)
+        )
         tasks = []
         for i in range(sessions):
             crng = random.Random(rng.getrandbits(64))
             if i < n_hostile:
                 tasks.append(_hostile_client(url, crng, deadline, stats))
             else:
-                tasks.append(_normal_client(url, crng, deadline, stats, 0.2, 0.08, 0.03))
+                tasks.append(_normal_client(url, crng, deadline, stats, 0.2, 0.08, 0.03, kill_worker))
 
         async def ticker() -> None:
             while progress is not None:
                 await asyncio.sleep(max(5.0, seconds / 20))
                 progress(
-                    f"t={time.monotonic() - t0:6.1f}s server_rss={_server_rss_mb(proc.pid):7.1f}MiB "
+                    f"t={time.monotonic() - t0:6.1f}s server_rss={_server_rss_mb(proc.pid, workers > 1):7.1f}MiB "
                     f"events={stats['events']} lost={stats['lost']} dup={stats['duplicates']} "
                     f"resumes={stats['resumes']}"
                 )
 
+        async def kill_halfway() -> None:
+            await asyncio.sleep(seconds / 2)
+            os.kill(worker_pids[1], signal.SIGKILL)
+            stats["workers_killed"] += 1
+            if progress is not None:
+                progress(
+                    f"t={time.monotonic() - t0:6.1f}s killed worker 1 (pid {worker_pids[1]}) with SIGKILL"
+                )
+
         tick = asyncio.create_task(ticker())
+        killer = asyncio.create_task(kill_halfway()) if kill_worker else None
         results = await asyncio.gather(*tasks, return_exceptions=True)
         tick.cancel()
+        if killer is not None:
+            await killer
         failures = [r for r in results if isinstance(r, BaseException)]
         for failure in failures:
             stats[f"client_failed:{type(failure).__name__}"] += 1
         # Every normal client closed its session; hostile leftovers expire after the grace.
         left = None
+        zeros = 0
         for _ in range(int((grace + 5) / 0.25)):
             try:
                 left = (await _health(http))["sessions"]
             except OSError as exc:  # an unresponsive server is a finding, not a crash of the bench
                 stats[f"health_failed:{type(exc).__name__}"] += 1
                 left = None
-            if left == 0:
+            # With --workers each answer is one worker's: all must have said 0 in a row.
+            zeros = zeros + 1 if left == 0 else 0
+            if zeros >= workers:
                 break
             await asyncio.sleep(0.25)
         sampler.cancel()
-        samples.append((time.monotonic() - t0, _server_rss_mb(proc.pid)))
+        samples.append((time.monotonic() - t0, _server_rss_mb(proc.pid, workers > 1)))
         # With every session gone, what the server still holds: tasks and records must be back
         # where they started (exact). Python blocks also count cyclic garbage that waits for
         # the next full collection (GcPolicy reclaims every 30 s; without it CPython's gen-2
@@ -500,6 +653,10 @@ async def _run(
             "seconds": seconds,
             "seed": seed,
             "hostile_fraction": hostile,
+            "workers": workers,
+            "worker_killed": kill_worker,
+            "untold_worker_losses": stats["untold_worker_losses"],
+            "sessions_lost_with_worker": stats["sessions_lost_with_worker"],
             "journal_max_age_s": journal_max_age_s,
             "warmup_s": warmup_s,
             "rss_mb": {
@@ -544,10 +701,14 @@ async def _run(
             and left == 0
             and exit_code == 0
             and stats["errors_unexpected"] == 0
-            and (unexplained is None or unexplained <= max(16.0, 0.05 * at_warmup))
+            # A worker killed and started again refills its memory from nothing: RSS is
+            # reported, not judged, in such a run.
+            and (kill_worker or unexplained is None or unexplained <= max(16.0, 0.05 * at_warmup))
             # nothing kept once every session is gone: no record, no task beyond the start's
             and idle_after.get("records", 0) == 0
-            and idle_after.get("tasks", 0) <= idle_before.get("tasks", 0)
+            # (with --workers the two read-outs may come from different workers)
+            and (workers > 1 or idle_after.get("tasks", 0) <= idle_before.get("tasks", 0))
+            and stats["untold_worker_losses"] == 0
         )
         return report
     finally:
@@ -564,15 +725,19 @@ def run(
     hostile: float = 0.05,
     journal_max_age_s: float = 60.0,
     progress: Callable[[str], None] | None = None,
+    workers: int = 1,
+    kill_worker: bool = False,
 ) -> dict[str, Any]:
-    return asyncio.run(_run(sessions, seconds, seed, hostile, journal_max_age_s, progress))
+    return asyncio.run(
+        _run(sessions, seconds, seed, hostile, journal_max_age_s, progress, workers, kill_worker)
+    )
 
 
 def summary(report: dict[str, Any]) -> str:
     rss = report["rss_mb"]
     return (
         f"wire soak {report['sessions']} clients x {report['seconds']:.0f}s "
-        f"(hostile {report['hostile_fraction']:.0%}): lost={report['lost']} "
+        f"(hostile {report['hostile_fraction']:.0%}{_pool(report)}): lost={report['lost']} "
         f"duplicates={report['duplicates']} terminal_violations={report['terminal_violations']} "
         f"defence_failures={report['defence_failures']} client_failures={report['client_failures']} "
         f"sessions_left={report['sessions_left']} exit={report['server_exit_code']}; server RSS MiB "
@@ -582,6 +747,18 @@ def summary(report: dict[str, Any]) -> str:
         f"{_inside_summary(report.get('server_inside') or {})}"
         f"{_idle_summary(report.get('server_idle') or {})}ok={report['ok']}"
     )
+
+
+def _pool(report: dict[str, Any]) -> str:
+    if report.get("workers", 1) <= 1:
+        return ""
+    killed = (
+        f", worker 1 killed: {report['sessions_lost_with_worker']} sessions lost with it and told, "
+        f"{report['untold_worker_losses']} untold"
+        if report.get("worker_killed")
+        else ""
+    )
+    return f", {report['workers']} workers{killed}"
 
 
 def _beyond(mb: float | None) -> str:

@@ -38,3 +38,22 @@ def test_wire_soak_short_form_loses_nothing_duplicates_nothing_and_refuses_every
     assert inside["after_warmup"]["journal_events"] > 0 and inside["after_warmup"]["records"] > 0, inside
     assert idle["after"]["records"] == 0 and idle["after"]["tasks"] <= idle["before"]["tasks"], idle
     assert report["ok"], report
+
+
+def test_wire_soak_with_two_workers_one_killed_halfway_loses_nothing_and_tells_every_client_of_the_dead_one():
+    # serve --workers 2; worker 1 gets SIGKILL by its pid halfway. Its clients are each told
+    # (failed response.done per response in flight, session.closed worker_lost, close 1011, or
+    # session_lost on a resume), open new sessions, and nobody else loses anything.
+    report = wire_soak.run(
+        sessions=30, seconds=20, seed=3, hostile=1 / 6, journal_max_age_s=6.0, workers=2, kill_worker=True
+    )
+    print(wire_soak.summary(report))
+    c = report["counts"]
+    assert c["workers_killed"] == 1, c
+    assert report["sessions_lost_with_worker"] >= 1 and report["untold_worker_losses"] == 0, c
+    assert report["lost"] == 0 and report["duplicates"] == 0 and report["terminal_violations"] == 0, c
+    assert report["defence_failures"] == 0 and report["client_failures"] == 0, c
+    assert c.get("errors_unexpected", 0) == 0 and c.get("responses_left_open", 0) == 0, c
+    assert report["sessions_left"] == 0 and report["server_exit_code"] == 0
+    assert c["responses_completed"] >= 50, c
+    assert report["ok"], report
