@@ -30,6 +30,7 @@ COVERED = {
     "flood_bench": ("bench/test_bench_smoke.py", "test_flood_bench_churn_tiny"),
     "ray_bench": ("bench/test_bench_entry_points.py", "test_ray_bench_and_bench_only_ray"),
     "serve_bench": ("ray/test_serve_bench.py", "test_the_serve_bench_runs_both_arms_and_prints_a_ratio"),
+    "stall_bench": ("bench/test_bench_entry_points.py", "test_stall_bench_main_tiny"),
     "soak": ("reliability/test_soak_short.py", "test_soak_short_form_loses_nothing_and_leaks_nothing"),
     "vad_bench": ("bench/test_vad_bench.py", "test_every_arm_streams_and_the_batched_one_batches"),
     "vllm_bench": (
@@ -132,3 +133,26 @@ def test_ray_bench_and_bench_only_ray(tmp_path, capsys):
             assert f["ratio"] == pytest.approx(f["value"] / f["baseline"])
     ray_bench._print(result)
     assert "ratio" in capsys.readouterr().out
+
+
+def test_stall_bench_main_tiny(tmp_path):
+    """stall_bench as its command runs it (its own process: it patches how the server reads
+    client addresses), at 20 idle sessions: the probe's baseline on the bare server and the
+    windows with the sessions held both come out, and every session was opened."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("websockets")
+    out = tmp_path / "stall.json"
+    argv = ["--sessions", "20", "--seconds", "0.5", "--reclaim-s", "0.2", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "duplex_actors.bench.stall_bench", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "idle" and report["opened"] == 20 and report["server_sessions"] >= 20
+    for window in ("baseline", "idle_first", "idle_steady"):
+        assert report[window]["samples"] > 0 and report[window]["max_ms"] >= report[window]["p50_ms"]
