@@ -171,6 +171,8 @@ for name in ("engine_eager", "engine_cuda_graphs"):
             "ttft_ms_engine_p50": r["ttft"]["engine_ms_p50"],
             "ttft_ms_bare_p50": r["ttft"]["bare_ms_p50"],
             "ttft_engine_vs_bare": r["ttft"]["engine_vs_bare"],
+            # With graphs: the bare loop replayed over the bare loop eager, same rounds.
+            "bare_graphs_vs_eager": r.get("bare_vs_bare_eager") or None,
         }
 demo = out["parts"].get("demo", {}).get("result")
 if demo:

@@ -145,6 +145,7 @@ def run(
     concurrency: tuple[int, ...] = CONCURRENCY,
     tiny: bool = False,
     ttft_samples: int | None = None,
+    compare_eager: bool | None = None,
 ) -> dict:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     device = resolve_device(device)
@@ -156,6 +157,9 @@ def run(
     if ttft_samples is None:
         ttft_samples = 2 if tiny else 9 if quick else 25
     host_tokens = device != "cpu"
+    # With CUDA graphs, a third arm: the bare loop with the step eager, in the same rounds, so
+    # whether graphs help is a ratio within one run too.
+    compare_eager = cuda_graphs if compare_eager is None else compare_eager
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens)
     audio = _audio()
 
@@ -183,6 +187,11 @@ def run(
         await engine.start()
         try:
             model = Thinker(engine.config, output_prior(engine.vocab))
+            eager = (
+                Thinker(attrs.evolve(engine.config, cuda_graphs=False), output_prior(engine.vocab))
+                if compare_eager
+                else None
+            )
             prompt = engine.adapter.build_prompt(_request(0, audio))
             await _engine_run(engine, 4, audio)  # warm-up
             _bare_run(model, prompt, 4, 8, host_tokens)
@@ -206,6 +215,7 @@ def run(
             for r in range(rounds):
                 engine_tps: dict = {}
                 bare_tps: dict = {}
+                eager_tps: dict = {}
                 for n in concurrency:
                     # At least 16 requests' worth of tokens per arm and round: one request alone
                     # is ~70 ms, and a hiccup of this host swung single-request rounds from
@@ -226,12 +236,17 @@ def run(
                             seconds += took
                             tokens += made
                         (engine_tps if arm == "engine" else bare_tps)[n] = tokens / seconds
+                    if compare_eager:
+                        took = sum(
+                            _bare_run(eager, prompt, n, max_tokens, host_tokens)[0] for _ in range(passes)
+                        )
+                        eager_tps[n] = passes * n * max_tokens / took
                 began = time.perf_counter()
                 total = sum(
                     _bare_run(model, prompt, 1, max_tokens, host_tokens)[1]
                     for _ in range(sequential_requests)
                 )
-                rounds_taken.append((engine_tps, bare_tps, total / (time.perf_counter() - began)))
+                rounds_taken.append((engine_tps, bare_tps, total / (time.perf_counter() - began), eager_tps))
             return rounds_taken, engine, model, prompt, ttft_pairs
         finally:
             await engine.aclose()
@@ -288,6 +303,16 @@ def run(
             }
             for rd in rounds_taken
         ],
+        # Only with compare_eager: the bare loop, step eager, and the bare loop as run (graphs)
+        # over it: medians over rounds of the ratio within a round.
+        "bare_eager_tokens_per_s": {
+            n: statistics.median(rd[3][n] for rd in rounds_taken) for n in concurrency if compare_eager
+        },
+        "bare_vs_bare_eager": {
+            n: statistics.median(rd[1][n] / rd[3][n] for rd in rounds_taken)
+            for n in concurrency
+            if compare_eager
+        },
         "ttft": {
             "samples": len(ttft_pairs),
             "engine_ms_p50": statistics.median(e for e, _ in ttft_pairs) * 1e3,
@@ -331,6 +356,11 @@ def _print(report: dict) -> None:
         f"(target >= 10x)   {spread}"
     )
     print("engine/bare target >= 80%")
+    if report["bare_vs_bare_eager"]:
+        print(
+            "bare loop as run over the same loop eager (graphs' gain when on): "
+            + ", ".join(f"{n}: {r:.2f}x" for n, r in report["bare_vs_bare_eager"].items())
+        )
     t = report["ttft"]
     print(
         f"TTFT, one request on the idle engine (median of {t['samples']}): engine {t['engine_ms_p50']:.2f} ms, "
@@ -353,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--concurrency", default=",".join(map(str, CONCURRENCY)), help="comma-separated request counts"
     )
+    parser.add_argument(
+        "--compare-eager", action="store_true", help="also time the bare loop eager (on with --cuda-graphs)"
+    )
     parser.add_argument("--ttft-samples", type=int, default=None, help="single requests timed for TTFT")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
@@ -362,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_heads=args.kv_heads,
         device=args.device,
         cuda_graphs=args.cuda_graphs,
+        compare_eager=args.compare_eager or None,
         concurrency=tuple(int(n) for n in args.concurrency.split(",")),
         tiny=args.tiny,
         ttft_samples=args.ttft_samples,

@@ -85,7 +85,8 @@ def test_engine_bench_main_tiny_writes_its_report(tmp_path, capsys):
     from duplex_actors.bench import engine_bench
 
     path = tmp_path / "engine.json"
-    assert engine_bench.main(["--tiny", "--concurrency", "1,4", "--json", str(path)]) == 0
+    argv = ["--tiny", "--concurrency", "1,4", "--compare-eager", "--json", str(path)]
+    assert engine_bench.main(argv) == 0
     printed = capsys.readouterr().out
     assert "engine/bare" in printed and "TTFT" in printed and "device cpu" in printed
     report = json.loads(path.read_text())
@@ -94,6 +95,9 @@ def test_engine_bench_main_tiny_writes_its_report(tmp_path, capsys):
         engine, bare = report["engine_tokens_per_s"][n], report["bare_tokens_per_s"][n]
         assert engine > 0 and bare > 0
         assert report["engine_vs_bare"][n] == pytest.approx(engine / bare)
+    # The eager-loop arm (what --cuda-graphs is measured against; here both loops are eager).
+    assert set(report["bare_vs_bare_eager"]) == {"1", "4"}
+    assert all(r > 0 for r in report["bare_vs_bare_eager"].values())
     ttft = report["ttft"]
     assert ttft["samples"] == 2 and ttft["engine_ms_p50"] > 0 and ttft["bare_ms_p50"] > 0
 
