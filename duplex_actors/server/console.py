@@ -67,6 +67,9 @@ class ConsoleRoutes:
         self._server = server
         self._files: dict[str, bytes] | None = None
         self._lag = LoopLagProbe()
+        #: The last operator body and when it was made; ``renders`` counts snapshots taken.
+        self._operator_body: tuple[float, bytes] | None = None
+        self.renders = 0
 
     def handles(self, path: str) -> bool:
         return path == "/" or path == OPERATOR_PATH or path.startswith(CONSOLE_PREFIX)
@@ -102,8 +105,15 @@ class ConsoleRoutes:
             response.headers["WWW-Authenticate"] = 'Bearer realm="duplex-actors"'
             return response
         self._lag.start()
-        body = json.dumps(operator_snapshot(server, self._lag), separators=(",", ":")) + "\n"
-        return _response(200, body.encode(), "application/json", {"Cache-Control": "no-store"})
+        # A snapshot walks every session on the event loop: made at most once per
+        # metrics_max_age_s, as /metrics is, however many operators poll.
+        now = server.runtime.clock.now()
+        cached = self._operator_body
+        if cached is None or now - cached[0] >= server.config.metrics_max_age_s:
+            body = json.dumps(operator_snapshot(server, self._lag), separators=(",", ":")) + "\n"
+            cached = self._operator_body = (now, body.encode())
+            self.renders += 1
+        return _response(200, cached[1], "application/json", {"Cache-Control": "no-store"})
 
 
 def operator_snapshot(server: RealtimeServer, lag: LoopLagProbe | None = None) -> dict:
