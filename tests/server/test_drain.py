@@ -12,7 +12,7 @@ import time
 import anyio
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from duplex_actors.server.app import CLOSE_GOING_AWAY
 
@@ -91,13 +91,16 @@ async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_w
             proc.send_signal(signal.SIGTERM)
             sent_at = time.monotonic()
             await anyio.sleep(0.3)
-            # No new session during the drain: the port is closed, or the session refused.
+            # No new session during the drain: the port is closed, the handshake refused (the
+            # front with no worker left to take it: 503), or the session refused.
             try:
                 async with connect(url, open_timeout=5) as late:
                     refusal = json.loads(await late.recv())
                     assert refusal["error"]["code"] == "server_draining", refusal
             except (OSError, ConnectionClosed):
                 pass
+            except InvalidStatus as refused:
+                assert refused.response.status_code == 503, refused
         code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=DRAIN_TIMEOUT_S))
         exited_after = time.monotonic() - sent_at
     finally:
