@@ -326,7 +326,7 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
                 sent += 1
                 if audio and sent % clear_every == 0:
                     await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         report.send((sent, received))
         # Gone without a close handshake: a close frame would wait behind everything the
@@ -684,7 +684,7 @@ async def _cancel_after(ws, seconds: float) -> None:
     while True:
         try:
             frame = await asyncio.wait_for(ws.recv(), max(0.0, deadline - time.perf_counter()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await ws.send(json.dumps({"type": "response.cancel"}))
             deadline = math.inf
             continue
@@ -719,7 +719,7 @@ def _audio_sessions_flooder(url: str, sessions: int, seconds: float, report) -> 
                     sent += 1
                     if sent % 50 == 0:  # 5 s of audio: within the input buffer's limit
                         await asyncio.wait_for(ws.send(CLEAR), max(0.0, until - time.perf_counter()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             reader.cancel()
             ws.transport.abort()  # what the server has not read is dropped with the socket

@@ -292,7 +292,7 @@ async def _read_what_is_left(ws, stream: _Stream) -> None:
     try:
         while True:
             stream.take(await _recv(ws, 1.0))
-    except (ConnectionClosed, asyncio.TimeoutError):
+    except (TimeoutError, ConnectionClosed):
         pass
 
 
@@ -377,7 +377,7 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
                     await _recv(ws, 10.0)
             except ConnectionClosed:
                 pass
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if ws.close_code != 1008:
                 stats["defence_failures"] += 1
@@ -401,7 +401,7 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
             answer = await _recv(thief)
             try:
                 extra = await _recv(thief, 5.0)
-            except (ConnectionClosed, asyncio.TimeoutError):
+            except (TimeoutError, ConnectionClosed):
                 extra = None
             # (session_lost: the session died with its worker before the thief came, in a run
             # that kills one; refused all the same, and its journal is gone)
@@ -442,7 +442,7 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
                         and error.get("event_id") == sent_id
                         and (error.get("code"), error.get("param")) == expected
                     )
-                except (ConnectionClosed, asyncio.TimeoutError):
+                except (TimeoutError, ConnectionClosed):
                     refused = False
                 if not refused:
                     stats["defence_failures"] += 1

@@ -312,7 +312,7 @@ class EngineProcessClient:
                 async with asyncio.timeout(self.connect_timeout_s):
                     reader, writer = await asyncio.open_unix_connection(self.path)
                     hello = await _read_frame(reader)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 raise EngineFailed(f"cannot reach the engine process at {self.path}: {exc!r}") from exc
             if hello[0] != "hello":
                 writer.close()

@@ -69,7 +69,7 @@ class Recorder:
 
         try:
             return await asyncio.wait_for(run(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"timed out; {self.summary()}") from None
 
     def summary(self) -> str:
