@@ -72,7 +72,9 @@ async def test_reclaim_takes_back_cycles_frozen_while_alive():
         pass
 
     # growth 0: every interval reclaims, whatever the memory did
-    policy = GcPolicy(freeze_interval_s=None, reclaim_interval_s=0.02, reclaim_growth=0, reclaim_min_growth_mb=0)
+    policy = GcPolicy(
+        freeze_interval_s=None, reclaim_interval_s=0.02, reclaim_growth=0, reclaim_min_growth_mb=0
+    )
     async with Runtime(ScriptedEngine(), reaper_interval_s=0, gc_policy=policy):
         a, b = Node(), Node()
         a.other, b.other = b, a
@@ -83,3 +85,28 @@ async def test_reclaim_takes_back_cycles_frozen_while_alive():
         assert ref() is not None  # frozen: a full collection does not see it
         await anyio.sleep(0.1)  # a periodic reclaim
         assert ref() is None
+
+
+def test_a_reclaim_is_due_only_once_memory_grew():
+    policy = GcPolicy()  # 25 %, and at least 64 MiB
+    mib = 1 << 20
+    assert not gc_policy.reclaim_due(policy, 1000 * mib, 1000 * mib)
+    assert not gc_policy.reclaim_due(policy, 1200 * mib, 1000 * mib)
+    assert gc_policy.reclaim_due(policy, 1250 * mib, 1000 * mib)
+    assert not gc_policy.reclaim_due(policy, 150 * mib, 100 * mib)  # under the 64 MiB floor
+    assert gc_policy.reclaim_due(policy, 170 * mib, 100 * mib)
+    assert gc_policy.reclaim_due(policy, None, None)  # memory unreadable: as before, always
+
+
+async def test_the_periodic_reclaim_waits_for_growth(monkeypatch):
+    resident = [500 << 20]
+    reclaims = []
+    monkeypatch.setattr(gc_policy, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(gc_policy, "reclaim", lambda: reclaims.append(resident[0]) or 0)
+    policy = GcPolicy(freeze_interval_s=0.005, reclaim_interval_s=0.02)
+    async with Runtime(ScriptedEngine(), reaper_interval_s=0, gc_policy=policy):
+        await anyio.sleep(0.2)  # ten intervals, memory flat: nothing to find, no full pause
+        assert reclaims == []
+        resident[0] = 700 << 20
+        await anyio.sleep(0.1)
+        assert reclaims == [700 << 20]  # once: the next intervals compare with 700 MiB
