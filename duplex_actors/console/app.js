@@ -34,6 +34,9 @@ let captureNode = null;
 let meterNode = null;
 let eventSeq = 0;
 let muted = false;
+// When the user's turn ended as the page saw it (speech_stopped, or a typed message sent):
+// the wait column is from there to the answer's first sound.
+let turnEndAt = null;
 
 // Playback of the answer: each delta becomes a buffer scheduled right after the previous one.
 const play = {
@@ -184,6 +187,9 @@ function onEvent(ev) {
     case "input_audio_buffer.speech_started":
       bargeIn();
       break;
+    case "input_audio_buffer.speech_stopped":
+      turnEndAt = performance.now();
+      break;
     case "conversation.item.input_audio_transcription.completed":
       stats.userTranscripts.push(ev.transcript);
       turnText(ev.item_id, "user", ev.transcript || "(nothing heard)");
@@ -281,6 +287,12 @@ function schedule(ev) {
   // A small lead on the first packet absorbs jitter; later ones follow back to back.
   const start = Math.max(ctx.currentTime + 0.03, play.nextTime);
   node.start(start);
+  const row = stats.responses[ev.response_id] || {};
+  if (row.waitMs == null && turnEndAt != null) {
+    row.waitMs = performance.now() - turnEndAt + (start - ctx.currentTime) * 1000;
+    turnEndAt = null;
+    responseRow(ev.response_id, row);
+  }
   const entry = { node, start, dur: buffer.duration, offsetMs: play.itemAudioMs, itemId: ev.item_id };
   play.sources.push(entry);
   node.onended = () => {
@@ -493,7 +505,7 @@ function responseRow(id, fields) {
   }
   const f = (v, d = 0) => (v == null ? "-" : Number(v).toFixed(d));
   const status = row.status + (row.reason ? ` (${row.reason})` : "");
-  const cells = [id, status, f(row.ttftMs), f(row.ttfpMs), f(row.rtf, 2), f(row.audioMs), f(row.heardMs)];
+  const cells = [id, status, f(row.ttftMs), f(row.ttfpMs), f(row.waitMs), f(row.rtf, 2), f(row.audioMs), f(row.heardMs)];
   tr.replaceChildren(...cells.map((c) => Object.assign(document.createElement("td"), { textContent: c })));
 }
 
@@ -556,6 +568,7 @@ window.addEventListener("DOMContentLoaded", () => {
     if (!text || !ws) return;
     send({ type: "conversation.item.create", item: { type: "message", role: "user", content: [{ type: "input_text", text }] } });
     send({ type: "response.create" });
+    turnEndAt = performance.now();
     $("text-input").value = "";
   });
   const key = new URLSearchParams(location.hash.slice(1)).get("key");

@@ -225,6 +225,8 @@ async def _converse(page, tmp_path: Path, console_log: list[str]) -> None:
     # Per-response figures reached the table.
     done = [r for r in seen["responses"].values() if r["status"] == "completed"]
     assert done and done[0]["ttftMs"] is not None and done[0]["ttfpMs"] is not None, done
+    # ...and what the user waited, measured in the page: at least the server's TTFP.
+    assert all(r["waitMs"] >= r["ttfpMs"] for r in done), done
 
 
 async def test_the_console_over_tls_uses_https_and_wss(tmp_path):
