@@ -411,8 +411,8 @@ async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: 
                 stats["defence_failed:forge"] += 1
         else:
             # Each frame's refusal is a GA error naming its event_id (and, for a field of a
-            # session.update, its param). The sampling frame's other fields (none) still apply,
-            # so a session.updated comes with its error; the surrogate frame is refused whole.
+            # session.update, its param). A session.update is refused whole (all or nothing,
+            # as OpenAI's): the error alone comes, never a session.updated; so is the surrogate.
             frames = [
                 (
                     json.dumps(

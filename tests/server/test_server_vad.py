@@ -134,7 +134,7 @@ async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
                         "event_id": "u1",
                         "session": {
                             "turn_detection": {"type": "server_vad"},
-                            "instructions": "still applied",
+                            "instructions": "not applied either",
                         },
                     }
                 )
@@ -142,12 +142,14 @@ async def test_server_vad_unavailable_is_a_typed_error_and_changes_nothing():
             error = await recv_json(ws)
             assert error["error"]["code"] == "not_supported" and error["error"]["event_id"] == "u1"
             assert error["error"]["param"] == "session.audio.input.turn_detection"
-            updated = await recv_json(ws)
-            assert updated["session"]["instructions"] == "still applied"
-            assert updated["session"]["audio"]["input"]["turn_detection"] is None
+            # All or nothing: the update's instructions are not applied, no session.updated.
+            await ws.send(json.dumps({"type": "heartbeat"}))
+            assert (await recv_json(ws))["type"] == "heartbeat.ack"
             sid = next(iter(server._records))
             config = server.runtime.get(sid).core.config
             assert config.auto_respond is False and config.server_vad is False  # unchanged
+            assert config.instructions is None
+            assert server._records[sid].wire.turn_detection is None
 
 
 def tone_24k(ms: int, amplitude: int) -> bytes:

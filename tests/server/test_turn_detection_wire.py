@@ -2,8 +2,10 @@
 
 Every ``session.update`` carrying a ``turn_detection`` object either applies it whole (the
 session's settings and the echoed object say exactly what was sent, defaults for what was
-left out) or is refused with one ``error`` naming the field in ``param``, the session's turn
-detection left as it was. Either way the connection stays usable.
+left out; semantic_vad echoed as semantic_vad with its eagerness, mapped onto the silence that
+ends a turn) or is refused with one ``error`` naming the field in ``param`` and no
+``session.updated``, the session's turn detection left as it was. Either way the connection
+stays usable.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ FIELDS = {
         st.integers(1_000, 3_600_000),
         st.sampled_from([0, 999, 3_600_001, -5, 1000.5, "1000", True]),
     ),
+    "eagerness": (
+        st.sampled_from(["low", "medium", "high", "auto"]),
+        st.sampled_from(["eager", 1, True, ""]),
+    ),
 }
+SILENCE = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
 
 
 @st.composite
@@ -62,19 +69,42 @@ async def test_a_turn_detection_update_applies_whole_or_is_refused_naming_its_fi
         async with connect(server.url) as ws:
             created = await recv_json(ws)
             core = server.runtime.get(created["session"]["id"]).core
+            record = server._records[created["session"]["id"]]
             applied = {**DEFAULTS}
+            echo = {"type": "server_vad", **DEFAULTS}
+            silence = DEFAULTS["silence_duration_ms"]
             for obj, bad in updates:
                 update = {"type": "realtime", "audio": {"input": {"turn_detection": obj}}}
                 await ws.send(json.dumps({"type": "session.update", "event_id": "u", "session": update}))
-                events = await recv_until(ws, "session.updated")
+                events = await recv_until(ws, "error" if bad is not None else "session.updated")
+                if bad is not None:  # and nothing after the error: no session.updated
+                    await ws.send(json.dumps({"type": "heartbeat"}))
+                    events += await recv_until(ws, "heartbeat.ack")
                 errors = [e["error"] for e in events if e["type"] == "error"]
-                echoed = events[-1]["session"]["audio"]["input"]["turn_detection"]
+                updated = [e for e in events if e["type"] == "session.updated"]
                 if bad is not None:
+                    # All or nothing: one error naming the field, no session.updated.
                     assert [e["param"] for e in errors] == [f"{PARAM}.{bad}"], errors
+                    assert updated == []
                 else:
-                    assert errors == []
+                    assert errors == [] and len(updated) == 1
                     applied = {k: (DEFAULTS[k] if obj.get(k) is None else obj[k]) for k in DEFAULTS}
-                assert echoed == {"type": "server_vad", **applied}
+                    silence = applied["silence_duration_ms"]
+                    if obj["type"] == "semantic_vad":
+                        eagerness = obj.get("eagerness") or "auto"
+                        if obj.get("silence_duration_ms") is None:
+                            silence = SILENCE[eagerness]
+                        echo = {
+                            "type": "semantic_vad",
+                            "eagerness": eagerness,
+                            "create_response": applied["create_response"],
+                            "interrupt_response": applied["interrupt_response"],
+                        }
+                    else:
+                        echo = {"type": "server_vad", **applied}
+                    assert updated[0]["session"]["audio"]["input"]["turn_detection"] == echo
+                assert record.wire.turn_detection == echo
+                assert record.vad_settings.silence_duration_ms == silence
                 config = core.config
                 assert config.server_vad is True
                 assert config.auto_respond is applied["create_response"]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from duplex_actors.core import commands as cmd
-from duplex_actors.errors import InvalidCommand
+from duplex_actors.errors import DuplexError, InvalidCommand
 from duplex_actors.server import wire
 from duplex_actors.server.audio_format import PCM, PCMA, PCMU, AudioFormat
 
@@ -202,7 +202,7 @@ def test_a_frame_of_many_tiny_values_is_refused_before_it_is_parsed():
         for n in range(128)
     ]
     update = wire.decode(frame(type="session.update", session={"tools": tools}))
-    assert len(update.command.tools) == 128 and not update.errors
+    assert len(update.command.tools) == 128
 
 
 @pytest.mark.parametrize(
@@ -265,11 +265,11 @@ def test_turn_detection_switches_server_vad_with_its_settings():
     assert off.turn_detection is None and off.vad_off
     untouched = wire.decode(frame(type="session.update", session={"instructions": "x"}))
     assert untouched.turn_detection is None and not untouched.vad_off
-    bad = wire.decode(
-        frame(type="session.update", session={"turn_detection": {"type": "server_vad", "threshold": 2}})
-    )
-    assert bad.turn_detection is None and bad.command.auto_respond is None
-    assert [e.param for e in bad.errors] == ["session.turn_detection.threshold"]
+    with pytest.raises(wire.InvalidField) as bad:
+        wire.decode(
+            frame(type="session.update", session={"turn_detection": {"type": "server_vad", "threshold": 2}})
+        )
+    assert bad.value.param == "session.turn_detection.threshold"
 
 
 @pytest.mark.parametrize(
@@ -296,36 +296,41 @@ def test_turn_detection_switches_server_vad_with_its_settings():
         ({"speed": "fast"}, "session.speed", "invalid_value"),
     ],
 )
-def test_one_refused_field_names_its_param_and_the_rest_of_the_update_still_applies(session, param, code):
-    update = wire.decode(
-        frame(
-            type="session.update",
-            event_id="u1",
-            session={
-                **session,
-                "duplex": {"min_interruption_ms": 900},
-                "audio": {
-                    **session.get("audio", {}),
-                    "output": {"voice": "marin", **session.get("audio", {}).get("output", {})},
+def test_one_refused_field_refuses_the_whole_update_and_names_its_param(session, param, code):
+    # OpenAI applies a session.update all or nothing: one bad field, and none of the others
+    # (min_interruption_ms, voice) may be applied. Decode raises, so nothing reaches the session.
+    with pytest.raises(DuplexError) as refused:
+        wire.decode(
+            frame(
+                type="session.update",
+                event_id="u1",
+                session={
+                    **session,
+                    "duplex": {"min_interruption_ms": 900},
+                    "audio": {
+                        **session.get("audio", {}),
+                        "output": {"voice": "marin", **session.get("audio", {}).get("output", {})},
+                    },
                 },
-            },
+            )
         )
-    )
-    (error,) = update.errors
+    error = refused.value
     assert (error.param, error.code, error.event_id) == (param, code, "u1")
-    assert update.command.min_interruption_ms == 900 and update.voice == "marin"
 
 
-def test_a_refused_tool_choice_keeps_the_tools_of_the_same_update():
-    # openai-agents lets a user set tool_choice to a bare tool name, which GA does not allow:
-    # the choice is refused, but the tools it came with were dropped with it, so the session
-    # answered without any tool at all.
+def test_a_bare_tool_name_as_tool_choice_names_a_tool_of_the_same_update():
+    # openai-agents lets a user set tool_choice to a bare tool name, which GA's schema does not
+    # allow. Refusing it would now refuse the whole update (tools, instructions, audio), so a
+    # name the update's own tools declare is read as that function; any other string is refused.
     tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
     update = wire.decode(frame(type="session.update", session={"tools": [tool], "tool_choice": "get_time"}))
-    (error,) = update.errors
-    assert (error.param, error.code) == ("session.tool_choice", "invalid_value")
     assert [t.name for t in update.command.tools] == ["get_time"]
-    assert update.command.tool_choice is None  # unchanged
+    assert update.command.tool_choice == "get_time"
+    with pytest.raises(wire.InvalidField) as refused:
+        wire.decode(frame(type="session.update", session={"tools": [tool], "tool_choice": "get_weather"}))
+    assert refused.value.param == "session.tool_choice"
+    create = wire.decode(frame(type="response.create", response={"tools": [tool], "tool_choice": "get_time"}))
+    assert create.tool_choice == "get_time"
 
 
 def test_speed_is_read_from_audio_output_or_the_top_level():
@@ -360,7 +365,7 @@ def test_session_update_declares_formats_and_modalities():
         )
     )
     assert update.input_format == AudioFormat(PCMU, 8000) and update.output_format == AudioFormat(PCMA, 8000)
-    assert update.command.modalities == ("text",) and not update.errors
+    assert update.command.modalities == ("text",)
     legacy = wire.decode(frame(type="session.update", session={"input_audio_format": "g711_ulaw"}))
     assert legacy.input_format == AudioFormat(PCMU, 8000)
 
