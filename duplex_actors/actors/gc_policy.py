@@ -71,7 +71,7 @@ class GcPolicy:
     #: very pause the policy avoids (0.31 s at 3,000 idle sessions): 0 and 0 run it at every
     #: interval, as before.
     reclaim_growth: float = attrs.field(default=0.25, validator=attrs.validators.ge(0))
-    reclaim_min_growth_mb: float = attrs.field(default=64.0, validator=attrs.validators.ge(0))
+    reclaim_min_growth_mb: float = attrs.field(default=32.0, validator=attrs.validators.ge(0))
 
 
 _active: list[tuple[int, int, int]] = []  # thresholds found by the first active policy

@@ -294,6 +294,25 @@ async def run(
         report["reclaim_on_clock"] = True
         # The policy before reclaims were due on growth: every interval, whatever memory did.
         gc_policy.reclaim_due = lambda *_: True  # type: ignore[assignment]
+    reclaims: list[dict] = []
+    real_reclaim = gc_policy.reclaim
+
+    def logged_reclaim() -> int:
+        before, cpu = gc_policy.resident_bytes(), time.thread_time()
+        found = real_reclaim()
+        reclaims.append(
+            {
+                "at_s": round(time.perf_counter() - started, 1),
+                "cpu_ms": round((time.thread_time() - cpu) * 1e3, 1),
+                "rss_mb": round((before or 0) / 2**20),
+                "found": found,
+            }
+        )
+        return found
+
+    gc_policy.reclaim = logged_reclaim  # type: ignore[assignment]
+    report["reclaims"] = reclaims  # the policy's full collections: when, what they cost
+    started = time.perf_counter()
     probe = LagProbe()
     async with open_server(ScriptedEngine(script, record=False), config, gc_reclaim_s=reclaim_s) as server:
         loop = asyncio.get_running_loop()
@@ -325,9 +344,10 @@ async def run(
             # second is the steady state.
             for window in ("idle_first", "idle_steady"):
                 with CollectionTimer() as timer:
+                    began_s = round(time.perf_counter() - started, 1)
                     probe.start()
                     await asyncio.sleep(seconds)
-                    report[window] = {**await probe.stop(), **timer.summary()}
+                    report[window] = {"began_s": began_s, **await probe.stop(), **timer.summary()}
             report["one_reap_ms"] = _timed_ms(server.runtime.reap_now)
             report["one_sweep_ms"] = _timed_ms(server._sweep)
         else:

@@ -88,13 +88,13 @@ async def test_reclaim_takes_back_cycles_frozen_while_alive():
 
 
 def test_a_reclaim_is_due_only_once_memory_grew():
-    policy = GcPolicy()  # 25 %, and at least 64 MiB
+    policy = GcPolicy()  # 25 %, and at least 32 MiB
     mib = 1 << 20
     assert not gc_policy.reclaim_due(policy, 1000 * mib, 1000 * mib)
     assert not gc_policy.reclaim_due(policy, 1200 * mib, 1000 * mib)
     assert gc_policy.reclaim_due(policy, 1250 * mib, 1000 * mib)
-    assert not gc_policy.reclaim_due(policy, 150 * mib, 100 * mib)  # under the 64 MiB floor
-    assert gc_policy.reclaim_due(policy, 170 * mib, 100 * mib)
+    assert not gc_policy.reclaim_due(policy, 120 * mib, 100 * mib)  # under the 32 MiB floor
+    assert gc_policy.reclaim_due(policy, 132 * mib, 100 * mib)
     assert gc_policy.reclaim_due(policy, None, None)  # memory unreadable: as before, always
 
 
