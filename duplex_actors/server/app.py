@@ -646,19 +646,25 @@ class RealtimeServer:
             held = share.hold(tenant, self.runtime.clock.now())
 
     def _default_address_limit(self, connection: ServerConnection, request: Request) -> Response | None:
-        """429 for a new session from an address already holding ``default_sessions_per_address``
-        (only while no ``max_sessions_per_address`` is set; a resume opens no session)."""
+        """429 for a new session from an address already holding ``default_sessions_per_address``,
+        or for a resume from one with that many connections waiting to resume (only while no
+        ``max_sessions_per_address`` is set, which bounds both itself)."""
         limit = self.config.default_sessions_per_address
         if limit is None or self.config.max_sessions_per_address is not None:
             return None
         address = _address(connection)
-        if self.quotas.sessions_of(address) < limit or "session_id=" in (urlsplit(request.path).query or ""):
+        resuming = "session_id" in parse_qs(urlsplit(request.path).query)
+        held = self.quotas.resuming_of(address) if resuming else self.quotas.sessions_of(address)
+        if held < limit:
             return None
         if guard.exempt_from(self.config.exempt_networks)(str(connection.remote_address[0])):
             return None
         self.metrics.connects_refused.labels("address_sessions").inc()
         response = _respond(
-            connection, 429, f"this address already holds {limit} sessions; close one or retry later\n"
+            connection,
+            429,
+            f"this address already holds {limit} {'resuming connections' if resuming else 'sessions'}; "
+            "close one or retry later\n",
         )
         response.headers["Retry-After"] = "5"
         return response

@@ -310,6 +310,10 @@ class AdmissionQuotas:
         """Open sessions (detached included) opened from ``address`` (a client subject)."""
         return self._by_address.get(address, 0)
 
+    def resuming_of(self, address: str) -> int:
+        """Connections from ``address`` waiting for their session.resume frame."""
+        return self._resuming_by_address.get(address, 0)
+
     @property
     def resuming_count(self) -> int:
         return sum(self._resuming_by_address.values())

@@ -144,7 +144,7 @@ async def _bomb_once(port: int, bomb: bytes) -> int | None:
         writer.write(bomb)
         try:
             return await asyncio.wait_for(_close_code(reader), 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None  # still open: the message was inflated whole and handed on
     finally:
         writer.transport.abort()  # churn: the next connection starts at once
@@ -279,6 +279,13 @@ async def test_sessions_per_address_are_limited_by_default_except_on_exempt_netw
         await recv_json(third)
         await third.close()
         await second.close()
+    # Connections waiting to resume are held to the same number (each may wait resume_wait_s).
+    async with running_server(default_sessions_per_address=1, exempt_networks=()) as server:
+        waiting = await connect(f"{server.url}?session_id=sess_a")
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(f"{server.url}?session_id=sess_b")
+        assert refused.value.response.status_code == 429
+        await waiting.close()
     async with running_server(default_sessions_per_address=1) as server:  # loopback: exempt
         clients = [await connect(server.url) for _ in range(3)]
         for ws in clients:
