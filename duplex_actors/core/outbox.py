@@ -11,6 +11,12 @@ them. They may not use the reserve; past ``capacity - reserve`` they are counted
 (``dropped_errors``) and dropped, never queued.
 
 Audio of a cancelled response that is still here was never heard: barge-in purges it.
+
+While the user talks over a response (server VAD's speech_started), the chart may *hold* that
+response's audio: its audio and transcript deltas are kept aside, not handed to the client,
+until the overlap policy decides. An interruption purges them (never heard), a backchannel
+releases them in order. Held events count against the capacity like queued ones, so a hold
+cannot grow memory past the bound either.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from .events import AudioDeltaEvent, ErrorEvent, ServerEvent, TranscriptDeltaEve
 
 
 class Outbox:
-    __slots__ = ("capacity", "reserve", "_q", "overflowed", "dropped_errors")
+    __slots__ = ("capacity", "reserve", "_q", "overflowed", "dropped_errors", "_held", "holding")
 
     def __init__(self, capacity: int = 1024, reserve: int = 16) -> None:
         if reserve < 2 or capacity <= reserve:
@@ -31,6 +37,9 @@ class Outbox:
         self._q: deque[ServerEvent] = deque()
         self.overflowed = False
         self.dropped_errors = 0
+        self._held: deque[ServerEvent] = deque()
+        #: The response whose audio is held (None: nothing held).
+        self.holding: str | None = None
 
     def push(self, event: ServerEvent) -> bool:
         if type(event) is ErrorEvent:
@@ -40,31 +49,51 @@ class Outbox:
                 self._q.append(event)
             return True
         limit = self.capacity if event.TERMINAL else self.capacity - self.reserve
-        if len(self._q) >= limit:
+        if len(self._q) + len(self._held) >= limit:
             if not event.TERMINAL:
                 self.overflowed = True
                 return False
             # The reserve is sized for a session's terminal events; past it something is badly
             # wrong, and keeping the terminal beats keeping an older delta.
             self._drop_oldest_nonterminal()
-        self._q.append(event)
+        if self.holding is not None and _is_audio_of(event, self.holding):
+            self._held.append(event)
+        else:
+            self._q.append(event)
         return True
 
+    def hold(self, response_id: str) -> None:
+        """Keep this response's audio (and its transcript deltas) aside from now on."""
+        self.holding = response_id
+
+    def release(self) -> int:
+        """End the hold: what was held follows what is queued, in the order it came."""
+        released = len(self._held)
+        self._q.extend(self._held)
+        self._held.clear()
+        self.holding = None
+        return released
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
     def _drop_oldest_nonterminal(self) -> None:
-        for i, ev in enumerate(self._q):
-            if not ev.TERMINAL:
-                del self._q[i]
-                return
+        for box in (self._held, self._q):  # held audio first: it may never be heard anyway
+            for i, ev in enumerate(box):
+                if not ev.TERMINAL:
+                    del box[i]
+                    return
 
     def purge_audio(self, response_id: str) -> int:
-        """Drop undelivered audio (and its transcript deltas) of one response."""
-        before = len(self._q)
-        self._q = deque(
-            ev
-            for ev in self._q
-            if not (isinstance(ev, (AudioDeltaEvent, TranscriptDeltaEvent)) and ev.response_id == response_id)
-        )
-        return before - len(self._q)
+        """Drop undelivered audio (and its transcript deltas) of one response, held or queued;
+        a hold of it ends."""
+        before = len(self._q) + len(self._held)
+        self._q = deque(ev for ev in self._q if not _is_audio_of(ev, response_id))
+        self._held = deque(ev for ev in self._held if not _is_audio_of(ev, response_id))
+        if self.holding == response_id:
+            self.release()  # nothing of it is left to release; later audio is not held
+        return before - len(self._q) - len(self._held)
 
     def popleft(self) -> ServerEvent:
         return self._q.popleft()
@@ -74,3 +103,7 @@ class Outbox:
 
     def __bool__(self) -> bool:
         return bool(self._q)
+
+
+def _is_audio_of(event: ServerEvent, response_id: str) -> bool:
+    return isinstance(event, (AudioDeltaEvent, TranscriptDeltaEvent)) and event.response_id == response_id

@@ -227,6 +227,8 @@ class SessionCore:
         "_aborting",
         "_response",
         "_overlap_ms",
+        "_hold_from",
+        "_held_end",
         "_step",
         "_close_reason",
         "_aborted_ids",
@@ -294,6 +296,10 @@ class SessionCore:
         self._aborting: dict[str, TurnKind] | None = None  # aborted, not yet confirmed ended
         self._response: ResponseAssembly | None = None
         self._overlap_ms: float | None = None  # audio ms of user speech over the response
+        # Barge-in without talk-over: when the response's audio began to be held (the user
+        # spoke over it), and the engine's end of a turn that came while it was held.
+        self._hold_from: float | None = None
+        self._held_end: EngineOutput | None = None
         self._step: Step = {}
         self._close_reason: str | None = None
         self._aborted_ids: list[str] | None = None
@@ -840,6 +846,15 @@ class SessionCore:
     def _g_interrupt_response(self) -> bool:
         return self.config.interrupt_response
 
+    def _g_holds_audio_on_speech(self) -> bool:
+        return self.config.hold_audio_on_speech
+
+    def _g_audio_held(self) -> bool:
+        return self._hold_from is not None
+
+    def _g_turn_end_held(self) -> bool:
+        return self._held_end is not None
+
     def _g_overlap_is_interruption(self) -> bool:
         overlap = self._overlap_ms
         if overlap is None:
@@ -937,6 +952,27 @@ class SessionCore:
     def _fx_end_overlap(self) -> None:
         # The speech ended before the minimum: a backchannel; the response carries on.
         self._overlap_ms = None
+
+    def _fx_hold_response_audio(self) -> None:
+        # From now on the client gets none of this response's audio until the overlap policy
+        # decides. A response not begun yet is held by the id it will be given.
+        self._hold_from = self._step["now"]
+        r = self._response
+        self._outbox.hold(r.response_id if r is not None else self._next_response_id())
+
+    def _fx_release_held_audio(self) -> None:
+        if self._hold_from is None:
+            return
+        now = self._step["now"]
+        self.counters.released_audio_events += self._outbox.release()
+        # What was held plays from now: the idle timeout counts from its end.
+        if self._playing_until > self._hold_from:
+            self._playing_until += max(now - self._hold_from, 0.0)
+        self._hold_from = None
+        # A turn end that waited for this (_held_end) is completed by the row's next effects.
+
+    def _fx_hold_turn_end(self) -> None:
+        self._held_end = self._step["output"]
 
     def _fx_commit_input(self) -> None:
         # Audio committed but not yet answered accumulates: several commits before one
@@ -1094,12 +1130,15 @@ class SessionCore:
             self._units.discard(rid)
             self.lease.in_flight -= 1
 
+    def _next_response_id(self) -> str:
+        return f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
+
     def _fx_begin_response(self) -> None:
         now = self._step["now"]
         if self._turn_request is None:  # model-native promotion already set it
             self._turn_request = self._step["output"].request_id
             self._turn_kind = TurnKind.RESPONSE
-        rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
+        rid = self._next_response_id()
         cmd = self._step.get("command")
         asked = cmd if isinstance(cmd, CreateResponse) else None
         metadata = asked.metadata if asked is not None else None
@@ -1272,7 +1311,9 @@ class SessionCore:
             self._fx_begin_response()
 
     def _fx_emit_response_completed(self) -> None:
-        out = self._step["output"]
+        # The engine's end, or, after a backchannel, the end that waited while audio was held.
+        out = self._step["output"] if "output" in self._step else self._held_end
+        self._held_end = None
         self._ensure_begun()
         if isinstance(out, TurnDone) and out.metrics is not None:
             if self._windows is None:
@@ -1352,7 +1393,12 @@ class SessionCore:
 
     def _fx_abort_engine_requests(self) -> None:
         requests = dict.fromkeys(self._units or (), TurnKind.UNIT)
-        if self._turn_request:
+        if self._held_end is not None:
+            # The engine already ended this turn (its end waited on a held response): there is
+            # nothing to abort, and no abort would ever be confirmed.
+            if self._windows is not None and self._turn_request is not None:
+                self._windows.forget(self._turn_request)
+        elif self._turn_request:
             requests[self._turn_request] = self._turn_kind
         self._turn_request = None
         self._units = None
@@ -1367,6 +1413,11 @@ class SessionCore:
         self._playing_until = 0.0  # a cancelled response stops playing (clients cut it short)
         if self._response is not None:
             self.counters.dropped_audio_events += self._outbox.purge_audio(self._response.response_id)
+        # Held audio, of a response begun or not, is never heard: the hold ends with it.
+        if self._outbox.holding is not None:
+            self.counters.dropped_audio_events += self._outbox.purge_audio(self._outbox.holding)
+        self._hold_from = None
+        self._held_end = None
 
     def _reason(self) -> str:
         cmd = self._step.get("command")

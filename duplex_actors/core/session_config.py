@@ -58,6 +58,11 @@ class SessionConfig:
     #: the response plays to its end, and under server VAD the speech is committed when it
     #: stops (no response is created for it while one plays, as OpenAI says it may not be).
     interrupt_response: bool = True
+    #: Speech over a response holds its audio from the client until the overlap policy has
+    #: decided (OpenAI stops at speech_started): released on a backchannel, dropped on an
+    #: interruption. False: the audio plays on until the interruption (the behaviour before
+    #: 2026-12-03, kept as the benchmark's baseline).
+    hold_audio_on_speech: bool = True
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()
     #: What a response streams. ("text", "audio"): text deltas and audio (with per-packet
@@ -125,6 +130,9 @@ class SessionCounters:
     stale_outputs: int = 0
     invalid_outputs: int = 0
     dropped_audio_events: int = 0
+    #: audio (and transcript) deltas held while the user spoke over the response, then sent
+    #: on because the overlap was a backchannel
+    released_audio_events: int = 0
     responses: int = 0
     cancelled: int = 0
     failed: int = 0

@@ -101,7 +101,14 @@ CLOSE_SESSION = [
     "emit_session_closed",
 ]
 END_TURN_COMPLETED = ["emit_response_completed", "finish_turn", "reset_timing", "start_idle_timer"]
-END_TURN_FAILED = ["emit_response_failed", "finish_turn", "reset_timing", "start_idle_timer"]
+# A failed turn sends what was held first: the failure follows the audio it produced.
+END_TURN_FAILED = [
+    "release_held_audio",
+    "emit_response_failed",
+    "finish_turn",
+    "reset_timing",
+    "start_idle_timer",
+]
 
 
 def row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
@@ -173,10 +180,29 @@ TRANSITIONS = [
     _row("speech_started", IDLE, LISTENING, ["emit_speech_started", "open_speech"]),
     _row("speech_started", [LISTENING, BARGE_IN], SAME, ["emit_speech_started", "open_speech"]),
     # Speech over a response is an overlap: the overlap policy later barges in or lets it be.
+    # Until it decides, the response's audio is held (the outbox keeps it from the client):
+    # OpenAI stops at speech_started, so a GA client must not hear the answer go on over the
+    # user. An interruption drops what was held unheard; a backchannel sends it on.
+    _row(
+        "speech_started",
+        RESPONDING,
+        SAME,
+        ["emit_speech_started", "open_speech", "start_overlap", "hold_response_audio"],
+        conditions=["interrupt_response", "holds_audio_on_speech"],
+    ),
     _row("speech_started", RESPONDING, SAME, ["emit_speech_started", "open_speech", "start_overlap"]),
     # Each chunk of speech over the response grows the overlap; the policy (core/overlap.py)
     # says when it has become an interruption rather than a backchannel. A session whose
     # speech may not interrupt (GA interrupt_response: false) lets the response play on.
+    # A response whose engine turn already ended while its audio was held has no request left
+    # to abort: nothing to wait for, so the user's turn goes on in listening.
+    _row(
+        "overlap",
+        RESPONDING,
+        LISTENING,
+        CANCEL_RESPONSE,
+        conditions=["interrupt_response", "overlap_is_interruption", "turn_end_held"],
+    ),
     _row(
         "overlap",
         RESPONDING,
@@ -211,8 +237,29 @@ TRANSITIONS = [
         conditions=["server_vad", "has_buffered_audio"],
         unless=["interrupt_response"],
     ),
-    # A backchannel over the response is no turn: past the prefix window it is not kept.
-    _row("speech_stopped", RESPONDING, SAME, ["emit_speech_stopped", "end_overlap", "close_speech"]),
+    # A backchannel over the response is no turn: past the prefix window it is not kept. The
+    # audio held since speech_started goes on; a turn whose engine end waited for that
+    # decision completes now.
+    _row(
+        "speech_stopped",
+        RESPONDING,
+        LISTENING,
+        ["emit_speech_stopped", "end_overlap", "close_speech", "release_held_audio", *END_TURN_COMPLETED],
+        conditions=["turn_end_held", "has_buffered_audio"],
+    ),
+    _row(
+        "speech_stopped",
+        RESPONDING,
+        IDLE,
+        ["emit_speech_stopped", "end_overlap", "close_speech", "release_held_audio", *END_TURN_COMPLETED],
+        conditions=["turn_end_held"],
+    ),
+    _row(
+        "speech_stopped",
+        RESPONDING,
+        SAME,
+        ["emit_speech_stopped", "end_overlap", "close_speech", "release_held_audio"],
+    ),
     # Server VAD's idle timeout (GA turn_detection.idle_timeout_ms): nobody spoke for that long
     # after a response's audio finished playing. What the input holds (the quiet, possibly
     # nothing) is committed and the model prompts the user. The timer is only a hint: speech,
@@ -269,6 +316,10 @@ TRANSITIONS = [
     _row("listen", [IDLE, LISTENING, BARGE_IN], SAME, ["emit_decision", "finish_unit"]),
     _row("output", RESPONDING, SAME, ["deliver_output"], conditions=["response_begun"]),
     _row("output", RESPONDING, SAME, ["begin_response", "deliver_output"]),
+    # The engine finished while the user talks over the held audio: whether the response
+    # completed or was interrupted is the overlap policy's to say, so its end waits (a short
+    # answer interrupted must end cancelled, not completed).
+    _row("turn_done", RESPONDING, SAME, ["hold_turn_end"], conditions=["audio_held"]),
     _row("turn_done", RESPONDING, LISTENING, END_TURN_COMPLETED, conditions=["has_buffered_audio"]),
     _row("turn_done", RESPONDING, IDLE, END_TURN_COMPLETED),
     _row("turn_failed", RESPONDING, LISTENING, END_TURN_FAILED, conditions=["has_buffered_audio"]),
@@ -277,9 +328,18 @@ TRANSITIONS = [
     # Output fenced off as stale is consumed and counted in every state, closed included.
     _row("stale_output", OPEN_STATES + [CLOSED], SAME, ["count_stale_output"]),
     # --- interruption -----------------------------------------------------------------------
+    # (A response whose engine turn ended while its audio was held has nothing to abort.)
+    _row("barge_in", RESPONDING, LISTENING, CANCEL_RESPONSE, conditions=["turn_end_held"]),
     _row("barge_in", RESPONDING, BARGE_IN, CANCEL_RESPONSE),
     _row("barge_in", [IDLE, LISTENING, BARGE_IN], SAME),  # nothing to interrupt: races are normal
     # A cancel that names a response must name the active one; otherwise nothing is cancelled.
+    _row(
+        "cancel",
+        RESPONDING,
+        LISTENING,
+        CANCEL_RESPONSE,
+        conditions=["names_active_response", "turn_end_held"],
+    ),
     _row("cancel", RESPONDING, BARGE_IN, CANCEL_RESPONSE, conditions=["names_active_response"]),
     # Each aborted request's end settles its abort; the one that settles the last leaves
     # barge_in (aborts_settled: no other abort outstanding).
@@ -446,12 +506,19 @@ SELF_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.S
 WHY = {
     "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
     "unit_ready": "model-native mode: each full audio unit is handed to the model to decide listen or speak",
-    "speech_started": "VAD (or the client) heard speech; over a response this opens an overlap the policy judges",
+    "speech_started": (
+        "VAD (or the client) heard speech; over a response this opens an overlap the policy "
+        "judges, and the response's audio is held from the client until it has"
+    ),
     "overlap": (
         "speech over the response grew: once the overlap policy calls it an interruption it "
         "cancels as a barge-in does"
     ),
-    "speech_stopped": "VAD heard the end of speech: with server VAD it commits the turn; over a response a short overlap closes as a backchannel, and speech that may not interrupt is committed",
+    "speech_stopped": (
+        "VAD heard the end of speech: with server VAD it commits the turn; over a response a "
+        "short overlap closes as a backchannel (the held audio goes on, a turn end that waited "
+        "for it completes), and speech that may not interrupt is committed"
+    ),
     "idle_timeout": (
         "server VAD's idle timeout ran out (nobody spoke after the last response's audio played): "
         "commit what the input holds and respond; a stale timer changes nothing"
@@ -516,6 +583,12 @@ GUARD_DOCS = {
     "aborts_settled": "no aborted request is outstanding besides the one whose end is confirmed",
     "overlap_is_interruption": "the overlap policy calls the speech over the response an interruption",
     "interrupt_response": "speech over a response may cancel it (turn_detection.interrupt_response)",
+    "holds_audio_on_speech": (
+        "speech over a response holds its audio until the overlap policy decides "
+        "(SessionConfig.hold_audio_on_speech; off: the audio plays on until an interruption)"
+    ),
+    "audio_held": "the response's audio is held while the user talks over it",
+    "turn_end_held": "the engine ended the turn while its audio was held; the response waits for the policy",
     "resume_key_matches": "the resume presents the API key that opened the session (or none was bound)",
     "replays_last_resume": (
         "the resume carries the control id of the last accepted resume and the generation and token "

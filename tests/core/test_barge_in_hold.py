@@ -1,0 +1,170 @@
+"""Barge-in without talk-over: speech over a response holds its audio until the overlap policy
+decides; an interruption drops it unheard, a backchannel sends it on (issue 30, item 4)."""
+
+from __future__ import annotations
+
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.engine_io import AudioPacket, TextDelta, TurnDone
+from duplex_actors.core.outbox import Outbox
+from duplex_actors.core.session import AbortRequests
+
+from .helpers import core_in
+
+PCM = b"\x02\x00" * 1600  # 100 ms of user audio
+PACKET = b"\x03\x00" * 320  # 20 ms of response audio
+
+
+def _audio_types(events) -> list[str]:
+    """The response's audio and transcript deltas among ``events`` (not their done events)."""
+    return [
+        e.type for e in events if e.type.startswith("response.output_audio") and e.type.endswith(".delta")
+    ]
+
+
+def _speaking(**config):
+    core = core_in("responding_begun", server_vad=True, min_interruption_ms=500, **config)
+    rid = core.fence.request_id()
+    core.on_engine_output(AudioPacket(rid, PACKET, transcript="hello "))
+    assert "response.output_audio.delta" in [e.type for e in core.take_events()]
+    return core, rid
+
+
+def test_no_audio_reaches_the_client_after_speech_started_until_the_policy_decides():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    for _ in range(3):
+        core.on_engine_output(AudioPacket(rid, PACKET, transcript="more "))
+        core.handle(cmd.AppendAudio(pcm=PCM, speech=True))
+    events = core.take_events()
+    assert "input_audio_buffer.speech_started" in [e.type for e in events]
+    assert _audio_types(events) == []  # held: not one packet, not its transcript
+    assert core.state == "responding"
+
+
+def test_an_interruption_drops_the_held_audio_and_cancels_with_turn_detected():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET, transcript="more "))
+    for _ in range(5):  # 500 ms of speech: the policy calls it an interruption
+        core.handle(cmd.AppendAudio(pcm=PCM, speech=True))
+    events = core.take_events()
+    assert _audio_types(events) == []
+    done = [e for e in events if e.type == "response.done"]
+    assert [(d.status, d.reason) for d in done] == [("cancelled", "turn_detected")]
+    assert core.state == "barge_in"
+    assert core.take_actions() == [AbortRequests((rid,), "turn_detected")]
+    assert core.counters.dropped_audio_events == 2  # the packet and its transcript delta
+
+
+def test_a_backchannel_releases_the_held_audio_in_order():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    for i in range(3):
+        core.on_engine_output(AudioPacket(rid, PACKET, transcript=f"w{i} "))
+    core.handle(cmd.AppendAudio(pcm=PCM, speech=True))  # 100 ms: "yeah"
+    assert _audio_types(core.take_events()) == []
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=100))
+    events = core.take_events()
+    kinds = [e.type for e in events]
+    # speech_stopped first, then the held packets, each followed by its transcript delta
+    assert kinds[0] == "input_audio_buffer.speech_stopped"
+    assert (
+        _audio_types(events) == ["response.output_audio.delta", "response.output_audio_transcript.delta"] * 3
+    )
+    assert [e.delta for e in events if e.type == "response.output_audio_transcript.delta"] == [
+        "w0 ",
+        "w1 ",
+        "w2 ",
+    ]
+    assert core.state == "responding" and core.epoch == 0
+    # later audio flows straight through again
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    assert _audio_types(core.take_events()) == ["response.output_audio.delta"]
+    assert core.counters.released_audio_events == 6
+
+
+def test_a_short_answer_that_ends_while_held_is_cancelled_by_an_interruption_not_completed():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.on_engine_output(TurnDone(rid))  # the engine is done; the client has not heard it all
+    assert core.state == "responding"
+    assert "response.done" not in [e.type for e in core.take_events()]
+    for _ in range(5):
+        core.handle(cmd.AppendAudio(pcm=PCM, speech=True))
+    done = [e for e in core.take_events() if e.type == "response.done"]
+    assert [(d.status, d.reason) for d in done] == [("cancelled", "turn_detected")]
+    # nothing to abort (the request ended) and nothing to wait for: the user's turn goes on
+    assert core.take_actions() == []
+    assert core.state == "listening" and not core.in_flight_requests
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=500))
+    assert core.state == "responding"  # the interruption is answered
+    (submit,) = core.take_actions()
+    assert submit.request.fence.epoch == 1
+
+
+def test_a_short_answer_that_ends_while_held_completes_after_a_backchannel():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.on_engine_output(TurnDone(rid))
+    core.handle(cmd.AppendAudio(pcm=PCM, speech=True))
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=100))
+    events = core.take_events()
+    kinds = [e.type for e in events]
+    assert kinds.index("response.output_audio.delta") < kinds.index("response.done")
+    done = [e for e in events if e.type == "response.done"]
+    assert [d.status for d in done] == ["completed"]
+    assert core.state in ("idle", "listening") and core.turn_id == 1 and not core.in_flight_requests
+
+
+def test_without_the_hold_audio_plays_on_until_the_interruption():
+    core, rid = _speaking(hold_audio_on_speech=False)
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    assert _audio_types(core.take_events()) == ["response.output_audio.delta"]
+
+
+def test_interrupt_response_false_never_holds():
+    core, rid = _speaking(interrupt_response=False)
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    assert _audio_types(core.take_events()) == ["response.output_audio.delta"]
+
+
+def test_speech_before_the_engine_speaks_holds_its_first_audio():
+    core = core_in("responding", server_vad=True)  # submitted, no engine output yet
+    rid = core.fence.request_id()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    assert _audio_types(core.take_events()) == []
+
+
+def test_close_while_held_sends_none_of_it():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.handle(cmd.Close())
+    events = core.take_events()
+    assert _audio_types(events) == [] and events[-1].type == "session.closed"
+
+
+def test_text_deltas_of_a_text_response_are_never_held():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(TextDelta(rid, "word"))
+    assert any("delta" in e.type for e in core.take_events())
+
+
+def test_outbox_counts_held_events_against_its_capacity():
+    from duplex_actors.core.events import AudioDeltaEvent
+
+    box = Outbox(capacity=8, reserve=2)
+    box.hold("r")
+
+    def delta():
+        return AudioDeltaEvent(seq=0, epoch=0, session_id="s", response_id="r", item_id="i", pcm=b"")
+
+    assert all(box.push(delta()) for _ in range(6))
+    assert len(box) == 0 and box.held == 6
+    assert not box.push(delta()) and box.overflowed
