@@ -219,7 +219,6 @@ class PacedConnection(ServerConnection):
         self._head = None
         self._opened()
         self.transport.close()
-        memory.trim_soon(self.loop)
 
     def _release_refused(self) -> None:
         # What the parser refused (an inflated message past max_size, the frame it was parsing
