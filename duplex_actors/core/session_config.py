@@ -75,6 +75,9 @@ class SessionConfig:
     #: input transcription: the model name the client asked for (None: off). The runtime's
     #: transcriber does the work, whatever the name.
     transcription: str | None = None
+    #: the language the client says the user speaks (None: unsaid); a recogniser that cannot
+    #: hear it fails each turn's transcription (runtime.transcribe), the session goes on.
+    transcription_language: str | None = None
     #: Items the conversation keeps (oldest forgotten first).
     max_items: int = 256
     #: Characters of text the conversation keeps over all its items (oldest items forgotten

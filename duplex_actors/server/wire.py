@@ -955,13 +955,14 @@ def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, A
     if holder.obj[key] is None:
         return {"transcription": False}
     settings = holder.object(key)
+    # A language the recogniser cannot hear fails each turn's transcription (...failed), never
+    # the session: pipecat treats an error here as fatal (runtime.transcribe decides).
     language = settings.str("language", max_len=32)
-    if language not in (None, "", "en") and not language.startswith("en-"):
-        raise NotSupported(
-            f"input transcription language {language!r} is not supported; the recogniser is English only"
-        )
     settings.str("prompt")  # type-checked; the recogniser takes no prompt
-    return {"transcription": settings.str("model", max_len=256) or "pocketsphinx"}
+    return {
+        "transcription": settings.str("model", max_len=256) or "pocketsphinx",
+        "transcription_language": language or None,
+    }
 
 
 @_parser("conversation.item.truncate")

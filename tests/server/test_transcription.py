@@ -216,8 +216,10 @@ async def test_without_a_transcriber_the_turn_gets_a_failed_event():
                 assert (await recv_until(ws, "response.done"))[-1]["response"]["status"] == "completed"
 
 
-async def test_a_non_english_transcription_request_is_refused():
-    async with Runtime(ScriptedEngine()) as rt:
+async def test_a_language_the_recogniser_cannot_hear_fails_the_transcription_not_the_session(transcriber):
+    """pipecat ends the session on an ``error``: language "fr" is accepted, and each turn's
+    transcription fails with a message saying why; the turn itself still gets its response."""
+    async with Runtime(ScriptedEngine(), transcriber=transcriber) as rt:
         async with RealtimeServer(rt, ServerConfig(host="127.0.0.1", port=0)) as server:
             async with websockets.connect(server.url) as ws:
                 await recv_json(ws)
@@ -227,14 +229,28 @@ async def test_a_non_english_transcription_request_is_refused():
                             "type": "session.update",
                             "event_id": "t1",
                             "session": {
-                                "audio": {"input": {"transcription": {"model": "x", "language": "fr"}}}
+                                "audio": {
+                                    "input": {
+                                        "turn_detection": None,
+                                        "transcription": {"model": "x", "language": "fr"},
+                                    }
+                                }
                             },
                         }
                     )
                 )
-                err = await recv_until(ws, "error")
-                assert err[-1]["error"]["code"] == "not_supported"
-                assert err[-1]["error"]["event_id"] == "t1"
+                seen = await recv_until(ws, "session.updated")
+                assert "error" not in [e["type"] for e in seen]
+                audio = base64.b64encode(b"\x01\x00" * 1600).decode()
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                await ws.send(json.dumps({"type": "response.create"}))
+                with anyio.fail_after(5):
+                    events = await recv_until(ws, "conversation.item.input_audio_transcription.failed")
+                assert "error" not in [e["type"] for e in events]
+                message = events[-1]["error"]["message"]
+                assert "'fr'" in message and "English only" in message
+                assert (await recv_until(ws, "response.done"))[-1]["response"]["status"] == "completed"
 
 
 async def test_a_real_serve_process_transcribes_24k_input(speech):
