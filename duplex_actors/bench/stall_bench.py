@@ -189,22 +189,40 @@ async def _client_main(url: str, sessions: int, clients: int, resume: bool, pipe
             ws.transport.pause_reading()  # type: ignore[attr-defined]
         began = time.monotonic()
         grace = 30.0  # SessionConfig.disconnect_grace_s, serve's default
+        kept: list = []
         outcomes = await asyncio.gather(
-            *(_resume_one(url, state, began + grace - 1.0) for _, state in opened)
+            *(_resume_one(url, state, began + grace - 1.0, kept) for _, state in opened)
         )
         took = time.monotonic() - began
         tally: dict[str, int] = {}
         for outcome, _ in outcomes:
             tally[outcome] = tally.get(outcome, 0) + 1
         attempts = sum(n for _, n in outcomes)
-        pipe.send(("resumed", {"outcomes": tally, "attempts": attempts, "seconds": round(took, 2)}))
+        pipe.send(
+            (
+                "resumed",
+                {
+                    "outcomes": tally,
+                    "attempts": attempts,
+                    "failed_tries": FAILURES,
+                    "seconds": round(took, 2),
+                },
+            )
+        )
         await loop.run_in_executor(None, pipe.recv)
+        for ws in kept:
+            ws.transport.abort()
     for ws, _ in opened:
         ws.transport.abort()  # type: ignore[attr-defined]
 
 
-async def _resume_one(url: str, state: dict, deadline: float) -> tuple[str, int]:
-    """Resume one session until it works, a refusal that is final, or ``deadline``."""
+FAILURES: dict[str, int] = {}  # every failed try, by reason (the client process's)
+
+
+async def _resume_one(url: str, state: dict, deadline: float, kept: list) -> tuple[str, int]:
+    """Resume one session until it works, a refusal that is final, or ``deadline``; a resumed
+    connection is kept open (in ``kept``), as its client would keep it. Each try waits up to
+    10 s for its handshake and 10 s for its answer, as websockets' clients do by default."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
@@ -212,14 +230,16 @@ async def _resume_one(url: str, state: dict, deadline: float) -> tuple[str, int]
     last = "timeout"
     while time.monotonic() < deadline:
         attempts += 1
+        stage, ws = "handshake", None
         try:
             ws = await connect(
                 f"{url}?session_id={state['sid']}",
                 additional_headers=state["headers"],
                 ping_interval=None,
                 compression=None,
-                open_timeout=max(1.0, deadline - time.monotonic()),
+                open_timeout=min(10.0, max(1.0, deadline - time.monotonic())),
             )
+            stage = "resume"
             await ws.send(
                 json.dumps(
                     {
@@ -228,14 +248,16 @@ async def _resume_one(url: str, state: dict, deadline: float) -> tuple[str, int]
                         "generation": state["generation"],
                         "resume_token": state["token"],
                         "last_seq": state["last"],
-                        "control_id": f"r{attempts}",
+                        # the same resume again: a try whose answer was lost gets it
+                        "control_id": "r1",
                     }
                 )
             )
             while True:
-                event = json.loads(await asyncio.wait_for(ws.recv(), max(1.0, deadline - time.monotonic())))
+                wait = min(10.0, max(1.0, deadline - time.monotonic()))
+                event = json.loads(await asyncio.wait_for(ws.recv(), wait))
                 if event["type"] == "session.resumed":
-                    ws.transport.abort()
+                    kept.append(ws)
                     return "resumed", attempts
                 if event["type"] == "error" and event.get("server_event_seq") is None:
                     last = f"refused:{event['error']['code']}"
@@ -243,7 +265,10 @@ async def _resume_one(url: str, state: dict, deadline: float) -> tuple[str, int]
         except InvalidStatus as exc:
             last = f"http:{exc.response.status_code}"
         except (TimeoutError, ConnectionClosed, InvalidHandshake, OSError) as exc:
-            last = type(exc).__name__
+            last = f"{stage}:{type(exc).__name__}"
+        if ws is not None:
+            ws.transport.abort()
+        FAILURES[last] = FAILURES.get(last, 0) + 1
         if last.startswith("refused:") and last not in (
             "refused:quota_exceeded",
             "refused:resource_exhausted",
@@ -262,6 +287,23 @@ async def _neighbour_turn(url: str) -> float:
     return await _turn(url)
 
 
+def _counts(server) -> dict:
+    """The server's resume outcomes, pacing and disconnects so far (its /metrics)."""
+    counts = {}
+    for family in server.metrics.registry.collect():
+        if family.name in (
+            "duplex_resumes",
+            "duplex_client_paced_seconds",
+            "duplex_disconnects",
+            "duplex_connections_accepted",
+        ):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    label = ",".join(str(v) for v in sample.labels.values())
+                    counts[f"{family.name}[{label}]"] = round(sample.value, 2)
+    return counts
+
+
 def _timed_ms(work) -> float:
     began = time.perf_counter()
     work()
@@ -277,6 +319,7 @@ async def run(
     reclaim_on_clock: bool = False,
     raw: bool = False,
     max_connections: int | None = None,
+    config_overrides: dict | None = None,
 ) -> dict:
     from ..actors import gc_policy
     from ..engines.scripted import Script, ScriptedEngine
@@ -286,7 +329,7 @@ async def run(
     _simulate_addresses()
     # serve's connection limit, unless the idle sessions alone need more
     limit = max_connections or max(ServerConfig().max_connections, sessions + 100)
-    config = ServerConfig(port=0, max_connections=limit)
+    config = ServerConfig(port=0, max_connections=limit, **(config_overrides or {}))
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.02)
     mode = "resume" if resume else "raw" if raw else "idle"
     report: dict = {"sessions": sessions, "reclaim_s": reclaim_s, "mode": mode}
@@ -372,6 +415,7 @@ async def run(
                 report["resume"] = {**resumed, **await probe.stop(), **timer.summary()}
                 report["neighbour_during_ms"] = round(statistics.median(turns) * 1e3, 1) if turns else None
                 report["neighbour_worst_ms"] = round(max(turns) * 1e3, 1) if turns else None
+                report["server_counts"] = _counts(server)
                 report["neighbour_turns"] = len(turns)
                 report["neighbour_refused"] = refused
         parent.send("stop")
@@ -395,8 +439,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reclaim-on-clock", action="store_true", help="reclaim at every interval (the policy before growth)"
     )
+    parser.add_argument("--no-loop-share", action="store_true", help="loop_share_s_per_s=None (an A/B)")
+    parser.add_argument(
+        "--takeover-close-wait",
+        type=float,
+        default=None,
+        help="app.TAKEOVER_CLOSE_WAIT_S (an A/B; 1.0 before)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.takeover_close_wait is not None:
+        from ..server import app
+
+        app.TAKEOVER_CLOSE_WAIT_S = args.takeover_close_wait
     report = asyncio.run(
         run(
             args.sessions,
@@ -407,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             args.reclaim_on_clock,
             args.raw,
             args.max_connections,
+            {"loop_share_s_per_s": None} if args.no_loop_share else None,
         )
     )
     text = json.dumps(report, indent=2)

@@ -119,6 +119,9 @@ UNSENT_WORK_BILLING_S = 0.1
 READ_QUEUE_FRAMES = 4
 #: Session records one sweep looks at (RealtimeServer._sweep; ~1 us each).
 SWEEP_SLICE = 1024
+#: How long a connection pushed out by a resume may take to answer its close frame before
+#: it is aborted (it holds a connection slot meanwhile; a client still there got the frame).
+TAKEOVER_CLOSE_WAIT_S = 0.1
 
 _RESUME_CLOSE_CODES = {
     ResumeConflict: CLOSE_RESUME_CONFLICT,
@@ -1397,7 +1400,9 @@ class _Connection:
         """Another connection resumed this session: stop writing, close, do not detach."""
         self.superseded = True
         self.release_reading()  # the reader wakes to find itself superseded
-        with anyio.move_on_after(1.0):
+        # The close frame goes out at once; its answer is not waited for long: after a network
+        # blip the old client is gone, and each takeover held its connection slot 1 s.
+        with anyio.move_on_after(TAKEOVER_CLOSE_WAIT_S):
             await self.ws.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
         if self.ws.transport is not None and not self.writer_stopped.is_set():
             self.ws.transport.abort()
