@@ -2,6 +2,7 @@
 
 Run:  python examples/embed_app.py            (scripted engine: no model, runs anywhere)
       python examples/embed_app.py --embedded (the embedded CPU engine; extra 'embedded')
+      python examples/embed_app.py --trio     (the same under trio: the runtime is anyio only)
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ async def converse(embedded: bool = False) -> dict:
 
 
 def main() -> None:
-    anyio.run(converse, "--embedded" in sys.argv)
+    anyio.run(converse, "--embedded" in sys.argv, backend="trio" if "--trio" in sys.argv else "asyncio")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from . import gc_policy as _gc
 from .engine_actor import EngineActor, EngineStatistics
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
+from .timers import TimerQueue
 from .transcription_queue import TranscriptionJob, TranscriptionQueue
 
 if TYPE_CHECKING:  # the recogniser is an optional extra
@@ -246,6 +247,8 @@ class Runtime:
         #: told the id of each session as it closes (the server drops its record at once)
         self._close_listeners: list[Callable[[str], None]] = []
         self._ready: deque[SessionActor] = deque()
+        #: Every session's timers (server VAD's idle timeout), on one task of any anyio backend.
+        self.timers = TimerQueue()
         self._wake: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._running = False
@@ -270,6 +273,7 @@ class Runtime:
             await self._tg.__aexit__(None, None, None)
             raise
         self._tg.start_soon(self._dispatch)
+        self._tg.start_soon(self.timers.run)
         if self.gc_policy is not None:
             _gc.start(self.gc_policy)
             self._tg.start_soon(_gc.maintain, self.gc_policy)

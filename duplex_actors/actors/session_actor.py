@@ -9,7 +9,6 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Protocol
@@ -24,6 +23,7 @@ from ..core.events import ServerEvent, SessionClosedEvent
 from ..core.session import SessionCore
 from ..errors import AskTimeout, DuplexError, SessionClosed
 from .mailbox import Mailbox
+from .timers import Timer, TimerQueue
 
 
 def _starts_a_response(message) -> bool:
@@ -45,6 +45,7 @@ class SessionHost(Protocol):
     module does not import the runtime that imports it."""
 
     engine: EngineActor
+    timers: TimerQueue
 
     def _schedule(self, actor: SessionActor) -> None: ...
 
@@ -131,7 +132,7 @@ class SessionActor:
         self._voiced_request: str | None = None  # the last request whose first audio went out
         # The timer set for the core's idle deadline, and the deadline it was set for. Only
         # sessions with server VAD's idle_timeout_ms ever have one.
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: Timer | None = None
         self._idle_at: float | None = None
 
     @property
@@ -304,7 +305,7 @@ class SessionActor:
             # just before the core's clock reaches the deadline, and the chart would then
             # (rightly) change nothing. One timer per deadline: it is never set again.
             delay = max(deadline - self.core.clock.now(), 0.0) + 0.001
-            self._idle_timer = asyncio.get_running_loop().call_later(delay, self._idle_timer_fired)
+            self._idle_timer = self.runtime.timers.call_later(delay, self._idle_timer_fired)
 
     def _idle_timer_fired(self) -> None:
         self._idle_timer = None

@@ -13,9 +13,9 @@ CHUNK = b"\x01\x00" * 320
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
 
 
 async def test_no_policy_leaves_the_collector_alone():

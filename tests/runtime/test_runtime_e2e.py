@@ -16,9 +16,9 @@ CHUNK = b"\x01\x00" * 320
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
 
 
 async def collect_until(session, type_, limit=500):
@@ -134,9 +134,10 @@ async def test_engine_failure_mid_stream_gives_one_failed_done_and_session_goes_
         assert evs[-1].status == "completed"
 
 
-def test_embedding_example_runs(capsys):
+@pytest.mark.parametrize("backend_flag", [[], ["--trio"]], ids=["asyncio", "trio"])
+def test_embedding_example_runs(capsys, backend_flag):
     path = Path(__file__).resolve().parents[2] / "examples" / "embed_app.py"
-    sys.argv = [str(path)]
+    sys.argv = [str(path), *backend_flag]
     runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out
     assert "turn 0: response.done status=completed" in out
