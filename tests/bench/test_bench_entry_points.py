@@ -27,6 +27,7 @@ COVERED = {
     # python -m duplex_actors.bench (the CLI's options are listed below, by name)
     "__main__": ("bench/test_bench_smoke.py", "test_cli_runs_and_writes_files"),
     "barge_in_bench": ("bench/test_barge_in_bench.py", "test_barge_in_bench_main_tiny"),
+    "transcription_bench": ("bench/test_transcription_bench.py", "test_transcription_bench_main_tiny"),
     "engine_bench": ("bench/test_bench_entry_points.py", "test_engine_bench_main_tiny_writes_its_report"),
     "flood_bench": ("bench/test_bench_smoke.py", "test_flood_bench_churn_tiny"),
     "ray_bench": ("bench/test_bench_entry_points.py", "test_ray_bench_and_bench_only_ray"),
