@@ -197,6 +197,8 @@ class FunctionCall:
     name: str
     arguments: str = "{}"
     produced_at: float = 0.0
+    #: Tokens the model generated to write the call (counted in the response's usage).
+    token_count: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -210,14 +212,38 @@ class EngineMetrics:
     inter_token_s: tuple[float, ...] = ()
 
 
+def _count(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be a count (an int >= 0), got {value!r}")
+
+
+@attrs.frozen(slots=True)
+class InputUsage:
+    """What the model read for one turn (its prompt), in the engine's own tokens: the usage
+    a response reports as ``input_tokens``. Engines count what they really fed the model, not
+    an estimate of the conversation."""
+
+    text_tokens: int = attrs.field(default=0, validator=_count)
+    audio_tokens: int = attrs.field(default=0, validator=_count)
+    #: Of those, how many came from a cache rather than being computed (vLLM's prefix cache).
+    cached_tokens: int = attrs.field(default=0, validator=_count)
+
+    @property
+    def tokens(self) -> int:
+        return self.text_tokens + self.audio_tokens
+
+
 @attrs.frozen(slots=True)
 class TurnDone:
-    """Terminal: the model turn ended normally (``reason``: completed, length, listen)."""
+    """Terminal: the model turn ended normally (``reason``: completed, length, listen;
+    "length" only when the token limit the turn ran under was reached)."""
 
     request_id: str
     reason: str = "completed"
     metrics: EngineMetrics | None = None
     produced_at: float = 0.0
+    #: The prompt the model read for this turn (None: the engine does not say).
+    input: InputUsage | None = None
 
 
 @attrs.frozen(slots=True)

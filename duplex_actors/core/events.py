@@ -14,6 +14,7 @@ from typing import ClassVar
 import attrs
 
 from .conversation import Item
+from .engine_io import InputUsage
 from .timing import ResponseMetrics
 
 
@@ -38,6 +39,9 @@ class ServerEvent:
 class ResponseEvent(ServerEvent):
     response_id: str
     item_id: str = ""
+    #: The response output item it belongs to (the assistant message's; 0 unless a function
+    #: call came before it).
+    output_index: int = 0
 
 
 # --- session ------------------------------------------------------------------------------
@@ -289,6 +293,9 @@ class ResponseDone(ResponseEvent):
     output: tuple[Item, ...] = ()
     #: Tokens the response generated (text deltas' token counts).
     output_tokens: int = 0
+    #: What the model read for it, as the engine reported (None: not reported, e.g. the
+    #: response was cancelled before the engine finished it).
+    input_usage: InputUsage | None = None
     max_output_tokens: int | None = None
     out_of_band: bool = False
 

@@ -18,6 +18,7 @@ import math
 import attrs
 
 from .conversation import ContentPart, Item
+from .engine_io import InputUsage
 from .function_events import CallRecord
 
 
@@ -37,7 +38,9 @@ class ResponseAssembly:
         "max_output_tokens",
         "audio_ms",
         "output_tokens",
+        "input_usage",
         "calls",
+        "message_index",
         "heard_ms",
         "in_conversation",
     )
@@ -67,11 +70,16 @@ class ResponseAssembly:
         #: Whether any audio was delivered (a text+audio response may end without any).
         self.audio = False
         self.calls: list[CallRecord] | None = None  # None until the first call: most have none
+        #: The assistant message's output index, once its first words or audio opened it
+        #: (None: not opened; a response that only calls functions never opens it).
+        self.message_index: int | None = None
         self.modalities = modalities
         self.max_output_tokens: int | None = None  # the token limit it runs under (None: none)
         self.metadata = metadata
         self.audio_ms = 0.0
         self.output_tokens = 0
+        #: What the engine says the model read for it (its TurnDone's), None until then.
+        self.input_usage: InputUsage | None = None
         #: Set by a truncation while the response still streams: what the user heard of it.
         self.heard_ms: int | None = None
 
@@ -102,17 +110,29 @@ class ResponseAssembly:
         item = self.item("in_progress")
         return attrs.evolve(item, content=(attrs.evolve(item.content[0], audio_ms=math.ceil(self.audio_ms)),))
 
+    @property
+    def item_count(self) -> int:
+        """Output items so far: the calls, and the message once opened."""
+        return len(self.calls or ()) + (self.message_index is not None)
+
+    def open_message(self) -> None:
+        """The assistant message becomes the next output item."""
+        self.message_index = self.item_count
+
     def add_call(self, item_id: str, call_id: str, name: str, arguments: str) -> CallRecord:
         """Record a function call as the response's next output item (``item_id`` is its own)."""
+        call = CallRecord(
+            item_id=item_id, call_id=call_id, name=name, arguments=arguments, output_index=self.item_count
+        )
         if self.calls is None:
             self.calls = []
-        # The assistant message is output item 0 (opened with the response); calls follow it.
-        call = CallRecord(
-            item_id=item_id, call_id=call_id, name=name, arguments=arguments, output_index=len(self.calls) + 1
-        )
         self.calls.append(call)
         return call
 
-    def output_items(self, message: Item) -> tuple[Item, ...]:
-        """``response.done``'s output: the final ``message``, then every call, completed."""
-        return (message, *(c.to_item() for c in self.calls or ()))
+    def output_items(self, message: Item | None) -> tuple[Item, ...]:
+        """``response.done``'s output, in the order the items were added: every call,
+        completed, and the final ``message`` at its index (None: it was never opened)."""
+        items = [c.to_item() for c in self.calls or ()]
+        if message is not None and self.message_index is not None:
+            items.insert(self.message_index, message)
+        return tuple(items)

@@ -1168,12 +1168,25 @@ class SessionCore:
             max_output_tokens=r.max_output_tokens,
             out_of_band=out_of_band,
         )
+        # The assistant message is opened by its first words or audio (_open_message): a
+        # response that only calls functions carries only its function_call items (GA).
+
+    def _open_message(self, r: ResponseAssembly) -> None:
+        """Open the response's assistant message as its next output item."""
+        r.open_message()
+        # Under the response's epoch: a cancel (which moved the session's) may open it.
+        ids = {
+            "response_id": r.response_id,
+            "item_id": r.item_id,
+            "output_index": r.message_index,
+            "epoch": r.epoch,
+        }
         item = r.item("in_progress")
-        self._emit(ev.OutputItemAdded, response_id=rid, item_id=r.item_id, item=item)
+        self._emit(ev.OutputItemAdded, item=item, **ids)
         if r.in_conversation:
             previous = self._conversation.add(item)
-            self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
-        self._emit(ev.ContentPartAdded, response_id=rid, item_id=r.item_id, part_type=r.part_type)
+            self._emit(ev.ItemAdded, item=item, previous_item_id=previous, epoch=r.epoch)
+        self._emit(ev.ContentPartAdded, part_type=r.part_type, **ids)
 
     def _fx_deliver_output(self) -> None:
         out = self._step["output"]
@@ -1186,6 +1199,8 @@ class SessionCore:
         if isinstance(out, TextDelta):
             if not out.text:
                 return
+            if r.message_index is None:
+                self._open_message(r)
             first = self._timing.on_text(now, out.token_count)
             r.output_tokens += out.token_count
             metrics = self._timing.snapshot() if first else None
@@ -1194,11 +1209,20 @@ class SessionCore:
                 (r.transcript, ev.TranscriptDeltaEvent) if r.spoken else (r.text, ev.TextDeltaEvent)
             )
             words.append(out.text)
-            self._emit(event, response_id=r.response_id, item_id=r.item_id, delta=out.text, metrics=metrics)
+            self._emit(
+                event,
+                response_id=r.response_id,
+                item_id=r.item_id,
+                output_index=r.message_index,
+                delta=out.text,
+                metrics=metrics,
+            )
         else:
             if "audio" not in r.modalities:
                 return  # a text-only response: audio the engine sent anyway is not the client's
             out = cast(AudioPacket, out)  # the chart's deliver rows: text, audio or a call
+            if r.message_index is None:
+                self._open_message(r)
             first = self._timing.on_audio(now, out.duration_s)
             r.audio = True
             r.audio_ms += out.duration_s * 1000.0
@@ -1209,6 +1233,7 @@ class SessionCore:
                 ev.AudioDeltaEvent,
                 response_id=r.response_id,
                 item_id=r.item_id,
+                output_index=r.message_index,
                 pcm=out.pcm,
                 sample_rate=out.sample_rate,
                 metrics=self._timing.snapshot() if first else None,
@@ -1219,11 +1244,13 @@ class SessionCore:
                     ev.TranscriptDeltaEvent,
                     response_id=r.response_id,
                     item_id=r.item_id,
+                    output_index=r.message_index,
                     delta=out.transcript,
                 )
 
     def _deliver_function_call(self, out: FunctionCall, r: ResponseAssembly) -> None:
         call = r.add_call(self._new_item_id(), out.call_id, out.name, out.arguments)
+        r.output_tokens += out.token_count  # the model's tokens that wrote the call
         self._call_registry().remember(out.call_id, out.name)
         ids = {"response_id": r.response_id, "call": call}
         self._emit(fev.FunctionCallItemAdded, **ids)
@@ -1267,7 +1294,17 @@ class SessionCore:
         r = self._response
         if r is None:
             return
-        ids = {"response_id": r.response_id, "item_id": r.item_id, "epoch": r.epoch}
+        if r.message_index is None:
+            if r.calls:  # a call-only response: its function_call items are its whole output
+                self._emit_response_done(r, status, reason, stop_latency_s, r.output_items(None))
+                return
+            self._open_message(r)  # a response with nothing in it still answers with a message
+        ids = {
+            "response_id": r.response_id,
+            "item_id": r.item_id,
+            "epoch": r.epoch,
+            "output_index": r.message_index,
+        }
         if not r.spoken:
             self._emit(ev.TextDone, text="".join(r.text), **ids)
         if r.spoken or r.audio:
@@ -1290,6 +1327,16 @@ class SessionCore:
                 previous_item_id=self._conversation.previous_of(r.item_id),
                 epoch=r.epoch,
             )
+        self._emit_response_done(r, status, reason, stop_latency_s, r.output_items(item))
+
+    def _emit_response_done(
+        self,
+        r: ResponseAssembly,
+        status: str,
+        reason: str | None,
+        stop_latency_s: float | None,
+        output: tuple[Item, ...],
+    ) -> None:
         self._emit(
             ev.ResponseDone,
             status=status,
@@ -1298,11 +1345,14 @@ class SessionCore:
             metrics=self._timing.snapshot(stop_latency_s=stop_latency_s),
             modalities=r.modalities,
             metadata=r.metadata,
-            output=r.output_items(item),
+            output=output,
             output_tokens=r.output_tokens,
+            input_usage=r.input_usage,
             max_output_tokens=r.max_output_tokens,
             out_of_band=not r.in_conversation,
-            **ids,
+            response_id=r.response_id,
+            item_id=r.item_id,
+            epoch=r.epoch,
         )
         self._response = None
 
@@ -1321,6 +1371,8 @@ class SessionCore:
             if self._windows is None:
                 self._windows = CumulativeWindow()
             self._timing.on_engine_metrics(self._windows.window(out.request_id, out.metrics))
+        if isinstance(out, TurnDone) and self._response is not None:
+            self._response.input_usage = out.input
         status = "completed" if getattr(out, "reason", "completed") != "length" else "incomplete"
         self._close_parts(status, None if status == "completed" else "max_output_tokens")
 

@@ -33,6 +33,11 @@ class EngineCapabilities:
     #: Samples per model unit in model-native mode (16000 = 1 s at 16 kHz).
     unit_samples: int = 16000
     max_concurrency: int = 64
+    #: The most tokens one response may generate when the request names no limit (the
+    #: engine's own cap, echoed as ``max_output_tokens``); None: the engine has none.
+    max_output_tokens: int | None = None
+    #: The most tokens any request may ask for (a larger limit is cut to it); None: no ceiling.
+    max_output_tokens_limit: int | None = None
 
 
 @runtime_checkable

@@ -29,6 +29,7 @@ from ..core.engine_io import (
     EngineMetrics,
     EngineOutput,
     FunctionCall,
+    InputUsage,
     ModelTurnRequest,
     TextDelta,
     TurnDone,
@@ -98,6 +99,21 @@ def example_arguments(parameters: str) -> str:
             kind = prop.get("type", "string")
             args[name] = _EXAMPLES.get(kind if isinstance(kind, str) else kind[0], "example")
     return json.dumps(args)
+
+
+#: The scripted engine's stand-in tokenizer: one audio token per this many ms of audio.
+AUDIO_TOKEN_MS = 100
+
+
+def input_usage(request: ModelTurnRequest) -> InputUsage:
+    """What the scripted engine reads of a request, by a fixed rule a test can recompute: one
+    text token per whitespace-separated word of its instructions, text input and function
+    outputs, one audio token per started ``AUDIO_TOKEN_MS`` of its audio."""
+    texts = [request.instructions or "", request.input_text, *(r.output for r in request.function_results)]
+    audio_ms = len(request.audio) / 2 / request.sample_rate * 1000 if request.sample_rate else 0.0
+    return InputUsage(
+        text_tokens=sum(len(t.split()) for t in texts), audio_tokens=math.ceil(audio_ms / AUDIO_TOKEN_MS)
+    )
 
 
 def _tone(ms: int, rate: int, freq: float = 220.0) -> bytes:
@@ -208,7 +224,7 @@ class ScriptedEngine:
                     schema = next(t.parameters for t in request.tools if t.name == tool)
                     arguments = example_arguments(schema)
                 yield FunctionCall(rid, call_id, tool, arguments, produced_at=time.perf_counter())
-                yield TurnDone(rid, "completed", produced_at=time.perf_counter())
+                yield TurnDone(rid, "completed", produced_at=time.perf_counter(), input=input_usage(request))
                 return
             tokens = script.tokens if "text" in request.modalities else ()
             # The function outputs come first, so the first audio packet's transcript carries
@@ -265,6 +281,12 @@ class ScriptedEngine:
                     len(token_times),
                     itl,
                 )
-            yield TurnDone(rid, "length" if cut else "completed", metrics, produced_at=time.perf_counter())
+            yield TurnDone(
+                rid,
+                "length" if cut else "completed",
+                metrics,
+                produced_at=time.perf_counter(),
+                input=input_usage(request),
+            )
         finally:
             self.active.discard(rid)

@@ -26,6 +26,7 @@ import asyncio
 import copy
 import hashlib
 import importlib.util
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -41,11 +42,14 @@ from ..core.engine_io import (
     EngineFailure,
     EngineMetrics,
     EngineOutput,
+    FunctionCall,
+    InputUsage,
     ModelTurnRequest,
     SamplingOverrides,
     TextDelta,
     TurnDone,
     TurnKind,
+    forced_tool,
 )
 from ..errors import EngineFailed
 from .base import EngineCapabilities
@@ -164,10 +168,15 @@ class VllmEngine:
             seed=seed,
             extra=engine_args,
         )
-        self.capabilities = EngineCapabilities(
-            model_native=False, produces_audio=False, max_concurrency=max_num_seqs
-        )
         self._sampling_defaults = {"max_tokens": 128, **(sampling_defaults or {})}
+        self.capabilities = EngineCapabilities(
+            model_native=False,
+            produces_audio=False,
+            max_concurrency=max_num_seqs,
+            # A request naming no limit runs under the default; one naming a larger limit gets
+            # it (the model's length permitting), so there is no ceiling to echo.
+            max_output_tokens=self._sampling_defaults.get("max_tokens"),
+        )
         self._prompt_builder = prompt_builder
         self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._vllm: Any = None  # the lazily imported names, see _import_vllm()
@@ -308,13 +317,17 @@ class VllmEngine:
         procs = getattr(manager, "processes", ())
         return tuple(p.pid for p in procs if p.pid is not None)
 
-    def sampling_params(self, overrides: SamplingOverrides) -> Any:
-        """Engine defaults, then the session's overrides (``None`` keeps the default)."""
+    def sampling_params(self, overrides: SamplingOverrides, json_schema: dict | None = None) -> Any:
+        """Engine defaults, then the session's overrides (``None`` keeps the default).
+        ``json_schema``: the output must be a JSON value valid for it (vLLM's structured
+        outputs: the decode is constrained token by token)."""
         fields = dict(self._sampling_defaults)
         for name in ("temperature", "top_k", "top_p", "max_tokens", "seed"):
             value = getattr(overrides, name)
             if value is not None:
                 fields[name] = value
+        if json_schema is not None:
+            fields["structured_outputs"] = self._vllm.StructuredOutputsParams(json=json_schema)
         return self._vllm.SamplingParams(output_kind=self._vllm.DELTA, **fields)
 
     def render_prompt(self, text: str) -> Any:
@@ -383,8 +396,15 @@ class VllmEngine:
                 produced_at=time.perf_counter(),
             )
             return
+        tool = forced_tool(request)
+        schema: dict | None = None
+        if tool is not None:
+            # A forced call (tool_choice "required" or a function's name): the model writes
+            # the arguments under the tool's JSON schema, so they are valid for it.
+            parsed = json.loads(next(t.parameters for t in request.tools if t.name == tool))
+            schema = parsed if isinstance(parsed, dict) and parsed else {"type": "object"}
         try:
-            params = self.sampling_params(request.sampling)
+            params = self.sampling_params(request.sampling, schema)
             prompt = self.render_prompt(self._prompt_builder(request))
         except Exception as exc:  # bad sampling values, prompt too long, ...: the request's fault
             yield EngineFailure(
@@ -404,10 +424,25 @@ class VllmEngine:
         pending_tokens = 0  # tokens whose text is not printable yet (partial UTF-8)
         timings = _VllmTimings()
         failure: EngineFailure | None = None
+        read: InputUsage | None = None
+        call_text: list[str] = []  # a forced call's arguments, as the model writes them
+        call_tokens = 0
         try:
             async for out in stream:
                 completion = out.outputs[0]
                 n_new = len(completion.token_ids)
+                if read is None and out.prompt_token_ids is not None:
+                    # What the model read: the prompt's tokens (text: this engine has no audio
+                    # encoder), the cached ones among them as vLLM counts its prefix-cache hits.
+                    cached = getattr(out, "num_cached_tokens", None) or 0
+                    read = InputUsage(text_tokens=len(out.prompt_token_ids), cached_tokens=cached)
+                if tool is not None:
+                    call_tokens += n_new
+                    call_text.append(completion.text)
+                    if out.finished:
+                        finish = completion.finish_reason
+                        timings.observe(out.metrics)
+                    continue
                 if n_new:
                     now = time.perf_counter()
                     if not began:
@@ -451,11 +486,32 @@ class VllmEngine:
         if finish == "abort" or finish is None:
             yield Aborted(rid, produced_at=now)
             return
+        if tool is not None:
+            arguments = "".join(call_text)
+            try:
+                valid = isinstance(json.loads(arguments), dict) and finish != "length"
+            except ValueError:
+                valid = False
+            if not valid:  # cut at max_tokens mid-object: never a call the client cannot run
+                yield EngineFailure(
+                    rid,
+                    f"the model did not finish valid arguments for {tool!r} within its token limit",
+                    retryable=False,
+                    produced_at=now,
+                )
+                return
+            yield Decision(rid, True, produced_at=now)
+            call_id = "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest()
+            yield FunctionCall(rid, call_id, tool, arguments, produced_at=now, token_count=call_tokens)
+            yield TurnDone(rid, "completed", timings.metrics(), produced_at=now, input=read)
+            return
         if not began:  # finished without a single token: the response still began and ended
             yield Decision(rid, True, produced_at=now)
         if pending_tokens:
             yield TextDelta(rid, "", pending_tokens, produced_at=now)
-        yield TurnDone(rid, _FINISH_REASONS.get(finish, finish), timings.metrics(), produced_at=now)
+        yield TurnDone(
+            rid, _FINISH_REASONS.get(finish, finish), timings.metrics(), produced_at=now, input=read
+        )
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -535,7 +591,7 @@ class _VllmNames:
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.exceptions import VLLMValidationError
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -552,6 +608,7 @@ class _VllmNames:
             parse_model_prompt = None
 
         self.SamplingParams = SamplingParams
+        self.StructuredOutputsParams = StructuredOutputsParams
         self.AsyncEngineArgs = AsyncEngineArgs
         self.AsyncLLM = AsyncLLM
         self.DELTA = RequestOutputKind.DELTA

@@ -311,6 +311,7 @@ class _SessionRecord:
         handle: SessionHandle,
         model: str = "duplex-actors",
         pacers: tuple[guard.IntakePacer | None, ...] = (None, None, None),
+        caps: object = None,
     ) -> None:
         self.handle = handle
         # The session's, not a connection's: a client that reconnects (resumes) to start over
@@ -329,6 +330,9 @@ class _SessionRecord:
         self.vad_settings: wire.TurnDetection | None = None
         self.vad = None
         self.wire = codec.WireSession(model=model)  # what the client declared about the wire
+        # The engine's token limits, so max_output_tokens echoes the one that really applies.
+        self.wire.engine_max_output_tokens = getattr(caps, "max_output_tokens", None)
+        self.wire.engine_max_output_tokens_limit = getattr(caps, "max_output_tokens_limit", None)
         self.converter = InputConverter(self.wire.input_format, handle.core.config.sample_rate)
 
     def declare_input(self, fmt) -> None:
@@ -744,7 +748,7 @@ class RealtimeServer:
             retry = isinstance(err, (ResourceExhausted, ServerDraining))
             await conn.refuse(err, CLOSE_TRY_AGAIN if retry else 1011)
             return None
-        record = _SessionRecord(handle, self.config.model_name, self._new_pacers())
+        record = _SessionRecord(handle, self.config.model_name, self._new_pacers(), self._engine_caps())
         if vad and handle.core.config.server_vad:
             record.set_vad(wire.TurnDetection(), handle.core.config.auto_respond)
         record.attached = conn
@@ -890,9 +894,13 @@ class RealtimeServer:
             raise WorkerLost(WORKER_LOST_MESSAGE)
         handle = self.runtime.get(session_id)  # raises UnknownSession once closed or expired
         record = self._records[session_id] = _SessionRecord(
-            handle, self.config.model_name, self._new_pacers()
+            handle, self.config.model_name, self._new_pacers(), self._engine_caps()
         )
         return record
+
+    def _engine_caps(self) -> object:
+        """The engine's capabilities (an engine in another process: those its hello said)."""
+        return getattr(self.runtime.backend, "capabilities", None)
 
     def _new_pacers(self) -> tuple[guard.IntakePacer | None, ...]:
         config, now = self.config, self.runtime.clock.now()

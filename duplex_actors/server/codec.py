@@ -47,6 +47,21 @@ class WireSession:
     output_format: AudioFormat = GA_DEFAULT
     #: The GA turn_detection object in force (None: manual turns).
     turn_detection: dict | None = None
+    #: The engine's token limits (EngineCapabilities): the one a response runs under when it
+    #: names none, and the most any may ask for; None where the engine has none. With them
+    #: ``max_output_tokens`` echoes the limit that really applies, never an "inf" that is not.
+    engine_max_output_tokens: int | None = None
+    engine_max_output_tokens_limit: int | None = None
+
+    def output_token_limit(self, requested: int | None) -> int | str:
+        """The limit a response asking for ``requested`` (None: nothing) really runs under."""
+        if requested is None:
+            limit = self.engine_max_output_tokens
+        elif self.engine_max_output_tokens_limit is not None:
+            limit = min(requested, self.engine_max_output_tokens_limit)
+        else:
+            limit = requested
+        return "inf" if limit is None else limit
 
 
 def encode(event: ev.ServerEvent, wire: WireSession) -> list[dict]:
@@ -99,7 +114,7 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
                 "speed": config.get("output_speed", 1.0),
             },
         },
-        "max_output_tokens": config.get("max_output_tokens") or "inf",
+        "max_output_tokens": wire.output_token_limit(config.get("max_output_tokens") or None),
         "tool_choice": _tool_choice(config.get("tool_choice") or "auto"),
         "tools": [{**t, "parameters": json.loads(t["parameters"])} for t in config.get("tools") or ()],
         "tracing": None,
@@ -188,7 +203,7 @@ def _response_object(
         "conversation_id": None if e.out_of_band else _conversation_id(e),
         "metadata": e.metadata,
         "usage": usage,
-        "max_output_tokens": e.max_output_tokens or "inf",
+        "max_output_tokens": wire.output_token_limit(e.max_output_tokens or None),
         "audio": {"output": {"format": wire.output_format.to_wire(), "voice": wire.voice}},
         # duplex extensions
         "turn_id": e.turn_id,
@@ -197,7 +212,12 @@ def _response_object(
 
 
 def _in_response(e: ev.ResponseEvent) -> dict:
-    return {"response_id": e.response_id, "item_id": e.item_id, "output_index": 0, "content_index": 0}
+    return {
+        "response_id": e.response_id,
+        "item_id": e.item_id,
+        "output_index": e.output_index,
+        "content_index": 0,
+    }
 
 
 def _with_metrics(body: dict, metrics) -> dict:
@@ -262,14 +282,42 @@ def _response_done(e: ev.ResponseDone, wire):
             details["duplex_reason"] = e.reason  # e.g. session_closed, engine_error
         if e.status == "failed":
             details["error"] = {"type": "server_error", "code": e.reason or "engine_error"}
-    # Engines report what they generated, not what their prompt cost: input tokens are left
-    # out (null) rather than guessed.
-    usage = {"output_tokens": e.output_tokens}
     return {
         "response": _response_object(
-            e, wire, status=e.status, details=details, output=[item_object(i) for i in e.output], usage=usage
+            e,
+            wire,
+            status=e.status,
+            details=details,
+            output=[item_object(i) for i in e.output],
+            usage=_usage(e),
         )
     }
+
+
+def _usage(e: ev.ResponseDone) -> dict:
+    """GA usage. Output tokens are the thinker's text tokens (speech is synthesised from them:
+    no audio tokens). Input is what the engine says its model read for the response; a
+    response the engine never finished (cancelled, failed) has no such report, and its input
+    fields are null rather than guessed."""
+    out = e.output_tokens
+    usage: dict[str, Any] = {
+        "total_tokens": None,
+        "input_tokens": None,
+        "output_tokens": out,
+        "input_token_details": None,
+        "output_token_details": {"text_tokens": out, "audio_tokens": 0},
+    }
+    read = e.input_usage
+    if read is not None:
+        usage["input_tokens"] = read.tokens
+        usage["total_tokens"] = read.tokens + out
+        usage["input_token_details"] = {
+            "text_tokens": read.text_tokens,
+            "audio_tokens": read.audio_tokens,
+            "image_tokens": 0,
+            "cached_tokens": read.cached_tokens,
+        }
+    return usage
 
 
 def _part(part_type: str, words: str | None) -> dict:
@@ -330,12 +378,12 @@ _BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
     ev.ResponseCreated: _response_created,
     ev.OutputItemAdded: lambda e, w: {
         "response_id": e.response_id,
-        "output_index": 0,
+        "output_index": e.output_index,
         "item": item_object(e.item),
     },
     ev.OutputItemDone: lambda e, w: {
         "response_id": e.response_id,
-        "output_index": 0,
+        "output_index": e.output_index,
         "item": item_object(e.item),
     },
     ev.ContentPartAdded: lambda e, w: {**_in_response(e), "part": _part(e.part_type, "")},
@@ -347,7 +395,7 @@ _BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
     ev.AudioDone: lambda e, w: _in_response(e),
     ev.TranscriptDone: lambda e, w: {**_in_response(e), "transcript": e.transcript},
     ev.ResponseDone: _response_done,
-    # function calls: an output item of their own, after the assistant message (index 0)
+    # function calls: an output item of their own (before or after the assistant message)
     fev.FunctionCallItemAdded: lambda e, w: {
         "response_id": e.response_id,
         "output_index": e.call.output_index,

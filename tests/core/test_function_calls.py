@@ -78,7 +78,12 @@ def test_tools_reach_the_request_and_a_call_becomes_its_own_item():
         for e in events
         if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
     ]
-    assert len(calls) == 1 and calls[0]["output_index"] == 1  # the message is item 0
+    # A call-only response (GA): the call is output item 0, and no assistant message opens.
+    assert len(calls) == 1 and calls[0]["output_index"] == 0
+    assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"] == [
+        "function_call"
+    ]
+    assert "response.content_part.added" not in types
     assert calls[0]["item"]["call_id"] == "call_1"
     done = events[types.index("response.function_call_arguments.done")]
     assert json.loads(done["arguments"]) == {"city": "Oslo"} and done["name"] == "get_weather"
@@ -88,9 +93,34 @@ def test_tools_reach_the_request_and_a_call_becomes_its_own_item():
         < types.index("response.done")
     )
     output = events[-1]["response"]["output"]
-    assert [i["type"] for i in output] == ["message", "function_call"]
-    assert output[1]["arguments"] == '{"city":"Oslo"}'
+    assert [i["type"] for i in output] == ["function_call"]
+    assert output[0]["arguments"] == '{"city":"Oslo"}'
     assert core.state == "idle"
+
+
+def test_words_after_a_call_open_the_message_as_the_next_output_item():
+    core = core_in("idle")
+    core.handle(cmd.UpdateSession(tools=(TOOL,), tool_choice="required"))
+    core.handle(cmd.AppendAudio(pcm=CHUNK))
+    core.handle(cmd.CommitInput())
+    (request,) = _submitted(core)
+    rid = request.request_id
+    core.take_events()
+    core.on_engine_output(Decision(rid, True))
+    core.on_engine_output(FunctionCall(rid, "call_1", "get_weather", "{}", token_count=3))
+    core.on_engine_output(TextDelta(rid, "Checking"))
+    core.on_engine_output(TurnDone(rid))
+    events = _wire(core.take_events())
+    added = [
+        (e["output_index"], e["item"]["type"]) for e in events if e["type"] == "response.output_item.added"
+    ]
+    assert added == [(0, "function_call"), (1, "message")]
+    deltas = [e for e in events if e["type"].endswith(".delta") and "function_call" not in e["type"]]
+    assert deltas and {e["output_index"] for e in deltas} == {1}
+    done = events[-1]["response"]
+    assert [i["type"] for i in done["output"]] == ["function_call", "message"]
+    # the call's tokens and the words' are both output tokens
+    assert done["usage"]["output_tokens"] == 4
 
 
 def test_function_output_is_kept_for_exactly_the_next_turn():

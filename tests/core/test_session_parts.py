@@ -56,14 +56,25 @@ def test_heard_ms_from_a_truncation_wins_and_the_streaming_item_rounds_audio_up(
     assert r.item("completed").content[0].audio_ms == 40
 
 
-def test_calls_follow_the_message_in_the_output_items():
+def test_output_items_keep_the_order_they_were_added_in():
     r = _assembly()
     message = r.item("completed")
+    r.open_message()
     assert r.output_items(message) == (message,)
     first = r.add_call("item_2", "call_a", "f", "{}")
     second = r.add_call("item_3", "call_b", "g", "")
     assert (first.output_index, second.output_index) == (1, 2)
     assert [i.id for i in r.output_items(message)] == ["item_1", "item_2", "item_3"]
+
+
+def test_a_call_only_response_has_no_message_and_a_message_after_a_call_follows_it():
+    r = _assembly()
+    call = r.add_call("item_2", "call_a", "f", "{}")
+    assert call.output_index == 0
+    assert [i.id for i in r.output_items(None)] == ["item_2"]  # never opened: calls only
+    r.open_message()
+    assert r.message_index == 1
+    assert [i.id for i in r.output_items(r.item("completed"))] == ["item_2", "item_1"]
 
 
 def test_the_registry_answers_only_known_calls_keeps_the_recent_ones_and_hands_results_once():

@@ -1,5 +1,6 @@
 """The embedded engine's documented tool trigger: a forced tool_choice makes it call the tool
-(random weights cannot choose one); "auto" and follow-up turns decode as usual."""
+(random weights cannot choose one), with arguments the model writes under the tool's JSON
+schema (valid for it); "auto" and follow-up turns decode as usual."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import pytest
 
 pytest.importorskip("torch")
 
+import json
+
+import jsonschema
+
 from duplex_actors.core.engine_io import (
     Decision,
+    EngineFailure,
     FunctionCall,
     FunctionResult,
     FunctionTool,
@@ -21,7 +27,25 @@ from .helpers import request, run, small_engine
 
 pytestmark = pytest.mark.embedded
 
-TOOLS = (FunctionTool("get_weather"), FunctionTool("get_time"))
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 3, "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "detailed": {"type": "boolean"},
+        "spots": {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0}, "minItems": 2},
+        "where": {
+            "type": "object",
+            "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}},
+            "required": ["lat"],
+        },
+        "note": {"type": "string"},
+    },
+    "required": ["city", "unit", "days", "detailed", "spots", "where"],
+    "additionalProperties": False,
+}
+TOOLS = (FunctionTool("get_weather", parameters=json.dumps(WEATHER)), FunctionTool("get_time"))
 
 
 async def _outputs(engine, req):
@@ -57,6 +81,55 @@ def test_forced_tool_choice_calls_that_tool_and_auto_decodes():
     assert [type(o) for o in named] == [Decision, FunctionCall, TurnDone]
     assert named[1].name == "get_time" and named[1].arguments == "{}" and named[1].call_id
     assert required[1].name == "get_weather"
+    # The arguments are valid for the schema (every required parameter, in its type and
+    # range), written from the model's own tokens, which count as output tokens.
+    arguments = json.loads(required[1].arguments)
+    jsonschema.validate(arguments, WEATHER)
+    assert set(arguments) == set(WEATHER["required"]) and required[1].token_count >= 1
+    # The prompt the model read is reported (a turn's kind token at least, its audio tokens).
+    usage = required[-1].input
+    assert usage is not None and usage.text_tokens >= 2 and usage.audio_tokens >= 1
     for decoded in (auto, follow):
         assert not any(isinstance(o, FunctionCall) for o in decoded)
         assert any(isinstance(o, TextDelta) for o in decoded) and isinstance(decoded[-1], TurnDone)
+
+
+def test_a_schema_no_arguments_can_satisfy_fails_the_response_rather_than_calling():
+    # A pattern is not generated towards: the call would be one the client's function refuses,
+    # so the response fails (non-retryable) instead.
+    schema = {
+        "type": "object",
+        "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+        "required": ["zip"],
+    }
+    tool = FunctionTool("lookup", parameters=json.dumps(schema))
+
+    async def main():
+        engine = small_engine()
+        await engine.start()
+        try:
+            return await _outputs(
+                engine, attrs.evolve(request("sess_p"), tools=(tool,), tool_choice="lookup")
+            )
+        finally:
+            await engine.aclose()
+
+    outputs = run(main())
+    assert [type(o) for o in outputs] == [EngineFailure]
+    assert "lookup" in outputs[0].message and not outputs[0].retryable
+
+
+def test_every_response_reports_the_prompt_it_read():
+    async def main():
+        engine = small_engine()
+        await engine.start()
+        try:
+            return await _outputs(engine, attrs.evolve(request("sess_u"), instructions="be very brief"))
+        finally:
+            await engine.aclose()
+
+    outputs = run(main())
+    done = outputs[-1]
+    assert isinstance(done, TurnDone) and done.input is not None
+    # <bos>, the instruction words the vocabulary knows, <respond>; the audio's 80 ms tokens
+    assert 2 <= done.input.text_tokens <= 2 + 3 and done.input.audio_tokens >= 1

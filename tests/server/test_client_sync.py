@@ -62,7 +62,10 @@ async def test_an_engine_function_call_is_announced_as_a_conversation_item():
         await recv_until(ws, "session.updated")
         await _send(ws, type="response.create")
         events = _valid(await recv_until(ws, "response.done"))
-        message_id = events[[e["type"] for e in events].index("response.output_item.added")]["item"]["id"]
+        # A call-only response carries only its call: no assistant message is opened.
+        assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"] == [
+            "function_call"
+        ]
         call = [
             (i, e)
             for i, e in enumerate(events)
@@ -85,10 +88,10 @@ async def test_an_engine_function_call_is_announced_as_a_conversation_item():
         assert added["item"]["status"] == "in_progress" and added["item"]["arguments"] == ""
         assert done["item"]["status"] == "completed"
         assert json.loads(done["item"]["arguments"]) == {"city": "Paris"}
-        assert added["previous_item_id"] == done["previous_item_id"] == message_id
-        # One announcement per item: the message's and the call's, nothing twice.
+        assert added["previous_item_id"] is None and done["previous_item_id"] is None  # the first item
+        # One announcement per item: the call's, nothing twice.
         announced = [e["item"]["id"] for e in events if e["type"] == "conversation.item.added"]
-        assert announced == [message_id, call_item_id]
+        assert announced == [call_item_id]
         await _send(ws, type="conversation.item.retrieve", item_id=call_item_id)
         got = _valid(await recv_until(ws, "conversation.item.retrieved"))[-1]["item"]
         assert got == done["item"]

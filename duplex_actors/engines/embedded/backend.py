@@ -65,7 +65,7 @@ def make_embedded_engine(
     n_heads: int = 4,
     n_kv_heads: int = 1,
     d_ff: int = 1024,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = 256,
     max_concurrency: int = 64,
     max_queue: int = 256,
     sampling: SamplingParams = SamplingParams(),

@@ -55,7 +55,9 @@ class ThinkerConfig:
     frames_per_token: int = 8
     max_prefix_tokens: int = 16
     max_audio_tokens: int = 96
-    max_new_tokens: int = 64
+    #: The most tokens any response may generate (the cache is sized for it): a request asking
+    #: for more gets this many (EngineCapabilities.max_output_tokens_limit).
+    max_new_tokens: int = 256
     max_slots: int = 64
     seed: int = 20240617
     #: KV cache storage: "float32" (the default), "bfloat16", or "auto" (bfloat16 where the

@@ -16,9 +16,11 @@ import asyncio
 import collections
 import functools
 import hashlib
+import json
 import time
 from collections.abc import AsyncIterator
 
+import attrs
 import structlog
 import torch
 
@@ -29,6 +31,7 @@ from ...core.engine_io import (
     EngineMetrics,
     EngineOutput,
     FunctionCall,
+    InputUsage,
     ModelTurnRequest,
     TextDelta,
     TurnDone,
@@ -37,7 +40,8 @@ from ...core.engine_io import (
 )
 from ...errors import EngineFailed, InvalidCommand
 from ..base import EngineCapabilities
-from .adapter import ModelAdapter, WordThinkerAdapter
+from ..schema_fill import TokenSource, conforms, fill_schema
+from .adapter import ModelAdapter, Prompt, WordThinkerAdapter
 from .model import Thinker, ThinkerConfig
 from .sampling import SamplingParams
 from .scheduler import BatchScheduler, DecodeJob, SchedulerEvent, SequenceEnded, Sink, TokenEvent
@@ -91,7 +95,13 @@ class EmbeddedThinker:
             raise ValueError("ThinkerConfig.vocab_size must match the vocabulary")
         self.adapter: ModelAdapter = adapter or WordThinkerAdapter(self.config, self.vocab, defaults)
         self.capabilities = EngineCapabilities(
-            model_native=True, produces_audio=False, unit_samples=16000, max_concurrency=max_concurrency
+            model_native=True,
+            produces_audio=False,
+            unit_samples=16000,
+            max_concurrency=max_concurrency,
+            # What sampling_for applies: the default, never past the cache's max_new_tokens.
+            max_output_tokens=min(self.adapter.defaults.max_tokens, self.config.max_new_tokens),
+            max_output_tokens_limit=self.config.max_new_tokens,
         )
         self._max_concurrency = max_concurrency
         self._max_queue = max_queue
@@ -170,27 +180,24 @@ class EmbeddedThinker:
             yield EngineFailure(rid, exc.message, retryable=False, produced_at=time.perf_counter())
             return
         tool = forced_tool(request)
-        if tool is not None:
-            # The documented trigger: random weights cannot choose a tool or write its
-            # arguments, so this engine calls a function only when the client forces one
-            # (tool_choice "required" or a function's name), with empty arguments.
-            now = time.perf_counter()
-            yield Decision(rid, speak=True, produced_at=now)
-            yield FunctionCall(
-                rid,
-                "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest(),
-                tool,
-                "{}",
-                produced_at=now,
-            )
-            yield TurnDone(rid, "completed", produced_at=time.perf_counter())
-            return
         params = self.adapter.sampling_for(request.fence.session_id, request.sampling)
+        if tool is not None:
+            # Random weights cannot choose a tool, so this engine calls a function only when
+            # the client forces one (tool_choice "required" or a function's name). The model
+            # still writes the arguments: it decodes as for an answer, and its tokens fill
+            # the tool's schema (schema_fill), so they are valid for it.
+            params = attrs.evolve(params, max_tokens=min(params.max_tokens, _CALL_TOKENS))
         inbox = _Inbox(asyncio.get_running_loop())
+        # The prompt is built on the worker thread at admission; kept to report what was read.
+        built: list[Prompt] = []
         job = DecodeJob(
-            rid, functools.partial(self.adapter.build_prompt, request), params, request.share_tenant
+            rid, functools.partial(_build, self.adapter, request, built), params, request.share_tenant
         )
         scheduler.submit(job, inbox.put)  # EngineCapacityError propagates, nothing queued
+        if tool is not None:
+            async for output in self._call(request, tool, inbox, built):
+                yield output
+            return
         accepted_at = time.perf_counter()
         ended = False
         events = inbox.events
@@ -233,6 +240,7 @@ class EmbeddedThinker:
                             _TURN_DONE_REASON.get(event.reason, event.reason),
                             _metrics(accepted_at, token_times),
                             produced_at=event.produced_at,
+                            input=_read(built),
                         )
                     return
                 assert isinstance(event, TokenEvent)
@@ -257,6 +265,87 @@ class EmbeddedThinker:
         finally:
             if not ended:
                 scheduler.cancel(rid)
+
+    async def _call(
+        self, request: ModelTurnRequest, tool: str, inbox: _Inbox, built: list[Prompt]
+    ) -> AsyncIterator[EngineOutput]:
+        """A forced call: the decode's tokens become the arguments, then the turn ends."""
+        rid = request.request_id
+        ids: list[int] = []
+        ended = False
+        try:
+            while True:
+                while not inbox.events:
+                    await inbox.wait()
+                event = inbox.events.popleft()
+                if isinstance(event, TokenEvent):
+                    ids.append(event.token_id)
+                    continue
+                ended = True
+                if event.reason == "aborted":
+                    yield Aborted(rid, produced_at=event.produced_at)
+                    return
+                if event.reason in ("failed", "closed"):
+                    yield EngineFailure(
+                        rid, event.message or f"engine {event.reason}", produced_at=event.produced_at
+                    )
+                    return
+                break
+        finally:
+            if not ended and self.scheduler is not None:
+                self.scheduler.cancel(rid)
+        schema_text = next(t.parameters for t in request.tools if t.name == tool)
+        try:
+            schema = json.loads(schema_text)
+        except ValueError:
+            schema = {}
+        if isinstance(schema, dict) and "type" not in schema:
+            schema = {"type": "object", **schema}  # a function's parameters are an object
+        words = [self.vocab.render(t, first=True) for t in ids]
+        arguments = fill_schema(schema, TokenSource(words, ids))
+        now = time.perf_counter()
+        problem = conforms(arguments, schema)
+        if problem is not None or not isinstance(arguments, dict):
+            # Never a call the client's function would refuse: the response fails instead.
+            why = problem or "the schema does not describe an object"
+            yield EngineFailure(
+                rid,
+                f"no arguments valid for {tool!r} could be generated: {why}",
+                retryable=False,
+                produced_at=now,
+            )
+            return
+        yield Decision(rid, speak=True, produced_at=now)
+        yield FunctionCall(
+            rid,
+            "call_" + hashlib.blake2s(rid.encode(), digest_size=8).hexdigest(),
+            tool,
+            json.dumps(arguments),
+            produced_at=now,
+            token_count=len(ids),
+        )
+        yield TurnDone(rid, "completed", produced_at=time.perf_counter(), input=_read(built))
+
+
+#: Tokens decoded for a forced call's arguments: enough words for a few string values.
+_CALL_TOKENS = 16
+
+
+def _build(adapter: ModelAdapter, request: ModelTurnRequest, built: list[Prompt]) -> Prompt:
+    prompt = adapter.build_prompt(request)
+    built.append(prompt)
+    return prompt
+
+
+def _read(built: list[Prompt]) -> InputUsage | None:
+    """What the model read: the prompt's text tokens (prefix, kind token) and audio tokens.
+    None if the job never reached admission (its prompt was never built)."""
+    if not built:
+        return None
+    prompt = built[0]
+    return InputUsage(
+        text_tokens=len(prompt.prefix_ids) + len(prompt.suffix_ids), audio_tokens=prompt.budget.tokens
+    )
 
 
 def _fan_out(batch: list[tuple[Sink, SchedulerEvent]]) -> None:
