@@ -3,6 +3,8 @@ decides; an interruption drops it unheard, a backchannel sends it on (issue 30, 
 
 from __future__ import annotations
 
+import pytest
+
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.engine_io import AudioPacket, TextDelta, TurnDone
 from duplex_actors.core.outbox import Outbox
@@ -168,3 +170,58 @@ def test_outbox_counts_held_events_against_its_capacity():
     assert all(box.push(delta()) for _ in range(6))
     assert len(box) == 0 and box.held == 6
     assert not box.push(delta()) and box.overflowed
+
+
+def test_a_client_cancel_while_a_turn_end_is_held_cancels_with_nothing_left_to_abort():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.on_engine_output(TurnDone(rid))
+    core.handle(cmd.CancelResponse())
+    events = core.take_events()
+    assert _audio_types(events) == []
+    done = [e for e in events if e.type == "response.done"]
+    assert [(d.status, d.reason) for d in done] == [("cancelled", "client_cancelled")]
+    assert core.take_actions() == []  # the request had ended: no abort that nobody confirms
+    assert core.state == "listening"
+
+
+def test_a_barge_in_command_while_held_drops_the_held_audio():
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.handle(cmd.BargeIn())
+    events = core.take_events()
+    assert _audio_types(events) == []
+    assert core.state == "barge_in" and core.take_actions() == [AbortRequests((rid,), "turn_detected")]
+
+
+def test_an_engine_failure_while_held_sends_the_held_audio_before_the_failure():
+    from duplex_actors.core.engine_io import EngineFailure
+
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.on_engine_output(EngineFailure(rid, "boom"))
+    kinds = [e.type for e in core.take_events()]
+    assert kinds.index("response.output_audio.delta") < kinds.index("response.done")
+    # the hold ended with the response: the next response's audio is not held
+    assert core.state in ("idle", "listening")
+
+
+def test_the_idle_timer_counts_from_the_end_of_released_audio():
+    from duplex_actors.core.clock import ManualClock
+    from duplex_actors.core.session import SessionConfig, SessionCore
+
+    clock = ManualClock(100.0)
+    core = SessionCore("sess_hold00000000", SessionConfig(server_vad=True, idle_timeout_ms=1000), clock)
+    core.handle(cmd.AppendAudio(pcm=PCM))
+    core.handle(cmd.CommitInput())
+    rid = core.fence.request_id()
+    core.on_engine_output(AudioPacket(rid, PACKET * 10))  # 200 ms of answer, until 100.2
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    clock.advance(0.5)  # held for 0.5 s: the answer now ends 0.5 s later than sent
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=100))
+    core.on_engine_output(TurnDone(rid))
+    assert core._idle_deadline is not None
+    assert core._idle_deadline == pytest.approx(100.2 + 0.5 + 1.0)
