@@ -535,6 +535,8 @@ async def _run(
         "-m",
         "duplex_actors",
         "serve",
+        "--engine",
+        "scripted",
         "--port",
         "0",
         "--workers",

@@ -21,6 +21,15 @@ class EngineChoice(str, enum.Enum):
     vllm = "vllm"
 
 
+def default_engine() -> EngineChoice:
+    """``serve`` without ``--engine``: the embedded engine (a real model and voice) when its
+    extra is installed, else the scripted one, which answers "word0 word1 ..."."""
+    import importlib.util
+
+    installed = all(importlib.util.find_spec(name) is not None for name in ("torch", "piper"))
+    return EngineChoice.embedded if installed else EngineChoice.scripted
+
+
 def build_engine(engine: EngineChoice, model: str | None = None):
     """The engine backend for ``--engine``; a missing extra is a clear error, not a traceback."""
     if engine is EngineChoice.scripted:
@@ -63,7 +72,10 @@ def register(app: typer.Typer) -> None:
     def serve(
         host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
         port: int = typer.Option(8765, help="TCP port; 0 picks a free one (printed at start)"),
-        engine: EngineChoice = typer.Option(EngineChoice.scripted, help="engine backend"),
+        engine: EngineChoice | None = typer.Option(
+            None,
+            help="engine backend (default: embedded when the 'embedded' extra is installed, else scripted)",
+        ),
         model: str | None = typer.Option(None, help="model path for --engine vllm"),
         device: str = typer.Option(
             "cpu", help="--engine embedded: where its thinker runs: cpu | cuda | cuda:N | auto (cuda if any)"
@@ -241,6 +253,9 @@ def register(app: typer.Typer) -> None:
             "default_sessions_per_address": default_sessions_per_address or None,
             "exempt_networks": tuple(n.strip() for n in exempt_networks.split(",") if n.strip()),
         }
+        chosen = "" if engine is not None else " [default]"  # the first line says which
+        if engine is None:
+            engine = default_engine()
         if engine is EngineChoice.embedded:
             import os
 
@@ -298,7 +313,7 @@ def register(app: typer.Typer) -> None:
             "transcription_workers": transcription_workers,
             "gc_reclaim_s": gc_reclaim_s,
         }
-        anyio.run(_serve, backend, config, overrides, runtime_options, engine.value, drain_timeout_s)
+        anyio.run(_serve, backend, config, overrides, runtime_options, engine.value + chosen, drain_timeout_s)
 
 
 @contextlib.asynccontextmanager

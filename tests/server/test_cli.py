@@ -73,6 +73,8 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
             "-c",
             LAUNCH,
             "serve",
+            "--engine",
+            "scripted",
             "--port",
             "0",
             "--audio-intake-rate",
@@ -125,3 +127,60 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_default_engine_is_embedded_when_its_extra_is_installed(monkeypatch):
+    import importlib.util
+
+    from duplex_actors.server.cli_commands import EngineChoice, default_engine
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    assert default_engine() is EngineChoice.scripted  # no torch: the scripted engine
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    installed = all(real(n) is not None for n in ("torch", "piper"))
+    assert default_engine() is (EngineChoice.embedded if installed else EngineChoice.scripted)
+
+
+@pytest.mark.anyio
+async def test_serve_without_engine_says_which_it_chose_and_answers_with_it():
+    pytest.importorskip("torch")
+    pytest.importorskip("piper")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        with anyio.fail_after(45):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        assert "(engine=embedded [default]," in line, line
+        async with await DuplexClient.connect(line.split()[2]) as client:
+            created = await client.recv()
+            # The embedded engine's real cap, not "inf" (it stops there).
+            assert created["session"]["max_output_tokens"] == 256
+            await client.update_session(
+                {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}}
+            )
+            await client.send(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "hello"}],
+                    },
+                }
+            )
+            await client.create_response()
+            done, _ = await client.wait_for("response.done", timeout=30)
+            response = done["response"]
+            text = response["output"][0]["content"][0]["text"]
+            assert text and not text.startswith("word0"), text  # not the scripted engine's
+            assert response["usage"]["input_tokens"] >= 2 and response["usage"]["output_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)

@@ -65,6 +65,8 @@ async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_w
         "-c",
         LAUNCH,
         "serve",
+        "--engine",
+        "scripted",
         "--port",
         "0",
         "--workers",

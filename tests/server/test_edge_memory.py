@@ -52,7 +52,7 @@ class _Serve:
     first session loads the VAD model: tens of MiB that are no attack's)."""
 
     def __init__(self, *args: str) -> None:
-        command = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", *args]
+        command = [sys.executable, "-c", LAUNCH, "serve", "--engine", "scripted", "--port", "0", *args]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     async def __aenter__(self) -> _Serve:

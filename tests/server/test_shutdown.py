@@ -39,7 +39,18 @@ async def _read_to_close(ws, limit: int = 2000) -> list[dict]:
 
 @pytest.mark.anyio
 async def test_sigterm_drains_every_response_closes_every_session_then_closes_1001():
-    command = [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--drain-timeout-s", "0.3"]
+    command = [
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "serve",
+        "--engine",
+        "scripted",
+        "--port",
+        "0",
+        "--drain-timeout-s",
+        "0.3",
+    ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         with anyio.fail_after(30):

@@ -265,7 +265,18 @@ async def test_a_real_serve_process_transcribes_24k_input(speech):
     text = SENTENCES[0]
     pcm = synthesize_utterance(text, sample_rate=24000)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "duplex_actors", "serve", "--port", "0", "--sample-rate", "24000"],
+        [
+            sys.executable,
+            "-m",
+            "duplex_actors",
+            "serve",
+            "--engine",
+            "scripted",
+            "--port",
+            "0",
+            "--sample-rate",
+            "24000",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -56,6 +56,8 @@ def serve_workers(workers: int = 2, *extra: str):
                 "-m",
                 "duplex_actors",
                 "serve",
+                "--engine",
+                "scripted",
                 "--workers",
                 str(workers),
                 "--port",
