@@ -231,6 +231,9 @@ class CreateItem(Command):
     #: A ready item (its id may be empty: the session then allocates one).
     item: Item
     previous_item_id: str | None = None
+    #: A user message's input_audio, as pcm16 at the session's rate (the server converted it
+    #: from the client's format): the next response hears it, as it hears committed audio.
+    audio: bytes = attrs.field(default=b"", repr=lambda b: f"<{len(b)} bytes>")
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -1538,11 +1538,19 @@ class SessionCore:
 
     def _fx_add_item(self) -> None:
         cmd = cast(CreateItem, self._step["command"])
-        self._add_item(cmd.item, cmd.previous_item_id)
+        self._add_item(cmd.item, cmd.previous_item_id, cmd.audio)
 
-    def _add_item(self, item: Item, previous_item_id: str | None) -> None:
+    def _add_item(self, item: Item, previous_item_id: str | None, audio: bytes = b"") -> None:
         if not item.id:
             item = attrs.evolve(item, id=self._new_item_id())
+        if audio:
+            # A user's recorded turn: its audio part says how long it is (audio is not kept in
+            # the conversation, as a committed turn's is not).
+            ms = int(len(audio) / 2 / self.config.sample_rate * 1000)
+            parts = tuple(
+                attrs.evolve(p, audio_ms=ms) if p.type == "input_audio" else p for p in item.content
+            )
+            item = attrs.evolve(item, content=parts)
         if item.type == "function_call" and not item.call_id:
             item = attrs.evolve(item, call_id=f"call_{item.id}")
         previous = self._conversation.add(item, previous_item_id)  # checks before changing
@@ -1554,9 +1562,12 @@ class SessionCore:
             # A call the client replays (its own history): its output may answer it, as
             # OpenAI accepts an output for any call in the conversation.
             self._call_registry().remember(item.call_id or "", item.name or "")
-        elif item.text and item.role != "assistant":
-            # Words the next response answers (user text, system/developer notes).
-            self._pend_text(item.id, item.text)
+        elif item.role != "assistant" and (words := _words_of(item)):
+            # Words the next response answers (user text, system/developer notes, the
+            # transcript a client gave with its audio).
+            self._pend_text(item.id, words)
+        if audio:
+            self._hear_item_audio(item.id, audio)
         if item.role == "assistant" or item.type == "function_call":
             # The model's own words or call, written by the client (history it replays, e.g.
             # livekit after every reconnect): what comes before them was already answered.
@@ -1565,6 +1576,18 @@ class SessionCore:
             self._forget_pending(self._conversation.ids_before(item.id))
         self._emit(ev.ItemAdded, item=item, previous_item_id=previous)
         self._emit(ev.ItemDone, item=item, previous_item_id=previous)
+
+    def _hear_item_audio(self, item_id: str, audio: bytes) -> None:
+        """A created item's audio joins the committed audio the next response hears (within
+        max_committed_bytes, the newest kept), and is transcribed as a commit is."""
+        committed = self._committed
+        committed += audio
+        if len(committed) > self.config.max_committed_bytes:
+            committed.keep_last(self.config.max_committed_bytes - self.config.max_committed_bytes % 2)
+        if self.config.transcription is not None:
+            self._actions.append(
+                TranscribeInput(item_id, audio, self.config.sample_rate, self.config.transcription_language)
+            )
 
     def _pend_text(self, item_id: str, text: str) -> None:
         """Keep ``text`` for the next response, within the conversation's bounds: a client that
@@ -1701,3 +1724,10 @@ class SessionCore:
         if self._windows is not None:
             self._windows.clear()
         self._emit(ev.SessionClosedEvent, reason=reason)
+
+
+def _words_of(item: Item) -> str:
+    """What an engine reads of an item: its text, else the transcripts its audio came with."""
+    return item.text or " ".join(
+        p.transcript for p in item.content if p.type == "input_audio" and p.transcript
+    )

@@ -1136,6 +1136,8 @@ class _Connection:
                 )
             if isinstance(event, wire.SessionUpdate):
                 event = self._session_update(record, event)
+            if isinstance(event, wire.AudioItemCreate):
+                event = _item_audio(event, handle.core.config.sample_rate)
             if isinstance(event, cmd.CommitInput) and not record.converter.passthrough:
                 # The resampler holds the last few ms back for its filter: they belong to this
                 # commit, so they go in first.
@@ -1508,6 +1510,14 @@ def _frame_bytes(frame: str | bytes) -> int:
     if isinstance(frame, str) and not frame.isascii():
         return 4 * len(frame)
     return len(frame)
+
+
+def _item_audio(event: wire.AudioItemCreate, session_rate: int) -> cmd.CreateItem:
+    """A created item's input_audio, from the client's declared format to the session's pcm16
+    (a converter of its own: the item's audio is whole, not part of the appended stream)."""
+    converter = InputConverter(event.format, session_rate)
+    pcm = converter.convert(event.data) + converter.flush()
+    return attrs.evolve(event.command, audio=pcm)
 
 
 def _build_server_vad(handle: SessionHandle, settings: wire.TurnDetection, model):

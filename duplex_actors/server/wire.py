@@ -202,7 +202,22 @@ class SessionUpdate:
         return self.command.event_id
 
 
-ClientEvent = Union[cmd.Command, ResumeRequest, EncodedAudio, SessionUpdate]
+@attrs.frozen(slots=True, kw_only=True)
+class AudioItemCreate:
+    """``conversation.item.create`` of a user message with ``input_audio``: the command, and
+    the audio in the client's declared format (the server converts it to the session's pcm16,
+    then hands the command its audio)."""
+
+    command: cmd.CreateItem
+    data: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    format: AudioFormat
+
+    @property
+    def event_id(self) -> str | None:
+        return self.command.event_id
+
+
+ClientEvent = Union[cmd.Command, ResumeRequest, EncodedAudio, SessionUpdate, AudioItemCreate]
 
 #: Whether this runtime's UpdateSession knows the ``server_vad`` switch.
 _HAS_SERVER_VAD = "server_vad" in attrs.fields_dict(cmd.UpdateSession)
@@ -793,7 +808,11 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
 
 
 def _content_text(
-    item: _Fields, allowed: tuple[str, ...], as_type: str = "input_text", images: bool = False
+    item: _Fields,
+    allowed: tuple[str, ...],
+    as_type: str = "input_text",
+    images: bool = False,
+    audio: list[bytes] | None = None,
 ) -> tuple[ContentPart, ...]:
     content = item.obj.get("content")
     if not isinstance(content, list) or not content:
@@ -812,6 +831,21 @@ def _content_text(
             part.str("image_url", max_len=1 << 30)  # a string if given (the frame bounds it)
             parts.append(ContentPart(type="input_image"))
             continue
+        if kind == "input_audio" and audio is not None:
+            # A user's recorded turn (GA): base64 in the session's declared input format, its
+            # transcript optional. The bytes go to the caller (the server converts them).
+            data = part.str("audio", max_len=1 << 30)
+            if not data and not part.str("transcript"):
+                raise part.fail(
+                    "audio", "is required (base64, in the session's input format) unless a transcript is"
+                )
+            if data:
+                try:
+                    audio.append(base64.b64decode(data, validate=True))
+                except (binascii.Error, ValueError):
+                    raise InvalidAudio("audio is not valid base64", param=f"{part.prefix}audio") from None
+            parts.append(ContentPart(type="input_audio", transcript=part.str("transcript")))
+            continue
         if kind not in allowed:
             raise part.fail("type", f"{kind!r} is not supported here; use {' or '.join(allowed)}")
         parts.append(ContentPart(type=as_type, text=part.str("text", required=True)))
@@ -820,12 +854,20 @@ def _content_text(
 
 @_parser("conversation.item.create")
 def _item_create(f: _Fields, event_id, epoch, limits, rates):
-    value = _item_value(f.object("item", required=True))
+    audio: list[bytes] = []
+    value = _item_value(f.object("item", required=True), audio)
     previous = f.str("previous_item_id", max_len=256)
-    return cmd.CreateItem(item=value, previous_item_id=previous, event_id=event_id, epoch=epoch)
+    command = cmd.CreateItem(item=value, previous_item_id=previous, event_id=event_id, epoch=epoch)
+    if not audio:
+        return command
+    declared = rates[1]
+    data = b"".join(audio)
+    if declared.type == PCM and len(data) % 2:
+        raise InvalidAudio("pcm16 audio must have an even number of bytes")
+    return AudioItemCreate(command=command, data=data, format=declared)
 
 
-def _item_value(item: _Fields) -> Item:
+def _item_value(item: _Fields, audio: list[bytes] | None = None) -> Item:
     """An item a client writes (conversation.item.create, or a response's own input)."""
     kind = item.str("type", required=True)
     item_id = item.str("id", max_len=256) or ""
@@ -837,7 +879,7 @@ def _item_value(item: _Fields) -> Item:
             parts = _content_text(item, ("output_text", "text"), as_type="output_text")
         else:
             if role == "user":
-                parts = _content_text(item, ("input_text",), images=True)
+                parts = _content_text(item, ("input_text",), images=True, audio=audio)
             else:
                 parts = _content_text(item, ("input_text", "text"))
         value = Item(id=item_id, role=role, content=parts)

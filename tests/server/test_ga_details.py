@@ -178,3 +178,59 @@ async def test_semantic_vad_is_accepted_with_its_eagerness_and_sets_the_silence_
         error = (await recv_until(ws, "error"))[-1]["error"]
         assert (error["param"], error["event_id"]) == ("session.audio.input.turn_detection.eagerness", "bad")
         assert server._records[sid].vad_settings.silence_duration_ms == 500  # unchanged
+
+
+async def test_a_user_item_with_input_audio_is_heard_by_the_next_response():
+    engine = ScriptedEngine(Script(tokens=TOKENS, audio_packets=1))
+    async with Served(engine) as server, connect(server.url) as ws:
+        r = Recorder(ws)
+        await r.until("session.created")
+        await r.send(
+            type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        )
+        await r.until("session.updated")
+        audio = base64.b64encode(CHUNK_100MS * 3).decode()  # 300 ms at GA's 24 kHz
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_audio", "audio": audio, "transcript": "what time is it"}],
+        }
+        await r.send(type="conversation.item.create", item=item)
+        added = (await r.until("conversation.item.done"))[-1]["item"]
+        assert added["content"] == [{"type": "input_audio", "transcript": "what time is it"}]
+        await r.send(type="response.create")
+        done = (await r.until("response.done"))[-1]["response"]
+        request = engine.submitted[-1]
+        # 300 ms at the session's own 16 kHz, and the transcript the client gave, as words
+        assert abs(len(request.audio) / 2 / request.sample_rate - 0.3) < 0.005
+        assert "what time is it" in request.input_text
+        assert done["usage"]["input_token_details"]["audio_tokens"] == 3
+        # A bad part is refused whole, naming it
+        await r.send(
+            type="conversation.item.create",
+            event_id="bad",
+            item={"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "%%%"}]},
+        )
+        error = (await recv_until(ws, "error"))[-1]["error"]
+        assert (error["code"], error["param"]) == ("invalid_audio", "item.content[0].audio")
+
+
+async def test_input_audio_in_g711_is_decoded_at_the_declared_format():
+    engine = ScriptedEngine(Script(tokens=TOKENS, audio_packets=1))
+    async with Served(engine) as server, connect(server.url) as ws:
+        r = Recorder(ws)
+        await r.until("session.created")
+        update = {
+            "type": "realtime",
+            "audio": {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None}},
+        }
+        await r.send(type="session.update", session=update)
+        await r.until("session.updated")
+        ulaw = base64.b64encode(b"\xff" * 1600).decode()  # 200 ms of mu-law silence at 8 kHz
+        item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": ulaw}]}
+        await r.send(type="conversation.item.create", item=item)
+        await r.until("conversation.item.done")
+        await r.send(type="response.create")
+        await r.until("response.done")
+        request = engine.submitted[-1]
+        assert abs(len(request.audio) / 2 / request.sample_rate - 0.2) < 0.005
