@@ -458,8 +458,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="app.TAKEOVER_CLOSE_WAIT_S (an A/B; 1.0 before)",
     )
+    parser.add_argument(
+        "--backlog", type=int, default=None, help="the listening socket's (an A/B; asyncio's 100)"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.backlog is not None:
+        import functools
+
+        from ..server import app
+
+        app.serve = functools.partial(app.serve, backlog=args.backlog)  # type: ignore[assignment]
     if args.takeover_close_wait is not None:
         from ..server import app
 
