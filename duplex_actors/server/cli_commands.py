@@ -139,7 +139,8 @@ def register(app: typer.Typer) -> None:
         ),
         gc_reclaim_s: float = typer.Option(
             30.0,
-            help="GcPolicy: seconds between full collections of cyclic garbage frozen while alive "
+            help="GcPolicy: every this many seconds, a full collection of the cyclic garbage frozen "
+            "while alive runs if resident memory grew a quarter (and 32 MiB) since the last one "
             "(0: no GcPolicy, CPython's own collector); see actors/gc_policy.py",
         ),
         audio_intake_rate: float = typer.Option(
