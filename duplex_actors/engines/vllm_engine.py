@@ -328,6 +328,8 @@ class VllmEngine:
                 fields[name] = value
         if json_schema is not None:
             fields["structured_outputs"] = self._vllm.StructuredOutputsParams(json=json_schema)
+            fields["ignore_eos"] = False  # the call ends where its object closes
+
         return self._vllm.SamplingParams(output_kind=self._vllm.DELTA, **fields)
 
     def render_prompt(self, text: str) -> Any:

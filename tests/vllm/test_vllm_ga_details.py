@@ -1,0 +1,50 @@
+"""GA details on a real vLLM engine: a forced tool call's arguments are written under the
+tool's JSON schema (structured outputs) and valid for it; every turn reports the prompt it read."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+
+pytest.importorskip("vllm")
+
+from duplex_actors.core.engine_io import FunctionCall, FunctionTool, TurnDone
+
+from .support import collect, make_request
+
+pytestmark = pytest.mark.vllm
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "detailed": {"type": "boolean"},
+        "city": {"type": "string", "enum": ["Oslo", "Paris", "Lima"]},
+    },
+    "required": ["unit", "detailed", "city"],
+    "additionalProperties": False,
+}
+
+
+def test_a_forced_call_carries_arguments_valid_for_the_schema(vllm):
+    jsonschema = pytest.importorskip("jsonschema")
+    tool = FunctionTool("get_weather", parameters=json.dumps(SCHEMA))
+    request = attrs.evolve(make_request(200), tools=(tool,), tool_choice="required")
+    outputs = vllm.run(collect(vllm.engine, request))
+    calls = [o for o in outputs if isinstance(o, FunctionCall)]
+    assert len(calls) == 1, outputs
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMA)
+    assert calls[0].token_count >= 1
+    done = outputs[-1]
+    assert isinstance(done, TurnDone) and done.input is not None and done.input.text_tokens > 0
+
+
+def test_a_turn_reports_its_prompt_tokens(vllm):
+    request = make_request(4)
+    prompt = vllm.engine.render_prompt(vllm.engine._prompt_builder(request))
+    outputs = vllm.run(collect(vllm.engine, request))
+    done = outputs[-1]
+    assert isinstance(done, TurnDone) and done.input is not None
+    assert done.input.text_tokens == len(prompt["prompt_token_ids"]) and done.input.audio_tokens == 0
