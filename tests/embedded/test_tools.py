@@ -133,3 +133,38 @@ def test_every_response_reports_the_prompt_it_read():
     assert isinstance(done, TurnDone) and done.input is not None
     # <bos>, the instruction words the vocabulary knows, <respond>; the audio's 80 ms tokens
     assert 2 <= done.input.text_tokens <= 2 + 3 and done.input.audio_tokens >= 1
+
+
+def test_over_the_wire_a_forced_call_is_the_whole_response_and_its_arguments_fit_the_schema():
+    # What an openai-agents user met: the SDK validates a call's arguments against the
+    # function's parameters, and never ran a tool whose required parameters were missing.
+    pytest.importorskip("websockets")
+    from websockets.asyncio.client import connect
+
+    from duplex_actors import Runtime
+    from duplex_actors.server import RealtimeServer, ServerConfig
+
+    async def main():
+        async with Runtime(small_engine()) as runtime:
+            async with RealtimeServer(runtime, ServerConfig(host="127.0.0.1", port=0)) as server:
+                async with connect(server.url) as ws:
+                    created = json.loads(await ws.recv())
+                    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+                    session = {"output_modalities": ["text"], "tools": [tool], "tool_choice": "required"}
+                    await ws.send(json.dumps({"type": "session.update", "session": session}))
+                    await ws.send(json.dumps({"type": "response.create"}))
+                    events = []
+                    while not events or events[-1]["type"] != "response.done":
+                        events.append(json.loads(await ws.recv()))
+                    return created, events
+
+    created, events = run(main())
+    assert created["session"]["max_output_tokens"] == 256  # the thinker's own limit
+    response = events[-1]["response"]
+    assert response["status"] == "completed"
+    (call,) = response["output"]  # the call alone: no empty assistant message before it
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+    usage = response["usage"]
+    assert usage["output_tokens"] >= 1 and usage["input_tokens"] >= 3
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
