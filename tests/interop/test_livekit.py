@@ -1532,13 +1532,14 @@ async def test_agent_session_handoff_and_update_agent(serve_url):
         creates = [e["response"] for e in h.sent_of("response.create")]
         assert creates[1].get("tool_choice") == "none", creates
         done = [e["response"] for e in h.of("response.done")]
+        # a call-only response carries only its call (GA), no empty assistant message before it
         assert [[o["type"] for o in d["output"]] for d in done] == [
-            ["message", "function_call"],  # transfer_to_weather
+            ["function_call"],  # transfer_to_weather
             ["message"],  # "Transferring you ..."
-            ["message", "function_call"],  # the weather agent's lookup_weather
+            ["function_call"],  # the weather agent's lookup_weather
             ["message"],  # "sunny in example ..."
         ], h.summary()
-        assert done[2]["output"][1]["name"] == "lookup_weather"
+        assert done[2]["output"][0]["name"] == "lookup_weather"
         assert h.added("assistant")[-1].text_content.startswith("sunny in example")
         deleted = len(h.of("conversation.item.deleted"))
         assert deleted == len(h.sent_of("conversation.item.delete")) > 0, h.summary()
@@ -1554,7 +1555,7 @@ async def test_agent_session_handoff_and_update_agent(serve_url):
         await asyncio.wait_for(h.session.generate_reply(instructions="Say goodbye."), 10)
         # Agent(chat_ctx=...) keeps the calls of its own tools only (ChatContext.copy(tools=)):
         # the weather agent's call and output are deleted, its messages stay
-        call = done[2]["output"][1]
+        call = done[2]["output"][0]
         dropped = [e["item_id"] for e in h.of("conversation.item.deleted")[deleted:]]
         output_id = next(
             e["item"]["id"]
