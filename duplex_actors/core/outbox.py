@@ -23,11 +23,20 @@ from __future__ import annotations
 
 from collections import deque
 
-from .events import AudioDeltaEvent, ErrorEvent, ServerEvent, TranscriptDeltaEvent
+from .events import AudioDeltaEvent, ErrorEvent, ServerEvent, TextDeltaEvent, TranscriptDeltaEvent
 
 
 class Outbox:
-    __slots__ = ("capacity", "reserve", "_q", "overflowed", "dropped_errors", "_held", "holding")
+    __slots__ = (
+        "capacity",
+        "reserve",
+        "_q",
+        "overflowed",
+        "dropped_errors",
+        "_held",
+        "holding",
+        "_held_kinds",
+    )
 
     def __init__(self, capacity: int = 1024, reserve: int = 16) -> None:
         if reserve < 2 or capacity <= reserve:
@@ -38,8 +47,9 @@ class Outbox:
         self.overflowed = False
         self.dropped_errors = 0
         self._held: deque[ServerEvent] = deque()
-        #: The response whose audio is held (None: nothing held).
+        #: The response whose audio is held (None: nothing held), and which of its deltas.
         self.holding: str | None = None
+        self._held_kinds: tuple[type, ...] = _AUDIO
 
     def push(self, event: ServerEvent) -> bool:
         if type(event) is ErrorEvent:
@@ -56,15 +66,21 @@ class Outbox:
             # The reserve is sized for a session's terminal events; past it something is badly
             # wrong, and keeping the terminal beats keeping an older delta.
             self._drop_oldest_nonterminal()
-        if self.holding is not None and _is_audio_of(event, self.holding):
+        if (
+            self.holding is not None
+            and isinstance(event, self._held_kinds)
+            and getattr(event, "response_id", None) == self.holding
+        ):
             self._held.append(event)
         else:
             self._q.append(event)
         return True
 
-    def hold(self, response_id: str) -> None:
-        """Keep this response's audio (and its transcript deltas) aside from now on."""
+    def hold(self, response_id: str, *, text: bool = False) -> None:
+        """Keep this response's audio (and its transcript deltas) aside from now on; ``text``:
+        its text deltas too (a response with text beside its audio keeps both in order)."""
         self.holding = response_id
+        self._held_kinds = _AUDIO_AND_TEXT if text else _AUDIO
 
     def release(self) -> int:
         """End the hold: what was held follows what is queued, in the order it came."""
@@ -90,7 +106,8 @@ class Outbox:
         a hold of it ends."""
         before = len(self._q) + len(self._held)
         self._q = deque(ev for ev in self._q if not _is_audio_of(ev, response_id))
-        self._held = deque(ev for ev in self._held if not _is_audio_of(ev, response_id))
+        # Everything held of it goes: none of it was delivered.
+        self._held = deque(ev for ev in self._held if getattr(ev, "response_id", None) != response_id)
         if self.holding == response_id:
             self.release()  # nothing of it is left to release; later audio is not held
         return before - len(self._q) - len(self._held)
@@ -103,6 +120,10 @@ class Outbox:
 
     def __bool__(self) -> bool:
         return bool(self._q)
+
+
+_AUDIO: tuple[type, ...] = (AudioDeltaEvent, TranscriptDeltaEvent)
+_AUDIO_AND_TEXT: tuple[type, ...] = (AudioDeltaEvent, TranscriptDeltaEvent, TextDeltaEvent)
 
 
 def _is_audio_of(event: ServerEvent, response_id: str) -> bool:

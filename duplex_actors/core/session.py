@@ -855,6 +855,10 @@ class SessionCore:
     def _g_turn_end_held(self) -> bool:
         return self._held_end is not None
 
+    def _g_update_ends_overlap(self) -> bool:
+        cmd = cast(UpdateSession, self._step["command"])
+        return cmd.server_vad is not None or cmd.interrupt_response is not None
+
     def _g_overlap_is_interruption(self) -> bool:
         overlap = self._overlap_ms
         if overlap is None:
@@ -955,10 +959,16 @@ class SessionCore:
 
     def _fx_hold_response_audio(self) -> None:
         # From now on the client gets none of this response's audio until the overlap policy
-        # decides. A response not begun yet is held by the id it will be given.
-        self._hold_from = self._step["now"]
+        # decides. A response not begun yet is held by the id it will be given. A text-only
+        # response talks over nobody: nothing is held. Text beside audio is held with it, so
+        # the response's deltas still reach the client in the order they were made.
         r = self._response
-        self._outbox.hold(r.response_id if r is not None else self._next_response_id())
+        modalities = r.modalities if r is not None else self._response_modalities()
+        if "audio" not in modalities:
+            return
+        self._hold_from = self._step["now"]
+        rid = r.response_id if r is not None else self._next_response_id()
+        self._outbox.hold(rid, text="text" in modalities)
 
     def _fx_release_held_audio(self) -> None:
         if self._hold_from is None:
@@ -1364,7 +1374,7 @@ class SessionCore:
 
     def _fx_emit_response_completed(self) -> None:
         # The engine's end, or, after a backchannel, the end that waited while audio was held.
-        out = self._step["output"] if "output" in self._step else self._held_end
+        out = self._step.get("output", self._held_end)
         self._held_end = None
         self._ensure_begun()
         if isinstance(out, TurnDone) and out.metrics is not None:

@@ -381,6 +381,30 @@ TRANSITIONS = [
             "journal_holds_last_seq",
         ],
     ),
+    # An update that sets turn detection (the server starts a new detector) or whether speech
+    # may interrupt ends the overlap being judged: no speech_stopped of it will come. What was
+    # held goes on, as after a backchannel, and a turn end that waited completes.
+    _row(
+        "update",
+        RESPONDING,
+        LISTENING,
+        ["apply_session_update", "end_overlap", "release_held_audio", *END_TURN_COMPLETED],
+        conditions=["update_ends_overlap", "turn_end_held", "has_buffered_audio"],
+    ),
+    _row(
+        "update",
+        RESPONDING,
+        IDLE,
+        ["apply_session_update", "end_overlap", "release_held_audio", *END_TURN_COMPLETED],
+        conditions=["update_ends_overlap", "turn_end_held"],
+    ),
+    _row(
+        "update",
+        RESPONDING,
+        SAME,
+        ["apply_session_update", "end_overlap", "release_held_audio"],
+        conditions=["update_ends_overlap", "audio_held"],
+    ),
     _row("update", OPEN_STATES, SAME, ["apply_session_update"]),
     # A function's output joins the conversation for the next model turn; it starts nothing.
     _row("function_output", OPEN_STATES, SAME, ["record_function_output"]),
@@ -588,6 +612,10 @@ GUARD_DOCS = {
         "(SessionConfig.hold_audio_on_speech; off: the audio plays on until an interruption)"
     ),
     "audio_held": "the response's audio is held while the user talks over it",
+    "update_ends_overlap": (
+        "the session.update sets turn detection (a new detector: the open speech never stops) "
+        "or interrupt_response"
+    ),
     "turn_end_held": "the engine ended the turn while its audio was held; the response waits for the policy",
     "resume_key_matches": "the resume presents the API key that opened the session (or none was bound)",
     "replays_last_resume": (

@@ -139,6 +139,10 @@ class SessionModel:
         self.response: ModelResponse | None = None
         self.aborting: set[str] = set()
         self.overlap_ms: float | None = None
+        # Barge-in without talk-over: the response's audio is held from speech_started until
+        # the overlap is judged; an engine end that comes meanwhile waits (status, reason).
+        self.held = False
+        self.held_end: tuple[str, str | None] | None = None
         self.stale_outputs = 0
         self.invalid_outputs = 0
         self.issued: list[str] = []  # every request id ever submitted, in order
@@ -376,10 +380,18 @@ class SessionModel:
             self.state = LISTENING
         elif self.state == RESPONDING:
             self.overlap_ms = 0.0
+            config = self.config
+            if config.interrupt_response and config.hold_audio_on_speech and "audio" in config.modalities:
+                self.held = True
 
     def _c_speech_stopped(self, c, exp, now) -> None:
         if self.state == RESPONDING:
             self.overlap_ms = None
+            # A backchannel: the held audio goes on, and an end that waited for it comes now.
+            self.held = False
+            if self.held_end is not None:
+                status, reason = self.held_end
+                self._end(exp, now, status, reason)
 
     def _c_close(self, c, exp, now) -> None:
         self._close(exp, c.reason)
@@ -419,6 +431,12 @@ class SessionModel:
                     r.first_audio = now
                     if r.ttfp_ms is not None:
                         self.ttfp[r.response_id] = r.ttfp_ms
+            elif isinstance(output, TurnDone) and self.held:
+                # Its audio is held: the overlap policy says whether it completed.
+                self.held_end = (
+                    "incomplete" if output.reason == "length" else "completed",
+                    None if output.reason != "length" else "max_output_tokens",
+                )
             elif isinstance(output, TurnDone):
                 self._end(
                     exp,
@@ -475,21 +493,25 @@ class SessionModel:
         self.request_start = None
         self.turn_id += 1
         self.overlap_ms = None
+        self.held, self.held_end = False, None
         self.state = LISTENING if self.buffered else IDLE
         exp.timing_reset = True
 
     def _abort_in_flight(self, exp: Expectation) -> None:
-        if self.turn_request is not None:
+        # A turn whose end is held has ended at the engine: nothing to abort.
+        if self.turn_request is not None and self.held_end is None:
             self.aborting.add(self.turn_request)
             exp.aborts.append((self.turn_request,))
         self.turn_request = None
         self.request_start = None
 
     def _cancel(self, exp: Expectation, reason: str) -> None:
-        self.state = BARGE_IN
+        # With the turn's end held there is no abort to wait for: the user's speech goes on.
+        self.state = BARGE_IN if self.held_end is None else LISTENING
         self.epoch += 1
         exp.epoch_moved = True
         self._abort_in_flight(exp)
+        self.held, self.held_end = False, None
         self._finish_response(exp, "cancelled", reason)
         self.overlap_ms = None
         exp.timing_reset = True
@@ -502,6 +524,7 @@ class SessionModel:
         self.buffered = self.committed = 0
         self.items = []
         self.overlap_ms = None
+        self.held, self.held_end = False, None
         self.close_issued_at = len(self.issued)
         exp.terminals.append(("session.closed", reason))
         exp.timing_reset = True

@@ -151,11 +151,25 @@ def test_close_while_held_sends_none_of_it():
     assert _audio_types(events) == [] and events[-1].type == "session.closed"
 
 
-def test_text_deltas_of_a_text_response_are_never_held():
-    core, rid = _speaking()
+def test_a_text_only_response_is_never_held():
+    core = core_in("responding_begun", server_vad=True, modalities=("text",))
+    rid = core.fence.request_id()
     core.handle(cmd.SpeechStartedSignal(audio_ms=0))
     core.on_engine_output(TextDelta(rid, "word"))
-    assert any("delta" in e.type for e in core.take_events())
+    assert "response.output_text.delta" in [e.type for e in core.take_events()]
+    core.on_engine_output(TurnDone(rid))  # nothing held: it ends at once
+    assert [e.status for e in core.take_events() if e.type == "response.done"] == ["completed"]
+
+
+def test_text_beside_audio_is_held_with_it_and_released_in_order():
+    core, rid = _speaking()  # modalities ("text", "audio"): the runtime's default
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.on_engine_output(TextDelta(rid, "word"))
+    assert not [e for e in core.take_events() if e.type.endswith(".delta")]
+    core.handle(cmd.SpeechStoppedSignal(audio_ms=100))
+    kinds = [e.type for e in core.take_events() if e.type.endswith(".delta")]
+    assert kinds.index("response.output_audio.delta") < kinds.index("response.output_text.delta")
 
 
 def test_outbox_counts_held_events_against_its_capacity():
@@ -225,3 +239,19 @@ def test_the_idle_timer_counts_from_the_end_of_released_audio():
     core.on_engine_output(TurnDone(rid))
     assert core._idle_deadline is not None
     assert core._idle_deadline == pytest.approx(100.2 + 0.5 + 1.0)
+
+
+def test_an_update_that_restarts_turn_detection_releases_what_was_held():
+    """The server starts a new detector on such an update: the open speech never stops, so
+    the hold must not wait for it (the answer would never play, nor end)."""
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(AudioPacket(rid, PACKET))
+    core.on_engine_output(TurnDone(rid))
+    core.handle(cmd.UpdateSession(instructions="be brief"))  # no bearing on the overlap: still held
+    assert _audio_types(core.take_events()) == []
+    core.handle(cmd.UpdateSession(server_vad=False))
+    events = core.take_events()
+    assert _audio_types(events) == ["response.output_audio.delta"]
+    assert [e.status for e in events if e.type == "response.done"] == ["completed"]
+    assert core.state in ("idle", "listening")
