@@ -856,8 +856,11 @@ class SessionCore:
         return self._held_end is not None
 
     def _g_update_ends_overlap(self) -> bool:
-        cmd = cast(UpdateSession, self._step["command"])
-        return cmd.server_vad is not None or cmd.interrupt_response is not None
+        # Total, as every guard: tools (the SCXML check) ask each guard on every step.
+        cmd = self._step.get("command")
+        return isinstance(cmd, UpdateSession) and (
+            cmd.server_vad is not None or cmd.interrupt_response is not None
+        )
 
     def _g_overlap_is_interruption(self) -> bool:
         overlap = self._overlap_ms
