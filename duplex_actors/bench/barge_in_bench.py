@@ -62,7 +62,7 @@ SPEEDS = (0.85, 1.0, 1.2)
 # --- wire ----------------------------------------------------------------------------------
 
 
-def _server_main(ready, hold: bool) -> None:
+def _server_main(ready, hold: bool, packets: int = 500) -> None:
     """Child process: ``serve``'s assembly with a paced scripted engine, on a free port."""
 
     async def main() -> None:
@@ -70,8 +70,11 @@ def _server_main(ready, hold: bool) -> None:
         from ..server.app import ServerConfig
         from ..server.cli_commands import open_server
 
-        # 10 s of paced audio: the user always talks over a response still streaming.
-        script = Script(tokens=(), audio_packets=500, packet_ms=PACKET_MS, packet_latency_s=PACKET_MS / 1000)
+        # 500 packets: 10 s of paced audio, the user always talks over a response still
+        # streaming; a few: a short answer the engine finishes while the user talks over it.
+        script = Script(
+            tokens=(), audio_packets=packets, packet_ms=PACKET_MS, packet_latency_s=PACKET_MS / 1000
+        )
         backend = ScriptedEngine(script, record=False)
         config = ServerConfig(host="127.0.0.1", port=0, session_overrides={"hold_audio_on_speech": hold})
         with anyio.open_signal_receiver(signal.SIGTERM) as signals:
@@ -84,10 +87,12 @@ def _server_main(ready, hold: bool) -> None:
 
 
 @contextlib.contextmanager
-def _server_process(hold: bool) -> Iterator[str]:
+def _server_process(hold: bool, packets: int = 500) -> Iterator[str]:
     ctx = multiprocessing.get_context("spawn")
     ready_recv, ready_send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_server_main, args=(ready_send, hold), name="barge-in-bench", daemon=True)
+    child = ctx.Process(
+        target=_server_main, args=(ready_send, hold, packets), name="barge-in-bench", daemon=True
+    )
     child.start()
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
@@ -106,7 +111,7 @@ def _server_process(hold: bool) -> Iterator[str]:
             child.join(5)
 
 
-async def _round(url: str, speech: bytes) -> dict[str, Any]:
+async def _round(url: str, speech: bytes, speak_after_s: float = SPEAK_AFTER_S) -> dict[str, Any]:
     """One response talked over; what the client received after speech_started."""
     import websockets
 
@@ -141,7 +146,7 @@ async def _round(url: str, speech: bytes) -> dict[str, Any]:
         result: dict[str, Any] = {"frames_after": 0, "audio_ms_after": 0.0}
 
         async def talk() -> None:
-            await anyio.sleep(SPEAK_AFTER_S)
+            await anyio.sleep(speak_after_s)
             step = RATE * 2 // 10  # 100 ms, at real time pace as a microphone sends it
             began = time.perf_counter()
             for n, i in enumerate(range(0, len(speech), step)):
@@ -171,15 +176,16 @@ async def _round(url: str, speech: bytes) -> dict[str, Any]:
         return result
 
 
-def bench_wire(rounds: int = 4) -> dict[str, Any]:
+def bench_wire(rounds: int = 4, packets: int = 500, speak_after_s: float = SPEAK_AFTER_S) -> dict[str, Any]:
+    """``packets`` of 20 ms per response; the user starts ``speak_after_s`` after its first."""
     from ..audio.utterances import synthesize_utterance
 
     speech = synthesize_utterance(INTERRUPTIONS[0], varied=False) + b"\x00\x00" * (RATE // 2)
     arms: dict[str, list[dict[str, Any]]] = {"hold": [], "baseline": []}
-    with _server_process(True) as held_url, _server_process(False) as base_url:
+    with _server_process(True, packets) as held_url, _server_process(False, packets) as base_url:
         for i in range(rounds + 1):
             for name, url in (("hold", held_url), ("baseline", base_url))[:: 1 if i % 2 else -1]:
-                got = anyio.run(_round, url, speech)
+                got = anyio.run(_round, url, speech, speak_after_s)
                 if i:  # the first round of each arm warms it up
                     arms[name].append(got)
     summary: dict[str, Any] = {}
@@ -190,6 +196,10 @@ def bench_wire(rounds: int = 4) -> dict[str, Any]:
             "frames_after_speech_started": {"max": max(frames), "mean": sum(frames) / len(frames)},
             "audio_ms_after_speech_started_mean": sum(r["audio_ms_after"] for r in results) / len(results),
             "statuses": sorted({f"{r.get('status')}/{r.get('reason')}" for r in results}),
+            "status_counts": {
+                k: sum(1 for r in results if f"{r.get('status')}/{r.get('reason')}" == k)
+                for k in sorted({f"{r.get('status')}/{r.get('reason')}" for r in results})
+            },
             "cancel_after_speech_started_ms_mean": sum(r["cancel_after_started_ms"] or 0 for r in results)
             / len(results),
         }
@@ -345,6 +355,9 @@ def main(argv: list[str] | None = None) -> None:
         out["corpus"] = bench_corpus((500,), (None,)) if args.tiny else bench_corpus()
     if not args.skip_wire:
         out["wire"] = bench_wire(args.rounds)
+        # A short answer (0.4 s) the engine finishes while the user talks over it: before the
+        # hold it ended completed, the interruption notwithstanding.
+        out["wire_short_answer"] = bench_wire(args.rounds, packets=20, speak_after_s=0.1)
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:

@@ -43,3 +43,13 @@ def test_barge_in_bench_main_tiny(tmp_path, capsys):
     corpus = json.loads(out.read_text())["corpus"]["clean"]["500"]
     assert 0 <= corpus["false_cancel_rate"] <= 1 and 0 <= corpus["missed_interruption_rate"] <= 1
     assert corpus["backchannels"] > 0 and corpus["interruptions"] > 0
+
+
+def test_wire_a_short_answer_talked_over_ends_cancelled_with_the_hold_completed_without():
+    """issue 30: short answers ended completed despite the interruption. A 0.4 s answer the
+    user talks over 0.1 s in: the engine finishes first; with the hold its end waits for the
+    overlap policy, which calls it an interruption."""
+    result = barge_in_bench.bench_wire(rounds=1, packets=20, speak_after_s=0.1)
+    assert result["hold"]["statuses"] == ["cancelled/turn_detected"]
+    assert result["hold"]["frames_after_speech_started"]["max"] <= 1
+    assert result["baseline"]["statuses"] == ["completed/None"]
