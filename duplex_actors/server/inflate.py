@@ -27,7 +27,7 @@ import structlog
 from websockets.exceptions import PayloadTooBig
 from websockets.extensions.base import Extension
 from websockets.extensions.permessage_deflate import PerMessageDeflate, ServerPerMessageDeflateFactory
-from websockets.frames import CONT, CTRL_OPCODES, Frame
+from websockets.frames import CTRL_OPCODES, Frame, Opcode  # Opcode.CONT: websockets 16 has no CONT alias
 from websockets.typing import ExtensionParameter
 
 log = structlog.get_logger("duplex_actors.server")
@@ -68,10 +68,10 @@ class BudgetedDeflate(PerMessageDeflate):
     def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
         if frame.opcode in CTRL_OPCODES:
             return frame
-        compressed = frame.rsv1 if frame.opcode is not CONT else self.decode_cont_data
+        compressed = frame.rsv1 if frame.opcode is not Opcode.CONT else self.decode_cont_data
         if not compressed:
             return super().decode(frame, max_size=max_size)
-        if frame.opcode is not CONT:
+        if frame.opcode is not Opcode.CONT:
             self._wire = self._inflated = 0
         self._wire += len(frame.data)
         budget = self.budget
