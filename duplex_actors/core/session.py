@@ -1418,6 +1418,9 @@ class SessionCore:
             self._windows.forget(self._turn_request)
         self._timing.prune(self.turn_id)
         self._turn_request = None
+        # However the turn ended (a failure may follow an end that waited on held audio), no end
+        # waits any more: a stale one would take the next turn's barge-in for ended (no abort).
+        self._held_end = None
         self.turn_id += 1
         self.lease.in_flight = max(self.lease.in_flight - 1, 0)
         self._overlap_ms = None

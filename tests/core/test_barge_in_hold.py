@@ -255,3 +255,25 @@ def test_an_update_that_restarts_turn_detection_releases_what_was_held():
     assert _audio_types(events) == ["response.output_audio.delta"]
     assert [e.status for e in events if e.type == "response.done"] == ["completed"]
     assert core.state in ("idle", "listening")
+
+
+def test_a_turn_ended_by_a_failure_after_its_held_end_leaves_no_held_end_for_the_next_turn():
+    # Found by the session machine: an end that waited on held audio, then a failure of the same
+    # request, ended the turn but left the waiting end behind; the next turn's barge-in then
+    # took its (live) request for ended and aborted nothing.
+    from duplex_actors.core.engine_io import EngineFailure
+
+    core, rid = _speaking()
+    core.handle(cmd.SpeechStartedSignal(audio_ms=0))
+    core.on_engine_output(TurnDone(rid))  # waits: the audio is held
+    core.on_engine_output(EngineFailure(rid, "engine gone"))
+    assert core.state in ("idle", "listening")
+    core.take_actions()
+    core.take_events()
+    core.handle(cmd.AppendAudio(pcm=PCM))
+    core.handle(cmd.CreateResponse())
+    live = core.fence.request_id()
+    core.take_actions()
+    core.handle(cmd.BargeIn(reason="turn_detected"))
+    aborts = [a for a in core.take_actions() if isinstance(a, AbortRequests)]
+    assert [a.request_ids for a in aborts] == [(live,)]
