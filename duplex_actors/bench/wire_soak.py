@@ -220,10 +220,25 @@ _MANUAL_TURNS = json.dumps(
 )
 
 
-async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str):
+async def _connect(url: str, stats: Counter, attempts: int = 1):
+    """A websocket, retried (``attempts``) when the handshake fails: a handshake caught by the
+    death of the worker it was handed to fails without a session (serve --workers runs)."""
     from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidHandshake
 
-    ws = stream.ws = await connect(f"{url}?session_id={stream.sid}")
+    for attempt in range(attempts):
+        try:
+            return await connect(url)
+        except (InvalidHandshake, OSError):
+            if attempt == attempts - 1:
+                raise
+            stats["handshakes_failed_with_worker"] += 1
+            await asyncio.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
+async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str, attempts: int = 1):
+    ws = stream.ws = await _connect(f"{url}?session_id={stream.sid}", stats, attempts)
     await ws.send(
         json.dumps(
             {
@@ -261,17 +276,21 @@ async def _normal_client(
     p_churn: float,
     killing: bool = False,
 ) -> None:
-    from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
+    # A run that kills a worker retries a handshake the death caught (no session had begun).
+    attempts = 5 if killing else 1
     while time.monotonic() < deadline:
         stream = _Stream(stats)
-        ws = await connect(url)
+        ws = await _connect(url, stats, attempts)
         try:
-            ws = await _one_session(url, ws, stream, rng, deadline, stats, p_barge, p_drop, p_churn)
+            ws = await _one_session(url, ws, stream, rng, deadline, stats, p_barge, p_drop, p_churn, attempts)
         except ConnectionClosed as closed:
             if not killing:
                 raise
+            if not stream.sid:  # closed before session.created: no session was lost
+                stats["handshakes_failed_with_worker"] += 1
+                continue
             # Its worker was killed: a farewell must have come first (else it was never told).
             # What arrived before the close frame is still there to read.
             await _read_what_is_left(stream.ws, stream)
@@ -306,6 +325,7 @@ async def _one_session(
     p_barge: float,
     p_drop: float,
     p_churn: float,
+    attempts: int = 1,
 ):
     """One session, from its session.created to a churn or the deadline; returns the socket
     still to close (None: the session ended without one)."""
@@ -344,7 +364,7 @@ async def _one_session(
                 ws.transport.abort()
                 await asyncio.sleep(rng.uniform(0.05, 1.0))
                 resumes += 1
-                ws = stream.ws = await _resume(url, stream, stats, f"{stream.sid}-r{resumes}")
+                ws = stream.ws = await _resume(url, stream, stats, f"{stream.sid}-r{resumes}", attempts)
                 if ws is None:
                     break
                 if stream.created == created and stream.dones == dones:
@@ -359,96 +379,122 @@ async def _one_session(
     return ws
 
 
-async def _hostile_client(url: str, rng: random.Random, deadline: float, stats: Counter) -> None:
+async def _hostile_client(
+    url: str, rng: random.Random, deadline: float, stats: Counter, killing: bool = False
+) -> None:
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+    while time.monotonic() < deadline:
+        try:
+            await _hostile_round(url, rng, stats)
+        except (ConnectionClosed, InvalidHandshake, OSError):
+            if not killing:
+                raise
+            # Its worker died under it (a farewell's 1011, or a handshake cut): no defence was
+            # tried, so none failed.
+            stats["hostile_cut_by_worker_loss"] += 1
+        await asyncio.sleep(rng.uniform(0.5, 2.0))
+
+
+def _lost_with_worker(ws) -> bool:
+    """Whether the front closed ``ws`` because its worker died (serve --workers)."""
+    return ws.close_code == 1011 and (ws.close_reason or "").startswith("worker lost")
+
+
+async def _hostile_round(url: str, rng: random.Random, stats: Counter) -> None:
+    """One hostile try: a flood, a forged resume or out-of-range values."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    while time.monotonic() < deadline:
-        kind = rng.choice(("flood", "forge", "poke"))
-        stats[f"hostile_{kind}"] += 1
-        ws = await connect(url)
-        created = await _recv(ws)
-        sid = created["session"]["id"]
-        if kind == "flood":
-            for i in range(400):
-                await ws.send(f"garbage {i}")
-            try:
-                while True:
-                    await _recv(ws, 10.0)
-            except ConnectionClosed:
-                pass
-            except TimeoutError:
-                pass
-            if ws.close_code != 1008:
-                stats["defence_failures"] += 1
-                stats[f"defence_failed:flood:{ws.close_code}"] += 1
-        elif kind == "forge":
-            ws.transport.abort()
-            await asyncio.sleep(0.05)
-            thief = await connect(f"{url}?session_id={sid}")
-            await thief.send(
+    kind = rng.choice(("flood", "forge", "poke"))
+    stats[f"hostile_{kind}"] += 1
+    ws = await connect(url)
+    created = await _recv(ws)
+    sid = created["session"]["id"]
+    if kind == "flood":
+        for i in range(400):
+            await ws.send(f"garbage {i}")
+        try:
+            while True:
+                await _recv(ws, 10.0)
+        except ConnectionClosed:
+            pass
+        except TimeoutError:
+            pass
+        if _lost_with_worker(ws):
+            stats["hostile_cut_by_worker_loss"] += 1
+        elif ws.close_code != 1008:
+            stats["defence_failures"] += 1
+            stats[f"defence_failed:flood:{ws.close_code}"] += 1
+    elif kind == "forge":
+        ws.transport.abort()
+        await asyncio.sleep(0.05)
+        thief = await connect(f"{url}?session_id={sid}")
+        await thief.send(
+            json.dumps(
+                {
+                    "type": "session.resume",
+                    "session_id": sid,
+                    "generation": 0,
+                    "resume_token": "forged",
+                    "last_seq": 0,
+                    "control_id": "x",
+                }
+            )
+        )
+        answer = await _recv(thief)
+        try:
+            extra = await _recv(thief, 5.0)
+        except (TimeoutError, ConnectionClosed):
+            extra = None
+        # (session_lost: the session died with its worker before the thief came, in a run
+        # that kills one; refused all the same, and its journal is gone)
+        refusals = ("resume_conflict", "session_lost")
+        if answer["type"] != "error" or answer["error"]["code"] not in refusals or extra is not None:
+            stats["defence_failures"] += 1
+            stats["defence_failed:forge"] += 1
+    else:
+        # Each frame's refusal is a GA error naming its event_id (and, for a field of a
+        # session.update, its param). A session.update is refused whole (all or nothing,
+        # as OpenAI's): the error alone comes, never a session.updated; so is the surrogate.
+        frames = [
+            (
                 json.dumps(
                     {
-                        "type": "session.resume",
-                        "session_id": sid,
-                        "generation": 0,
-                        "resume_token": "forged",
-                        "last_seq": 0,
-                        "control_id": "x",
+                        "type": "session.update",
+                        "event_id": "p1",
+                        "session": {"duplex": {"sampling": {"seed": 2**70}}},
                     }
-                )
-            )
-            answer = await _recv(thief)
+                ),
+                ("invalid_value", "session.duplex.sampling.seed"),
+            ),
+            (
+                '{"type": "session.update", "event_id": "p2", "session": {"instructions": "\\ud800"}}',
+                ("invalid_text", None),
+            ),
+        ]
+        for frame, expected in frames:
+            await ws.send(frame)
+            sent_id = json.loads(frame)["event_id"]
             try:
-                extra = await _recv(thief, 5.0)
-            except (TimeoutError, ConnectionClosed):
-                extra = None
-            # (session_lost: the session died with its worker before the thief came, in a run
-            # that kills one; refused all the same, and its journal is gone)
-            refusals = ("resume_conflict", "session_lost")
-            if answer["type"] != "error" or answer["error"]["code"] not in refusals or extra is not None:
-                stats["defence_failures"] += 1
-                stats["defence_failed:forge"] += 1
-        else:
-            # Each frame's refusal is a GA error naming its event_id (and, for a field of a
-            # session.update, its param). A session.update is refused whole (all or nothing,
-            # as OpenAI's): the error alone comes, never a session.updated; so is the surrogate.
-            frames = [
-                (
-                    json.dumps(
-                        {
-                            "type": "session.update",
-                            "event_id": "p1",
-                            "session": {"duplex": {"sampling": {"seed": 2**70}}},
-                        }
-                    ),
-                    ("invalid_value", "session.duplex.sampling.seed"),
-                ),
-                (
-                    '{"type": "session.update", "event_id": "p2", "session": {"instructions": "\\ud800"}}',
-                    ("invalid_text", None),
-                ),
-            ]
-            for frame, expected in frames:
-                await ws.send(frame)
-                sent_id = json.loads(frame)["event_id"]
-                try:
+                answer = await _recv(ws, 5.0)
+                while answer["type"] != "error":
                     answer = await _recv(ws, 5.0)
-                    while answer["type"] != "error":
-                        answer = await _recv(ws, 5.0)
-                    error = answer["error"]
-                    refused = (
-                        error.get("type") == "invalid_request_error"
-                        and error.get("event_id") == sent_id
-                        and (error.get("code"), error.get("param")) == expected
-                    )
-                except (TimeoutError, ConnectionClosed):
-                    refused = False
-                if not refused:
-                    stats["defence_failures"] += 1
-                    stats["defence_failed:poke"] += 1
-            await ws.close()
-        await asyncio.sleep(rng.uniform(0.5, 2.0))
+                error = answer["error"]
+                refused = (
+                    error.get("type") == "invalid_request_error"
+                    and error.get("event_id") == sent_id
+                    and (error.get("code"), error.get("param")) == expected
+                )
+            except (TimeoutError, ConnectionClosed):
+                if _lost_with_worker(ws):
+                    stats["hostile_cut_by_worker_loss"] += 1
+                    return
+                refused = False
+            if not refused:
+                stats["defence_failures"] += 1
+                stats["defence_failed:poke"] += 1
+        await ws.close()
 
 
 #: What the soak reads from the server's /metrics beside its RSS: with these a report can tell
@@ -588,7 +634,7 @@ async def _run(
         for i in range(sessions):
             crng = random.Random(rng.getrandbits(64))
             if i < n_hostile:
-                tasks.append(_hostile_client(url, crng, deadline, stats))
+                tasks.append(_hostile_client(url, crng, deadline, stats, kill_worker))
             else:
                 tasks.append(_normal_client(url, crng, deadline, stats, 0.2, 0.08, 0.03, kill_worker))
 
@@ -642,7 +688,11 @@ async def _run(
         # +19k blocks with the policy and +260k without it, on the same code.
         idle_after = await asyncio.to_thread(_inside, http)
         for _ in range(20):  # connections closing at the last moment finish their tasks
-            if not idle_after or not idle_before or idle_after["tasks"] <= idle_before["tasks"]:
+            if (
+                not idle_after
+                or not idle_before
+                or (idle_after["tasks"] <= idle_before["tasks"] and idle_after.get("records", 0) == 0)
+            ):
                 break
             await asyncio.sleep(0.25)
             idle_after = await asyncio.to_thread(_inside, http)
