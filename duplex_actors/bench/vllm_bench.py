@@ -234,6 +234,9 @@ class _ReplayLLM:
                 outputs=[NS(token_ids=[7], text=" tok", finish_reason="length" if i == tokens - 1 else None)],
                 metrics=stats,
                 finished=i == tokens - 1,
+                # As AsyncLLM's DELTA outputs: the prompt's ids with the first output only.
+                prompt_token_ids=[1, 2, 3] if i == 0 else None,
+                num_cached_tokens=0,
             )
             for i in range(tokens)
         ]
