@@ -195,6 +195,8 @@ class UnencodableText(InvalidCommand):
 
 
 class UnknownSession(ClientError):
+    """No open session has this id (never opened, closed, expired, or opened with another API key)."""
+
     code = "unknown_session"
 
 
@@ -230,6 +232,8 @@ class ResyncRequired(ClientError):
 
 
 class RuntimeFault(DuplexError):
+    """The runtime could not do it now (capacity, backpressure, a timeout, shutting down); retryable."""
+
     retryable = True
 
 
@@ -240,6 +244,8 @@ class Backpressure(RuntimeFault):
 
 
 class MailboxFull(Backpressure):
+    """The session's mailbox lane is full: the command was not accepted."""
+
     code = "mailbox_full"
 
 
@@ -269,10 +275,14 @@ class ServerDraining(RuntimeFault):
 
 
 class AskTimeout(RuntimeFault):
+    """An ``ask`` was not answered within its timeout; the command may still be processed."""
+
     code = "ask_timeout"
 
 
 class RuntimeClosed(DuplexError):
+    """The runtime is not running (outside ``async with Runtime(...)``, or after it closed)."""
+
     code = "runtime_closed"
 
 
@@ -280,6 +290,8 @@ class RuntimeClosed(DuplexError):
 
 
 class EngineError(DuplexError):
+    """The engine backend misbehaved or failed."""
+
     code = "engine_error"
 
 
@@ -290,6 +302,8 @@ class EngineProtocolError(EngineError):
 
 
 class EngineFailed(EngineError):
+    """The engine failed a request (the turn ends with ``response.done`` status failed); retryable."""
+
     code = "engine_failed"
     retryable = True
 

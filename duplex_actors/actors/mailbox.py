@@ -29,6 +29,10 @@ _CONTROL, _ENGINE, _DATA = _LANES
 
 @attrs.frozen(slots=True)
 class MailboxStatistics:
+    """A snapshot of one session's mailbox: messages waiting in each lane, the capacity, and how many
+    were accepted, refused and the most ever waiting at once.
+    """
+
     control: int
     engine: int
     data: int

@@ -53,6 +53,10 @@ REAP_SLICE = 500
 
 @attrs.frozen(slots=True)
 class RuntimeStatistics:
+    """A snapshot of a runtime (``Runtime.statistics()``): sessions by state, opened and closed so far,
+    sessions queued for the dispatcher, and the engine actor's own statistics.
+    """
+
     sessions: int
     sessions_by_state: dict
     opened: int
@@ -181,6 +185,14 @@ class SessionHandle:
 
 
 class Runtime:
+    """The actor runtime: every session's actor, the one shared engine actor that batches their model
+    turns, the lease reaper and the session timers, in one anyio task group (``async with
+    Runtime(engine) as runtime``).
+
+    ``open_session()`` returns a :class:`SessionHandle`; :meth:`drain` begins a graceful shutdown.
+    Works on asyncio and trio.
+    """
+
     def __init__(
         self,
         engine: EngineBackend | None = None,

@@ -12,6 +12,8 @@ class Clock(Protocol):
 
 
 class MonotonicClock:
+    """The real clock: ``time.perf_counter()`` seconds. Tests inject :class:`ManualClock` instead."""
+
     __slots__ = ()
 
     def now(self) -> float:

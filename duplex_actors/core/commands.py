@@ -79,6 +79,10 @@ def _rate(instance, attribute, value):
 
 @attrs.frozen(slots=True, kw_only=True)
 class AppendAudio(Command):
+    """Client audio for the input buffer (GA ``input_audio_buffer.append``): pcm16 at the session's
+    rate.
+    """
+
     TRIGGER = "append"
     pcm: bytes = attrs.field(validator=_pcm16, converter=bytes, repr=lambda b: f"<{len(b)} bytes>")
     sample_rate: int = attrs.field(default=16000, validator=_rate)
@@ -128,16 +132,24 @@ _set = object.__setattr__  # frozen attrs classes refuse their own __setattr__, 
 
 @attrs.frozen(slots=True, kw_only=True)
 class CommitInput(Command):
+    """Commit the buffered audio as a user item (``input_audio_buffer.commit``)."""
+
     TRIGGER = "commit"
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class ClearInput(Command):
+    """Drop the uncommitted audio (``input_audio_buffer.clear``)."""
+
     TRIGGER = "clear"
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class CreateResponse(Command):
+    """Ask for a model turn (``response.create``), optionally with instructions, modalities and
+    metadata for this response only.
+    """
+
     TRIGGER = "create_response"
     instructions: str | None = None
     #: Overrides the session's output modalities for this response (("text",) or ("audio",)).
@@ -169,12 +181,16 @@ class SpeechStartedSignal(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class SpeechStoppedSignal(Command):
+    """From server VAD (or a client that runs its own VAD): the user's speech ended."""
+
     TRIGGER = "speech_stopped"
     audio_ms: int = 0
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class UpdateSession(Command):
+    """Change the session's settings (``session.update``): all or nothing."""
+
     TRIGGER = "update"
     auto_respond: bool | None = None
     respond_on_commit: bool | None = None
@@ -238,12 +254,16 @@ class CreateItem(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class DeleteItem(Command):
+    """Remove a conversation item (``conversation.item.delete``)."""
+
     TRIGGER = "delete_item"
     item_id: str
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class RetrieveItem(Command):
+    """Send a conversation item back (``conversation.item.retrieve``)."""
+
     TRIGGER = "retrieve_item"
     item_id: str
 
@@ -263,6 +283,8 @@ class TruncateItem(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class BargeIn(Command):
+    """The user interrupted: cancel the response in flight at once (its reason is the response.done's)."""
+
     LANE = Lane.CONTROL
     TRIGGER = "barge_in"
     reason: str = "turn_detected"
@@ -270,6 +292,8 @@ class BargeIn(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class CancelResponse(Command):
+    """Cancel the response in flight (``response.cancel``); naming another response is refused."""
+
     LANE = Lane.CONTROL
     TRIGGER = "cancel"
     reason: str = "client_cancelled"
@@ -279,6 +303,8 @@ class CancelResponse(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class Heartbeat(Command):
+    """Keep the lease alive (answered by ``heartbeat.ack``)."""
+
     LANE = Lane.CONTROL
     TRIGGER = "heartbeat"
 
@@ -295,12 +321,18 @@ class PlaybackAck(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class Detach(Command):
+    """The transport dropped: the session waits out its disconnect grace for a resume."""
+
     LANE = Lane.CONTROL
     TRIGGER = "detach"
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class Resume(Command):
+    """Take a detached (or still attached) session over with its lease's generation and token,
+    replaying the journal after ``last_seq``.
+    """
+
     LANE = Lane.CONTROL
     TRIGGER = "resume"
     generation: int
@@ -318,6 +350,8 @@ class Resume(Command):
 
 @attrs.frozen(slots=True, kw_only=True)
 class Close(Command):
+    """Close the session; closed is absorbing."""
+
     LANE = Lane.CONTROL
     TRIGGER = "close"
     reason: str = "client_closed"

@@ -36,6 +36,8 @@ CREATABLE_ROLES = ("user", "system", "developer", "assistant")
 
 @attrs.frozen(slots=True, kw_only=True)
 class ContentPart:
+    """One part of a conversation item: text, a transcript, or how much audio it holds."""
+
     #: input_text | input_audio | input_image (its image not kept) | output_text | output_audio | text
     type: str
     text: str | None = None
@@ -46,6 +48,10 @@ class ContentPart:
 
 @attrs.frozen(slots=True, kw_only=True)
 class Item:
+    """A conversation item as the Realtime API knows it: a message (user, assistant, system,
+    developer), a function call or a function call's output.
+    """
+
     id: str
     #: message | function_call | function_call_output
     type: str = "message"

@@ -18,6 +18,8 @@ from .fence import Fence
 
 
 class TurnKind(enum.Enum):
+    """Why a request was made: a response to the user, or a model-native unit's listen/speak decision."""
+
     #: The user's turn is committed (client commit or server VAD): produce a response.
     RESPONSE = "response"
     #: Model-native duplex: one audio unit; the model first decides listen or speak.
@@ -100,6 +102,10 @@ class FunctionResult:
 
 @attrs.frozen(slots=True)
 class ModelTurnRequest:
+    """One request to the engine: its id (derived from its :class:`Fence`), the user's audio for the
+    turn, the conversation so far and the response's settings.
+    """
+
     request_id: str
     fence: Fence
     kind: TurnKind
@@ -162,6 +168,8 @@ class Decision:
 
 @attrs.frozen(slots=True)
 class TextDelta:
+    """Engine output: text the model produced for a request."""
+
     request_id: str
     text: str
     token_count: int = 1
@@ -170,6 +178,8 @@ class TextDelta:
 
 @attrs.frozen(slots=True)
 class AudioPacket:
+    """Engine output: a packet of the response's audio (pcm16) and the words it speaks."""
+
     request_id: str
     pcm: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     sample_rate: int = 16000

@@ -22,6 +22,10 @@ def new_session_id() -> str:
 
 @attrs.frozen(slots=True)
 class Fence:
+    """What a model turn belongs to: ``(session_id, epoch, turn_id)``. Output of an older epoch (a
+    barge-in moved it on) is stale and never delivered.
+    """
+
     session_id: str
     epoch: int
     turn_id: int

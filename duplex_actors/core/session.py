@@ -199,6 +199,14 @@ class Step(TypedDict, total=False):
 
 
 class SessionCore:
+    """One session, sans-IO: the statechart's state and everything its guards and effects read and
+    write (input buffer, conversation, lease, journal, outbox, timing).
+
+    Commands go in through :meth:`handle`, engine outputs through :meth:`on_engine_output`; events
+    come out through :meth:`take_events` and engine work through :meth:`take_actions`. No I/O, and
+    the clock is injected.
+    """
+
     __slots__ = (
         "session_id",
         "tenant",

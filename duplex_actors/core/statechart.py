@@ -66,6 +66,8 @@ from ..errors import (
 
 
 class State(str, enum.Enum):
+    """The five states of a session's statechart (the module docstring says what each means)."""
+
     IDLE = "idle"
     LISTENING = "listening"
     RESPONDING = "responding"

@@ -34,6 +34,10 @@ def _ms(seconds: float | None) -> float | None:
 
 @attrs.frozen(slots=True)
 class ResponseMetrics:
+    """One response's timing: TTFT, TTFP, TPOT, ITL, RTF and stop latency in ms, with the ``source``
+    that measured them (server clock, or the engine's own).
+    """
+
     response_id: str
     turn_id: int
     source: str
@@ -74,6 +78,8 @@ class ResponseMetrics:
 
 @attrs.frozen(slots=True)
 class Summary:
+    """Count, mean and percentiles (p50, p90, p99) of a set of timings; None where there were none."""
+
     count: int
     mean: float | None
     p50: float | None

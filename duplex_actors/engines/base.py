@@ -26,6 +26,10 @@ from ..core.engine_io import EngineOutput, ModelTurnRequest
 
 @attrs.frozen(slots=True)
 class EngineCapabilities:
+    """What an engine can do, which the runtime plans around: model-native listen/speak decisions,
+    audio output, the unit size, and how many requests it takes at once.
+    """
+
     #: Can decide listen/speak per audio unit (model-native duplex mode).
     model_native: bool = False
     #: Produces AudioPacket outputs (has a talker).
@@ -42,6 +46,11 @@ class EngineCapabilities:
 
 @runtime_checkable
 class EngineBackend(Protocol):
+    """What the engine actor needs of a model backend: start, close, and ``generate(request)``, an
+    async stream of engine outputs ending with exactly one terminal; plus ``abort``. Implemented by
+    the scripted, embedded, vLLM and Ray engines.
+    """
+
     name: str
     capabilities: EngineCapabilities
 

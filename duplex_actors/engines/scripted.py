@@ -41,6 +41,8 @@ from .base import EngineCapabilities
 
 @attrs.frozen(slots=True)
 class Script:
+    """What the scripted engine says and how fast: its tokens, audio packets and latencies."""
+
     tokens: tuple[str, ...] = ("Hello", " there", ",", " how", " can", " I", " help", "?")
     audio_packets: int = 3
     packet_ms: int = 100
@@ -123,6 +125,10 @@ def _tone(ms: int, rate: int, freq: float = 220.0) -> bytes:
 
 
 class ScriptedEngine:
+    """A deterministic engine for tests and demos without a model: plays a :class:`Script` (or one
+    chosen per request) with the given latencies, and honours aborts.
+    """
+
     name = "scripted"
 
     def __init__(
