@@ -24,23 +24,20 @@ Two parts, both against a baseline measured in the same run:
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import multiprocessing
-import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import numpy as np
 
+from .child_server import served_in_child
+
 RATE = 16000
 PACKET_MS = 20
 #: Before the user speaks, the response has played this long.
 SPEAK_AFTER_S = 0.3
-SERVER_START_TIMEOUT_S = 120.0
 
 BACKCHANNELS = ("Mm-hmm.", "Yeah.", "Right.", "Okay.", "Uh-huh.", "Sure.", "I see.", "Yes.")
 INTERRUPTIONS = (
@@ -86,29 +83,8 @@ def _server_main(ready, hold: bool, packets: int = 500) -> None:
     anyio.run(main)
 
 
-@contextlib.contextmanager
-def _server_process(hold: bool, packets: int = 500) -> Iterator[str]:
-    ctx = multiprocessing.get_context("spawn")
-    ready_recv, ready_send = ctx.Pipe(duplex=False)
-    child = ctx.Process(
-        target=_server_main, args=(ready_send, hold, packets), name="barge-in-bench", daemon=True
-    )
-    child.start()
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not ready_recv.poll(0.1):
-            if not child.is_alive():
-                raise RuntimeError(f"the barge-in bench server exited with code {child.exitcode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("the barge-in bench server did not start")
-        yield f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
-    finally:
-        if child.pid is not None and child.is_alive():
-            os.kill(child.pid, signal.SIGTERM)
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-            child.join(5)
+def _server_process(hold: bool, packets: int = 500):
+    return served_in_child(_server_main, hold, packets, name="barge-in-bench")
 
 
 async def _round(url: str, speech: bytes, speak_after_s: float = SPEAK_AFTER_S) -> dict[str, Any]:

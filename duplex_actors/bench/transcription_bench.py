@@ -19,15 +19,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import numpy as np
+
+from .child_server import served_in_child
 
 RATE = 16000
 SENTENCES = (
@@ -61,26 +61,9 @@ def _server_main(ready, recogniser: str) -> None:
     anyio.run(main)
 
 
-@contextlib.contextmanager
-def _server_process(recogniser: str) -> Iterator[str]:
-    ctx = multiprocessing.get_context("spawn")
-    ready_recv, ready_send = ctx.Pipe(duplex=False)
+def _server_process(recogniser: str):
     # Not a daemon: PocketSphinx decodes in a process pool of the server's own.
-    child = ctx.Process(target=_server_main, args=(ready_send, recogniser), daemon=False)
-    child.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not ready_recv.poll(0.1):
-            if not child.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the {recogniser} server did not start (exit code {child.exitcode})")
-        yield f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
-    finally:
-        if child.pid is not None and child.is_alive():
-            os.kill(child.pid, signal.SIGTERM)
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-            child.join(5)
+    return served_in_child(_server_main, recogniser, name=f"{recogniser} transcription", daemon=False)
 
 
 async def _session(url: str, language: str | None = None):

@@ -47,18 +47,16 @@ is never paced.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
+from .child_server import served_in_child
 from .runtime_bench import figure, percentiles
 
 #: A fast engine: first output 20 ms after the request, one short text token then one packet.
@@ -67,8 +65,6 @@ TARGET_ADDED_P99_MS = 2.0
 #: The VAD turns' client sends audio at this multiple of real time on average (see the module
 #: docstring): under the server's default audio pacing (4x).
 VAD_CLIENT_RATE = 3.0
-#: How long the child server may take to import, load and listen.
-SERVER_START_TIMEOUT_S = 120.0
 
 
 def _script():
@@ -184,28 +180,9 @@ def _floor_server_main(ready) -> None:
     asyncio.run(main())
 
 
-@contextlib.contextmanager
-def _server_process(target=_server_main) -> Iterator[str]:
+def _server_process(target=_server_main):
     """A bench server (``target``) in a child process; yields its websocket URL."""
-    ctx = multiprocessing.get_context("spawn")
-    ready_recv, ready_send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=target, args=(ready_send,), name="wire-bench-server", daemon=True)
-    child.start()
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not ready_recv.poll(0.1):
-            if not child.is_alive():
-                raise RuntimeError(f"the wire bench server exited with code {child.exitcode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the wire bench server did not start within {SERVER_START_TIMEOUT_S:g}s")
-        yield f"ws://127.0.0.1:{ready_recv.recv()}/v1/realtime"
-    finally:
-        if child.pid is not None and child.is_alive():
-            os.kill(child.pid, signal.SIGTERM)
-        child.join(10)
-        if child.is_alive():
-            child.kill()
-            child.join(5)
+    return served_in_child(target, name="wire-bench")
 
 
 async def _bare_first_audio(engine, n: int) -> float:
