@@ -164,6 +164,7 @@ class DuplexClient:
         try:
             while True:
                 ws = self._ws
+                assert ws is not None, "start() opens the connection before the pump"
                 try:
                     async for raw in ws:
                         await self._on_message(raw)
@@ -174,7 +175,7 @@ class DuplexClient:
                     return
                 rcvd = ws.protocol.close_rcvd
                 code = rcvd.code if rcvd is not None else None
-                if code is not None and (code == 1000 or 4000 <= code < 5000):
+                if rcvd is not None and (rcvd.code == 1000 or 4000 <= rcvd.code < 5000):
                     # A deliberate close by the server: the session ended or the resume was
                     # refused (its error event has been delivered). Not a network failure.
                     self._failure = SessionLost(
@@ -321,6 +322,7 @@ class DuplexClient:
                 if self._failure is not None or self._closing:
                     raise self._failure or SessionLost("the client is closed")
                 ws = self._ws
+                assert ws is not None, "_connected is set only with a connection"
                 try:
                     await ws.send(frame)
                     return event["event_id"]

@@ -16,7 +16,7 @@ import anyio
 import attrs
 
 from ..audio.server_vad import ServerVad
-from ..core.events import ServerEvent
+from ..core.events import AudioDeltaEvent, ResponseCreated, ResponseDone, ServerEvent
 from ..errors import MailboxFull, SessionClosed
 
 CHUNK_MS = 20
@@ -148,11 +148,10 @@ class Caller:
     def _on_event(self, event: ServerEvent) -> None:
         t = self.now()
         self.stats.state = self.session.state
-        kind = event.type
-        if kind == "response.created":
+        if isinstance(event, ResponseCreated):
             self._response_active = True
             self._plan_overlap(t)
-        elif kind == "response.output_audio.delta":
+        elif isinstance(event, AudioDeltaEvent):
             if event.response_id in self._cancelled_responses:
                 self.stats.stale_audio_after_cancel += 1
                 return
@@ -161,7 +160,7 @@ class Caller:
             start = max(t, self._current_audio_end)
             self._current_audio_end = start + duration
             self.timeline.model_audio.append((start, self._current_audio_end))
-        elif kind == "response.done":
+        elif isinstance(event, ResponseDone):
             self._response_active = False
             self.timeline.responses.append((t, event.status, event.reason))
             m = event.metrics

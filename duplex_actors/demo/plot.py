@@ -14,7 +14,7 @@ def plot_timeline(timeline, path: Path, title: str = "") -> None:
     fig, ax = plt.subplots(figsize=(12, 3))
     for start, end, _text in timeline.user_speech:
         ax.broken_barh([(start, end - start)], (10, 8), facecolors="tab:blue")
-    merged = []
+    merged: list[list[float]] = []
     for start, end in sorted(timeline.model_audio):
         if merged and start <= merged[-1][1] + 0.05:
             merged[-1][1] = max(merged[-1][1], end)

@@ -6,6 +6,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import attrs
@@ -13,6 +14,10 @@ import attrs
 from ..actors.runtime import Runtime
 from ..core.timing import Summary
 from .caller import Behaviour, Caller
+
+if TYPE_CHECKING:
+    from ..engines.base import EngineBackend
+    from ..engines.pacing import PacedEngine
 
 METRICS = ("ttft_ms", "ttfp_ms", "tpot_ms", "rtf", "stop_latency_ms")
 
@@ -31,8 +36,10 @@ class DemoOptions:
     min_interruption_ms: int = 700
 
 
-def build_engine(options: DemoOptions):
+def build_engine(options: DemoOptions) -> PacedEngine:
     from ..engines.pacing import PacedEngine
+
+    backend: EngineBackend
 
     if options.engine == "embedded":
         from ..engines.embedded import make_embedded_engine

@@ -173,6 +173,8 @@ def spec_from_machine(
     leaving = {e.source for e in edges if e.target is not None and e.target != e.source}
     absorbing = tuple(s for s in states if s not in leaving)
     initial = machine.initial
+    if initial is None:
+        raise ValueError(f"chart {name!r}: the machine has no initial state")
     return ChartSpec(
         name=name,
         title=title,

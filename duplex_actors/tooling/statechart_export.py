@@ -130,12 +130,12 @@ def merged_external_edges(chart: ChartSpec, *, effects: bool = True) -> list[tup
             key = (edge.source, edge.target, edge.guard_text(), edge.effects if effects else ())
             groups.setdefault(key, []).append(edge.trigger)
     arrows = []
-    for (source, target, guard, effects), triggers in groups.items():
+    for (source, target, guard, effect_names), triggers in groups.items():
         label = " | ".join(triggers)
         if guard:
             label += f" [{guard}]"
-        if effects:
-            label += " / " + ", ".join(effects)
+        if effect_names:
+            label += " / " + ", ".join(effect_names)
         arrows.append((source, target, label))
     return arrows
 
