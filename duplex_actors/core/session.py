@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypedDict, cast
-
-if TYPE_CHECKING:
-    from typing_extensions import ReadOnly
+from typing import cast
 
 import attrs
 import structlog
@@ -94,6 +91,7 @@ from .playback import PlaybackLedger
 from .response import ResponseAssembly
 from .session_config import SessionConfig, SessionCounters
 from .statechart import CHART, CHECKS, CLOSED, RESPONDING, CompiledChart
+from .step import Step
 from .timing import CumulativeWindow, TimingLedger
 
 # Names that lived here before the split, re-exported so ``from duplex_actors.core.session
@@ -124,7 +122,7 @@ class _GuardFunctions(dict):
     cache (up to 4096 of them), which a memory trace of a long run shows as slow growth (3.11;
     bounded, but noise). The chart calls them directly (resolve_on): one call per guard."""
 
-    def __missing__(self, name: str) -> Callable[[SessionCore], bool]:
+    def __missing__(self, name: str) -> Callable[[SessionCore, Step], bool]:
         function = self[name] = getattr(SessionCore, "_g_" + name)
         return function
 
@@ -181,23 +179,6 @@ def _answered_call(command: Command) -> str | None:
     return None
 
 
-class Step(TypedDict, total=False):
-    """What the step being taken knows, for its guards and effects to read.
-
-    Typed so the checker knows every key and its type, and read-only to it (``ReadOnly``): an
-    effect cannot change what the step was; only the driver sets a step, for exactly the
-    duration of one chart step, and clears it after. A dict at run time on purpose: a frozen
-    object per step costs 0.3-0.4 us against 0.07-0.1 us here, measured on this machine, on a
-    path every engine output takes."""
-
-    command: ReadOnly[Command]
-    output: ReadOnly[EngineOutput]
-    transcript: ReadOnly[InputTranscript]
-    now: ReadOnly[float]
-    received_at: ReadOnly[float]
-    reason: ReadOnly[str | None]
-
-
 class SessionCore:
     """One session, sans-IO: the statechart's state and everything its guards and effects read and
     write (input buffer, conversation, lease, journal, outbox, timing).
@@ -237,7 +218,6 @@ class SessionCore:
         "_overlap_ms",
         "_hold_from",
         "_held_end",
-        "_step",
         "_close_reason",
         "_aborted_ids",
         "_log",
@@ -308,7 +288,6 @@ class SessionCore:
         # spoke over it), and the engine's end of a turn that came while it was held.
         self._hold_from: float | None = None
         self._held_end: EngineOutput | None = None
-        self._step: Step = {}
         self._close_reason: str | None = None
         self._aborted_ids: list[str] | None = None
         self._playback: PlaybackLedger | None = None  # None until the client reports any
@@ -406,20 +385,14 @@ class SessionCore:
                 return
         now = self.clock.now()
         self.counters.commands += 1
+        step = Step(trigger, now, command, received_at=now if received_at is None else received_at)
         try:
-            self._precheck(command, trigger)
-            self._step = {
-                "command": command,
-                "now": now,
-                "received_at": now if received_at is None else received_at,
-            }
-            self._fire(trigger)
+            self._precheck(step)
+            self._fire(step)
         except DuplexError as err:
             self.counters.rejected += 1
             err.with_event_id(command.event_id)
             raise
-        finally:
-            self._step = {}
         self._after_accepted(now, trigger, command)
 
     def _after_accepted(self, now: float, trigger: str, command: Command) -> None:
@@ -455,23 +428,17 @@ class SessionCore:
         now = self.clock.now()
         self.counters.commands += 1
         state = self._state
-        self._step = {
-            "command": command,
-            "now": now,
-            "received_at": now if received_at is None else received_at,
-        }
+        step = Step("append", now, command, received_at=now if received_at is None else received_at)
         try:
             self._check_fence(command)
             for name in checks:
-                if not _GUARD_FUNCTIONS[name](self):
+                if not _GUARD_FUNCTIONS[name](self, step):
                     raise CHECKS[name].refusal(state, "append")
-            self._fx_buffer_audio()
+            self._fx_buffer_audio(step)
         except DuplexError as err:
             self.counters.rejected += 1
             err.with_event_id(command.event_id)
             raise
-        finally:
-            self._step = {}
         if _transition_logging():
             self._log_transition("append", state, state)
         self._after_accepted(now, "append", command)
@@ -480,73 +447,46 @@ class SessionCore:
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""
         rid = output.request_id
         trigger = self._classify(output)
-        self._step = {"output": output, "now": self.clock.now()}
         try:
-            self._fire(trigger)
+            self._fire(Step(trigger, self.clock.now(), output=output))
         except IllegalTransition as err:
             # The engine produced something its request may not produce in this state: the
             # output is consumed and counted, the session carries on; it is never the client's
             # fault and never delivered.
             self.counters.invalid_outputs += 1
             self._logger.warning("engine_output_refused", request_id=rid, trigger=trigger, state=err.state)
-        finally:
-            self._step = {}
         if self._state != CLOSED:
             self.lease.touch(self.clock.now())
         # An aborted request ended (what counts as its end depends on its kind): the chart
         # settles its abort, and leaves barge_in once no other is outstanding.
         if self._aborting and rid in self._aborting and is_terminal(output, self._aborting[rid]):
-            self._step = {"output": output, "now": self.clock.now()}
-            try:
-                self._fire("abort_confirmed")
-            finally:
-                self._step = {}
+            self._fire(Step("abort_confirmed", self.clock.now(), output=output))
         if self._outbox.overflowed and self._state != CLOSED:
             self._close_slow_consumer()
 
     def _close_slow_consumer(self) -> None:
         # After the step that overflowed, never inside it: its effects ran to completion.
-        self._step = {"now": self.clock.now(), "reason": "slow_consumer"}
-        try:
-            self._fire("outbox_overflow")
-        finally:
-            self._step = {}
+        self._fire(Step("outbox_overflow", self.clock.now(), reason="slow_consumer"))
 
     def on_transcript(self, result: InputTranscript) -> None:
         """A committed turn's transcript arrived: the chart decides whether it is sent."""
-        self._step = {"transcript": result, "now": self.clock.now()}
-        try:
-            self._fire("transcript")
-        finally:
-            self._step = {}
+        self._fire(Step("transcript", self.clock.now(), transcript=result))
 
     def expire(self) -> None:
         """The reaper saw the lease run out: the chart closes the session if it still has
         (``lease_expired``), with the lease's reason; a lease renewed since is left alone."""
         now = self.clock.now()
-        self._step = {"now": now, "reason": self.lease.expiry(now)}
-        try:
-            self._fire("expire")
-        finally:
-            self._step = {}
+        self._fire(Step("expire", now, reason=self.lease.expiry(now)))
 
     def drain(self) -> None:
         """The server began to shut down: the response in flight may finish, and the chart
         starts no new one (``not_draining``; response.create gets ``ServerDraining``)."""
-        self._step = {"now": self.clock.now()}
-        try:
-            self._fire("drain")
-        finally:
-            self._step = {}
+        self._fire(Step("drain", self.clock.now()))
 
     def idle_timeout(self) -> None:
         """The shell's idle timer ran out: the chart responds if the deadline it was set for
         still stands (``idle_deadline_passed``); speech or a turn since makes it stale."""
-        self._step = {"now": self.clock.now()}
-        try:
-            self._fire("idle_timeout")
-        finally:
-            self._step = {}
+        self._fire(Step("idle_timeout", self.clock.now()))
 
     @property
     def idle_deadline(self) -> float | None:
@@ -560,24 +500,17 @@ class SessionCore:
         For a shell that must know the chart's answer before an irreversible step of its own:
         the server pushes an attached connection out only for a resume the chart accepts. The
         command itself is then handled as usual, and the chart decides again."""
-        trigger = command.TRIGGER
-        self._precheck(command, trigger)
-        self._step = {"command": command, "now": self.clock.now()}
+        step = Step(command.TRIGGER, self.clock.now(), command)
+        self._precheck(step)
         try:
-            self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger)  # guards are pure
+            self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, step.trigger, step)  # guards are pure
         except DuplexError as err:
             err.with_event_id(command.event_id)
             raise
-        finally:
-            self._step = {}
 
     def fail(self, reason: str = "session_failed") -> None:
         """The shell hit an unexpected error: close this session (and only it)."""
-        self._step = {"now": self.clock.now(), "reason": reason}
-        try:
-            self._fire("fail")
-        finally:
-            self._step = {}
+        self._fire(Step("fail", self.clock.now(), reason=reason))
 
     def emit_error(self, err: DuplexError) -> None:
         """Tell the client a command of theirs failed (for commands that were *told*)."""
@@ -658,12 +591,15 @@ class SessionCore:
 
     # ------------------------------------------------------------------ the chart
 
-    def _fire(self, trigger: str) -> None:
+    def _fire(self, step: Step) -> None:
+        """One chart step: resolve ``step``'s trigger in the current state, enter the branch's
+        destination and perform its effects in order, each given the step."""
         source = self._state
-        resolution = self.chart.resolve_on(self, _GUARD_FUNCTIONS, source, trigger)
+        trigger = step.trigger
+        resolution = self.chart.resolve_on(self, _GUARD_FUNCTIONS, source, trigger, step)
         self._state = resolution.dest
         for effect in _effect_functions(resolution):
-            effect(self)
+            effect(self, step)
         # Not for closed: session.closed says it, and it must stay the last event.
         if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
             self._emit(ev.StateChanged, source=source, dest=resolution.dest, trigger=trigger)
@@ -674,9 +610,6 @@ class SessionCore:
         self._logger.debug(
             "transition", trigger=trigger, src=source, dest=dest, epoch=self.epoch, turn_id=self.turn_id
         )
-
-    def _guard(self, name: str) -> bool:
-        return _GUARD_FUNCTIONS[name](self)
 
     def _classify(self, output: EngineOutput) -> str:
         rid = output.request_id
@@ -694,11 +627,13 @@ class SessionCore:
             return "turn_failed"
         raise EngineProtocolError(f"unknown engine output {output!r}")
 
-    def _precheck(self, command: Command, trigger: str) -> None:
+    def _precheck(self, step: Step) -> None:
         """Checks that must pass before any effect runs, so a refusal changes nothing."""
+        trigger = step.trigger
+        command = cast(Command, step.command)
         if self._state == CLOSED:
             if trigger != "close":
-                self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger)  # SessionClosed
+                self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger, step)  # SessionClosed
             return
         # Close is never fenced off: closing is always allowed and always harmless.
         if trigger != "close":
@@ -737,20 +672,12 @@ class SessionCore:
             # The chart decides (overlap_is_interruption): a long overlap cancels as a barge-in
             # does, with the reason a detected turn has.
             now = self.clock.now()
-            self._step = {"now": now, "reason": "turn_detected", "received_at": now}
-            try:
-                self._fire("overlap")
-            finally:
-                self._step = {}
+            self._fire(Step("overlap", now, reason="turn_detected", received_at=now))
         if self.config.model_native:
             unit_bytes = self.config.unit_samples * 2
             while len(self._input) >= unit_bytes and self._state != CLOSED:
                 before = len(self._input)
-                self._step = {"now": self.clock.now()}
-                try:
-                    self._fire("unit_ready")
-                finally:
-                    self._step = {}
+                self._fire(Step("unit_ready", self.clock.now()))
                 if len(self._input) == before:
                     break  # the chart chose to keep buffering
 
@@ -762,115 +689,108 @@ class SessionCore:
 
     # The two append checks run on every append: written for speed (a try costs nothing
     # unless it catches, and it only catches when asked outside an append).
-    def _g_audio_at_session_rate(self) -> bool:
+    def _g_audio_at_session_rate(self, step: Step) -> bool:
         try:
-            return cast(AppendAudio, self._step["command"]).sample_rate == self.config.sample_rate
-        except (KeyError, AttributeError):
+            return cast(AppendAudio, step.command).sample_rate == self.config.sample_rate
+        except AttributeError:
             return False
 
-    def _g_input_fits(self) -> bool:
+    def _g_input_fits(self, step: Step) -> bool:
         try:
-            return (
-                len(self._input) + len(cast(AppendAudio, self._step["command"]).pcm)
-                <= self.config.max_input_bytes
-            )
-        except (KeyError, AttributeError):
+            return len(self._input) + len(cast(AppendAudio, step.command).pcm) <= self.config.max_input_bytes
+        except AttributeError:
             return True
 
-    def _resume_command(self) -> Resume | None:
-        command = self._step.get("command")
+    def _resume_command(self, step: Step) -> Resume | None:
+        command = step.command
         return command if isinstance(command, Resume) else None
 
-    def _g_resume_key_matches(self) -> bool:
-        c = self._resume_command()
+    def _g_resume_key_matches(self, step: Step) -> bool:
+        c = self._resume_command(step)
         return c is not None and self.lease.owned_by(c.key_digest)
 
-    def _g_replays_last_resume(self) -> bool:
-        c = self._resume_command()
+    def _g_replays_last_resume(self, step: Step) -> bool:
+        c = self._resume_command(step)
         return c is not None and self.lease.replays(
-            c.control_id, c.generation, c.resume_token, c.last_seq, self._step.get("now", self.clock.now())
+            c.control_id, c.generation, c.resume_token, c.last_seq, step.now
         )
 
-    def _g_no_takeover(self) -> bool:
-        c = self._resume_command()
+    def _g_no_takeover(self, step: Step) -> bool:
+        c = self._resume_command(step)
         return c is not None and not c.takeover
 
-    def _g_resume_generation_current(self) -> bool:
-        c = self._resume_command()
+    def _g_resume_generation_current(self, step: Step) -> bool:
+        c = self._resume_command(step)
         return c is not None and c.generation == self.lease.generation
 
-    def _g_resume_token_matches(self) -> bool:
-        c = self._resume_command()
+    def _g_resume_token_matches(self, step: Step) -> bool:
+        c = self._resume_command(step)
         return c is not None and self.lease.token_matches(c.resume_token)
 
-    def _g_journal_holds_last_seq(self) -> bool:
-        c = self._resume_command()
-        return c is not None and self._journal.holds_after(c.last_seq, self._now())
+    def _g_journal_holds_last_seq(self, step: Step) -> bool:
+        c = self._resume_command(step)
+        return c is not None and self._journal.holds_after(c.last_seq, step.now)
 
-    def _g_lease_expired(self) -> bool:
-        return self.lease.expiry(self._now()) is not None
+    def _g_lease_expired(self, step: Step) -> bool:
+        return self.lease.expiry(step.now) is not None
 
-    def _g_idle_deadline_passed(self) -> bool:
+    def _g_idle_deadline_passed(self, step: Step) -> bool:
         deadline = self._idle_deadline
-        return deadline is not None and self._now() >= deadline
+        return deadline is not None and step.now >= deadline
 
-    def _now(self) -> float:
-        now = self._step.get("now")
-        return self.clock.now() if now is None else now
-
-    def _g_has_buffered_audio(self) -> bool:
+    def _g_has_buffered_audio(self, step: Step) -> bool:
         return len(self._input) > 0
 
-    def _g_auto_respond(self) -> bool:
+    def _g_auto_respond(self, step: Step) -> bool:
         return self.config.auto_respond
 
-    def _g_server_vad(self) -> bool:
+    def _g_server_vad(self, step: Step) -> bool:
         return self.config.server_vad
 
-    def _g_not_draining(self) -> bool:
+    def _g_not_draining(self, step: Step) -> bool:
         return not self.draining
 
-    def _g_model_native(self) -> bool:
+    def _g_model_native(self, step: Step) -> bool:
         return self.config.model_native
 
-    def _g_respond_on_commit(self) -> bool:
+    def _g_respond_on_commit(self, step: Step) -> bool:
         return self.config.respond_on_commit
 
-    def _g_names_active_response(self) -> bool:
-        wanted = getattr(self._step.get("command"), "response_id", None)
+    def _g_names_active_response(self, step: Step) -> bool:
+        wanted = getattr(step.command, "response_id", None)
         return wanted is None or wanted == self.response_id
 
-    def _g_response_begun(self) -> bool:
+    def _g_response_begun(self, step: Step) -> bool:
         return self._response is not None
 
-    def _g_aborts_settled(self) -> bool:
+    def _g_aborts_settled(self, step: Step) -> bool:
         # No abort outstanding besides the one whose end is being confirmed (if any is).
         aborting = self._aborting
         if not aborting:
             return True
-        output = self._step.get("output")
+        output = step.output
         return output is not None and len(aborting) == 1 and output.request_id in aborting
 
-    def _g_interrupt_response(self) -> bool:
+    def _g_interrupt_response(self, step: Step) -> bool:
         return self.config.interrupt_response
 
-    def _g_holds_audio_on_speech(self) -> bool:
+    def _g_holds_audio_on_speech(self, step: Step) -> bool:
         return self.config.hold_audio_on_speech
 
-    def _g_audio_held(self) -> bool:
+    def _g_audio_held(self, step: Step) -> bool:
         return self._hold_from is not None
 
-    def _g_turn_end_held(self) -> bool:
+    def _g_turn_end_held(self, step: Step) -> bool:
         return self._held_end is not None
 
-    def _g_update_ends_overlap(self) -> bool:
+    def _g_update_ends_overlap(self, step: Step) -> bool:
         # Total, as every guard: tools (the SCXML check) ask each guard on every step.
-        cmd = self._step.get("command")
+        cmd = step.command
         return isinstance(cmd, UpdateSession) and (
             cmd.server_vad is not None or cmd.interrupt_response is not None
         )
 
-    def _g_overlap_is_interruption(self) -> bool:
+    def _g_overlap_is_interruption(self, step: Step) -> bool:
         overlap = self._overlap_ms
         if overlap is None:
             return False
@@ -885,9 +805,9 @@ class SessionCore:
         # closes the session once the current step is done (_close_slow_consumer).
         self._outbox.push(event)
 
-    def _fx_buffer_audio(self) -> None:
+    def _fx_buffer_audio(self, step: Step) -> None:
         buffered = self._input
-        buffered += cast(AppendAudio, self._step["command"]).pcm
+        buffered += cast(AppendAudio, step.command).pcm
         window = self._pre_speech_bytes
         # Under server VAD, audio before the user speaks is only the turn's prefix padding:
         # a microphone streaming quiet kept all of it, until appends were refused as
@@ -904,20 +824,20 @@ class SessionCore:
             return None
         return int(config.speech_prefix_ms * config.sample_rate / 1000) * 2
 
-    def _fx_open_speech(self) -> None:
+    def _fx_open_speech(self, step: Step) -> None:
         self._speaking = True
         self._idle_deadline = None  # the user is not idle
 
-    def _fx_close_speech(self) -> None:
+    def _fx_close_speech(self, step: Step) -> None:
         self._speaking = False
         # Speech that became no turn (a backchannel over a response) is not kept past the
         # window either; the rows run this after any commit of the speech, so a turn is whole.
         window = self._pre_speech_bytes
         if window is not None and len(self._input) > window:
             self._input.keep_last(window)
-        self._fx_start_idle_timer()
+        self._fx_start_idle_timer(step)
 
-    def _fx_start_idle_timer(self) -> None:
+    def _fx_start_idle_timer(self, step: Step) -> None:
         """Set server VAD's idle timer, if the session has one: the quiet counts from when the
         last response's audio finishes playing (now, if it has), never while the user speaks
         or a turn is in flight."""
@@ -931,11 +851,11 @@ class SessionCore:
             or self.lease.detached  # nobody to prompt: the timer starts again on resume
         ):
             return
-        now = self._step["now"]
+        now = step.now
         self._idle_deadline = max(now, self._playing_until) + timeout / 1000.0
         self._idle_from_ms = self._input_ms
 
-    def _fx_emit_timeout_triggered(self) -> None:
+    def _fx_emit_timeout_triggered(self, step: Step) -> None:
         # The audio written since the quiet began (GA: audio_end_ms - audio_start_ms is about
         # the timeout when the client streams its microphone; equal when it sends nothing).
         timeout = self.config.idle_timeout_ms or 0
@@ -948,43 +868,43 @@ class SessionCore:
             item_id=self._input_item_id(),
         )
 
-    def _fx_clear_input(self) -> None:
+    def _fx_clear_input(self, step: Step) -> None:
         self._input = InputBuffer()
         self._next_input_item = None
         self._emit(ev.InputCleared)
 
-    def _fx_emit_speech_started(self) -> None:
-        cmd = cast(SpeechStartedSignal, self._step["command"])
+    def _fx_emit_speech_started(self, step: Step) -> None:
+        cmd = cast(SpeechStartedSignal, step.command)
         self._emit(ev.SpeechStarted, audio_start_ms=cmd.audio_ms, item_id=self._input_item_id())
 
-    def _fx_emit_speech_stopped(self) -> None:
-        cmd = cast(SpeechStoppedSignal, self._step["command"])
+    def _fx_emit_speech_stopped(self, step: Step) -> None:
+        cmd = cast(SpeechStoppedSignal, step.command)
         self._emit(ev.SpeechStopped, audio_end_ms=cmd.audio_ms, item_id=self._input_item_id())
 
-    def _fx_start_overlap(self) -> None:
+    def _fx_start_overlap(self, step: Step) -> None:
         self._overlap_ms = 0.0
 
-    def _fx_end_overlap(self) -> None:
+    def _fx_end_overlap(self, step: Step) -> None:
         # The speech ended before the minimum: a backchannel; the response carries on.
         self._overlap_ms = None
 
-    def _fx_hold_response_audio(self) -> None:
+    def _fx_hold_response_audio(self, step: Step) -> None:
         # From now on the client gets none of this response's audio until the overlap policy
         # decides. A response not begun yet is held by the id it will be given. A text-only
         # response talks over nobody: nothing is held. Text beside audio is held with it, so
         # the response's deltas still reach the client in the order they were made.
         r = self._response
-        modalities = r.modalities if r is not None else self._response_modalities()
+        modalities = r.modalities if r is not None else self._response_modalities(step)
         if "audio" not in modalities:
             return
-        self._hold_from = self._step["now"]
+        self._hold_from = step.now
         rid = r.response_id if r is not None else self._next_response_id()
         self._outbox.hold(rid, text="text" in modalities)
 
-    def _fx_release_held_audio(self) -> None:
+    def _fx_release_held_audio(self, step: Step) -> None:
         if self._hold_from is None:
             return
-        now = self._step["now"]
+        now = step.now
         self.counters.released_audio_events += self._outbox.release()
         # What was held plays from now: the idle timeout counts from its end.
         if self._playing_until > self._hold_from:
@@ -992,10 +912,10 @@ class SessionCore:
         self._hold_from = None
         # A turn end that waited for this (_held_end) is completed by the row's next effects.
 
-    def _fx_hold_turn_end(self) -> None:
-        self._held_end = self._step["output"]
+    def _fx_hold_turn_end(self, step: Step) -> None:
+        self._held_end = step.output
 
-    def _fx_commit_input(self) -> None:
+    def _fx_commit_input(self, step: Step) -> None:
         # Audio committed but not yet answered accumulates: several commits before one
         # response.create all reach the engine (OpenAI's conversation keeps every user item),
         # within max_committed_bytes, the newest kept. Unbounded, a client that commits and
@@ -1043,12 +963,12 @@ class SessionCore:
         return " ".join(w for w in words if w)
 
     def _request(
-        self, kind: TurnKind, audio: bytes, request_id: str, words: str | None = None
+        self, step: Step, kind: TurnKind, audio: bytes, request_id: str, words: str | None = None
     ) -> ModelTurnRequest:
-        cmd = self._step.get("command")
+        cmd = step.command
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
-        shown = self._response_modalities()
-        tools, tool_choice, sampling = self._response_options()
+        shown = self._response_modalities(step)
+        tools, tool_choice, sampling = self._response_options(step)
         return ModelTurnRequest(
             request_id=request_id,
             fence=self.fence,
@@ -1061,19 +981,19 @@ class SessionCore:
             sampling=sampling,
             # The engine always writes the words: an audio response's transcript is its text.
             modalities=("text", "audio") if "audio" in shown else ("text",),
-            submitted_at=self._step["now"],
+            submitted_at=step.now,
             input_text=" ".join(self._pending_text.values()) if words is None else words,
             tools=tools,
             tool_choice=tool_choice,
             tenant=self.tenant,
         )
 
-    def _response_options(self) -> tuple[tuple[FunctionTool, ...], str, SamplingOverrides]:
+    def _response_options(self, step: Step) -> tuple[tuple[FunctionTool, ...], str, SamplingOverrides]:
         """Tools, tool_choice and sampling for the response being created: the session's,
         unless its response.create set them for itself."""
         config = self.config
         tools, tool_choice, sampling = config.tools, config.tool_choice, config.sampling
-        cmd = self._step.get("command")
+        cmd = step.command
         if isinstance(cmd, CreateResponse):
             if cmd.tools is not None:
                 tools = cmd.tools
@@ -1082,14 +1002,14 @@ class SessionCore:
                 sampling = attrs.evolve(sampling, max_tokens=cmd.max_tokens or None)
         return tools, tool_choice, sampling
 
-    def _response_modalities(self) -> tuple[str, ...]:
-        override = getattr(self._step.get("command"), "modalities", None)
-        if isinstance(self._step.get("command"), CreateResponse) and override:
+    def _response_modalities(self, step: Step) -> tuple[str, ...]:
+        override = getattr(step.command, "modalities", None)
+        if isinstance(step.command, CreateResponse) and override:
             return override
         return self.config.modalities
 
-    def _fx_submit_model_turn(self) -> None:
-        cmd = self._step.get("command")
+    def _fx_submit_model_turn(self, step: Step) -> None:
+        cmd = step.command
         asked = cmd if isinstance(cmd, CreateResponse) else None
         results: tuple = ()
         if asked is not None and asked.input is not None:
@@ -1104,51 +1024,51 @@ class SessionCore:
             results = () if self._calls is None else self._calls.take_results()
             self._pending_text = {}
             self._pending_chars = 0
-        request = self._request(TurnKind.RESPONSE, audio, self.fence.request_id(), words)
+        request = self._request(step, TurnKind.RESPONSE, audio, self.fence.request_id(), words)
         if results:
             request = attrs.evolve(request, function_results=results)
         self._turn_request = request.request_id
         self._turn_kind = TurnKind.RESPONSE
         self._overlap_ms = None
         self._idle_deadline = None  # a turn is in flight: nobody waits on the user
-        self._timing.note_request_start(request.fence, self._step["now"], self.epoch)
+        self._timing.note_request_start(request.fence, step.now, self.epoch)
         self.lease.in_flight += 1
         self._actions.append(SubmitTurn(request))
         # The response exists as soon as it is accepted (OpenAI sends response.created then,
         # not at the first token), so a cancel right after it still gets its created + done.
-        self._fx_begin_response()
+        self._fx_begin_response(step)
 
-    def _fx_submit_unit(self) -> None:
+    def _fx_submit_unit(self, step: Step) -> None:
         unit_bytes = self.config.unit_samples * 2
         audio = bytes(self._input[:unit_bytes])
         del self._input[:unit_bytes]
         self._unit_seq += 1
-        request = self._request(TurnKind.UNIT, audio, self.fence.request_id(self._unit_seq))
+        request = self._request(step, TurnKind.UNIT, audio, self.fence.request_id(self._unit_seq))
         if self._units is None:
             self._units = set()
         self._units.add(request.request_id)
         # While the turn is pending, the latest accepted unit owns the request start.
-        self._timing.note_request_start(request.fence, self._step["now"], self.epoch)
+        self._timing.note_request_start(request.fence, step.now, self.epoch)
         self.lease.in_flight += 1
         self._actions.append(SubmitTurn(request))
 
-    def _fx_promote_unit(self) -> None:
-        rid = self._step["output"].request_id
+    def _fx_promote_unit(self, step: Step) -> None:
+        rid = cast(EngineOutput, step.output).request_id
         assert self._units is not None  # the chart promotes only a registered unit (model_native)
         self._units.discard(rid)
         self._turn_request = rid
         self._turn_kind = TurnKind.UNIT
         # Other units still deciding would answer for a turn that has already begun; they no
         # longer hold the lease, only the promoted turn does.
-        self._fx_abort_units()
+        self._fx_abort_units(step)
 
-    def _fx_emit_decision(self) -> None:
-        out = self._step["output"]
+    def _fx_emit_decision(self, step: Step) -> None:
+        out = step.output
         speak = isinstance(out, Decision) and out.speak
         self._emit(ev.DecisionEvent, decision="speak" if speak else "listen", turn_id=self.turn_id)
 
-    def _fx_finish_unit(self) -> None:
-        rid = self._step["output"].request_id
+    def _fx_finish_unit(self, step: Step) -> None:
+        rid = cast(EngineOutput, step.output).request_id
         if self._units and rid in self._units:
             self._units.discard(rid)
             self.lease.in_flight -= 1
@@ -1156,13 +1076,13 @@ class SessionCore:
     def _next_response_id(self) -> str:
         return f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
 
-    def _fx_begin_response(self) -> None:
-        now = self._step["now"]
+    def _fx_begin_response(self, step: Step) -> None:
+        now = step.now
         if self._turn_request is None:  # model-native promotion already set it
-            self._turn_request = self._step["output"].request_id
+            self._turn_request = cast(EngineOutput, step.output).request_id
             self._turn_kind = TurnKind.RESPONSE
         rid = self._next_response_id()
-        cmd = self._step.get("command")
+        cmd = step.command
         asked = cmd if isinstance(cmd, CreateResponse) else None
         metadata = asked.metadata if asked is not None else None
         out_of_band = asked is not None and asked.out_of_band
@@ -1171,11 +1091,11 @@ class SessionCore:
             self._new_item_id(),
             self.epoch,
             self.turn_id,
-            self._response_modalities(),
+            self._response_modalities(step),
             metadata,
             in_conversation=not out_of_band,
         )
-        r.max_output_tokens = self._response_options()[2].max_tokens
+        r.max_output_tokens = self._response_options(step)[2].max_tokens
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
         self._emit(
@@ -1209,9 +1129,9 @@ class SessionCore:
             self._emit(ev.ItemAdded, item=item, previous_item_id=previous, epoch=r.epoch)
         self._emit(ev.ContentPartAdded, part_type=r.part_type, **ids)
 
-    def _fx_deliver_output(self) -> None:
-        out = self._step["output"]
-        now = self._step["now"]
+    def _fx_deliver_output(self, step: Step) -> None:
+        out = step.output
+        now = step.now
         r = self._response
         assert r is not None  # the chart's deliver rows run only once the response has begun
         if isinstance(out, FunctionCall):
@@ -1295,8 +1215,8 @@ class SessionCore:
             calls = self._calls = FunctionCallRegistry(self.config.max_conversation_chars)
         return calls
 
-    def _fx_emit_transcript(self) -> None:
-        result = self._step["transcript"]
+    def _fx_emit_transcript(self, step: Step) -> None:
+        result = cast(InputTranscript, step.transcript)
         if result.error is not None:
             self._emit(tev.TranscriptionFailed, item_id=result.item_id, message=result.error)
             return
@@ -1306,8 +1226,8 @@ class SessionCore:
         if result.final:
             self._emit(tev.TranscriptionCompleted, item_id=result.item_id, transcript=result.text)
 
-    def _fx_record_function_output(self) -> None:
-        cmd = cast(AddFunctionOutput, self._step["command"])
+    def _fx_record_function_output(self, step: Step) -> None:
+        cmd = cast(AddFunctionOutput, step.command)
         item = Item(id=cmd.item_id or "", type="function_call_output", call_id=cmd.call_id, output=cmd.output)
         self._add_item(item, None)
 
@@ -1377,17 +1297,17 @@ class SessionCore:
         )
         self._response = None
 
-    def _ensure_begun(self) -> None:
+    def _ensure_begun(self, step: Step) -> None:
         # A RESPONSE turn that ends before any output still answers its request: the client
         # gets one created/done pair rather than silence.
         if self._response is None:
-            self._fx_begin_response()
+            self._fx_begin_response(step)
 
-    def _fx_emit_response_completed(self) -> None:
+    def _fx_emit_response_completed(self, step: Step) -> None:
         # The engine's end, or, after a backchannel, the end that waited while audio was held.
-        out = self._step.get("output", self._held_end)
+        out = self._held_end if step.output is None else step.output
         self._held_end = None
-        self._ensure_begun()
+        self._ensure_begun(step)
         if isinstance(out, TurnDone) and out.metrics is not None:
             if self._windows is None:
                 self._windows = CumulativeWindow()
@@ -1397,9 +1317,9 @@ class SessionCore:
         status = "completed" if getattr(out, "reason", "completed") != "length" else "incomplete"
         self._close_parts(status, None if status == "completed" else "max_output_tokens")
 
-    def _fx_emit_response_failed(self) -> None:
-        out = self._step["output"]
-        self._ensure_begun()
+    def _fx_emit_response_failed(self, step: Step) -> None:
+        out = step.output
+        self._ensure_begun(step)
         self.counters.failed += 1
         message = getattr(out, "message", "the engine ended the request")
         self._close_parts("failed", "engine_error")
@@ -1411,8 +1331,8 @@ class SessionCore:
             error_class="EngineFailed",
         )
 
-    def _fx_emit_engine_error(self) -> None:
-        out = self._step["output"]
+    def _fx_emit_engine_error(self, step: Step) -> None:
+        out = step.output
         self._emit(
             ev.ErrorEvent,
             code="engine_error",
@@ -1421,7 +1341,7 @@ class SessionCore:
             message=getattr(out, "message", "engine request ended"),
         )
 
-    def _fx_finish_turn(self) -> None:
+    def _fx_finish_turn(self, step: Step) -> None:
         if self._windows is not None and self._turn_request is not None:
             self._windows.forget(self._turn_request)
         self._timing.prune(self.turn_id)
@@ -1439,7 +1359,7 @@ class SessionCore:
         them after the session closed (the runtime keeps the admission slot until it does not)."""
         return tuple(self._aborted_ids or ())
 
-    def _fx_advance_epoch(self) -> None:
+    def _fx_advance_epoch(self, step: Step) -> None:
         self.epoch += 1
 
     def _abort(self, requests: dict[str, TurnKind], reason: str) -> None:
@@ -1459,7 +1379,7 @@ class SessionCore:
         self._aborting.update(requests)
         self._actions.append(AbortRequests(request_ids, reason))
 
-    def _fx_abort_units(self) -> None:
+    def _fx_abort_units(self, step: Step) -> None:
         # Unregistered first, so their later output classifies as stale; each one's end still
         # settles its abort (engine_io.is_terminal), which is what releases the engine's slot.
         units = self._units
@@ -1469,7 +1389,7 @@ class SessionCore:
         self.lease.in_flight = max(self.lease.in_flight - len(units), 0)
         self._abort(dict.fromkeys(units, TurnKind.UNIT), "superseded")
 
-    def _fx_abort_engine_requests(self) -> None:
+    def _fx_abort_engine_requests(self, step: Step) -> None:
         requests = dict.fromkeys(self._units or (), TurnKind.UNIT)
         if self._held_end is not None:
             # The engine already ended this turn (its end waited on a held response): there is
@@ -1481,13 +1401,13 @@ class SessionCore:
         self._turn_request = None
         self._units = None
         self.lease.in_flight = 0
-        self._abort(requests, self._reason())
+        self._abort(requests, self._reason(step))
 
-    def _fx_settle_abort(self) -> None:
+    def _fx_settle_abort(self, step: Step) -> None:
         if self._aborting is not None:
-            self._aborting.pop(self._step["output"].request_id, None)
+            self._aborting.pop(cast(EngineOutput, step.output).request_id, None)
 
-    def _fx_drop_undelivered_audio(self) -> None:
+    def _fx_drop_undelivered_audio(self, step: Step) -> None:
         self._playing_until = 0.0  # a cancelled response stops playing (clients cut it short)
         if self._response is not None:
             self.counters.dropped_audio_events += self._outbox.purge_audio(self._response.response_id)
@@ -1497,36 +1417,36 @@ class SessionCore:
         self._hold_from = None
         self._held_end = None
 
-    def _reason(self) -> str:
-        cmd = self._step.get("command")
-        return getattr(cmd, "reason", None) or self._step.get("reason") or "cancelled"
+    def _reason(self, step: Step) -> str:
+        cmd = step.command
+        return getattr(cmd, "reason", None) or step.reason or "cancelled"
 
-    def _fx_emit_response_cancelled(self) -> None:
+    def _fx_emit_response_cancelled(self, step: Step) -> None:
         if self._response is None:
             return
         self.counters.cancelled += 1
-        received = self._step.get("received_at")
+        received = step.received_at
         stop = None if received is None else max(self.clock.now() - received, 0.0)
-        reason = self._reason()
+        reason = self._reason(step)
         if self._state == CLOSED and reason not in ("turn_detected", "client_cancelled"):
             reason = "session_closed"
         self._close_parts("cancelled", reason, stop)
 
-    def _fx_reset_timing(self) -> None:
+    def _fx_reset_timing(self, step: Step) -> None:
         self._timing.reset()
         self._overlap_ms = None
 
-    def _fx_count_stale_output(self) -> None:
+    def _fx_count_stale_output(self, step: Step) -> None:
         self.counters.stale_outputs += 1
 
-    def _fx_mark_draining(self) -> None:
+    def _fx_mark_draining(self, step: Step) -> None:
         self.draining = True
 
-    def _fx_touch_lease(self) -> None:
+    def _fx_touch_lease(self, step: Step) -> None:
         self._emit(ev.HeartbeatAck)
 
-    def _fx_record_playback(self) -> None:
-        cmd = cast(PlaybackAck, self._step["command"])
+    def _fx_record_playback(self, step: Step) -> None:
+        cmd = cast(PlaybackAck, step.command)
         self._playback_ledger().acknowledge(cmd.response_id, cmd.played_ms)
 
     def _playback_ledger(self) -> PlaybackLedger:
@@ -1535,17 +1455,17 @@ class SessionCore:
             ledger = self._playback = PlaybackLedger()
         return ledger
 
-    def _fx_detach_lease(self) -> None:
-        self.lease.detach(self._step["now"])
+    def _fx_detach_lease(self, step: Step) -> None:
+        self.lease.detach(step.now)
         # A detached session prompts nobody: responses made for an absent user would cost the
         # engine and fill the journal for the whole disconnect grace.
         self._idle_deadline = None
 
-    def _fx_resume_lease(self) -> None:
+    def _fx_resume_lease(self, step: Step) -> None:
         # The chart accepted it (credentials or a replay of them, and a journal that holds
         # what the client missed): the lease performs the compare-and-swap.
-        cmd = cast(Resume, self._step["command"])
-        now = self._step["now"]
+        cmd = cast(Resume, step.command)
+        now = step.now
         replay = self._journal.since(cmd.last_seq, now)
         generation, token = self.lease.resume(
             now, cmd.generation, cmd.resume_token, cmd.control_id, cmd.last_seq
@@ -1556,12 +1476,12 @@ class SessionCore:
         self._replay = replay
         self._emit(ev.SessionResumed, generation=generation, resume_token=token, replayed=len(replay))
         if self._idle_deadline is None and self.counters.responses:
-            self._fx_start_idle_timer()  # back after a response: the quiet counts from now
+            self._fx_start_idle_timer(step)  # back after a response: the quiet counts from now
 
     # --- conversation items ---------------------------------------------------------------
 
-    def _fx_add_item(self) -> None:
-        cmd = cast(CreateItem, self._step["command"])
+    def _fx_add_item(self, step: Step) -> None:
+        cmd = cast(CreateItem, step.command)
         self._add_item(cmd.item, cmd.previous_item_id, cmd.audio)
 
     def _add_item(self, item: Item, previous_item_id: str | None, audio: bytes = b"") -> None:
@@ -1641,22 +1561,22 @@ class SessionCore:
             raise ItemNotFound.during(operation, item_id)
         return self._conversation.get(item_id)
 
-    def _fx_remove_item(self) -> None:
-        item_id = cast(DeleteItem, self._step["command"]).item_id
+    def _fx_remove_item(self, step: Step) -> None:
+        item_id = cast(DeleteItem, step.command).item_id
         self._held_item(item_id, "delete")
         item = self._conversation.delete(item_id)
         # A deleted item is not read either: its words, or its function output, stay unsaid.
         self._forget_pending((item.id,))
         self._emit(ev.ItemDeleted, item_id=item.id)
 
-    def _fx_send_item(self) -> None:
+    def _fx_send_item(self, step: Step) -> None:
         self._emit(
             ev.ItemRetrieved,
-            item=self._held_item(cast(RetrieveItem, self._step["command"]).item_id, "retrieve"),
+            item=self._held_item(cast(RetrieveItem, step.command).item_id, "retrieve"),
         )
 
-    def _fx_cut_item_audio(self) -> None:
-        cmd = cast(TruncateItem, self._step["command"])
+    def _fx_cut_item_audio(self, step: Step) -> None:
+        cmd = cast(TruncateItem, step.command)
         item = self._held_item(cmd.item_id, "truncate")
         r = self._response
         live = r is not None and item.id == r.item_id
@@ -1684,8 +1604,8 @@ class SessionCore:
             ev.ItemTruncated, item_id=item.id, content_index=cmd.content_index, audio_end_ms=cmd.audio_end_ms
         )
 
-    def _fx_apply_session_update(self) -> None:
-        cmd = cast(UpdateSession, self._step["command"])
+    def _fx_apply_session_update(self, step: Step) -> None:
+        cmd = cast(UpdateSession, step.command)
         changes = {
             k: getattr(cmd, k)
             for k in (
@@ -1730,14 +1650,14 @@ class SessionCore:
         if config.idle_timeout_ms is None or not config.server_vad:
             self._idle_deadline = None
         elif cmd.idle_timeout_ms and self.counters.responses:
-            self._fx_start_idle_timer()  # a new timeout counts from now, after a response
+            self._fx_start_idle_timer(step)  # a new timeout counts from now, after a response
         self._emit(ev.SessionUpdated, config=config.public())
         if config.state_events and cmd.state_events:
             # Turned on (or again): where the chart is now, so the client starts from it.
             self._emit(ev.StateChanged, source=self._state, dest=self._state, trigger="update")
 
-    def _fx_emit_session_closed(self) -> None:
-        reason = self._reason() if self._step.get("command") or self._step.get("reason") else "closed"
+    def _fx_emit_session_closed(self, step: Step) -> None:
+        reason = self._reason(step) if step.command is not None or step.reason else "closed"
         self._close_reason = reason
         self._idle_deadline = None
         self._input = InputBuffer()

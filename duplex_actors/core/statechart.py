@@ -117,7 +117,8 @@ def row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
     """One transition: ``trigger`` from ``source`` (a state or a list) to ``dest`` (``SAME``
     for an internal transition), taken when every guard in ``conditions`` holds and none in
     ``unless`` does, performing ``effects`` in order. Guards and effects are names of the
-    session core's ``_g_<name>`` and ``_fx_<name>`` methods."""
+    session core's ``_g_<name>`` and ``_fx_<name>`` methods, each called with the trigger's
+    :class:`~duplex_actors.core.step.Step`."""
     return {
         "trigger": trigger,
         "source": source,
@@ -722,22 +723,29 @@ class CompiledChart:
     def resolve(self, state: str, trigger: str, guard: Callable[[str], bool]) -> Resolution:
         """Pick the branch for ``trigger`` in ``state``; raise the declared refusal if none.
         ``guard(name)`` says whether the named guard holds."""
-        return self.resolve_on(guard, _ASK_BY_NAME, state, trigger)
+        return self.resolve_on(guard, _ASK_BY_NAME, state, trigger, None)
 
     def resolve_on(
-        self, subject: Any, guards: Mapping[str, Callable[[Any], bool]], state: str, trigger: str
+        self,
+        subject: Any,
+        guards: Mapping[str, Callable[[Any, Any], bool]],
+        state: str,
+        trigger: str,
+        step: Any,
     ) -> Resolution:
-        """:meth:`resolve` for guards that are functions of a subject (``guards[name](subject)``,
-        the session core's ``_g_`` methods): one call per guard, which the append path feels."""
+        """:meth:`resolve` for guards that are functions of a subject and the step being taken
+        (``guards[name](subject, step)``: the session core's ``_g_`` methods, given the
+        :class:`~duplex_actors.core.step.Step` of the trigger): one call per guard, which the
+        append path feels. The effects of the returned branch are the caller's to perform."""
         branches = self._resolved.get((state, trigger))
         if branches is not None:
             for conditions, resolution in branches:
                 for name, want in conditions:
-                    if guards[name](subject) is not want:
+                    if guards[name](subject, step) is not want:
                         break
                 else:
                     return resolution
-        raise self.refusal(state, trigger, lambda name: guards[name](subject))
+        raise self.refusal(state, trigger, lambda name: guards[name](subject, step))
 
     def refusal(self, state: str, trigger: str, guard: Callable[[str], bool] | None = None) -> DuplexError:
         """The error a (state, trigger) with no branch holding is refused with (module doc)."""
@@ -749,10 +757,11 @@ class CompiledChart:
 
 
 class _AskByName(dict):
-    """``resolve``'s guards as functions of the guard callable: ``self[name](guard) == guard(name)``."""
+    """``resolve``'s guards as functions of the guard callable (and of no step):
+    ``self[name](guard, None) == guard(name)``."""
 
-    def __missing__(self, name: str) -> Callable[[Callable[[str], bool]], bool]:
-        function = self[name] = lambda guard: guard(name)
+    def __missing__(self, name: str) -> Callable[[Callable[[str], bool], None], bool]:
+        function = self[name] = lambda guard, _step: guard(name)
         return function
 
 

@@ -57,8 +57,8 @@ class RecordingChart:
     def __getattr__(self, name):
         return getattr(CHART, name)
 
-    def resolve_on(self, subject, guards, state, trigger):  # what a SessionCore calls
-        resolution = CHART.resolve_on(subject, guards, state, trigger)
+    def resolve_on(self, subject, guards, state, trigger, step):  # what a SessionCore calls
+        resolution = CHART.resolve_on(subject, guards, state, trigger, step)
         self.steps.append((state, trigger, resolution.dest))
         return resolution
 

@@ -53,10 +53,10 @@ class CountingChart:
     def __getattr__(self, name):
         return getattr(self.chart, name)
 
-    def resolve_on(self, subject, guards, state, trigger):
+    def resolve_on(self, subject, guards, state, trigger, step):
         if trigger == "append":
             self.resolved_appends.append(state)
-        return self.chart.resolve_on(subject, guards, state, trigger)
+        return self.chart.resolve_on(subject, guards, state, trigger, step)
 
 
 class Pair:

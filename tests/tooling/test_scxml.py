@@ -239,10 +239,10 @@ class RecordingChart:
     def __getattr__(self, name):
         return getattr(self.chart, name)
 
-    def resolve_on(self, subject, guards, state, trigger):  # what a SessionCore calls
-        values = {name: bool(guards[name](subject)) for name in GUARDS}
+    def resolve_on(self, subject, guards, state, trigger, step):  # what a SessionCore calls
+        values = {name: bool(guards[name](subject, step)) for name in GUARDS}
         try:
-            res = self.chart.resolve_on(subject, guards, state, trigger)
+            res = self.chart.resolve_on(subject, guards, state, trigger, step)
         except DuplexError as err:
             self.steps.append((state, trigger, values, err))
             raise
