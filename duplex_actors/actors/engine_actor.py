@@ -182,8 +182,8 @@ class EngineActor:
                 # still answers with the request's one terminal (Aborted).
                 return
             with flight.scope:
-                # Backends are async generators (aclose ends them); the protocol says iterator.
-                async with contextlib.aclosing(self.backend.generate(request)) as stream:  # type: ignore[type-var]
+                # aclose ends the backend's generator here, whichever way this block is left.
+                async with contextlib.aclosing(self.backend.generate(request)) as stream:
                     async for output in stream:
                         flight.last_output = self.clock.now()
                         if output.request_id != rid:

@@ -16,7 +16,7 @@ request. So a backend only has to:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -60,8 +60,9 @@ class EngineBackend(Protocol):
     async def aclose(self) -> None:
         """Stop and free everything; in-flight streams end."""
 
-    def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
-        """Stream the outputs of one model turn."""
+    def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
+        """Stream the outputs of one model turn: an async generator, which the caller closes
+        (``aclose``) when it stops reading early."""
 
     async def abort(self, request_id: str) -> None:
         """Stop a request now; a no-op for unknown or finished ids.

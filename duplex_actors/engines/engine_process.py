@@ -38,7 +38,7 @@ import pickle
 import struct
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import structlog
 
@@ -202,6 +202,7 @@ class EngineHostServer:
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _HostConnection(self, writer)
         task = asyncio.current_task()
+        assert task is not None, "asyncio.start_server runs each connection in a task"
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
         self.connections.add(conn)
@@ -360,7 +361,7 @@ class EngineProcessClient:
             stream.outputs.append(EngineFailure(rid, reason, retryable=True, produced_at=time.perf_counter()))
             stream.wake.set()
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         try:
             writer = await self._ensure_connected()

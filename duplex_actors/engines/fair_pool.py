@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
@@ -113,7 +114,7 @@ class FairPool:
                 future.set_exception(exc)
                 continue
             self._busy += 1
-            done.add_done_callback(lambda d, f=future: self._finished_threadsafe(d, f))
+            done.add_done_callback(functools.partial(self._finished_threadsafe, future=future))
 
     def _finished_threadsafe(self, done: concurrent.futures.Future, future: asyncio.Future) -> None:
         loop = self._loop

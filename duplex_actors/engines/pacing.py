@@ -12,7 +12,7 @@ while its audio is still to be played, so barge-in and cancel can stop it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import anyio
 
@@ -42,7 +42,7 @@ class PacedEngine:
     def abort_nowait(self):
         return delegated_sync_abort(self.backend)
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         playback_start: float | None = None
         scheduled_s = 0.0  # audio released so far
         stream = self.backend.generate(request)

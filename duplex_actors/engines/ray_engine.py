@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import inspect
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -89,6 +89,11 @@ class EngineHost:
         await self.backend.start()
         return self.backend.name, self.backend.capabilities, os.getpid()
 
+    def _started(self) -> EngineBackend:
+        if self.backend is None:
+            raise RuntimeError("the engine host has not been started")
+        return self.backend
+
     async def generate(self, request: ModelTurnRequest) -> AsyncIterator[list[EngineOutput]]:
         """The hosted stream, in batches: each batch is every output ready at that moment.
 
@@ -103,7 +108,7 @@ class EngineHost:
             # aclosing: when this task is cancelled, the hosted stream is closed here, so the
             # backend's own cleanup runs in this process.
             try:
-                async with contextlib.aclosing(self.backend.generate(request)) as stream:
+                async with contextlib.aclosing(self._started().generate(request)) as stream:
                     async for output in stream:
                         ready.put_nowait(output)
             except Exception as exc:
@@ -136,7 +141,7 @@ class EngineHost:
                     await asyncio.shield(feeder)
 
     async def abort(self, request_id: str) -> None:
-        await self.backend.abort(request_id)
+        await self._started().abort(request_id)
 
     async def aclose(self) -> None:
         if self.backend is not None:
@@ -148,7 +153,7 @@ class EngineHost:
 
     async def inspect(self, fn: Callable[[EngineBackend], Any]) -> Any:
         """Run ``fn(backend)`` in the actor's process and return its (picklable) result."""
-        result = fn(self.backend)
+        result = fn(self._started())
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -274,7 +279,9 @@ class RayEngine:
                 # Blocks this loop for the cluster start (seconds); nothing else runs yet.
                 ray.init(address=self.ray_address, **self.init_options)
             options = {"max_concurrency": DEFAULT_MAX_CONCURRENCY, **self.actor_options}
-            handle = ray.remote(EngineHost).options(**options).remote(self.factory)
+            # Any, as _Host keeps it: ray types the handle ActorHandle[T] | type[T], whose methods
+            # have no .remote to a type checker.
+            handle: Any = ray.remote(EngineHost).options(**options).remote(self.factory)
             try:
                 with anyio.fail_after(self.start_timeout_s):
                     name, capabilities, pid = await handle.start.remote()
@@ -306,7 +313,7 @@ class RayEngine:
 
     # -- the stream -------------------------------------------------------------------------
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         import ray
         from ray.exceptions import (
             ActorUnavailableError,

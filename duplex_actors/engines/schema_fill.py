@@ -134,7 +134,9 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def _object(schema: dict, source: TokenSource, depth: int) -> dict:
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        props = {}
     names = [n for n in schema.get("required") or () if isinstance(n, str)]
     # minProperties: the optional properties, in order, until there are enough.
     wanted = schema.get("minProperties") or 0

@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Union
 
 import anyio
@@ -195,7 +195,7 @@ class ScriptedEngine:
             self._packets[key] = _tone(ms, rate)
         return self._packets[key]
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         script = self.script_for(request)
         rid = request.request_id
         rate = script.sample_rate or request.audio_out_rate

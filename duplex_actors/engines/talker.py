@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable
 
 import attrs
 import structlog
@@ -164,7 +164,7 @@ class SpeakingEngine:
     def abort_nowait(self):
         return delegated_sync_abort(self.thinker)
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         inner = self.thinker.generate(request)
         if "audio" not in request.modalities:
             async with contextlib.aclosing(inner):

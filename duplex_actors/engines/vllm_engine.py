@@ -29,7 +29,7 @@ import importlib.util
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from ..core.engine_io import (
     TurnKind,
     forced_tool,
 )
+from ..core.fence import Fence
 from ..errors import EngineFailed
 from .base import EngineCapabilities
 
@@ -362,7 +363,7 @@ class VllmEngine:
             encode = lambda text: backend.encode(text).ids  # noqa: E731
             probes = [
                 "Hello there.\nUser audio: 1.25 s, fingerprint 3fa2c1d0.\nAssistant:",
-                describe_turn(ModelTurnRequest("p/e0/t0", None, TurnKind.RESPONSE, b"")),
+                describe_turn(ModelTurnRequest("p/e0/t0", Fence("p", 0, 0), TurnKind.RESPONSE, b"")),
                 " Ünïcode, punctuation! and   spaces\t",
             ]
             for text in probes:
@@ -374,7 +375,7 @@ class VllmEngine:
             return
         self._fast_encode = encode
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         llm = self._llm
         if llm is None or llm.errored:

@@ -38,14 +38,17 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
 from ..engines.base import EngineBackend, EngineCapabilities
 from ..errors import UnknownSession
+
+if TYPE_CHECKING:
+    from ..actors.runtime import Runtime
 
 log = structlog.get_logger(__name__)
 
@@ -204,7 +207,7 @@ class ServeEngine:
         for call in list(self._calls.values()):
             call.cancel()
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         call = self.handle.options(stream=True).generate.remote(request)
         self._calls[rid] = call
@@ -248,7 +251,7 @@ class ServeEngine:
 class SessionReplica:
     """Body of the ``sessions`` deployment: a runtime and a websocket server per replica."""
 
-    async def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray Serve awaits an async constructor; mypy wants None
         self,
         engine_handle: Any,
         host: str | None = None,
@@ -269,7 +272,7 @@ class SessionReplica:
         self.api_key = api_key
         self.report_interval_s = report_interval_s
         self.url: str | None = None
-        self._runtime = None
+        self._runtime: Runtime | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._failure: BaseException | None = None
@@ -321,6 +324,7 @@ class SessionReplica:
 
     async def describe(self) -> dict:
         await self._wait_ready()
+        assert self._runtime is not None, "ready without a failure: the runtime is up"
         return {"token": self.token, "url": self.url, "sessions": self._runtime.session_count}
 
     async def check_health(self) -> None:  # Serve's health check: a dead runtime is unhealthy

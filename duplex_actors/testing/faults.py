@@ -23,7 +23,7 @@ asserts the runtime survived it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import anyio
 import attrs
@@ -145,7 +145,7 @@ class FaultyEngine:
         await self.inner.abort(request_id)
         self.abort_ok.append(request_id)
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         fault = self._pick(request)
         rid = request.request_id
         emitted = 0

@@ -64,7 +64,9 @@ class ModelAdapter(Protocol):
     """What the embedded engine asks of a model. See the module docstring for the rules."""
 
     vocab: Vocabulary
-    defaults: SamplingParams
+
+    @property
+    def defaults(self) -> SamplingParams: ...
 
     def audio_budget(
         self, pcm: bytes, sample_rate: int, *, claimed_tokens: int | None = None

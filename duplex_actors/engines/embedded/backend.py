@@ -8,7 +8,7 @@ packets; others get text only. Model-native mode (TurnKind.UNIT) is always avail
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import attrs
 
@@ -46,7 +46,7 @@ class EmbeddedEngine:
     async def aclose(self) -> None:
         await self._front.aclose()
 
-    def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         return self._front.generate(request)
 
     async def abort(self, request_id: str) -> None:

@@ -242,13 +242,19 @@ def _sinusoids(length: int, dim: int) -> torch.Tensor:
 
 
 class Thinker(nn.Module):
+    # Buffers made by register_buffer, which the type checker cannot see.
+    pos_emb: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
     def __init__(self, cfg: ThinkerConfig, output_prior: torch.Tensor | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         gen = torch.Generator().manual_seed(cfg.seed)
         self.tok_emb = nn.Parameter(torch.randn(cfg.vocab_size, cfg.d_model, generator=gen))
         self.audio_proj = _Dense(cfg.audio_feature_dim, cfg.d_model)
-        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
+        blocks = [_Block(cfg) for _ in range(cfg.n_layers)]
+        self.blocks = nn.ModuleList(blocks)
         self.ln_f = nn.LayerNorm(cfg.d_model)
         # Untied output head: with random weights a tied head makes every token predict
         # itself (the residual stream still carries its own embedding) and decoding loops.
@@ -256,7 +262,7 @@ class Thinker(nn.Module):
         self.out_bias = nn.Parameter(
             output_prior.clone().float() if output_prior is not None else torch.zeros(cfg.vocab_size)
         )
-        self._init_random(gen)
+        self._init_random(gen, blocks)
         self.register_buffer("pos_emb", _sinusoids(cfg.max_len, cfg.d_model), persistent=False)
         device = torch.device(cfg.device)
         if device.type != "cpu":
@@ -280,7 +286,7 @@ class Thinker(nn.Module):
         self.register_buffer("v_cache", self._cache_view(self._v_storage, capacity), persistent=False)
         self.requires_grad_(False)
         self.eval()
-        self._parts = [_BlockParts(block) for block in self.blocks]
+        self._parts = [_BlockParts(block) for block in blocks]
         self._final_norm = _norm_args(self.ln_f)
         from_rows = cfg.dense_low_precision_from_rows
         kind = None if from_rows is None else resolve_dense_low_precision(cfg.dense_low_precision, device)
@@ -292,7 +298,7 @@ class Thinker(nn.Module):
                     module.keep_low_precision_copy(kind)
         self._graphs: _DecodeGraphs | None = _DecodeGraphs(self) if cfg.cuda_graphs else None
 
-    def _init_random(self, gen: torch.Generator) -> None:
+    def _init_random(self, gen: torch.Generator, blocks: list[_Block]) -> None:
         # Fan-in scaled weights keep activations O(1) through the residual stack, so the
         # (random) function of the audio is visible in the logits instead of vanishing under
         # the output prior.
@@ -308,7 +314,7 @@ class Thinker(nn.Module):
                     if module.bias is not None:
                         module.bias.zero_()
         with torch.no_grad():
-            for block in self.blocks:
+            for block in blocks:
                 # Residual branches scaled down by depth, the usual trick for stable stacks.
                 block.proj.weight_t.mul_(1.0 / math.sqrt(2 * self.cfg.n_layers))
                 block.fc2.weight_t.mul_(1.0 / math.sqrt(2 * self.cfg.n_layers))

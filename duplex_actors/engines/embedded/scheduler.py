@@ -514,7 +514,7 @@ class BatchScheduler:
             finished=tuple(s.job.request_id for s in finished),
             duration_s=now - began,
         )
-        self._release(finished, None, reasons)
+        self._release(finished, reasons)
         self._notify(record)
 
     def _sample(self, logits: torch.Tensor, live: list[_Live]) -> tuple[list[int | None], dict]:
@@ -541,11 +541,13 @@ class BatchScheduler:
                 errors[seq.job.request_id] = exc
         return picks, errors
 
-    def _release(self, gone: list[_Live], reason: str | None, reasons: list[str] | None = None) -> None:
-        """Give slots back at once, keeping live sequences packed into slots 0..n-1."""
+    def _release(self, gone: list[_Live], reason: str | list[str]) -> None:
+        """Give slots back at once, keeping live sequences packed into slots 0..n-1; ``reason``
+        is one for all of them, or one per sequence of ``gone``."""
         if not gone:
             return
-        why = {id(s): (reason or reasons[i]) for i, s in enumerate(gone)}
+        reasons = [reason] * len(gone) if isinstance(reason, str) else reason
+        why = {id(s): reasons[i] for i, s in enumerate(gone)}
         for seq in sorted(gone, key=lambda s: s.slot, reverse=True):
             last = self._live[-1]
             if last is not seq:
@@ -563,7 +565,9 @@ class BatchScheduler:
 
     def _shutdown(self) -> None:
         now = time.perf_counter()
-        outbox = [(s.sink, SequenceEnded(s.job.request_id, "closed", self._steps, now)) for s in self._live]
+        outbox: list[tuple[Sink, SchedulerEvent]] = [
+            (s.sink, SequenceEnded(s.job.request_id, "closed", self._steps, now)) for s in self._live
+        ]
         self._live.clear()
         with self._lock:
             outbox += [

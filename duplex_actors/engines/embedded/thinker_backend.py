@@ -18,7 +18,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import attrs
 import structlog
@@ -167,7 +167,7 @@ class EmbeddedThinker:
         if self.scheduler is not None:
             self.scheduler.cancel(request_id)
 
-    async def generate(self, request: ModelTurnRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         scheduler = self.scheduler
         if scheduler is None:
@@ -268,7 +268,7 @@ class EmbeddedThinker:
 
     async def _call(
         self, request: ModelTurnRequest, tool: str, inbox: _Inbox, built: list[Prompt]
-    ) -> AsyncIterator[EngineOutput]:
+    ) -> AsyncGenerator[EngineOutput, None]:
         """A forced call: the decode's tokens become the arguments, then the turn ends."""
         rid = request.request_id
         ids: list[int] = []
