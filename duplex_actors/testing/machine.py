@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import anyio
@@ -674,9 +675,9 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.lane_of: dict[str, Lane] = {}  # event id -> the lane its command was queued on
         self.trigger_of: dict[str, str] = {}
         self.ids = itertools.count(1)
-        self.handle: SessionHandle | None = None
+        self.handle: SessionHandle  # set below, or __init__ raises
         self._checked_in_step = False
-        self._consumer = None
+        self._consumer: Future[None] | None = None
         self._rt_cm = None
         self._portal_cm = anyio.from_thread.start_blocking_portal()
         self.portal = self._portal_cm.__enter__()
@@ -959,7 +960,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         # initial state and rules a subclass adds without using ``step``.
         if self._checked_in_step:
             self._checked_in_step = False
-        elif self.handle is not None:
+        else:
             self.portal.call(self._check_now)
 
     # -- the end of a run -------------------------------------------------------------------
@@ -972,7 +973,8 @@ class RuntimeMachine(RuleBasedStateMachine):
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"not settled {self.settle_timeout_s}s after close: events ended="
-                    f"{self._consumer.done()}, streams still open={self.backend.open_streams()}"
+                    f"{self._consumer is None or self._consumer.done()}, "
+                    f"streams still open={self.backend.open_streams()}"
                 )
             await anyio.sleep(0.001)
 
@@ -1013,8 +1015,7 @@ class RuntimeMachine(RuleBasedStateMachine):
 
     def teardown(self):
         try:
-            if self.handle is not None:
-                self.portal.call(self._settle)
-                self.portal.call(self._final_checks)
+            self.portal.call(self._settle)
+            self.portal.call(self._final_checks)
         finally:
             self._shutdown()

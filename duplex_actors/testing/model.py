@@ -422,6 +422,7 @@ class SessionModel:
             elif isinstance(output, (TextDelta, AudioPacket)):
                 self._begin(exp, now)
                 r = self.response
+                assert r is not None, "_begin opened the response"
                 if isinstance(output, TextDelta):
                     if output.text and output.token_count > 0 and r.first_text is None:
                         r.first_text = now

@@ -65,8 +65,8 @@ def _synthesise(kind: str, ms: int, sample_rate: int, freq: int, amplitude: int,
     shift = max(0, 15 - amplitude.bit_length())
     if not shift:
         return raw
-    samples = struct.unpack(f"<{n}h", raw)
-    return struct.pack(f"<{n}h", *(x >> shift for x in samples))
+    noise = struct.unpack(f"<{n}h", raw)
+    return struct.pack(f"<{n}h", *(x >> shift for x in noise))
 
 
 def pcm16_chunks(
@@ -194,12 +194,16 @@ def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, item: int = 
     if kind == "create_item":
         text = Item(id=item_id, role="user", content=(ContentPart(type="input_text", text="hello"),))
         return cmd.CreateItem(item=text, **fields)
-    if kind in ("delete_item", "retrieve_item"):
-        return _COMMAND_TYPES[kind](item_id=item_id, **fields)
+    if kind == "delete_item":
+        return cmd.DeleteItem(item_id=item_id, **fields)
+    if kind == "retrieve_item":
+        return cmd.RetrieveItem(item_id=item_id, **fields)
     if kind == "append":
         return cmd.AppendAudio(pcm=pcm, **fields)
-    if kind in ("speech_started", "speech_stopped"):
-        return _COMMAND_TYPES[kind](audio_ms=audio_ms, **fields)
+    if kind == "speech_started":
+        return cmd.SpeechStartedSignal(audio_ms=audio_ms, **fields)
+    if kind == "speech_stopped":
+        return cmd.SpeechStoppedSignal(audio_ms=audio_ms, **fields)
     if kind == "cancel_other":  # names a response that is never the active one: refused
         return cmd.CancelResponse(response_id="resp_not_the_active_one", **fields)
     return _COMMAND_TYPES[kind](**fields)
