@@ -203,34 +203,69 @@ class MoonshineTranscriber:
     (``moonshine_cpp/models/base-en``, 63 MB) and are loaded from there by path; the package's
     code that fetches other languages' models from a hub is never called.
 
-    Far more accurate than PocketSphinx on the same speech (docs/benchmarks.md), and costlier:
-    it is the recogniser to use where a turn's words matter. The model runs in native code
-    through ctypes, which releases the GIL, so a worker *thread* decodes without stalling the
-    event loop (measured: tests/audio/test_moonshine.py). One model, one decode at a time
-    (``max_concurrent`` threads queue on its lock)."""
+    Far more accurate than PocketSphinx on the same speech (docs/benchmarks.md). Two ways to run
+    the same model files:
+
+    * ``backend="onnx"`` (the default): ONNX Runtime's Python API on the graphs converted to
+      ONNX, so their 8-bit weights are dequantised once at load instead of at every decoder
+      step (audio/moonshine_onnx.py says why): the same transcripts, the decode 4-6x faster
+      here. ``threads``: ONNX Runtime's intra-op threads (default 1: on this 2-core host,
+      shared, two were slower; $DUPLEX_MOONSHINE_THREADS overrides).
+    * ``backend="cpp"``: the wheel's own C library through ctypes (the previous path, kept as
+      the baseline the benchmark compares against).
+
+    Both release the GIL while they compute (ONNX Runtime's ``run``, the C library's call), so
+    a worker *thread* decodes without stalling the event loop (measured:
+    tests/runtime/test_moonshine.py). One model, one decode at a time (``max_concurrent``
+    threads queue on its lock)."""
 
     name = "moonshine"
 
-    def __init__(self, *, max_concurrent: int = 1, trim: bool = True) -> None:
-        import moonshine_cpp.moonshine_cpp as lib  # fail at construction, not at the first turn
+    def __init__(
+        self,
+        *,
+        max_concurrent: int = 1,
+        trim: bool = True,
+        backend: str = "onnx",
+        threads: int | None = None,
+    ) -> None:
+        if backend not in ("onnx", "cpp"):
+            raise ValueError(f"backend must be 'onnx' or 'cpp', not {backend!r}")
+        self.backend = backend
+        if backend == "cpp":
+            import moonshine_cpp.moonshine_cpp as lib  # fail at construction, not at the first turn
 
-        self._lib = lib
+            self._lib = lib
+            self._model_dir = Path(lib.__file__).parent / "models" / "base-en"
+        else:
+            import onnxruntime  # noqa: F401
+
+            from .moonshine_onnx import packaged_model_dir
+
+            self._model_dir = packaged_model_dir()
         self.max_concurrent = max_concurrent
+        self.threads = threads or int(os.environ.get("DUPLEX_MOONSHINE_THREADS", "1"))
         #: Decode without the turn's leading and trailing quiet (trim_quiet; measured faster
         #: at the same words, docs/benchmarks.md).
         self.trim = trim
-        self._model_dir = Path(lib.__file__).parent / "models" / "base-en"
         for name in ("encoder_model.ort", "decoder_model_merged.ort", "tokenizer.bin"):
             if not (self._model_dir / name).is_file():
                 raise FileNotFoundError(f"moonshine-cpp's packaged model lacks {name} in {self._model_dir}")
         self._handle: int | None = None
+        self._model = None  # MoonshineOnnx, once loaded
         self._lock = threading.Lock()
 
     def supports_language(self, language: str | None) -> bool:
         return english(language)
 
-    def _load(self) -> int:
-        # ~0.9 s, once; by path, so nothing is ever downloaded.
+    def _load(self):
+        # Once, under the lock; by path, so nothing is ever downloaded.
+        if self.backend == "onnx":
+            if self._model is None:
+                from .moonshine_onnx import MoonshineOnnx
+
+                self._model = MoonshineOnnx(self._model_dir, threads=self.threads)
+            return self._model
         if self._handle is None:
             d = self._model_dir
             handle = self._lib.moonshine_lib.moonshine_load_model(
@@ -244,14 +279,13 @@ class MoonshineTranscriber:
             self._handle = handle
         return self._handle
 
-    def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
-        """In the calling thread (never the event loop's)."""
-        import ctypes
-
+    def prepare(self, pcm: bytes, sample_rate: int):
+        """The float32 16 kHz audio the model hears for this pcm16 turn (trimmed), or None
+        when under 100 ms are left: nothing a word fits in (and the model's minimum input)."""
         import numpy as np
 
         if len(pcm) < 2:
-            return ""
+            return None
         from .resample import pcm16_to_float, resample
 
         audio = pcm16_to_float(pcm)
@@ -259,19 +293,31 @@ class MoonshineTranscriber:
             audio = resample(audio, sample_rate, RECOGNISER_RATE)
         if self.trim:
             audio = trim_quiet(audio, RECOGNISER_RATE)
-        audio = np.ascontiguousarray(audio, dtype=np.float32)
         if len(audio) < RECOGNISER_RATE // 10:
-            return ""  # under 100 ms: nothing a word fits in (and the model's minimum input)
+            return None
+        return np.ascontiguousarray(audio, dtype=np.float32)
+
+    def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
+        """In the calling thread (never the event loop's)."""
+        audio = self.prepare(pcm, sample_rate)
+        if audio is None:
+            return ""
+        with self._lock:  # one decode per model at a time
+            model = self._load()
+            if self.backend == "onnx":
+                return model.transcribe(audio)
+            return self._transcribe_cpp(model, audio)
+
+    def _transcribe_cpp(self, handle: int, audio) -> str:
+        import ctypes
+
         text = ctypes.c_char_p()
         lib = self._lib.moonshine_lib
-        with self._lock:  # one decode per model at a time
-            handle = self._load()
-            pointer = audio.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            error = lib.moonshine_transcribe(handle, pointer, len(audio), ctypes.byref(text))
-            if error != 0:
-                raise RuntimeError(f"moonshine failed to transcribe (error {error})")
-            words = (text.value or b"").decode("utf-8", "replace")
-        return words.strip()
+        pointer = audio.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        error = lib.moonshine_transcribe(handle, pointer, len(audio), ctypes.byref(text))
+        if error != 0:
+            raise RuntimeError(f"moonshine failed to transcribe (error {error})")
+        return (text.value or b"").decode("utf-8", "replace").strip()
 
     async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
         import anyio.to_thread
@@ -280,13 +326,15 @@ class MoonshineTranscriber:
 
     def close(self, *, wait: bool = False) -> None:
         with self._lock:
+            self._model = None
             if self._handle is not None:
                 self._lib.moonshine_lib.moonshine_free_model(self._handle)
                 self._handle = None
 
 
 #: Which recogniser default_transcriber builds: "moonshine", "pocketsphinx", or "auto"
-#: (Moonshine where its extra is installed, else PocketSphinx).
+#: (Moonshine where its extra is installed, else PocketSphinx); "moonshine-cpp" is Moonshine
+#: through the wheel's own C library (the slower previous path, for comparison).
 TRANSCRIBER_ENV = "DUPLEX_TRANSCRIBER"
 
 
@@ -298,13 +346,17 @@ def default_transcriber(
     ``transcription`` is), or None when none is installed (requests for transcription then get
     ``conversation.item.input_audio_transcription.failed``)."""
     choice = (prefer or os.environ.get(TRANSCRIBER_ENV) or "auto").lower()
-    if choice not in ("auto", "moonshine", "pocketsphinx"):
-        raise ValueError(f"{TRANSCRIBER_ENV} must be auto, moonshine or pocketsphinx, not {choice!r}")
-    if choice in ("auto", "moonshine"):
+    if choice not in ("auto", "moonshine", "moonshine-cpp", "pocketsphinx"):
+        raise ValueError(
+            f"{TRANSCRIBER_ENV} must be auto, moonshine, moonshine-cpp or pocketsphinx, not {choice!r}"
+        )
+    if choice in ("auto", "moonshine", "moonshine-cpp"):
         try:
-            return MoonshineTranscriber(max_concurrent=workers)
+            return MoonshineTranscriber(
+                max_concurrent=workers, backend="cpp" if choice == "moonshine-cpp" else "onnx"
+            )
         except ImportError:
-            if choice == "moonshine":
+            if choice != "auto":
                 raise
     try:
         return PocketsphinxTranscriber(max_concurrent=workers)

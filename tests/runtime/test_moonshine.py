@@ -1,6 +1,8 @@
 """Moonshine (extra ``moonshine``: moonshine-cpp, MIT, base-en weights inside the wheel) as the
 input recogniser: it hears piper's sentences, decodes off the GIL (a thread does not stall the
-event loop), loads only its packaged files, and says which languages it hears."""
+event loop), loads only its packaged files, and says which languages it hears. The default
+backend (the wheel's graphs converted to ONNX, audio/moonshine_onnx.py) says what the wheel's
+own C library says."""
 
 from __future__ import annotations
 
@@ -69,10 +71,43 @@ def test_moonshine_loads_its_packaged_model_and_hears_english_only(moonshine):
     assert moonshine.transcribe_blocking(b"", 16000) == ""
 
 
+def test_the_onnx_backend_says_what_the_wheels_own_library_says(moonshine):
+    """Same graphs, same weights, converted: the same words, token for token (a conversion
+    that dropped an attribute, a node or an initializer would change them or fail to load)."""
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    assert moonshine.backend == "onnx"
+    library = MoonshineTranscriber(backend="cpp")
+    try:
+        for text in SENTENCES:
+            pcm = synthesize_utterance(text, varied=False)
+            assert moonshine.transcribe_blocking(pcm, 16000) == library.transcribe_blocking(pcm, 16000)
+    finally:
+        library.close()
+
+
+def test_ort_to_onnx_keeps_the_graphs_inputs_and_outputs():
+    import onnxruntime as ort
+
+    from duplex_actors.audio.moonshine_onnx import ort_to_onnx, packaged_model_dir
+
+    path = packaged_model_dir() / "decoder_model_merged.ort"
+    original = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    converted = ort.InferenceSession(ort_to_onnx(path), providers=["CPUExecutionProvider"])
+    for mine, theirs in (
+        (converted.get_inputs(), original.get_inputs()),
+        (converted.get_outputs(), original.get_outputs()),
+    ):
+        assert [(a.name, a.type, a.shape) for a in mine] == [(a.name, a.type, a.shape) for a in theirs]
+
+
 def test_default_transcriber_prefers_moonshine_and_can_be_told_otherwise(monkeypatch):
     pytest.importorskip("pocketsphinx")
     monkeypatch.delenv("DUPLEX_TRANSCRIBER", raising=False)
     assert isinstance(default_transcriber(), MoonshineTranscriber)
+    assert default_transcriber(prefer="moonshine-cpp").backend == "cpp"
+    with pytest.raises(ValueError):
+        MoonshineTranscriber(backend="whisper")
     light = default_transcriber(prefer="pocketsphinx")
     assert isinstance(light, PocketsphinxTranscriber)
     light.close()
