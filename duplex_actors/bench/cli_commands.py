@@ -14,7 +14,7 @@ import typer
 
 from . import report
 
-BENCHES = ("throughput", "scale", "realtime", "barge_in", "wire", "engine", "vllm")
+BENCHES = ("throughput", "scale", "realtime", "barge_in", "wire", "wire_capacity", "engine", "vllm")
 #: Benches run only when named with --only (they start heavy machinery of their own).
 OPT_IN = ("ray",)
 _HINTS = {
@@ -95,6 +95,14 @@ def _wire(quick: bool) -> dict[str, Any]:
     return bench_wire(quick)
 
 
+def _wire_capacity(quick: bool) -> dict[str, Any]:
+    if importlib.util.find_spec("websockets") is None:
+        return {"name": "wire_capacity", "skipped": "'websockets' is not installed (extra 'server')"}
+    from .wire_capacity_bench import bench_wire_capacity
+
+    return bench_wire_capacity(quick, echo=lambda _line: None)
+
+
 def _plan(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
     from . import runtime_bench as rb
 
@@ -104,6 +112,7 @@ def _plan(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
         "realtime": lambda: rb.bench_realtime(quick),
         "barge_in": lambda: rb.bench_barge_in(quick),
         "wire": lambda: _wire(quick),
+        "wire_capacity": lambda: _wire_capacity(quick),
         "engine": lambda: _engine_bench("engine", "duplex_actors.bench.engine_bench", "torch", quick),
         "vllm": lambda: _engine_bench("vllm", "duplex_actors.bench.vllm_bench", "vllm", quick),
         "ray": lambda: _engine_bench("ray", "duplex_actors.bench.ray_bench", "ray", quick),

@@ -39,6 +39,7 @@ COVERED = {
         "vllm/test_vllm_bench.py",
         "test_vllm_bench_smoke_reports_every_figure_against_bare_asyncllm",
     ),
+    "wire_capacity_bench": ("bench/test_bench_entry_points.py", "test_wire_capacity_bench_main_quick"),
     "workers_bench": (
         "bench/test_workers_bench.py",
         "test_every_arm_serves_turns_and_the_cpu_split_names_the_processes",
@@ -49,6 +50,7 @@ COVERED = {
     "bench:realtime": ("bench/test_bench_smoke.py", "test_realtime_tiny"),
     "bench:barge_in": ("bench/test_bench_smoke.py", "test_barge_in_tiny"),
     "bench:wire": ("bench/test_bench_smoke.py", "test_wire_tiny"),
+    "bench:wire_capacity": ("bench/test_bench_entry_points.py", "test_bench_only_wire_capacity_tiny"),
     "bench:engine": ("bench/test_bench_entry_points.py", "test_bench_only_engine_at_smoke_size"),
     # .ci/vllm.sh also runs `bench --only vllm` itself (DUPLEX_VLLM_BENCH_SIZE=smoke).
     "bench:vllm": (
@@ -162,3 +164,46 @@ def test_stall_bench_main_tiny(tmp_path):
     assert report["mode"] == "idle" and report["opened"] == 20 and report["server_sessions"] >= 20
     for window in ("baseline", "idle_first", "idle_steady"):
         assert report[window]["samples"] > 0 and report[window]["max_ms"] >= report[window]["p50_ms"]
+
+
+def _check_capacity(result, arms):
+    """Each arm measured its N with frames handled, CPU per frame and probe latencies; the
+    serve arm's figures carry the bare parse server of the same run as their baseline."""
+    assert set(result["arms"]) == set(arms), result.get("skipped_arms")
+    for arm in arms:
+        steps = result["arms"][arm]["steps"]
+        assert steps, result["arms"][arm]["stopped"]
+        for step in steps:
+            assert step["frames"] > 0 and step["cpu_per_frame_us"] > 0
+            assert step["probes"] > 0 and step["p99_ms"] >= step["p50_ms"] > 0
+            assert step["closed_by_server"] == 0
+    cpu = next(f for f in result["figures"] if f["metric"].startswith("serve: server CPU per 20 ms frame"))
+    assert cpu["baseline"] > 0 and cpu["ratio"] == pytest.approx(cpu["value"] / cpu["baseline"])
+    assert cpu["target"] and cpu["met"] in (True, False)
+
+
+def test_wire_capacity_bench_main_quick(tmp_path, capsys):
+    """The module's command at its smoke size: the bare parse server and serve (server VAD on,
+    real-time clients), both swept, the JSON written, the ratios printed."""
+    pytest.importorskip("websockets")
+    from duplex_actors.bench import wire_capacity_bench
+
+    out = tmp_path / "capacity.json"
+    argv = ["--quick", "--sessions", "3,6", "--window", "1", "--warm", "0.3", "--json", str(out)]
+    assert wire_capacity_bench.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "server CPU per 20 ms frame" in printed and "sessions per server core" in printed
+    _check_capacity(json.loads(out.read_text()), ("bare", "serve"))
+
+
+def test_bench_only_wire_capacity_tiny(tmp_path, monkeypatch):
+    """`duplex-actors bench --only wire_capacity`, at a tiny size."""
+    pytest.importorskip("websockets")
+    from duplex_actors.bench import wire_capacity_bench
+    from duplex_actors.bench.cli_commands import run_suite
+
+    tiny = functools.partial(wire_capacity_bench.bench_wire_capacity, sessions=(4,), window_s=1.0, warm_s=0.3)
+    monkeypatch.setattr(wire_capacity_bench, "bench_wire_capacity", tiny)
+    (result,) = run_suite(True, tmp_path, ["wire_capacity"], lambda _line: None)
+    assert "error" not in result, result.get("traceback")
+    _check_capacity(result, ("bare", "serve"))
