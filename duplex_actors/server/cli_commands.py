@@ -7,7 +7,7 @@ import enum
 import ipaddress
 import sys
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -235,7 +235,7 @@ def register(app: typer.Typer) -> None:
             "idle_ttl_s": idle_ttl_s,
             "journal_max_age_s": journal_max_age_s,
         }
-        server_options = {
+        server_options: dict[str, Any] = {
             "write_timeout_s": write_timeout_s,
             "max_sessions_per_key": max_sessions_per_key,
             "max_sessions_per_address": max_sessions_per_address,

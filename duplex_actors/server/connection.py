@@ -167,13 +167,13 @@ class PacedConnection(ServerConnection):
             return
         self._feed(data)
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
         if self._rest:
             # The client has finished sending: what it sent is parsed before the end is.
             rest, self._rest = self._rest, b""
             super().data_received(rest)
         try:
-            return super().eof_received()
+            super().eof_received()
         finally:
             self._release_refused()
 

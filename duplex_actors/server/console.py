@@ -122,7 +122,7 @@ def operator_snapshot(server: RealtimeServer, lag: LoopLagProbe | None = None) -
     stats = runtime.statistics()
     engine = stats.engine
     depth_total = depth_max = detached = 0
-    sessions = []
+    sessions: list[dict] = []
     for handle in runtime.sessions():
         core = handle.core
         depth = handle.mailbox_depth()

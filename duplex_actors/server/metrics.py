@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..core import events as ev
@@ -41,7 +41,7 @@ class _RuntimeCollector:
     def describe(self):  # no samples at registration time (the runtime may not run yet)
         return []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         rt = self._runtime
         by_state = GaugeMetricFamily("duplex_sessions", "Open sessions by statechart state", labels=["state"])
         stats = rt.statistics()

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import json
 import re
 import secrets
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any, Literal, Union, overload
 
 import attrs
 
@@ -253,7 +254,20 @@ class _Fields:
     def has(self, key: str) -> bool:
         return key in self.obj
 
-    def str(self, key: str, *, required: bool = False, max_len: int = 1 << 16) -> str | None:
+    # The readers are named after the JSON types they read, so within the class the builtins
+    # are spelled builtins.str, builtins.int and builtins.bool. required=True never gives None.
+
+    @overload
+    def str(
+        self, key: builtins.str, *, required: Literal[True], max_len: builtins.int = ...
+    ) -> builtins.str: ...
+    @overload
+    def str(
+        self, key: builtins.str, *, required: builtins.bool = ..., max_len: builtins.int = ...
+    ) -> builtins.str | None: ...
+    def str(
+        self, key: builtins.str, *, required: builtins.bool = False, max_len: builtins.int = 1 << 16
+    ) -> builtins.str | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or (value is None and not required):
             if required:
@@ -265,9 +279,32 @@ class _Fields:
             raise self.fail(key, f"is longer than {max_len} characters")
         return value
 
+    @overload
     def int(
-        self, key: str, *, required: bool = False, minimum: int | None = 0, maximum: int | None = None
-    ) -> int | None:
+        self,
+        key: builtins.str,
+        *,
+        required: Literal[True],
+        minimum: builtins.int | None = ...,
+        maximum: builtins.int | None = ...,
+    ) -> builtins.int: ...
+    @overload
+    def int(
+        self,
+        key: builtins.str,
+        *,
+        required: builtins.bool = ...,
+        minimum: builtins.int | None = ...,
+        maximum: builtins.int | None = ...,
+    ) -> builtins.int | None: ...
+    def int(
+        self,
+        key: builtins.str,
+        *,
+        required: builtins.bool = False,
+        minimum: builtins.int | None = 0,
+        maximum: builtins.int | None = None,
+    ) -> builtins.int | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or (value is None and not required):
             if required:
@@ -281,7 +318,9 @@ class _Fields:
             raise self.fail(key, f"must be <= {maximum}")
         return value
 
-    def number(self, key: str, *, minimum: float | None = None, maximum: float | None = None) -> float | None:
+    def number(
+        self, key: builtins.str, *, minimum: float | None = None, maximum: float | None = None
+    ) -> float | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or value is None:
             return None
@@ -293,7 +332,7 @@ class _Fields:
             raise self.fail(key, f"must be <= {maximum}")
         return float(value)
 
-    def bool(self, key: str) -> bool | None:
+    def bool(self, key: builtins.str) -> builtins.bool | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or value is None:
             return None
@@ -301,7 +340,11 @@ class _Fields:
             raise self.fail(key, f"must be a boolean, not {_json_type(value)}")
         return value
 
-    def object(self, key: str, *, required: bool = False) -> _Fields | None:
+    @overload
+    def object(self, key: builtins.str, *, required: Literal[True]) -> _Fields: ...
+    @overload
+    def object(self, key: builtins.str, *, required: builtins.bool = ...) -> _Fields | None: ...
+    def object(self, key: builtins.str, *, required: builtins.bool = False) -> _Fields | None:
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or (value is None and not required):
             if required:
@@ -433,7 +476,7 @@ def decode(
         raise WireError(f"invalid {event_type}: {exc}", event_id=event_id) from None
 
 
-_Parser = Callable[[_Fields, "str | None", "int | None", WireLimits, int], ClientEvent]
+_Parser = Callable[[_Fields, "str | None", "int | None", WireLimits, "tuple[int, AudioFormat]"], ClientEvent]
 _PARSERS: dict[str, _Parser] = {}
 
 
@@ -533,7 +576,7 @@ def _response_create(f: _Fields, event_id, epoch, limits, rates):
             options["max_tokens"] = 0  # no limit for this response, whatever the session's
         else:
             options["max_tokens"] = response.int(
-                "max_output_tokens", minimum=1, maximum=SAMPLING_RANGES["max_tokens"][1]
+                "max_output_tokens", minimum=1, maximum=int(SAMPLING_RANGES["max_tokens"][1])
             )
     return cmd.CreateResponse(
         instructions=instructions,
@@ -983,7 +1026,8 @@ def _tool_choice_field(s: _Fields, named: tuple[str, ...] = ()) -> dict[str, Any
             raise s.fail("tool_choice", f"must be 'auto', 'none', 'required' or a function, not {choice!r}")
         changes["tool_choice"] = choice
     elif isinstance(choice, dict):
-        changes["tool_choice"] = s.object("tool_choice").str("name", required=True, max_len=256)
+        tool = s.object("tool_choice", required=True)
+        changes["tool_choice"] = tool.str("name", required=True, max_len=256)
     elif choice is not None:
         raise s.fail("tool_choice", f"must be a string or an object, not {_json_type(choice)}")
     return changes
@@ -1002,7 +1046,7 @@ def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, A
     holder, key = holders[0]
     if holder.obj[key] is None:
         return {"transcription": False}
-    settings = holder.object(key)
+    settings = holder.object(key, required=True)  # present, and not null (above)
     # A language the recogniser cannot hear fails each turn's transcription (...failed), never
     # the session: pipecat treats an error here as fatal (runtime.transcribe decides).
     language = settings.str("language", max_len=32)

@@ -377,9 +377,9 @@ class FrontDoor:
         living worker (which refuses a resume of a lost session at once); None if none lives."""
         parts = request_line.split(b" ")
         target = parts[1].decode("latin-1") if len(parts) >= 2 else ""
-        session_id = (parse_qs(urlsplit(target).query).get("session_id") or [None])[0]
-        if session_id is not None:
-            owner = minted_by(session_id)
+        session_ids = parse_qs(urlsplit(target).query).get("session_id")
+        if session_ids:
+            owner = minted_by(session_ids[0])
             if owner is not None and owner[0] < len(self.workers):
                 worker = self.workers[owner[0]]
                 if worker.alive and worker.generation == owner[1]:
@@ -829,7 +829,7 @@ async def _run_front(
     watching = asyncio.create_task(_watch_engine(engine, tell_pool))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    failed = serving.done() and not serving.cancelled() and serving.exception() is not None
+    failure = serving.exception() if serving.done() and not serving.cancelled() else None
     print("shutting down: draining the workers", file=sys.stderr, flush=True)
     supervisor.stopping = True
     serving.cancel()
@@ -852,8 +852,8 @@ async def _run_front(
     for worker in pool:
         if worker.handoff is not None:
             worker.handoff.close()
-    if failed:  # the front itself broke: say so (serve_workers still stops the children)
-        raise serving.exception()
+    if failure is not None:  # the front itself broke: say so (serve_workers still stops the children)
+        raise failure
 
 
 async def _watch_engine(engine: _EngineSupervisor, restarted: Callable[[], None]) -> None:
