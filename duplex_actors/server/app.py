@@ -35,7 +35,7 @@ import json
 import math
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -45,7 +45,11 @@ import attrs
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.extensions import ServerExtensionFactory
+from websockets.extensions.permessage_deflate import enable_server_permessage_deflate
 from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
 
 from ..actors.runtime import Runtime, SessionHandle
 from ..core import commands as cmd
@@ -131,6 +135,13 @@ _RESUME_CLOSE_CODES = {
 }
 
 
+def _none_or(validator: Callable[[Any, Any, Any], Any]) -> Callable[[Any, attrs.Attribute[Any], Any], Any]:
+    """``attrs.validators.optional(validator)``, typed for any field: mypy takes an attrs
+    field's type from its default alone, so an optional validator does not match a field whose
+    default is not None."""
+    return attrs.validators.optional(validator)
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -161,9 +172,7 @@ class ServerConfig:
     #: multiple of real time sustained, after a first ``audio_intake_burst_s`` seconds of audio
     #: at once; past it the server reads that connection's next frame later (TCP backpressure),
     #: so one client cannot take the CPU its neighbours need. None: no pacing.
-    audio_intake_rate: float | None = attrs.field(
-        default=4.0, validator=attrs.validators.optional(attrs.validators.gt(0))
-    )
+    audio_intake_rate: float | None = attrs.field(default=4.0, validator=_none_or(attrs.validators.gt(0)))
     audio_intake_burst_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     #: Frame pacing, the same way over the bytes of every frame a session's client sends:
     #: ``frame_intake_burst_bytes`` at once, then this many bytes a second. Real-time audio at
@@ -173,7 +182,7 @@ class ServerConfig:
     #: response's own stream excepted), so small requests for large replies are paced too.
     #: None: no pacing.
     frame_intake_bytes_per_s: int | None = attrs.field(
-        default=1 << 20, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=1 << 20, validator=_none_or(attrs.validators.gt(0))
     )
     frame_intake_burst_bytes: int = attrs.field(default=8 << 20, validator=attrs.validators.gt(0))
     #: Handling pacing: seconds of the event loop a session's frames may take to handle
@@ -187,7 +196,7 @@ class ServerConfig:
     #: client twice that before it is paced. Past it, the session's next frame is read later,
     #: nothing refused. None: no pacing.
     frame_handling_s_per_s: float | None = attrs.field(
-        default=0.1, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=0.1, validator=_none_or(attrs.validators.gt(0))
     )
     frame_handling_burst_s: float = attrs.field(default=0.25, validator=attrs.validators.gt(0))
     #: The loop shared by client (loop_share.py): once the frames of all clients together take
@@ -195,21 +204,17 @@ class ServerConfig:
     #: sessions take more than its fair share reads its next frames later. The per-session
     #: budgets above multiply with a client's sessions: 32 sessions of one key sending audio as
     #: fast as theirs allowed made a neighbour's turn 68x slower. None: not shared.
-    loop_share_s_per_s: float | None = attrs.field(
-        default=0.5, validator=attrs.validators.optional(attrs.validators.gt(0))
-    )
+    loop_share_s_per_s: float | None = attrs.field(default=0.5, validator=_none_or(attrs.validators.gt(0)))
     #: Frame-count pacing (connection.PacedConnection): websocket frames of any kind, each
     #: fragment and ping counted, a client may send a second, after ``frames_burst`` at once.
     #: Parsing costs per frame, which the byte and audio budgets do not see (a message cut into
     #: 1-byte fragments). Pings and pongs also have their own, smaller budget: websockets
     #: answers each ping itself, outside the frame budget and the write deadline. Past either,
     #: the connection reads its next bytes later. None: no pacing.
-    frames_per_s: float | None = attrs.field(
-        default=FRAMES_PER_S, validator=attrs.validators.optional(attrs.validators.gt(0))
-    )
+    frames_per_s: float | None = attrs.field(default=FRAMES_PER_S, validator=_none_or(attrs.validators.gt(0)))
     frames_burst: int = attrs.field(default=FRAMES_BURST, validator=attrs.validators.gt(0))
     control_frames_per_s: float | None = attrs.field(
-        default=CONTROL_FRAMES_PER_S, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=CONTROL_FRAMES_PER_S, validator=_none_or(attrs.validators.gt(0))
     )
     control_frames_burst: int = attrs.field(default=CONTROL_FRAMES_BURST, validator=attrs.validators.gt(0))
     #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013. The two
@@ -222,12 +227,10 @@ class ServerConfig:
     #: Retry-After, before any session exists (guard.ConnectRate). Off by default: behind a
     #: proxy every client shares one address, and one key often serves all of an app's users.
     connect_rate_per_address: float | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=None, validator=_none_or(attrs.validators.gt(0))
     )
     connect_burst_per_address: int = attrs.field(default=20, validator=attrs.validators.ge(1))
-    connect_rate_per_key: float | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
-    )
+    connect_rate_per_key: float | None = attrs.field(default=None, validator=_none_or(attrs.validators.gt(0)))
     connect_burst_per_key: int = attrs.field(default=20, validator=attrs.validators.ge(1))
     #: SessionConfig overrides applied to every new session (e.g. disconnect_grace_s).
     session_overrides: dict = attrs.field(factory=dict)
@@ -242,9 +245,7 @@ class ServerConfig:
     #: real-time sessions the VAD was half of the server's CPU one window at a time. 0: batch
     #: what arrives in one pass of the event loop. None: each window on its own, as its frame
     #: is handled.
-    vad_batch_window_s: float | None = attrs.field(
-        default=0.01, validator=attrs.validators.optional(attrs.validators.ge(0))
-    )
+    vad_batch_window_s: float | None = attrs.field(default=0.01, validator=_none_or(attrs.validators.ge(0)))
     #: ``/metrics`` is rendered at most once in this long; scrapes in between get the last
     #: render (a render walks every session on the event loop, and the endpoint needs no key).
     metrics_max_age_s: float = 1.0
@@ -258,20 +259,20 @@ class ServerConfig:
     #: client address (past it: 503; ``exempt_networks`` excepted) and in all, and how long a
     #: handshake may take (websockets' open_timeout). None: no limit.
     max_request_head_bytes: int | None = attrs.field(
-        default=edge.MAX_REQUEST_HEAD_BYTES, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=edge.MAX_REQUEST_HEAD_BYTES, validator=_none_or(attrs.validators.gt(0))
     )
     max_request_headers: int = attrs.field(default=edge.MAX_REQUEST_HEADERS, validator=attrs.validators.gt(0))
     max_handshakes_per_address: int | None = attrs.field(
-        default=edge.MAX_HANDSHAKES_PER_ADDRESS, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=edge.MAX_HANDSHAKES_PER_ADDRESS, validator=_none_or(attrs.validators.gt(0))
     )
     max_handshakes: int | None = attrs.field(
-        default=edge.MAX_HANDSHAKES, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=edge.MAX_HANDSHAKES, validator=_none_or(attrs.validators.gt(0))
     )
     handshake_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     #: Sessions one client address may hold while ``max_sessions_per_address`` is not set:
     #: past it a new session's handshake gets 429 (``exempt_networks`` excepted). None: none.
     default_sessions_per_address: int | None = attrs.field(
-        default=256, validator=attrs.validators.optional(attrs.validators.gt(0))
+        default=256, validator=_none_or(attrs.validators.gt(0))
     )
     #: Client networks the default-on per-address limits above leave alone: loopback, where the
     #: clients are the operator's own (tests, benchmarks, a reverse proxy on the same host).
@@ -365,6 +366,8 @@ class RealtimeServer:
         self._ssl = server_ssl_context(config.tls_cert, config.tls_key)
         self._records: dict[str, _SessionRecord] = {}
         self._server: Server | None = None
+        self._extensions: Sequence[ServerExtensionFactory] | None = None
+        self._ws_connection: type[ServerConnection] = ServerConnection
         self._connections = 0
         self._opened = 0
         self._vad_ok: bool | None = None
@@ -407,6 +410,18 @@ class RealtimeServer:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> RealtimeServer:
+        # Kept for adopt(), which makes a connection from them as serve() makes one.
+        self._extensions = self._negotiated_extensions()
+        self._ws_connection = edge.with_edge_limits(
+            self._connection_class(),
+            max_head_bytes=self.config.max_request_head_bytes,
+            max_headers=self.config.max_request_headers,
+            handshakes=guard.PendingHandshakes(
+                per_address=self.config.max_handshakes_per_address,
+                total=self.config.max_handshakes,
+                exempt=guard.exempt_from(self.config.exempt_networks),
+            ),
+        )
         self._server = await serve(
             self._handle,
             self.config.host,
@@ -414,29 +429,11 @@ class RealtimeServer:
             process_request=self._process_request,
             select_subprotocol=_select_subprotocol,
             max_size=self.config.limits.transport_cap,
-            max_queue=READ_QUEUE_FRAMES,
-            ping_interval=self.config.ping_interval_s,
-            ping_timeout=self.config.ping_timeout_s,
-            close_timeout=2.0,
-            compression=self.config.compression,
-            extensions=(
-                deflate_extensions(
-                    self.config.inflate_budget, self.config.limits.max_frame_bytes, time.monotonic
-                )
-                if self.config.compression == "deflate" and self.config.inflate_budget is not None
-                else None
-            ),
+            **self._connection_options(),
+            compression=None,  # the extensions are the compression (_negotiated_extensions)
+            extensions=self._extensions,
             open_timeout=self.config.handshake_timeout_s,
-            create_connection=edge.with_edge_limits(
-                self._connection_class(),
-                max_head_bytes=self.config.max_request_head_bytes,
-                max_headers=self.config.max_request_headers,
-                handshakes=guard.PendingHandshakes(
-                    per_address=self.config.max_handshakes_per_address,
-                    total=self.config.max_handshakes,
-                    exempt=guard.exempt_from(self.config.exempt_networks),
-                ),
-            ),
+            create_connection=self._ws_connection,
             ssl=self._ssl,
         )
         self.runtime.add_close_listener(self._session_closed)
@@ -484,6 +481,49 @@ class RealtimeServer:
                 if cost:
                     share.charge(handle.core.share_tenant, (produced - record.billed_seq) * cost, now)
                 record.billed_seq = produced
+
+    def _negotiated_extensions(self) -> Sequence[ServerExtensionFactory] | None:
+        """What ``serve(compression=...)`` would negotiate: permessage-deflate, budgeted when the
+        config has an inflate budget."""
+        config = self.config
+        if config.compression is None:
+            return None
+        if config.compression != "deflate":
+            raise ValueError(f"unsupported compression: {config.compression}")
+        budgeted = (
+            deflate_extensions(config.inflate_budget, config.limits.max_frame_bytes, time.monotonic)
+            if config.inflate_budget is not None
+            else None
+        )
+        return enable_server_permessage_deflate(budgeted)
+
+    def _connection_options(self) -> dict[str, Any]:
+        """A connection's queue, keepalive and close settings, accepted or adopted alike."""
+        return {
+            "max_queue": READ_QUEUE_FRAMES,
+            "ping_interval": self.config.ping_interval_s,
+            "ping_timeout": self.config.ping_timeout_s,
+            "close_timeout": 2.0,
+        }
+
+    def _adopted_connection(self) -> ServerConnection:
+        """The websocket connection for a socket accepted elsewhere, made from websockets'
+        public pieces as its serve() makes one for a socket it accepted: the same protocol
+        settings, connection class and server, whose handler runs the handshake."""
+        assert self._server is not None, "use 'async with RealtimeServer(...)'"
+        connection: ServerConnection | None = None
+
+        def select(protocol: ServerProtocol, subprotocols: Sequence[Subprotocol]) -> Subprotocol | None:
+            assert connection is not None
+            return _select_subprotocol(connection, subprotocols)
+
+        protocol = ServerProtocol(
+            extensions=self._extensions,
+            select_subprotocol=select,
+            max_size=self.config.limits.transport_cap,
+        )
+        connection = self._ws_connection(protocol, self._server, **self._connection_options())
+        return connection
 
     def _connection_class(self) -> type[ServerConnection]:
         config = self.config
@@ -550,11 +590,8 @@ class RealtimeServer:
         and everything after it run exactly as for a connection this server accepted.
         ``handed_id``: the front's id of the connection, named in the reports to it."""
         assert self._server is not None, "use 'async with RealtimeServer(...)'"
-        # asyncio.Server keeps the protocol factory websockets gave it; reusing it means the
-        # adopted connection gets the same limits, keepalive and handler as accepted ones.
-        factory = self._server.server._protocol_factory
         loop = asyncio.get_running_loop()
-        _, connection = await loop.connect_accepted_socket(factory, sock, ssl=self._ssl)
+        _, connection = await loop.connect_accepted_socket(self._adopted_connection, sock, ssl=self._ssl)
         if handed_id is not None and self.front_link is not None:
             self._handed[connection] = handed_id
             loop.create_task(self._report_released(connection, handed_id))
@@ -594,7 +631,9 @@ class RealtimeServer:
 
     # -- HTTP side: health, metrics, auth ---------------------------------------------------
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    def _process_request(
+        self, connection: ServerConnection, request: Request
+    ) -> Response | Awaitable[None] | None:
         path = urlsplit(request.path).path.rstrip("/") or "/"
         if path == "/health":
             body = {"status": "ok", "sessions": self.runtime.session_count, "connections": self._connections}
@@ -707,10 +746,10 @@ class RealtimeServer:
         self.metrics.connections.inc()
         self.metrics.connections_total.inc()
         try:
-            query = parse_qs(urlsplit(ws.request.path).query)
-            resume_id = (query.get("session_id") or [None])[0]
-            if resume_id is not None:
-                record = await self._resume(conn, resume_id)
+            assert ws.request is not None, "websockets calls the handler after the handshake"
+            resume_ids = parse_qs(urlsplit(ws.request.path).query).get("session_id")
+            if resume_ids:
+                record = await self._resume(conn, resume_ids[0])
             else:
                 record = await self._open(conn)
             if record is not None:
@@ -967,6 +1006,7 @@ class _Connection:
         self.superseded = False
         self.writer_stopped = anyio.Event()
         keys = server._keys
+        assert ws.request is not None, "a connection is made after its handshake"
         self.key = guard.key_digest(guard.accepted_key(ws.request.headers, keys)) if keys else None
         config = server.config
         self.flood = guard.FloodGuard(
@@ -1018,11 +1058,13 @@ class _Connection:
         # therefore gives the loop up after READ_SLICE_S of work, and waits out the pacer.
         clock = time.perf_counter
         slice_began = done = clock()
-        replies = self.record.frame_pacer
-        handling = self.record.handling_pacer
+        record = self.record
+        assert record is not None
+        replies = record.frame_pacer
+        handling = record.handling_pacer
         loop_share = self.server.loop_share
         billed = handling is not None or loop_share is not None
-        tenant = self.record.handle.core.share_tenant
+        tenant = record.handle.core.share_tenant
         now = self.server.runtime.clock.now
         try:
             async for frame in self.ws:
@@ -1087,6 +1129,7 @@ class _Connection:
     async def _close_for_flood(self) -> None:
         """Declared flood policy: the session closes (``invalid_frame_flood``), the client
         gets its session.closed, then close 1008. Frames after the budget are not read."""
+        assert self.record is not None
         handle = self.record.handle
         log.warning(
             "server.flood_closed", session_id=handle.id, refused=self.flood.refused, remote=_remote(self.ws)
@@ -1104,6 +1147,7 @@ class _Connection:
 
     def _on_frame(self, frame: str | bytes) -> None:
         record = self.record
+        assert record is not None
         handle = record.handle
         metrics = self.server.metrics
         if record.frame_pacer is not None:
@@ -1189,6 +1233,7 @@ class _Connection:
         """Count a wait of the reader's in the metric, and log the session's first one."""
         self.server.metrics.paced.labels(what).inc(wait)
         if pacer.waited_s == wait:  # the first time: once per session and pacer, not per frame
+            assert self.record is not None
             log.info(
                 "server.client_paced",
                 what=what,
@@ -1236,20 +1281,21 @@ class _Connection:
         # The VAD hears the audio before the session does, so it asks the session's chart
         # first (audio_at_session_rate, input_fits): audio the session refuses is not heard.
         handle.check(event)
-        if record.vad is None:
-            record.vad = _build_server_vad(handle, record.vad_settings, self.server._vad_model(rate))
+        vad = record.vad
+        if vad is None:
+            vad = record.vad = _build_server_vad(handle, record.vad_settings, self.server._vad_model(rate))
         batcher = self.server.vad_batcher
         if batcher is None:
-            record.vad.append(event)  # speech signals first, then the client's own append
+            vad.append(event)  # speech signals first, then the client's own append
             return
-        frames = record.vad.frames_of(event)
+        frames = vad.frames_of(event)
         if frames:
             # A window that may end the user's turn is scored at once: the reply waits on it.
-            urgent = record.vad.detector.may_stop_within(len(frames))
-            self.vad_job = batcher.submit(record.vad, event, frames, self._vad_heard, urgent=urgent)
+            urgent = vad.detector.may_stop_within(len(frames))
+            self.vad_job = batcher.submit(vad, event, frames, self._vad_heard, urgent=urgent)
             self._bill(len(frames) * batcher.cost_per_window)
         else:  # no whole window yet: the audio goes in with the last window's verdict
-            for command in record.vad.heard(event, []):
+            for command in vad.heard(event, []):
                 self._tell(command)
 
     def _tell(self, command: cmd.Command) -> None:
@@ -1295,6 +1341,7 @@ class _Connection:
 
     async def _write_loop(self) -> None:
         record = self.record
+        assert record is not None
         handle = record.handle
         observe = self.server.metrics.observe
         timeout = self.server.config.write_timeout_s
@@ -1380,6 +1427,7 @@ class _Connection:
     async def _drop_slow_consumer(self) -> None:
         """The client stopped reading: a send did not drain within write_timeout_s. Its
         connection (and the memory buffered for it) goes; its session detaches as on any drop."""
+        assert self.record is not None
         log.warning(
             "server.slow_consumer_dropped",
             session_id=self.record.handle.id,
@@ -1470,12 +1518,11 @@ class _Connection:
 
 def _report_to_front(link: FrontLink, event: ev.ServerEvent) -> None:
     """What the front must know to end the client's responses should this worker die."""
-    kind = type(event)
-    if kind is ev.ResponseCreated:
+    if type(event) is ev.ResponseCreated:
         link.response_started(event.session_id, event.response_id)
-    elif kind is ev.ResponseDone:
+    elif type(event) is ev.ResponseDone:
         link.response_ended(event.session_id, event.response_id)
-    elif kind is ev.SessionClosedEvent:
+    elif type(event) is ev.SessionClosedEvent:
         link.session_ended(event.session_id)
 
 
@@ -1560,9 +1607,11 @@ def _report(handle: SessionHandle, err: DuplexError) -> None:
     handle.report_error(err)
 
 
-def _select_subprotocol(connection: ServerConnection, subprotocols) -> str | None:
+def _select_subprotocol(
+    connection: ServerConnection, subprotocols: Sequence[Subprotocol]
+) -> Subprotocol | None:
     # Browsers send "realtime" next to the key-carrying protocol; echo only the former.
-    return "realtime" if "realtime" in subprotocols else None
+    return Subprotocol("realtime") if "realtime" in subprotocols else None
 
 
 def _respond(
