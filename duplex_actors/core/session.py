@@ -36,13 +36,9 @@ from ..errors import (
     ClientError,
     DuplexError,
     EngineProtocolError,
-    FenceAhead,
     IllegalTransition,
-    InvalidCommand,
     InvalidItem,
     ItemNotFound,
-    StaleFence,
-    UnknownFunctionCall,
 )
 from . import events as ev
 from . import function_events as fev
@@ -125,6 +121,13 @@ class _GuardFunctions(dict):
     def __missing__(self, name: str) -> Callable[[SessionCore, Step], bool]:
         function = self[name] = getattr(SessionCore, "_g_" + name)
         return function
+
+    @staticmethod
+    def facts(name: str, core: SessionCore, step: Step) -> dict[str, object] | None:
+        """What the refusal of check ``name`` says (its message's fields), if it says more
+        than its fixed words: the core's ``_facts_<name>``. Only asked when refusing."""
+        facts = getattr(SessionCore, "_facts_" + name, None)
+        return None if facts is None else facts(core, step)
 
 
 _GUARD_FUNCTIONS = _GuardFunctions()
@@ -387,7 +390,6 @@ class SessionCore:
         self.counters.commands += 1
         step = Step(trigger, now, command, received_at=now if received_at is None else received_at)
         try:
-            self._precheck(step)
             self._fire(step)
         except DuplexError as err:
             self.counters.rejected += 1
@@ -430,10 +432,9 @@ class SessionCore:
         state = self._state
         step = Step("append", now, command, received_at=now if received_at is None else received_at)
         try:
-            self._check_fence(command)
             for name in checks:
                 if not _GUARD_FUNCTIONS[name](self, step):
-                    raise CHECKS[name].refusal(state, "append")
+                    raise CHECKS[name].refusal(state, "append", _GUARD_FUNCTIONS.facts(name, self, step))
             self._fx_buffer_audio(step)
         except DuplexError as err:
             self.counters.rejected += 1
@@ -501,7 +502,6 @@ class SessionCore:
         the server pushes an attached connection out only for a resume the chart accepts. The
         command itself is then handled as usual, and the chart decides again."""
         step = Step(command.TRIGGER, self.clock.now(), command)
-        self._precheck(step)
         try:
             self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, step.trigger, step)  # guards are pure
         except DuplexError as err:
@@ -627,43 +627,6 @@ class SessionCore:
             return "turn_failed"
         raise EngineProtocolError(f"unknown engine output {output!r}")
 
-    def _precheck(self, step: Step) -> None:
-        """Checks that must pass before any effect runs, so a refusal changes nothing."""
-        trigger = step.trigger
-        command = cast(Command, step.command)
-        if self._state == CLOSED:
-            if trigger != "close":
-                self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, trigger, step)  # SessionClosed
-            return
-        # Close is never fenced off: closing is always allowed and always harmless.
-        if trigger != "close":
-            self._check_fence(command)
-        if trigger == "append":
-            return  # nearly all the traffic; its checks are the chart's (audio_at_session_rate, ...)
-        call_id = _answered_call(command)
-        if call_id is not None and (self._calls is None or call_id not in self._calls):
-            raise UnknownFunctionCall(f"no function call with call_id {call_id!r} in this session")
-        if isinstance(command, CreateResponse) and command.input:
-            for i, entry in enumerate(command.input):
-                if isinstance(entry, str) and entry not in self._conversation:
-                    raise ItemNotFound(
-                        f"no item {entry!r} in this conversation", param=f"response.input[{i}].id"
-                    )
-        if (
-            isinstance(command, PlaybackAck)
-            and self._playback is not None
-            and command.played_ms < self._playback.played_ms(command.response_id)
-        ):
-            raise InvalidCommand("played_ms cannot go backwards")
-
-    def _check_fence(self, command: Command) -> None:
-        epoch = command.epoch
-        if epoch is not None:
-            if epoch < self.epoch:
-                raise StaleFence(f"command names epoch {epoch}; session is at {self.epoch}")
-            if epoch > self.epoch:
-                raise FenceAhead(f"command names epoch {epoch}; session is only at {self.epoch}")
-
     def _after_append(self, command: AppendAudio) -> None:
         ms = len(command.pcm) / 2 / self.config.sample_rate * 1000.0
         self._input_ms += ms
@@ -700,6 +663,52 @@ class SessionCore:
             return len(self._input) + len(cast(AppendAudio, step.command).pcm) <= self.config.max_input_bytes
         except AttributeError:
             return True
+
+    # The preconditions (statechart.PRECONDITIONS): every row of their triggers reads them first.
+    def _g_epoch_not_stale(self, step: Step) -> bool:
+        epoch = getattr(step.command, "epoch", None)
+        return epoch is None or epoch >= self.epoch
+
+    def _g_epoch_not_ahead(self, step: Step) -> bool:
+        epoch = getattr(step.command, "epoch", None)
+        return epoch is None or epoch <= self.epoch
+
+    def _facts_epoch_not_stale(self, step: Step) -> dict[str, object]:
+        return {"epoch": getattr(step.command, "epoch", None), "session_epoch": self.epoch}
+
+    _facts_epoch_not_ahead = _facts_epoch_not_stale
+
+    def _g_answers_known_call(self, step: Step) -> bool:
+        call_id = None if step.command is None else _answered_call(step.command)
+        return call_id is None or (self._calls is not None and call_id in self._calls)
+
+    def _facts_answers_known_call(self, step: Step) -> dict[str, object]:
+        return {"call_id": None if step.command is None else _answered_call(step.command)}
+
+    def _g_input_items_known(self, step: Step) -> bool:
+        return self._unknown_input_item(step) is None
+
+    def _facts_input_items_known(self, step: Step) -> dict[str, object]:
+        index, item_id = self._unknown_input_item(step) or (None, None)
+        return {"index": index, "item_id": item_id}
+
+    def _unknown_input_item(self, step: Step) -> tuple[int, str] | None:
+        """The first item id (with its place) the response's own input names that the
+        conversation does not hold, if any."""
+        cmd = step.command
+        if isinstance(cmd, CreateResponse) and cmd.input:
+            for i, entry in enumerate(cmd.input):
+                if isinstance(entry, str) and entry not in self._conversation:
+                    return i, entry
+        return None
+
+    def _g_played_ms_monotonic(self, step: Step) -> bool:
+        cmd = step.command
+        return not (
+            isinstance(cmd, PlaybackAck)
+            and self._playback is not None
+            and cmd.played_ms < self._playback.played_ms(cmd.response_id)
+        )
 
     def _resume_command(self, step: Step) -> Resume | None:
         command = step.command
@@ -952,7 +961,7 @@ class SessionCore:
 
     def _context_words(self, context: tuple[Item | str, ...]) -> str:
         """The words of a response's own context: its items, or the conversation's items by id
-        (``_precheck`` refused unknown ids), in order; an assistant's audio by its transcript."""
+        (the chart's ``input_items_known`` refused unknown ids), in order; an assistant's audio by its transcript."""
         words = []
         for entry in context:
             item = self._conversation.get(entry) if isinstance(entry, str) else entry
@@ -1499,7 +1508,7 @@ class SessionCore:
             item = attrs.evolve(item, call_id=f"call_{item.id}")
         previous = self._conversation.add(item, previous_item_id)  # checks before changing
         if item.type == "function_call_output":
-            # It answers one of this session's calls (_precheck refused any other): the next
+            # It answers one of this session's calls (``answers_known_call`` refused any other): the next
             # model turn receives it.
             self._call_registry().answer(item.call_id or "", item.output or "", item.id)
         elif item.type == "function_call":

@@ -34,7 +34,11 @@ generation is a ``ResumeConflict``, one whose missed events the journal no longe
 first failing check in row order, where each row's guards are read left to right and stop at
 its first failing guard (so a check behind a failing selector never speaks: a resume with
 wrong credentials learns nothing about the journal); with no failing check it is the error
-:data:`REFUSALS` names for the pair, else ``IllegalTransition``. Either way the state and
+:data:`REFUSALS` names for the pair, else ``IllegalTransition``. Some checks are
+*preconditions* (:data:`PRECONDITIONS`: the command's fence, the ids it names): every row of
+their trigger begins with them in the open states, and an open pair with no row at all reads
+them before its :data:`REFUSALS` error, so a command fenced to another epoch is refused as
+such whatever the state would say of it. Either way the state and
 everything else is left untouched: guards are pure predicates over the session core.
 """
 
@@ -51,9 +55,11 @@ from ..errors import (
     NO_SUCH_SESSION,
     Backpressure,
     DuplexError,
+    FenceAhead,
     IllegalTransition,
     InputBufferEmpty,
     InvalidCommand,
+    ItemNotFound,
     NoActiveResponse,
     ResponseInProgress,
     ResponseNotFound,
@@ -61,6 +67,8 @@ from ..errors import (
     ResyncRequired,
     ServerDraining,
     SessionClosed,
+    StaleFence,
+    UnknownFunctionCall,
     UnknownSession,
 )
 
@@ -134,15 +142,24 @@ _row = row  # short, for the table below
 
 @attrs.frozen(slots=True)
 class Check:
-    """What the failure of a checking guard means: the typed refusal and what the client reads."""
+    """What the failure of a checking guard means: the typed refusal and what the client reads.
+
+    ``message`` (and ``param``, the request field the refusal names) may hold ``{fields}``
+    that the session fills in from what its step knows (the epoch a command named, the
+    unknown id): the session core's ``_facts_<check>`` method, where it has one."""
 
     error: type[DuplexError]
     message: str
+    param: str | None = None
 
-    def refusal(self, state: str, trigger: str) -> DuplexError:
+    def refusal(self, state: str, trigger: str, facts: Mapping[str, Any] | None = None) -> DuplexError:
+        """The error this check's failure is refused with, in ``state`` on ``trigger``."""
+        message = self.message.format_map(facts) if facts else self.message
         if issubclass(self.error, IllegalTransition):
-            return self.error(state, trigger, self.message)
-        return self.error(self.message)
+            return self.error(state, trigger, message)
+        if self.param is not None:
+            return self.error(message, param=self.param.format_map(facts) if facts else self.param)
+        return self.error(message)
 
 
 #: The checking guards (module docstring): each one's failure is refused with its own error.
@@ -163,6 +180,18 @@ CHECKS: Mapping[str, Check] = {
     "not_draining": Check(
         ServerDraining, "the server is shutting down: it finishes responses in flight and starts none"
     ),
+    # The preconditions (PRECONDITIONS): a command fenced to another epoch, an output for a
+    # call this session never made, a response over items it does not hold, played audio
+    # that goes backwards.
+    "epoch_not_stale": Check(StaleFence, "command names epoch {epoch}; session is at {session_epoch}"),
+    "epoch_not_ahead": Check(FenceAhead, "command names epoch {epoch}; session is only at {session_epoch}"),
+    "answers_known_call": Check(
+        UnknownFunctionCall, "no function call with call_id {call_id!r} in this session"
+    ),
+    "input_items_known": Check(
+        ItemNotFound, "no item {item_id!r} in this conversation", param="response.input[{index}].id"
+    ),
+    "played_ms_monotonic": Check(InvalidCommand, "played_ms cannot go backwards"),
 }
 
 APPEND_CHECKS = ["audio_at_session_rate", "input_fits"]
@@ -529,6 +558,26 @@ CLIENT_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin
 ENGINE_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.ENGINE)
 SELF_TRIGGERS = frozenset(t for t, o in TRIGGER_ORIGINS.items() if o is Origin.SELF)
 
+#: A command fenced to an epoch must name the session's current one (core/commands.py).
+FENCE_CHECKS = ("epoch_not_stale", "epoch_not_ahead")
+
+#: The checks every row of a trigger begins with, in the open states (:func:`build_machine`
+#: puts them in front of each row's guards, so the exports show them on every transition).
+#: Read before anything else, they refuse a command before any effect runs; a pair with no
+#: row reads them too before its :data:`REFUSALS` error, and closed reads none (a closed
+#: session refuses with ``SessionClosed`` whatever the command names). Closing is never
+#: fenced off: it is always allowed and always harmless.
+PRECONDITIONS: Mapping[str, tuple[str, ...]] = {
+    **{t: FENCE_CHECKS for t in sorted(CLIENT_TRIGGERS - {"close"})},
+    # An output answers one of this session's calls (a function_call_output item, too).
+    "function_output": (*FENCE_CHECKS, "answers_known_call"),
+    "create_item": (*FENCE_CHECKS, "answers_known_call"),
+    # A response over its own context (GA response.input) names items the session holds.
+    "create_response": (*FENCE_CHECKS, "input_items_known"),
+    # What the client played of a response never goes backwards.
+    "playback_ack": (*FENCE_CHECKS, "played_ms_monotonic"),
+}
+
 # One sentence per trigger, for the generated design-review table.
 WHY = {
     "append": "user audio arrives continuously, in every open state: full duplex means the user may talk over the model",
@@ -631,18 +680,36 @@ GUARD_DOCS = {
     "resume_token_matches": "the resume presents the lease's current token",
     "journal_holds_last_seq": "the replay journal still holds every event after the resume's last_seq",
     "lease_expired": "the lease has run out now (disconnect grace, or idle TTL with no turn in flight)",
+    "epoch_not_stale": "the command names no epoch, or not one older than the session's",
+    "epoch_not_ahead": "the command names no epoch, or not one newer than the session's",
+    "answers_known_call": ("the command answers no function call, or one this session made or was told of"),
+    "input_items_known": "every item id the response's own input names is in the conversation",
+    "played_ms_monotonic": "the playback report does not go back on what it said the client played",
     "idle_deadline_passed": (
         "server VAD's idle timer is set (no speech, no turn since it was) and its deadline has passed"
     ),
 }
 
 
+def with_preconditions(transition: dict) -> dict:
+    """``transition`` with its trigger's :data:`PRECONDITIONS` in front of its guards (open
+    states only: a row from closed keeps its own)."""
+    checks = PRECONDITIONS.get(transition["trigger"])
+    sources = transition["source"] if isinstance(transition["source"], list) else [transition["source"]]
+    if not checks or sources == [CLOSED]:
+        return transition
+    if CLOSED in sources:
+        raise ValueError(f"a {transition['trigger']!r} row from closed and open states: split it")
+    return {**transition, "conditions": [*checks, *transition["conditions"]]}
+
+
 def build_machine(transitions) -> Machine:
-    """The transitions Machine of a table of rows (the shipped chart's, or a policy's)."""
+    """The transitions Machine of a table of rows (the shipped chart's, or a policy's), each
+    row given its trigger's preconditions."""
     return Machine(
         model=None,
         states=[s.value for s in State],
-        transitions=transitions,
+        transitions=[with_preconditions(t) for t in transitions],
         initial=IDLE,
         auto_transitions=False,
         send_event=False,
@@ -745,15 +812,38 @@ class CompiledChart:
                         break
                 else:
                     return resolution
-        raise self.refusal(state, trigger, lambda name: guards[name](subject, step))
+        facts = getattr(guards, "facts", None)
+        raise self.refusal(
+            state,
+            trigger,
+            lambda name: guards[name](subject, step),
+            None if facts is None else lambda name: facts(name, subject, step),
+        )
 
-    def refusal(self, state: str, trigger: str, guard: Callable[[str], bool] | None = None) -> DuplexError:
-        """The error a (state, trigger) with no branch holding is refused with (module doc)."""
+    def refusal(
+        self,
+        state: str,
+        trigger: str,
+        guard: Callable[[str], bool] | None = None,
+        facts: Callable[[str], Mapping[str, Any] | None] | None = None,
+    ) -> DuplexError:
+        """The error a (state, trigger) with no branch holding is refused with (module doc);
+        ``facts(check)`` fills in the failing check's message."""
         if guard is not None:
-            name = first_failing_check(self.table.get((state, trigger), ()), guard)
+            branches = self.table.get((state, trigger))
+            if branches:
+                name = first_failing_check(branches, guard)
+            else:  # no row: its trigger's preconditions still come first
+                name = next((n for n in self.preconditions_of(state, trigger) if not guard(n)), None)
             if name is not None:
-                return CHECKS[name].refusal(state, trigger)
+                return CHECKS[name].refusal(state, trigger, None if facts is None else facts(name))
         return refusal(state, trigger)
+
+    def preconditions_of(self, state: str, trigger: str) -> tuple[str, ...]:
+        """The checks a (state, trigger) with no row reads before its typed refusal."""
+        if state == CLOSED or (state, trigger) in self.table:
+            return ()
+        return PRECONDITIONS.get(trigger, ())
 
 
 class _AskByName(dict):

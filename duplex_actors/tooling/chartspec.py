@@ -91,6 +91,9 @@ class ChartSpec:
     #: Checking guards: guard -> the error its failure is refused with, when no branch holds
     #: (the first failing check in row order names it; see core/statechart.py).
     guard_refusals: Mapping[str, str] = attrs.field(factory=dict)
+    #: Checks a pair with no edge still reads, in order, before its typed refusal (the session
+    #: chart's preconditions): (state, trigger) -> check names.
+    preconditions: Mapping[tuple[str, str], tuple[str, ...]] = attrs.field(factory=dict)
 
     def edges_from(self, state: str) -> tuple[Edge, ...]:
         return tuple(e for e in self.edges if e.source == state)
@@ -126,7 +129,12 @@ class ChartSpec:
         """``(guards that held, failing check, error)`` in the order the refusal rule reads them:
         each branch's guards left to right, a check failing while the guards before it held."""
         out = []
-        for edge in self.branches(state, trigger):
+        branches = self.branches(state, trigger)
+        if not branches:  # a pair with no edge: its preconditions, each after the ones before
+            names = self.preconditions.get((state, trigger), ())
+            held = tuple((name, True) for name in names)
+            return [(held[:i], name, self.guard_refusals[name]) for i, name in enumerate(names)]
+        for edge in branches:
             for i, (name, want) in enumerate(edge.guards):
                 if want and name in self.guard_refusals:
                     out.append((edge.guards[:i], name, self.guard_refusals[name]))
@@ -152,6 +160,7 @@ def spec_from_machine(
     default_refusal: str | None = None,
     origins: Mapping[str, str] | None = None,
     guard_refusals: Mapping[str, str] | None = None,
+    preconditions: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
 ) -> ChartSpec:
     """Read a transitions Machine back into a :class:`ChartSpec` (it is never written by hand)."""
     states = tuple(machine.states.keys())
@@ -191,6 +200,7 @@ def spec_from_machine(
         default_refusal=default_refusal,
         origins=dict(origins or {}),
         guard_refusals=dict(guard_refusals or {}),
+        preconditions=dict(preconditions or {}),
     )
 
 

@@ -73,6 +73,12 @@ def _session_spec() -> ChartSpec:
         origins={trigger: origin.value for trigger, origin in session_chart.TRIGGER_ORIGINS.items()},
         guard_docs=session_chart.GUARD_DOCS,
         guard_refusals={name: check.error.__name__ for name, check in session_chart.CHECKS.items()},
+        preconditions={
+            (state, trigger): session_chart.CHART.preconditions_of(state, trigger)
+            for state in session_chart.CHART.states
+            for trigger in session_chart.CHART.triggers
+            if session_chart.CHART.preconditions_of(state, trigger)
+        },
     )
 
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transitions import MachineError
 
-from duplex_actors.core.statechart import CHART, CHECKS, GUARDS, MACHINE, REFUSALS, TRIGGERS
+from duplex_actors.core.statechart import CHART, CHECKS, GUARDS, MACHINE, PRECONDITIONS, REFUSALS, TRIGGERS
 from duplex_actors.errors import DuplexError, IllegalTransition
 
 
@@ -30,8 +30,14 @@ class _Model:
 
 def _machine_refusal(source: str, trigger: str, guards: dict) -> type:
     """The refusal rule of core/statechart.py, read off the Machine's own transitions: each row
-    read up to its first failing condition; the first failing check names the error."""
-    for transition in MACHINE.events[trigger].transitions.get(source, []):
+    read up to its first failing condition; the first failing check names the error. An open
+    state with no row for the trigger reads the trigger's preconditions first."""
+    transitions = MACHINE.events[trigger].transitions.get(source, [])
+    if not transitions and source != "closed":
+        for name in PRECONDITIONS.get(trigger, ()):
+            if not guards[name]:
+                return CHECKS[name].error
+    for transition in transitions:
         for condition in transition.conditions:
             if guards[condition.func] is not bool(condition.target):
                 if condition.target and condition.func in CHECKS:

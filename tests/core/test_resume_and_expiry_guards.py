@@ -13,7 +13,7 @@ import pytest
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.clock import ManualClock
 from duplex_actors.core.session import SessionConfig, SessionCore
-from duplex_actors.core.statechart import CHART, CHECKS
+from duplex_actors.core.statechart import CHART, CHECKS, FENCE_CHECKS
 from duplex_actors.errors import (
     Backpressure,
     InvalidCommand,
@@ -46,13 +46,16 @@ def detached_core(**config) -> tuple[SessionCore, ManualClock]:
 
 def test_the_resume_rows_carry_the_checks_in_authentication_first_order():
     replay, cas = CHART.table[("idle", "resume")]
+    # The fence comes first, as for every command (statechart.PRECONDITIONS).
     assert [name for name, _ in replay.guards] == [
+        *FENCE_CHECKS,
         "resume_key_matches",
         "replays_last_resume",
         "no_takeover",
         "journal_holds_last_seq",
     ]
     assert [name for name, _ in cas.guards] == [
+        *FENCE_CHECKS,
         "resume_key_matches",
         "resume_generation_current",
         "resume_token_matches",
