@@ -171,9 +171,10 @@ def _check_capacity(result, arms):
     serve arm's figures carry the bare parse server of the same run as their baseline."""
     assert set(result["arms"]) == set(arms), result.get("skipped_arms")
     for arm in arms:
-        steps = result["arms"][arm]["steps"]
-        assert steps, result["arms"][arm]["stopped"]
-        for step in steps:
+        (sweep,) = result["arms"][arm]["rounds"]
+        assert sweep["steps"], sweep["stopped"]
+        assert {int(n) for n in result["arms"][arm]["by_n"]} == {step["sessions"] for step in sweep["steps"]}
+        for step in sweep["steps"]:
             assert step["frames"] > 0 and step["cpu_per_frame_us"] > 0
             assert step["probes"] > 0 and step["p99_ms"] >= step["p50_ms"] > 0
             assert step["closed_by_server"] == 0
