@@ -15,21 +15,26 @@ as its own address by the server, from a header: the bench stays on 127.0.0.1), 
 frame, no RST, no pong, as when a client's network changes under it), and resumes all of them
 at once, on new connections; a session whose resume fails for a reason worth retrying (a refused or
 timed-out handshake, close 1013) retries after a short random backoff, until the session's
-disconnect grace has passed. A neighbour (127.0.0.1) times GA turns before the drop
-(the baseline) and during the resumes. It prints how many resumed, how many were lost (not
-resumed inside the grace) and why, and the neighbour's turn before and during.
+disconnect grace has passed. A neighbour (127.0.0.1), in conversation on its own connection
+that the blip did not touch, times GA turns before the drop (the baseline) and during the
+resumes; a newcomer times connecting and taking a turn (handshake, refusals and retries
+included) alike. It prints how many resumed, how many were lost (not resumed inside the grace)
+and why, and both users' turns before and during.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import gc
 import json
 import multiprocessing
 import random
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 PROBE_SLEEP_S = 0.005
 
@@ -125,7 +130,7 @@ def _simulate_addresses() -> None:
         client = request.headers.get(CLIENT_HEADER) if request is not None else None
         return f"bench-client-{client}" if client is not None else real(ws)
 
-    app._address = address  # type: ignore[assignment]
+    app._address = address
 
 
 def _client_process(url: str, sessions: int, clients: int, resume: bool, pipe) -> None:
@@ -281,10 +286,38 @@ async def _resume_one(url: str, state: dict, deadline: float, kept: list) -> tup
 # -- the server side --------------------------------------------------------------------------
 
 
-async def _neighbour_turn(url: str) -> float:
+async def _newcomer_turn(url: str) -> float:
+    """A user who connects now and takes one turn: the handshake included."""
+    began = time.perf_counter()
     from .flood_bench import _turn
 
-    return await _turn(url)
+    await _turn(url)
+    return time.perf_counter() - began
+
+
+class _Neighbour:
+    """A user in the middle of a conversation on its own connection, untouched by the blip:
+    each turn is 100 ms of audio, a commit and a response, timed to its ``response.done``."""
+
+    APPEND = json.dumps(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x00" * 2400).decode()}
+    )
+    TURN = (
+        APPEND,
+        json.dumps({"type": "input_audio_buffer.commit"}),
+        json.dumps({"type": "response.create"}),
+    )
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+
+    async def turn(self) -> float:
+        began = time.perf_counter()
+        for text in self.TURN:
+            await self.ws.send(text)
+        while json.loads(await self.ws.recv())["type"] != "response.done":
+            pass
+        return time.perf_counter() - began
 
 
 def _counts(server) -> dict:
@@ -304,6 +337,14 @@ def _counts(server) -> dict:
     return counts
 
 
+def _median_ms(samples: list[float]) -> float | None:
+    return round(statistics.median(samples) * 1e3, 1) if samples else None
+
+
+def _max_ms(samples: list[float]) -> float | None:
+    return round(max(samples) * 1e3, 1) if samples else None
+
+
 def _timed_ms(work) -> float:
     began = time.perf_counter()
     work()
@@ -319,7 +360,7 @@ async def run(*args, **kwargs) -> dict:
     try:
         return await _run(*args, **kwargs)
     finally:
-        app._address, gc_policy.reclaim, gc_policy.reclaim_due = saved  # type: ignore[assignment]
+        app._address, gc_policy.reclaim, gc_policy.reclaim_due = saved
 
 
 async def _run(
@@ -348,7 +389,7 @@ async def _run(
     if reclaim_on_clock:
         report["reclaim_on_clock"] = True
         # The policy before reclaims were due on growth: every interval, whatever memory did.
-        gc_policy.reclaim_due = lambda *_: True  # type: ignore[assignment]
+        gc_policy.reclaim_due = lambda *_: True
     reclaims: list[dict] = []
     real_reclaim = gc_policy.reclaim
 
@@ -365,7 +406,7 @@ async def _run(
         )
         return found
 
-    gc_policy.reclaim = logged_reclaim  # type: ignore[assignment]
+    gc_policy.reclaim = logged_reclaim
     report["reclaims"] = reclaims  # the policy's full collections: when, what they cost
     started = time.perf_counter()
     probe = LagProbe()
@@ -376,10 +417,16 @@ async def _run(
             await asyncio.sleep(seconds)
             report["baseline"] = {**await probe.stop(), **timer.summary()}
         if resume:
-            report["neighbour_alone_ms"] = round(
-                statistics.median([await _neighbour_turn(server.url) for _ in range(5)]) * 1e3, 1
-            )
+            from websockets.asyncio.client import connect
+
+            neighbour_ws = await connect(server.url, max_size=None)
+            await neighbour_ws.recv()
+            neighbour = _Neighbour(neighbour_ws)
+            report["neighbour_alone_ms"] = _median_ms([await neighbour.turn() for _ in range(5)])
+            report["newcomer_alone_ms"] = _median_ms([await _newcomer_turn(server.url) for _ in range(5)])
         parent, child = multiprocessing.get_context("spawn").Pipe()
+        target: Callable[..., None]
+        args: tuple[Any, ...]
         if raw:
             target, args = _raw_process, (config.host, server.port, sessions, child)
         else:
@@ -410,26 +457,41 @@ async def _run(
                 probe.start()
                 parent.send("drop")
                 turns: list[float] = []
+                newcomer_turns: list[float] = []
                 waiting = loop.run_in_executor(None, parent.recv)
                 refused = 0
-                while not waiting.done():
-                    # a turn as its user waits for it: refused tries (503) and retries included
-                    began = time.perf_counter()
-                    while True:
-                        try:
-                            await _neighbour_turn(server.url)
-                            break
-                        except Exception:
-                            refused += 1
-                            await asyncio.sleep(0.2)
-                    turns.append(time.perf_counter() - began)
+
+                async def neighbour_turns() -> None:
+                    while not waiting.done():
+                        turns.append(await neighbour.turn())
+
+                async def newcomer_turns_() -> None:
+                    nonlocal refused
+                    while not waiting.done():
+                        # a turn as a user who connects now waits for it: refused tries (503)
+                        # and their retries included
+                        began = time.perf_counter()
+                        while True:
+                            try:
+                                await _newcomer_turn(server.url)
+                                break
+                            except Exception:
+                                refused += 1
+                                await asyncio.sleep(0.2)
+                        newcomer_turns.append(time.perf_counter() - began)
+
+                await asyncio.gather(neighbour_turns(), newcomer_turns_())
                 _, resumed = await waiting
                 report["resume"] = {**resumed, **await probe.stop(), **timer.summary()}
-                report["neighbour_during_ms"] = round(statistics.median(turns) * 1e3, 1) if turns else None
-                report["neighbour_worst_ms"] = round(max(turns) * 1e3, 1) if turns else None
-                report["server_counts"] = _counts(server)
+                report["neighbour_during_ms"] = _median_ms(turns)
+                report["neighbour_worst_ms"] = _max_ms(turns)
                 report["neighbour_turns"] = len(turns)
-                report["neighbour_refused"] = refused
+                report["newcomer_during_ms"] = _median_ms(newcomer_turns)
+                report["newcomer_worst_ms"] = _max_ms(newcomer_turns)
+                report["newcomer_turns"] = len(newcomer_turns)
+                report["newcomer_refused"] = refused
+                report["server_counts"] = _counts(server)
+            await neighbour_ws.close()
         parent.send("stop")
         process.join(60)
         if process.is_alive():
@@ -468,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from ..server import app
 
-        app.serve = functools.partial(app.serve, backlog=args.backlog)  # type: ignore[assignment]
+        app.serve = functools.partial(app.serve, backlog=args.backlog)
     if args.takeover_close_wait is not None:
         from ..server import app
 

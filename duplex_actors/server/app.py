@@ -1038,10 +1038,14 @@ class _Connection:
     async def run(self, record: _SessionRecord) -> None:
         self.record = record
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._write_loop)
+            # asyncio's own task group, not anyio's: the websockets server is asyncio-only, and
+            # anyio's keeps the cancelled writer's CancelledError in a cycle with its frame,
+            # so every closed connection left its objects to a full collection
+            # (tests/server/test_connection_garbage.py).
+            async with asyncio.TaskGroup() as tg:
+                writer = tg.create_task(self._write_loop())
                 await self._read_loop()
-                tg.cancel_scope.cancel()
+                writer.cancel()
         finally:
             self.writer_stopped.set()
             with anyio.CancelScope(shield=True):

@@ -147,6 +147,14 @@ class PacedConnection(ServerConnection):
         for extension in getattr(self.protocol, "extensions", ()):
             if isinstance(extension, BudgetedDeflate):
                 extension.release()  # ~40 KiB of zlib state, now rather than at a collection
+        # Two reference cycles end here, so that reference counting frees the closed connection
+        # at once: the read queue's flow callbacks point back at this connection, and
+        # websockets binds the subprotocol selector (a closure over this connection) to its
+        # protocol. Left in place they make every closed connection cyclic garbage, which the
+        # GC policy has frozen by then and only a full collection, a stall of the whole loop,
+        # would free (tests/server/test_connection_garbage.py).
+        self.recv_messages.pause = self.recv_messages.resume = _nothing
+        vars(self.protocol).pop("select_subprotocol", None)
 
     # -- feeding the parser ---------------------------------------------------------------------
 
@@ -315,6 +323,10 @@ class PacedConnection(ServerConnection):
                 self._feeding = self.loop.call_soon(self._feed_rest)
         else:
             self.transport.resume_reading()
+
+
+def _nothing() -> None:
+    pass
 
 
 _refusals: dict[str, int] = {}

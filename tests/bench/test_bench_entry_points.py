@@ -208,3 +208,28 @@ def test_bench_only_wire_capacity_tiny(tmp_path, monkeypatch):
     (result,) = run_suite(True, tmp_path, ["wire_capacity"], lambda _line: None)
     assert "error" not in result, result.get("traceback")
     _check_capacity(result, ("bare", "serve"))
+
+
+def test_stall_bench_resume_tiny(tmp_path):
+    """stall_bench's mass resume at 16 sessions of 4 clients: every session resumed, none lost,
+    and both users were timed before and during the storm (the neighbour on its own open
+    connection, the newcomer connecting for each turn)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("websockets")
+    out = tmp_path / "storm.json"
+    argv = ["--resume", "--sessions", "16", "--clients", "4", "--seconds", "0.5", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "duplex_actors.bench.stall_bench", *argv],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "resume" and report["opened"] == 16
+    assert report["resume"]["outcomes"] == {"resumed": 16}, report["resume"]
+    for user in ("neighbour", "newcomer"):
+        assert report[f"{user}_alone_ms"] > 0 and report[f"{user}_turns"] >= 1, report
+        assert report[f"{user}_worst_ms"] >= report[f"{user}_during_ms"] > 0, report
