@@ -56,6 +56,7 @@ from duplex_actors.engines.embedded import (
     ThinkerConfig,
     resolve_device,
 )
+from duplex_actors.engines.embedded.adapter import Prompt
 from duplex_actors.engines.embedded.thinker_backend import output_prior
 from duplex_actors.engines.embedded.vocab import default_vocabulary
 
@@ -168,7 +169,7 @@ def run(
     # is descheduled stalls at every barrier. Same setting for engine and baselines.
     torch.set_num_threads(threads)
 
-    async def measure() -> tuple[list, EmbeddedThinker, Thinker, object]:
+    async def measure() -> tuple[list, EmbeddedThinker, Thinker, Prompt, list[tuple[float, float]]]:
         # float32_dense: the figures without low-precision dense layers in batched steps.
         top = max(concurrency)
         config = ThinkerConfig(
@@ -236,11 +237,11 @@ def run(
                             seconds += took
                             tokens += made
                         (engine_tps if arm == "engine" else bare_tps)[n] = tokens / seconds
-                    if compare_eager:
-                        took = sum(
+                    if eager is not None:  # compare_eager
+                        eager_s = sum(
                             _bare_run(eager, prompt, n, max_tokens, host_tokens)[0] for _ in range(passes)
                         )
-                        eager_tps[n] = passes * n * max_tokens / took
+                        eager_tps[n] = passes * n * max_tokens / eager_s
                 began = time.perf_counter()
                 total = sum(
                     _bare_run(model, prompt, 1, max_tokens, host_tokens)[1]

@@ -75,8 +75,13 @@ import json
 import math
 import os
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from .soak import rss_mb
+
+if TYPE_CHECKING:
+    from ..engines.base import EngineBackend
 
 
 async def _turn(url: str, headers: dict | None = None) -> float:
@@ -146,7 +151,7 @@ async def _run(frames: int, policy: bool) -> dict:
     from ..server.app import RealtimeServer, ServerConfig
     from ..testing.raw_websocket import RawWebSocket
 
-    budget = (
+    budget: dict[str, Any] = (
         {} if policy else {"invalid_frames_per_s": 1e9, "invalid_frames_burst": 10**9, "frames_per_s": None}
     )
     script = Script(
@@ -348,7 +353,7 @@ async def _resume_in_a_loop(url: str, seconds: float, report) -> int:
     session_id, token, generation = created["session"]["id"], created["resume_token"], 0
     for _ in range(8):
         await ws.send(LONG_ITEM.replace('"long"', "null"))  # a fresh id each
-    seqs = []
+    seqs: list[int] = []
     while len(seqs) < 16:  # each item's added and done
         event = json.loads(await ws.recv())
         if event["type"].startswith("conversation.item."):
@@ -454,7 +459,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
     from ..engines.scripted import ScriptedEngine
     from ..server.app import RealtimeServer, ServerConfig
 
-    pacing = (
+    pacing: dict[str, Any] = (
         {}
         if policy
         else {
@@ -467,7 +472,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
     )
     script = _flood_script()
     transcriber = None
-    turn = _turn
+    turn: Callable[[str], Awaitable[float]] = _turn
     if kind == "transcripts":
         from ..audio.transcription import default_transcriber
 
@@ -536,7 +541,11 @@ async def _run_long_turn(turn_s: float, turns: int = 3) -> dict:
     transcriber = default_transcriber()
     if transcriber is None:
         raise SystemExit("--long-turn needs the recogniser (extra 'transcription')")
-    unpaced = {"audio_intake_rate": None, "frame_handling_s_per_s": None, "frame_intake_bytes_per_s": None}
+    unpaced: dict[str, Any] = {
+        "audio_intake_rate": None,
+        "frame_handling_s_per_s": None,
+        "frame_intake_bytes_per_s": None,
+    }
     async with Runtime(ScriptedEngine(record=False), transcriber=transcriber) as rt:
         async with RealtimeServer(rt, ServerConfig(port=0, **unpaced)) as server:
             await _transcribed_turn(server.url)  # warm-up: the recogniser's worker and model
@@ -762,7 +771,8 @@ async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns
     from ..server.app import RealtimeServer, ServerConfig
 
     neighbour = {"Authorization": f"Bearer {CHURN_KEYS[1]}"}
-    config = ServerConfig(port=0, api_keys=CHURN_KEYS, **({} if shared else {"loop_share_s_per_s": None}))
+    unshared: dict[str, Any] = {} if shared else {"loop_share_s_per_s": None}
+    config = ServerConfig(port=0, api_keys=CHURN_KEYS, **unshared)
     async with Runtime(ScriptedEngine(_flood_script(), record=False)) as rt:
         async with RealtimeServer(rt, config) as server:
             await _turn(server.url, neighbour)  # warm-up (VAD model, first response)
@@ -812,12 +822,13 @@ async def _run_responses(
     if engine == "embedded":
         from ..engines.embedded import make_embedded_engine
 
-        made = make_embedded_engine()
+        made: EngineBackend = make_embedded_engine()
     else:  # the runtime's and the server's own work per response, with no model in the way
         from ..engines.scripted import ScriptedEngine
 
         made = ScriptedEngine(_flood_script(), record=False)
-    config = ServerConfig(port=0, api_keys=CHURN_KEYS, **({} if shared else {"loop_share_s_per_s": None}))
+    unshared: dict[str, Any] = {} if shared else {"loop_share_s_per_s": None}
+    config = ServerConfig(port=0, api_keys=CHURN_KEYS, **unshared)
     async with Runtime(made) as rt:
         async with RealtimeServer(rt, config) as server:
             await _spoken_response(server.url, neighbour)  # warm-up

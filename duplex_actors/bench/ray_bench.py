@@ -175,7 +175,8 @@ def run(quick: bool = True) -> dict[str, Any]:
             import ray
 
             ray.shutdown()
-            _remove_when_quiet(temp_dir)
+            if temp_dir is not None:
+                _remove_when_quiet(temp_dir)
 
     local_p50 = statistics.median(local["latencies"])
     far_p50 = statistics.median(far["latencies"])

@@ -397,10 +397,10 @@ def _scale_child(kind: str, steps: list[int]) -> None:
 
             rt = Runtime(ScriptedEngine(), reaper_interval_s=0)
             await rt.__aenter__()
-            open_one = rt.open_session_nowait
+            open_one: Callable[[], Any] = rt.open_session_nowait
         else:
 
-            def open_one():
+            def open_one() -> tuple[asyncio.Queue, asyncio.Task]:
                 q: asyncio.Queue = asyncio.Queue()
                 return q, asyncio.create_task(bare_worker(q))
 
@@ -543,7 +543,7 @@ class _Probe:
         self.from_due: list[float] = []
         self.from_tell: list[float] = []
         self.recording = False
-        self._orig = None
+        self._orig: Callable[..., None] | None = None
 
     def __enter__(self) -> _Probe:
         orig = self._orig = SessionCore.handle
@@ -563,6 +563,7 @@ class _Probe:
         return self
 
     def __exit__(self, *exc) -> None:
+        assert self._orig is not None
         SessionCore.handle = self._orig  # type: ignore[method-assign]
 
 
@@ -673,7 +674,7 @@ async def _realtime_runtime(
 
                 cpu_start, wall_start = time.process_time(), now()
                 late = await _paced(slots, CHUNK_MS / 1000, start + warmup + seconds, tick, mark)
-                if cpu0 is None:  # no tick after the warm-up (a starved machine): whole window
+                if cpu0 is None or wall0 is None:  # no tick after the warm-up: whole window
                     cpu0, wall0 = cpu_start, wall_start
                 cpu = time.process_time() - cpu0
                 wall = now() - wall0
@@ -705,7 +706,7 @@ async def _realtime_bare(n: int, seconds: float, warmup: float) -> dict[str, Any
             if recording:
                 samples.append(now() - due)
 
-    queues = [asyncio.Queue() for _ in range(n)]
+    queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(n)]
     tasks = [asyncio.create_task(worker(q)) for q in queues]
     slots_n = 20
     slots = [queues[i::slots_n] for i in range(slots_n)]
@@ -725,7 +726,7 @@ async def _realtime_bare(n: int, seconds: float, warmup: float) -> dict[str, Any
 
     cpu_start, wall_start = time.process_time(), now()
     await _paced(slots, CHUNK_MS / 1000, start + warmup + seconds, tick, mark)
-    if cpu0 is None:  # no tick after the warm-up (a starved machine): whole window
+    if cpu0 is None or wall0 is None:  # no tick after the warm-up (a starved machine): whole window
         cpu0, wall0 = cpu_start, wall_start
     cpu = time.process_time() - cpu0
     wall = now() - wall0
@@ -1041,7 +1042,8 @@ async def _barge_in(
                             stale_after_done += 1
                         audio_seen += 1
                         if audio_seen == 3:
-                            scope, box = anyio.CancelScope(), []
+                            scope = anyio.CancelScope()
+                            box: list[Any] = []
                             shadows[h.id] = (scope, box)
                             tg.start_soon(shadow_task, scope, box)
                             schedule(t + rng.uniform(0.02, 0.2), "barge", h)
@@ -1052,7 +1054,7 @@ async def _barge_in(
                             cancelled.add(e.response_id)
                             rid = current.pop(h.id, None)
                             told = told_at.pop(rid, None) if rid else None
-                            if recording and told is not None:
+                            if recording and rid is not None and told is not None:
                                 client_done.append(t - told)
                                 if e.metrics is not None and e.metrics.stop_latency_ms is not None:
                                     core_done.append(e.metrics.stop_latency_ms / 1e3)
@@ -1089,7 +1091,7 @@ async def _barge_in(
                             h.tell(cmd.BargeIn(reason="turn_detected"))
                             barge_ins += 1
                             scope, box = shadows.pop(h.id, (None, None))
-                            if scope is not None:
+                            if scope is not None and box is not None:
                                 box += [now(), rid]
                                 scope.cancel()
 

@@ -119,7 +119,7 @@ def run(
         for r in range(rounds):
             figures = {}
             for arm in arms if r % 2 == 0 else list(reversed(arms)):
-                kw = {
+                kw: dict[str, Any] = {
                     "sessions": sessions,
                     "clients": clients,
                     "warmup_s": warmup_s,
@@ -135,7 +135,8 @@ def run(
             import ray
 
             ray.shutdown()
-            _remove_when_quiet(temp_dir)
+            if temp_dir is not None:
+                _remove_when_quiet(temp_dir)
 
     def per_arm(key: str, digits: int) -> dict[str, list[float]]:
         return {arm: [round(f[arm][key], digits) for f in per_round] for arm in arms}

@@ -182,9 +182,10 @@ async def _client(
             stats.add("session_gone")  # expired while away: declared, not lost
             continue
         except Exception as exc:  # anything else is a finding (and fails the run)
-            while len(getattr(exc, "exceptions", ())) == 1:  # unwrap a one-error group
-                exc = exc.exceptions[0]
-            stats.error(f"{type(exc).__name__}: {exc}; recent: {stream.trail}")
+            found: BaseException = exc
+            while isinstance(found, BaseExceptionGroup) and len(found.exceptions) == 1:
+                found = found.exceptions[0]  # unwrap a one-error group
+            stats.error(f"{type(found).__name__}: {found}; recent: {stream.trail}")
             # The client broke off without resuming, so the events it had on the wire are
             # gone *for this client*; that is its error above, not a runtime loss.
             stream.abandoned = True

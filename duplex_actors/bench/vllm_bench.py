@@ -32,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ class _TimedLLM:
             await inner.aclose()
 
 
-async def _bare_round(engine, n: int, tokens: int) -> tuple[int, float]:
+async def _bare_round(engine, n: int, tokens: int) -> tuple[int, float, float]:
     """n bare AsyncLLM streams; the prompts are rendered before the clock starts, as ours are
     not, so any prompt cost counts against the backend."""
     llm = engine.async_llm
@@ -136,7 +137,7 @@ async def _bare_round(engine, n: int, tokens: int) -> tuple[int, float]:
     return sum(counts), now() - started, time.process_time() - cpu
 
 
-async def _ours_round(engine, n: int, tokens: int) -> tuple[int, float]:
+async def _ours_round(engine, n: int, tokens: int) -> tuple[int, float, float]:
     requests = [_request(tokens) for _ in range(n)]
 
     async def one(request) -> int:
@@ -159,7 +160,7 @@ async def _throughput(engine, n: int, tokens: int, rounds: int) -> dict[str, Any
     the same conditions), and the rates are medians too.
     """
     bare_all, ours_all, pair_ratios = [], [], []
-    cpu = {_bare_round: [], _ours_round: []}
+    cpu: dict[Callable[..., Any], list[float]] = {_bare_round: [], _ours_round: []}
     for i in range(rounds):
         # Alternate which side goes first so a slow spell does not always hit the same one.
         order = (_bare_round, _ours_round) if i % 2 == 0 else (_ours_round, _bare_round)

@@ -157,7 +157,7 @@ def _floor_server_main(ready) -> None:
 
     async def handler(ws) -> None:
         await ws.send(json.dumps({"type": "session.created"}))
-        responses = set()
+        responses: set[asyncio.Task] = set()
         async for frame in ws:
             event = json.loads(frame)
             kind = event["type"]
@@ -198,6 +198,8 @@ async def _bare_first_audio(engine, n: int) -> float:
     async for output in engine.generate(request):
         if first is None and isinstance(output, AudioPacket):
             first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError("the bare engine produced no audio")
     return first
 
 
@@ -333,7 +335,8 @@ def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | No
             )
         )
     for q in ("p50", "p99"):
-        met = None if q == "p50" else (added[q] is not None and added[q] <= TARGET_ADDED_P99_MS)
+        value = added[q]
+        met = None if q == "p50" else (value is not None and value <= TARGET_ADDED_P99_MS)
         figs.append(
             figure(
                 f"server-added on the commit path (wire - paired bare), {q}",
@@ -387,7 +390,8 @@ def bench_wire(quick: bool = True, turns: int | None = None, vad_turns: int | No
                 )
             )
         for q in ("p50", "p99"):
-            met = None if q == "p50" else (vad_added[q] is not None and vad_added[q] <= TARGET_ADDED_P99_MS)
+            value = vad_added[q]
+            met = None if q == "p50" else (value is not None and value <= TARGET_ADDED_P99_MS)
             figs.append(
                 figure(
                     f"server-added on the VAD path (wire - paired bare), {q}",

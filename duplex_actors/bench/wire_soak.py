@@ -91,7 +91,8 @@ def _descendants(pid: int) -> set[int]:
                     parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
@@ -330,9 +331,9 @@ async def _one_session(
     """One session, from its session.created to a churn or the deadline; returns the socket
     still to close (None: the session ended without one)."""
     stream.ws = ws
-    created = await _recv(ws)
-    stream.take(created)
-    stream.sid, stream.token = created["session"]["id"], created["resume_token"]
+    opened = await _recv(ws)
+    stream.take(opened)
+    stream.sid, stream.token = opened["session"]["id"], opened["resume_token"]
     stats["sessions_opened"] += 1
     await ws.send(_MANUAL_TURNS)
     resumes = 0
@@ -605,20 +606,20 @@ async def _run(
         "w+", prefix="wire-soak-serve-", suffix=".log", delete=False
     )
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=dict(os.environ))
+    assert proc.stdout is not None  # stdout=PIPE
+    stdout = proc.stdout
     stats: Counter = Counter()
     samples: list[tuple[float, float]] = []
     inside: list[tuple[float, dict]] = []
     report: dict[str, Any] = {}
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        line = await asyncio.wait_for(asyncio.to_thread(stdout.readline), 60)
         if "serving" not in line:
             raise RuntimeError(f"serve did not start: {line!r}; see {log_file.name}")
         # serve --workers prints a line per worker, then the engine's: worker 1's pid is killed.
-        pool = [
-            await asyncio.to_thread(proc.stdout.readline) for _ in range(workers + 1 if workers > 1 else 0)
-        ]
+        pool = [await asyncio.to_thread(stdout.readline) for _ in range(workers + 1 if workers > 1 else 0)]
         worker_pids = [int(p.split()[2].split("=")[1]) for p in pool if p.startswith("worker ")]
-        asyncio.get_running_loop().run_in_executor(None, proc.stdout.read)  # keep stdout drained
+        asyncio.get_running_loop().run_in_executor(None, stdout.read)  # keep stdout drained
         url = line.split()[2]
         http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
         t0 = time.monotonic()
@@ -755,7 +756,12 @@ async def _run(
             and stats["errors_unexpected"] == 0
             # A worker killed and started again refills its memory from nothing: RSS is
             # reported, not judged, in such a run.
-            and (kill_worker or unexplained is None or unexplained <= max(16.0, 0.05 * at_warmup))
+            and (
+                kill_worker
+                or unexplained is None
+                or at_warmup is None
+                or unexplained <= max(16.0, 0.05 * at_warmup)
+            )
             # nothing kept once every session is gone: no record, no task beyond the start's
             and idle_after.get("records", 0) == 0
             # (with --workers the two read-outs may come from different workers)

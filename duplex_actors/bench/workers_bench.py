@@ -402,7 +402,9 @@ def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_
         }
 
 
-def _measure(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float) -> float:
+def _measure(
+    ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float
+) -> dict[str, Any]:
     with _served(ctx, target, args) as (server, url):
         roles0: dict[str, float] = {}
 
@@ -510,7 +512,7 @@ def run(
     rounds = rounds or (2 if quick else 3)
     duration_s = duration_s or (3.0 if quick else 6.0)
     arms = {"bare": (_bare_main, ()), "workers=1": (_workers_main, (1,)), "workers=2": (_workers_main, (2,))}
-    per_round: list[dict[str, float]] = []
+    per_round: list[dict[str, dict[str, Any]]] = []
     for r in range(rounds):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         figures = {}
@@ -610,6 +612,7 @@ def run_realtime(
                     break
                 ok, n = n, int(n * REALTIME_STEP)
         for _ in range(2 if failed is not None and ok else 0):
+            assert failed is not None  # (the range is empty otherwise)
             middle = (ok + failed) // 2
             if middle in (ok, failed):
                 break
