@@ -294,7 +294,7 @@ class Runtime:
         self._running = True
         return self
 
-    async def __aexit__(self, *exc) -> bool:
+    async def __aexit__(self, *exc) -> None:
         self._running = False
         try:
             with anyio.CancelScope(shield=True):
@@ -311,7 +311,6 @@ class Runtime:
             finally:
                 if self.gc_policy is not None:
                     _gc.stop()
-        return False
 
     def drain(self) -> None:
         """Begin a graceful shutdown: every open session finishes the response it has in flight
