@@ -52,11 +52,10 @@ from .engines.base import EngineBackend, EngineCapabilities
 from .engines.scripted import Script, ScriptedEngine
 from .errors import *  # noqa: F403  (the error vocabulary is public: errors.__all__)
 from .errors import __all__ as _error_names
-from .logconfig import ensure_configured as _ensure_logging
 
-# Unless the application configured structlog itself, filter below warnings: structlog's own
-# default renders every event, and the core logs each transition at debug level.
-_ensure_logging()
+# Importing the package configures nothing (structlog, the root logger): the entry points do
+# (``duplex-actors``, serve's processes; logconfig.py), and a Runtime made while structlog is
+# unconfigured filters its events below warnings.
 
 __version__ = "0.1.0"
 

@@ -30,6 +30,11 @@ _PARTS = (
 @app.callback()
 def _root() -> None:
     """duplex_actors: a runtime for full-duplex speech sessions."""
+    # The command line is an application: it sets up logging (warnings and up, unless
+    # structlog was configured already), which importing the library never does.
+    from .logconfig import ensure_configured
+
+    ensure_configured()
 
 
 @app.command()

@@ -1,8 +1,11 @@
 """structlog set-up for duplex_actors' own entry points.
 
-The library only *uses* structlog; applications that configured it keep their set-up. When
-nothing is configured (a bare ``import``), :func:`ensure_configured` installs a level filter so
-per-transition debug events cost a no-op call instead of a rendered line.
+The library only *uses* structlog: importing it configures nothing. The entry points call
+:func:`ensure_configured` (the ``duplex-actors`` command, serve's worker and engine processes,
+the Ray Serve deployer), and so does a :class:`~duplex_actors.Runtime` made while structlog is
+unconfigured: a level filter (warnings and up), so that structlog's defaults do not render
+every event. Applications that configured structlog keep their set-up. The session core logs
+its transitions (debug) only when structlog is configured to show them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import structlog
 
 
 def configure(level: str = "info", *, json: bool = False, stream=None) -> None:
+    """Configure structlog for duplex_actors' events: ``level`` and up, rendered as JSON lines
+    or for the console, to ``stream`` (stderr by default)."""
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[
@@ -29,5 +34,6 @@ def configure(level: str = "info", *, json: bool = False, stream=None) -> None:
 
 
 def ensure_configured(level: str = "warning") -> None:
+    """:func:`configure` at ``level``, unless structlog is configured already."""
     if not structlog.is_configured():
         configure(level)

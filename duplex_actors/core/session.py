@@ -147,23 +147,11 @@ def _effect_functions(resolution) -> tuple:
 _NOT_AN_ANSWER = frozenset({"resume", "detach"})
 
 
-def _transition_logging() -> bool:
-    """Whether debug events would be emitted at all: skip building one per transition if not.
-
-    Read from structlog's current configuration each time, so switching to debug (e.g. for
-    ``duplex-actors trace``) takes effect at once."""
-    return _debug_enabled(_current_wrapper_class())
-
-
-try:  # structlog.get_config() copies the whole configuration (~1 us): read the one field
-    from structlog._config import _CONFIG as _STRUCTLOG_CONFIG
-
-    def _current_wrapper_class():
-        return _STRUCTLOG_CONFIG.default_wrapper_class
-except ImportError:  # pragma: no cover - a structlog without that private name
-
-    def _current_wrapper_class():
-        return structlog.get_config()["wrapper_class"]
+def _debug_logging() -> bool:
+    """Whether structlog, as configured now, would emit a transition's debug event: never while
+    it is unconfigured (its defaults would print every one; the library configures nothing).
+    Asked once per session, at its first transition (get_config() copies the configuration)."""
+    return structlog.is_configured() and _debug_enabled(structlog.get_config()["wrapper_class"])
 
 
 @functools.lru_cache(maxsize=8)
@@ -224,6 +212,7 @@ class SessionCore:
         "_close_reason",
         "_aborted_ids",
         "_log",
+        "_debug_log",
         "_playback",
         "_calls",
         "__weakref__",
@@ -317,6 +306,8 @@ class SessionCore:
         # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
+        #: Whether this session logs its transitions (debug): decided at its first one.
+        self._debug_log: bool | None = None
         self._emit(ev.SessionCreated, config=self.config.public(), resume_token=self.lease.token)
 
     @property
@@ -325,6 +316,13 @@ class SessionCore:
         if logger is None:
             logger = self._log = log.bind(session_id=self.session_id)
         return logger
+
+    def _transition_logging(self) -> bool:
+        """Whether to build a debug event per transition (the session's first one decides)."""
+        enabled = self._debug_log
+        if enabled is None:
+            enabled = self._debug_log = _debug_logging()
+        return enabled
 
     # ------------------------------------------------------------------ public surface
 
@@ -440,7 +438,7 @@ class SessionCore:
             self.counters.rejected += 1
             err.with_event_id(command.event_id)
             raise
-        if _transition_logging():
+        if self._transition_logging():
             self._log_transition("append", state, state)
         self._after_accepted(now, "append", command)
 
@@ -603,7 +601,7 @@ class SessionCore:
         # Not for closed: session.closed says it, and it must stay the last event.
         if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
             self._emit(ev.StateChanged, source=source, dest=resolution.dest, trigger=trigger)
-        if (resolution.dest != source or resolution.effects) and _transition_logging():
+        if (resolution.dest != source or resolution.effects) and self._transition_logging():
             self._log_transition(trigger, source, resolution.dest)
 
     def _log_transition(self, trigger: str, source: str, dest: str) -> None:

@@ -25,6 +25,10 @@ def register(app: typer.Typer) -> None:
         """Run simulated callers in full-duplex conversation with an engine on this machine."""
         import os
 
+        from ..logconfig import ensure_configured
+
+        ensure_configured()  # an entry point: its logging (warnings and up) goes to stderr
+
         import anyio
         from rich.console import Console
 

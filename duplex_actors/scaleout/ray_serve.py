@@ -437,6 +437,10 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import functools
 
+    from ..logconfig import ensure_configured
+
+    ensure_configured()  # an entry point (python -m): the library itself configures nothing
+
     parser = argparse.ArgumentParser(prog="python -m duplex_actors.scaleout.ray_serve")
     parser.add_argument("--address", default="auto", help="Ray cluster address (ray.init)")
     parser.add_argument("--engine", default="scripted", choices=["scripted", "embedded", "vllm"])

@@ -206,6 +206,9 @@ def register(app: typer.Typer) -> None:
         tls_key: str | None = typer.Option(None, help="PEM private key of --tls-cert"),
     ) -> None:
         """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics) and the web console (/)."""
+        from ..logconfig import ensure_configured
+
+        ensure_configured()  # an entry point: its logging (warnings and up) goes to stderr
         try:
             import prometheus_client  # noqa: F401
             import websockets  # noqa: F401

@@ -65,6 +65,7 @@ from urllib.parse import parse_qs, urlsplit
 import attrs
 import structlog
 
+from ..logconfig import ensure_configured
 from .front_ledger import FrontLedger
 from .worker_link import FrontLink, pack, unpack
 
@@ -182,6 +183,7 @@ def _become_child(name: str) -> None:
 
 def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
     _become_child("dx-engine")
+    ensure_configured()  # a process of its own: its logging is set up as the front's is
     from ..engines.engine_process import serve_engine
 
     async def main() -> None:
@@ -201,6 +203,7 @@ def _worker_main(
     index: int, generation: int, settings: WorkerSettings, engine_path: str, handoff_path: str, ready
 ) -> None:
     _become_child(f"dx-worker{index}")
+    ensure_configured()  # a process of its own: its logging is set up as the front's is
     asyncio.run(_run_worker(index, generation, settings, engine_path, handoff_path, ready))
 
 
