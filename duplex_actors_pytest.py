@@ -50,13 +50,14 @@ def register_profiles() -> bool:
         from hypothesis import HealthCheck, settings
     except ImportError:  # pragma: no cover - hypothesis is in the 'test' extra
         return False
-    common = dict(
-        deadline=None,
-        print_blob=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-    settings.register_profile("ci", max_examples=PROFILES["ci"], **common)
-    settings.register_profile("dev", max_examples=PROFILES["dev"], **common)
+    for name, examples in PROFILES.items():
+        settings.register_profile(
+            name,
+            max_examples=examples,
+            deadline=None,
+            print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
     return True
 
 
