@@ -834,7 +834,7 @@ def bench_wire_capacity(
             skipped[arm] = why
             wanted.remove(arm)
             echo(f"  {arm}: skipped ({why})")
-    for r in range(rounds):
+    for round_no in range(rounds):
         for arm in wanted:
             sweep = run_arm(
                 arm,
@@ -842,14 +842,14 @@ def bench_wire_capacity(
                 warm_s=warm_s,
                 window_s=window_s,
                 echo=echo,
-                profile_at=profile_at if arm.startswith("serve") and r == 0 else None,
+                profile_at=profile_at if arm.startswith("serve") and round_no == 0 else None,
                 server_nice=server_nice,
             )
             sweeps.setdefault(arm, []).append(sweep)
     load_after = os.getloadavg()
     results = {arm: {**_summary(rs), "rounds": rs} for arm, rs in sweeps.items()}
     figs = []
-    for arm, r in results.items():
+    for arm, summary in results.items():
         if arm == "bare" or "bare" not in results:
             continue
         ref = _reference(results, "bare", arm)
@@ -881,7 +881,7 @@ def bench_wire_capacity(
                 higher_is_better=True,
             )
         )
-        mine = [n or 0 for n in r["largest_n_p99_ok"]]
+        mine = [n or 0 for n in summary["largest_n_p99_ok"]]
         bare = [n or 0 for n in results["bare"]["largest_n_p99_ok"]]
         figs.append(
             figure(
