@@ -35,7 +35,7 @@ from .engine_actor import EngineActor, EngineStatistics
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
 from .timers import TimerQueue
-from .transcription_queue import TranscriptionJob, TranscriptionQueue
+from .transcription_queue import InputSpeculator, Speculation, TranscriptionJob, TranscriptionQueue
 
 if TYPE_CHECKING:  # the recogniser is an optional extra
     from ..audio.transcription import Transcriber
@@ -106,6 +106,12 @@ class SessionHandle:
 
     def mailbox_statistics(self) -> MailboxStatistics:
         return self._actor.mailbox.statistics()
+
+    def input_speculator(self) -> InputSpeculator | None:
+        """What the session's server VAD tells its audio to, so the runtime can start the
+        turn's transcription before the commit (None: its recogniser does not speculate)."""
+        make = getattr(self._actor.runtime, "input_speculator", None)
+        return make(self.id) if make is not None else None
 
     def mailbox_depth(self) -> int:
         return self._actor.mailbox.depth()
@@ -248,6 +254,11 @@ class Runtime:
         self.journal_budget = None if journal_budget_bytes is None else JournalBudget(journal_budget_bytes)
         self._transcription_workers = max(1, getattr(transcriber, "max_concurrent", 1))
         self._transcribing = 0  # worker tasks started (lazily: most servers never transcribe)
+        self._decoding = 0  # pieces being decoded now
+        #: Each session's decode started at the quiet before its commit (InputSpeculator), and
+        #: the one running, if any: at most one at a time, only while the recogniser is idle.
+        self._speculations: dict[str, Speculation] = {}
+        self._speculating: Speculation | None = None
         self._transcript_ready: anyio.Event | None = None
         self._sessions: dict[str, SessionActor] = {}
         #: Loop time the dispatcher spent on each tenant's sessions since it was last taken,
@@ -433,6 +444,7 @@ class Runtime:
         if self._sessions.pop(actor.session_id, None) is not None:
             self.closed += 1
             self._transcripts.forget(actor.session_id)  # nobody is left to tell
+            self._discard_speculation(actor.session_id)
             actor.core.release_journal_budget()  # a closed session is never resumed
             for listener in self._close_listeners:
                 try:
@@ -499,6 +511,20 @@ class Runtime:
         if self._tg is None:  # not running (closing): still answer the turn, never drop it
             deliver(InputTranscript(action.item_id, error="the runtime is not running"))
             return
+        speculation = self._speculations.pop(session_id, None)
+        if speculation is not None:
+            if speculation.claim(TranscriptionJob(session_id, action, deliver, tenant)):
+                log.debug("transcription.speculation_claimed", session_id=session_id, item_id=action.item_id)
+                if speculation.done:
+                    self._answer_speculation(speculation)
+                return
+            speculation.cancel()
+        self._queue_transcription(action, deliver, session_id, tenant)
+
+    def _queue_transcription(
+        self, action: TranscribeInput, deliver, session_id: str, tenant: str | None
+    ) -> None:
+        assert self._tg is not None
         queue = self._transcripts
         if not queue.offer(TranscriptionJob(session_id, action, deliver, tenant)):
             log.info(
@@ -516,11 +542,88 @@ class Runtime:
                 )
             )
             return
+        running = self._speculating
+        if running is not None and running.job is None:
+            running.cancel()  # a committed turn never waits for a guess
         while self._transcribing < self._transcription_workers:
             self._transcribing += 1
             self._tg.start_soon(self._transcribe_queued)
         if self._transcript_ready is not None:
             self._transcript_ready.set()
+
+    # -- speculative transcription ----------------------------------------------------------
+
+    def input_speculator(self, session_id: str) -> InputSpeculator | None:
+        """An InputSpeculator for ``session_id``'s server VAD, when the recogniser can start a
+        turn early and stop a started decode (``speculative``); else None."""
+        actor = self._sessions.get(session_id)
+        if actor is None or not getattr(self.transcriber, "speculative", False):
+            return None
+        core = actor.core
+        return InputSpeculator(
+            lambda prefix, speech: self._speculate(session_id, prefix, speech),
+            lambda: self._discard_speculation(session_id),
+            sample_rate=core.config.sample_rate,
+            wanted=lambda: core.config.transcription is not None,
+        )
+
+    def _speculate(self, session_id: str, prefix: bytes, speech: bytes) -> None:
+        """The user went quiet: decode the turn so far, if its session transcribes and the
+        recogniser has nothing committed to do (a guess never delays a committed turn)."""
+        actor = self._sessions.get(session_id)
+        transcriber = self.transcriber
+        if actor is None or transcriber is None or self._tg is None:
+            return
+        config = actor.core.config
+        supports = getattr(transcriber, "supports_language", None)
+        if config.transcription is None or (
+            supports is not None and not supports(config.transcription_language)
+        ):
+            return
+        if self._speculating is not None or self._decoding or len(self._transcripts):
+            return
+        self._discard_speculation(session_id)
+        speculation = self._speculations[session_id] = self._speculating = Speculation(
+            prefix + speech, speech, config.sample_rate
+        )
+        self._tg.start_soon(self._run_speculation, speculation)
+
+    def _discard_speculation(self, session_id: str) -> None:
+        speculation = self._speculations.pop(session_id, None)
+        if speculation is not None and speculation.job is None:
+            speculation.cancel()
+            log.debug("transcription.speculation_discarded", session_id=session_id)
+
+    async def _run_speculation(self, speculation: Speculation) -> None:
+        transcriber = self.transcriber
+        assert transcriber is not None
+        try:
+            speculation.words = await transcriber.transcribe(  # type: ignore[call-arg]
+                speculation.audio, speculation.sample_rate, cancelled=speculation.cancelled
+            )
+        except Exception as exc:  # cancelled, or the recogniser failed: the commit decodes anew
+            speculation.error = repr(exc)
+        finally:
+            speculation.done = True
+            if self._speculating is speculation:
+                self._speculating = None
+        if speculation.job is not None:
+            self._answer_speculation(speculation)
+
+    def _answer_speculation(self, speculation: Speculation) -> None:
+        """The claimed turn's answer: the decode's words, or (it failed or was stopped) the
+        turn goes the usual way, through the queue."""
+        job = speculation.job
+        assert job is not None and speculation.done
+        if speculation.words is None:
+            log.info("transcription.speculation_failed", item_id=job.action.item_id, error=speculation.error)
+            if self._tg is None:
+                job.deliver(InputTranscript(job.action.item_id, error="the runtime is not running"))
+            else:
+                self._queue_transcription(job.action, job.deliver, job.session_id, job.tenant)
+            return
+        words = speculation.words
+        job.deliver(InputTranscript(job.action.item_id, words, delta=words))
 
     async def _transcribe_queued(self) -> None:
         """One recogniser worker: takes the queue's pieces of turns in its fair order, for ever,
@@ -538,6 +641,7 @@ class Runtime:
                 await ready.wait()
                 continue
             action = piece.job.action
+            self._decoding += 1
             try:
                 words = await transcriber.transcribe(piece.audio, action.sample_rate)
             except Exception as exc:  # the recogniser's failure is this turn's, not the runtime's
@@ -549,6 +653,8 @@ class Runtime:
                     error = f"transcription failed: {type(exc).__name__}"
                     failed.deliver(InputTranscript(action.item_id, error=error))
                 continue
+            finally:
+                self._decoding -= 1
             heard = queue.heard(piece, words)
             if heard is not None:
                 # A long turn's words go out piece by piece; the last carries the transcript.

@@ -29,6 +29,7 @@ So the queue is sans-IO and fair:
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable
 
@@ -231,3 +232,144 @@ class TranscriptionQueue:
     def __len__(self) -> int:
         """Turns with pieces still to hand out."""
         return sum(len(q) for q in self._queues.values())
+
+
+@attrs.define(slots=True, eq=False)
+class Speculation:
+    """A decode started before its turn was committed (InputSpeculator): ``audio`` is decoded,
+    ``speech`` (its part from where speech began) is what a committed turn must hold for the
+    decode to be its transcript."""
+
+    audio: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    speech: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    sample_rate: int
+    #: Set to stop the decode (the recogniser checks it between tokens): speech resumed, a
+    #: committed turn needs the recogniser, or the session closed.
+    cancelled: threading.Event = attrs.field(factory=threading.Event)
+    done: bool = False
+    words: str | None = None  # what was heard, once done (None: stopped or failed)
+    error: str | None = None
+    #: The committed turn this decode answers, once claimed (then it is never cancelled).
+    job: TranscriptionJob | None = None
+
+    def covers(self, action: TranscribeInput) -> bool:
+        """Whether ``action``'s committed audio holds this decode's speech unchanged (the rest
+        of it is the quiet before and after: the VAD heard no speech there, or this decode
+        would have been discarded)."""
+        return action.sample_rate == self.sample_rate and bool(self.speech) and self.speech in action.audio
+
+    def claim(self, job: TranscriptionJob) -> bool:
+        """Make this decode ``job``'s answer, if it still can be (not cancelled, and its
+        speech is the committed turn's)."""
+        if self.cancelled.is_set() or self.job is not None or not self.covers(job.action):
+            return False
+        self.job = job
+        return True
+
+    def cancel(self) -> None:
+        if self.job is None:
+            self.cancelled.set()
+
+
+class InputSpeculator:
+    """Starts a turn's transcription before the turn is committed (sans-IO: it only calls
+    ``start`` and ``discard``).
+
+    Server VAD commits a turn after ``silence_duration_ms`` (500 ms by default) of quiet, but
+    the words are all there when the quiet begins. This watches one session's server-VAD
+    output (:meth:`heard`: the commands ServerVad returns for each appended chunk, and whether
+    any of its VAD frames was speech by the detector's own measure) and, once the user has been
+    quiet for ``after_ms``, calls ``start(prefix, speech)``: ``speech`` is the turn's audio
+    from the chunk where speech began to now, ``prefix`` up to ``prefix_ms`` of the audio
+    before it. The runtime decodes that while the VAD is still waiting; when the turn is
+    committed and its audio holds ``speech`` unchanged, that decode is the turn's transcript
+    (Runtime.transcribe). Speech again before the commit calls ``discard()``: the decode is
+    dropped unseen (or stopped) and the next quiet starts another; so does a new turn.
+    """
+
+    __slots__ = (
+        "start",
+        "discard",
+        "wanted",
+        "after_bytes",
+        "max_bytes",
+        "prefix_bytes",
+        "_before",
+        "_turn",
+        "_quiet",
+        "_started",
+        "_unclaimed",
+    )
+
+    def __init__(
+        self,
+        start: Callable[[bytes, bytes], None],
+        discard: Callable[[], None],
+        *,
+        sample_rate: int,
+        after_ms: float = 200.0,
+        prefix_ms: float = 300.0,
+        max_s: float = 20.0,
+        wanted: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.start = start
+        self.discard = discard
+        #: Asked as each turn begins: whether to follow it (the session transcribes). A turn
+        #: not followed costs nothing: its audio is not copied.
+        self.wanted = wanted
+        self.after_bytes = 2 * int(sample_rate * after_ms / 1000)
+        #: A turn longer than this is left to the queue (decoded in pieces after its commit),
+        #: and its audio is not kept here.
+        self.max_bytes = 2 * int(sample_rate * max_s)
+        self.prefix_bytes = 2 * int(sample_rate * prefix_ms / 1000)
+        self._before = bytearray()  # the latest audio outside a turn, at most prefix_bytes
+        self._turn: bytearray | None = None  # the turn's audio since speech began
+        self._quiet = 0  # bytes of quiet at the end of the turn so far
+        self._started = False  # a decode of this quiet was started (and not discarded)
+        self._unclaimed = False  # a decode of the last turn may still wait for its commit
+
+    def heard(self, commands: list, speech: bool) -> None:
+        """ServerVad's commands for one chunk, in order; ``speech``: one of its VAD frames
+        was speech (a probability at or above the detector's release level), so the quiet,
+        if any, is over."""
+        from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
+
+        for command in commands:
+            if isinstance(command, SpeechStartedSignal):
+                if self._unclaimed:
+                    self.discard()  # the last turn's decode, if its commit never claimed it
+                self._turn = bytearray() if self.wanted() else None
+                self._quiet, self._started, self._unclaimed = 0, False, False
+            elif isinstance(command, SpeechStoppedSignal):
+                # The turn is being committed: its decode (if any) waits for the commit.
+                self._turn, self._started = None, False
+                self._before.clear()
+            elif isinstance(command, AppendAudio):
+                self._audio(command.pcm, speech)
+
+    def _audio(self, pcm: bytes, speech: bool) -> None:
+        turn = self._turn
+        if turn is not None and len(turn) + len(pcm) > self.max_bytes:
+            if self._started:
+                self._started = self._unclaimed = False
+                self.discard()
+            turn = self._turn = None
+            self._before.clear()
+            return  # too long to guess: not followed until the next turn
+        if turn is None:
+            before = self._before
+            before += pcm
+            if len(before) > self.prefix_bytes:
+                del before[: len(before) - self.prefix_bytes]
+            return
+        turn += pcm
+        if speech:
+            if self._started:
+                self._started = self._unclaimed = False
+                self.discard()
+            self._quiet = 0
+            return
+        self._quiet += len(pcm)
+        if not self._started and self._quiet >= self.after_bytes:
+            self._started = self._unclaimed = True
+            self.start(bytes(self._before), bytes(turn))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,10 @@ def ort_to_onnx(path: str | Path) -> bytes:
     return bytes(out)
 
 
+class DecodeStopped(Exception):
+    """The decode was asked to stop (its ``stop`` said so between two tokens)."""
+
+
 # -- the model -------------------------------------------------------------------------------
 
 
@@ -270,15 +275,21 @@ class MoonshineOnnx:
         self._past_shape = {i.name: i.shape for i in inputs if i.name.startswith("past_key_values.")}
         self._outputs = [o.name for o in self.decoder.get_outputs()]
 
-    def tokens(self, audio) -> list[int]:
-        """Greedy token ids for ``audio`` (float32, 16 kHz, at least 0.1 s), without BOS/EOS."""
+    def tokens(self, audio, stop: Callable[[], bool] | None = None) -> list[int]:
+        """Greedy token ids for ``audio`` (float32, 16 kHz, at least 0.1 s), without BOS/EOS.
+        ``stop`` is asked before each decoder step: True raises DecodeStopped (a decode started
+        early that is no longer wanted frees the recogniser within one step, ~20-50 ms)."""
         import numpy as np
 
+        if stop is not None and stop():
+            raise DecodeStopped
         hidden = self.encoder.run(None, {"input_values": audio[None, :]})[0]
         heads, width = (int(d) for d in self._past_shape[self._past[0]][1::2])
         past = {name: np.zeros((1, heads, 0, width), np.float32) for name in self._past}
         token, out = BOS, []
         for step in range(max(int(len(audio) / 16000 * MAX_TOKENS_PER_S), 1)):
+            if stop is not None and stop():
+                raise DecodeStopped
             feed = {
                 "input_ids": np.array([[token]], np.int64),
                 "encoder_hidden_states": hidden,
@@ -303,5 +314,5 @@ class MoonshineOnnx:
         data = b"".join(pieces[t] for t in tokens if 2 < t < len(pieces))
         return data.decode("utf-8", "replace").replace("\u2581", " ").strip()
 
-    def transcribe(self, audio) -> str:
-        return self.text(self.tokens(audio))
+    def transcribe(self, audio, stop: Callable[[], bool] | None = None) -> str:
+        return self.text(self.tokens(audio, stop))

@@ -45,6 +45,11 @@ class ServerVad:
         self.speech_started = 0
         self.speech_stopped = 0
         self._last = 0.0  # the last frame's speech probability: each chunk carries a verdict
+        #: Told each chunk's commands and whether any of its frames was speech: the session's
+        #: InputSpeculator (actors/transcription_queue.py), which starts the turn's
+        #: transcription once the user is quiet, before the commit; None: nobody listens.
+        make_listener = getattr(session, "input_speculator", None)
+        self.listener = make_listener() if make_listener is not None else None
 
     @property
     def speaking(self) -> bool:
@@ -88,6 +93,9 @@ class ServerVad:
                 self.speech_stopped += 1
                 out.append(SpeechStoppedSignal(audio_ms=signal.audio_end_ms))
         out.append(attrs.evolve(command, speech=speech))
+        if self.listener is not None:
+            release = cfg.threshold - cfg.hysteresis
+            self.listener.heard(out, any(p >= release for p in probabilities))
         return out
 
     def append(self, audio: bytes | AppendAudio) -> None:

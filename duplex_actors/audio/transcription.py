@@ -217,7 +217,12 @@ class MoonshineTranscriber:
     Both release the GIL while they compute (ONNX Runtime's ``run``, the C library's call), so
     a worker *thread* decodes without stalling the event loop (measured:
     tests/runtime/test_moonshine.py). One model, one decode at a time (``max_concurrent``
-    threads queue on its lock)."""
+    threads queue on its lock).
+
+    The onnx backend is ``speculative``: a decode can be stopped between two tokens
+    (``transcribe(..., cancelled=event)``), so the runtime may start a turn's decode when the
+    user goes quiet, before server VAD commits it, and drop it if they speak again
+    (actors/transcription_queue.py, InputSpeculator)."""
 
     name = "moonshine"
 
@@ -232,6 +237,9 @@ class MoonshineTranscriber:
         if backend not in ("onnx", "cpp"):
             raise ValueError(f"backend must be 'onnx' or 'cpp', not {backend!r}")
         self.backend = backend
+        #: Whether the runtime may start a turn's decode before its commit (onnx backend only:
+        #: the C library cannot stop a decode). $DUPLEX_TRANSCRIBER_SPECULATE=0 turns it off.
+        self.speculative = backend == "onnx" and os.environ.get("DUPLEX_TRANSCRIBER_SPECULATE", "1") != "0"
         if backend == "cpp":
             import moonshine_cpp.moonshine_cpp as lib  # fail at construction, not at the first turn
 
@@ -297,15 +305,18 @@ class MoonshineTranscriber:
             return None
         return np.ascontiguousarray(audio, dtype=np.float32)
 
-    def transcribe_blocking(self, pcm: bytes, sample_rate: int) -> str:
-        """In the calling thread (never the event loop's)."""
+    def transcribe_blocking(
+        self, pcm: bytes, sample_rate: int, cancelled: threading.Event | None = None
+    ) -> str:
+        """In the calling thread (never the event loop's). ``cancelled`` set: the decode stops
+        at its next token and raises DecodeStopped (onnx backend; the C library cannot stop)."""
         audio = self.prepare(pcm, sample_rate)
         if audio is None:
             return ""
         with self._lock:  # one decode per model at a time
             model = self._load()
             if self.backend == "onnx":
-                return model.transcribe(audio)
+                return model.transcribe(audio, None if cancelled is None else cancelled.is_set)
             return self._transcribe_cpp(model, audio)
 
     def _transcribe_cpp(self, handle: int, audio) -> str:
@@ -319,10 +330,12 @@ class MoonshineTranscriber:
             raise RuntimeError(f"moonshine failed to transcribe (error {error})")
         return (text.value or b"").decode("utf-8", "replace").strip()
 
-    async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
+    async def transcribe(
+        self, pcm: bytes, sample_rate: int, *, cancelled: threading.Event | None = None
+    ) -> str:
         import anyio.to_thread
 
-        return await anyio.to_thread.run_sync(self.transcribe_blocking, pcm, sample_rate)
+        return await anyio.to_thread.run_sync(self.transcribe_blocking, pcm, sample_rate, cancelled)
 
     def close(self, *, wait: bool = False) -> None:
         with self._lock:

@@ -58,8 +58,9 @@ def test_moonshine_decodes_without_holding_the_gil(moonshine):
         ticks += 1
     elapsed = time.perf_counter() - began
     # A decoder holding the GIL lets a 1 ms sleep run a handful of times (pocketsphinx: 3 in
-    # 1.4 s); released, this thread ticks most milliseconds even on a loaded host.
-    assert ticks >= elapsed * 1000 * 0.3, (ticks, elapsed)
+    # 1.4 s, 0.002 a millisecond); released, this thread ticks most milliseconds, and still one
+    # in twenty when a shared host keeps it waiting for a core.
+    assert ticks >= elapsed * 1000 * 0.05, (ticks, elapsed)
 
 
 def test_moonshine_loads_its_packaged_model_and_hears_english_only(moonshine):
