@@ -32,7 +32,10 @@ idle sessions, for nothing: with no churn there is no frozen garbage to find. So
 once the process's resident memory grew by ``reclaim_growth`` (and ``reclaim_min_growth_mb``)
 since the last one, checked every ``reclaim_interval_s``: frozen garbage is never freed, so it
 shows up as growth; a steady server never pays, a growing one pays as CPython amortises its own
-full collections (one per quarter of growth of the heap).
+full collections (one per quarter of growth of the heap). Growth is only a proxy, though:
+after a resume storm memory has grown with live connections and a reclaim finds next to
+nothing. Where the owner can estimate the garbage itself (``garbage_estimate``: serve counts
+closed connections not yet freed), that estimate decides instead.
 
 The collector is process-wide: the policy is reference-counted so that two runtimes in one
 process share it and the last one to stop restores the settings it found.
@@ -43,6 +46,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+from collections.abc import Callable
 
 import anyio
 import attrs
@@ -77,6 +81,15 @@ class GcPolicy:
     #: interval, as before.
     reclaim_growth: float = attrs.field(default=0.25, validator=attrs.validators.ge(0))
     reclaim_min_growth_mb: float = attrs.field(default=32.0, validator=attrs.validators.ge(0))
+    #: Where the owner can tell how much frozen garbage there is (bytes; serve counts the
+    #: closed connections not yet freed: server/lingering.py), growth alone no longer buys a
+    #: reclaim: memory that grew with live sessions (a resume storm) has nothing to free. The
+    #: reclaim then runs once that estimate reaches ``reclaim_min_garbage_mb`` and
+    #: ``reclaim_growth`` of resident memory, or, for garbage the estimate cannot see, once
+    #: memory grew by ``unseen_growth_mb`` since the last one.
+    garbage_estimate: Callable[[], int] | None = attrs.field(default=None, eq=False)
+    reclaim_min_garbage_mb: float = attrs.field(default=32.0, validator=attrs.validators.ge(0))
+    unseen_growth_mb: float = attrs.field(default=1024.0, validator=attrs.validators.ge(0))
 
 
 _active: list[tuple[int, int, int]] = []  # thresholds found by the first active policy
@@ -132,13 +145,23 @@ def resident_bytes() -> int | None:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def reclaim_due(policy: GcPolicy, resident: int | None, after_last: int | None) -> bool:
-    """Whether a reclaim is worth its pause: memory grew enough since the last one (always,
-    where memory cannot be read)."""
+def reclaim_due(
+    policy: GcPolicy, resident: int | None, after_last: int | None, garbage: int | None = None
+) -> bool:
+    """Whether a reclaim is worth its pause. Without an estimate of the garbage: memory grew
+    enough since the last one (always, where memory cannot be read). With one (``garbage``,
+    bytes): that garbage is enough, or memory grew by ``unseen_growth_mb``."""
     if resident is None or after_last is None:
         return True
-    floor = policy.reclaim_min_growth_mb * (1 << 20)
+    if garbage is not None:
+        if garbage >= max(policy.reclaim_min_garbage_mb * _MIB, policy.reclaim_growth * resident):
+            return True
+        return resident - after_last >= policy.unseen_growth_mb * _MIB
+    floor = policy.reclaim_min_growth_mb * _MIB
     return resident - after_last >= max(floor, policy.reclaim_growth * after_last)
+
+
+_MIB = 1 << 20
 
 
 async def maintain(policy: GcPolicy) -> None:
@@ -152,7 +175,8 @@ async def maintain(policy: GcPolicy) -> None:
     while True:
         await anyio.sleep(step)
         if anyio.current_time() >= next_reclaim:
-            if reclaim_due(policy, resident_bytes(), after_last):
+            garbage = policy.garbage_estimate() if policy.garbage_estimate is not None else None
+            if reclaim_due(policy, resident_bytes(), after_last, garbage):
                 reclaim()
                 after_last = resident_bytes()
             elif interval is not None:

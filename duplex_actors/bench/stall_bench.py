@@ -310,14 +310,33 @@ class _Neighbour:
 
     def __init__(self, ws) -> None:
         self.ws = ws
+        #: where the slowest turn's time went: until response.created, and the longest wait
+        #: between two of its events after that (ms)
+        self.slowest: dict = {}
 
     async def turn(self) -> float:
         began = time.perf_counter()
         for text in self.TURN:
             await self.ws.send(text)
-        while json.loads(await self.ws.recv())["type"] != "response.done":
-            pass
-        return time.perf_counter() - began
+        created_ms, longest_gap_ms, last = None, 0.0, began
+        while True:
+            kind = json.loads(await self.ws.recv())["type"]
+            now = time.perf_counter()
+            if created_ms is None and kind == "response.created":
+                created_ms = (now - began) * 1e3
+            elif created_ms is not None:
+                longest_gap_ms = max(longest_gap_ms, (now - last) * 1e3)
+            last = now
+            if kind == "response.done":
+                break
+        took = time.perf_counter() - began
+        if took * 1e3 > self.slowest.get("turn_ms", 0):
+            self.slowest = {
+                "turn_ms": round(took * 1e3, 1),
+                "until_created_ms": round(created_ms or 0, 1),
+                "longest_gap_after_ms": round(longest_gap_ms, 1),
+            }
+        return took
 
 
 def _counts(server) -> dict:
@@ -370,6 +389,7 @@ async def _run(
     resume: bool = False,
     clients: int = 1000,
     reclaim_on_clock: bool = False,
+    growth_only: bool = False,
     raw: bool = False,
     max_connections: int | None = None,
     config_overrides: dict | None = None,
@@ -378,6 +398,7 @@ async def _run(
     from ..engines.scripted import Script, ScriptedEngine
     from ..server.app import ServerConfig
     from ..server.cli_commands import open_server
+    from ..server.lingering import LINGERING
 
     _simulate_addresses()
     # serve's connection limit, unless the idle sessions alone need more
@@ -386,6 +407,11 @@ async def _run(
     script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.02)
     mode = "resume" if resume else "raw" if raw else "idle"
     report: dict = {"sessions": sessions, "reclaim_s": reclaim_s, "mode": mode}
+    if growth_only:
+        report["growth_only"] = True
+        # The policy before serve estimated the garbage: memory growth alone decides.
+        due = gc_policy.reclaim_due
+        gc_policy.reclaim_due = lambda policy, resident, after, garbage=None: due(policy, resident, after)  # type: ignore[assignment]
     if reclaim_on_clock:
         report["reclaim_on_clock"] = True
         # The policy before reclaims were due on growth: every interval, whatever memory did.
@@ -423,6 +449,7 @@ async def _run(
             await neighbour_ws.recv()
             neighbour = _Neighbour(neighbour_ws)
             report["neighbour_alone_ms"] = _median_ms([await neighbour.turn() for _ in range(5)])
+            neighbour.slowest = {}
             report["newcomer_alone_ms"] = _median_ms([await _newcomer_turn(server.url) for _ in range(5)])
         parent, child = multiprocessing.get_context("spawn").Pipe()
         target: Callable[..., None]
@@ -486,11 +513,14 @@ async def _run(
                 report["neighbour_during_ms"] = _median_ms(turns)
                 report["neighbour_worst_ms"] = _max_ms(turns)
                 report["neighbour_turns"] = len(turns)
+                report["neighbour_slowest"] = neighbour.slowest
                 report["newcomer_during_ms"] = _median_ms(newcomer_turns)
                 report["newcomer_worst_ms"] = _max_ms(newcomer_turns)
                 report["newcomer_turns"] = len(newcomer_turns)
                 report["newcomer_refused"] = refused
                 report["server_counts"] = _counts(server)
+                # what the reclaim policy sees: closed connections and transports not yet freed
+                report["unfreed"] = {"connections": LINGERING.connections, "transports": LINGERING.transports}
             await neighbour_ws.close()
         parent.send("stop")
         process.join(60)
@@ -512,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", action="store_true", help="idle TCP connections that never send a byte")
     parser.add_argument(
         "--reclaim-on-clock", action="store_true", help="reclaim at every interval (the policy before growth)"
+    )
+    parser.add_argument(
+        "--growth-only",
+        action="store_true",
+        help="reclaim on memory growth alone, ignoring serve's estimate of the garbage (an A/B)",
     )
     parser.add_argument("--no-loop-share", action="store_true", help="loop_share_s_per_s=None (an A/B)")
     parser.add_argument(
@@ -542,10 +577,11 @@ def main(argv: list[str] | None = None) -> int:
             args.reclaim_s,
             args.resume,
             args.clients,
-            args.reclaim_on_clock,
-            args.raw,
-            args.max_connections,
-            {"loop_share_s_per_s": None} if args.no_loop_share else None,
+            reclaim_on_clock=args.reclaim_on_clock,
+            growth_only=args.growth_only,
+            raw=args.raw,
+            max_connections=args.max_connections,
+            config_overrides={"loop_share_s_per_s": None} if args.no_loop_share else None,
         )
     )
     text = json.dumps(report, indent=2)

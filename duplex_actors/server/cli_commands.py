@@ -343,13 +343,20 @@ async def open_server(
     from ..audio.transcription import default_transcriber
     from ..core.session_config import SessionConfig
     from .app import RealtimeServer
+    from .lingering import LINGERING
 
     # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.
     transcriber = default_transcriber(transcription_workers)
     # Freezing keeps full collections off the loop, but cycles frozen while alive (dropped
     # connections, cancelled tasks) wait for the next reclaim: the 500-client wire soak grew
     # ~2 MiB/s with a 600 s reclaim, and was level with 30 s. 0 turns the policy off.
-    gc_policy = GcPolicy(reclaim_interval_s=gc_reclaim_s) if gc_reclaim_s > 0 else None
+    # What closed connections left for the collector decides when a reclaim is worth its
+    # stall, not memory alone, which a resume storm grows with live connections.
+    gc_policy = (
+        GcPolicy(reclaim_interval_s=gc_reclaim_s, garbage_estimate=LINGERING.estimate_bytes)
+        if gc_reclaim_s > 0
+        else None
+    )
     # A server runs for hours with thousands of journals: keep full GC passes off the loop.
     try:
         async with Runtime(

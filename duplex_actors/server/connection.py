@@ -52,6 +52,7 @@ from websockets.protocol import Event
 from . import memory
 from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit
 from .inflate import BudgetedDeflate
+from .lingering import LINGERING
 from .ws_internals import drop_parser_traceback
 
 log = structlog.get_logger("duplex_actors.server")
@@ -155,6 +156,7 @@ class PacedConnection(ServerConnection):
         # would free (tests/server/test_connection_garbage.py).
         self.recv_messages.pause = self.recv_messages.resume = _nothing
         vars(self.protocol).pop("select_subprotocol", None)
+        LINGERING.closed(self, self.transport)
 
     # -- feeding the parser ---------------------------------------------------------------------
 

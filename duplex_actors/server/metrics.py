@@ -23,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..core import events as ev
 from ..core import transcription_events as tev
 from ..core.statechart import State
+from .lingering import LINGERING
 
 if TYPE_CHECKING:
     from ..actors.runtime import Runtime
@@ -111,6 +112,15 @@ class _RuntimeCollector:
             "Sessions the websocket server keeps a record of (attached or awaiting resume)",
             value=self._records(),
         )
+        unfreed = GaugeMetricFamily(
+            "duplex_closed_unfreed",
+            "Closed connections and transports still alive: cyclic garbage waiting for the GC "
+            "policy's reclaim (server/lingering.py)",
+            labels=["kind"],
+        )
+        unfreed.add_metric(["connection"], LINGERING.connections)
+        unfreed.add_metric(["transport"], LINGERING.transports)
+        yield unfreed
         yield GaugeMetricFamily(
             "duplex_python_allocated_blocks",
             "Memory blocks the Python allocator holds (sys.getallocatedblocks)",

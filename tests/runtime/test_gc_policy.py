@@ -98,6 +98,34 @@ def test_a_reclaim_is_due_only_once_memory_grew():
     assert gc_policy.reclaim_due(policy, None, None)  # memory unreadable: as before, always
 
 
+def test_with_an_estimate_of_the_garbage_growth_alone_buys_no_reclaim():
+    """serve knows what closed connections left (server/lingering.py): a resume storm grows
+    memory with live connections and has nothing to free, so only garbage, or memory grown
+    past what the estimate could miss, makes a reclaim worth its stall."""
+    policy = GcPolicy()  # 32 MiB of garbage and 25 % of resident memory; 1 GiB unseen
+    mib = 1 << 20
+    assert not gc_policy.reclaim_due(policy, 400 * mib, 150 * mib, garbage=0)  # storm: +250 MiB
+    assert not gc_policy.reclaim_due(policy, 400 * mib, 150 * mib, garbage=60 * mib)  # < 25 %
+    assert gc_policy.reclaim_due(policy, 400 * mib, 150 * mib, garbage=100 * mib)
+    assert not gc_policy.reclaim_due(policy, 100 * mib, 100 * mib, garbage=20 * mib)  # < 32 MiB
+    assert gc_policy.reclaim_due(policy, 1300 * mib, 150 * mib, garbage=0)  # +1,150 MiB unseen
+    assert gc_policy.reclaim_due(policy, None, None, garbage=0)  # memory unreadable
+
+
+async def test_the_periodic_reclaim_asks_the_estimate(monkeypatch):
+    garbage = [0]
+    reclaims = []
+    monkeypatch.setattr(gc_policy, "resident_bytes", lambda: 500 << 20)
+    monkeypatch.setattr(gc_policy, "reclaim", lambda: reclaims.append(garbage[0]) or 0)
+    policy = GcPolicy(freeze_interval_s=0.005, reclaim_interval_s=0.02, garbage_estimate=lambda: garbage[0])
+    async with Runtime(ScriptedEngine(), reaper_interval_s=0, gc_policy=policy):
+        await anyio.sleep(0.2)
+        assert reclaims == []
+        garbage[0] = 200 << 20
+        await anyio.sleep(0.1)
+        assert reclaims and set(reclaims) == {200 << 20}
+
+
 async def test_the_periodic_reclaim_waits_for_growth(monkeypatch):
     resident = [500 << 20]
     reclaims = []

@@ -21,6 +21,8 @@ pytest.importorskip("websockets")
 
 from websockets.asyncio.client import connect
 
+from duplex_actors.server.lingering import LINGERING
+
 from .conftest import recv_json, recv_until, resume_frame, running_server
 
 pytestmark = pytest.mark.anyio
@@ -108,6 +110,31 @@ async def test_a_closed_connection_leaves_no_cyclic_garbage_of_ours(scenario):
             await asyncio.sleep(1.0)
             server.runtime.reap_now()
             await asyncio.sleep(0.2)
+            # The census saw the closed transports that asyncio's own cycle keeps, and no
+            # connection outliving its close.
+            assert LINGERING.connections == 0
+            assert LINGERING.transports >= 3
             assert _server_side_garbage() == []
+            assert LINGERING.transports == 0
         finally:
             gc.enable()
+
+
+def test_the_census_counts_a_closed_connection_only_once_it_outlived_a_period():
+    """A connection still held right after its close (its handler finishing, a takeover) is
+    not garbage: it counts toward a reclaim only if it is still alive a period later."""
+    from duplex_actors.server.lingering import CONNECTION_BYTES, TRANSPORT_BYTES, Lingering
+
+    class Thing:
+        pass
+
+    census = Lingering()
+    held, leaked, transport = Thing(), Thing(), Thing()
+    census.closed(held, None)
+    census.closed(leaked, transport)
+    assert census.connections == 2 and census.transports == 1
+    assert census.estimate_bytes() == 0  # both closed in this period
+    del held  # its handler let it go
+    assert census.estimate_bytes() == CONNECTION_BYTES + TRANSPORT_BYTES
+    del leaked, transport
+    assert census.estimate_bytes() == 0 and census.connections == census.transports == 0
