@@ -178,6 +178,8 @@ def _check_capacity(result, arms):
             assert step["frames"] > 0 and step["cpu_per_frame_us"] > 0
             assert step["probes"] > 0 and step["p99_ms"] >= step["p50_ms"] > 0
             assert step["closed_by_server"] == 0
+            # serve also times the probes to its reader (the decoder): before the core
+            assert (step["read_p50_ms"] is not None) == arm.startswith("serve")
     cpu = next(f for f in result["figures"] if f["metric"].startswith("serve: server CPU per 20 ms frame"))
     assert cpu["baseline"] > 0 and cpu["ratio"] == pytest.approx(cpu["value"] / cpu["baseline"])
     assert cpu["target"] and cpu["met"] in (True, False)
