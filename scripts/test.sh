@@ -9,7 +9,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 status=0
-# Style and type gates: ruff lint + format check, mypy on core and actors (scripts/lint.sh).
+# Style and type gates: ruff lint + format check, mypy on the whole package (scripts/lint.sh).
 bash scripts/lint.sh || status=$?
 # The committed statecharts and design-review page must match the code.
 duplex-actors statechart --check || status=$?
