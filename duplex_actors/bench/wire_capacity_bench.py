@@ -96,6 +96,7 @@ SATURATED = 0.92
 GIVE_UP_P99_MS = 50.0
 BEHIND = 0.9
 PROBE_EVERY = 5
+PROBE_EVERY_BINARY = 25
 GROUPS = 20  # sends spread over the 20 ms, one group a millisecond
 SPEECH = "What is the weather like in Paris today? I would like to go for a walk."
 SILENCE_S = 1.4
@@ -111,6 +112,7 @@ LEVER_ARMS = (
     "bare+uvloop",
     "bare+orjson+pybase64",
     "bare:binary",
+    "serve:binary",
 )
 FULL_SESSIONS = (25, 50, 100, 150, 200, 300, 400, 500, 700, 1000)
 QUICK_SESSIONS = (5, 20)
@@ -333,35 +335,38 @@ class _Frames:
 
     PREFIX = b'{"type":"input_audio_buffer.append","event_id":"p'
 
-    def __init__(self, binary: bool, manual: bool = False) -> None:
+    def __init__(self, binary: bool, manual: bool = False, text_probes: bool = False) -> None:
         chunks, self.real_speech = _audio_cycle()
         self.binary = binary
         self.manual = manual
-        #: sent once a session is created: manual turns (VAD off) in the novad arm
-        self.setup = (
-            [
-                _ws_frame(
-                    0x1, b'{"type":"session.update","session":{"audio":{"input":{"turn_detection":null}}}}'
-                )
-            ]
-            if manual
-            else []
-        )
+        #: binary frames carry no event_id: serve's probes are then text appends of the same
+        #: audio, one frame in PROBE_EVERY_BINARY (the bare server reads a marker instead)
+        self.text_probes = binary and text_probes
+        #: sent once a session is created: manual turns (VAD off) in the novad arm, the
+        #: binary-audio extension on in serve's binary arm
+        session: dict[str, Any] = {}
+        if manual:
+            session["audio"] = {"input": {"turn_detection": None}}
+        if self.text_probes:
+            session["duplex"] = {"binary_audio": True}
+        update = json.dumps({"type": "session.update", "session": session}, separators=(",", ":"))
+        self.setup = [_ws_frame(0x1, update.encode())] if session else []
         self.commit = _ws_frame(0x1, b'{"type":"input_audio_buffer.commit"}')
         self.chunks = chunks
+        b64 = [base64.b64encode(c) for c in chunks]
+        self.tails = [b'","audio":"' + a + b'"}' for a in b64]
         if binary:
             self.plain = [_ws_frame(0x2, c) for c in chunks]
         else:
-            b64 = [base64.b64encode(c) for c in chunks]
             self.plain = [
                 _ws_frame(0x1, b'{"type":"input_audio_buffer.append","audio":"' + a + b'"}') for a in b64
             ]
-            self.tails = [b'","audio":"' + a + b'"}' for a in b64]
         self.text_bytes = len(self.plain[0])
+        self.probe_every = PROBE_EVERY_BINARY if self.text_probes else PROBE_EVERY
 
     def probe(self, index: int) -> bytes:
         stamp = time.perf_counter_ns()
-        if self.binary:
+        if self.binary and not self.text_probes:
             return _ws_frame(0x2, b"PROBE" + stamp.to_bytes(8, "little") + self.chunks[index][13:])
         return _ws_frame(0x1, self.PREFIX + str(stamp).encode() + self.tails[index])
 
@@ -446,7 +451,7 @@ class _Client(asyncio.Protocol):
         if index == 0 and frames.manual:
             self.transport.write(frames.commit)
         self.sent += 1
-        if self.sent % PROBE_EVERY == 0:
+        if self.sent % frames.probe_every == 0:
             self.transport.write(frames.probe(index))
         else:
             self.transport.write(frames.plain[index])
@@ -670,9 +675,11 @@ def _available(arm: str) -> str | None:
         if options[lever] and importlib.util.find_spec(lever) is None:
             return f"'{lever}' is not installed"
     if options["server"] == "serve" and options["binary"]:
+        import inspect
+
         from ..server import wire
 
-        if not getattr(wire, "BINARY_AUDIO", False):
+        if "binary_audio" not in inspect.signature(wire.decode).parameters:
             return "the server does not speak the binary-audio extension"
     return None
 
@@ -733,7 +740,9 @@ def run_arm(
     server's loop thread at this nice value (a shared host: see the module docstring)."""
     options = _arm_options(arm)
     target = _serve_main if options["server"] == "serve" else _bare_main
-    frames = _Frames(binary=options["binary"], manual=options["novad"])
+    frames = _Frames(
+        binary=options["binary"], manual=options["novad"], text_probes=options["server"] == "serve"
+    )
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()
     with served_in_child(target, theirs, options, name=f"wire-capacity-{arm}") as url:

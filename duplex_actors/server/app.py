@@ -1164,6 +1164,7 @@ class _Connection:
                 self.server.config.limits,
                 sample_rate=handle.core.config.sample_rate,
                 input_format=record.wire.input_format,
+                binary_audio=record.wire.binary_audio,
             )
             if isinstance(event, wire.ResumeRequest):
                 raise wire.WireError(
@@ -1273,6 +1274,8 @@ class _Connection:
             command = attrs.evolve(command, output_sample_rate=update.output_format.rate)
         if update.voice is not None:
             record.wire.voice = update.voice
+        if update.binary_audio is not None:
+            record.wire.binary_audio = update.binary_audio
         return command
 
     def _append(self, record: _SessionRecord, event: cmd.AppendAudio) -> None:

@@ -52,6 +52,9 @@ class WireSession:
     #: ``max_output_tokens`` echoes the limit that really applies, never an "inf" that is not.
     engine_max_output_tokens: int | None = None
     engine_max_output_tokens_limit: int | None = None
+    #: The binary-audio extension (session.update duplex.binary_audio): a binary websocket
+    #: frame is an append of raw audio in ``input_format``.
+    binary_audio: bool = False
 
     def output_token_limit(self, requested: int | None) -> int | str:
         """The limit a response asking for ``requested`` (None: nothing) really runs under."""
@@ -132,7 +135,8 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
                 "modalities",
             )
             if k in config
-        },
+        }
+        | ({"binary_audio": True} if wire.binary_audio else {}),
     }
 
 

@@ -204,6 +204,8 @@ class SessionUpdate:
     input_format: AudioFormat | None = None
     output_format: AudioFormat | None = None
     voice: str | None = None
+    #: The binary-audio extension turned on (True) or off (False); None: unchanged.
+    binary_audio: bool | None = None
 
     @property
     def event_id(self) -> str | None:
@@ -416,11 +418,20 @@ def decode(
     *,
     sample_rate: int = 16000,
     input_format: AudioFormat | None = None,
+    binary_audio: bool = False,
 ) -> ClientEvent:
     """Parse one client frame. ``sample_rate`` is the session's own pcm16 rate; ``input_format``
-    what the client declared it sends (None: that same pcm16)."""
+    what the client declared it sends (None: that same pcm16). ``binary_audio``: the session
+    turned the binary-audio extension on, so a binary frame is an append of raw audio."""
     if isinstance(frame, (bytes, bytearray, memoryview)):
-        raise InvalidFrame("binary frames are not accepted; send JSON text frames")
+        if not binary_audio:
+            raise InvalidFrame(
+                "binary frames are not accepted; send JSON text frames (or turn on the "
+                "binary-audio extension: session.update duplex.binary_audio)"
+            )
+        return _binary_append(
+            bytes(frame), limits, sample_rate, input_format or AudioFormat(PCM, sample_rate)
+        )
     size = len(frame) if frame.isascii() else len(frame.encode("utf-8", "surrogatepass"))
     if size > limits.max_frame_bytes:
         raise FrameTooLarge(f"frame is larger than max_frame_bytes={limits.max_frame_bytes}")
@@ -525,6 +536,21 @@ def _append(f: _Fields, event_id, epoch, limits: WireLimits, rates):
     if declared.type == PCM and declared.rate == sample_rate:
         return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch)
     return EncodedAudio(data=pcm, format=declared, event_id=event_id, epoch=epoch)
+
+
+def _binary_append(pcm: bytes, limits: WireLimits, sample_rate: int, declared: AudioFormat) -> ClientEvent:
+    """A binary frame under the binary-audio extension: the bytes of an
+    ``input_audio_buffer.append``'s audio, in the declared input format, with the same checks
+    (no event_id or epoch: a binary frame has no fields)."""
+    if len(pcm) > limits.max_chunk_bytes:
+        raise ChunkTooLarge(f"audio chunk is larger than max_chunk_bytes={limits.max_chunk_bytes}")
+    if not pcm:
+        raise InvalidAudio("audio chunk is empty")
+    if declared.type == PCM and len(pcm) % 2:
+        raise InvalidAudio("pcm16 audio must have an even number of bytes")
+    if declared.type == PCM and declared.rate == sample_rate:
+        return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate)
+    return EncodedAudio(data=pcm, format=declared, event_id=None, epoch=None)
 
 
 _MODALITIES = {("audio",): ("audio",), ("text",): ("text",), ("audio", "text"): ("text", "audio")}
@@ -793,6 +819,9 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         state_events = block.bool("state_events")
         if state_events is not None:
             changes["state_events"] = state_events
+        binary_audio = block.bool("binary_audio")
+        if binary_audio is not None:
+            found["binary_audio"] = binary_audio
         min_ms = block.int("min_interruption_ms", minimum=0, maximum=60_000)
         if min_ms is not None:
             changes["min_interruption_ms"] = min_ms
