@@ -1,0 +1,226 @@
+"""The engine's side of the turn: the session core's guards and effects over model requests.
+
+Submitting a model turn or a model-native unit, a unit's listen or speak decision, the end of a
+turn, and cancelling: the epoch moves on and every request of the old one is aborted until the
+engine confirms it ended (:func:`~.engine_io.is_terminal`). The actions go to the shell
+through the core's action list.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import attrs
+
+from . import events as ev
+from .actions import AbortRequests, SubmitTurn
+from .commands import (
+    CreateResponse,
+)
+from .engine_io import (
+    Decision,
+    EngineOutput,
+    ModelTurnRequest,
+    TurnKind,
+)
+from .input_buffer import InputBuffer
+from .session_parts import SessionParts
+from .step import Step
+
+
+class TurnEffects(SessionParts):
+    """Guards and effects over model requests: submit, decide, finish, abort (a part of
+    :class:`~.session.SessionCore`)."""
+
+    __slots__ = ()
+
+    def _g_auto_respond(self, step: Step) -> bool:
+        return self.config.auto_respond
+
+    def _g_not_draining(self, step: Step) -> bool:
+        return not self.draining
+
+    def _g_model_native(self, step: Step) -> bool:
+        return self.config.model_native
+
+    def _g_respond_on_commit(self, step: Step) -> bool:
+        return self.config.respond_on_commit
+
+    def _g_names_active_response(self, step: Step) -> bool:
+        wanted = getattr(step.command, "response_id", None)
+        return wanted is None or wanted == self.response_id
+
+    def _g_aborts_settled(self, step: Step) -> bool:
+        # No abort outstanding besides the one whose end is being confirmed (if any is).
+        aborting = self._aborting
+        if not aborting:
+            return True
+        output = step.output
+        return output is not None and len(aborting) == 1 and output.request_id in aborting
+
+    def _request(
+        self, step: Step, kind: TurnKind, audio: bytes, request_id: str, words: str | None = None
+    ) -> ModelTurnRequest:
+        cmd = step.command
+        instructions = getattr(cmd, "instructions", None) or self.config.instructions
+        shown = self._response_modalities(step)
+        tools, tool_choice, sampling = self._response_options(step)
+        return ModelTurnRequest(
+            request_id=request_id,
+            fence=self.fence,
+            kind=kind,
+            audio=audio,
+            sample_rate=self.config.sample_rate,
+            output_sample_rate=self.config.output_sample_rate,
+            speed=self.config.output_speed,
+            instructions=instructions,
+            sampling=sampling,
+            # The engine always writes the words: an audio response's transcript is its text.
+            modalities=("text", "audio") if "audio" in shown else ("text",),
+            submitted_at=step.now,
+            input_text=" ".join(self._pending_text.values()) if words is None else words,
+            tools=tools,
+            tool_choice=tool_choice,
+            tenant=self.tenant,
+        )
+
+    def _fx_submit_model_turn(self, step: Step) -> None:
+        cmd = step.command
+        asked = cmd if isinstance(cmd, CreateResponse) else None
+        results: tuple = ()
+        if asked is not None and asked.input is not None:
+            # Its own context (GA response.input): the pending turn waits for its response.
+            audio, words = b"", self._context_words(asked.input)
+        else:
+            audio, words = bytes(self._committed), " ".join(self._pending_text.values())
+        # Out of band, or on its own context, a response leaves the pending turn (read, not
+        # taken) for the default conversation's next response.
+        if asked is None or (asked.input is None and not asked.out_of_band):
+            self._committed = InputBuffer()
+            results = () if self._calls is None else self._calls.take_results()
+            self._pending_text = {}
+            self._pending_chars = 0
+        request = self._request(step, TurnKind.RESPONSE, audio, self.fence.request_id(), words)
+        if results:
+            request = attrs.evolve(request, function_results=results)
+        self._turn_request = request.request_id
+        self._turn_kind = TurnKind.RESPONSE
+        self._overlap_ms = None
+        self._idle_deadline = None  # a turn is in flight: nobody waits on the user
+        self._timing.note_request_start(request.fence, step.now, self.epoch)
+        self.lease.in_flight += 1
+        self._actions.append(SubmitTurn(request))
+        # The response exists as soon as it is accepted (OpenAI sends response.created then,
+        # not at the first token), so a cancel right after it still gets its created + done.
+        self._fx_begin_response(step)
+
+    def _fx_submit_unit(self, step: Step) -> None:
+        unit_bytes = self.config.unit_samples * 2
+        audio = bytes(self._input[:unit_bytes])
+        del self._input[:unit_bytes]
+        self._unit_seq += 1
+        request = self._request(step, TurnKind.UNIT, audio, self.fence.request_id(self._unit_seq))
+        if self._units is None:
+            self._units = set()
+        self._units.add(request.request_id)
+        # While the turn is pending, the latest accepted unit owns the request start.
+        self._timing.note_request_start(request.fence, step.now, self.epoch)
+        self.lease.in_flight += 1
+        self._actions.append(SubmitTurn(request))
+
+    def _fx_promote_unit(self, step: Step) -> None:
+        rid = cast(EngineOutput, step.output).request_id
+        assert self._units is not None  # the chart promotes only a registered unit (model_native)
+        self._units.discard(rid)
+        self._turn_request = rid
+        self._turn_kind = TurnKind.UNIT
+        # Other units still deciding would answer for a turn that has already begun; they no
+        # longer hold the lease, only the promoted turn does.
+        self._fx_abort_units(step)
+
+    def _fx_emit_decision(self, step: Step) -> None:
+        out = step.output
+        speak = isinstance(out, Decision) and out.speak
+        self._emit(ev.DecisionEvent, decision="speak" if speak else "listen", turn_id=self.turn_id)
+
+    def _fx_finish_unit(self, step: Step) -> None:
+        rid = cast(EngineOutput, step.output).request_id
+        if self._units and rid in self._units:
+            self._units.discard(rid)
+            self.lease.in_flight -= 1
+
+    def _fx_finish_turn(self, step: Step) -> None:
+        if self._windows is not None and self._turn_request is not None:
+            self._windows.forget(self._turn_request)
+        self._timing.prune(self.turn_id)
+        self._turn_request = None
+        # However the turn ended (a failure may follow an end that waited on held audio), no end
+        # waits any more: a stale one would take the next turn's barge-in for ended (no abort).
+        self._held_end = None
+        self.turn_id += 1
+        self.lease.in_flight = max(self.lease.in_flight - 1, 0)
+        self._overlap_ms = None
+
+    @property
+    def aborted_request_ids(self) -> tuple[str, ...]:
+        """The last requests this session aborted: the engine may still hold resources for
+        them after the session closed (the runtime keeps the admission slot until it does not)."""
+        return tuple(self._aborted_ids or ())
+
+    def _fx_advance_epoch(self, step: Step) -> None:
+        self.epoch += 1
+
+    def _abort(self, requests: dict[str, TurnKind], reason: str) -> None:
+        """Abort these requests (id -> kind). The kind is kept until each one ends, because
+        what counts as its end depends on it (engine_io.is_terminal)."""
+        if not requests:
+            return
+        request_ids = tuple(sorted(requests))
+        # Remembered (bounded) so the runtime can keep this session's admission slot until the
+        # engine has really let go of what we aborted.
+        if self._aborted_ids is None:
+            self._aborted_ids = []
+        self._aborted_ids.extend(request_ids)
+        del self._aborted_ids[:-16]
+        if self._aborting is None:
+            self._aborting = {}
+        self._aborting.update(requests)
+        self._actions.append(AbortRequests(request_ids, reason))
+
+    def _fx_abort_units(self, step: Step) -> None:
+        # Unregistered first, so their later output classifies as stale; each one's end still
+        # settles its abort (engine_io.is_terminal), which is what releases the engine's slot.
+        units = self._units
+        if not units:
+            return
+        self._units = None
+        self.lease.in_flight = max(self.lease.in_flight - len(units), 0)
+        self._abort(dict.fromkeys(units, TurnKind.UNIT), "superseded")
+
+    def _fx_abort_engine_requests(self, step: Step) -> None:
+        requests = dict.fromkeys(self._units or (), TurnKind.UNIT)
+        if self._held_end is not None:
+            # The engine already ended this turn (its end waited on a held response): there is
+            # nothing to abort, and no abort would ever be confirmed.
+            if self._windows is not None and self._turn_request is not None:
+                self._windows.forget(self._turn_request)
+        elif self._turn_request:
+            requests[self._turn_request] = self._turn_kind
+        self._turn_request = None
+        self._units = None
+        self.lease.in_flight = 0
+        self._abort(requests, self._reason(step))
+
+    def _fx_settle_abort(self, step: Step) -> None:
+        if self._aborting is not None:
+            self._aborting.pop(cast(EngineOutput, step.output).request_id, None)
+
+    def _fx_reset_timing(self, step: Step) -> None:
+        self._timing.reset()
+        self._overlap_ms = None
+
+    def _fx_count_stale_output(self, step: Step) -> None:
+        self.counters.stale_outputs += 1
+
+    def _fx_mark_draining(self, step: Step) -> None:
+        self.draining = True
