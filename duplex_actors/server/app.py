@@ -79,6 +79,7 @@ from .console import ConsoleRoutes
 from .inflate import InflateBudget, deflate_extensions
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
+from .opening_slots import OpeningSlots
 from .tls import server_ssl_context
 from .vad_batch import VadBatcher, VadJob
 from .worker_link import FrontLink
@@ -269,6 +270,10 @@ class ServerConfig:
         default=edge.MAX_HANDSHAKES, validator=_none_or(attrs.validators.gt(0))
     )
     handshake_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    #: Connections opening at once, from accept to an established session (opening_slots.py):
+    #: the rest wait unread, first come first served. In a mass resume this keeps each loop
+    #: pass short for the sessions already talking. None: no limit.
+    max_opening_connections: int | None = attrs.field(default=16, validator=_none_or(attrs.validators.gt(0)))
     #: Sessions one client address may hold while ``max_sessions_per_address`` is not set:
     #: past it a new session's handshake gets 429 (``exempt_networks`` excepted). None: none.
     default_sessions_per_address: int | None = attrs.field(
@@ -420,6 +425,11 @@ class RealtimeServer:
                 per_address=self.config.max_handshakes_per_address,
                 total=self.config.max_handshakes,
                 exempt=guard.exempt_from(self.config.exempt_networks),
+            ),
+            opening_slots=(
+                OpeningSlots(self.config.max_opening_connections)
+                if self.config.max_opening_connections is not None
+                else None
             ),
         )
         self._server = await serve(
@@ -741,6 +751,10 @@ class RealtimeServer:
     # -- websocket side ---------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
+        if isinstance(ws, edge.PacedConnection):
+            # Its handshake is done: its opening slot goes to the next connection in line (a
+            # resume may wait on the session's old connection from here, which takes no CPU).
+            ws.handshake_done()
         conn = _Connection(self, ws)
         self._connections += 1
         self.metrics.connections.inc()

@@ -189,6 +189,12 @@ def register(app: typer.Typer) -> None:
         handshake_timeout_s: float = typer.Option(
             10.0, min=0.001, help="a connection that has not opened its websocket after this long is closed"
         ),
+        max_opening_connections: int = typer.Option(
+            16,
+            min=0,
+            help="connections in their handshake at once; the rest wait unread, first come first "
+            "served, so that a mass reconnect does not stall the sessions already talking (0: off)",
+        ),
         default_sessions_per_address: int = typer.Option(
             256,
             min=0,
@@ -254,6 +260,7 @@ def register(app: typer.Typer) -> None:
             "max_request_headers": max_request_headers,
             "max_handshakes_per_address": max_handshakes_per_address or None,
             "handshake_timeout_s": handshake_timeout_s,
+            "max_opening_connections": max_opening_connections or None,
             "default_sessions_per_address": default_sessions_per_address or None,
             "exempt_networks": tuple(n.strip() for n in exempt_networks.split(",") if n.strip()),
         }

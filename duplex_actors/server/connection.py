@@ -53,6 +53,7 @@ from . import memory
 from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
+from .opening_slots import OpeningSlots
 from .ws_internals import drop_parser_traceback
 
 log = structlog.get_logger("duplex_actors.server")
@@ -98,6 +99,7 @@ class PacedConnection(ServerConnection):
     max_headers: int = MAX_REQUEST_HEADERS
     #: The server's count of connections still in their handshake (None: not counted).
     handshakes: PendingHandshakes | None = None
+    opening_slots: OpeningSlots | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -116,6 +118,13 @@ class PacedConnection(ServerConnection):
                 self._refuse_http(503, "Service Unavailable", refusal, retry_after=1)
             else:
                 self._opening = address
+        self._holds: set[str] = set()
+        # Opening waits for a slot (opening_slots.py) unread: TCP pushes back on the client.
+        self._opening_slot = False
+        if self.opening_slots is not None and not self.transport.is_closing():
+            self._opening_slot = self.opening_slots.enter(self._slot_handed_over)
+            if not self._opening_slot:
+                self._hold("opening")
         now = self.loop.time()
         self._budgets: dict[str, IntakePacer] = {}
         if self.frames_per_s is not None:
@@ -123,7 +132,6 @@ class PacedConnection(ServerConnection):
         if self.control_frames_per_s is not None:
             self._budgets["control"] = IntakePacer(self.control_frames_per_s, self.control_frames_burst, now)
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._holds: set[str] = set()
         self._rest = b""  # what a read returned that the parser has not been fed yet
         self._feeding: asyncio.Handle | None = None
         self._fragments = 0
@@ -134,6 +142,7 @@ class PacedConnection(ServerConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._opened()
+        self.handshake_done()
         self._head = None
         # A flooder's debt can be minutes long: do not keep the connection alive for it.
         for timer in self._timers.values():
@@ -211,6 +220,21 @@ class PacedConnection(ServerConnection):
         self._feed(rest)
         if not self._rest and not self._holds:
             self.transport.resume_reading()
+
+    def handshake_done(self) -> None:
+        """The connection's handshake is done (or it closed): its opening slot goes to the
+        next connection waiting for one."""
+        if self._opening_slot:
+            self._opening_slot = False
+            assert self.opening_slots is not None
+            self.opening_slots.leave()
+
+    def _slot_handed_over(self) -> bool:
+        if self.transport.is_closing():
+            return False
+        self._opening_slot = True
+        self._release("opening")
+        return True
 
     def _opened(self) -> None:
         if self._opening is not None and self.handshakes is not None:
@@ -370,12 +394,18 @@ def with_edge_limits(
     max_head_bytes: int | None,
     max_headers: int,
     handshakes: PendingHandshakes | None,
+    opening_slots: OpeningSlots | None = None,
 ) -> type[ServerConnection]:
-    """``connection_class`` (a :func:`paced_connection`) with the request head limits and the
-    count of connections still in their handshake."""
+    """``connection_class`` (a :func:`paced_connection`) with the request head limits, the
+    count of connections still in their handshake and the slots for opening ones."""
     assert issubclass(connection_class, PacedConnection)
     return type(
         connection_class.__name__,
         (connection_class,),
-        {"max_head_bytes": max_head_bytes, "max_headers": max_headers, "handshakes": handshakes},
+        {
+            "max_head_bytes": max_head_bytes,
+            "max_headers": max_headers,
+            "handshakes": handshakes,
+            "opening_slots": opening_slots,
+        },
     )
