@@ -279,9 +279,10 @@ class InputSpeculator:
     the words are all there when the quiet begins. This watches one session's server-VAD
     output (:meth:`heard`: the commands ServerVad returns for each appended chunk, and whether
     any of its VAD frames was speech by the detector's own measure) and, once the user has been
-    quiet for ``after_ms``, calls ``start(prefix, speech)``: ``speech`` is the turn's audio
-    from the chunk where speech began to now, ``prefix`` up to ``prefix_ms`` of the audio
-    before it. The runtime decodes that while the VAD is still waiting; when the turn is
+    quiet for ``after_ms`` (100 ms; against 200 ms, in runs apart, it took 45-135 ms off
+    ``completed``'s p50, docs/benchmarks.md), calls ``start(prefix, speech)``: ``speech`` is
+    the turn's audio from the chunk where speech began to now, ``prefix`` up to ``prefix_ms``
+    of the audio before it. The runtime decodes that while the VAD is still waiting; when the turn is
     committed and its audio holds ``speech`` unchanged, that decode is the turn's transcript
     (Runtime.transcribe). Speech again before the commit calls ``discard()``: the decode is
     dropped unseen (or stopped) and the next quiet starts another; so does a new turn.
@@ -307,7 +308,7 @@ class InputSpeculator:
         discard: Callable[[], None],
         *,
         sample_rate: int,
-        after_ms: float = 200.0,
+        after_ms: float = 100.0,
         prefix_ms: float = 300.0,
         max_s: float = 20.0,
         wanted: Callable[[], bool] = lambda: True,
