@@ -16,6 +16,7 @@ pytest.importorskip("websockets")
 from duplex_actors.bench import barge_in_bench
 
 
+@pytest.mark.slow
 def test_wire_hold_sends_at_most_one_frame_after_speech_started_where_the_baseline_plays_on():
     result = barge_in_bench.bench_wire(rounds=1)
     held, base = result["hold"], result["baseline"]
@@ -37,6 +38,7 @@ def test_judge_clip_tells_a_sentence_from_a_cough():
     assert barge_in_bench.judge_clip(cough, 500, ServerVad())["verdict"] != "interruption"
 
 
+@pytest.mark.slow
 def test_barge_in_bench_main_tiny(tmp_path, capsys):
     out = tmp_path / "b.json"
     barge_in_bench.main(["--tiny", "--skip-wire", "--json", str(out)])
@@ -45,6 +47,7 @@ def test_barge_in_bench_main_tiny(tmp_path, capsys):
     assert corpus["backchannels"] > 0 and corpus["interruptions"] > 0
 
 
+@pytest.mark.slow
 def test_wire_a_short_answer_talked_over_ends_cancelled_with_the_hold_completed_without():
     """issue 30: short answers ended completed despite the interruption. A 0.4 s answer the
     user talks over 0.1 s in: the engine finishes first; with the hold its end waits for the

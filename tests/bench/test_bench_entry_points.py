@@ -143,6 +143,7 @@ def test_ray_bench_and_bench_only_ray(tmp_path, capsys):
     assert "ratio" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_stall_bench_main_tiny(tmp_path):
     """stall_bench as its command runs it (its own process: it patches how the server reads
     client addresses), at 20 idle sessions: the probe's baseline on the bare server and the
@@ -185,6 +186,7 @@ def _check_capacity(result, arms):
     assert cpu["target"] and cpu["met"] in (True, False)
 
 
+@pytest.mark.slow
 def test_wire_capacity_bench_main_quick(tmp_path, capsys):
     """The module's command at its smoke size: the bare parse server and serve (server VAD on,
     real-time clients), both swept, the JSON written, the ratios printed."""
@@ -199,6 +201,7 @@ def test_wire_capacity_bench_main_quick(tmp_path, capsys):
     _check_capacity(json.loads(out.read_text()), ("bare", "serve"))
 
 
+@pytest.mark.slow
 def test_bench_only_wire_capacity_tiny(tmp_path, monkeypatch):
     """`duplex-actors bench --only wire_capacity`, at a tiny size."""
     pytest.importorskip("websockets")

@@ -52,6 +52,7 @@ def test_scale_tiny():
         assert r["raw"][kind]["tracemalloc_bytes_per_session"] > 0
 
 
+@pytest.mark.slow
 def test_realtime_tiny():
     r = rb.bench_realtime(quick=True, sizes=(4,), seconds=0.4)
     _check(r, "realtime")
@@ -73,6 +74,7 @@ def test_realtime_tiny():
     assert set(r["series"]["4"]) == {"runtime", "bare"}
 
 
+@pytest.mark.slow
 def test_barge_in_tiny():
     r = rb.bench_barge_in(quick=True, sessions=4, seconds=1.2)
     _check(r, "barge_in")
@@ -95,6 +97,7 @@ def test_percentiles_and_cdf():
     assert cdf[-1] == (3.0, 1.0)
 
 
+@pytest.mark.slow
 def test_report_files(tmp_path):
     results = [
         rb.bench_throughput(sizes=(2, 2, 1, 3, 1)),
@@ -184,6 +187,7 @@ def test_wire_tiny():
     assert added["baseline"] == r["floor_added_ms"]["p50"]
 
 
+@pytest.mark.slow
 def test_flood_bench_churn_tiny(capsys):
     """The churn flood runs end to end with a connect rate: some handshakes are refused (the
     flooder retries at once), no session is left behind, and the ratio line is printed."""
@@ -201,6 +205,7 @@ def test_flood_bench_churn_tiny(capsys):
     assert "sessions left 0" in line
 
 
+@pytest.mark.slow
 def test_flood_bench_responses_tiny():
     """The response flood runs serve's engine end to end: the flooder's sessions got responses,
     and the neighbour was answered with speech both alone and during the flood."""
@@ -217,6 +222,7 @@ def test_flood_bench_responses_tiny():
     assert r["first_alone"][1] < r["done_alone"][1]
 
 
+@pytest.mark.slow
 def test_flood_bench_scripted_responses_tiny(capsys):
     """The response flood on the scripted engine (the loop's own work per response), each
     response cancelled as soon as asked for, from the command line: its line reports the
@@ -236,6 +242,7 @@ def test_flood_bench_scripted_responses_tiny(capsys):
     assert "the neighbour's first audio" in line and "response done" in line
 
 
+@pytest.mark.slow
 def test_flood_bench_audio_sessions_tiny():
     """Several sessions of one key flooding audio: the neighbour's turns ran during it, and with
     the loop shared by client the figures come back whole."""

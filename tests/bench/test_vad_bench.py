@@ -13,6 +13,7 @@ pytest.importorskip("onnxruntime")
 from duplex_actors.bench import vad_bench
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_every_arm_streams_and_the_batched_one_batches():
     result = vad_bench.run(sizes=(4,), rounds=1, seconds=2.0)

@@ -12,6 +12,7 @@ pytest.importorskip("websockets")
 from duplex_actors.bench import workers_bench
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_every_arm_serves_turns_and_the_cpu_split_names_the_processes():
     result = workers_bench.run(sessions=4, rounds=1, duration_s=0.5, warmup_s=0.3)
@@ -25,6 +26,7 @@ def test_every_arm_serves_turns_and_the_cpu_split_names_the_processes():
     json.dumps(result)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_real_time_step_streams_through_server_vad_and_every_probe_comes_back():
     pytest.importorskip("onnxruntime")

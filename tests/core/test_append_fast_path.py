@@ -301,6 +301,7 @@ configs = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(configs, st.sampled_from(STARTS), steps)
 def test_random_sequences_agree(config, start, program):

@@ -103,6 +103,7 @@ def _per_session_state(core: SessionCore) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_per_response_state_stays_bounded_over_many_responses():
     core = SessionCore(
         "sess_bounded000000", SessionConfig(journal_max_age_s=15.0, max_items=16), ManualClock(100.0)

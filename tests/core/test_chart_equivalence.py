@@ -3,6 +3,7 @@ agree on every event sequence: same branch, same target, same effects in the sam
 the same refusals. This is what lets the Machine stay the authority while sessions pay its
 construction cost once."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from transitions import MachineError
@@ -53,6 +54,7 @@ steps = st.lists(
 )
 
 
+@pytest.mark.slow
 @given(steps)
 def test_machine_and_compiled_table_agree(sequence):
     model = _Model()

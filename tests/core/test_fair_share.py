@@ -235,3 +235,4 @@ class FairShareMachine(RuleBasedStateMachine):
 
 TestFairShareMachine = FairShareMachine.TestCase
 TestFairShareMachine.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+TestFairShareMachine.pytestmark = [pytest.mark.slow]

@@ -51,6 +51,7 @@ class _Session:
         self.live = True
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(ops)
 def test_the_budget_bounds_all_journals_together_and_trims_only_the_largest(operations):

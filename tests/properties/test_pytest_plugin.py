@@ -36,6 +36,7 @@ def test_modules_imported_during_a_test_are_not_rewritten():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "plugin_args",
     [

@@ -16,6 +16,7 @@ the invariants the statechart promises for this mode:
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -169,6 +170,7 @@ class ServerVadSession(RuleBasedStateMachine):
 
 TestServerVadSession = ServerVadSession.TestCase
 TestServerVadSession.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+TestServerVadSession.pytestmark = [pytest.mark.slow]
 
 
 def test_the_machine_reaches_the_prompt():

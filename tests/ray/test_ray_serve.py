@@ -64,6 +64,7 @@ def router(ray_cluster):
         serve.shutdown()
 
 
+@pytest.mark.slow
 async def test_a_turn_runs_through_the_session_replica_and_the_engine_deployment(router):
     from ray import serve
 
@@ -149,6 +150,7 @@ async def test_the_route_over_http_through_serves_proxy_gives_the_owner(router):
     assert status == 404 and missing["error"]["code"] == "unknown_session"
 
 
+@pytest.mark.slow
 async def test_barge_in_cancels_the_turn_on_the_engine_replica_and_the_next_turn_completes(router):
     from ray import serve
 

@@ -33,6 +33,7 @@ def _deploy_command(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 async def test_deploy_route_turn_and_shutdown_from_the_command_line(ray_cluster):
     from ray import serve
 

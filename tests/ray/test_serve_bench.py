@@ -12,6 +12,7 @@ pytest.importorskip("ray.serve")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
+@pytest.mark.slow
 def test_the_serve_bench_runs_both_arms_and_prints_a_ratio(ray_cluster):
     from duplex_actors.bench import serve_bench
 

@@ -4,9 +4,12 @@ nothing leaked, memory level after warm-up."""
 
 from __future__ import annotations
 
+import pytest
+
 from duplex_actors.bench import soak
 
 
+@pytest.mark.slow
 def test_soak_short_form_loses_nothing_and_leaks_nothing():
     report = soak.run(sessions=200, seconds=20, seed=1, journal_max_age_s=8.0)
     print(soak.summary(report))

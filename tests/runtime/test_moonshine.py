@@ -34,6 +34,7 @@ def moonshine():
     recogniser.close()
 
 
+@pytest.mark.slow
 def test_moonshine_hears_piper_speech_within_ten_percent_wer(moonshine):
     from duplex_actors.audio.utterances import synthesize_utterance
 
@@ -72,6 +73,7 @@ def test_moonshine_loads_its_packaged_model_and_hears_english_only(moonshine):
     assert moonshine.transcribe_blocking(b"", 16000) == ""
 
 
+@pytest.mark.slow
 def test_the_onnx_backend_says_what_the_wheels_own_library_says(moonshine):
     """Same graphs, same weights, converted: the same words, token for token (a conversion
     that dropped an attribute, a node or an initializer would change them or fail to load)."""
@@ -87,6 +89,7 @@ def test_the_onnx_backend_says_what_the_wheels_own_library_says(moonshine):
         library.close()
 
 
+@pytest.mark.slow
 def test_ort_to_onnx_keeps_the_graphs_inputs_and_outputs():
     import onnxruntime as ort
 

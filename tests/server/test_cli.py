@@ -144,6 +144,7 @@ def test_the_default_engine_is_embedded_when_its_extra_is_installed(monkeypatch)
     assert default_engine() is (EngineChoice.embedded if installed else EngineChoice.scripted)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_serve_without_engine_says_which_it_chose_and_answers_with_it():
     pytest.importorskip("torch")

@@ -87,6 +87,7 @@ async def _pushed_out_by_a_resume(url: str) -> None:
         await old.wait_closed()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scenario",
     [

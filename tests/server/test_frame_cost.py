@@ -45,6 +45,7 @@ def test_waiting_is_not_billed():
     assert frame_cost.billed_since(start) < 0.05
 
 
+@pytest.mark.slow
 def test_a_collection_during_the_frame_is_not_billed(timed_collections, big_heap):
     start = frame_cost.mark()
     began = time.perf_counter()

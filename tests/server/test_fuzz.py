@@ -87,6 +87,7 @@ async def fuzz_server():
         yield server
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(frames, min_size=1, max_size=25))
 async def test_malformed_frames_never_hurt_the_server_or_the_session(fuzz_server, batch):

@@ -51,15 +51,21 @@ async def wait_until(predicate, timeout: float = 5.0) -> None:
 
 @contextlib.asynccontextmanager
 async def loop_lags():
-    """How late a 1 ms ticker on the event loop woke, each time, while the block ran."""
+    """How long the event loop's thread worked between two wake-ups of a 1 ms ticker, each time,
+    while the block ran: the longest is the longest any task held the loop.
+
+    CPU time of the loop's thread, not wall time: on a shared, loaded host the process waits
+    for a core for tens of milliseconds at a time, which is not the server holding its loop. A
+    task that holds the loop does its work on this thread, so that work shows here in full.
+    """
     lags: list[float] = []
     stop = anyio.Event()
 
     async def ticker() -> None:
         while not stop.is_set():
-            asked = time.perf_counter()
+            asked = time.thread_time()
             await anyio.sleep(0.001)
-            lags.append(time.perf_counter() - asked - 0.001)
+            lags.append(time.thread_time() - asked)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
@@ -702,6 +708,7 @@ async def test_reconnecting_does_not_refill_a_sessions_audio_budget():
             assert paced._value.get() >= 0.5
 
 
+@pytest.mark.slow
 async def test_a_client_filling_its_conversation_with_long_texts_holds_a_bounded_amount():
     # 256 items of 65,536 characters each used to be kept: +111 MiB of server memory for one
     # session when every character took four bytes. The conversation now keeps 256 K characters.
@@ -727,6 +734,7 @@ async def test_a_client_filling_its_conversation_with_long_texts_holds_a_bounded
             assert error["error"]["code"] == "item_retrieve_invalid_item_id", error
 
 
+@pytest.mark.slow
 async def test_large_valid_frames_sent_fast_are_paced_and_every_one_is_answered():
     # ~1 MB session.update frames at 235 MB/s made a neighbour's turn 22x slower (flood_bench
     # --updates); audio pacing does not see them, the frame pacer does.
@@ -798,6 +806,7 @@ async def test_small_requests_for_large_replies_are_paced_by_the_replies(ask):
         assert server.metrics.frames.labels("rejected")._value.get() == 0
 
 
+@pytest.mark.slow
 async def test_a_client_resuming_in_a_loop_waits_for_what_its_replays_cost():
     # Each resume naming an old last_seq replays up to the journal's 8 MiB: a client resuming in
     # a loop made a neighbour's turn 1.5x slower. Replays are charged like replies, and a resume
@@ -997,6 +1006,7 @@ async def _ping_until_held_back(client: RawWebSocket, pings: int) -> int:
     return sent
 
 
+@pytest.mark.slow
 async def test_a_client_pinging_flat_out_and_never_reading_is_paced_and_its_pongs_stay_bounded():
     # websockets answers each ping itself, where no reader of ours sees it: 55,000 pings a
     # second went unpaced, and their pongs piled up in the server's write buffer (~6 MB/s of
@@ -1076,6 +1086,7 @@ async def test_messages_cut_into_one_byte_fragments_are_paced_by_their_frames_an
         client.abort()
 
 
+@pytest.mark.slow
 async def test_a_read_full_of_tiny_frames_does_not_hold_the_event_loop():
     # Frame pacing off: what is left is the feeding in slices. websockets parses all of a read
     # (up to 256 KiB) at once: under seven-byte frames the loop lagged 250-300 ms.

@@ -207,6 +207,7 @@ def _noise_append(ms: int) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
 
 
+@pytest.mark.slow
 async def test_a_clients_many_sessions_get_one_clients_share_of_the_event_loop():
     # Every per-session budget multiplies with a client's sessions: 32 sessions of one key
     # sending audio as fast as their pacers allowed took the loop, and a neighbour's turn went
@@ -259,6 +260,7 @@ async def test_a_clients_many_sessions_get_one_clients_share_of_the_event_loop()
     assert late <= 2 * capacity, late
 
 
+@pytest.mark.slow
 async def test_what_a_client_is_sent_counts_against_its_share_of_the_event_loop():
     # A client asking for responses back to back reads a few bytes a response and is sent a
     # response's events. Billed only for what it read, it was never held back: 128 sessions of
@@ -341,15 +343,15 @@ async def test_a_client_over_its_share_opens_its_next_connection_once_within_it(
     # Held only at its frames, a client opening a connection, asking for a response and
     # dropping it, over and over, never waited: the handshake is where it waits now.
     class FlooderHeld(_RecordingShare):
-        """The flooder is over its share once: its first check answers 0.3 s."""
+        """The flooder is over its share once: its first check answers 1 s."""
 
         __slots__ = ()
 
         def hold(self, tenant, now):
             if tenant != FLOODER_TENANT or self.waits.get(tenant):
                 return 0.0
-            self.waits[tenant] = 0.3
-            return 0.3
+            self.waits[tenant] = 1.0
+            return 1.0
 
     async with running_server(api_keys=KEYS) as server:
         server.loop_share = share = FlooderHeld(0.5)
@@ -360,7 +362,9 @@ async def test_a_client_over_its_share_opens_its_next_connection_once_within_it(
                 await recv_json(ws)
             # Each handshake is charged to its client, as an estimate of its work.
             assert share.billed[tenant][0][1] == app.HANDSHAKE_COST_S
+            # Wall time: the hold is long enough that a handshake slowed by a loaded host is
+            # still told apart from a held one.
             if tenant == FLOODER_TENANT:
-                assert took >= 0.3, took
+                assert took >= 1.0, took
             else:
-                assert took < 0.3, took
+                assert took < 1.0, took

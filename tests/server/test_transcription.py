@@ -52,6 +52,7 @@ def test_word_error_rate_counts_edits_over_words():
     assert word_error_rate("a b c d", "a c d") == pytest.approx(1 / 4)
 
 
+@pytest.mark.slow
 def test_pocketsphinx_gets_most_words_of_piper_speech_right(transcriber, speech):
     errors = words = 0
     for text, pcm in speech.items():
@@ -65,6 +66,7 @@ def test_pocketsphinx_gets_most_words_of_piper_speech_right(transcriber, speech)
     assert wer <= 0.15, f"WER {wer:.2f}"
 
 
+@pytest.mark.slow
 def test_a_long_turn_cut_into_pieces_at_pauses_is_heard_as_well_as_whole(transcriber):
     # A long turn is decoded in pieces so that it does not hold the shared recogniser for its
     # whole length (actors/transcription_queue.py). Cut at pauses, the pieces lose no words;
@@ -253,6 +255,7 @@ async def test_a_language_the_recogniser_cannot_hear_fails_the_transcription_not
                 assert (await recv_until(ws, "response.done"))[-1]["response"]["status"] == "completed"
 
 
+@pytest.mark.slow
 async def test_a_real_serve_process_transcribes_24k_input(speech):
     """`python -m duplex_actors serve` as users start it: the transcription worker processes
     re-run the CLI's main module by path, which must neither fail nor start a second CLI."""
@@ -310,6 +313,7 @@ async def test_a_real_serve_process_transcribes_24k_input(speech):
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_an_app_started_with_python_m_and_relative_imports_gets_its_transcripts(tmp_path, speech):
     """An embedding app started as ``python -m app.main``, whose module has a relative import.
     anyio's process pool re-ran that module by file path in each worker, where the relative
@@ -363,6 +367,7 @@ def test_an_app_started_with_python_m_and_relative_imports_gets_its_transcripts(
     assert word_error_rate(text, transcript) <= 0.5, transcript
 
 
+@pytest.mark.slow
 async def test_a_dead_recogniser_worker_fails_one_turn_and_the_next_turn_gets_a_new_one(speech):
     import os
     import signal

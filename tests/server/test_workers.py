@@ -172,6 +172,7 @@ def test_the_front_sends_a_resume_to_its_owner_and_new_sessions_round_robin():
 # --------------------------------------------------------------------------- a live server
 
 
+@pytest.mark.slow
 def test_new_sessions_land_on_both_workers_and_each_completes_a_turn(served):
     async def main():
         clients = [await DuplexClient.connect(served.url) for _ in range(4)]
@@ -301,6 +302,7 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process tree from /proc")
 def test_a_worker_transcribes_input_as_single_process_serve_does_and_stops_its_recogniser():
     pytest.importorskip("pocketsphinx")  # without the extra both servers answer .failed
@@ -361,6 +363,7 @@ async def _transcribed_turn(url: str) -> dict:
 # --------------------------------------------------------------------------- failure and shutdown
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_worker_ends_its_responses_for_their_clients_and_the_worker_comes_back():
     with serve_workers(2) as s:
 
@@ -454,6 +457,7 @@ def test_kill_9_of_a_worker_ends_its_responses_for_their_clients_and_the_worker_
         assert not os.path.exists(s.engine_socket)
 
 
+@pytest.mark.slow
 def test_killing_the_front_takes_the_workers_and_the_engine_process_with_it():
     with serve_workers(2) as s:
         s.process.kill()  # SIGKILL: no shutdown code runs in the front
@@ -478,6 +482,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again():
     with serve_workers(2) as s:
 
@@ -507,6 +512,7 @@ def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again(
         assert set(statuses[:-1]) <= {"failed"}
 
 
+@pytest.mark.slow
 def test_serve_flags_reach_the_workers_the_per_address_quota_counts_per_worker():
     # serve's admission and connection flags used to stop at the front: a worker built its
     # ServerConfig from four of them, so --max-sessions-per-address was silently unlimited
@@ -534,6 +540,7 @@ def test_serve_flags_reach_the_workers_the_per_address_quota_counts_per_worker()
         run(main)
 
 
+@pytest.mark.slow
 def test_serve_workers_listens_on_an_ipv6_host_and_prints_a_url_clients_parse():
     # The front door's listener was IPv4 only (create_server's default family), and the URL it
     # printed, ws://::1:PORT/..., is one no client parses.

@@ -70,6 +70,7 @@ def test_there_are_committed_charts_to_render():
     assert COMMITTED, "no committed .mmd files found"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", COMMITTED, ids=lambda p: p.name)
 def test_committed_mermaid_renders_with_each_box_titled_by_its_state(source, render, tmp_path):
     text = source.read_text(encoding="utf-8")

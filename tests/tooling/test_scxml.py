@@ -147,6 +147,7 @@ def divergence(scxml_text: str, sequence, interpreter=Interpreter) -> str | None
     return None
 
 
+@pytest.mark.slow
 @interpreter_settings
 @given(chart_steps)
 def test_interpreter_matches_compiled_chart(sequence):
