@@ -270,7 +270,8 @@ class ServerConfig:
         default=edge.MAX_HANDSHAKES, validator=_none_or(attrs.validators.gt(0))
     )
     handshake_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
-    #: Connections opening at once, from accept to the end of their handshake (opening_slots.py):
+    #: Connections opening at once, from their complete request head to the end of their
+    #: handshake (opening_slots.py; needs the head limit, which finds the head's end):
     #: the rest wait unread, first come first served. In a mass resume this keeps each loop
     #: pass short for the sessions already talking. None: no limit.
     max_opening_connections: int | None = attrs.field(default=16, validator=_none_or(attrs.validators.gt(0)))

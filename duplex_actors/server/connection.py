@@ -119,12 +119,7 @@ class PacedConnection(ServerConnection):
             else:
                 self._opening = address
         self._holds: set[str] = set()
-        # Opening waits for a slot (opening_slots.py) unread: TCP pushes back on the client.
-        self._opening_slot = False
-        if self.opening_slots is not None and not self.transport.is_closing():
-            self._opening_slot = self.opening_slots.enter(self._slot_handed_over)
-            if not self._opening_slot:
-                self._hold("opening")
+        self._opening_slot = False  # see _await_opening_slot
         now = self.loop.time()
         self._budgets: dict[str, IntakePacer] = {}
         if self.frames_per_s is not None:
@@ -179,6 +174,9 @@ class PacedConnection(ServerConnection):
                 return
             if end is not None:
                 self._head = None
+                if self.opening_slots is not None and not self._await_opening_slot():
+                    self._rest += data  # parsed once the slot is ours
+                    return
         if self._rest:
             # Reading is paused while a rest waits, but a transport may still hand over what it
             # had already read (TLS): it goes after the rest, in order.
@@ -220,6 +218,17 @@ class PacedConnection(ServerConnection):
         self._feed(rest)
         if not self._rest and not self._holds:
             self.transport.resume_reading()
+
+    def _await_opening_slot(self) -> bool:
+        """The request head is in: the handshake's work starts now if a slot is free, else
+        it waits unread for one (opening_slots.py). Counted from the complete head, not from
+        accept: a client that connects and sends nothing costs no CPU and must not hold a slot
+        (16 of them would hold every handshake for the handshake timeout)."""
+        assert self.opening_slots is not None
+        self._opening_slot = self.opening_slots.enter(self._slot_handed_over)
+        if not self._opening_slot:
+            self._hold("opening")
+        return self._opening_slot
 
     def handshake_done(self) -> None:
         """The connection's handshake is done (or it closed): its opening slot goes to the

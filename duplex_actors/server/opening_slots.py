@@ -1,4 +1,5 @@
-"""How many connections may be opening at once: between accept and the end of the handshake.
+"""How many connections may be opening at once: from a complete request head to the end of
+the handshake.
 
 Why: asyncio runs every ready task once per loop pass, in arrival order. In a mass resume
 thousands of connections are in their handshake and resume at the same moment, so one pass
@@ -7,9 +8,12 @@ conversation waited a whole pass at each of its own steps: its turn took 7-15 s 
 0.5 s. Opening a connection is CPU work the server does at the same rate however many wait,
 so letting only ``limit`` of them run at once costs the storm nothing in throughput, and the
 others wait unread in the kernel's socket buffers (TCP pushes back; nothing is refused or
-lost), first come first served. The slot is given back when the handshake is done: what a
+lost), first come first served. A slot is taken once the request head is in, not at accept:
+a client that connects and sends nothing costs no CPU, and holding slots it would hold every
+handshake (a slow client's attack). The slot is given back when the handshake is done: what a
 resume does after it is mostly waiting (for the session's old connection to close), and
-held until then the 3,000 sessions took twice as long to come back. Sans-IO: the connection passes in how to wake it up.
+held until then the 3,000 sessions took twice as long to come back. Sans-IO: the connection
+passes in how to wake it up.
 """
 
 from __future__ import annotations
