@@ -162,6 +162,7 @@ def test_committed_scxml_runs_unmodified_in_each_interpreter(name, interpreter):
     assert INTERPRETERS[interpreter](text).state == export.spec(name).initial
 
 
+@pytest.mark.slow
 @interpreter_settings
 @given(chart_steps)
 def test_python_statemachine_matches_compiled_chart(sequence):
@@ -207,6 +208,7 @@ MUTANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_round_trip_catches_a_mutated_chart(mutant):
     """The round-trip property fails on a deliberately wrong SCXML: it is a test that can fail."""
@@ -312,6 +314,7 @@ def _engine_output(core: SessionCore, kind: str, pick: int):
     }[kind]
 
 
+@pytest.mark.slow
 @interpreter_settings
 @given(session_ops)
 def test_interpreter_matches_a_real_session(ops):
