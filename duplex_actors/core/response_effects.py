@@ -121,67 +121,67 @@ class ResponseEffects(SessionParts):
             self._emit(ev.ItemAdded, item=item, previous_item_id=previous, epoch=r.epoch)
         self._emit(ev.ContentPartAdded, part_type=r.part_type, **ids)
 
-    def _fx_deliver_output(self, step: Step) -> None:
-        out = step.output
+    def _fx_deliver_text(self, step: Step) -> None:
+        out = cast(TextDelta, step.output)
+        r = self._response
+        assert r is not None  # the chart's deliver rows run only once the response has begun
+        if not out.text:
+            return
+        if r.message_index is None:
+            self._open_message(r)
+        first = self._timing.on_text(step.now, out.token_count)
+        r.output_tokens += out.token_count
+        metrics = self._timing.snapshot() if first else None
+        # The words of an audio response go out once, as its transcript.
+        words, event = (r.transcript, ev.TranscriptDeltaEvent) if r.spoken else (r.text, ev.TextDeltaEvent)
+        words.append(out.text)
+        self._emit(
+            event,
+            response_id=r.response_id,
+            item_id=r.item_id,
+            output_index=r.message_index,
+            delta=out.text,
+            metrics=metrics,
+        )
+
+    def _fx_deliver_audio(self, step: Step) -> None:
+        out = cast(AudioPacket, step.output)
         now = step.now
         r = self._response
         assert r is not None  # the chart's deliver rows run only once the response has begun
-        if isinstance(out, FunctionCall):
-            self._deliver_function_call(out, r)
-            return
-        if isinstance(out, TextDelta):
-            if not out.text:
-                return
-            if r.message_index is None:
-                self._open_message(r)
-            first = self._timing.on_text(now, out.token_count)
-            r.output_tokens += out.token_count
-            metrics = self._timing.snapshot() if first else None
-            # The words of an audio response go out once, as its transcript.
-            words, event = (
-                (r.transcript, ev.TranscriptDeltaEvent) if r.spoken else (r.text, ev.TextDeltaEvent)
-            )
-            words.append(out.text)
+        if "audio" not in r.modalities:
+            return  # a text-only response: audio the engine sent anyway is not the client's
+        if r.message_index is None:
+            self._open_message(r)
+        first = self._timing.on_audio(now, out.duration_s)
+        r.audio = True
+        r.audio_ms += out.duration_s * 1000.0
+        # The client plays packets back to back from the first: the idle timeout counts
+        # from the end of what it was sent.
+        self._playing_until = max(self._playing_until, now) + out.duration_s
+        self._emit(
+            ev.AudioDeltaEvent,
+            response_id=r.response_id,
+            item_id=r.item_id,
+            output_index=r.message_index,
+            pcm=out.pcm,
+            sample_rate=out.sample_rate,
+            metrics=self._timing.snapshot() if first else None,
+        )
+        if out.transcript and not r.spoken:
+            r.transcript.append(out.transcript)
             self._emit(
-                event,
+                ev.TranscriptDeltaEvent,
                 response_id=r.response_id,
                 item_id=r.item_id,
                 output_index=r.message_index,
-                delta=out.text,
-                metrics=metrics,
+                delta=out.transcript,
             )
-        else:
-            if "audio" not in r.modalities:
-                return  # a text-only response: audio the engine sent anyway is not the client's
-            out = cast(AudioPacket, out)  # the chart's deliver rows: text, audio or a call
-            if r.message_index is None:
-                self._open_message(r)
-            first = self._timing.on_audio(now, out.duration_s)
-            r.audio = True
-            r.audio_ms += out.duration_s * 1000.0
-            # The client plays packets back to back from the first: the idle timeout counts
-            # from the end of what it was sent.
-            self._playing_until = max(self._playing_until, now) + out.duration_s
-            self._emit(
-                ev.AudioDeltaEvent,
-                response_id=r.response_id,
-                item_id=r.item_id,
-                output_index=r.message_index,
-                pcm=out.pcm,
-                sample_rate=out.sample_rate,
-                metrics=self._timing.snapshot() if first else None,
-            )
-            if out.transcript and not r.spoken:
-                r.transcript.append(out.transcript)
-                self._emit(
-                    ev.TranscriptDeltaEvent,
-                    response_id=r.response_id,
-                    item_id=r.item_id,
-                    output_index=r.message_index,
-                    delta=out.transcript,
-                )
 
-    def _deliver_function_call(self, out: FunctionCall, r: ResponseAssembly) -> None:
+    def _fx_deliver_function_call(self, step: Step) -> None:
+        out = cast(FunctionCall, step.output)
+        r = self._response
+        assert r is not None  # the chart's deliver rows run only once the response has begun
         call = r.add_call(self._new_item_id(), out.call_id, out.name, out.arguments)
         r.output_tokens += out.token_count  # the model's tokens that wrote the call
         self._call_registry().remember(out.call_id, out.name)

@@ -592,8 +592,12 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             return "stale_output"
         if isinstance(output, Decision):
             return "speak" if output.speak else "listen"
-        if isinstance(output, (TextDelta, AudioPacket, FunctionCall)):
-            return "output"
+        if isinstance(output, TextDelta):
+            return "text_delta"
+        if isinstance(output, AudioPacket):
+            return "audio_packet"
+        if isinstance(output, FunctionCall):
+            return "function_call"
         if isinstance(output, TurnDone):
             return "turn_done" if is_turn else "listen"
         if isinstance(output, (EngineFailure, Aborted)):

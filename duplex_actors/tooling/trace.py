@@ -7,8 +7,8 @@ text out. It knows where each trigger comes from (the client, the engine, or the
 itself) and, by looking the step up in the compiled session chart, which effects it carried,
 so the diagram also shows what the session sent to the engine and to the client.
 
-Runs of the same internal step (a stream of output deltas) collapse into one arrow with a
-count, so a long answer stays one line.
+Runs of the same internal step (a stream of output deltas, text and audio mixed) collapse
+into one arrow with a count, so a long answer stays one line.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ ENGINE_EFFECTS = {
 }
 CLIENT_EFFECTS = {
     "begin_response": "response.created",
-    "deliver_output": "deltas",
+    "deliver_text": "deltas",
+    "deliver_audio": "deltas",
+    "deliver_function_call": "function call",
     "emit_response_completed": "response.done completed",
     "emit_response_failed": "response.done failed",
     "emit_response_cancelled": "response.done cancelled",
@@ -47,8 +49,14 @@ CLIENT_EFFECTS = {
 }
 
 
+#: The engine's streamed output: a run of it is one step of a trace, whatever the mix.
+STREAMED = frozenset({"text_delta", "audio_packet"})
+
+
 @attrs.frozen(slots=True)
 class Step:
+    """One logged step of a session (or a run of the same internal step, ``count`` of them)."""
+
     trigger: str
     src: str
     dest: str
@@ -56,6 +64,13 @@ class Step:
     turn_id: int | None
     at: datetime | None
     count: int = 1
+    #: The other streamed triggers a collapsed run holds besides ``trigger``.
+    mixed: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The trigger(s) and, for a run, how many steps it collapsed."""
+        return "+".join((self.trigger, *self.mixed)) + (f" ×{self.count}" if self.count > 1 else "")
 
 
 def read_records(lines: Iterable[str]) -> Iterator[dict]:
@@ -99,9 +114,13 @@ def session_steps(records: Iterable[Mapping], session_id: str) -> list[Step]:
         if (
             last is not None
             and step.src == step.dest == last.src == last.dest
-            and (step.trigger, step.epoch, step.turn_id) == (last.trigger, last.epoch, last.turn_id)
+            and (step.epoch, step.turn_id) == (last.epoch, last.turn_id)
+            and (step.trigger == last.trigger or {step.trigger, last.trigger} <= STREAMED)
         ):
-            steps[-1] = attrs.evolve(last, count=last.count + 1)
+            mixed = last.mixed
+            if step.trigger != last.trigger and step.trigger not in mixed:
+                mixed = (*mixed, step.trigger)
+            steps[-1] = attrs.evolve(last, count=last.count + 1, mixed=mixed)
         else:
             steps.append(step)
     return steps
@@ -149,8 +168,7 @@ def to_mermaid_sequence(steps: list[Step], session_id: str, chart: CompiledChart
         lines.append(f"    Note over Session: {steps[0].src} ({_fence(steps[0])})")
     for step in steps:
         origin = _origin(step.trigger)
-        label = step.trigger + (f" ×{step.count}" if step.count > 1 else "")
-        lines.append(f"    {origin}->>Session: {label}")
+        lines.append(f"    {origin}->>Session: {step.label}")
         for effect in step_effects(step, chart):
             if effect in ENGINE_EFFECTS:
                 lines.append(f"    Session->>Engine: {ENGINE_EFFECTS[effect]}")
@@ -169,7 +187,7 @@ def to_timeline(steps: list[Step], session_id: str, chart: CompiledChart = CHART
     ]
     for step in steps:
         offset = "" if step.at is None or start is None else f"{(step.at - start).total_seconds() * 1000:.1f}"
-        trigger = step.trigger + (f" ×{step.count}" if step.count > 1 else "")
+        trigger = step.label
         move = f"{step.src} → {step.dest}" if step.src != step.dest else f"({step.src})"
         effects = ", ".join(step_effects(step, chart))
         lines.append(

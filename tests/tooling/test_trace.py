@@ -55,7 +55,7 @@ def test_trace_of_a_completed_turn(json_log):
         ("responding", "turn_done", "idle"),
         ("idle", "close", "closed"),
     ]
-    outputs = [s for s in steps if s.trigger == "output"]
+    outputs = [s for s in steps if s.trigger in ("text_delta", "audio_packet", "function_call")]
     assert len(outputs) == 1 and outputs[0].count > 1  # the deltas collapse into one step
 
     text = render_trace(records, sid, "mermaid-sequence")
