@@ -215,6 +215,7 @@ def test_bench_only_wire_capacity_tiny(tmp_path, monkeypatch):
     _check_capacity(result, ("bare", "serve"))
 
 
+@pytest.mark.slow
 def test_stall_bench_resume_tiny(tmp_path):
     """stall_bench's mass resume at 16 sessions of 4 clients: every session resumed, none lost,
     and both users were timed before and during the storm (the neighbour on its own open

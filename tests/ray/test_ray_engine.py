@@ -24,7 +24,7 @@ from duplex_actors import (  # noqa: E402
 from duplex_actors.core.fence import Fence  # noqa: E402
 from duplex_actors.engines.ray_engine import RayEngine  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(60)]
 
 CHUNK = b"\x01\x00" * 320  # 20 ms of 16 kHz pcm16
 #: num_cpus=0: test actors never wait for a CPU slot held by an actor being torn down.
@@ -93,7 +93,6 @@ def shape(events):
     return [(e.type, getattr(e, "delta", None) if e.type.endswith("text.delta") else None) for e in events]
 
 
-@pytest.mark.slow
 async def test_conversation_matches_in_process_engine_and_runs_in_another_process(ray_cluster):
     script = Script(token_latency_s=0.001)
     async with Runtime(ScriptedEngine(script)) as rt:
@@ -189,7 +188,6 @@ async def test_two_sessions_stream_concurrently_without_mixing(ray_cluster):
             assert text == "".join(f"[{rid}:{i}]" for i in range(1, 30))
 
 
-@pytest.mark.slow
 async def test_actor_killed_mid_stream_fails_the_turn_then_restarts(ray_cluster):
     engine = ray_engine(LONG)
     async with runtime_on(engine) as rt:
@@ -215,7 +213,6 @@ async def test_actor_killed_mid_stream_fails_the_turn_then_restarts(ray_cluster)
         assert rt.engine.statistics().in_flight == 0
 
 
-@pytest.mark.slow
 async def test_without_auto_restart_start_can_be_called_again(ray_cluster):
     engine = ray_engine(LONG, restart_on_death=False)
     async with runtime_on(engine) as rt:

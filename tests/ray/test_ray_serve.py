@@ -24,7 +24,7 @@ from duplex_actors.client import DuplexClient
 from duplex_actors.errors import UnknownSession
 from duplex_actors.scaleout.ray_serve import build_app, replica_of, shutdown_app
 
-pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.anyio, pytest.mark.timeout(300)]
 APP = "duplex-test"
 HTTP_PORT = 0
 CHUNK = b"\x01\x00" * 1600
@@ -64,7 +64,6 @@ def router(ray_cluster):
         serve.shutdown()
 
 
-@pytest.mark.slow
 async def test_a_turn_runs_through_the_session_replica_and_the_engine_deployment(router):
     from ray import serve
 
@@ -150,7 +149,6 @@ async def test_the_route_over_http_through_serves_proxy_gives_the_owner(router):
     assert status == 404 and missing["error"]["code"] == "unknown_session"
 
 
-@pytest.mark.slow
 async def test_barge_in_cancels_the_turn_on_the_engine_replica_and_the_next_turn_completes(router):
     from ray import serve
 
