@@ -90,6 +90,22 @@ def test_the_onnx_backend_says_what_the_wheels_own_library_says(moonshine):
 
 
 @pytest.mark.slow
+def test_a_decode_told_to_stop_stops_and_one_not_told_is_unchanged(moonshine):
+    """The runtime starts a decode in the quiet before a commit and stops it if speech resumes
+    (actors/transcription_queue.py): the onnx backend checks its event between tokens."""
+    from duplex_actors.audio.moonshine_onnx import DecodeStopped
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    assert moonshine.speculative
+    pcm = synthesize_utterance(SENTENCES[1], varied=False)
+    stop = threading.Event()
+    assert moonshine.transcribe_blocking(pcm, 16000, stop) == moonshine.transcribe_blocking(pcm, 16000)
+    stop.set()
+    with pytest.raises(DecodeStopped):
+        moonshine.transcribe_blocking(pcm, 16000, stop)
+    assert not MoonshineTranscriber(backend="cpp").speculative  # the C library cannot stop
+
+
 def test_ort_to_onnx_keeps_the_graphs_inputs_and_outputs():
     import onnxruntime as ort
 
