@@ -121,6 +121,7 @@ class SessionConfig:
             "tool_choice": self.tool_choice,
             "max_output_tokens": self.sampling.max_tokens,
             "transcription": self.transcription,
+            "transcription_language": self.transcription_language,
         }
 
 

@@ -105,7 +105,12 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
                 "format": wire.input_format.to_wire(),
                 "turn_detection": wire.turn_detection,
                 "transcription": (
-                    {"model": config["transcription"], "language": "en"}
+                    # as the client said it (unsaid: English, what the recogniser hears); a
+                    # language it cannot hear fails each turn's transcription, not this echo
+                    {
+                        "model": config["transcription"],
+                        "language": config.get("transcription_language") or "en",
+                    }
                     if config.get("transcription")
                     else None
                 ),

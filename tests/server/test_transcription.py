@@ -243,6 +243,9 @@ async def test_a_language_the_recogniser_cannot_hear_fails_the_transcription_not
                 )
                 seen = await recv_until(ws, "session.updated")
                 assert "error" not in [e["type"] for e in seen]
+                # echoed as the client said it, not as the recogniser hears
+                echoed = seen[-1]["session"]["audio"]["input"]["transcription"]
+                assert echoed == {"model": "x", "language": "fr"}, echoed
                 audio = base64.b64encode(b"\x01\x00" * 1600).decode()
                 await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
