@@ -9,9 +9,7 @@ nothing to reset when a step ends or raises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import attrs
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from .actions import InputTranscript
@@ -19,13 +17,17 @@ if TYPE_CHECKING:
     from .engine_io import EngineOutput
 
 
-@attrs.frozen(slots=True, weakref_slot=False, cache_hash=False, eq=False)
-class Step:
-    """One fired trigger: its name, the core's clock reading, and its payload.
+class Step(NamedTuple):
+    """One fired trigger: its name, the core's clock reading, and its payload. Immutable.
 
     Exactly one of ``command``, ``output`` and ``transcript`` is set for a trigger that carries
     one (a client command, an engine output, a recogniser's transcript); the session's own
     triggers (a timer, the reaper, a failure) carry at most a ``reason``.
+
+    A named tuple rather than an attrs class for what it costs to make, once per trigger on the
+    runtime's busiest path (every append, every engine output): a frozen attrs instance sets
+    each field through ``object.__setattr__`` and took about twice as long to build
+    (docs/benchmarks.md).
     """
 
     #: The chart trigger (``statechart.TRIGGERS``).
