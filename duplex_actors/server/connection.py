@@ -54,7 +54,7 @@ from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
 from .opening_slots import OpeningSlots
-from .ws_internals import drop_parser_traceback
+from .ws_internals import drop_parser_traceback, release_closed_connection, route_read_queue_flow
 
 log = structlog.get_logger("duplex_actors.server")
 
@@ -132,8 +132,7 @@ class PacedConnection(ServerConnection):
         self._fragments = 0
         self._released = False
         # The read queue's own flow control goes through the same gate.
-        self.recv_messages.pause = lambda: self._hold("queue")
-        self.recv_messages.resume = lambda: self._release("queue")
+        route_read_queue_flow(self, lambda: self._hold("queue"), lambda: self._release("queue"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._opened()
@@ -152,14 +151,11 @@ class PacedConnection(ServerConnection):
         for extension in getattr(self.protocol, "extensions", ()):
             if isinstance(extension, BudgetedDeflate):
                 extension.release()  # ~40 KiB of zlib state, now rather than at a collection
-        # Two reference cycles end here, so that reference counting frees the closed connection
-        # at once: the read queue's flow callbacks point back at this connection, and
-        # websockets binds the subprotocol selector (a closure over this connection) to its
-        # protocol. Left in place they make every closed connection cyclic garbage, which the
-        # GC policy has frozen by then and only a full collection, a stall of the whole loop,
-        # would free (tests/server/test_connection_garbage.py).
-        self.recv_messages.pause = self.recv_messages.resume = _nothing
-        vars(self.protocol).pop("select_subprotocol", None)
+        # Two reference cycles through this connection end here, so that reference counting
+        # frees it at once: left, they made every closed connection cyclic garbage that the GC
+        # policy had frozen, which only a full collection, a stall of the whole loop, would free
+        # (ws_internals.py; tests/server/test_connection_garbage.py).
+        release_closed_connection(self)
         LINGERING.closed(self, self.transport)
 
     # -- feeding the parser ---------------------------------------------------------------------
@@ -358,10 +354,6 @@ class PacedConnection(ServerConnection):
                 self._feeding = self.loop.call_soon(self._feed_rest)
         else:
             self.transport.resume_reading()
-
-
-def _nothing() -> None:
-    pass
 
 
 _refusals: dict[str, int] = {}
