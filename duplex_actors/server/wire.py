@@ -521,36 +521,41 @@ def _append(f: _Fields, event_id, epoch, limits: WireLimits, rates):
         pcm = _b64decode(audio, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidAudio("audio is not valid base64") from None
-    if len(pcm) > limits.max_chunk_bytes:
-        raise ChunkTooLarge(f"audio chunk is larger than max_chunk_bytes={limits.max_chunk_bytes}")
-    if not pcm:
-        raise InvalidAudio("audio chunk is empty")
-    if declared.type == PCM and len(pcm) % 2:
-        raise InvalidAudio("pcm16 audio must have an even number of bytes")
+    _check_chunk(pcm, limits, declared)
     rate = f.int("sample_rate", minimum=1)  # extension: the chunk names its rate
     if rate is not None and rate != declared.rate:
         raise InvalidCommand(
             f"audio is {rate} Hz; this session takes {declared.type} at "
             f"{declared.rate} Hz (declare another format with session.update)"
         )
-    if declared.type == PCM and declared.rate == sample_rate:
-        return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch)
-    return EncodedAudio(data=pcm, format=declared, event_id=event_id, epoch=epoch)
+    return _append_of(pcm, sample_rate, declared, event_id, epoch)
 
 
 def _binary_append(pcm: bytes, limits: WireLimits, sample_rate: int, declared: AudioFormat) -> ClientEvent:
     """A binary frame under the binary-audio extension: the bytes of an
     ``input_audio_buffer.append``'s audio, in the declared input format, with the same checks
     (no event_id or epoch: a binary frame has no fields)."""
+    _check_chunk(pcm, limits, declared)
+    return _append_of(pcm, sample_rate, declared, None, None)
+
+
+def _check_chunk(pcm: bytes, limits: WireLimits, declared: AudioFormat) -> None:
+    """An append's decoded audio: within max_chunk_bytes, not empty, whole pcm16 samples."""
     if len(pcm) > limits.max_chunk_bytes:
         raise ChunkTooLarge(f"audio chunk is larger than max_chunk_bytes={limits.max_chunk_bytes}")
     if not pcm:
         raise InvalidAudio("audio chunk is empty")
     if declared.type == PCM and len(pcm) % 2:
         raise InvalidAudio("pcm16 audio must have an even number of bytes")
+
+
+def _append_of(
+    pcm: bytes, sample_rate: int, declared: AudioFormat, event_id: str | None, epoch: int | None
+) -> ClientEvent:
+    """The session's own pcm16 at its rate goes straight in; anything else is converted first."""
     if declared.type == PCM and declared.rate == sample_rate:
-        return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate)
-    return EncodedAudio(data=pcm, format=declared, event_id=None, epoch=None)
+        return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch)
+    return EncodedAudio(data=pcm, format=declared, event_id=event_id, epoch=epoch)
 
 
 _MODALITIES = {("audio",): ("audio",), ("text",): ("text",), ("audio", "text"): ("text", "audio")}

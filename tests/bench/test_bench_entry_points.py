@@ -148,20 +148,7 @@ def test_stall_bench_main_tiny(tmp_path):
     """stall_bench as its command runs it (its own process: it patches how the server reads
     client addresses), at 20 idle sessions: the probe's baseline on the bare server and the
     windows with the sessions held both come out, and every session was opened."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("websockets")
-    out = tmp_path / "stall.json"
-    argv = ["--sessions", "20", "--seconds", "0.5", "--reclaim-s", "0.2", "--json", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "duplex_actors.bench.stall_bench", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = _stall_bench(tmp_path, ["--sessions", "20", "--seconds", "0.5", "--reclaim-s", "0.2"])
     assert report["mode"] == "idle" and report["opened"] == 20 and report["server_sessions"] >= 20
     for window in ("baseline", "idle_first", "idle_steady"):
         assert report[window]["samples"] > 0 and report[window]["max_ms"] >= report[window]["p50_ms"]
@@ -220,22 +207,27 @@ def test_stall_bench_resume_tiny(tmp_path):
     """stall_bench's mass resume at 16 sessions of 4 clients: every session resumed, none lost,
     and both users were timed before and during the storm (the neighbour on its own open
     connection, the newcomer connecting for each turn)."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("websockets")
-    out = tmp_path / "storm.json"
-    argv = ["--resume", "--sessions", "16", "--clients", "4", "--seconds", "0.5", "--json", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "duplex_actors.bench.stall_bench", *argv],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = _stall_bench(tmp_path, ["--resume", "--sessions", "16", "--clients", "4", "--seconds", "0.5"])
     assert report["mode"] == "resume" and report["opened"] == 16
     assert report["resume"]["outcomes"] == {"resumed": 16}, report["resume"]
     for user in ("neighbour", "newcomer"):
         assert report[f"{user}_alone_ms"] > 0 and report[f"{user}_turns"] >= 1, report
         assert report[f"{user}_worst_ms"] >= report[f"{user}_during_ms"] > 0, report
+
+
+def _stall_bench(tmp_path, argv: list[str]) -> dict:
+    """stall_bench as its command runs it, in its own process (it patches how the server reads
+    client addresses); its JSON report."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("websockets")
+    out = tmp_path / "stall.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "duplex_actors.bench.stall_bench", *argv, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
