@@ -270,11 +270,10 @@ class ServerConfig:
         default=edge.MAX_HANDSHAKES, validator=_none_or(attrs.validators.gt(0))
     )
     handshake_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
-    #: The listening socket's queue of connections the kernel has accepted and the server has
-    #: not yet taken (capped by the kernel's somaxconn). asyncio's default, 100, overflowed in
-    #: a mass resume: the kernel dropped the rest, their clients' SYNs were retried after 1, 3
-    #: and 7 s, and their handshakes timed out. Taking a connection is cheap: what costs CPU
-    #: waits for an opening slot (below).
+    #: The listening socket's queue of connections the kernel accepted and the server has not
+    #: taken yet (capped by somaxconn). asyncio's 100 overflowed in a mass resume, and dropped
+    #: connections came back as handshake timeouts. Taking one is cheap: its CPU work waits for
+    #: an opening slot (below).
     listen_backlog: int = attrs.field(default=2048, validator=attrs.validators.ge(1))
     #: Connections opening at once, from their complete request head to the end of their
     #: handshake (opening_slots.py; needs the head limit, which finds the head's end):

@@ -1,23 +1,20 @@
 """What closed connections leave behind for the cyclic collector: a census.
 
 Why: serve's GcPolicy freezes what survives, so cyclic garbage is freed only by a full reclaim,
-one stall of the whole loop that grows with every live session (about 0.1 ms each). Resident
-memory is a poor reason to pay it: a resume storm grows memory with *live* connections, and a
-reclaim then walked the whole heap and found next to nothing (782 objects at 3,000 sessions).
-The census counts the closed connections and transports that are still alive; reference
-counting frees a closed connection at once (tests/server/test_connection_garbage.py), so what
-is still alive after close is waiting for a collection: asyncio's own transport cycle, a few
-hundred bytes each, or a connection whose graph a new cycle holds, tens of kilobytes.
+a stall of the whole loop that grows with every live session. Resident memory is a poor
+reason to pay it: a resume storm grows memory with *live* connections, which a reclaim cannot
+free. Reference counting frees a closed connection at once
+(tests/server/test_connection_garbage.py), so a closed connection or transport still alive is
+waiting for a collection: that is what the census counts.
 """
 
 from __future__ import annotations
 
 import weakref
 
-#: Shallow sizes of what one closed connection left in cycles, measured with gc.DEBUG_SAVEALL:
-#: asyncio's transport and its bound read callback with their small objects (8 objects), and a
-#: whole connection graph held by a cycle (150-270 objects, 25-36 KB shallow before they were
-#: broken; zlib state is released on close and not counted).
+#: What one closed connection leaves in cycles, shallow, as gc.DEBUG_SAVEALL showed it: asyncio's
+#: transport with its bound read callback, and a whole connection graph when a cycle holds one
+#: (CHANGELOG, issue 29 item 4).
 TRANSPORT_BYTES = 1024
 CONNECTION_BYTES = 48 * 1024
 

@@ -1,19 +1,16 @@
 """How many connections may be opening at once: from a complete request head to the end of
 the handshake.
 
-Why: asyncio runs every ready task once per loop pass, in arrival order. In a mass resume
-thousands of connections are in their handshake and resume at the same moment, so one pass
-held thousands of steps (the loop lagged 1.5 s at 3,000 resumes) and a neighbour already in
-conversation waited a whole pass at each of its own steps: its turn took 7-15 s against
-0.5 s. Opening a connection is CPU work the server does at the same rate however many wait,
-so letting only ``limit`` of them run at once costs the storm nothing in throughput, and the
-others wait unread in the kernel's socket buffers (TCP pushes back; nothing is refused or
-lost), first come first served. A slot is taken once the request head is in, not at accept:
-a client that connects and sends nothing costs no CPU, and holding slots it would hold every
-handshake (a slow client's attack). The slot is given back when the handshake is done: what a
-resume does after it is mostly waiting (for the session's old connection to close), and
-held until then the 3,000 sessions took twice as long to come back. Sans-IO: the connection
-passes in how to wake it up.
+Why: asyncio runs every ready task once per loop pass. In a mass resume thousands of
+handshakes share each pass, and a session already talking waits a whole pass at each of its
+own steps. Opening a connection is CPU work done at the same rate however many wait, so
+running only ``limit`` at once costs the storm no throughput; the others wait unread in the
+kernel's buffers (TCP pushes back; nothing is refused), first come first served.
+
+A slot is taken once the request head is in, not at accept: a client that connects and sends
+nothing costs no CPU and must not hold one. It is given back when the handshake is done: what
+a resume does next is mostly waiting. Figures: docs/reliability.md, "Stalls at scale".
+Sans-IO: the connection passes in how to wake it up.
 """
 
 from __future__ import annotations
