@@ -548,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="reclaim on memory growth alone, ignoring serve's estimate of the garbage (an A/B)",
     )
+    parser.add_argument(
+        "--loop-share-floor", type=float, default=None, help="loop_share_floor_s_per_s (an A/B; 0 before)"
+    )
     parser.add_argument("--no-loop-share", action="store_true", help="loop_share_s_per_s=None (an A/B)")
     parser.add_argument(
         "--takeover-close-wait",
@@ -581,7 +584,14 @@ def main(argv: list[str] | None = None) -> int:
             growth_only=args.growth_only,
             raw=args.raw,
             max_connections=args.max_connections,
-            config_overrides={"loop_share_s_per_s": None} if args.no_loop_share else None,
+            config_overrides={
+                **({"loop_share_s_per_s": None} if args.no_loop_share else {}),
+                **(
+                    {}
+                    if args.loop_share_floor is None
+                    else {"loop_share_floor_s_per_s": args.loop_share_floor}
+                ),
+            },
         )
     )
     text = json.dumps(report, indent=2)

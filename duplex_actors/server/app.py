@@ -206,6 +206,11 @@ class ServerConfig:
     #: budgets above multiply with a client's sessions: 32 sessions of one key sending audio as
     #: fast as theirs allowed made a neighbour's turn 68x slower. None: not shared.
     loop_share_s_per_s: float | None = attrs.field(default=0.5, validator=_none_or(attrs.validators.gt(0)))
+    #: ...and what each client may always take of it (seconds a second), however many share
+    #: the loop: one real-time session's worth (audio through server VAD and a response's
+    #: events; three such sessions were billed 0.12 s a second). A storm of many addresses
+    #: otherwise split the loop so thin that a user talking on one session was held.
+    loop_share_floor_s_per_s: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
     #: Frame-count pacing (connection.PacedConnection): websocket frames of any kind, each
     #: fragment and ping counted, a client may send a second, after ``frames_burst`` at once.
     #: Parsing costs per frame, which the byte and audio budgets do not see (a message cut into
@@ -394,7 +399,11 @@ class RealtimeServer:
         self.loop_share = (
             None
             if config.loop_share_s_per_s is None
-            else LoopShare(config.loop_share_s_per_s, loop_cpu=time.thread_time)
+            else LoopShare(
+                config.loop_share_s_per_s,
+                loop_cpu=time.thread_time,
+                tenant_floor_s_per_s=config.loop_share_floor_s_per_s,
+            )
         )
         #: Detached sessions, whose events are billed as if they were sent (_charge_unsent_work),
         #: at what sending an event has recently cost (seconds; updated by every writer).

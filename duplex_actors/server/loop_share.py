@@ -20,7 +20,10 @@ that tenant's readers should wait before their next frame:
   split among the others). A tenant above its share waits until its average has decayed to
   it: ``window_s * ln(rate / share)``, at most ``max_wait_s``;
 * one tenant alone is never held back here (its sessions' own pacers still apply): there is
-  nobody to protect, and holding it back would leave the loop idle.
+  nobody to protect, and holding it back would leave the loop idle;
+* nor is a tenant within ``tenant_floor_s_per_s`` (serve: one real-time session's worth): an
+  equal split shrinks with the number of tenants, and among hundreds of addresses each
+  opening a few connections a user talking on one session was the biggest tenant.
 
 The wait happens before the tenant's next frame is handled, on any of its connections
 (:meth:`LoopShare.hold`, checked again after each wait), and before its next connection's
@@ -90,6 +93,7 @@ class LoopShare:
         "_cpu_seen",
         "_loop_rate",
         "unbilled",
+        "tenant_floor",
     )
 
     def __init__(
@@ -100,9 +104,17 @@ class LoopShare:
         max_wait_s: float = 1.0,
         recompute_s: float = 0.05,
         loop_cpu: Callable[[], float] | None = None,
+        tenant_floor_s_per_s: float = 0.0,
     ) -> None:
         if not capacity_s_per_s > 0 or not window_s > 0 or not max_wait_s > 0:
             raise ValueError("capacity, window and max wait must be > 0")
+        if tenant_floor_s_per_s < 0:
+            raise ValueError("the tenant floor must be >= 0")
+        #: What any tenant may use without ever being held (seconds a second). An equal split
+        #: shrinks with the number of tenants: in a storm of hundreds of addresses each opening
+        #: a few connections, one user talking on one session was the biggest tenant and was
+        #: held at every frame. The floor keeps one real-time session's worth for each.
+        self.tenant_floor = tenant_floor_s_per_s
         self.capacity = capacity_s_per_s
         self.window_s = window_s
         self.max_wait_s = max_wait_s
@@ -185,7 +197,7 @@ class LoopShare:
         # not always shared out in proportion: a client that made its own unbilled (opening
         # connections and dropping them) pushed the factor to 4, and the share held back a
         # neighbour streaming audio on three sessions while it kept everything it used.
-        floor = self.capacity / len(rates)
+        floor = max(self.capacity / len(rates), self.tenant_floor)
         left, count = capacity, len(rates)
         for rate in rates:
             equal = left / count

@@ -182,3 +182,33 @@ def test_charged_work_makes_the_next_bill_wait_without_asking_a_wait_itself():
         t += 0.01
     assert share.held_s == 0.0
     assert share.bill("heavy", 0.0, t) > 0.0
+
+
+def test_a_tenant_within_the_floor_is_never_held_however_many_share_the_loop():
+    """A storm of 300 addresses each opening a few connections splits an equal share of 0.5 s
+    a second to under 2 ms: a user talking on one session (0.04 s a second) would be the
+    biggest tenant and held at each frame. With a floor of one real-time session's worth it is
+    not; a tenant above the floor still is."""
+
+    def storm(floor: float) -> tuple[LoopShare, float]:
+        share = LoopShare(0.5, tenant_floor_s_per_s=floor)
+        t = 0.0
+        for step in range(200):  # 2 s: rates settle over the 1 s window
+            t = step * 0.01
+            for address in range(300):
+                share.charge(f"storm{address}", 0.0025 * 0.01, t)  # 2.5 ms a second each
+            share.charge("talking", 0.04 * 0.01, t)
+            share.charge("heavy", 0.2 * 0.01, t)
+        return share, t
+
+    without, t = storm(0.0)
+    assert without.hold("talking", t) > 0.0  # held at an equal split of ~1.7 ms/s
+    with_floor, t = storm(0.05)
+    assert with_floor.hold("talking", t) == 0.0
+    assert with_floor.hold("heavy", t) > 0.0
+    assert with_floor.hold("storm7", t) == 0.0
+
+
+def test_a_negative_floor_is_refused():
+    with pytest.raises(ValueError):
+        LoopShare(0.5, tenant_floor_s_per_s=-0.1)
