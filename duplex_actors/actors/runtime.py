@@ -104,6 +104,25 @@ class SessionHandle:
     def generation(self) -> int:
         return self._actor.core.lease.generation
 
+    # A read-only view for the server, so that it never reaches into the core.
+    @property
+    def config(self) -> SessionConfig:
+        """The session's settings now (frozen: an update replaces the whole value)."""
+        return self._actor.core.config
+
+    @property
+    def tenant(self) -> str:
+        """Whom the session's work is billed to at shared resources: its client (key, else
+        address), or the session itself when no client was named."""
+        return self._actor.core.share_tenant
+
+    @property
+    def events_produced(self) -> int:
+        """How many events the session has produced so far, numbered or still waiting to be
+        (a detached session's events wait unnumbered until a writer takes them)."""
+        core = self._actor.core
+        return core.last_seq + core.pending_events
+
     def mailbox_statistics(self) -> MailboxStatistics:
         return self._actor.mailbox.statistics()
 

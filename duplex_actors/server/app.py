@@ -350,11 +350,11 @@ class _SessionRecord:
         # The engine's token limits, so max_output_tokens echoes the one that really applies.
         self.wire.engine_max_output_tokens = getattr(caps, "max_output_tokens", None)
         self.wire.engine_max_output_tokens_limit = getattr(caps, "max_output_tokens_limit", None)
-        self.converter = InputConverter(self.wire.input_format, handle.core.config.sample_rate)
+        self.converter = InputConverter(self.wire.input_format, handle.config.sample_rate)
 
     def declare_input(self, fmt) -> None:
         self.wire.input_format = fmt
-        self.converter = InputConverter(fmt, self.handle.core.config.sample_rate)
+        self.converter = InputConverter(fmt, self.handle.config.sample_rate)
 
     def set_vad(
         self,
@@ -500,12 +500,10 @@ class RealtimeServer:
             if record.attached is not None or handle.state == "closed":
                 self._detached.discard(record)
                 continue
-            core = handle.core
-            # Events are numbered as they are taken: a detached session's events wait unnumbered.
-            produced = core.last_seq + core.pending_events
+            produced = handle.events_produced
             if produced > record.billed_seq:
                 if cost:
-                    share.charge(handle.core.share_tenant, (produced - record.billed_seq) * cost, now)
+                    share.charge(handle.tenant, (produced - record.billed_seq) * cost, now)
                 record.billed_seq = produced
 
     def _negotiated_extensions(self) -> Sequence[ServerExtensionFactory] | None:
@@ -818,8 +816,8 @@ class RealtimeServer:
             await conn.refuse(err, CLOSE_TRY_AGAIN if retry else 1011)
             return None
         record = _SessionRecord(handle, self.config.model_name, self._new_pacers(), self._engine_caps())
-        if vad and handle.core.config.server_vad:
-            record.set_vad(wire.TurnDetection(), handle.core.config.auto_respond)
+        if vad and handle.config.server_vad:
+            record.set_vad(wire.TurnDetection(), handle.config.auto_respond)
         record.attached = conn
         self._records[handle.id] = record
         self.quotas.opened(handle.id, conn.key, address)
@@ -1098,7 +1096,7 @@ class _Connection:
         handling = record.handling_pacer
         loop_share = self.server.loop_share
         billed = handling is not None or loop_share is not None
-        tenant = record.handle.core.share_tenant
+        tenant = record.handle.tenant
         now = self.server.runtime.clock.now
         try:
             async for frame in self.ws:
@@ -1192,7 +1190,7 @@ class _Connection:
             event = wire.decode(
                 frame,
                 self.server.config.limits,
-                sample_rate=handle.core.config.sample_rate,
+                sample_rate=handle.config.sample_rate,
                 input_format=record.wire.input_format,
                 binary_audio=record.wire.binary_audio,
             )
@@ -1209,20 +1207,20 @@ class _Connection:
                     return
                 event = cmd.AppendAudio(
                     pcm=pcm,
-                    sample_rate=handle.core.config.sample_rate,
+                    sample_rate=handle.config.sample_rate,
                     event_id=event.event_id,
                     epoch=event.epoch,
                 )
             if isinstance(event, wire.SessionUpdate):
                 event = self._session_update(record, event)
             if isinstance(event, wire.AudioItemCreate):
-                event = _item_audio(event, handle.core.config.sample_rate)
+                event = _item_audio(event, handle.config.sample_rate)
             if isinstance(event, cmd.CommitInput) and not record.converter.passthrough:
                 # The resampler holds the last few ms back for its filter: they belong to this
                 # commit, so they go in first.
                 tail = record.converter.flush()
                 if tail:
-                    rate = handle.core.config.sample_rate
+                    rate = handle.config.sample_rate
                     self._append(record, cmd.AppendAudio(pcm=tail, sample_rate=rate))
             if isinstance(event, cmd.ClearInput):
                 record.converter.reset()  # what the resampler held back is cleared too
@@ -1311,7 +1309,7 @@ class _Connection:
     def _append(self, record: _SessionRecord, event: cmd.AppendAudio) -> None:
         """User audio at the session's rate: through server VAD when it is on, else straight in."""
         handle = record.handle
-        rate = handle.core.config.sample_rate
+        rate = handle.config.sample_rate
         if record.vad_settings is None:
             self._tell(event)
             return
@@ -1374,7 +1372,7 @@ class _Connection:
             self._pace(record.handling_pacer, cost, "handling")
         loop_share = self.server.loop_share
         if loop_share is not None:
-            loop_share.charge(record.handle.core.share_tenant, cost, self.server.runtime.clock.now())
+            loop_share.charge(record.handle.tenant, cost, self.server.runtime.clock.now())
 
     async def _write_loop(self) -> None:
         record = self.record
@@ -1384,7 +1382,7 @@ class _Connection:
         timeout = self.server.config.write_timeout_s
         pacer = record.frame_pacer
         loop_share = self.server.loop_share
-        tenant = handle.core.share_tenant
+        tenant = handle.tenant
         now = self.server.runtime.clock.now
         link = self.server.front_link
         ended = False
