@@ -124,7 +124,7 @@ RESOLVED="$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['d
 
 if [[ $TINY == 1 ]]; then
     SIZE=(--tiny --concurrency 1,4)
-    DEMO=(--sessions 1 --seconds 3)
+    DEMO=(--sessions 1 --seconds 8)  # room for two turns: one may still be open when a loaded host stops it
 else
     SIZE=(--concurrency 1,16,64,256)
     DEMO=(--sessions 16 --seconds 30)
