@@ -31,6 +31,9 @@ log = structlog.get_logger("duplex_actors.engine")
 
 Deliver = Callable[[EngineOutput], None]
 
+#: Pump tasks kept parked for the next request once their stream ends; more than this exit.
+MAX_IDLE_PUMPS = 256
+
 
 @attrs.frozen(slots=True)
 class EngineStatistics:
@@ -57,6 +60,16 @@ class _Flight:
         self.failure: str | None = None
 
 
+class _Parked:
+    """A pump task waiting for its next request: submit sets ``request``, then ``wake``."""
+
+    __slots__ = ("wake", "request")
+
+    def __init__(self, wake: anyio.Event) -> None:
+        self.wake = wake
+        self.request: ModelTurnRequest | None = None
+
+
 class EngineActor:
     def __init__(
         self,
@@ -73,6 +86,9 @@ class EngineActor:
         self._routes: dict[str, Deliver] = {}
         self._flights: dict[str, _Flight] = {}
         self._inbox: deque = deque()
+        #: Pump tasks waiting for a request (see submit).
+        self._idle_pumps: list[_Parked] = []
+        self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._wake: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._abort_retry: set[str] = set()
@@ -85,6 +101,8 @@ class EngineActor:
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.start()
+        # The backend's Event class, made directly: anyio.Event() looks the backend up each time.
+        self._new_event = type(anyio.Event())
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -111,7 +129,7 @@ class EngineActor:
                     self._task_group().start_soon(self._pump, arg)
                 elif op == "abort":
                     self._abort_now(arg)
-            self._wake = anyio.Event()
+            self._wake = self._new_event()
             await self._wake.wait()
 
     def _task_group(self) -> anyio.abc.TaskGroup:
@@ -130,13 +148,21 @@ class EngineActor:
         self._flights[request.request_id] = _Flight(request, self.clock.now())
         self.submitted += 1
         if self._tg is not None:
-            # Straight into the task group (start_soon is synchronous), not through the inbox:
-            # the actor loop's wake-up was one loop hop, and the pump then queued behind
-            # everything that woke meanwhile (the writer sending the response's first events),
-            # so the engine started ~0.8 ms late on every turn (docs/benchmarks.md, wire). An
-            # abort that comes before the pump runs marks the flight, and _pump answers it
-            # with Aborted without starting the stream, as it did for queued submissions.
-            self._tg.start_soon(self._pump, request)
+            # Straight to a pump task (synchronously), not through the inbox: the actor loop's
+            # wake-up was one loop hop, and the pump then queued behind everything that woke
+            # meanwhile (the writer sending the response's first events), so the engine started
+            # ~0.8 ms late on every turn (docs/benchmarks.md, wire). An abort that comes before
+            # the pump runs marks the flight, and _pump answers it with Aborted without
+            # starting the stream, as it did for queued submissions.
+            idle = self._idle_pumps
+            if idle:
+                # A parked pump, woken as a new task would be scheduled (the same loop hop):
+                # anyio's start_soon costs several times a wake-up (docs/benchmarks.md).
+                parked = idle.pop()
+                parked.request = request
+                parked.wake.set()
+            else:
+                self._tg.start_soon(self._pumps, request)
             return
         self._inbox.append(("submit", request))
         self._poke()
@@ -169,6 +195,31 @@ class EngineActor:
         deliver(output)
 
     # -- streams ----------------------------------------------------------------------------
+
+    async def _pumps(self, request: ModelTurnRequest) -> None:
+        """A pump task: runs ``request``'s stream, then parks for the next one submit hands it
+        (at most MAX_IDLE_PUMPS park; the rest end)."""
+        idle = self._idle_pumps
+        while True:
+            await self._pump(request)
+            if len(idle) >= MAX_IDLE_PUMPS:
+                return
+            parked = _Parked(self._new_event())
+            idle.append(parked)
+            try:
+                await parked.wake.wait()
+            except BaseException:
+                # Cancelled while parked (shutdown): a submit may have handed it a request in
+                # the same step, which must still get its one terminal from a pump.
+                handed = parked.request
+                if handed is None:
+                    idle.remove(parked)
+                elif self._tg is not None:
+                    self._tg.start_soon(self._pump, handed)
+                raise
+            handed = parked.request
+            assert handed is not None  # submit hands one before it wakes the pump
+            request = handed
 
     async def _pump(self, request: ModelTurnRequest) -> None:
         rid = request.request_id

@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # the recogniser is an optional extra
 
 log = structlog.get_logger("duplex_actors.runtime")
 
+_append_of = cmd.AppendAudio.of
+
 #: What all sessions' replay journals may hold together by default (their counted bytes). A
 #: busy session journals up to ~3 MB a minute of output audio, so a thousand of them fit with
 #: ~1 MB each (~20 s of replay) and a hundred are not touched; a client opening sessions only
@@ -158,7 +160,7 @@ class SessionHandle:
         self._actor.report_error(error)
 
     def append_audio(self, pcm: bytes, *, sample_rate: int = 16000, event_id: str | None = None) -> None:
-        self._actor.tell_audio(cmd.AppendAudio.of(pcm, sample_rate, event_id=event_id))
+        self._actor.tell_audio(_append_of(pcm, sample_rate, event_id=event_id))
 
     async def commit(self, **kw) -> None:
         await self.ask(cmd.CommitInput(**kw))
@@ -292,6 +294,9 @@ class Runtime:
         #: Every session's timers (server VAD's idle timeout), on one task of any anyio backend.
         self.timers = TimerQueue()
         self._wake: anyio.Event | None = None
+        #: Makes the running backend's Event directly (set by __aenter__): anyio.Event() looks
+        #: the backend up on every call, and a turn makes several (waiters, wake-ups).
+        self.new_event: Callable[[], anyio.Event] = anyio.Event
         self._tg: anyio.abc.TaskGroup | None = None
         self._running = False
         #: Set by drain(): no new session opens and no session starts a new response.
@@ -306,6 +311,7 @@ class Runtime:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> Runtime:
+        self.new_event = type(anyio.Event())
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
@@ -714,7 +720,7 @@ class Runtime:
         budget = self.dispatch_budget
         while True:
             if not ready:
-                self._wake = anyio.Event()
+                self._wake = self.new_event()
                 await self._wake.wait()
                 self._wake = None
                 continue

@@ -10,7 +10,7 @@ makes transitions' AsyncMachine cancel running transitions does not exist here).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import anyio
@@ -21,6 +21,7 @@ from ..core.commands import AppendAudio, CancelResponse, Command, CommitInput, C
 from ..core.engine_io import AudioPacket, EngineOutput
 from ..core.events import ServerEvent, SessionClosedEvent
 from ..core.session import SessionCore
+from ..core.statechart import CLOSED
 from ..errors import AskTimeout, DuplexError, SessionClosed
 from .mailbox import Mailbox
 from .timers import Timer, TimerQueue
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("duplex_actors.actor")
 
+_CONTROL, _ENGINE, _DATA = Lane.CONTROL, Lane.ENGINE, Lane.DATA
+
 #: Reported (out-of-core) errors a session queues at most; more are counted and dropped.
 MAX_QUEUED_ERRORS = 64
 
@@ -46,6 +49,7 @@ class SessionHost(Protocol):
 
     engine: EngineActor
     timers: TimerQueue
+    new_event: Callable[[], anyio.Event]
 
     def _schedule(self, actor: SessionActor) -> None: ...
 
@@ -59,8 +63,8 @@ class SessionHost(Protocol):
 class _Reply:
     __slots__ = ("done", "error")
 
-    def __init__(self) -> None:
-        self.done = anyio.Event()
+    def __init__(self, done: anyio.Event) -> None:
+        self.done = done
         self.error: BaseException | None = None
 
 
@@ -153,13 +157,14 @@ class SessionActor:
         accepted (processed exactly once) or refused with MailboxFull/SessionClosed."""
         if self._finished:
             raise SessionClosed("closed", command.TRIGGER, event_id=command.event_id)
-        self.mailbox.put(Lane.DATA, (command, None, self.core.clock.now()))
-        self.runtime._schedule(self)
+        self.mailbox.put(_DATA, (command, None, self.core.clock.now()))
+        if not self.scheduled:  # Runtime._schedule's own test, saving the call per append
+            self.runtime._schedule(self)
 
     async def ask(self, command: Command, timeout: float | None = 5.0) -> None:
         """Queue a command and wait until it was processed; its error is raised here."""
         self._check_open(command)
-        reply = _Reply()
+        reply = _Reply(self.runtime.new_event())
         self.mailbox.put(self._lane(command), (command, reply, self.core.clock.now()))
         self.runtime._schedule(self)
         try:
@@ -242,17 +247,40 @@ class SessionActor:
     def process(self, budget: int) -> bool:
         """Process up to ``budget`` messages; returns whether more are waiting."""
         core = self.core
-        mailbox = self.mailbox
+        # The mailbox's lanes read in place, in its priority order (Mailbox.pop, unrolled): a
+        # message costs no (lane, message) pair, and a session usually has one or two waiting.
+        lanes = self.mailbox._lanes
+        handle = core.handle
         for _ in range(budget):
-            item = mailbox.pop()
-            if item is None:
-                break
-            lane, message = item
+            q = lanes[0]
+            if q:
+                lane = _CONTROL
+            else:
+                q = lanes[1]
+                if q:
+                    lane = _ENGINE
+                else:
+                    q = lanes[2]
+                    if not q:
+                        break
+                    lane = _DATA
+            message = q.popleft()
             try:
                 # Client commands are (command, reply, received_at) tuples and nothing else is:
                 # test for them first, they are nearly all the traffic (audio appends).
                 if type(message) is tuple:
-                    self._handle_command(*message)
+                    command, reply, received_at = message
+                    if reply is None:
+                        # _handle_command for a told command, inline (the common case).
+                        try:
+                            handle(command, received_at=received_at)
+                        except DuplexError as err:
+                            core.emit_error(err)
+                        else:
+                            if command.TRIGGER == "resume":
+                                self._unread = None
+                    else:
+                        self._handle_command(command, reply, received_at)
                 elif isinstance(message, _ReportError):
                     self._queued_errors -= 1
                     core.emit_error(message.error)
@@ -260,7 +288,7 @@ class SessionActor:
                     message.reached.set()
                 elif isinstance(message, InputTranscript):
                     core.on_transcript(message)
-                elif lane == Lane.ENGINE:
+                elif lane == _ENGINE:
                     core.on_engine_output(message)
                     if (
                         type(message) is AudioPacket
@@ -285,14 +313,17 @@ class SessionActor:
                 log.error("session_failed", session_id=self.session_id, error=repr(exc))
                 core.emit_error(_internal_error(exc))
                 core.fail("session_failed")
-        self._flush_actions()
-        if core.idle_deadline != self._idle_at:
-            self._set_idle_timer(core.idle_deadline)
-        if core.closed and not self._finished:
+        # The core's fields read directly, not through its properties: this runs once per
+        # dispatch of every session, mostly after a single append that changed none of them.
+        if core._actions:
+            self._flush_actions()
+        if core._idle_deadline != self._idle_at:
+            self._set_idle_timer(core._idle_deadline)
+        if core._state == CLOSED and not self._finished:
             self._finish()
         if self._waiter is not None and core.has_events():
             self._waiter.set()
-        return bool(self.mailbox)
+        return bool(lanes[0] or lanes[1] or lanes[2])
 
     def _set_idle_timer(self, deadline: float | None) -> None:
         """Follow the core's idle deadline: one timer per session at most, moved when it moves."""
@@ -398,7 +429,7 @@ class SessionActor:
         while not (self._unread or self.core.has_events()):
             if self._finished:
                 return False
-            self._waiter = anyio.Event()
+            self._waiter = self.runtime.new_event()
             try:
                 await self._waiter.wait()
             finally:
