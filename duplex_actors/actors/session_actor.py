@@ -399,7 +399,17 @@ class SessionActor:
     async def events(self) -> AsyncIterator[ServerEvent]:
         """Every event of this session, in order, ending with ``session.closed``."""
         while await self.wait_events():
-            for event in self.ready_events():
+            # ready_events, inline (one generator per event less; the same reads, in order).
+            while True:
+                unread = self._unread
+                if not unread:
+                    batch = self.core.take_events()
+                    if not batch:
+                        break
+                    unread = self._unread = deque(batch)
+                event = unread.popleft()
+                if not unread:
+                    self._unread = None  # an idle session keeps no empty deque
                 yield event
                 if isinstance(event, SessionClosedEvent):
                     return

@@ -142,6 +142,24 @@ class ReplayJournal:
             self._budget.total += size
         self._evict(now)
 
+    def record_all(self, events: list[ServerEvent], now: float) -> None:
+        """:meth:`record` each of ``events`` (one take's), evicting once at the end: the bounds
+        only ever drop the oldest entries, so the journal ends as it would record by record."""
+        items = self._items
+        if items is None:
+            items = self._items = deque()
+        sizes = _PAYLOAD
+        total = 0
+        for event in events:
+            payload = sizes.get(type(event))
+            size = 128 if payload is None else 128 + payload(event)
+            items.append((now, size, event))
+            total += size
+        self._bytes += total
+        if self._budget is not None:
+            self._budget.total += total
+        self._evict(now)
+
     def release(self) -> None:
         """Leave the budget (the session has closed): what this journal holds stops counting
         against it, and so does the journal. Recording afterwards is not charged."""

@@ -443,7 +443,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         rid = output.request_id
         trigger = self._classify(output)
         try:
-            self._fire(Step(trigger, self.clock.now(), output=output))
+            self._fire(_new_step(Step, (trigger, self.clock.now(), None, output, None, None, None)))
         except IllegalTransition as err:
             # The engine produced something its request may not produce in this state: the
             # output is consumed and counted, the session carries on; it is never the client's
@@ -537,16 +537,20 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             out, self._replay = self._replay, []
         now = self.clock.now()
         box = self._outbox
+        taken = len(out)
+        seq = self._seq
         while box and (limit is None or len(out) < limit):
-            self._seq += 1
+            seq += 1
             event = box.popleft()
             # Stamped in place: the outbox held the only reference (events are created by
             # _emit with seq=0 and never shared before this point), so nobody can observe the
             # change, and it saves an attrs.evolve copy, the largest single cost of a turn
             # (profile in docs/benchmarks.md).
-            object.__setattr__(event, "seq", self._seq)
-            self._journal.record(event, now)
+            object.__setattr__(event, "seq", seq)
             out.append(event)
+        self._seq = seq
+        if len(out) > taken:
+            self._journal.record_all(out[taken:] if taken else out, now)
         return out
 
     def expire_journal(self) -> int:
@@ -597,8 +601,12 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         # Not for closed: session.closed says it, and it must stay the last event.
         if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
             self._emit(ev.StateChanged, source=source, dest=resolution.dest, trigger=trigger)
-        if (resolution.dest != source or resolution.effects) and self._transition_logging():
-            self._log_transition(trigger, source, resolution.dest)
+        if resolution.dest != source or resolution.effects:
+            debug = self._debug_log
+            if debug is None:
+                debug = self._transition_logging()
+            if debug:
+                self._log_transition(trigger, source, resolution.dest)
 
     def _log_transition(self, trigger: str, source: str, dest: str) -> None:
         self._logger.debug(
