@@ -31,10 +31,15 @@ log = structlog.get_logger("duplex_actors.server.worker_link")
 #: At most this many reports wait for a full hand-off socket; past it the oldest are dropped
 #: (the front then knows less about this worker's responses, nothing worse).
 MAX_PENDING_REPORTS = 65_536
+SEND_BUFFER_BYTES = 1 << 20
+
+
+#: One encoder for every report: json.dumps with separators builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def pack(*message: Any) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
+    return _encode(message).encode()
 
 
 def unpack(packet: bytes) -> list:
@@ -49,6 +54,10 @@ class FrontLink:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        # The front reads reports in batches (workers.REPORT_BATCH_S): room for a batch's worth
+        # here keeps the worker off the slow path below (the kernel caps it at wmem_max).
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._pending: deque[bytes] = deque(maxlen=MAX_PENDING_REPORTS)
         self._writing = False
         self.lost = False  # the front went away: nothing is reported any more

@@ -86,6 +86,8 @@ RESTART_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0
 #: What the front gives a client of a dead worker to read its farewell frames, then closes.
 FAREWELL_WAIT_S = 2.0
+#: How long a worker's reports may wait in the hand-off socket before the front reads them.
+REPORT_BATCH_S = 0.05
 
 
 def worker_session_id(index: int, generation: int = 0) -> str:
@@ -353,6 +355,8 @@ class _Worker:
     started_at: float = 0.0
     #: Deaths in a row, each within STABLE_AFTER_S of its start (what the backoff grows with).
     quick_deaths: int = 0
+    #: The pending read of its reports (FrontDoor._reports_waiting), if one is due.
+    reading: asyncio.TimerHandle | None = None
 
 
 class FrontDoor:
@@ -452,23 +456,42 @@ class FrontDoor:
 
     def listen_to(self, worker: _Worker) -> None:
         assert worker.handoff is not None
-        asyncio.get_running_loop().add_reader(worker.handoff.fileno(), self._read_reports, worker)
+        asyncio.get_running_loop().add_reader(worker.handoff.fileno(), self._reports_waiting, worker)
 
-    def _read_reports(self, worker: _Worker) -> None:
+    def _reports_waiting(self, worker: _Worker) -> None:
+        """Reports wait in the socket for up to REPORT_BATCH_S, then are read together. Nothing
+        needs them sooner: a dead worker's are read first (worker_exited), and a released
+        duplicate may stay open that long. Read one by one, each report woke the front."""
         handoff = worker.handoff
         if handoff is None:
             return
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(handoff.fileno())
+        worker.reading = loop.call_later(REPORT_BATCH_S, self._read_batch, worker)
+
+    def _read_batch(self, worker: _Worker) -> None:
+        worker.reading = None
+        handoff = worker.handoff
+        if handoff is not None and self._read_reports(worker):
+            asyncio.get_running_loop().add_reader(handoff.fileno(), self._reports_waiting, worker)
+
+    def _read_reports(self, worker: _Worker) -> bool:
+        """Apply every report waiting; False once the worker's end has closed."""
+        handoff = worker.handoff
+        if handoff is None:
+            return False
         while True:
             try:
                 packet = handoff.recv(4096)
             except BlockingIOError:
-                return
+                return True
             except OSError:
                 packet = b""
             if not packet:  # the worker's end closed: it exited
                 with contextlib.suppress(ValueError, OSError):
                     asyncio.get_running_loop().remove_reader(handoff.fileno())
-                return
+                return False
             try:
                 kind, *args = unpack(packet)
                 self._apply(kind, args)
@@ -496,6 +519,9 @@ class FrontDoor:
         connection it still held gets its farewell if it ``crashed`` (else, after a drain, it
         had closed them all and any left is closed). Returns how many were ended."""
         worker.alive = False
+        if worker.reading is not None:
+            worker.reading.cancel()
+            worker.reading = None
         handoff = worker.handoff
         if handoff is not None:
             self._read_reports(worker)
@@ -797,6 +823,13 @@ async def _run_front(
     async def on_worker_exit(worker: _Worker) -> None:
         process = worker.process
         process.join(0)  # reaps it, so exitcode is known
+        # The sentinel closes as the process exits, a moment before it can be reaped: read as
+        # "no exit code", a clean exit during a drain was taken for a crash (farewells sent).
+        for _ in range(200):
+            if process.exitcode is not None:
+                break
+            await asyncio.sleep(0.005)
+            process.join(0)
         crashed = process.exitcode != 0 or not supervisor.stopping
         ended = front.worker_exited(worker, crashed=crashed)
         if supervisor.stopping and not crashed:

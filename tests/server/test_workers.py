@@ -6,12 +6,14 @@ the server start their own."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import pathlib
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +28,8 @@ from websockets.exceptions import ConnectionClosed
 
 from duplex_actors.client import DuplexClient, SessionLost
 from duplex_actors.engines.engine_process import EngineProcessClient
-from duplex_actors.server.workers import FrontDoor, _Worker, owner_of, worker_session_id
+from duplex_actors.server.worker_link import FrontLink
+from duplex_actors.server.workers import REPORT_BATCH_S, FrontDoor, _Worker, owner_of, worker_session_id
 
 from .conftest import CHUNK_100MS
 
@@ -167,6 +170,45 @@ def test_the_front_sends_a_resume_to_its_owner_and_new_sessions_round_robin():
     for worker in front.workers:
         worker.alive = False
     assert front.choose(b"GET /v1/realtime HTTP/1.1") is None
+
+
+def test_the_front_reads_reports_in_batches_and_all_of_a_dead_workers_first():
+    """A worker's reports wait in the hand-off socket for one read per REPORT_BATCH_S (one
+    wake-up of the front per report cost it ~0.1 ms a turn); a worker that dies before the
+    read is due still has every report applied before its clients get their farewells."""
+
+    async def main() -> None:
+        front_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        front_end.setblocking(False)
+        worker_end.setblocking(False)
+        worker = _Worker(0, None, handoff=front_end)
+        front = FrontDoor([worker], listener=None)
+        front.listen_to(worker)
+        link = FrontLink(worker_end)
+        held, client = socket.socketpair()
+        held.setblocking(False)
+        handed = front.ledger.handed(0)
+        front._held[handed] = held
+        sid = "sess_w0g0_ab12"
+        link.attached(handed, sid)
+        link.response_started(sid, "resp_1")
+        await asyncio.sleep(REPORT_BATCH_S / 5)
+        assert front.ledger._responses == {}  # not read yet
+        await asyncio.sleep(REPORT_BATCH_S + 0.1)
+        assert front.ledger._responses == {sid: ["resp_1"]}
+        link.response_started(sid, "resp_2")
+        link.response_ended(sid, "resp_1")
+        assert front.worker_exited(worker, crashed=True) == 1
+        client.settimeout(2)
+        received = b""
+        while b"worker lost" not in received:
+            received += await asyncio.to_thread(client.recv, 65536)
+        client.close()
+        assert b'"resp_2"' in received and b'"resp_1"' not in received
+        assert b'"session.closed"' in received
+        worker_end.close()
+
+    asyncio.run(main())
 
 
 # --------------------------------------------------------------------------- a live server
