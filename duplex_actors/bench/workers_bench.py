@@ -36,7 +36,22 @@ that kept up. Here the
 load costs a small fraction of what the server spends per session (one pre-masked write per
 chunk against decode, resample and VAD), so the two workers get most of the two cores.
 
-``python -m duplex_actors.bench.workers_bench [--quick] [--realtime]`` prints the result as JSON.
+A third mode, ``--front``, measures the front's own CPU with many live sessions on it:
+``front_sessions`` (500) websocket sessions handed off by the front of ``--workers 2``, all open
+for the whole window, each sending a 20 ms chunk every ``FRONT_CHUNK_EVERY_S`` and a turn
+(commit, ``response.create``) every ``FRONT_TURN_EVERY_S``. The front never reads a frame: what
+it does is per connection (accept, peek, hand-off) and per response (two reports from the
+worker), so the chunk rate is a tenth of real time, which keeps 500 sessions live in two
+workers on a 2-core host (500 real-time sessions need several cores of workers). The front's
+CPU seconds per wall second (``/proc/PID/stat``, its process alone) is reported for the
+connect phase and for the live window.
+
+``--pair`` adds to the turn form a ``bare x2`` arm: two independent single-process servers,
+the sessions split between them. Its turns per server core-second over the bare arm's is what
+two processes that share nothing keep on this host, the reference for two workers' ratio.
+
+``python -m duplex_actors.bench.workers_bench [--quick] [--pair] [--realtime] [--front]``
+prints the result as JSON.
 """
 
 from __future__ import annotations
@@ -97,6 +112,12 @@ def _noise_chunk() -> str:
     return base64.b64encode(b"".join(v.to_bytes(2, "little", signed=True) for v in samples)).decode()
 
 
+#: The --front mode (see the module docstring).
+FRONT_SESSIONS = 500
+FRONT_CHUNK_EVERY_S = 0.2
+FRONT_TURN_EVERY_S = 5.0
+
+
 STREAM = json.dumps({"type": "input_audio_buffer.append", "audio": _noise_chunk()})
 CLEAR = json.dumps({"type": "input_audio_buffer.clear"})
 
@@ -123,6 +144,29 @@ def _bare_main(ready) -> None:
             await stop.wait()
 
     asyncio.run(main())
+
+
+def _bare_pair_main(ready) -> None:
+    """Two independent ``serve`` processes (the ``bare x2`` arm): what two processes on this
+    host keep per core when nothing joins them, the reference for two workers' per-core ratio."""
+    ctx = multiprocessing.get_context("spawn")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
+    children = [ctx.Process(target=_bare_main, args=(send,)) for _, send in pipes]
+    for child in children:
+        child.start()
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    try:
+        # one string: _served makes one URL of it, _measure spreads sessions over the two
+        ports = [receive.recv() for receive, _ in pipes]
+        ready.send(f"{ports[0]}/v1/realtime ws://127.0.0.1:{ports[1]}")
+        while not stop[0]:
+            time.sleep(0.1)
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(30)
 
 
 def _workers_main(workers: int, ready) -> None:
@@ -334,6 +378,155 @@ def _realtime_client_main(urls: list[str], warmup_s: float, duration_s: float, r
     asyncio.run(main())
 
 
+def _front_client_main(
+    urls: list[str], chunk_every_s: float, turn_every_s: float, duration_s: float, link
+) -> None:
+    """One load process of the --front mode: opens a session per URL, says so on ``link``,
+    waits for the go, then keeps them live for ``duration_s`` (see the module docstring)."""
+
+    async def main() -> None:
+        from ..testing.raw_websocket import RawWebSocket
+
+        manual, append = _masked_frame(MANUAL_TURNS), _masked_frame(STREAM)
+        turn = _masked_frame(COMMIT) + _masked_frame(RESPOND)
+        gate = asyncio.Semaphore(16)
+        done = [0]
+
+        async def open_one(url: str):
+            async with gate:
+                ws = await RawWebSocket.connect(url)
+                rest = await _read_until(ws, b'"session.created"', b"")
+                ws.writer.write(manual)
+                await _read_until(ws, b'"session.updated"', rest)
+                return ws
+
+        async def listen(ws) -> None:
+            tail = b""
+            marker = b'"response.done"'
+            while data := await ws.reader.read(1 << 16):
+                done[0] += (tail + data).count(marker)
+                tail = data[-(len(marker) - 1) :]
+
+        sockets = await asyncio.gather(*(open_one(url) for url in urls))
+        listeners = [asyncio.create_task(listen(ws)) for ws in sockets]
+        link.send("open")
+        await asyncio.to_thread(link.recv)  # the go
+        phases = max(1, round(chunk_every_s / 0.002))  # sessions spread over the period
+        groups = [sockets[i::phases] for i in range(phases)]
+        turn_every = max(1, round(turn_every_s / chunk_every_s))  # in chunks
+        tick_s = chunk_every_s / phases
+        start = time.perf_counter()
+        cpu0 = time.process_time()
+        tick = 0
+        while (due := start + tick * tick_s) < start + duration_s:
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            chunk = tick // phases
+            for j, ws in enumerate(groups[tick % phases]):
+                ws.writer.write(append)
+                if (chunk + j) % turn_every == 0:
+                    ws.writer.write(turn)
+            tick += 1
+        cpu = time.process_time() - cpu0
+        await asyncio.sleep(0.5)  # the last turns' answers
+        for task in listeners:
+            task.cancel()
+        for ws in sockets:
+            ws.abort()
+        link.send({"responses_done": done[0], "client_cpu_s": cpu})
+
+    asyncio.run(main())
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by the process ``pid`` alone."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_front(
+    *,
+    sessions: int = FRONT_SESSIONS,
+    workers: int = 2,
+    clients: int = 2,
+    duration_s: float = 10.0,
+    chunk_every_s: float = FRONT_CHUNK_EVERY_S,
+    turn_every_s: float = FRONT_TURN_EVERY_S,
+) -> dict[str, Any]:
+    """The front's CPU with ``sessions`` live sessions on ``--workers`` (module docstring)."""
+    ctx = multiprocessing.get_context("spawn")
+    with _served(ctx, _workers_main, (workers,)) as (server, url):
+        time.sleep(1.0)  # the pool's start-up is not the front's steady cost
+        links, procs = [], []
+        roles0 = _tree_cpu_by_name(server.pid)
+        front0, t0 = _proc_cpu_s(server.pid), time.perf_counter()
+        for i in range(clients):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_front_client_main,
+                args=(
+                    [url] * len(range(i, sessions, clients)),
+                    chunk_every_s,
+                    turn_every_s,
+                    duration_s,
+                    theirs,
+                ),
+            )
+            proc.start()
+            links.append(mine)
+            procs.append(proc)
+        for link in links:
+            if not link.poll(180):
+                raise RuntimeError("a load client did not open its sessions")
+            link.recv()
+        front1, t1 = _proc_cpu_s(server.pid), time.perf_counter()
+        roles1 = _tree_cpu_by_name(server.pid)
+        for link in links:
+            link.send("go")
+        parts = []
+        for link, proc in zip(links, procs):
+            if not link.poll(duration_s + 120):
+                raise RuntimeError("a load client did not finish")
+            parts.append(link.recv())
+            if len(parts) == 1:
+                front2, t2 = _proc_cpu_s(server.pid), time.perf_counter()
+                roles2 = _tree_cpu_by_name(server.pid)
+            proc.join(10)
+    live_s = t2 - t1
+    responses = sum(part["responses_done"] for part in parts)
+    expected = sessions * duration_s / turn_every_s
+    return {
+        "name": "workers_front",
+        "params": {
+            "sessions": sessions,
+            "workers": workers,
+            "clients": clients,
+            "duration_s": duration_s,
+            "chunk_every_ms": 1000 * chunk_every_s,
+            "turn_every_s": turn_every_s,
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+        },
+        "connect_s": round(t1 - t0, 2),
+        # the front's CPU seconds per wall second, its process alone
+        "front_cores_connecting": round((front1 - front0) / (t1 - t0), 4),
+        "front_cores_live": round((front2 - front1) / live_s, 4),
+        "front_ms_per_session_opened": round(1000 * (front1 - front0) / sessions, 3),
+        "responses_done": responses,
+        "responses_expected": round(expected),
+        "front_ms_per_response": round(1000 * (front2 - front1) / responses, 4) if responses else None,
+        "cores_live_by_process": {
+            role: round((roles2[role] - roles1.get(role, 0.0)) / live_s, 3) for role in roles2
+        },
+        "cores_connecting_by_process": {
+            role: round((roles1[role] - roles0.get(role, 0.0)) / (t1 - t0), 3) for role in roles1
+        },
+        "client_cores": round(sum(part["client_cpu_s"] for part in parts) / duration_s, 3),
+    }
+
+
 @contextlib.contextmanager
 def _served(ctx, target, args):
     """A fresh server (``target(*args, ready)``) in its own process: yields (process, URL),
@@ -417,17 +610,25 @@ def _measure(
 
         roles1: dict[str, float] = {}
         load = run_load(
-            ctx, [url] * sessions, clients=clients, warmup_s=warmup_s, duration_s=duration_s, cpu_of=cpu_of
+            ctx,
+            [url.split()[i % len(url.split())] for i in range(sessions)],  # the pair arm has two
+            clients=clients,
+            warmup_s=warmup_s,
+            duration_s=duration_s,
+            cpu_of=cpu_of,
         )
         turns = load["turns_per_s"] * load["seconds"]
         per_turn = {
             role: round(1000 * (roles1[role] - roles0.get(role, 0.0)) / turns, 3) for role in roles1 if turns
         }
+        front_cpu = roles1.get("front/server", 0.0) - roles0.get("front/server", 0.0)
         return {
             "turns_per_s": load["turns_per_s"],
             "server_cores": load["server_cores"],
             "client_cores": load["client_cores"],
             "cpu_ms_per_turn_by_process": per_turn,
+            # the front's own process (the whole server in the bare arm)
+            "front_cores": front_cpu / load["seconds"],
         }
 
 
@@ -507,11 +708,15 @@ def run(
     rounds: int | None = None,
     duration_s: float | None = None,
     warmup_s: float = 1.0,
+    pair: bool = False,
 ) -> dict[str, Any]:
+    """The turn form; ``pair`` adds the ``bare x2`` arm (two independent servers)."""
     ctx = multiprocessing.get_context("spawn")
     rounds = rounds or (2 if quick else 3)
     duration_s = duration_s or (3.0 if quick else 6.0)
     arms = {"bare": (_bare_main, ()), "workers=1": (_workers_main, (1,)), "workers=2": (_workers_main, (2,))}
+    if pair:
+        arms["bare x2"] = (_bare_pair_main, ())
     per_round: list[dict[str, dict[str, Any]]] = []
     for r in range(rounds):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
@@ -531,6 +736,16 @@ def run(
 
     def median_ratio(arm: str, base: str) -> float:
         return statistics.median(f[arm]["turns_per_s"] / f[base]["turns_per_s"] for f in per_round)
+
+    def per_core_ratio(arm: str, base: str) -> float:
+        return round(
+            statistics.median(
+                (f[arm]["turns_per_s"] / f[arm]["server_cores"])
+                / (f[base]["turns_per_s"] / f[base]["server_cores"])
+                for f in per_round
+            ),
+            3,
+        )
 
     def per_arm(key: str, digits: int) -> dict[str, list[float]]:
         return {arm: [round(f[arm][key], digits) for f in per_round] for arm in arms}
@@ -564,6 +779,16 @@ def run(
         # also runs the load cannot show as raw turns/s).
         "turns_per_server_core_s": {
             arm: [round(f[arm]["turns_per_s"] / f[arm]["server_cores"], 1) for f in per_round] for arm in arms
+        },
+        # The goal of issue 32 item 3: two workers' turns per server core-second over one
+        # worker's, median of the per-round ratios (>= 0.95).
+        "per_core_ratio_2_vs_1_workers": per_core_ratio("workers=2", "workers=1"),
+        # The same for two servers that share nothing: what the host itself allows two processes.
+        **({"per_core_ratio_bare_x2_vs_bare": per_core_ratio("bare x2", "bare")} if pair else {}),
+        "front_cores": {
+            arm: [round(f[arm]["front_cores"], 4) for f in per_round]
+            for arm in arms
+            if arm.startswith("workers")
         },
         "ratio_vs_bare": {arm: round(median_ratio(arm, "bare"), 3) for arm in arms if arm != "bare"},
         "ratio_2_vs_1_workers": round(median_ratio("workers=2", "workers=1"), 3),
@@ -647,7 +872,14 @@ if __name__ == "__main__":
     if "--realtime" in args:
         print(json.dumps(run_realtime(quick="--quick" in args), indent=2))
         sys.exit(0)
-    options: dict[str, Any] = {"quick": "--quick" in args}
+    if "--front" in args:
+        front_options: dict[str, Any] = {}
+        for flag, key, kind in (("--sessions", "sessions", int), ("--duration", "duration_s", float)):
+            if flag in args:
+                front_options[key] = kind(args[args.index(flag) + 1])
+        print(json.dumps(run_front(**front_options), indent=2))
+        sys.exit(0)
+    options: dict[str, Any] = {"quick": "--quick" in args, "pair": "--pair" in args}
     for flag, key, kind in (
         ("--sessions", "sessions", int),
         ("--clients", "clients", int),

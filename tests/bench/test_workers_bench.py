@@ -15,14 +15,27 @@ from duplex_actors.bench import workers_bench
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_every_arm_serves_turns_and_the_cpu_split_names_the_processes():
-    result = workers_bench.run(sessions=4, rounds=1, duration_s=0.5, warmup_s=0.3)
-    assert set(result["turns_per_s"]) == {"bare", "workers=1", "workers=2"}
+    result = workers_bench.run(sessions=4, rounds=1, duration_s=0.5, warmup_s=0.3, pair=True)
+    assert set(result["turns_per_s"]) == {"bare", "workers=1", "workers=2", "bare x2"}
     assert all(rounds[0] > 0 for rounds in result["turns_per_s"].values())
-    assert set(result["ratio_vs_bare"]) == {"workers=1", "workers=2"}
+    assert set(result["ratio_vs_bare"]) == {"workers=1", "workers=2", "bare x2"}
     split = result["cpu_ms_per_turn_by_process"]
     assert set(split["bare"][0]) == {"front/server"}
     assert {"dx-worker0", "dx-engine"} <= set(split["workers=1"][0])
     assert {"dx-worker0", "dx-worker1", "dx-engine"} <= set(split["workers=2"][0])
+    assert result["per_core_ratio_2_vs_1_workers"] > 0 and result["per_core_ratio_bare_x2_vs_bare"] > 0
+    assert set(result["front_cores"]) == {"workers=1", "workers=2"}
+    json.dumps(result)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_front_mode_keeps_sessions_live_through_the_front_and_reports_its_cpu():
+    result = workers_bench.run_front(sessions=6, duration_s=1.0, turn_every_s=0.4)
+    # each session turns every 0.4 s over 1 s: two or three each, all answered
+    assert result["responses_done"] >= 12, result
+    assert result["front_cores_live"] >= 0 and result["front_cores_connecting"] >= 0
+    assert {"front/server", "dx-worker0", "dx-worker1", "dx-engine"} <= set(result["cores_live_by_process"])
     json.dumps(result)
 
 
