@@ -19,7 +19,7 @@ def statechart(
         None,
         "--machine",
         "-m",
-        help="session | engine_request | lease; all only with --out (one file per machine)",
+        help="session | engine_request | lease | connection; all only with --out (one file per machine)",
     ),
     out: Path | None = typer.Option(
         None,

@@ -24,6 +24,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from ..core import connection_chart
 from ..core import statechart as session_chart
 from . import lifecycles
 from .chartspec import ChartSpec, spec_from_machine
@@ -104,10 +105,23 @@ def _lease_spec() -> ChartSpec:
     )
 
 
+def _connection_spec() -> ChartSpec:
+    return spec_from_machine(
+        connection_chart.MACHINE,
+        name="connection",
+        title="One websocket connection of the Realtime server (duplex_actors.core.connection_chart)",
+        why=connection_chart.WHY,
+        state_docs=connection_chart.STATE_DOCS,
+        guard_docs=connection_chart.GUARD_DOCS,
+        default_refusal=connection_chart.DEFAULT_REFUSAL.__name__,
+    )
+
+
 MACHINES: dict[str, Callable[[], ChartSpec]] = {
     "session": _session_spec,
     "engine_request": _engine_request_spec,
     "lease": _lease_spec,
+    "connection": _connection_spec,
 }
 
 
@@ -391,7 +405,9 @@ def review_markdown() -> str:
         "Every chart and table below is generated from the code: the session chart from",
         "`duplex_actors.core.statechart.MACHINE` (the same Machine the runtime's dispatch table",
         "is compiled from), the engine-request and lease charts from the documentary Machines in",
-        "`duplex_actors.tooling.lifecycles`, which tests hold to the real EngineActor and Lease.",
+        "`duplex_actors.tooling.lifecycles`, which tests hold to the real EngineActor and Lease,",
+        "and the connection chart from `duplex_actors.core.connection_chart.MACHINE`, whose",
+        "table the Realtime server's connections fire their triggers into.",
         "CI fails when this file drifts from the code (`duplex-actors statechart --check`).",
         "",
         "How to read them: an arrow is a transition `trigger [guard] / effects`. Guards are named",

@@ -296,9 +296,9 @@ async def test_a_raw_socket_that_stops_reading_is_disconnected_by_the_write_time
 async def test_a_slow_but_steady_reader_is_not_a_slow_consumer(monkeypatch):
     """The write deadline bounds each socket write, not a whole burst: a burst that takes far
     longer than write_timeout_s to drain, while every write drains in time, keeps its client."""
-    from duplex_actors.server import app
+    from duplex_actors.server import session_connection, ws_internals
 
-    send_burst = app._send_burst
+    send_burst = ws_internals.send_burst
     slow_writes = []
 
     async def slow_send_burst(ws, frames):
@@ -306,9 +306,9 @@ async def test_a_slow_but_steady_reader_is_not_a_slow_consumer(monkeypatch):
         await anyio.sleep(0.05)  # each write drains in 0.05 s: well within the 0.5 s deadline
         return await send_burst(ws, frames)
 
-    monkeypatch.setattr(app, "_send_burst", slow_send_burst)
+    monkeypatch.setattr(ws_internals, "send_burst", slow_send_burst)
     # One event per write, so the burst is many writes (a burst normally shares writes).
-    monkeypatch.setattr(app, "BURST_MAX_FRAMES", 1)
+    monkeypatch.setattr(session_connection, "BURST_MAX_FRAMES", 1)
     # Unpaced: the whole response (about 45 events) is ready in one burst of ~2.5 s of writes.
     script = Script(tokens=tuple(f" w{i}" for i in range(20)), audio_packets=20, packet_ms=20)
     async with running_server(script, write_timeout_s=0.5, session_overrides=GRACE) as server:

@@ -336,7 +336,7 @@ async def test_a_detached_sessions_events_are_billed_to_its_client_as_if_sent():
         assert produced_away > 10  # most of the response came after the client had gone
         assert record.billed_seq == produced  # and all of it was billed, once
         charged = sum(cost for now, cost in share.billed[FLOODER_TENANT] if now > detached_at)
-        assert charged == pytest.approx(produced_away * server._cost_per_event, rel=0.05)
+        assert charged == pytest.approx(produced_away * server.billing.cost_per_event, rel=0.05)
 
 
 async def test_a_client_over_its_share_opens_its_next_connection_once_within_it():

@@ -10,7 +10,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from duplex_actors import Script
-from duplex_actors.server import app
+from duplex_actors.server import session_connection, ws_internals
 
 from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
 
@@ -23,7 +23,7 @@ BURSTY = Script(tokens=tuple(f" w{i}" for i in range(20)), audio_packets=20, pac
 @pytest.fixture
 def writes(monkeypatch):
     """Every burst the writer sent: (frames in it, socket writes it took, event types)."""
-    send_burst = app._send_burst
+    send_burst = ws_internals.send_burst
     seen: list[tuple[int, int, list[str]]] = []
 
     async def counting_send_burst(ws, frames):
@@ -38,7 +38,7 @@ def writes(monkeypatch):
         seen.append((len(frames), len(calls), [json.loads(f)["type"] for f in frames]))
         return cost
 
-    monkeypatch.setattr(app, "_send_burst", counting_send_burst)
+    monkeypatch.setattr(ws_internals, "send_burst", counting_send_burst)
     return seen
 
 
@@ -78,7 +78,7 @@ async def test_a_burst_of_ready_events_goes_out_in_one_socket_write(writes):
 # its rate_limits.updated): a burst ends after the event that reaches a cap.
 @pytest.mark.parametrize(("cap", "value", "most"), [("BURST_MAX_FRAMES", 3, 4), ("BURST_MAX_BYTES", 1, 2)])
 async def test_a_long_burst_is_cut_at_the_caps_and_nothing_is_lost(monkeypatch, writes, cap, value, most):
-    monkeypatch.setattr(app, cap, value)
+    monkeypatch.setattr(session_connection, cap, value)
     async with running_server(BURSTY) as server:
         events = await _turn(server.url)
     assert events[-2]["response"]["status"] == "completed"
