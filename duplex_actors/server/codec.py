@@ -173,7 +173,7 @@ def item_object(item: Item) -> dict:
             parts.append({"type": "output_audio", "transcript": p.transcript or ""})
         elif p.type == "output_text":
             parts.append({"type": "output_text", "text": p.text or ""})
-        elif p.type == "input_image":  # the image itself is not kept (see wire._content_text)
+        elif p.type == "input_image":  # the image itself is not kept (see wire_items._content_text)
             parts.append({"type": "input_image"})
         else:
             parts.append({"type": "input_text", "text": p.text or ""})

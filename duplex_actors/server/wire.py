@@ -19,25 +19,21 @@ socket, a session or a clock, so every rule here is tested without a server.
 or raises a :class:`WireError` subclass carrying a stable ``code`` and, whenever the frame let
 us read one, the client's ``event_id``. A refused frame changes nothing anywhere.
 
-Server events are encoded by :mod:`.codec`; :func:`encode` serialises the result.
+Server events are encoded by :mod:`.codec`; :func:`encode` serialises the result. The
+limits, errors, decoded values and field readers are in :mod:`.wire_types` (re-exported here).
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
-import builtins
 import json
-import re
 import secrets
 from collections.abc import Callable
-from typing import Any, Literal, Union, overload
-
-import attrs
+from typing import Any
 
 from ..core import commands as cmd
-from ..core.conversation import CREATABLE_ROLES, ContentPart, Item
-from ..core.engine_io import SAMPLING_RANGES, SPEED_RANGE, FunctionTool, SamplingOverrides
+from ..core.conversation import Item
+from ..core.engine_io import SAMPLING_RANGES, SPEED_RANGE, SamplingOverrides
 from ..errors import (
     ClientError,
     DuplexError,
@@ -47,6 +43,35 @@ from ..errors import (
     UnencodableText,
 )
 from .audio_format import G711_RATE, LEGACY_NAMES, PCM, PCM_RATES, PCMA, PCMU, AudioFormat
+from .wire_items import _item_value, _session_transcription, _tool_choice_field, _tool_fields, _tools_field
+from .wire_types import (
+    _HAS_SERVER_VAD,
+    _MISSING,
+    _SURROGATE,
+    EAGERNESS_SILENCE_MS,
+    AudioItemCreate,
+    ChunkTooLarge,
+    ClientEvent,
+    EncodedAudio,
+    FrameTooComplex,
+    FrameTooLarge,
+    InvalidAudio,
+    InvalidField,
+    InvalidFrame,
+    InvalidJSON,
+    NotSupported,
+    ResumeRequest,
+    SessionUpdate,
+    TurnDetection,
+    UnknownEventType,
+    UnsupportedAudioFormat,
+    WireError,
+    WireLimits,
+    _depth_ok,
+    _Fields,
+    _json_type,
+    _refuse_unencodable,
+)
 
 _b64decode: Callable[..., bytes]  # pybase64's or the standard library's b64decode
 try:  # an optional accelerator (extra 'fast'): the same checks as the standard library's
@@ -54,359 +79,6 @@ try:  # an optional accelerator (extra 'fast'): the same checks as the standard 
     from pybase64 import b64decode as _b64decode
 except ImportError:  # both paths: tests/server/test_wire_accelerators.py
     from base64 import b64decode as _b64decode
-
-# --- declared limits ------------------------------------------------------------------------
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class WireLimits:
-    #: Largest text frame we parse. Bigger frames get a ``frame_too_large`` error event; frames
-    #: past ``transport_cap`` are refused by the websocket layer itself (close code 1009).
-    max_frame_bytes: int = attrs.field(default=1 << 20, validator=attrs.validators.gt(0))
-    #: Largest decoded pcm16 payload of one ``input_audio_buffer.append``.
-    max_chunk_bytes: int = attrs.field(default=256 << 10, validator=attrs.validators.gt(0))
-    #: How deep JSON may nest before we refuse to look at it.
-    max_depth: int = 32
-    #: At most this many JSON values in one frame, counted before parsing (commas and opening
-    #: brackets, strings' own included: an overestimate). Parsing costs per value, not per
-    #: byte: 1 MB of ``[[],[],...]`` took 0.4 s of the event loop, and deflates to ~1 KB. Real
-    #: frames hold far fewer: an append ~3, 128 tool schemas ~5,000, 64 KB of prose ~2,000.
-    max_json_values: int = attrs.field(default=20_000, validator=attrs.validators.gt(0))
-    #: Largest ``session.resume`` frame (the first frame of a resuming connection, parsed
-    #: before any session or budget exists); a real one is under 1 KB.
-    max_resume_frame_bytes: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
-
-    @property
-    def transport_cap(self) -> int:
-        # Headroom over max_frame_bytes, so an oversized frame is still answered with an error
-        # event instead of a dropped connection.
-        return self.max_frame_bytes * 4
-
-
-# --- typed errors ---------------------------------------------------------------------------
-
-
-class WireError(InvalidCommand):
-    """A client frame could not be turned into an event; nothing was changed."""
-
-    code = "invalid_event"
-
-
-class FrameTooComplex(WireError):
-    """A frame holds more JSON values than ``WireLimits.max_json_values``; it is not parsed."""
-
-    code = "frame_too_complex"
-
-
-class InvalidFrame(WireError):
-    code = "invalid_frame"  # binary frame, or text that is not UTF-8
-
-
-class InvalidJSON(WireError):
-    code = "invalid_json"
-
-
-class FrameTooLarge(WireError):
-    code = "frame_too_large"
-
-
-class UnknownEventType(WireError):
-    code = "unknown_event_type"
-
-
-class InvalidField(WireError):
-    """A field is missing or has the wrong type or value; ``param`` names it."""
-
-    code = "invalid_value"
-
-    def __init__(self, param: str, message: str, **kw) -> None:
-        super().__init__(f"{param}: {message}", **kw)
-        self.param = param
-
-
-class InvalidAudio(WireError):
-    code = "invalid_audio"  # bad base64, odd byte count, empty chunk
-
-
-class ChunkTooLarge(WireError):
-    code = "chunk_too_large"
-
-
-class UnsupportedAudioFormat(WireError):
-    code = "unsupported_audio_format"
-
-
-class NotSupported(ClientError):
-    """A well-formed OpenAI event this runtime deliberately does not implement."""
-
-    code = "not_supported"
-
-
-# --- decoded values that are not plain session commands -------------------------------------
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class ResumeRequest:
-    """``session.resume``: attach this connection to a detached session."""
-
-    session_id: str
-    command: cmd.Resume
-
-    @property
-    def event_id(self) -> str | None:
-        return self.command.event_id
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class EncodedAudio:
-    """An append in the client's declared format, not yet the session's pcm16."""
-
-    data: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
-    format: AudioFormat
-    event_id: str | None = None
-    epoch: int | None = None
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class TurnDetection:
-    """Server VAD settings of a ``session.update`` (OpenAI's ``turn_detection`` object)."""
-
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
-    #: After a response's audio has played, this much quiet makes the server respond on its
-    #: own (input_audio_buffer.timeout_triggered). None: never.
-    idle_timeout_ms: int | None = None
-    #: What the client asked for: "server_vad", or "semantic_vad" (its ``eagerness`` is mapped
-    #: onto ``silence_duration_ms``; both are echoed back as sent).
-    type: str = "server_vad"
-    eagerness: str | None = None
-
-
-#: semantic_vad's eagerness as the silence that ends a turn (ms). The detector here hears
-#: silence, not meaning: "low" waits longer for the user to go on, "high" answers sooner;
-#: "auto" is OpenAI's "medium", which keeps server_vad's default.
-EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class SessionUpdate:
-    """``session.update``: the session command, plus what it does to server turn detection."""
-
-    command: cmd.UpdateSession
-    #: Set when the update turns server VAD on (with these settings).
-    turn_detection: TurnDetection | None = None
-    #: True when the update turns server VAD off (``turn_detection: null``).
-    vad_off: bool = False
-    #: The ``create_response`` / ``interrupt_response`` the client asked for, to echo back.
-    create_response: bool = True
-    interrupt_response: bool = True
-    input_format: AudioFormat | None = None
-    output_format: AudioFormat | None = None
-    voice: str | None = None
-    #: The binary-audio extension turned on (True) or off (False); None: unchanged.
-    binary_audio: bool | None = None
-
-    @property
-    def event_id(self) -> str | None:
-        return self.command.event_id
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class AudioItemCreate:
-    """``conversation.item.create`` of a user message with ``input_audio``: the command, and
-    the audio in the client's declared format (the server converts it to the session's pcm16,
-    then hands the command its audio)."""
-
-    command: cmd.CreateItem
-    data: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
-    format: AudioFormat
-
-    @property
-    def event_id(self) -> str | None:
-        return self.command.event_id
-
-
-ClientEvent = Union[cmd.Command, ResumeRequest, EncodedAudio, SessionUpdate, AudioItemCreate]
-
-#: Whether this runtime's UpdateSession knows the ``server_vad`` switch.
-_HAS_SERVER_VAD = "server_vad" in attrs.fields_dict(cmd.UpdateSession)
-
-
-# --- field readers --------------------------------------------------------------------------
-
-_MISSING = object()
-
-
-class _Fields:
-    """Typed access to one JSON object, raising InvalidField with the dotted param name."""
-
-    __slots__ = ("obj", "prefix", "event_id")
-
-    def __init__(self, obj: dict, prefix: str, event_id: str | None) -> None:
-        self.obj = obj
-        self.prefix = prefix
-        self.event_id = event_id
-
-    def _name(self, key: str) -> str:
-        return f"{self.prefix}{key}"
-
-    def fail(self, key: str, message: str) -> InvalidField:
-        return InvalidField(self._name(key), message, event_id=self.event_id)
-
-    def has(self, key: str) -> bool:
-        return key in self.obj
-
-    # The readers are named after the JSON types they read, so within the class the builtins
-    # are spelled builtins.str, builtins.int and builtins.bool. required=True never gives None.
-
-    @overload
-    def str(
-        self, key: builtins.str, *, required: Literal[True], max_len: builtins.int = ...
-    ) -> builtins.str: ...
-    @overload
-    def str(
-        self, key: builtins.str, *, required: builtins.bool = ..., max_len: builtins.int = ...
-    ) -> builtins.str | None: ...
-    def str(
-        self, key: builtins.str, *, required: builtins.bool = False, max_len: builtins.int = 1 << 16
-    ) -> builtins.str | None:
-        value = self.obj.get(key, _MISSING)
-        if value is _MISSING or (value is None and not required):
-            if required:
-                raise self.fail(key, "is required")
-            return None
-        if not isinstance(value, str):
-            raise self.fail(key, f"must be a string, not {_json_type(value)}")
-        if len(value) > max_len:
-            raise self.fail(key, f"is longer than {max_len} characters")
-        return value
-
-    @overload
-    def int(
-        self,
-        key: builtins.str,
-        *,
-        required: Literal[True],
-        minimum: builtins.int | None = ...,
-        maximum: builtins.int | None = ...,
-    ) -> builtins.int: ...
-    @overload
-    def int(
-        self,
-        key: builtins.str,
-        *,
-        required: builtins.bool = ...,
-        minimum: builtins.int | None = ...,
-        maximum: builtins.int | None = ...,
-    ) -> builtins.int | None: ...
-    def int(
-        self,
-        key: builtins.str,
-        *,
-        required: builtins.bool = False,
-        minimum: builtins.int | None = 0,
-        maximum: builtins.int | None = None,
-    ) -> builtins.int | None:
-        value = self.obj.get(key, _MISSING)
-        if value is _MISSING or (value is None and not required):
-            if required:
-                raise self.fail(key, "is required")
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, f"must be an integer, not {_json_type(value)}")
-        if minimum is not None and value < minimum:
-            raise self.fail(key, f"must be >= {minimum}")
-        if maximum is not None and value > maximum:
-            raise self.fail(key, f"must be <= {maximum}")
-        return value
-
-    def number(
-        self, key: builtins.str, *, minimum: float | None = None, maximum: float | None = None
-    ) -> float | None:
-        value = self.obj.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise self.fail(key, f"must be a number, not {_json_type(value)}")
-        if minimum is not None and value < minimum:
-            raise self.fail(key, f"must be >= {minimum}")
-        if maximum is not None and value > maximum:
-            raise self.fail(key, f"must be <= {maximum}")
-        return float(value)
-
-    def bool(self, key: builtins.str) -> builtins.bool | None:
-        value = self.obj.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            return None
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be a boolean, not {_json_type(value)}")
-        return value
-
-    @overload
-    def object(self, key: builtins.str, *, required: Literal[True]) -> _Fields: ...
-    @overload
-    def object(self, key: builtins.str, *, required: builtins.bool = ...) -> _Fields | None: ...
-    def object(self, key: builtins.str, *, required: builtins.bool = False) -> _Fields | None:
-        value = self.obj.get(key, _MISSING)
-        if value is _MISSING or (value is None and not required):
-            if required:
-                raise self.fail(key, "is required")
-            return None
-        if not isinstance(value, dict):
-            raise self.fail(key, f"must be an object, not {_json_type(value)}")
-        return _Fields(value, self._name(key) + ".", self.event_id)
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
-def _depth_ok(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return False
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return True
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _refuse_unencodable(value: Any) -> None:
-    """Refuse a frame whose strings (keys included) hold a lone surrogate: it would reach the
-    session and its replay journal, and fail later when an event echoing it is encoded."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                raise UnencodableText(
-                    "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
-                    "which is not valid Unicode text"
-                )
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
 
 
 # --- the decoder ----------------------------------------------------------------------------
@@ -891,51 +563,6 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
 # --- conversation items -----------------------------------------------------------------------
 
 
-def _content_text(
-    item: _Fields,
-    allowed: tuple[str, ...],
-    as_type: str = "input_text",
-    images: bool = False,
-    audio: list[bytes] | None = None,
-) -> tuple[ContentPart, ...]:
-    content = item.obj.get("content")
-    if not isinstance(content, list) or not content:
-        raise item.fail("content", "must be a non-empty list of content parts")
-    parts = []
-    for i, raw in enumerate(content):
-        if not isinstance(raw, dict):
-            raise item.fail(f"content[{i}]", "must be an object")
-        part = _Fields(raw, f"{item.prefix}content[{i}].", item.event_id)
-        kind = part.str("type", required=True)
-        if kind == "input_image" and images:
-            # Valid GA input (a user's camera frame or picture) that no engine here can see.
-            # It was refused, and the refusal ended the session for pipecat, which treats any
-            # error as fatal: one video frame killed the call. The part is kept as a marker,
-            # without its image (which would fill the conversation's budget), and is not read.
-            part.str("image_url", max_len=1 << 30)  # a string if given (the frame bounds it)
-            parts.append(ContentPart(type="input_image"))
-            continue
-        if kind == "input_audio" and audio is not None:
-            # A user's recorded turn (GA): base64 in the session's declared input format, its
-            # transcript optional. The bytes go to the caller (the server converts them).
-            data = part.str("audio", max_len=1 << 30)
-            if not data and not part.str("transcript"):
-                raise part.fail(
-                    "audio", "is required (base64, in the session's input format) unless a transcript is"
-                )
-            if data:
-                try:
-                    audio.append(base64.b64decode(data, validate=True))
-                except (binascii.Error, ValueError):
-                    raise InvalidAudio("audio is not valid base64", param=f"{part.prefix}audio") from None
-            parts.append(ContentPart(type="input_audio", transcript=part.str("transcript")))
-            continue
-        if kind not in allowed:
-            raise part.fail("type", f"{kind!r} is not supported here; use {' or '.join(allowed)}")
-        parts.append(ContentPart(type=as_type, text=part.str("text", required=True)))
-    return tuple(parts)
-
-
 @_parser("conversation.item.create")
 def _item_create(f: _Fields, event_id, epoch, limits, rates):
     audio: list[bytes] = []
@@ -949,49 +576,6 @@ def _item_create(f: _Fields, event_id, epoch, limits, rates):
     if declared.type == PCM and len(data) % 2:
         raise InvalidAudio("pcm16 audio must have an even number of bytes")
     return AudioItemCreate(command=command, data=data, format=declared)
-
-
-def _item_value(item: _Fields, audio: list[bytes] | None = None) -> Item:
-    """An item a client writes (conversation.item.create, or a response's own input)."""
-    kind = item.str("type", required=True)
-    item_id = item.str("id", max_len=256) or ""
-    if kind == "message":
-        role = item.str("role", required=True)
-        if role not in CREATABLE_ROLES:
-            raise item.fail("role", f"must be one of {', '.join(CREATABLE_ROLES)}")
-        if role == "assistant":  # replayed history: text only (audio is never kept)
-            parts = _content_text(item, ("output_text", "text"), as_type="output_text")
-        else:
-            if role == "user":
-                parts = _content_text(item, ("input_text",), images=True, audio=audio)
-            else:
-                parts = _content_text(item, ("input_text", "text"))
-        value = Item(id=item_id, role=role, content=parts)
-    elif kind == "function_call_output":
-        value = Item(
-            id=item_id,
-            type=kind,
-            call_id=item.str("call_id", required=True, max_len=256),
-            output=item.str("output", required=True),
-        )
-    elif kind == "function_call":
-        # The assistant's call, replayed by a client that syncs its history (livekit sends the
-        # calls of its chat context). GA requires name and arguments; without a call_id the
-        # session gives it one, so an output can still answer it.
-        value = Item(
-            id=item_id,
-            type=kind,
-            call_id=item.str("call_id", max_len=256) or None,
-            name=item.str("name", required=True, max_len=256),
-            arguments=item.str("arguments", required=True),
-        )
-    else:
-        raise NotSupported(
-            f"{item.prefix}type {kind!r} is not supported; create message, function_call "
-            "or function_call_output items",
-            param=f"{item.prefix}type",
-        )
-    return value
 
 
 @_parser("conversation.item.delete")
@@ -1009,87 +593,6 @@ def _item_retrieve(f: _Fields, event_id, epoch, limits, rates):
 
 
 # --- function tools -----------------------------------------------------------------------
-
-_MAX_TOOLS = 128
-
-
-def _tool_fields(s: _Fields) -> dict[str, Any]:
-    """``tools`` and ``tool_choice`` (of a response.create's response) as command fields: only
-    those given."""
-    tools = _tools_field(s)
-    return {**tools, **_tool_choice_field(s, tuple(t.name for t in tools.get("tools") or ()))}
-
-
-def _tools_field(s: _Fields) -> dict[str, Any]:
-    """``tools`` as a command field, if given."""
-    changes: dict[str, Any] = {}
-    if s.has("tools") and s.obj["tools"] is not None:
-        tools = s.obj["tools"]
-        if not isinstance(tools, list):
-            raise s.fail("tools", f"must be an array, not {_json_type(tools)}")
-        if len(tools) > _MAX_TOOLS:
-            raise s.fail("tools", f"has more than {_MAX_TOOLS} entries")
-        parsed = []
-        for i, tool in enumerate(tools):
-            if not isinstance(tool, dict):
-                raise s.fail(f"tools[{i}]", f"must be an object, not {_json_type(tool)}")
-            t = _Fields(tool, f"{s.prefix}tools[{i}].", s.event_id)
-            kind = t.str("type") or "function"
-            if kind != "function":
-                raise NotSupported(f"tool type {kind!r} is not supported; only function tools are")
-            parameters = tool.get("parameters", {})
-            if not isinstance(parameters, dict):
-                raise t.fail("parameters", f"must be an object, not {_json_type(parameters)}")
-            parsed.append(
-                FunctionTool(
-                    name=t.str("name", required=True, max_len=256),
-                    description=t.str("description") or "",
-                    parameters=json.dumps(parameters, separators=(",", ":")),
-                )
-            )
-        changes["tools"] = tuple(parsed)
-    return changes
-
-
-def _tool_choice_field(s: _Fields, named: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``tool_choice`` as a command field, if given. A bare string in ``named`` (the tools
-    given next to it) is read as that function."""
-    changes: dict[str, Any] = {}
-    choice = s.obj.get("tool_choice")
-    if isinstance(choice, str):
-        if choice not in ("auto", "none", "required") and choice not in named:
-            raise s.fail("tool_choice", f"must be 'auto', 'none', 'required' or a function, not {choice!r}")
-        changes["tool_choice"] = choice
-    elif isinstance(choice, dict):
-        tool = s.object("tool_choice", required=True)
-        changes["tool_choice"] = tool.str("name", required=True, max_len=256)
-    elif choice is not None:
-        raise s.fail("tool_choice", f"must be a string or an object, not {_json_type(choice)}")
-    return changes
-
-
-def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, Any]:
-    """Input transcription: GA ``audio.input.transcription`` or beta ``input_audio_transcription``
-    (``{"model": ..., "language", "prompt"}``, or null to turn it off)."""
-    holders = [
-        (h, k)
-        for h, k in ((in_fields, "transcription"), (s, "input_audio_transcription"))
-        if h is not None and h.has(k)
-    ]
-    if not holders:
-        return {}
-    holder, key = holders[0]
-    if holder.obj[key] is None:
-        return {"transcription": False}
-    settings = holder.object(key, required=True)  # present, and not null (above)
-    # A language the recogniser cannot hear fails each turn's transcription (...failed), never
-    # the session: pipecat treats an error here as fatal (runtime.transcribe decides).
-    language = settings.str("language", max_len=32)
-    settings.str("prompt")  # type-checked; the recogniser takes no prompt
-    return {
-        "transcription": settings.str("model", max_len=256) or "pocketsphinx",
-        "transcription_language": language or None,
-    }
 
 
 @_parser("conversation.item.truncate")
@@ -1177,3 +680,30 @@ for _event_type, _command_class in (
     ("session.close", cmd.Close),
 ):
     _parser(_event_type)(_fieldless(_command_class))
+
+
+__all__ = [
+    "decode",
+    "accepted_types",
+    "encode",
+    "transport_error",
+    "WireLimits",
+    "WireError",
+    "FrameTooComplex",
+    "InvalidFrame",
+    "InvalidJSON",
+    "FrameTooLarge",
+    "UnknownEventType",
+    "InvalidField",
+    "InvalidAudio",
+    "ChunkTooLarge",
+    "UnsupportedAudioFormat",
+    "NotSupported",
+    "ResumeRequest",
+    "EncodedAudio",
+    "TurnDetection",
+    "EAGERNESS_SILENCE_MS",
+    "SessionUpdate",
+    "AudioItemCreate",
+    "ClientEvent",
+]
