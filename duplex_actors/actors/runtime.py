@@ -732,8 +732,11 @@ class Runtime:
                         self._schedule(actor)
             else:
                 self._metered_round(ready, budget)
-            # Let engine pumps and event consumers run between rounds.
-            await anyio.lowlevel.checkpoint()
+            if ready:
+                # Let engine pumps and event consumers run between rounds. With nothing left
+                # the wait above yields instead: a checkpoint first was one more task step
+                # for every engine output that arrived alone.
+                await anyio.lowlevel.checkpoint()
 
     def _metered_round(self, ready: deque[SessionActor], budget: int) -> None:
         """One dispatcher round, its loop time split evenly between the sessions it ran: two

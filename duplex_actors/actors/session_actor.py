@@ -202,8 +202,9 @@ class SessionActor:
 
     def deliver(self, output: EngineOutput) -> None:
         """Engine output for one of this session's requests (engine lane, never refused)."""
-        self.mailbox.put(Lane.ENGINE, output)
-        self.runtime._schedule(self)
+        self.mailbox.put(_ENGINE, output)
+        if not self.scheduled:
+            self.runtime._schedule(self)
 
     def deliver_transcript(self, result: InputTranscript) -> None:
         """A committed turn's transcript (engine lane: it is work the session asked for)."""

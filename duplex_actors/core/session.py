@@ -528,7 +528,8 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         return actions
 
     def has_events(self) -> bool:
-        return bool(self._replay) or bool(self._outbox)
+        # The outbox's queue read directly: the shell asks after every dispatch.
+        return bool(self._replay or self._outbox._q)
 
     def take_events(self, limit: int | None = None) -> list[ev.ServerEvent]:
         """Hand pending events to the client, stamping server_event_seq and journaling them."""
