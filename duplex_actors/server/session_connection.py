@@ -626,8 +626,8 @@ class SessionConnection:
         # blip the old client is gone, and the connection slot is held meanwhile.
         with anyio.move_on_after(self.server.takeover_close_wait_s):
             await self.ws.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
-        if self.ws.transport is not None and not self.writer_stopped.is_set():
-            self.ws.transport.abort()
+        if not self.writer_stopped.is_set():
+            ws_internals.abort(self.ws)
         with anyio.move_on_after(5.0):
             await self.writer_stopped.wait()
 
@@ -645,8 +645,7 @@ class SessionConnection:
             await self.writer_stopped.wait()
         with contextlib.suppress(ConnectionClosed), anyio.move_on_after(1.0):
             await self.ws.close(*self.end_code)
-        if self.ws.transport is not None:
-            self.ws.transport.abort()
+        ws_internals.abort(self.ws)
 
     async def _fx_count_slow_consumer(self) -> None:
         assert self.record is not None
@@ -663,8 +662,7 @@ class SessionConnection:
         # moment, then cut the socket (and the memory buffered for it).
         with contextlib.suppress(ConnectionClosed), anyio.move_on_after(0.5):
             await self.ws.close(CLOSE_SLOW_CONSUMER, "slow consumer: writes did not drain")
-        if self.ws.transport is not None:
-            self.ws.transport.abort()
+        ws_internals.abort(self.ws)
 
     async def _fx_forget_session(self) -> None:
         assert self.record is not None

@@ -21,8 +21,15 @@ Two more reach-ins, for the same reason (what stays alive after a connection clo
 And one for what each event costs to send: :func:`send_burst` writes the frames of many events
 in one socket write, through the connection's ``send_context`` and its sans-I/O protocol (no
 public API sends several messages at once; one write per event cost the loop about twice).
-Everything else the server knows of a connection comes through the documented API: how a
-client ended its side is read from the ``ConnectionClosed`` its reader got.
+And :func:`abort`, which cuts a socket at once through the connection's transport: a client
+that stopped reading (or was pushed out, or flooded) cannot take a close frame, and websockets'
+``close()`` waits for the closing handshake.
+
+Everything else the server's session code knows of a connection comes through the documented
+API: how a client ended its side is read from the ``ConnectionClosed`` its reader got. The
+other module that works below that API is :mod:`.connection`, the ``ServerConnection``
+subclass that enforces the edge limits (request head, handshake slots, frame pacing) where
+websockets reads the socket.
 """
 
 from __future__ import annotations
@@ -91,3 +98,10 @@ async def send_burst(ws: ServerConnection, frames: list[bytes]) -> float:
         # never ends the stream, so there is no end-of-stream marker to keep apart.
         ws.transport.write(b"".join(protocol.data_to_send()))
         return frame_cost.billed_since(began)
+
+
+def abort(connection: ServerConnection) -> None:
+    """Cut ``connection``'s socket now, without a closing handshake (module doc)."""
+    transport = connection.transport
+    if transport is not None:
+        transport.abort()
