@@ -119,6 +119,22 @@ class SessionHandle:
         return self._actor.core.share_tenant
 
     @property
+    def detached(self) -> bool:
+        """Whether no transport is attached: the session waits out its disconnect grace."""
+        return self._actor.core.lease.detached
+
+    @property
+    def response_id(self) -> str | None:
+        """The response in flight, if any."""
+        return self._actor.core.response_id
+
+    @property
+    def journaled(self) -> tuple[int, int]:
+        """Events the session's journal holds for a resume, and its bytes (an estimate)."""
+        core = self._actor.core
+        return core.journaled_events, core.journaled_bytes
+
+    @property
     def events_produced(self) -> int:
         """How many events the session has produced so far, numbered or still waiting to be
         (a detached session's events wait unnumbered until a writer takes them)."""

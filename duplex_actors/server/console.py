@@ -124,22 +124,21 @@ def operator_snapshot(server: RealtimeServer, lag: LoopLagProbe | None = None) -
     depth_total = depth_max = detached = 0
     sessions: list[dict] = []
     for handle in runtime.sessions():
-        core = handle.core
         depth = handle.mailbox_depth()
         depth_total += depth
         depth_max = max(depth_max, depth)
-        if core.lease.detached:
+        if handle.detached:
             detached += 1
         if len(sessions) < OPERATOR_SESSIONS:
             sessions.append(
                 {
                     "id": handle.id,
-                    "state": core.state,
-                    "epoch": core.epoch,
-                    "turn_id": core.turn_id,
-                    "response_id": core.response_id,
+                    "state": handle.state,
+                    "epoch": handle.epoch,
+                    "turn_id": handle.turn_id,
+                    "response_id": handle.response_id,
                     "mailbox": depth,
-                    "detached": core.lease.detached,
+                    "detached": handle.detached,
                 }
             )
     return {

@@ -58,14 +58,14 @@ class _RuntimeCollector:
         journal_events = 0
         journal_bytes = 0
         for handle in rt.sessions():
-            core = handle.core
-            if core.lease.detached:
+            if handle.detached:
                 detached += 1
             depth = handle.mailbox_depth()
             depth_total += depth
             depth_max = max(depth_max, depth)
-            journal_events += core.journaled_events
-            journal_bytes += core.journaled_bytes
+            events, size = handle.journaled
+            journal_events += events
+            journal_bytes += size
         yield GaugeMetricFamily(
             "duplex_sessions_detached", "Open sessions waiting out their disconnect grace", value=detached
         )
