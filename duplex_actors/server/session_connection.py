@@ -555,7 +555,7 @@ class SessionConnection:
                     # response took over half of the loop's time in a flood of responses, and
                     # billed only for what it read, a client asking for responses back to back
                     # on 128 sessions made a neighbour's response x20 slower and was never held
-                    # back. The encoding's CPU is measured here, the sending's in _send_burst.
+                    # back. The encoding's CPU is measured here, the sending's in ws_internals.send_burst.
                     # The client's readers wait for it before their next frames, which is what
                     # lets it ask for more.
                     # Also keeps what an event costs to send, lately: what a detached
