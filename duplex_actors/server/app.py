@@ -2,10 +2,11 @@
 
 Theory of operation
 -------------------
-This module is the server's front: it listens, answers HTTP (health, metrics, the console),
-authenticates and admits connections, opens and resumes sessions, and bills each client's
-work to its share of the loop (through the ledger of :mod:`.billing`). Settings and close
-codes are in :mod:`.config`.
+This module is the server's front: it listens, admits connections, opens and resumes
+sessions, and bills each client's work to its share of the loop (through the ledger of
+:mod:`.billing`). What answers a request before any websocket exists (health, metrics, the
+console, API keys, connect rates) is :mod:`.http_gate`; settings and close codes are in
+:mod:`.config`.
 
 One websocket connection is attached to at most one session at a time
 (:mod:`.session_connection`). A connection runs two tasks: the *reader* turns each text frame
@@ -38,11 +39,9 @@ journaled event after the client's ``last_seq``, in order, followed by ``session
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -54,7 +53,6 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.extensions import ServerExtensionFactory
 from websockets.extensions.permessage_deflate import enable_server_permessage_deflate
-from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
@@ -90,6 +88,7 @@ from .connection import (
     paced_connection,
 )
 from .console import ConsoleRoutes
+from .http_gate import HttpGate, _address, _tenant
 from .inflate import deflate_extensions
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
@@ -101,11 +100,6 @@ from .worker_link import FrontLink
 
 log = structlog.get_logger("duplex_actors.server")
 
-#: What a connection's opening and closing cost the loop, charged to its client's share at the
-#: handshake (an estimate: one client opening and closing sessions flat out from 8 connections
-#: got 620-830 a second through, each a handshake, a session, its session.created and a close,
-#: ~1.2-1.6 ms of the loop each; `flood_bench --churn --policy off`, 2026-12-01).
-HANDSHAKE_COST_S = 0.001
 
 #: How often the work no frame of a client's measured (its sessions' state machines, its
 #: detached sessions' events) is billed to it (RealtimeServer._charge_unsent_work): well within
@@ -219,7 +213,7 @@ class RealtimeServer:
             self._handle,
             self.config.host,
             self.config.port,
-            process_request=self._process_request,
+            process_request=HttpGate(self),
             select_subprotocol=_select_subprotocol,
             max_size=self.config.limits.transport_cap,
             **self._connection_options(),
@@ -416,111 +410,6 @@ class RealtimeServer:
     @property
     def connection_count(self) -> int:
         return self._connections
-
-    # -- HTTP side: health, metrics, auth ---------------------------------------------------
-
-    def _process_request(
-        self, connection: ServerConnection, request: Request
-    ) -> Response | Awaitable[None] | None:
-        path = urlsplit(request.path).path.rstrip("/") or "/"
-        if path == "/health":
-            body = {"status": "ok", "sessions": self.runtime.session_count, "connections": self._connections}
-            return _respond(connection, 200, json.dumps(body) + "\n", "application/json")
-        if path == "/metrics":
-            payload, content_type = self.metrics.render(
-                self.runtime.clock.now(), self.config.metrics_max_age_s
-            )
-            return _respond(connection, 200, payload.decode("utf-8"), content_type)
-        if self.console.handles(path):  # the web console and its operator JSON (console.py)
-            return self.console.respond(connection, request, path)
-        if path != self.config.path.rstrip("/"):
-            return _respond(connection, 404, f"not found; the realtime endpoint is {self.config.path}\n")
-        key = guard.accepted_key(request.headers, self._keys) if self._keys else None
-        if self._keys and key is None:
-            self.metrics.auth_refused.inc()
-            log.info("server.auth_refused", remote=_remote(connection))
-            response = _respond(
-                connection, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'\n"
-            )
-            response.headers["WWW-Authenticate"] = 'Bearer realm="duplex-actors"'
-            return response
-        if self.connect_rates:
-            refused = self._connect_rate_refusal(connection, key)
-            if refused is not None:
-                return refused
-        refused = self._default_address_limit(connection, request)
-        if refused is not None:
-            return refused
-        if self._connections >= self.config.max_connections:
-            return _respond(connection, 503, "too many connections; retry later\n")
-        if self.loop_share is not None:
-            # A client over its share of the loop opens its next connection once it is back
-            # within it. Held only at its frames, a client that opened a session, asked for a
-            # response and dropped the connection, over and over, never waited: its next
-            # connection was open before the held frame was handled.
-            tenant = _tenant(guard.key_digest(key) if self._keys else None, _address(connection))
-            now = self.runtime.clock.now()
-            # A handshake's work (the HTTP upgrade, the session, its first events, the close)
-            # happens around awaits and cannot be timed as one piece: it is charged at an
-            # estimate.
-            self.loop_share.charge(tenant, HANDSHAKE_COST_S, now)
-            held = self.loop_share.hold(tenant, now)
-            if held:
-                return self._handshake_when_within_share(tenant, held)  # websockets awaits it
-        return None
-
-    async def _handshake_when_within_share(self, tenant: str, held: float) -> None:
-        """Wait until ``tenant`` is within its loop share, then let its handshake go on
-        (websockets' ``open_timeout``, 10 s, bounds the whole handshake)."""
-        share = self.loop_share
-        assert share is not None
-        while held:
-            self.metrics.paced.labels("client_share").inc(held)
-            await anyio.sleep(held)
-            held = share.hold(tenant, self.runtime.clock.now())
-
-    def _default_address_limit(self, connection: ServerConnection, request: Request) -> Response | None:
-        """429 for a new session from an address already holding ``default_sessions_per_address``,
-        or for a resume from one with that many connections waiting to resume (only while no
-        ``max_sessions_per_address`` is set, which bounds both itself)."""
-        limit = self.config.default_sessions_per_address
-        if limit is None or self.config.max_sessions_per_address is not None:
-            return None
-        address = _address(connection)
-        resuming = "session_id" in parse_qs(urlsplit(request.path).query)
-        held = self.quotas.resuming_of(address) if resuming else self.quotas.sessions_of(address)
-        if held < limit:
-            return None
-        if guard.exempt_from(self.config.exempt_networks)(str(connection.remote_address[0])):
-            return None
-        self.metrics.connects_refused.labels("address_sessions").inc()
-        response = _respond(
-            connection,
-            429,
-            f"this address already holds {limit} {'resuming connections' if resuming else 'sessions'}; "
-            "close one or retry later\n",
-        )
-        response.headers["Retry-After"] = "5"
-        return response
-
-    def _connect_rate_refusal(self, connection: ServerConnection, key: str | None) -> Response | None:
-        """429 for a handshake past its address's or its key's connect rate (checked in that
-        order; one admitted by its address and refused by its key has spent its address token)."""
-        now = self.runtime.clock.now()
-        for by, rate in self.connect_rates.items():
-            subject = _address(connection) if by == "address" else guard.key_digest(key)
-            if subject is None:
-                continue  # no key configured or presented: only the address counts
-            wait = rate.admit(subject, now)
-            if wait > 0.0:
-                self.metrics.connects_refused.labels(by).inc()
-                retry = max(1, math.ceil(wait))
-                response = _respond(
-                    connection, 429, f"too many new connections for this {by}; retry in {retry} s\n"
-                )
-                response.headers["Retry-After"] = str(retry)
-                return response
-        return None
 
     @property
     def _keys(self) -> tuple[str, ...]:
@@ -788,31 +677,6 @@ def _select_subprotocol(
 ) -> Subprotocol | None:
     # Browsers send "realtime" next to the key-carrying protocol; echo only the former.
     return Subprotocol("realtime") if "realtime" in subprotocols else None
-
-
-def _respond(
-    connection: ServerConnection, status: int, text: str, content_type: str | None = None
-) -> Response:
-    response = connection.respond(status, text)
-    if content_type is not None:
-        del response.headers["Content-Type"]
-        response.headers["Content-Type"] = content_type
-    return response
-
-
-def _tenant(key: bytes | None, address: str) -> str:
-    """Whom a session's work counts against at shared resources: its API key (a prefix of the
-    key's digest: a label, not a secret), else its client's address, as the quotas count."""
-    return f"key:{key[:8].hex()}" if key is not None else f"address:{address}"
-
-
-def _address(ws: ServerConnection) -> str:
-    """The client as the per-address quotas, connect rates and shares count it: its IP
-    address, not its port; an IPv6 client by its /64 (guard.client_subject)."""
-    try:
-        return guard.client_subject(str(ws.remote_address[0]))
-    except Exception:
-        return "?"
 
 
 __all__ = [

@@ -61,7 +61,7 @@ def console_files() -> dict[str, bytes]:
 
 
 class ConsoleRoutes:
-    """What ``RealtimeServer._process_request`` hands the console's paths to."""
+    """What ``http_gate.HttpGate`` hands the console's paths to."""
 
     def __init__(self, server: RealtimeServer) -> None:
         self._server = server

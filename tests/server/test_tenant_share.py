@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 
 from duplex_actors import Runtime, Script, ScriptedEngine
 from duplex_actors.engines.talker import SpeakingEngine, Talker, TalkerConfig
-from duplex_actors.server import app, guard
+from duplex_actors.server import app, guard, http_gate
 from duplex_actors.server.app import RealtimeServer, ServerConfig
 from duplex_actors.server.loop_share import LoopShare
 
@@ -361,7 +361,7 @@ async def test_a_client_over_its_share_opens_its_next_connection_once_within_it(
                 took = time.perf_counter() - began
                 await recv_json(ws)
             # Each handshake is charged to its client, as an estimate of its work.
-            assert share.billed[tenant][0][1] == app.HANDSHAKE_COST_S
+            assert share.billed[tenant][0][1] == http_gate.HANDSHAKE_COST_S
             # Wall time: the hold is long enough that a handshake slowed by a loaded host is
             # still told apart from a held one.
             if tenant == FLOODER_TENANT:
