@@ -986,10 +986,15 @@ def bench_realtime(
             return math.inf if rq is None or not bq else rq / bq
 
         r, b = sorted(pairs, key=p99_ratio)[len(pairs) // 2]
+
+        def chunk_cpu(res: dict[str, Any]) -> float:
+            return res["cpu_s"] / max(len(res["from_due"]), 1)
+
         by_round = [
             {
                 "p99_ratio": p99_ratio(pair),
                 "cpu_ratio": pair[0]["cpu_fraction"] / max(pair[1]["cpu_fraction"], 1e-9),
+                "cpu_per_chunk_ratio": chunk_cpu(pair[0]) / max(chunk_cpu(pair[1]), 1e-12),
             }
             for pair in pairs
         ]
@@ -1092,7 +1097,9 @@ def bench_realtime(
                 "bare task+queue per session",
             ),
             figure(
-                f"N={n}: CPU per 20 ms chunk (turns included)",
+                f"N={n}: CPU per 20 ms chunk (turns included; ratio by round: "
+                + " ".join(f"{x['cpu_per_chunk_ratio']:.2f}x" for x in row["rounds"])
+                + ")",
                 row["cpu_us_per_chunk"],
                 "us",
                 row["bare_cpu_us_per_chunk"],
