@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from duplex_actors.actors.engine_actor import EngineActor
-from duplex_actors.core.engine_io import Aborted, ModelTurnRequest, TurnDone, TurnKind
+from duplex_actors.core.engine_io import Aborted, EngineFailure, ModelTurnRequest, TurnDone, TurnKind
 from duplex_actors.core.fence import Fence
 from duplex_actors.engines.scripted import Script, ScriptedEngine
 
@@ -118,3 +118,40 @@ async def test_the_scripted_engine_waits_its_latencies_with_the_sleep_it_is_give
     outputs = [o async for o in engine.generate(request())]
     assert waits == [0.5, 0.25, 0.25]  # no real time passed: the given sleep was used
     assert isinstance(outputs[-1], TurnDone)
+
+
+async def test_pump_tasks_are_reused_and_every_request_still_ends_once():
+    """A pump parks after its stream and takes the next request: requests one after another
+    run on one task, each answered with exactly one terminal."""
+    actor = EngineActor(ScriptedEngine(Script(tokens=("a",), audio_packets=0)))
+    received: list = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        for turn in range(5):
+            actor.submit(request(turn), received.append)
+            with anyio.fail_after(5):
+                while sum(isinstance(o, TurnDone) for o in received) <= turn:
+                    await anyio.sleep(0.001)
+            assert len(actor._idle_pumps) == 1  # the same pump, parked again
+        tg.cancel_scope.cancel()
+    assert sum(isinstance(o, TurnDone) for o in received) == 5
+    stats = actor.statistics()
+    assert (stats.in_flight, stats.routes, stats.completed) == (0, 0, 5)
+
+
+async def test_a_request_handed_to_a_parked_pump_as_the_actor_stops_still_gets_its_terminal():
+    actor = EngineActor(ScriptedEngine(Script(tokens=("a",), audio_packets=0)))
+    received: list = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        actor.submit(request(0), received.append)
+        with anyio.fail_after(5):
+            while not received or not isinstance(received[-1], TurnDone):
+                await anyio.sleep(0.001)
+        assert len(actor._idle_pumps) == 1
+        received.clear()
+        actor.submit(request(1), received.append)  # handed to the parked pump...
+        tg.cancel_scope.cancel()  # ...which is cancelled before it runs
+    terminals = [o for o in received if isinstance(o, (TurnDone, Aborted, EngineFailure))]
+    assert len(terminals) == 1
+    assert actor.statistics().routes == 0
