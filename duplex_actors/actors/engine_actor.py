@@ -202,6 +202,7 @@ class EngineActor:
         idle = self._idle_pumps
         while True:
             await self._pump(request)
+            del request  # a parked pump must not keep its last request's audio alive
             if len(idle) >= MAX_IDLE_PUMPS:
                 return
             parked = _Parked(self._new_event())
@@ -220,6 +221,7 @@ class EngineActor:
             handed = parked.request
             assert handed is not None  # submit hands one before it wakes the pump
             request = handed
+            del handed, parked  # (nor through these, once it has run)
 
     async def _pump(self, request: ModelTurnRequest) -> None:
         rid = request.request_id

@@ -155,3 +155,26 @@ async def test_a_request_handed_to_a_parked_pump_as_the_actor_stops_still_gets_i
     terminals = [o for o in received if isinstance(o, (TurnDone, Aborted, EngineFailure))]
     assert len(terminals) == 1
     assert actor.statistics().routes == 0
+
+
+async def test_a_parked_pump_keeps_no_request_alive():
+    import gc
+    import weakref
+
+    actor = EngineActor(ScriptedEngine(Script(tokens=("a",), audio_packets=0), record=False))
+    received: list = []
+    req = request(0)
+    ref = weakref.ref(req)
+    async with anyio.create_task_group() as tg:
+        await tg.start(actor.run)
+        actor.submit(req, received.append)
+        del req
+        with anyio.fail_after(5):
+            while not received or not isinstance(received[-1], TurnDone):
+                await anyio.sleep(0.001)
+        await anyio.sleep(0.01)
+        received.clear()
+        gc.collect()
+        assert len(actor._idle_pumps) == 1
+        assert ref() is None  # the parked pump let go of its last request (and its audio)
+        tg.cancel_scope.cancel()
