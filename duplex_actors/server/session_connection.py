@@ -210,7 +210,7 @@ class SessionConnection:
                 await self._release()
 
     async def _read_loop(self) -> None:
-        # Frames the websocket has already buffered come out of ``async for`` without a
+        # Frames the websocket has already buffered come out of ``recv()`` without a
         # suspension, so a client that sends fast would keep the event loop for as long as its
         # frames keep arriving (24 frames of 2.5 s of audio held it 180 ms). The reader
         # therefore gives the loop up after READ_SLICE_S of work, and waits out the pacer.
