@@ -46,6 +46,8 @@ class EngineStatistics:
     unrouted: int
     restarts: int
     pending_abort_retries: int
+    #: Pump tasks waiting for the next request (at most MAX_IDLE_PUMPS): reused, not leaked.
+    parked_pumps: int = 0
 
 
 class _Flight:
@@ -364,4 +366,5 @@ class EngineActor:
             self.unrouted,
             self.restarts,
             len(self._abort_retry),
+            len(self._idle_pumps),
         )

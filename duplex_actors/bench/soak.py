@@ -412,7 +412,8 @@ async def _soak(
                     break
                 await anyio.sleep(0.05)
         est = rt.engine.statistics()
-        tasks_end = len(asyncio.all_tasks())
+        # Parked engine pumps wait for the next request: a bounded pool, not a leak.
+        tasks_end = len(asyncio.all_tasks()) - est.parked_pumps
         report.update(
             sessions_open_at_end=rt.session_count,
             engine_in_flight_at_end=est.in_flight,
@@ -423,6 +424,7 @@ async def _soak(
             engine_submitted=est.submitted,
             tasks_alive_at_start=baseline_tasks,
             tasks_alive_at_end=tasks_end,
+            engine_parked_pumps_at_end=est.parked_pumps,
         )
     gc.collect()
     rss_end = rss_mb()

@@ -133,6 +133,11 @@ class _RuntimeCollector:
         yield GaugeMetricFamily(
             "duplex_event_loop_tasks", "Tasks alive on the server's event loop", value=tasks
         )
+        yield GaugeMetricFamily(
+            "duplex_engine_parked_pumps",
+            "Of those tasks, engine pumps parked for the next request (a bounded pool, not a leak)",
+            value=getattr(rt.engine.statistics(), "parked_pumps", 0),
+        )
 
 
 class ServerMetrics:

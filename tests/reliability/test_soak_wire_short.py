@@ -36,7 +36,9 @@ def test_wire_soak_short_form_loses_nothing_duplicates_nothing_and_refuses_every
     # every session was gone no record and no extra task was left.
     inside, idle = report["server_inside"], report["server_idle"]
     assert inside["after_warmup"]["journal_events"] > 0 and inside["after_warmup"]["records"] > 0, inside
-    assert idle["after"]["records"] == 0 and idle["after"]["tasks"] <= idle["before"]["tasks"], idle
+    # (less the engine's parked pumps: a bounded pool the first turns fill, reused after)
+    working = {k: v["tasks"] - v.get("parked_pumps", 0) for k, v in idle.items() if k in ("before", "after")}
+    assert idle["after"]["records"] == 0 and working["after"] <= working["before"], idle
     assert report["ok"], report
 
 
