@@ -686,6 +686,29 @@ async def _paced(
         k += 1
 
 
+async def _paced_recording(
+    slots: list[list[Any]], until: float, tick: Callable[[int, float], None], opens: Callable[[float], bool]
+) -> tuple[list[float], float, float]:
+    """Drives the real-time load (:func:`_paced`, one chunk period) and measures its recording
+    window: returns ``(late, cpu_s, wall_s)``, the CPU and wall seconds from the first driver
+    tick at which ``opens(tick_time)`` is true (the end of the warm-up) to the driver's end. A
+    run with no such tick (a starved machine) is measured over its whole window."""
+    cpu0 = wall0 = None
+
+    def mark(t: float) -> None:
+        nonlocal cpu0, wall0
+        if cpu0 is None and opens(t):
+            cpu0, wall0 = time.process_time(), t
+
+    cpu_start, wall_start = time.process_time(), now()
+    late = await _paced(slots, CHUNK_MS / 1000, until, tick, mark)
+    if cpu0 is None or wall0 is None:  # no tick after the warm-up: whole window
+        cpu0, wall0 = cpu_start, wall_start
+    cpu = time.process_time() - cpu0
+    wall = now() - wall0
+    return late, cpu, wall
+
+
 # --------------------------------------------------------------------------- 3. real-time load
 
 
@@ -759,19 +782,9 @@ async def _realtime_runtime(
                     recording = probe.recording = gcp.recording = True
 
                 tg.start_soon(flip)
-                cpu0 = wall0 = None
-
-                def mark(t: float) -> None:
-                    nonlocal cpu0, wall0
-                    if recording and cpu0 is None:
-                        cpu0, wall0 = time.process_time(), t
-
-                cpu_start, wall_start = time.process_time(), now()
-                late = await _paced(slots, CHUNK_MS / 1000, start + warmup + seconds, tick, mark)
-                if cpu0 is None or wall0 is None:  # no tick after the warm-up: whole window
-                    cpu0, wall0 = cpu_start, wall_start
-                cpu = time.process_time() - cpu0
-                wall = now() - wall0
+                late, cpu, wall = await _paced_recording(
+                    slots, start + warmup + seconds, tick, lambda _t: recording
+                )
                 probe.recording = recording = gcp.recording = False
                 tg.cancel_scope.cancel()
             stats = rt.statistics()
@@ -810,20 +823,13 @@ async def _realtime_bare(n: int, seconds: float, warmup: float) -> dict[str, Any
             q.put_nowait((due, CHUNK))
 
     start = now()
-    cpu0 = wall0 = None
 
-    def mark(t: float) -> None:
-        nonlocal cpu0, wall0, recording
-        if not recording and t - start >= warmup:
-            recording = True
-            cpu0, wall0 = time.process_time(), t
+    def warmed_up(t: float) -> bool:
+        nonlocal recording
+        recording = t - start >= warmup
+        return recording
 
-    cpu_start, wall_start = time.process_time(), now()
-    await _paced(slots, CHUNK_MS / 1000, start + warmup + seconds, tick, mark)
-    if cpu0 is None or wall0 is None:  # no tick after the warm-up (a starved machine): whole window
-        cpu0, wall0 = cpu_start, wall_start
-    cpu = time.process_time() - cpu0
-    wall = now() - wall0
+    _late, cpu, wall = await _paced_recording(slots, start + warmup + seconds, tick, warmed_up)
     recording = False
     for t in tasks:
         t.cancel()
@@ -923,20 +929,12 @@ async def _realtime_bare_turns(n: int, seconds: float, warmup: float, turn_s: fl
                 next_commit[id(q)] += turn_s
                 q.put_nowait((None, "commit"))
 
-    cpu0 = wall0 = None
+    def warmed_up(t: float) -> bool:
+        nonlocal recording
+        recording = t - start >= warmup
+        return recording
 
-    def mark(t: float) -> None:
-        nonlocal cpu0, wall0, recording
-        if not recording and t - start >= warmup:
-            recording = True
-            cpu0, wall0 = time.process_time(), t
-
-    cpu_start, wall_start = time.process_time(), now()
-    await _paced(slots, CHUNK_MS / 1000, start + warmup + seconds, tick, mark)
-    if cpu0 is None or wall0 is None:
-        cpu0, wall0 = cpu_start, wall_start
-    cpu = time.process_time() - cpu0
-    wall = now() - wall0
+    _late, cpu, wall = await _paced_recording(slots, start + warmup + seconds, tick, warmed_up)
     recording = False
     for task in tasks:
         task.cancel()
