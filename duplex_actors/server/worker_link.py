@@ -54,7 +54,7 @@ class FrontLink:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        # The front reads reports in batches (workers.REPORT_BATCH_S): room for a batch's worth
+        # The front reads reports in batches (front_door.REPORT_BATCH_S): room for a batch's worth
         # here keeps the worker off the slow path below (the kernel caps it at wmem_max).
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)

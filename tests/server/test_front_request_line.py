@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from duplex_actors.server.workers import _peek_request_line
+from duplex_actors.server.front_door import _peek_request_line
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

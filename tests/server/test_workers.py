@@ -28,8 +28,8 @@ from websockets.exceptions import ConnectionClosed
 
 from duplex_actors.client import DuplexClient, SessionLost
 from duplex_actors.engines.engine_process import EngineProcessClient
+from duplex_actors.server.front_door import REPORT_BATCH_S, FrontDoor, _Worker, owner_of, worker_session_id
 from duplex_actors.server.worker_link import FrontLink
-from duplex_actors.server.workers import REPORT_BATCH_S, FrontDoor, _Worker, owner_of, worker_session_id
 
 from .conftest import CHUNK_100MS
 

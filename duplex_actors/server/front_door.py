@@ -1,0 +1,366 @@
+"""The front door of ``serve --workers N`` (:mod:`.workers`): it owns the public port, peeks at
+each connection's request line, hands the socket to the worker that must serve it, keeps a
+duplicate, and ends the connection for its client if that worker dies.
+
+Session ids live here too: each names the worker process that minted it, and the front routes
+a resume by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import secrets
+import socket
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import attrs
+import structlog
+
+from .front_ledger import FrontLedger
+from .worker_link import pack, unpack
+
+log = structlog.get_logger("duplex_actors.server.workers")
+
+#: A session id minted by the ``n``-th process started as worker ``i``: ``sess_w3g0_9f2c...``.
+#: The front routes resumes by it; a worker refuses one of another process as lost.
+_OWNED_ID = re.compile(r"^sess_w(\d{1,4})g(\d{1,6})_[0-9a-f]+$")
+#: The request line must arrive within this long after accept (slowloris guard in the front).
+REQUEST_LINE_TIMEOUT_S = 10.0
+#: A longer request line is not a websocket upgrade we serve.
+MAX_REQUEST_LINE = 8192
+#: What the front gives a client of a dead worker to read its farewell frames, then closes.
+FAREWELL_WAIT_S = 2.0
+#: How long a worker's reports may wait in the hand-off socket before the front reads them.
+REPORT_BATCH_S = 0.05
+
+
+# --------------------------------------------------------------------------- session ids
+
+
+def worker_session_id(index: int, generation: int = 0) -> str:
+    return f"sess_w{index}g{generation}_{secrets.token_hex(12)}"
+
+
+def owner_of(session_id: str) -> int | None:
+    """The worker index a session id names, or None for an id no worker minted."""
+    owner = minted_by(session_id)
+    return None if owner is None else owner[0]
+
+
+def minted_by(session_id: str) -> tuple[int, int] | None:
+    """(worker index, generation) of the process that minted ``session_id``, or None."""
+    match = _OWNED_ID.match(session_id)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+async def _wait_io(loop: asyncio.AbstractEventLoop, sock: socket.socket, *, readable: bool) -> None:
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    add, remove = (loop.add_reader, loop.remove_reader) if readable else (loop.add_writer, loop.remove_writer)
+    add(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        remove(sock.fileno())
+
+
+# --------------------------------------------------------------------------- the front
+
+
+@attrs.define(eq=False)
+class _Worker:
+    index: int
+    process: Any
+    pid: int = 0
+    port: int = 0
+    handoff: socket.socket | None = None
+    alive: bool = True
+    #: How many processes were started for this slot before this one: in the ids it mints.
+    generation: int = 0
+    started_at: float = 0.0
+    #: Deaths in a row, each within STABLE_AFTER_S of its start (what the backoff grows with).
+    quick_deaths: int = 0
+    #: The pending read of its reports (FrontDoor._reports_waiting), if one is due.
+    reading: asyncio.TimerHandle | None = None
+
+
+class FrontDoor:
+    """Owns the public port; hands each accepted connection to the worker that must serve it,
+    keeps a duplicate of it, and ends it for the client if that worker dies (module docstring)."""
+
+    def __init__(self, workers: list[_Worker], listener: socket.socket, *, farewells: bool = True) -> None:
+        self.workers = workers
+        self.listener = listener
+        self._next = 0
+        self.routed = [0] * len(workers)
+        self.refused = 0
+        self.ledger = FrontLedger()
+        #: The front's duplicate of every socket a living worker holds, by hand-off id.
+        self._held: dict[int, socket.socket] = {}
+        #: Whether the front may write the farewell frames itself: not inside a worker's TLS
+        #: session, whose keys died with it (those clients see the connection close).
+        self.farewells = farewells
+        #: Connections the front ended because their worker died.
+        self.lost_connections = 0
+        self._tasks: set[asyncio.Task] = set()
+
+    def choose(self, request_line: bytes) -> _Worker | None:
+        """The owner for a resume, while the process that minted the id lives; else the next
+        living worker (which refuses a resume of a lost session at once); None if none lives."""
+        parts = request_line.split(b" ")
+        target = parts[1].decode("latin-1") if len(parts) >= 2 else ""
+        session_ids = parse_qs(urlsplit(target).query).get("session_id")
+        if session_ids:
+            owner = minted_by(session_ids[0])
+            if owner is not None and owner[0] < len(self.workers):
+                worker = self.workers[owner[0]]
+                if worker.alive and worker.generation == owner[1]:
+                    return worker
+        for _ in range(len(self.workers)):
+            worker = self.workers[self._next % len(self.workers)]
+            self._next += 1
+            if worker.alive:
+                return worker
+        return None
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self.listener)
+            except OSError as exc:  # out of descriptors, a reset before accept: keep serving
+                log.warning("front.accept_failed", error=repr(exc))
+                await asyncio.sleep(0.1)
+                continue
+            self._spawn(self._route(conn))
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _route(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        held = False
+        try:
+            conn.setblocking(False)
+            async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
+                line = await _peek_request_line(loop, conn)
+            if line is None:
+                return
+            worker = self.choose(line)
+            while worker is not None and worker.handoff is not None:
+                handed = self.ledger.handed(worker.index)
+                self._held[handed] = conn
+                try:
+                    await _send_fd(loop, worker.handoff, conn, pack("c", handed))
+                except OSError as exc:  # the worker is gone: the supervisor will say so too
+                    log.error("front.worker_lost", worker=worker.index, error=repr(exc))
+                    self._held.pop(handed, None)
+                    self.ledger.released(handed)
+                    worker.alive = False
+                    worker = self.choose(line)
+                    continue
+                self.routed[worker.index] += 1
+                held = True
+                return
+            self.refused += 1
+            body = b"no worker is running (one is being started again); retry shortly\n"
+            with contextlib.suppress(OSError):
+                conn.send(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+                    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+        except (TimeoutError, OSError, ValueError) as exc:
+            log.info("front.connection_dropped", error=repr(exc))
+        finally:
+            if not held:
+                conn.close()
+
+    # -- what the workers report ------------------------------------------------------------
+
+    def listen_to(self, worker: _Worker) -> None:
+        assert worker.handoff is not None
+        asyncio.get_running_loop().add_reader(worker.handoff.fileno(), self._reports_waiting, worker)
+
+    def _reports_waiting(self, worker: _Worker) -> None:
+        """Reports wait in the socket for up to REPORT_BATCH_S, then are read together. Nothing
+        needs them sooner: a dead worker's are read first (worker_exited), and a released
+        duplicate may stay open that long. Read one by one, each report woke the front."""
+        handoff = worker.handoff
+        if handoff is None:
+            return
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(handoff.fileno())
+        worker.reading = loop.call_later(REPORT_BATCH_S, self._read_batch, worker)
+
+    def _read_batch(self, worker: _Worker) -> None:
+        worker.reading = None
+        handoff = worker.handoff
+        if handoff is not None and self._read_reports(worker):
+            asyncio.get_running_loop().add_reader(handoff.fileno(), self._reports_waiting, worker)
+
+    def _read_reports(self, worker: _Worker) -> bool:
+        """Apply every report waiting; False once the worker's end has closed."""
+        handoff = worker.handoff
+        if handoff is None:
+            return False
+        while True:
+            try:
+                packet = handoff.recv(4096)
+            except BlockingIOError:
+                return True
+            except OSError:
+                packet = b""
+            if not packet:  # the worker's end closed: it exited
+                with contextlib.suppress(ValueError, OSError):
+                    asyncio.get_running_loop().remove_reader(handoff.fileno())
+                return False
+            try:
+                kind, *args = unpack(packet)
+                self._apply(kind, args)
+            except (ValueError, TypeError) as exc:  # a bug in a report costs only that report
+                log.error("front.bad_report", worker=worker.index, error=repr(exc))
+
+    def _apply(self, kind: str, args: list) -> None:
+        ledger = self.ledger
+        if kind == "a":
+            ledger.attached(int(args[0]), str(args[1]))
+        elif kind == "r":
+            ledger.response_started(str(args[0]), str(args[1]))
+        elif kind == "d":
+            ledger.response_ended(str(args[0]), str(args[1]))
+        elif kind == "e":
+            ledger.session_ended(str(args[0]))
+        elif kind == "x":
+            ledger.released(int(args[0]))
+            sock = self._held.pop(int(args[0]), None)
+            if sock is not None:
+                sock.close()
+
+    def worker_exited(self, worker: _Worker, *, crashed: bool) -> int:
+        """``worker``'s process is gone: what it reported before it died is applied first; each
+        connection it still held gets its farewell if it ``crashed`` (else, after a drain, it
+        had closed them all and any left is closed). Returns how many were ended."""
+        worker.alive = False
+        if worker.reading is not None:
+            worker.reading.cancel()
+            worker.reading = None
+        handoff = worker.handoff
+        if handoff is not None:
+            self._read_reports(worker)
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(handoff.fileno())
+            handoff.close()
+            worker.handoff = None
+        ended = 0
+        for handed, frames in self.ledger.worker_lost(worker.index).items():
+            sock = self._held.pop(handed, None)
+            if sock is None:
+                continue
+            ended += 1
+            if crashed:
+                self.lost_connections += 1
+                self._spawn(_say_farewell(sock, frames if self.farewells else b""))
+            else:
+                sock.close()
+        return ended
+
+    def close_held(self) -> None:
+        for sock in self._held.values():
+            sock.close()
+        self._held.clear()
+
+    def pool_news(self, engine_restarts: int, worker_restarts: list[int]) -> bytes:
+        return pack(
+            "m",
+            {
+                "workers": len(self.workers),
+                "alive": sum(1 for w in self.workers if w.alive),
+                "restarts": {str(i): n for i, n in enumerate(worker_restarts)},
+                "engine_restarts": engine_restarts,
+                "lost_connections": self.lost_connections,
+            },
+        )
+
+
+async def _say_farewell(sock: socket.socket, frames: bytes) -> None:
+    """Send a dead worker's client its farewell frames, end our side, and read what it still
+    sends (its close frame) until it closes: closing a socket with unread bytes resets the
+    connection, and the client's kernel may then drop the frames before the client reads them."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(FAREWELL_WAIT_S):
+            view = memoryview(frames)
+            while view:
+                try:
+                    view = view[sock.send(view) :]
+                except BlockingIOError:
+                    await _wait_io(loop, sock, readable=False)
+            sock.shutdown(socket.SHUT_WR)
+            while True:
+                try:
+                    if not sock.recv(65536):
+                        break
+                except BlockingIOError:
+                    await _wait_io(loop, sock, readable=True)
+    except (TimeoutError, OSError):
+        pass
+    finally:
+        sock.close()
+
+
+async def _peek_request_line(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes | None:
+    """The HTTP request line, read with MSG_PEEK so the worker still receives every byte."""
+    seen = -1  # bytes buffered at the last peek that waited for more
+    try:
+        while True:
+            try:
+                data = conn.recv(MAX_REQUEST_LINE, socket.MSG_PEEK)
+            except BlockingIOError:
+                await _wait_io(loop, conn, readable=True)
+                continue
+            if not data:
+                return None  # closed before sending anything
+            end = data.find(b"\r\n")
+            if end >= 0:
+                return data[:end]
+            if len(data) >= MAX_REQUEST_LINE:
+                raise ValueError("request line too long")
+            if len(data) == seen:
+                return None  # readable with nothing new: the client closed mid-line
+            seen = len(data)
+            # Part of a line is buffered, and a peek leaves it there: the socket stays readable,
+            # and waiting for readability would spin. So the kernel is asked to call it readable
+            # only once more bytes than these have come (or the client is gone). Re-peeking
+            # every 5 ms instead kept the front at a full core with 5,000 such connections
+            # open (a slow-loris client: a request line without its end).
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, seen + 1)
+            await _wait_io(loop, conn, readable=True)
+    finally:
+        if seen >= 0:
+            with contextlib.suppress(OSError):
+                # The worker gets the same socket: it must see each byte as it comes.
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+
+
+async def _send_fd(
+    loop: asyncio.AbstractEventLoop, handoff: socket.socket, conn: socket.socket, message: bytes
+) -> None:
+    while True:
+        try:
+            socket.send_fds(handoff, [message], [conn.fileno()])
+            return
+        except BlockingIOError:
+            await _wait_io(loop, handoff, readable=False)
+
+
+__all__ = ["FrontDoor", "owner_of", "minted_by", "worker_session_id"]
