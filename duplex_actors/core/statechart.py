@@ -9,10 +9,9 @@ sockets; :mod:`duplex_actors.core.session` implements the named guards and effec
 actor shell only feeds triggers in and carries effects out.
 
 The chart is defined once with the ``transitions`` library (:data:`MACHINE`), which is what
-the design-review exports (Mermaid, DOT, SCXML) are drawn from. Building a
-``transitions.Machine`` per session costs about a millisecond and 28 KiB here, so sessions do
-not get one. Instead :func:`compile_chart` reads the one Machine's events back into a frozen
-dispatch table, :data:`CHART`, that sessions share; ``tests/core/test_chart_equivalence.py``
+the design-review exports (Mermaid, DOT, SCXML) are drawn from. A ``transitions.Machine`` per
+session would cost each one time and memory, so :func:`compile_chart` reads the one Machine's
+events back into a frozen dispatch table, :data:`CHART`, that sessions share; ``tests/core/test_chart_equivalence.py``
 proves with hypothesis that the Machine and the table agree on every event sequence, guard
 outcome and effect list.
 
@@ -167,8 +166,7 @@ class Check:
 CHECKS: Mapping[str, Check] = {
     "audio_at_session_rate": Check(InvalidCommand, "the audio is not at this session's sample rate"),
     "input_fits": Check(Backpressure, "the input buffer would exceed max_input_bytes; commit or clear first"),
-    # Refused as an id nobody opened is: telling the two apart told another client's key
-    # which session ids are live (a hostile probe, 2026-12-02).
+    # Refused as an id nobody opened is: telling the two apart tells a key which ids are live.
     "resume_key_matches": Check(UnknownSession, NO_SUCH_SESSION),
     "resume_generation_current": Check(
         ResumeConflict, "the resume names a lease generation that is not the current one"
@@ -180,9 +178,8 @@ CHECKS: Mapping[str, Check] = {
     "not_draining": Check(
         ServerDraining, "the server is shutting down: it finishes responses in flight and starts none"
     ),
-    # The preconditions (PRECONDITIONS): a command fenced to another epoch, an output for a
-    # call this session never made, a response over items it does not hold, played audio
-    # that goes backwards.
+    # The preconditions (PRECONDITIONS): a command fenced to another epoch, an output for a call
+    # never made, a response over items not held, played audio that goes backwards.
     "epoch_not_stale": Check(StaleFence, "command names epoch {epoch}; session is at {session_epoch}"),
     "epoch_not_ahead": Check(FenceAhead, "command names epoch {epoch}; session is only at {session_epoch}"),
     "answers_known_call": Check(
@@ -686,8 +683,7 @@ class CompiledChart:
             for (state, trigger), (checks, effects) in self.fixed_steps.items()
             if trigger == "append" and effects == ("buffer_audio",) and state != CLOSED
         }
-        # Resolutions are frozen values: build each branch's once, not one per event (the
-        # construction was ~8% of the dispatcher's time under load; docs/benchmarks.md).
+        # Resolutions are frozen values: each branch's is built once here, not once per event.
         self._resolved = {
             (state, trigger): tuple(
                 (b.guards, Resolution(state, trigger, b.dest, b.effects)) for b in branches
