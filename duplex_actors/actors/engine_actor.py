@@ -153,7 +153,7 @@ class EngineActor:
             # Straight to a pump task (synchronously), not through the inbox: the actor loop's
             # wake-up was one loop hop, and the pump then queued behind everything that woke
             # meanwhile (the writer sending the response's first events), so the engine started
-            # ~0.8 ms late on every turn (docs/benchmarks.md, wire). An abort that comes before
+            # late on every turn (docs/benchmarks.md, wire). An abort that comes before
             # the pump runs marks the flight, and _pump answers it with Aborted without
             # starting the stream, as it did for queued submissions.
             idle = self._idle_pumps

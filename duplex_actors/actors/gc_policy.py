@@ -59,25 +59,21 @@ class GcPolicy:
     has grown (module docstring). Process-wide, so opt-in.
     """
 
-    #: Young collection + freeze this often (s); None freezes only once, at start-up. At
-    #: 1,000 real-time sessions the longest collection took 1.3-1.4 ms of CPU at 0.1 s, 2.1-2.7
-    #: ms at 0.25 s and 3.6-4.6 ms at 1 s (without the policy: 56-71 ms).
+    #: Young collection + freeze this often (s); None freezes only once, at start-up. The
+    #: more often, the less each collection finds, so the shorter its pause.
     freeze_interval_s: float | None = 0.1
     #: Generation-0 threshold while the policy is active; None keeps CPython's (700). Young
-    #: collections are what is left to pause for, and their size is what they cost: in the
-    #: barge-in bench (1,000 sessions, loaded machine) the longest took 21 ms of CPU at 700 and
-    #: 7-11 ms at 300 (150: 26-32 ms, more gen-2 passes); raising it to 2,000 or 5,000 made
-    #: the real-time bench's longest 9-12 ms, against 1 ms.
+    #: collections are what is left to pause for, and their size is what they cost: a lower
+    #: threshold shortens the longest pause, until too low a one sets off more gen-2 passes.
     gen0_threshold: int | None = 300
     #: Consider a reclaim (unfreeze, collect everything, freeze again) this often (s); None:
     #: only at ``stop``. The safety net for cyclic garbage that was frozen while alive (see the
-    #: module doc): a server with connection churn freezes dropped connections' cycles. Wire
-    #: soak, 150 clients x 150 s, RSS slope after warm-up: +42 MiB/min at 600 s, +2.9 at 30 s,
-    #: +2.2 without the policy (docs/benchmarks.md).
+    #: module doc): a server with connection churn freezes dropped connections' cycles, and a
+    #: long interval lets them pile up (docs/benchmarks.md, wire soak).
     reclaim_interval_s: float | None = 30.0
     #: ...and run it only if resident memory grew by this fraction of what it was after the
     #: last reclaim, and by at least ``reclaim_min_growth_mb``. It is one full collection, the
-    #: very pause the policy avoids (0.31 s at 3,000 idle sessions): 0 and 0 run it at every
+    #: very pause the policy avoids, which grows with the heap: 0 and 0 run it at every
     #: interval, as before.
     reclaim_growth: float = attrs.field(default=0.25, validator=attrs.validators.ge(0))
     reclaim_min_growth_mb: float = attrs.field(default=32.0, validator=attrs.validators.ge(0))

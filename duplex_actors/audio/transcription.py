@@ -56,7 +56,7 @@ _decoder_lock = threading.Lock()
 
 
 def _load_decoder():
-    # ~1.5 s, once per process; in a pool worker the event loop never waits for it.
+    # Slow, but once per process; in a pool worker the event loop never waits for it.
     global _decoder
     if _decoder is None:
         from pocketsphinx import Decoder

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Seconds of audio a piece holds at most: what a neighbour's turn may wait for (decoding
-#: loud noise, the costliest audio we found, took ~1.2 s per second of it on a loaded host).
+#: Seconds of audio a piece holds at most: what a neighbour's turn may wait for (loud noise,
+#: the costliest audio to decode, can take longer than real time on a loaded host).
 MAX_PIECE_S = 4.0
 #: How far back from there a cut is looked for, as a share of the piece: the last 2 s of 4.
 SEARCH_SHARE = 0.5

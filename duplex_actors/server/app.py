@@ -110,7 +110,7 @@ UNSENT_WORK_BILLING_S = 0.1
 #: meanwhile waits here, up to this many frames of up to ``WireLimits.transport_cap`` each; the
 #: rest stays in the kernel's socket buffers, where TCP flow control pushes back on the client.
 READ_QUEUE_FRAMES = 4
-#: Session records one sweep looks at (RealtimeServer._sweep; ~1 us each).
+#: Session records one sweep looks at before it lets the loop run (RealtimeServer._sweep).
 SWEEP_SLICE = 1024
 #: How long a connection pushed out by a resume may take to answer its close frame before
 #: it is aborted (it holds a connection slot meanwhile; a client still there got the frame).
@@ -568,7 +568,7 @@ class RealtimeServer:
         limit = self.config.limits.max_resume_frame_bytes
         if _frame_bytes(frame) > limit:
             # Refused unparsed: nothing paces this frame (no session, no budget yet), and a
-            # padded one cost the loop ~0.4 s to parse for ~1 KB on the wire (deflated).
+            # padded one costs the loop far more to parse than it cost to send (deflated).
             raise wire.FrameTooLarge(f"a session.resume frame is at most {limit} bytes")
         request = wire.decode(frame, self.config.limits)
         if not isinstance(request, wire.ResumeRequest):

@@ -104,7 +104,7 @@ class InputConverter:
         self.session_rate = session_rate
         self._resamples = fmt.rate != session_rate
         # Built at the first chunk after a start or a flush, not at the flush itself: building
-        # one designs its filter (~80 us here), and a flush is on a commit's latency path.
+        # one designs its filter, and a flush is on a commit's latency path.
         self._stream: soxr.ResampleStream | None = None
 
     @property

@@ -356,8 +356,8 @@ async def open_server(
     # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.
     transcriber = default_transcriber(transcription_workers)
     # Freezing keeps full collections off the loop, but cycles frozen while alive (dropped
-    # connections, cancelled tasks) wait for the next reclaim: the 500-client wire soak grew
-    # ~2 MiB/s with a 600 s reclaim, and was level with 30 s. 0 turns the policy off.
+    # connections, cancelled tasks) wait for the next reclaim: too rare a reclaim lets memory
+    # grow under connection churn. 0 turns the policy off.
     # What closed connections left for the collector decides when a reclaim is worth its
     # stall, not memory alone, which a resume storm grows with live connections.
     gc_policy = (

@@ -78,13 +78,11 @@ class ServerConfig:
     #: Handling pacing: seconds of the event loop a session's frames may take to handle
     #: (parsing, conversion, server VAD), per second, after ``frame_handling_burst_s`` at once.
     #: Bytes are a poor stand-in for that cost: a frame of many tiny JSON values costs far more
-    #: per byte than audio does (a 60 KB one ~26 ms). A frame is billed the loop thread's CPU
-    #: time, collections excepted (frame_cost). Real-time audio through server VAD was billed
-    #: 0.034 s a second in 20 ms appends and 0.048 s in 10 ms ones, on a server with nothing
-    #: else to do: an idle core runs the same work ~5x slower than a busy one (a Silero window
-    #: 0.70 ms with 10 ms idle between windows, 0.125 ms back to back). 0.1 leaves a real-time
-    #: client twice that before it is paced. Past it, the session's next frame is read later,
-    #: nothing refused. None: no pacing.
+    #: per byte than audio does. A frame is billed the loop thread's CPU time, collections
+    #: excepted (frame_cost). The default leaves a real-time client about twice what its audio
+    #: through server VAD costs on an otherwise idle server (where an idle core runs the same
+    #: work slower than a busy one does) before it is paced (docs/benchmarks.md). Past it, the
+    #: session's next frame is read later, nothing refused. None: no pacing.
     frame_handling_s_per_s: float | None = attrs.field(
         default=0.1, validator=_none_or(attrs.validators.gt(0))
     )
@@ -92,13 +90,13 @@ class ServerConfig:
     #: The loop shared by client (loop_share.py): once the frames of all clients together take
     #: more than this many seconds of the loop a second, a client (API key, else address) whose
     #: sessions take more than its fair share reads its next frames later. The per-session
-    #: budgets above multiply with a client's sessions: 32 sessions of one key sending audio as
-    #: fast as theirs allowed made a neighbour's turn 68x slower. None: not shared.
+    #: budgets above multiply with a client's sessions: many sessions of one key sending audio
+    #: as fast as theirs allowed slowed a neighbour's turn many times over. None: not shared.
     loop_share_s_per_s: float | None = attrs.field(default=0.5, validator=_none_or(attrs.validators.gt(0)))
     #: ...and what each client may always take of it (seconds a second), however many share
     #: the loop: one real-time session's worth (audio through server VAD and a response's
-    #: events; three such sessions were billed 0.12 s a second). A storm of many addresses
-    #: otherwise split the loop so thin that a user talking on one session was held.
+    #: events). A storm of many addresses otherwise split the loop so thin that a user talking
+    #: on one session was held.
     loop_share_floor_s_per_s: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
     #: Frame-count pacing (connection.PacedConnection): websocket frames of any kind, each
     #: fragment and ping counted, a client may send a second, after ``frames_burst`` at once.

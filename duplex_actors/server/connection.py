@@ -265,8 +265,8 @@ class PacedConnection(ServerConnection):
         if not self._released and drop_parser_traceback(self.protocol):
             self._released = True
             if isinstance(self.protocol.parser_exc, PayloadTooBig):
-                # Megabytes were inflated and dropped: worth a trim (~10 ms on a 1.4 GB heap
-                # with nothing to give back), unlike a client that merely vanished.
+                # Megabytes were inflated and dropped: worth a trim (which walks the whole heap
+                # even with nothing to give back), unlike a client that merely vanished.
                 memory.trim_soon(self.loop)
 
     # -- pacing ------------------------------------------------------------------------------------

@@ -5,21 +5,19 @@ event-loop time its frames take. The wall clock around a frame also bills it for
 not its own:
 
 * a garbage collection that happens to start during the frame walks every tracked object in
-  the process. Late in a long-lived process a full one takes hundreds of milliseconds: in CI a
-  session that sent eight audio appends and one heartbeat was billed ~0.47 s, over its 0.25 s
-  burst, and its reads were held back 4.4 s;
+  the process. Late in a long-lived process a full one is long enough to bill a session that
+  sent a few audio appends past its burst, and to hold its reads back for seconds;
 * the reading thread waiting for the GIL while another thread holds it (an in-process engine's
   step), or the OS running another process on the core.
 
 A frame is therefore billed the CPU time of the thread that handled it (``time.thread_time``),
 less the full collections that ran on that thread meanwhile (timed by a ``gc`` callback). A full
 collection's time is the process's to pace (:mod:`duplex_actors.actors.gc_policy`), not one
-client's; the young collections a frame's own allocations set off are its own (every pause over
-50 ms in the test suite was a full one).
+client's; the young collections a frame's own allocations set off are its own (the long pauses
+are the full ones).
 
-``thread_time`` costs ~0.6 us a call here against ~0.05 us for ``perf_counter``: two calls a
-frame (1.8 us with the bookkeeping), under 1 % of what an audio append costs to handle, and two
-a collection.
+``thread_time`` costs more a call than ``perf_counter``, but two calls a frame (and two a
+collection) are a small part of what an audio append costs to handle.
 """
 
 from __future__ import annotations
@@ -42,12 +40,11 @@ _users = 0  # install() calls not yet undone: the callback is process-wide
 
 def _on_collection(phase: str, info: dict[str, int]) -> None:
     # Only full collections: a young one walks what was allocated lately, mostly by the frame
-    # that sets it off, and stays on its bill (frames of ~10,000 tiny JSON values: 10-16 % of
-    # their wall time went unbilled when young ones were left out too, 1-2 % now). A full one
-    # walks the whole heap. Under serve's GcPolicy most of it is frozen and the pause is short;
-    # an embedder without one, holding 1.1 M objects not frozen, bills such frames 32-40 % of
-    # their wall time, the rest being full collections they set off: the price of never billing
-    # a client for the size of the heap (the 4.4 s above).
+    # that sets it off, and stays on its bill (leaving young ones out too let much of a JSON-heavy
+    # frame's time go unbilled). A full one walks the whole heap. Under serve's GcPolicy most of
+    # it is frozen and the pause is short; an embedder without one, with a large heap not
+    # frozen, bills such frames only part of their wall time, the rest being full collections
+    # they set off: the price of never billing a client for the size of the heap (see above).
     if info["generation"] != 2:
         return
     # In CPU time too: a collection's wall time also holds what the thread waited, and taking

@@ -340,9 +340,9 @@ async def _peek_request_line(loop: asyncio.AbstractEventLoop, conn: socket.socke
             seen = len(data)
             # Part of a line is buffered, and a peek leaves it there: the socket stays readable,
             # and waiting for readability would spin. So the kernel is asked to call it readable
-            # only once more bytes than these have come (or the client is gone). Re-peeking
-            # every 5 ms instead kept the front at a full core with 5,000 such connections
-            # open (a slow-loris client: a request line without its end).
+            # only once more bytes than these have come (or the client is gone). Re-peeking on
+            # a timer instead costs the front CPU for every such connection held open (a
+            # slow-loris client: a request line without its end).
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, seen + 1)
             await _wait_io(loop, conn, readable=True)
     finally:

@@ -69,8 +69,8 @@ from collections.abc import Callable, Hashable
 #: Rates below this (seconds a second) count as idle: the tenant is forgotten.
 _IDLE = 1e-5
 
-#: At most this many seconds of loop are counted for each billed second. Billed work was 45-55 %
-#: of the loop in a flood of responses (x2); the cap keeps a loop busy with work nobody is
+#: At most this many seconds of loop are counted for each billed second. Billed work is about
+#: half the loop in a flood of responses; the cap keeps a loop busy with work nobody is
 #: billed for (a collection, an embedder's own tasks) from magnifying small bills into waits.
 _MAX_UNBILLED = 4.0
 

@@ -93,8 +93,8 @@ class SessionRecord(Account):
         self.lock = anyio.Lock()  # serialises attach, detach and resume of this session
         self.attached: SessionConnection | None = None
         # Server VAD settings while turn_detection is server_vad; the ServerVad itself is built
-        # at the first append (a Silero model costs ~90 ms to load here; a session that never
-        # streams audio, or turns VAD off first, never pays it).
+        # at the first append (loading a Silero model is slow; a session that never streams
+        # audio, or turns VAD off first, never pays it).
         self.vad_settings: wire.TurnDetection | None = None
         self.vad = None
         self.wire = codec.WireSession(model=model)  # what the client declared about the wire
@@ -212,8 +212,8 @@ class SessionConnection:
     async def _read_loop(self) -> None:
         # Frames the websocket has already buffered come out of ``recv()`` without a
         # suspension, so a client that sends fast would keep the event loop for as long as its
-        # frames keep arriving (24 frames of 2.5 s of audio held it 180 ms). The reader
-        # therefore gives the loop up after READ_SLICE_S of work, and waits out the pacer.
+        # frames keep arriving. The reader therefore gives the loop up after READ_SLICE_S of
+        # work, and waits out the pacer.
         clock = time.perf_counter
         slice_began = done = clock()
         record = self.record
@@ -236,8 +236,8 @@ class SessionConnection:
                     # connection, the first frame of a new one included. Held back only after
                     # a frame, a client asking for responses with one frame each was never
                     # held: the response its frame asked for ran during the wait, and the next
-                    # frame came after it (128 sessions: a neighbour's response x21, as with
-                    # no sharing). Checked again after the wait: the client's other
+                    # frame came after it (a neighbour's response as slow as with no
+                    # sharing). Checked again after the wait: the client's other
                     # connections may have been served meanwhile.
                     held = loop_share.hold(tenant, now())
                     while held:
@@ -523,8 +523,8 @@ class SessionConnection:
                         frames.append(frame)
                         size += len(frame)
                     # What the server sends back is the client's to pay for, as what it sends
-                    # is: a 60-byte session.update echoing 1 MB of tools, or a retrieve of a
-                    # long item, costs the loop ~1,000x what reading it did. A response's own
+                    # is: a tiny session.update echoing large tools, or a retrieve of a long
+                    # item, costs the loop far more than reading it did. A response's own
                     # stream is not charged the first time (the engine's batch shares it out);
                     # a replay after a resume is.
                     if not first_time or not isinstance(event, ev.ResponseEvent):
@@ -552,10 +552,10 @@ class SessionConnection:
                     cost += await ws_internals.send_burst(self.ws, frames)
                 if loop_share is not None:
                     # What was sent is billed to the client too: encoding (and compressing) a
-                    # response took over half of the loop's time in a flood of responses, and
-                    # billed only for what it read, a client asking for responses back to back
-                    # on 128 sessions made a neighbour's response x20 slower and was never held
-                    # back. The encoding's CPU is measured here, the sending's in ws_internals.send_burst.
+                    # response is most of the loop's time in a flood of responses, and billed
+                    # only for what it read, a client asking for responses back to back on many
+                    # sessions slowed a neighbour's response and was never held back. The
+                    # encoding's CPU is measured here, the sending's in ws_internals.send_burst.
                     # The client's readers wait for it before their next frames, which is what
                     # lets it ask for more.
                     # Also keeps what an event costs to send, lately: what a detached

@@ -94,8 +94,8 @@ class VadBatcher:
         #: What scoring and delivering one window has cost of late (seconds of the loop
         #: thread's CPU, collections excepted: frame_cost). A client is billed this much a
         #: window when it hands its audio over, not when the batch runs: the readers handling
-        #: frames in the meantime must see the bill (billed at the flush, all eight sessions of
-        #: a flooding client passed the share's check in one pass, and it took 3x its share).
+        #: frames in the meantime must see the bill (billed at the flush, every session of a
+        #: flooding client passed the share's check in one pass, and it took several shares).
         self.cost_per_window = 0.0
         self._jobs: list[VadJob] = []
         self._soon = False  # a flush is queued for the next pass

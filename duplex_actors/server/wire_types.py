@@ -29,7 +29,7 @@ class WireLimits:
     max_depth: int = 32
     #: At most this many JSON values in one frame, counted before parsing (commas and opening
     #: brackets, strings' own included: an overestimate). Parsing costs per value, not per
-    #: byte: 1 MB of ``[[],[],...]`` took 0.4 s of the event loop, and deflates to ~1 KB. Real
+    #: byte, and a frame of ``[[],[],...]`` deflates to almost nothing on the wire. Real
     #: frames hold far fewer: an append ~3, 128 tool schemas ~5,000, 64 KB of prose ~2,000.
     max_json_values: int = attrs.field(default=20_000, validator=attrs.validators.gt(0))
     #: Largest ``session.resume`` frame (the first frame of a resuming connection, parsed

@@ -205,7 +205,7 @@ async def _run_worker(
         **settings.server_options,
     )
     # The same collector policy as single-process serve: without it a worker's full
-    # collections ran on its loop (25-50 ms probe stalls at 40 live sessions).
+    # collections run on its loop and stall every session it serves.
     gc_policy = GcPolicy(reclaim_interval_s=settings.gc_reclaim_s) if settings.gc_reclaim_s > 0 else None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(handoff_path)
