@@ -279,8 +279,8 @@ class InputSpeculator:
     the words are all there when the quiet begins. This watches one session's server-VAD
     output (:meth:`heard`: the commands ServerVad returns for each appended chunk, and whether
     any of its VAD frames was speech by the detector's own measure) and, once the user has been
-    quiet for ``after_ms`` (100 ms; against 200 ms, in runs apart, it took 45-135 ms off
-    ``completed``'s p50, docs/benchmarks.md), calls ``start(prefix, speech)``: ``speech`` is
+    quiet for ``after_ms`` (100 ms by default: starting sooner takes time off ``completed``'s
+    p50, docs/benchmarks.md), calls ``start(prefix, speech)``: ``speech`` is
     the turn's audio from the chunk where speech began to now, ``prefix`` up to ``prefix_ms``
     of the audio before it. The runtime decodes that while the VAD is still waiting; when the turn is
     committed and its audio holds ``speech`` unchanged, that decode is the turn's transcript

@@ -1,10 +1,9 @@
 """A session's uncommitted user audio, kept as the chunks it arrived in.
 
-Why not a bytearray: with 1,000 sessions each growing its own buffer, an append kept
-reallocating and copying a buffer that was cold in the cache, ~1.5-2.2 us per 640-byte chunk,
-against ~0.3 us to keep a reference to the (immutable) chunk and join once when the audio is
-taken (100 appends into each of 1,000 buffers, measured on this project's 2-core machines).
-Appends are the runtime's most frequent message: 50 per second per session.
+Why not a bytearray: with many sessions each growing its own buffer, an append kept
+reallocating and copying a buffer that was cold in the cache, several times what it costs to
+keep a reference to the (immutable) chunk and join once when the audio is taken
+(docs/benchmarks.md). Appends are the runtime's most frequent message: 50 per second per session.
 
 It answers the bytearray operations the core uses on its input (``+=``, ``len``, ``bytes``,
 a prefix slice and deleting a prefix), so the core reads the same either way, plus
