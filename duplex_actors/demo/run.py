@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -67,18 +69,41 @@ def build_engine(options: DemoOptions) -> PacedEngine:
 
 _SPEECH: dict[str, bytes] = {}
 
+#: A file of the callers' speech made earlier by :func:`save_speech` (JSON, text -> base64 pcm16),
+#: for a machine without Piper: scripts/device-check.sh carries one to a GPU machine.
+SPEECH_FILE_ENV = "DUPLEX_DEMO_SPEECH"
+
 
 def synthesize_speech(texts) -> dict[str, bytes]:
-    """The callers' speech, synthesised once per process (Piper is deterministic)."""
-    from ..audio.tts import default_tts
-    from ..audio.utterances import synthesize_utterance
-
+    """The callers' speech, synthesised once per process (Piper is deterministic), or read from
+    the file $DUPLEX_DEMO_SPEECH names where it holds the texts."""
     missing = [t for t in texts if t not in _SPEECH]
+    if missing and (path := os.environ.get(SPEECH_FILE_ENV)):
+        _SPEECH.update(load_speech(Path(path)))
+        missing = [t for t in texts if t not in _SPEECH]
     if missing:
+        from ..audio.tts import default_tts
+        from ..audio.utterances import synthesize_utterance
+
         tts = default_tts()
         for text in missing:
             _SPEECH[text] = synthesize_utterance(text, tts=tts)
     return {text: _SPEECH[text] for text in texts}
+
+
+def save_speech(path: Path) -> int:
+    """Writes every demo utterance's speech to ``path`` (for $DUPLEX_DEMO_SPEECH); its size."""
+    from ..audio.utterances import load_utterances
+
+    utterances = load_utterances()
+    speech = synthesize_speech(utterances.turns + utterances.backchannels)
+    path.write_text(json.dumps({text: base64.b64encode(pcm).decode() for text, pcm in speech.items()}))
+    return path.stat().st_size
+
+
+def load_speech(path: Path) -> dict[str, bytes]:
+    """The speech a :func:`save_speech` file holds."""
+    return {text: base64.b64decode(b64) for text, b64 in json.loads(path.read_text()).items()}
 
 
 async def run_demo(options: DemoOptions, *, console=None) -> dict:
