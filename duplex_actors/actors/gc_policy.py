@@ -2,16 +2,16 @@
 
 Why: a session's long-lived data (its core, mailbox and, above all, its replay journal of
 server events) is made of GC-tracked objects. They survive into the oldest generation, and a
-full collection walks every one of them with the event loop stopped: with 1,000 real-time
-sessions the longest pause was 62-87 ms after three seconds (~150 tracked objects per session,
-growing with the journal), against a 20 ms audio chunk (docs/benchmarks.md).
+full collection walks every one of them with the event loop stopped: with many real-time
+sessions, and a journal that keeps growing, that pause outlasts a 20 ms audio chunk several
+times over (docs/benchmarks.md).
 
 What the policy does, only when a :class:`Runtime` is given one (never on import):
 
 * at start-up it collects once, then ``gc.freeze()``\\ s what exists (modules, the compiled chart,
   the engine): those objects are never scanned again;
 * every ``freeze_interval_s`` it runs a young collection (generations 0 and 1: only what was
-  allocated since the last freeze, about a millisecond at 1,000 sessions) and freezes the
+  allocated since the last freeze, a small fraction of a full one) and freezes the
   survivors. What a session keeps for a while (journaled events, its core) therefore moves out
   of the collector's sight instead of piling up in generation 2, so full collections stay small;
 * it lowers the generation-0 threshold, so each young collection has less to walk.
@@ -20,16 +20,16 @@ The price: an object frozen while alive that later becomes *cyclic* garbage is n
 while frozen (plain reference counting still frees everything acyclic). The runtime's own
 long-lived objects are acyclic: a closed session is freed by reference counting alone
 (tests/runtime/test_gc_policy.py checks this). What does form such cycles is a long-lived task
-that gets cancelled (its CancelledError, traceback and frames): in the barge-in bench (1,000
-sessions, ~1,000 barge-ins a second, engine streams cancelled) none was found over two seconds
-of steady load, while the tasks cancelled at shutdown left 14-42 k objects. Those are taken
+that gets cancelled (its CancelledError, traceback and frames): the barge-in bench (engine
+streams cancelled at a high rate) found none under steady load, while the tasks cancelled at
+shutdown left many such objects. Those are taken
 back when the policy stops (it unfreezes and collects), and a periodic reclaim runs the same
 full collection, so a server whose connections come and go stays bounded.
 
-That reclaim walks every object, frozen ones included, with the loop stopped: ~0.1 ms per idle
-session over the wire. Run on a clock it froze every stream of a server that was only holding
-idle sessions, for nothing: with no churn there is no frozen garbage to find. So it runs only
-once the process's resident memory grew by ``reclaim_growth`` (and ``reclaim_min_growth_mb``)
+That reclaim walks every object, frozen ones included, with the loop stopped, for a time that
+grows with every session held. Run on a clock it froze every stream of a server that was only
+holding idle sessions, for nothing: with no churn there is no frozen garbage to find. So it runs
+only once the process's resident memory grew by ``reclaim_growth`` (and ``reclaim_min_growth_mb``)
 since the last one, checked every ``reclaim_interval_s``: frozen garbage is never freed, so it
 shows up as growth; a steady server never pays, a growing one pays as CPython amortises its own
 full collections (one per quarter of growth of the heap). Growth is only a proxy, though:

@@ -3,16 +3,16 @@
 Why not the wheel's own C library (``moonshine_cpp``)? Its encoder and decoder are ORT-format
 (``.ort``) models whose weights are stored as 8-bit integers with the dequantisation written
 into the graph (Cast, Mul, Add on each weight). ONNX Runtime does not re-optimise an ORT-format
-model when it loads one, so every decoder step dequantised every weight again: profiled, ~80%
-of a step was Cast/Mul/Add/Transpose over the weights (the 32768 x 416 token embedding alone
-~60 ms of each step), and the whole decoder took ~150 ms per token, ~2 s for a 3 s turn.
+model when it loads one, so every decoder step dequantised every weight again: profiled, most
+of a step was Cast/Mul/Add/Transpose over the weights (the 32768 x 416 token embedding above
+all), not the model's own arithmetic.
 
 So the two graphs are read from the ``.ort`` flatbuffers (ONNX Runtime's own generated readers,
 ``onnxruntime.tools.ort_format_model``) and written out as the same graphs in ONNX's protobuf
 form (the few messages needed are written by hand below: the ``onnx`` package is not a
 dependency). Loaded from there, ONNX Runtime's constant folding dequantises each weight once
 at load, and a decoder step is a handful of float MatMuls. Same graph, same weights: the
-transcripts are the library's (the tests compare them); the decode is 4-6x faster on this host
+transcripts are the library's (the tests compare them); the decode is several times faster
 (docs/benchmarks.md). Everything is read from the installed wheel by path; nothing is
 downloaded, nothing is written to disk.
 

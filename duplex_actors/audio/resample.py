@@ -3,10 +3,9 @@ float conversions.
 
 The resampling itself is libsoxr's (the ``soxr`` package), the same library the server's edge
 uses for client audio (server/audio_format.py). This module used to hold a windowed-sinc
-resampler of our own; against it, soxr's high-quality setting on this machine (22.05 -> 16 kHz,
-3 s of audio): 0.5 ms instead of 4.2 ms; a 9.5 kHz tone (above the new Nyquist) folded back
-into the speech band at -139 dB below the tone instead of -45 dB; a 440 Hz tone reproduced with
-a 70x smaller error (tests/embedded/test_audio.py holds it to those orders of magnitude).
+resampler of our own; soxr's high-quality setting is faster, folds far less of what lies above
+the new Nyquist back into the speech band, and reproduces a tone more closely
+(tests/embedded/test_audio.py holds it to orders of magnitude; docs/benchmarks.md).
 
 Clips are resampled in one call each, with no state carried between calls: a phrase is a whole
 utterance, so there is no seam between calls to smooth over.

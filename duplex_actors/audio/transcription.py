@@ -7,9 +7,8 @@ demo sentences spoken by piper it gets nearly every word right (tests/audio/
 test_transcription.py reports the word error rate); it is a small, old recogniser, so real
 microphones and accents will do worse.
 
-Decoding is blocking CPU work of about real time on this machine, and PocketSphinx's binding
-holds the GIL while it decodes (measured: a thread decoding 2 s of speech let a 1 ms sleep on
-another thread run only 3 times in 1.4 s). A worker *thread* would therefore still stall every
+Decoding is blocking CPU work, and PocketSphinx's binding holds the GIL while it decodes, so
+another thread barely runs meanwhile. A worker *thread* would therefore still stall every
 session's event loop, so :meth:`PocketsphinxTranscriber.transcribe` runs the decoder in a
 worker *process*; each worker loads the model once and keeps it.
 
@@ -208,9 +207,9 @@ class MoonshineTranscriber:
 
     * ``backend="onnx"`` (the default): ONNX Runtime's Python API on the graphs converted to
       ONNX, so their 8-bit weights are dequantised once at load instead of at every decoder
-      step (audio/moonshine_onnx.py says why): the same transcripts, the decode 4-6x faster
-      here. ``threads``: ONNX Runtime's intra-op threads (default 1: on this 2-core host,
-      shared, two were slower; $DUPLEX_MOONSHINE_THREADS overrides).
+      step (audio/moonshine_onnx.py says why): the same transcripts, a faster decode.
+      ``threads``: ONNX Runtime's intra-op threads (default 1: on a small shared host more
+      were slower; $DUPLEX_MOONSHINE_THREADS overrides).
     * ``backend="cpp"``: the wheel's own C library through ctypes (the previous path, kept as
       the baseline the benchmark compares against).
 

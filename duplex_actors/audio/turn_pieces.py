@@ -1,16 +1,15 @@
 """Where a long committed turn is cut into pieces for the recogniser.
 
 The recogniser is shared by every session, and a turn holds it for as long as it takes to
-decode (0.1-0.8 of real time here). Decoded whole, one session's 120 s turn made a neighbour's
-1 s turn wait 56 s for its transcript at the median. Decoded in pieces of at most
+decode. Decoded whole, one session's long turn made a neighbour's short turn wait for most of
+it. Decoded in pieces of at most
 ``max_piece_s``, with sessions taking turns piece by piece (actors/transcription_queue.py), a
 neighbour waits for the piece being decoded.
 
 A cut through a word costs the recogniser that word on both sides, so each piece ends in the
 quietest 100 ms of its second half: between words, wherever the speaker paused. On piper's
-speech (six sentences, ~15 s, 4 s pieces, six syntheses) the pieces' word error rate was 0.009
-against 0.032 for the turn decoded whole; cut at the quietest single 10 ms in the last 3/8 it
-was 0.034, and 0.069 cut at the 4 s mark (through a word).
+speech these pieces had a lower word error rate than the turn decoded whole, than cuts at the
+quietest single 10 ms, and than cuts at a fixed mark (through a word; docs/benchmarks.md).
 Pure and cheap (numpy over the search window only); no I/O.
 """
 

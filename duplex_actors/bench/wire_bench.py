@@ -13,8 +13,8 @@ The server runs in a child process (multiprocessing, spawn), assembled by the sa
 included), with this bench's scripted engine. The client stays here. Why: a real Realtime
 client is another process, often another machine. With both in one event loop, every frame the
 client parsed and every wake-up it needed ran on the server's loop and was counted as
-"server-added" (audio delta sent -> received was 0.75-0.93 ms at p50 in one loop, 0.07-0.09 ms
-across processes, 2026-12-01), and the server's own work delayed the client's clock reads the
+"server-added" (the audio delta's own sent -> received time was mostly the shared loop's),
+and the server's own work delayed the client's clock reads the
 same way. Out of process, what is measured is
 what a client sees: the server's work plus loopback TCP both ways, and only the client's own
 frame handling on top (which a bare engine call does not have, so it stays in the figure).
@@ -39,9 +39,8 @@ cost on this host by themselves; server-added is shown as a ratio to it.
 The VAD turns send each utterance (2.6 s of audio) at once, then space the turns so that the
 client's audio stays at :data:`VAD_CLIENT_RATE` times real time, under the server's audio
 pacing (``ServerConfig.audio_intake_rate``, 4x). A client faster than that is paced: its own
-trailing silence is then read during its response, and the VAD path's p99 read 1.9-2.5 ms
-against 0.5-0.8 ms unpaced (four interleaved runs, 2026-12-01 18:00 UTC). A microphone, at 1x,
-is never paced.
+trailing silence is then read during its response, and the VAD path's p99 includes the
+pacing's wait. A microphone, at 1x, is never paced.
 """
 
 from __future__ import annotations
@@ -80,8 +79,8 @@ async def _engine_sleep(seconds: float) -> None:
 
     The loop's own timer does neither: asyncio waits in whole milliseconds (epoll), counted
     from when the loop next goes idle, and after a submit the server's loop is busy writing
-    the response's first events (~0.5 ms), so a timer sleep there ended ~0.5 ms later at p50
-    than the same sleep in the bare engine's idle loop (2026-12-01, docs/benchmarks.md). A
+    the response's first events, so a timer sleep there ended later than the same sleep in the
+    bare engine's idle loop (docs/benchmarks.md). A
     thread told only "sleep 20 ms" is late the same way: it cannot start before it gets the
     GIL. So the deadline is fixed here, when generate() asks, and a worker thread sleeps until
     it. Bare and wire use this same engine."""

@@ -15,8 +15,8 @@ audio, commits, sends ``response.create`` (manual turns, as a GA client without 
 reads until its ``response.done``, then again. It runs in ``clients`` separate processes on raw
 sockets: frames are masked once ahead of time and what comes back is scanned for the bytes
 ``"response.done"`` with no frame or JSON parsing, so the load takes as little of the machine's
-two cores as it can (0.57 ms of CPU per turn against 1.4 ms with the websockets library client
-it replaced, measured side by side at load 4). Two load processes by default: with one, its
+two cores as it can (far less CPU per turn than the websockets library client it
+replaced). Two load processes by default: with one, its
 single loop was what limited the two-worker arm. Turns per second is counted across all of
 them. Arms run back to back in each round, in alternating order, and the ratio reported is the median over rounds of the per-round
 ratio (machine speed drifts between rounds on a shared machine; a ratio within one round does

@@ -7,8 +7,8 @@ replaying a stream with a hole in it.
 
 Memory: the journal holds what the session delivered in the last ``max_age_s`` (and never more
 than ``max_events``), so across a runtime it grows with the event *rate*, not with time: about
-sessions x min(events per second x max_age_s, max_events) entries of ~290 bytes each (plus
-audio that is not shared; measured, docs/reliability.md section 5).
+sessions x min(events per second x max_age_s, max_events) entries of a few hundred bytes each
+(plus audio that is not shared; docs/reliability.md section 5 has the measured size).
 Eviction runs when something is recorded or replayed, and on :meth:`expire`, which the runtime's
 reaper calls, so a session that has gone quiet lets go of its last events once they are older
 than ``max_age_s`` instead of keeping them for as long as it stays open.
@@ -75,8 +75,8 @@ _PAYLOAD: dict[type, Callable] = {
 
 
 def event_size(event: ServerEvent) -> int:
-    """Bytes the journal charges for ``event``: 128 for the event itself (measured ~290 with
-    its fields; most are shared or interned), plus the payload it holds."""
+    """Bytes the journal charges for ``event``: 128 for the event itself (less than it holds
+    with its fields, most of which are shared or interned), plus the payload it holds."""
     payload = _PAYLOAD.get(type(event))
     return 128 if payload is None else 128 + payload(event)
 
@@ -85,8 +85,8 @@ class JournalBudget:
     """What all the replay journals of a runtime may hold together, in the bytes they count.
 
     Each journal has its own bound (``max_bytes``, 8 MiB by default), which a client multiplies
-    by opening sessions: 400 sessions of one client, each journaling 30 long items, held 1,376
-    MiB (counted; the server's RSS grew 882 MiB, ``flood_bench --journals``). With a budget, a
+    by opening sessions: one client's many sessions, each journaling long items, held far more
+    than any single bound (``flood_bench --journals``). With a budget, a
     journal that records while the total is over it and while it holds more than its fair share
     (``max_bytes / journals``) evicts its own oldest events until one of the two is no longer
     true. The sessions that journal the most lose the oldest part of their replay (a resume

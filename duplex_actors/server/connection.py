@@ -8,17 +8,18 @@ whole messages, in the server's reader. Some costs come before that, in websocke
 where the reader never sees them:
 
 * **Pings.** websockets answers each ping with a pong from inside ``data_received``. A client
-  sending 125-byte pings flat out and never reading had the server answer 55,000 a second on
-  this machine; the pongs piled up in the write buffer at ~6 MB/s until the keepalive gave up
-  on the client 20-40 s later (``flood_bench --pings``).
-* **Frames, not bytes.** Parsing costs per frame. A message cut into 1-byte fragments is ~690
-  frames for a 10 ms append: within the byte and audio budgets, such a client took a core of
-  parsing and made a neighbour's turn 16-19x slower (1,200-1,350 ms against ~71).
+  sending small pings flat out and never reading had the server answer every one; the pongs
+  piled up in the write buffer until the keepalive gave up on the client
+  (``flood_bench --pings``).
+* **Frames, not bytes.** Parsing costs per frame. A message cut into 1-byte fragments is
+  hundreds of frames for one short append: within the byte and audio budgets, such a client
+  took a core of parsing and made a neighbour's turn many times slower.
 * **One read, parsed at once.** A read returns up to 256 KiB; websockets parses all of it
-  before the loop runs anything else: the loop lagged 250-300 ms under 7-byte frames.
-* **Fragments of one message** are kept as frame objects until the last arrives, ~200 bytes
-  each: websockets 17 caps them at 4,096, 15 and 16 (which openai-agents pins) do not, and
-  4 MiB of 1-byte fragments would be ~800 MB.
+  before the loop runs anything else, so a read of tiny frames holds the loop far longer than
+  an audio chunk.
+* **Fragments of one message** are kept as frame objects until the last arrives, each far
+  larger than its byte: websockets 17 caps them at 4,096, 15 and 16 (which openai-agents pins)
+  do not, so one message of 1-byte fragments would hold many times its size in memory.
 
 So the connection:
 

@@ -13,25 +13,24 @@ so its policy is tested without a server and the server calls it in a line or tw
   with 1008 (policy violation) and its session closed with reason ``invalid_frame_flood``.
 * :class:`IntakePacer`: a token bucket over what a session's client sends: one over seconds of
   audio, one over bytes of frames (both the session's, so reconnecting does not refill them).
-  Valid traffic costs the edge real work: audio ~7 ms of CPU per second of it (decode,
-  resample, Silero VAD); a 1 MB ``session.update`` 1.6 ms to decode alone, and it is
-  answered with a ``session.updated`` of the same size. A client sending either as fast as
-  its socket allowed made a neighbour's turn 37x slower (audio at ~145x real time) or 22x
-  slower (0.96 MB updates at 235 MB/s), from another process (``flood_bench --audio``,
-  ``--updates``). Past a budget the connection's reader waits before it reads the next frame:
+  Valid traffic costs the edge real work: audio is decoded, resampled and heard by Silero VAD;
+  a large ``session.update`` must be decoded, and it is answered with a ``session.updated`` of
+  the same size. A client sending either as fast as its socket allowed made a neighbour's turn
+  many times slower, from another process (``flood_bench --audio``, ``--updates``). Past a
+  budget the connection's reader waits before it reads the next frame:
   TCP pushes back on the client, nothing is refused and nothing accepted is lost.
   The byte budget also pays for what the server sends back (``spend``, charged by the
-  writer; the debt is ``due`` before the next frame is read): a 40-byte ``session.update``
-  echoing 1 MB of tools made a neighbour's turn 23x slower, a retrieve of a long item 3.9x.
+  writer; the debt is ``due`` before the next frame is read): a small ``session.update``
+  echoing large tools, or a retrieve of a long item, costs the server far more to send than
+  it cost the client to ask.
 * :class:`AdmissionQuotas`: open sessions per API key and per client address, and detached
   sessions in total. Connect-then-abort cycles otherwise hold a slot each for the whole
   disconnect grace. A refusal is :class:`~duplex_actors.errors.QuotaExceeded` (retryable).
 * :class:`ConnectRate`: new connections a second per address or per API key (opt-in). A
   quota bounds how many sessions a client holds, not how fast it opens and closes them: one
-  client churning sessions (750-830 a second, each a handshake, a session and its
-  ``session.created``) made a neighbour's turn 1.54-1.68x slower (``flood_bench --churn``).
-  Past the rate the handshake is answered 429 with ``Retry-After``, before any session
-  exists: at 20 a second on the churning key, 0.91-0.96x.
+  client churning sessions (each a handshake, a session and its ``session.created``) made a
+  neighbour's turn slower (``flood_bench --churn``). Past the rate the handshake is answered
+  429 with ``Retry-After``, before any session exists, which takes that cost away.
 
 The slow-consumer write deadline lives in the connection's writer (``ServerConfig.write_timeout_s``):
 it needs the socket, and it is one ``fail_after`` around a send.

@@ -1,11 +1,11 @@
 """Server VAD for every session of the loop, scored in batches.
 
 Each session's server VAD asks the model about each 32 ms window of its audio. One window at a
-time, the Silero network cost 0.12-0.16 ms on its own on this project's machines, but 0.26-0.35
-ms inside a server busy with 40 real-time sessions (between two windows the loop's other work
-pushes the network's weights out of the cache; 0.65 ms with a cold cache): about half of such
-a server's CPU. The network takes a batch (:meth:`~duplex_actors.audio.vad.SileroVad.score_batch`),
-which reads the weights once for all its windows.
+time, the Silero network costs a server busy with real-time sessions far more than it costs on
+its own (between two windows the loop's other work pushes the network's weights out of the
+cache), and it was a large share of such a server's CPU. The network takes a batch
+(:meth:`~duplex_actors.audio.vad.SileroVad.score_batch`), which reads the weights once for all
+its windows.
 
 So a connection's reader hands the windows an append completes to the :class:`VadBatcher`
 instead of scoring them itself. The batcher scores what it was handed together, at most its

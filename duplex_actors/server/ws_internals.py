@@ -80,10 +80,9 @@ async def send_burst(ws: ServerConnection, frames: list[bytes]) -> float:
     """Send text frames (UTF-8 JSON) in one socket write, waiting while the client's buffer is full.
 
     websockets writes each message it sends on its own: a syscall per event, which on loopback
-    also wakes the client. A response's seven opening events took 0.81 ms to send that way and
-    0.47 ms in one write, and the server's CPU per turn fell by 8-16% (2026-12-01,
-    docs/benchmarks.md). Here the frames are serialised by websockets' own sans-I/O protocol
-    and the bytes go out together; ``send_context`` does what ``send`` does around that (state
+    also wakes the client. A response's opening events sent in one write take less time and
+    less of the server's CPU per turn (docs/benchmarks.md). Here the frames are serialised by
+    websockets' own sans-I/O protocol and the bytes go out together; ``send_context`` does what ``send`` does around that (state
     checks, flow control, closing on errors).
 
     Returns the CPU seconds the serialising and writing took (frame_cost), without the waits
