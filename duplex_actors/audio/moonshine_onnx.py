@@ -278,7 +278,7 @@ class MoonshineOnnx:
     def tokens(self, audio, stop: Callable[[], bool] | None = None) -> list[int]:
         """Greedy token ids for ``audio`` (float32, 16 kHz, at least 0.1 s), without BOS/EOS.
         ``stop`` is asked before each decoder step: True raises DecodeStopped (a decode started
-        early that is no longer wanted frees the recogniser within one step, ~20-50 ms)."""
+        early that is no longer wanted frees the recogniser within one decoder step)."""
         import numpy as np
 
         if stop is not None and stop():

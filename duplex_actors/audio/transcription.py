@@ -101,8 +101,8 @@ class RecogniserUnavailable(RuntimeError):
 
 class PocketsphinxTranscriber:
     """Offline English transcription with PocketSphinx's packaged model, in worker processes
-    (``max_concurrent`` of them, ~130 MB each with the model loaded, started on the first turn;
-    :meth:`close` stops them)."""
+    (``max_concurrent`` of them, each holding its own copy of the model, started on the first
+    turn; :meth:`close` stops them)."""
 
     name = "pocketsphinx"
 
@@ -152,7 +152,8 @@ class PocketsphinxTranscriber:
 
         A process that ends with ``os._exit``, as every ``multiprocessing`` child does (serve's
         workers), runs no exit hooks: without ``close(wait=True)`` its recogniser's worker
-        process outlived it (one ~150 MB orphan per ``serve --workers`` run that transcribed).
+        process outlived it (an orphan holding a model per ``serve --workers`` run that
+        transcribed).
         """
         pool, stop = self._pool, self._stop_pool
         self._pool = self._stop_pool = None

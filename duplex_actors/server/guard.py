@@ -374,7 +374,7 @@ def exempt_from(networks: tuple[str, ...]) -> Callable[[str], bool]:
 class RequestHeadLimit:
     """The size and line count of an HTTP request head, counted as its bytes arrive, before
     websockets parses them (its own limits are 8 KiB a line and 128 headers: ~1 MiB a request,
-    which 100 headers of 4 KB to ``/health`` turned into +1.1-1.3 GB of RSS).
+    which many concurrent requests of long headers to ``/health`` turned into gigabytes of RSS).
 
     :meth:`feed` returns None while the head goes on, the offset in ``data`` just past its end
     once it has ended (what follows is the client's first frames), or :data:`REFUSED` once it
@@ -411,7 +411,7 @@ class PendingHandshakes:
     """Connections that have not finished their websocket handshake, per client subject and in
     all. Such a connection costs a socket, a protocol object and a task whatever it sends, and
     websockets keeps it until its ``open_timeout``; a client opening them flat out and never
-    sending had 15,000 of them and the loop stalled 3.8 s. ``enter`` refuses (returns why)
+    sending held thousands of them and stalled the loop for seconds. ``enter`` refuses (returns why)
     past ``per_address`` for one subject or ``total`` in all (``exempt`` addresses apart)."""
 
     __slots__ = ("per_address", "total", "exempt", "_by_subject", "_count", "refused")

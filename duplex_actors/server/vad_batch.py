@@ -76,9 +76,9 @@ class VadJob:
 class VadBatcher:
     """Collects jobs and scores them together, at most ``window_s`` after the first.
 
-    ``window_s`` is what a batch gets to fill. In a server with 40 real-time sessions, scoring
-    at the next loop pass made batches of 2-3 windows, no cheaper than one at a time (0.26-0.27
-    ms a window); 4 ms made ~10 (0.25 ms) and 8 ms ~16-19 (0.15 ms). Waiting is only for
+    ``window_s`` is what a batch gets to fill. In a server with many real-time sessions, scoring
+    at the next loop pass made batches too small to be cheaper than one window at a time; a few
+    milliseconds of waiting fill batches that are. Waiting is only for
     windows whose answer nobody waits on: a job that may end the user's turn (``urgent``: its
     windows could complete server VAD's silence) is scored at the next pass, with whatever is
     pending, and so is a job whose reader has the client's next frame in hand. What waits is
