@@ -83,7 +83,7 @@ async def _engine_run(engine: EmbeddedThinker, n: int, audio: bytes) -> tuple[fl
         count = 0
         async for out in engine.generate(_request(i, audio)):
             if isinstance(out, TextDelta):
-                count += 1
+                count += out.token_count
             elif not isinstance(out, TurnDone) and out.__class__.__name__ != "Decision":
                 raise RuntimeError(f"unexpected output {out!r}")
         return count
@@ -98,9 +98,7 @@ def _bare_run(
 ) -> tuple[float, int]:
     began = time.perf_counter()
     # The same batched prefill the engine's scheduler runs for requests that join together.
-    embedded = [
-        model.embed_prompt(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids) for _ in range(n)
-    ]
+    embedded = model.embed_prompts([(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids)] * n)
     position = model.prefill_many(0, embedded)[0]
     tokens = torch.full((n,), prompt.suffix_ids[-1])
     positions = torch.full((n,), position)

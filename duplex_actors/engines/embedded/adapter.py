@@ -32,7 +32,7 @@ import torch
 
 from ...core.engine_io import ModelTurnRequest, SamplingOverrides, TurnKind
 from ...errors import InvalidCommand
-from .features import HOP, SAMPLE_RATE, log_mel_tokens, pcm16_to_float
+from .features import HOP, SAMPLE_RATE, log_mel_tokens, log_mel_tokens_batch, pcm16_to_float
 from .model import ThinkerConfig
 from .sampling import SamplingParams
 from .vocab import Vocabulary
@@ -73,6 +73,12 @@ class ModelAdapter(Protocol):
     ) -> AudioBudget: ...
 
     def build_prompt(self, request: ModelTurnRequest) -> Prompt: ...
+
+    def build_prompts(self, requests: Sequence[ModelTurnRequest]) -> list[Prompt | Exception]:
+        """``build_prompt`` of each request, in order, where the work can be shared (the
+        engine admits turns in bursts); a request that cannot be built gets its exception in
+        its place, and the others are built."""
+        ...
 
     def decide(self, unit_snapshot: Sequence[int]) -> bool | None: ...
 
@@ -126,14 +132,23 @@ class WordThinkerAdapter:
             log.info("adapter.client_budget_ignored", claimed=claimed_tokens, computed=tokens)
         return budget
 
-    def build_prompt(self, request: ModelTurnRequest, *, claimed_tokens: int | None = None) -> Prompt:
+    def build_prompt(
+        self,
+        request: ModelTurnRequest,
+        *,
+        claimed_tokens: int | None = None,
+        features: torch.Tensor | None = None,
+    ) -> Prompt:
+        """The prompt of one turn. ``features``: its audio's log-mel tokens, computed already
+        (by :meth:`build_prompts`, for a burst); by default they are computed here."""
         budget = self.audio_budget(request.audio, request.sample_rate, claimed_tokens=claimed_tokens)
-        features = log_mel_tokens(
-            pcm16_to_float(request.audio),
-            budget.tokens,
-            n_mels=self.cfg.n_mels,
-            frames_per_token=self.cfg.frames_per_token,
-        )
+        if features is None:
+            features = log_mel_tokens(
+                pcm16_to_float(request.audio),
+                budget.tokens,
+                n_mels=self.cfg.n_mels,
+                frames_per_token=self.cfg.frames_per_token,
+            )
         v = self.vocab
         prefix = [v.bos]
         if request.instructions:
@@ -145,6 +160,33 @@ class WordThinkerAdapter:
         unit = request.kind is TurnKind.UNIT
         suffix = (v.unit,) if unit else (v.respond,)
         return Prompt(tuple(prefix), features, suffix, budget, decide_first=unit)
+
+    def build_prompts(self, requests: Sequence[ModelTurnRequest]) -> list[Prompt | Exception]:
+        """:meth:`build_prompt` of each request, the audio features of all of them computed
+        together (:func:`log_mel_tokens_batch`); a request that cannot be built (bad audio)
+        gets its exception in its place."""
+        results: list[Prompt | Exception | None] = [None] * len(requests)
+        where: list[int] = []
+        samples: list[torch.Tensor] = []
+        tokens: list[int] = []
+        for i, request in enumerate(requests):
+            try:
+                budget = self.audio_budget(request.audio, request.sample_rate)
+                samples.append(pcm16_to_float(request.audio))
+            except Exception as exc:
+                results[i] = exc
+                continue
+            where.append(i)
+            tokens.append(budget.tokens)
+        features = log_mel_tokens_batch(
+            samples, tokens, n_mels=self.cfg.n_mels, frames_per_token=self.cfg.frames_per_token
+        )
+        for i, feats in zip(where, features):
+            try:
+                results[i] = self.build_prompt(requests[i], features=feats)
+            except Exception as exc:
+                results[i] = exc
+        return [r for r in results if r is not None]
 
     # --- rule 2: decide from this unit's snapshot only ------------------------------------
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import torch
 
 SAMPLE_RATE = 16000
 N_FFT = 400  # 25 ms at 16 kHz
 HOP = 160  # 10 ms at 16 kHz
+#: Frames :func:`log_mel_tokens_batch` transforms in one go (its spectra then fit in a core's
+#: cache; see docs/embedded.md).
+BATCH_FRAMES = 512
 
 
 def _hz_to_mel(hz: float) -> float:
@@ -64,20 +68,51 @@ def log_mel_tokens(
     ``n_tokens * frames_per_token``: the budget is decided by the caller (the adapter) from the
     PCM length, and the features must match it.
     """
-    n_frames = n_tokens * frames_per_token
-    needed = (n_frames - 1) * HOP + N_FFT
+    return _log_mel(_fit(samples, n_tokens, frames_per_token)[None], n_tokens, n_mels, frames_per_token)[0]
+
+
+def log_mel_tokens_batch(
+    samples: Sequence[torch.Tensor], n_tokens: Sequence[int], *, n_mels: int, frames_per_token: int
+) -> list[torch.Tensor]:
+    """:func:`log_mel_tokens` of several pieces of audio (``n_tokens[i]`` tokens of
+    ``samples[i]``), in order. Pieces with the same token count go through one FFT and one
+    filterbank product: a turn's second of audio is a dozen small torch ops, whose per-call
+    cost outweighs their arithmetic, so a burst of admitted turns pays it once per length
+    instead of once per turn."""
+    out: list[torch.Tensor | None] = [None] * len(samples)
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(n_tokens):
+        by_length.setdefault(n, []).append(i)
+    for n, same in by_length.items():
+        # In chunks that keep the intermediate spectra in the CPU's cache: one product over
+        # every piece of a large burst streams tens of MB through memory several times.
+        per_chunk = max(1, BATCH_FRAMES // (n * frames_per_token))
+        for start in range(0, len(same), per_chunk):
+            where = same[start : start + per_chunk]
+            batch = torch.stack([_fit(samples[i], n, frames_per_token) for i in where])
+            for i, tokens in zip(where, _log_mel(batch, n, n_mels, frames_per_token)):
+                out[i] = tokens
+    return [t for t in out if t is not None]
+
+
+def _fit(samples: torch.Tensor, n_tokens: int, frames_per_token: int) -> torch.Tensor:
+    """The samples that make exactly ``n_tokens * frames_per_token`` frames: zero-padded at the
+    end, or the oldest dropped (the most recent audio is what a response reacts to)."""
+    needed = (n_tokens * frames_per_token - 1) * HOP + N_FFT
     if samples.numel() < needed:
-        samples = torch.nn.functional.pad(samples, (0, needed - samples.numel()))
-    else:
-        # Keep the most recent audio: it is what the response should react to.
-        samples = samples[samples.numel() - needed :]
-    frames = samples.unfold(0, N_FFT, HOP)  # (n_frames, N_FFT)
+        return torch.nn.functional.pad(samples, (0, needed - samples.numel()))
+    return samples[samples.numel() - needed :]
+
+
+def _log_mel(batch: torch.Tensor, n_tokens: int, n_mels: int, frames_per_token: int) -> torch.Tensor:
+    """(k, samples) fitted audio -> (k, n_tokens, n_mels * frames_per_token) tokens."""
+    frames = batch.unfold(1, N_FFT, HOP)  # (k, n_frames, N_FFT)
     spectrum = torch.fft.rfft(frames * _window(N_FFT), dim=-1)
     power = spectrum.real.square() + spectrum.imag.square()
     mel = power @ mel_filterbank(n_mels)
     log_mel = torch.log10(torch.clamp(mel, min=1e-10))
-    # Whisper-style dynamic range: keep 8 decades below the loudest bin, then centre and scale
-    # to roughly unit range so random projections see inputs of a sane size.
-    log_mel = torch.maximum(log_mel, log_mel.max() - 8.0)
+    # Whisper-style dynamic range, per piece: keep 8 decades below its loudest bin, then centre
+    # and scale to roughly unit range so random projections see inputs of a sane size.
+    log_mel = torch.maximum(log_mel, log_mel.amax(dim=(1, 2), keepdim=True) - 8.0)
     log_mel = (log_mel + 4.0) / 4.0
-    return log_mel.reshape(n_tokens, frames_per_token * n_mels)
+    return log_mel.reshape(batch.shape[0], n_tokens, frames_per_token * n_mels)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 import torch
@@ -375,15 +375,20 @@ class Thinker(nn.Module):
         # The random part of the logits has a spread of ~LOGIT_SCALE nats around the prior.
         return self.head.forward(F.layer_norm(x, *self._final_norm)) * LOGIT_SCALE + self.out_bias
 
-    def _prompt_embeddings(self, prefix_ids, audio_features: torch.Tensor, suffix_ids) -> torch.Tensor:
-        """Input vectors of every prompt position except the last token, (length, d_model)."""
+    def _prompt_embeddings(
+        self, prefix_ids, audio_features: torch.Tensor, suffix_ids, projected: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Input vectors of every prompt position except the last token, (length, d_model).
+        ``projected``: ``audio_proj`` of the features, computed already (:meth:`embed_prompts`)."""
         if not suffix_ids:
             raise ValueError("a prompt must end with at least one token to decode from")
         parts = []
         device = None if self._on_cpu else self.device  # (None: torch's default, the CPU)
         if prefix_ids:
             parts.append(self.tok_emb[torch.tensor(prefix_ids, device=device)])
-        if audio_features.numel():
+        if projected is not None:
+            parts.append(projected)
+        elif audio_features.numel():
             if device is not None:
                 audio_features = audio_features.to(device)  # the features are computed on the CPU
             parts.append(self.audio_proj(audio_features))
@@ -414,6 +419,31 @@ class Thinker(nn.Module):
         Raises ValueError for a prompt that cannot run (empty suffix, too long)."""
         with torch.inference_mode():
             return self._prompt_embeddings(prefix_ids, audio_features, suffix_ids)
+
+    def embed_prompts(self, prompts: Sequence[tuple[Sequence[int], torch.Tensor, Sequence[int]]]) -> list:
+        """:meth:`embed_prompt` of several (prefix_ids, audio_features, suffix_ids), in order:
+        their audio features cross to the device in one copy and go through the audio
+        projection in one product, where one of each per prompt would cost a launch (and, on
+        a GPU, a wait) apiece. A prompt that cannot run gets its ValueError in its place."""
+        with torch.inference_mode():
+            sizes = [int(audio.shape[0]) for _, audio, _ in prompts if audio.numel()]
+            shared: Iterator[torch.Tensor] | None = None
+            if len(sizes) > 1:
+                try:
+                    joined = torch.cat([audio for _, audio, _ in prompts if audio.numel()])
+                    if not self._on_cpu:
+                        joined = joined.to(self.device)
+                    shared = iter(self.audio_proj(joined).split(sizes))
+                except RuntimeError:  # features of mismatched widths: each prompt alone says why
+                    shared = None
+            out: list[torch.Tensor | ValueError] = []
+            for prefix_ids, audio, suffix_ids in prompts:
+                projected = next(shared) if shared is not None and audio.numel() else None
+                try:
+                    out.append(self._prompt_embeddings(prefix_ids, audio, suffix_ids, projected))
+                except ValueError as exc:
+                    out.append(exc)
+            return out
 
     @torch.inference_mode()
     def prefill_many(self, first_slot: int, prompts: list[torch.Tensor]) -> list[int]:

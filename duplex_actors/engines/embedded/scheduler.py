@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Union
 
 import attrs
@@ -101,6 +101,20 @@ class SequenceEnded:
 SchedulerEvent = Union[TokenEvent, SequenceEnded]
 Sink = Callable[[SchedulerEvent], None]
 Dispatch = Callable[[list[tuple[Sink, SchedulerEvent]]], None]
+#: Builds the prompts of the jobs admitted together, in order, an exception in the place of a
+#: job whose prompt cannot be built (the engine shares the audio front end's work across them).
+PromptBuilder = Callable[[Sequence[DecodeJob]], Sequence["Prompt | Exception"]]
+
+
+def build_each(jobs: Sequence[DecodeJob]) -> list[Prompt | Exception]:
+    """The default :data:`PromptBuilder`: each job's own ``prompt()``."""
+    out: list[Prompt | Exception] = []
+    for job in jobs:
+        try:
+            out.append(job.prompt())
+        except Exception as exc:
+            out.append(exc)
+    return out
 
 
 @attrs.frozen(slots=True)
@@ -194,6 +208,7 @@ class BatchScheduler:
         seed: int = 0,
         dispatch_interval_s: float = 0.005,
         max_queue_per_tenant: int | None = None,
+        build_prompts: PromptBuilder = build_each,
     ) -> None:
         if not 1 <= max_concurrency <= model.cfg.max_slots:
             raise ValueError(f"max_concurrency must be in 1..{model.cfg.max_slots}")
@@ -207,6 +222,7 @@ class BatchScheduler:
         self._model = model
         self._vocab = vocab
         self._dispatch = dispatch
+        self._build_prompts = build_prompts
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         #: The places one tenant may take (module doc); the rest are kept for the others.
@@ -423,17 +439,34 @@ class BatchScheduler:
         # A prompt that cannot run fails alone; the rest are prefilled together in one pass
         # (a burst of joiners costs about what a few single prefills do).
         ready: list[tuple[DecodeJob, Sink, Prompt, torch.Tensor, torch.Generator | None]] = []
-        for job, sink in admits:
+        if not admits:
+            return ()
+        jobs = [job for job, _ in admits]
+        try:
+            prompts = list(self._build_prompts(jobs))
+            if len(prompts) != len(jobs):
+                raise RuntimeError(f"{len(prompts)} prompts built for {len(jobs)} jobs")
+        except Exception:  # the shared builder broke: each job alone, so none fails for another
+            log.exception("scheduler.prompt_batch_failed", jobs=len(jobs))
+            prompts = build_each(jobs)
+        built: list[tuple[DecodeJob, Sink, Prompt, torch.Generator | None]] = []
+        for (job, sink), prompt in zip(admits, prompts):
             try:
-                # The request's own generator first: a seed torch cannot take fails this job
-                # here, alone, instead of the whole admission pass.
+                # A seed torch cannot take fails this job here, alone.
                 gen = None if job.params.seed is None else torch.Generator().manual_seed(job.params.seed)
-                prompt = job.prompt()
-                embedded = self._model.embed_prompt(
-                    prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids
-                )
             except Exception as exc:
                 self._fail_admission(job, sink, exc, outbox)
+                continue
+            if isinstance(prompt, Exception):
+                self._fail_admission(job, sink, prompt, outbox)
+                continue
+            built.append((job, sink, prompt, gen))
+        embedded_all = self._model.embed_prompts(
+            [(prompt.prefix_ids, prompt.audio_features, prompt.suffix_ids) for _, _, prompt, _ in built]
+        )
+        for (job, sink, prompt, gen), embedded in zip(built, embedded_all):
+            if isinstance(embedded, Exception):
+                self._fail_admission(job, sink, embedded, outbox)
                 continue
             ready.append((job, sink, prompt, embedded, gen))
         if not ready:

@@ -18,7 +18,8 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
+from typing import cast
 
 import attrs
 import structlog
@@ -44,7 +45,15 @@ from ..schema_fill import TokenSource, conforms, fill_schema
 from .adapter import ModelAdapter, Prompt, WordThinkerAdapter
 from .model import Thinker, ThinkerConfig
 from .sampling import SamplingParams
-from .scheduler import BatchScheduler, DecodeJob, SchedulerEvent, SequenceEnded, Sink, TokenEvent
+from .scheduler import (
+    BatchScheduler,
+    DecodeJob,
+    SchedulerEvent,
+    SequenceEnded,
+    Sink,
+    TokenEvent,
+    build_each,
+)
 from .vocab import default_vocabulary
 
 log = structlog.get_logger("duplex_actors.engines.embedded")
@@ -129,6 +138,7 @@ class EmbeddedThinker:
             max_queue=self._max_queue,
             seed=self._seed,
             dispatch_interval_s=self._dispatch_interval_s,
+            build_prompts=functools.partial(_build_prompts, self.adapter),
         )
         self.scheduler.start()
         log.info(
@@ -190,9 +200,7 @@ class EmbeddedThinker:
         inbox = _Inbox(asyncio.get_running_loop())
         # The prompt is built on the worker thread at admission; kept to report what was read.
         built: list[Prompt] = []
-        job = DecodeJob(
-            rid, functools.partial(_build, self.adapter, request, built), params, request.share_tenant
-        )
+        job = DecodeJob(rid, _TurnPrompt(self.adapter, request, built), params, request.share_tenant)
         scheduler.submit(job, inbox.put)  # EngineCapacityError propagates, nothing queued
         if tool is not None:
             async for output in self._call(request, tool, inbox, built):
@@ -214,11 +222,19 @@ class EmbeddedThinker:
                 event = events.popleft()
                 if began and type(event) is TokenEvent:
                     # Nearly every event: the next word of a response under way. This runs on
-                    # the event loop once per live request per decode step, while the worker
-                    # waits for the GIL between its torch ops, so it is kept to the minimum.
-                    first = not token_times
+                    # the event loop for every live request at every dispatch, while the worker
+                    # waits for the GIL, so it is kept to the minimum: the tokens of one
+                    # dispatch (several steps when steps are faster than the dispatch interval)
+                    # go out as one delta, which everything downstream handles once.
                     token_times.append(event.produced_at)
-                    yield TextDelta(rid, render(event.token_id, first=first), 1, event.produced_at)
+                    text = render(event.token_id, first=len(token_times) == 1)
+                    count = 1
+                    while events and type(events[0]) is TokenEvent:
+                        more = cast(TokenEvent, events.popleft())
+                        token_times.append(more.produced_at)
+                        text += render(more.token_id, first=False)
+                        count += 1
+                    yield TextDelta(rid, text, count, event.produced_at)
                     continue
                 if isinstance(event, SequenceEnded):
                     ended = True
@@ -331,10 +347,41 @@ class EmbeddedThinker:
 _CALL_TOKENS = 16
 
 
-def _build(adapter: ModelAdapter, request: ModelTurnRequest, built: list[Prompt]) -> Prompt:
-    prompt = adapter.build_prompt(request)
-    built.append(prompt)
-    return prompt
+class _TurnPrompt:
+    """A job's ``prompt``: builds one turn's prompt alone when called; :func:`_build_prompts`
+    reads ``request`` to build the turns admitted together at once. Either way the prompt is
+    kept in ``built``, to report what the model read."""
+
+    __slots__ = ("adapter", "request", "built")
+
+    def __init__(self, adapter: ModelAdapter, request: ModelTurnRequest, built: list[Prompt]) -> None:
+        self.adapter = adapter
+        self.request = request
+        self.built = built
+
+    def __call__(self) -> Prompt:
+        prompt = self.adapter.build_prompt(self.request)
+        self.built.append(prompt)
+        return prompt
+
+
+def _build_prompts(adapter: ModelAdapter, jobs: Sequence[DecodeJob]) -> list[Prompt | Exception]:
+    """The scheduler's prompt builder (on its worker): this engine's turns through the
+    adapter's ``build_prompts`` together, anything else through its own ``prompt()``."""
+    ours = [job for job in jobs if isinstance(job.prompt, _TurnPrompt)]
+    batch = getattr(adapter, "build_prompts", None)  # optional for an adapter of one's own
+    if len(ours) < 2 or batch is None:
+        return build_each(jobs)
+    turns = [cast(_TurnPrompt, job.prompt) for job in ours]
+    prompts = list(batch([turn.request for turn in turns]))
+    if len(prompts) != len(turns):
+        raise RuntimeError(f"the adapter built {len(prompts)} prompts for {len(turns)} turns")
+    for turn, prompt in zip(turns, prompts):
+        if not isinstance(prompt, Exception):
+            turn.built.append(prompt)
+    mine = iter(prompts)
+    others = iter(build_each([job for job in jobs if not isinstance(job.prompt, _TurnPrompt)]))
+    return [next(mine) if isinstance(job.prompt, _TurnPrompt) else next(others) for job in jobs]
 
 
 def _read(built: list[Prompt]) -> InputUsage | None:
