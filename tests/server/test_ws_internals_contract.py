@@ -1,0 +1,50 @@
+"""The contract server/ws_internals.py relies on below websockets' documented API, checked on
+the installed websockets: an upgrade that moves any of it fails here, by name, instead of
+silently keeping closed connections' memory alive or sending events one write each."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+websockets = pytest.importorskip("websockets")
+
+from websockets.asyncio.server import ServerConnection, serve  # noqa: E402
+from websockets.protocol import Protocol  # noqa: E402
+
+from duplex_actors.server import ws_internals  # noqa: E402
+
+
+def test_the_sans_io_protocol_has_what_send_burst_and_the_traceback_release_use():
+    for name in ("send_text", "data_to_send", "parse"):
+        assert callable(getattr(Protocol, name, None)), name
+    # The parser's ending exception is kept on the protocol under this name (set in parse).
+    assert "parser_exc" in inspect.getsource(Protocol.parse)
+
+
+def test_a_live_server_connection_has_the_attributes_the_server_reaches():
+    async def main():
+        seen: dict[str, object] = {}
+
+        async def handler(ws: ServerConnection) -> None:
+            seen["send_context"] = callable(getattr(ws, "send_context", None))
+            queue = ws.recv_messages
+            seen["pause"] = callable(queue.pause) and callable(queue.resume)
+            seen["transport"] = ws.transport is not None
+            seen["protocol"] = isinstance(ws.protocol, Protocol)
+            seen["select_subprotocol"] = "select_subprotocol" in vars(ws.protocol)
+            # The burst write works end to end: two frames out in one write.
+            await ws_internals.send_burst(ws, [b'{"a":1}', b'{"b":2}'])
+            await ws.wait_closed()
+
+        async with serve(handler, "127.0.0.1", 0, select_subprotocol=lambda conn, offered: None) as server:
+            port = server.sockets[0].getsockname()[1]
+            async with websockets.connect(f"ws://127.0.0.1:{port}") as client:
+                got = [await client.recv(), await client.recv()]
+        return seen, got
+
+    seen, got = asyncio.run(asyncio.wait_for(main(), 10))
+    assert seen == {name: True for name in seen} and len(seen) == 5, seen
+    assert got == ['{"a":1}', '{"b":2}']
