@@ -25,12 +25,28 @@ CLIENTS = 12
 DRAIN_TIMEOUT_S = 60
 #: Asks a client sends after SIGTERM, each after the previous one's response, until refused.
 MAX_ASKS_AFTER = 10
+#: Client i starts i * STAGGER_S after the first: spread over about one response (~0.8 s), so
+#: that on each worker some responses end well before its last one. Started together, the
+#: clients' responses ran in lockstep and ended within milliseconds of each other; the worker
+#: closes its sessions with its last response, so every ask after SIGTERM could arrive too late
+#: to be refused, on both workers at once (no refusal in about one run in six, more under load).
+STAGGER_S = 0.06
+
+
+async def _ask(ws, **fields) -> None:
+    """Send a response.create; a session closed meanwhile is not an error here: what the server
+    sent before its close (session.closed) is still read by the caller."""
+    try:
+        await ws.send(json.dumps({"type": "response.create", **fields}))
+    except ConnectionClosed:
+        pass
 
 
 async def _talk_through_the_drain(url: str, signalled: anyio.Event) -> dict:
     """One client: asks for responses back to back; once the test has sent SIGTERM it keeps
-    asking after each response (the signal and an ask race: an ask can reach a worker before
-    the signal does, and is then served like any other) until one is refused or the session
+    asking after each response (the signal and an ask race both ways: an ask sent after it can
+    reach a worker before the signal does, and is then served like any other; one sent before
+    it can reach the worker after, and is then refused) until one is refused or the session
     closes; returns what it saw up to the server's close."""
     seen: dict = {"asked": 1, "asked_after": 0, "created": [], "done": [], "errors": [], "closed": []}
     ws = await connect(url)
@@ -45,12 +61,17 @@ async def _talk_through_the_drain(url: str, signalled: anyio.Event) -> dict:
                     seen["created"].append(event["response"]["id"])
                 elif kind == "response.done":
                     seen["done"].append((event["response"]["id"], event["response"]["status"]))
-                    if not signalled.is_set():
+                    # An ask that meets the closed session is not read: reading goes on, to the
+                    # session.closed that came before the close (stopping at the failed send,
+                    # the client missed it).
+                    if seen["errors"]:
+                        pass  # refused: no more asks
+                    elif not signalled.is_set():
                         seen["asked"] += 1
-                        await ws.send(json.dumps({"type": "response.create"}))
-                    elif not seen["errors"] and seen["asked_after"] < MAX_ASKS_AFTER:
+                        await _ask(ws)
+                    elif seen["asked_after"] < MAX_ASKS_AFTER:
                         seen["asked_after"] += 1
-                        await ws.send(json.dumps({"type": "response.create", "event_id": "after_sigterm"}))
+                        await _ask(ws, event_id="after_sigterm")
                 elif kind == "error":
                     seen["errors"].append((event["error"]["code"], event["error"].get("event_id")))
                 elif kind == "session.closed":
@@ -86,13 +107,14 @@ async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_w
         signalled = anyio.Event()
         results: list[dict] = []
 
-        async def one() -> None:
+        async def one(i: int) -> None:
+            await anyio.sleep(i * STAGGER_S)
             results.append(await _talk_through_the_drain(url, signalled))
 
         async with anyio.create_task_group() as tg:
-            for _ in range(CLIENTS):
-                tg.start_soon(one)
-            await anyio.sleep(2.0)  # every client has had responses; each has one in flight
+            for i in range(CLIENTS):
+                tg.start_soon(one, i)
+            await anyio.sleep(2.0)  # every client has had a response; each has one in flight or is asking
             signalled.set()
             proc.send_signal(signal.SIGTERM)
             sent_at = time.monotonic()
@@ -125,10 +147,14 @@ async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_w
         assert seen["close_code"] == CLOSE_GOING_AWAY, seen
         # Each ask after SIGTERM was served (it reached the worker before the signal), refused
         # (server_draining), or, when it came after the session had closed, not read at all
-        # (session.closed is always last); once one is refused the client asks no more.
-        served_after = len(seen["created"]) - seen["asked"]
+        # (session.closed is always last); once one is refused the client asks no more. Each
+        # ask before it was served, but the last one may have reached the worker after the
+        # signal, and been refused.
+        refused_before = seen["errors"].count(("server_draining", None))
+        served_after = len(seen["created"]) - (seen["asked"] - refused_before)
         refused_after = seen["errors"].count(("server_draining", "after_sigterm"))
         assert served_after >= 0 and served_after + refused_after <= seen["asked_after"], seen
-        assert refused_after <= 1 and {code for code, _ in seen["errors"]} <= {"server_draining"}, seen
-    refused = sum(("server_draining", "after_sigterm") in seen["errors"] for seen in results)
+        assert refused_before + refused_after <= 1, seen
+        assert {code for code, _ in seen["errors"]} <= {"server_draining"}, seen
+    refused = sum(("server_draining" in {code for code, _ in seen["errors"]}) for seen in results)
     assert refused >= 1, results
