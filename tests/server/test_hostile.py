@@ -811,7 +811,7 @@ async def test_small_requests_for_large_replies_are_paced_by_the_replies(ask):
     count, rate, burst = 12, 400_000, 200_000
     async with running_server(frame_intake_bytes_per_s=rate, frame_intake_burst_bytes=burst) as server:
         async with connect(server.url, max_size=None) as ws:
-            await recv_json(ws)
+            created = await recv_json(ws)
             if ask == "session.update":
                 setup = {"type": "session.update", "session": {"type": "realtime", "instructions": text}}
                 request = {"type": "session.update", "session": {"type": "realtime"}}
@@ -822,18 +822,24 @@ async def test_small_requests_for_large_replies_are_paced_by_the_replies(ask):
                 reply = "conversation.item.retrieved"
             await ws.send(json.dumps(setup))
             await recv_until(ws, "session.updated" if ask == "session.update" else "conversation.item.done")
+            on_the_ledgers_clock(server._records[created["session"]["id"]].frame_pacer)
+            paced = server.metrics.paced.labels("frames")
+            paced_before = paced._value.get()
+            began = time.perf_counter()
             for _ in range(count):
                 await ws.send(json.dumps(request))
             sent_back = await _replies(ws, count, reply)
-            # What those replies cost is paid before the client's next frame is read.
-            began = time.perf_counter()
+            # What those replies cost is paid before the client's next frame is read. Timed
+            # from the first request: from this frame's send, the time a loaded client took to
+            # read the replies counted as paid.
             await ws.send(json.dumps(request))
             await _replies(ws, 1, reply)
             took = time.perf_counter() - began
         owed = (sent_back - burst) / rate
         assert owed > 1.0
-        assert took >= 0.7 * owed, (took, owed)
-        assert server.metrics.paced.labels("frames")._value.get() >= 0.7 * owed
+        assert took >= 0.95 * owed, (took, owed)
+        # On the ledger's clock the waits ordered are at least the debt, however loaded the host.
+        assert paced._value.get() - paced_before >= owed, (paced._value.get() - paced_before, owed)
         assert server.metrics.frames.labels("rejected")._value.get() == 0
 
 
