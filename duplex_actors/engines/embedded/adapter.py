@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import attrs
 import structlog
@@ -186,7 +186,8 @@ class WordThinkerAdapter:
                 results[i] = self.build_prompt(requests[i], features=feats)
             except Exception as exc:
                 results[i] = exc
-        return [r for r in results if r is not None]
+        # Every place is filled above: by its exception or by its prompt.
+        return cast(list[Prompt | Exception], results)
 
     # --- rule 2: decide from this unit's snapshot only ------------------------------------
 

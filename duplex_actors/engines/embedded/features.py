@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -92,7 +93,8 @@ def log_mel_tokens_batch(
             batch = torch.stack([_fit(samples[i], n, frames_per_token) for i in where])
             for i, tokens in zip(where, _log_mel(batch, n, n_mels, frames_per_token)):
                 out[i] = tokens
-    return [t for t in out if t is not None]
+    # Every place is filled above (each index is in exactly one length group).
+    return cast(list[torch.Tensor], out)
 
 
 def _fit(samples: torch.Tensor, n_tokens: int, frames_per_token: int) -> torch.Tensor:
