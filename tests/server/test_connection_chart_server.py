@@ -24,13 +24,15 @@ GRACE = {"disconnect_grace_s": 30.0}
 @pytest.fixture
 def steps(monkeypatch):
     """Every step any connection takes: {connection: [(source, trigger, dest), ...]}."""
-    taken: dict[int, list[tuple[str, str, str]]] = {}
+    # Keyed by the lifecycle itself, which the dict keeps alive: keyed by id(), a freed
+    # connection's id was reused by the next one, merging two paths into one.
+    taken: dict[ConnectionLifecycle, list[tuple[str, str, str]]] = {}
     fire = ConnectionLifecycle.fire
 
     def recording_fire(self, trigger, facts=chart.NO_FACTS):
         before = self.state
         effects = fire(self, trigger, facts)
-        taken.setdefault(id(self), []).append((before, trigger, self.state))
+        taken.setdefault(self, []).append((before, trigger, self.state))
         return effects
 
     monkeypatch.setattr(ConnectionLifecycle, "fire", recording_fire)
