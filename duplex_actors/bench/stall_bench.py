@@ -118,19 +118,34 @@ class CollectionTimer:
 CLIENT_HEADER = "X-Stall-Bench-Client"
 
 
+#: The server modules that read a client's address through their own ``_address`` name. The
+#: simulation must reach every one: when http_gate.py moved out of app.py with its own copy,
+#: patching app alone left every storm handshake charged to 127.0.0.1, the neighbour's own
+#: tenant in the loop share, which then held the neighbour's frames and the storm's
+#: handshakes as one client's.
+ADDRESS_READERS = ("app", "http_gate")
+
+
+def _address_readers() -> list:
+    import importlib
+
+    return [importlib.import_module(f"duplex_actors.server.{name}") for name in ADDRESS_READERS]
+
+
 def _simulate_addresses() -> None:
     """Count each bench client as its own address (the bench stays on 127.0.0.1): the quotas,
     connect rates and loop share see ``--clients`` clients, as they would 1,000 addresses."""
-    from ..server import app
+    from ..server import http_gate
 
-    real = app._address
+    real = http_gate._address
 
     def address(ws) -> str:
         request = getattr(ws, "request", None)
         client = request.headers.get(CLIENT_HEADER) if request is not None else None
         return f"bench-client-{client}" if client is not None else real(ws)
 
-    app._address = address
+    for module in _address_readers():
+        module._address = address
 
 
 def _client_process(url: str, sessions: int, clients: int, resume: bool, pipe) -> None:
@@ -373,13 +388,16 @@ def _timed_ms(work) -> float:
 async def run(*args, **kwargs) -> dict:
     """The bench (arguments as ``_run``); what it patches for the run is put back after it."""
     from ..actors import gc_policy
-    from ..server import app
 
-    saved = (app._address, gc_policy.reclaim, gc_policy.reclaim_due)
+    readers = _address_readers()
+    addresses = [module._address for module in readers]
+    saved = (gc_policy.reclaim, gc_policy.reclaim_due)
     try:
         return await _run(*args, **kwargs)
     finally:
-        app._address, gc_policy.reclaim, gc_policy.reclaim_due = saved
+        gc_policy.reclaim, gc_policy.reclaim_due = saved
+        for module, address in zip(readers, addresses, strict=True):
+            module._address = address
 
 
 async def _run(
