@@ -49,6 +49,10 @@ class TalkerConfig:
     #: Worker threads for synthesis, shared by all sessions (bounds TTS's share of the CPU);
     #: phrases are handed to them in fair-share order (engines/fair_pool.py).
     workers: int = 2
+    #: Piper samples its phoneme durations, so the same phrase runs a few per cent longer or
+    #: shorter each time; False turns that off (same text, same samples): for tests and
+    #: benches whose figures must not depend on one synthesis's luck.
+    varied: bool = True
 
 
 class PhraseSplitter:
@@ -106,7 +110,7 @@ class Talker:
         voice's own rate is converted once, straight to ``rate``."""
         self.load()
         rate = rate or self.config.sample_rate
-        pcm = self._tts.synthesize_pcm16(phrase, rate, speed)
+        pcm = self._tts.synthesize_pcm16(phrase, rate, speed, varied=self.config.varied)
         step = 2 * rate * self.config.packet_ms // 1000
         return [pcm[i : i + step] for i in range(0, len(pcm), step)]
 
