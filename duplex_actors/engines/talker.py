@@ -110,7 +110,11 @@ class Talker:
         voice's own rate is converted once, straight to ``rate``."""
         self.load()
         rate = rate or self.config.sample_rate
-        pcm = self._tts.synthesize_pcm16(phrase, rate, speed, varied=self.config.varied)
+        if self.config.varied:
+            # A voice of one's own (Talker(tts=...)) need only take these three.
+            pcm = self._tts.synthesize_pcm16(phrase, rate, speed)
+        else:
+            pcm = self._tts.synthesize_pcm16(phrase, rate, speed, varied=False)
         step = 2 * rate * self.config.packet_ms // 1000
         return [pcm[i : i + step] for i in range(0, len(pcm), step)]
 
