@@ -139,6 +139,21 @@ def test_cuda_logits_match_the_cpu():
 
 
 @needs_cuda
+def test_cuda_features_match_the_cpu_and_stay_on_the_device():
+    """On a GPU the adapter computes a burst's log-mel tokens there (one copy per length)."""
+    from duplex_actors.engines.embedded.features import log_mel_tokens_batch
+
+    gen = torch.Generator().manual_seed(3)
+    samples = [0.3 * torch.randn(n, generator=gen) for n in (16000, 16000, 8000, 400)]
+    tokens = [13, 13, 7, 1]
+    cpu = log_mel_tokens_batch(samples, tokens, n_mels=64, frames_per_token=8)
+    cuda = log_mel_tokens_batch(samples, tokens, n_mels=64, frames_per_token=8, device="cuda")
+    for a, b in zip(cpu, cuda, strict=True):
+        assert b.device.type == "cuda"
+        torch.testing.assert_close(b.cpu(), a, atol=1e-3, rtol=1e-3)
+
+
+@needs_cuda
 @pytest.mark.parametrize("rows", [1, 3, 8])  # buckets 1, 4 (padded), 8 (the largest)
 def test_cuda_graphs_replay_the_eager_step(rows):
     eager = _steps(Thinker(_config(device="cuda")), rows=rows)

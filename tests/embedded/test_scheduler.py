@@ -332,3 +332,32 @@ def test_one_request_with_bad_sampling_fails_alone_and_its_batch_neighbours_comp
     assert isinstance(a[-1], TurnDone) and isinstance(b[-1], TurnDone), "a neighbour was failed"
     assert all(sum(o.token_count for o in outs if isinstance(o, TextDelta)) >= 10 for outs in (a, b))
     assert not isinstance(bad[-1], TurnDone), f"the bad request should fail: {bad[-1]!r}"
+
+
+def test_a_greedy_request_says_the_same_alone_and_beside_a_sampled_one():
+    """Steps whose rows are all greedy skip the sampler (argmax only); a step with a sampled
+    row goes through it. The greedy request's words must not depend on which one ran, and the
+    fast path must come back once the sampled request has left."""
+    sampled = SamplingOverrides(temperature=1.0, top_k=0, seed=7, max_tokens=12)
+
+    async def main():
+        engine = small_engine(sampling=LONG)
+        await engine.start()
+        try:
+            alone = await _drain(engine, request("sess_g", turn=0))
+            beside, _ = await asyncio.gather(
+                _drain(engine, request("sess_g", turn=1)), _drain(engine, request("sess_s", sampling=sampled))
+            )
+            rows_left = engine.scheduler._sampling_rows
+            after = await _drain(engine, request("sess_g", turn=2))
+        finally:
+            await engine.aclose()
+        return alone, beside, after, rows_left
+
+    def words(outs) -> str:
+        assert isinstance(outs[-1], TurnDone), outs[-1]
+        return "".join(o.text for o in outs if isinstance(o, TextDelta))
+
+    alone, beside, after, rows_left = run(main())
+    assert words(alone) and words(alone) == words(beside) == words(after)
+    assert rows_left == 0

@@ -178,8 +178,13 @@ class WordThinkerAdapter:
                 continue
             where.append(i)
             tokens.append(budget.tokens)
+        # On a GPU the features are computed there, where the model reads them.
         features = log_mel_tokens_batch(
-            samples, tokens, n_mels=self.cfg.n_mels, frames_per_token=self.cfg.frames_per_token
+            samples,
+            tokens,
+            n_mels=self.cfg.n_mels,
+            frames_per_token=self.cfg.frames_per_token,
+            device=self.cfg.device,
         )
         for i, feats in zip(where, features):
             try:

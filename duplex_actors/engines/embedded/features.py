@@ -49,6 +49,12 @@ def _window(n_fft: int) -> torch.Tensor:
     return torch.hann_window(n_fft)
 
 
+@functools.lru_cache(maxsize=8)
+def _transform_constants(n_mels: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Hann window and the mel filterbank, on ``device`` (copied there once)."""
+    return _window(N_FFT).to(device), mel_filterbank(n_mels).to(device)
+
+
 def pcm16_to_float(pcm: bytes) -> torch.Tensor:
     """pcm16 little-endian mono bytes -> float32 samples in [-1, 1)."""
     if len(pcm) % 2:
@@ -73,24 +79,38 @@ def log_mel_tokens(
 
 
 def log_mel_tokens_batch(
-    samples: Sequence[torch.Tensor], n_tokens: Sequence[int], *, n_mels: int, frames_per_token: int
+    samples: Sequence[torch.Tensor],
+    n_tokens: Sequence[int],
+    *,
+    n_mels: int,
+    frames_per_token: int,
+    device: torch.device | str | None = None,
 ) -> list[torch.Tensor]:
     """:func:`log_mel_tokens` of several pieces of audio (``n_tokens[i]`` tokens of
     ``samples[i]``), in order. Pieces with the same token count go through one FFT and one
     filterbank product: a turn's second of audio is a dozen small torch ops, whose per-call
     cost outweighs their arithmetic, so a burst of admitted turns pays it once per length
-    instead of once per turn."""
+    instead of once per turn.
+
+    ``device`` (a GPU): the samples of each length cross to it in one copy and are transformed
+    there, and the tokens are returned there. On a GPU the transforms were the largest part of
+    the engine's host work at 256 streams (docs/benchmarks.md); the device does them in a few
+    launches."""
     out: list[torch.Tensor | None] = [None] * len(samples)
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(n_tokens):
         by_length.setdefault(n, []).append(i)
+    on_device = device is not None and torch.device(device).type != "cpu"
     for n, same in by_length.items():
-        # In chunks that keep the intermediate spectra in the CPU's cache: one product over
-        # every piece of a large burst streams tens of MB through memory several times.
-        per_chunk = max(1, BATCH_FRAMES // (n * frames_per_token))
+        # On the CPU, in chunks that keep the intermediate spectra in its cache: one product
+        # over every piece of a large burst streams tens of MB through memory several times.
+        # A GPU takes each length at once.
+        per_chunk = len(same) if on_device else max(1, BATCH_FRAMES // (n * frames_per_token))
         for start in range(0, len(same), per_chunk):
             where = same[start : start + per_chunk]
             batch = torch.stack([_fit(samples[i], n, frames_per_token) for i in where])
+            if on_device:
+                batch = batch.to(device)
             for i, tokens in zip(where, _log_mel(batch, n, n_mels, frames_per_token)):
                 out[i] = tokens
     # Every place is filled above (each index is in exactly one length group).
@@ -108,10 +128,11 @@ def _fit(samples: torch.Tensor, n_tokens: int, frames_per_token: int) -> torch.T
 
 def _log_mel(batch: torch.Tensor, n_tokens: int, n_mels: int, frames_per_token: int) -> torch.Tensor:
     """(k, samples) fitted audio -> (k, n_tokens, n_mels * frames_per_token) tokens."""
+    window, filterbank = _transform_constants(n_mels, batch.device)
     frames = batch.unfold(1, N_FFT, HOP)  # (k, n_frames, N_FFT)
-    spectrum = torch.fft.rfft(frames * _window(N_FFT), dim=-1)
+    spectrum = torch.fft.rfft(frames * window, dim=-1)
     power = spectrum.real.square() + spectrum.imag.square()
-    mel = power @ mel_filterbank(n_mels)
+    mel = power @ filterbank
     log_mel = torch.log10(torch.clamp(mel, min=1e-10))
     # Whisper-style dynamic range, per piece: keep 8 decades below its loudest bin, then centre
     # and scale to roughly unit range so random projections see inputs of a sane size.
