@@ -31,6 +31,7 @@ from ..engines.base import EngineBackend
 from ..errors import NO_SUCH_SESSION, ResourceExhausted, RuntimeClosed, ServerDraining, UnknownSession
 from ..logconfig import ensure_configured
 from . import gc_policy as _gc
+from .deadline import fail_after
 from .engine_actor import EngineActor, EngineStatistics
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
@@ -221,7 +222,7 @@ class SessionHandle:
 
     async def next_event(self, timeout: float = 5.0) -> ServerEvent:
         """The next event (for tests and simple clients)."""
-        with anyio.fail_after(timeout):
+        async with fail_after(timeout):
             async for event in self._actor.events():
                 return event
         raise RuntimeClosed("the session has no more events")

@@ -23,6 +23,7 @@ from ..core.events import ServerEvent, SessionClosedEvent
 from ..core.session import SessionCore
 from ..core.statechart import CLOSED
 from ..errors import AskTimeout, DuplexError, SessionClosed
+from .deadline import fail_after
 from .mailbox import Mailbox
 from .timers import Timer, TimerQueue
 
@@ -168,7 +169,7 @@ class SessionActor:
         self.mailbox.put(self._lane(command), (command, reply, self.core.clock.now()))
         self.runtime._schedule(self)
         try:
-            with anyio.fail_after(timeout):
+            async with fail_after(timeout):
                 await reply.done.wait()
         except TimeoutError:
             # The command stays accepted and will still be processed exactly once.

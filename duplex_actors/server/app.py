@@ -56,6 +56,7 @@ from websockets.extensions.permessage_deflate import enable_server_permessage_de
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from ..actors.deadline import fail_after
 from ..actors.runtime import Runtime
 from ..errors import WORKER_LOST as WORKER_LOST_MESSAGE
 from ..errors import (
@@ -556,13 +557,13 @@ class RealtimeServer:
     ) -> tuple[wire.ResumeRequest, int]:
         """The resuming connection's session.resume, and its size in bytes."""
         frame: Any = None
-        with anyio.move_on_after(self.config.resume_wait_s):
-            try:
+        try:
+            async with fail_after(self.config.resume_wait_s):
                 frame = await ws.recv()
-            except ConnectionClosed:
-                # Gone before it said anything: no session to refuse, nothing to log as a
-                # failure (2,000 such connections made 2,000 error lines).
-                frame = None
+        except (ConnectionClosed, TimeoutError):
+            # Gone before it said anything (or silent): no session to refuse, nothing to log
+            # as a failure (2,000 such connections made 2,000 error lines).
+            frame = None
         if frame is None:
             raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
         limit = self.config.limits.max_resume_frame_bytes

@@ -25,6 +25,7 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from ..actors.deadline import fail_after
 from ..actors.runtime import SessionHandle
 from ..core import commands as cmd
 from ..core import events as ev
@@ -548,7 +549,7 @@ class SessionConnection:
                 cost = 0.0 if cost_mark is None else frame_cost.billed_since(cost_mark)
                 # A client that stops reading is closed after write_timeout_s (guard.py's
                 # policy), so it never pins its connection and outbox forever.
-                with anyio.fail_after(timeout):
+                async with fail_after(timeout):
                     cost += await ws_internals.send_burst(self.ws, frames)
                 if loop_share is not None:
                     # What was sent is billed to the client too: encoding (and compressing) a
