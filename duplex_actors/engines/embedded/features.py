@@ -93,9 +93,8 @@ def log_mel_tokens_batch(
     instead of once per turn.
 
     ``device`` (a GPU): the samples of each length cross to it in one copy and are transformed
-    there, and the tokens are returned there. On a GPU the transforms were the largest part of
-    the engine's host work at 256 streams (docs/benchmarks.md); the device does them in a few
-    launches."""
+    there, and the tokens are returned there: on the CPU they were the largest part of a GPU
+    engine's host work in a burst, where the device does them in a few launches."""
     out: list[torch.Tensor | None] = [None] * len(samples)
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(n_tokens):
