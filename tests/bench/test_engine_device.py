@@ -169,23 +169,35 @@ def test_the_engine_answers_on_cuda(cuda_graphs):
 
     from duplex_actors.bench.engine_bench import _audio, _request
     from duplex_actors.core.engine_io import TextDelta, TurnDone
-    from duplex_actors.engines.embedded import make_embedded_engine
+    from duplex_actors.engines.embedded import SamplingParams, make_embedded_engine
 
     async def collect(stream) -> list:
         return [o async for o in stream]
 
     async def answer() -> list:
-        engine = make_embedded_engine(talker=False, device="cuda", cuda_graphs=cuda_graphs, max_concurrency=8)
+        engine = make_embedded_engine(
+            talker=False,
+            device="cuda",
+            cuda_graphs=cuda_graphs,
+            max_concurrency=8,
+            # Greedy: a sampled row is drawn on the CPU, and no step is launched ahead of it.
+            sampling=SamplingParams(temperature=0.0, max_tokens=12, min_tokens=12),
+        )
         await engine.start()
         try:
-            return await asyncio.gather(
+            outs = await asyncio.gather(
                 *(collect(engine.generate(_request(i, _audio(0.5)))) for i in range(5))
             )
+            scheduler = engine.thinker.scheduler
+            return outs, scheduler.lookahead, scheduler.stats().steps_ahead
         finally:
             await engine.aclose()
 
-    for outs in asyncio.run(answer()):
+    answers, lookahead, steps_ahead = asyncio.run(answer())
+    for outs in answers:
         assert isinstance(outs[-1], TurnDone) and any(isinstance(o, TextDelta) for o in outs)
+    # Steps launched ahead of the host's bookkeeping with graphs only (scheduler._chain).
+    assert lookahead is cuda_graphs and (steps_ahead > 0) is cuda_graphs
 
 
 @pytest.mark.slow

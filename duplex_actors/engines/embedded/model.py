@@ -486,21 +486,24 @@ class Thinker(nn.Module):
         return lengths
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, max_position: int | None = None
+    ) -> torch.Tensor:
         """One decode step for the live slots ``0 .. n-1``: ``tokens[i]`` sits at
         ``positions[i]`` of slot i. Returns logits of shape (n, vocab), on the model's device.
 
         ``tokens`` and ``positions`` may be on the CPU whatever the device (they are moved in
-        one copy). With CUDA graphs the logits are a view of the graph's output, valid until
-        the next step."""
-        if self._on_cpu:
-            n = tokens.shape[0]
-            self._fit_cache(int(positions.max()) + 1, live=n)
-            return self._decode_rows(tokens, positions, n, self.cache_capacity)
+        one copy), or already on the device (a step launched from the last one's tokens);
+        ``max_position``, their largest position when the caller knows it, spares reading it
+        back from the device. With CUDA graphs the logits are a view of the graph's output,
+        valid until the next step."""
         n = tokens.shape[0]
+        if self._on_cpu:
+            self._fit_cache((int(positions.max()) if max_position is None else max_position) + 1, live=n)
+            return self._decode_rows(tokens, positions, n, self.cache_capacity)
         if self._graphs is not None:
             return self._graphs.run(tokens, positions, n)
-        self._fit_cache(int(positions.max()) + 1, live=n)
+        self._fit_cache((int(positions.max()) if max_position is None else max_position) + 1, live=n)
         moved = torch.stack((tokens.to(positions.device), positions)).to(self.device, non_blocking=True)
         return self._decode_rows(moved[0], moved[1], n, self.cache_capacity)
 
@@ -636,10 +639,15 @@ class _DecodeGraphs:
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, n: int) -> torch.Tensor:
         bucket = next(b for b in self.buckets if b >= n)
         graph, out = self._graphs[bucket]
-        staged = torch.zeros((2, bucket), dtype=torch.long)
-        staged[0, :n] = tokens
-        staged[1, :n] = positions
-        self._inputs[:, :bucket].copy_(staged, non_blocking=True)  # one copy for both
+        if tokens.device.type == "cpu":
+            staged = torch.zeros((2, bucket), dtype=torch.long)
+            staged[0, :n] = tokens
+            staged[1, :n] = positions
+            self._inputs[:, :bucket].copy_(staged, non_blocking=True)  # one copy for both
+        else:  # already on the device: copied there, the padding rows zeroed as above
+            self._inputs[:, n:bucket].zero_()
+            self._inputs[0, :n].copy_(tokens)
+            self._inputs[1, :n].copy_(positions)
         graph.replay()
         return out[:n]
 

@@ -153,6 +153,8 @@ class SchedulerStats:
     tokens: int
     #: Jobs accepted by submit() since start (admitted or still queued or done).
     submitted: int
+    #: Decode steps launched ahead of the host's bookkeeping (see BatchScheduler._chain).
+    steps_ahead: int = 0
 
 
 Observer = Callable[[StepRecord | SlotReleased], None]
@@ -251,6 +253,17 @@ class BatchScheduler:
         if self._device is not None:
             self._masks = self._masks.to(self._device)
         self._punctuation = vocab.punctuation_ids
+        #: Whether a token is punctuation, as a tensor where the steps run (see _chain).
+        is_punctuation = torch.zeros(len(vocab), dtype=torch.bool)
+        is_punctuation[list(vocab.punctuation_ids)] = True
+        self._is_punctuation = is_punctuation if self._device is None else is_punctuation.to(self._device)
+        #: Steps launched ahead of the host's bookkeeping (_chain): on with CUDA graphs, where a
+        #: step costs the host one launch and its bookkeeping is what the device waits for.
+        #: Off eager, where launching the step's kernels is itself the host's work (measured
+        #: slower there), and on the CPU, whose step the host computes.
+        self.lookahead = self._device is not None and model.cfg.cuda_graphs
+        self._pinned: torch.Tensor | None = None
+        self._steps_ahead = 0
 
         self._lock = threading.Condition()
         #: Queued jobs by request id, and the order they are admitted in.
@@ -363,6 +376,7 @@ class BatchScheduler:
                 max_queue=self.max_queue,
                 tokens=self._tokens,
                 submitted=self._submitted,
+                steps_ahead=self._steps_ahead,
             )
 
     def _free_slots_locked(self) -> int:
@@ -517,7 +531,126 @@ class BatchScheduler:
             logits = logits + self._masks[torch.tensor(phases)]
         else:
             logits = logits + self._masks[torch.tensor(phases).to(self._device, non_blocking=True)]
+        if self.lookahead and not admitted and self._may_look_ahead():
+            self._chain(logits, positions, began, outbox)
+            return
         picks, sampling_errors = self._sample(logits, live)
+        finished, reasons, record = self._account(live, picks, sampling_errors, admitted, began, outbox)
+        self._release(finished, reasons)
+        if record is not None:
+            self._notify(record)
+
+    def _may_look_ahead(self) -> bool:
+        """Whether the next step's inputs can be computed on the device from this one's tokens:
+        every row greedy and past its decision (a sampled token comes from a CPU generator, a
+        decision ends or turns a row), and nobody waiting to join or leave (they go in between
+        steps; read without the lock: a late one waits one chain)."""
+        if self._sampling_rows or self._pending or self._cancelled:
+            return False
+        return not any(s.deciding for s in self._live)
+
+    def _chain(self, logits: torch.Tensor, positions: torch.Tensor, began: float, outbox) -> None:
+        """Decode steps run ahead: step k+1 is launched on the device from step k's tokens
+        (still on the device) before the host reads them, so the device computes while the
+        host does step k's bookkeeping, instead of waiting for it. What the host would feed
+        step k+1 is a function of step k's tokens and the rows' state: the token, its position
+        plus one, and the grammar's phase (punctuation or not, past ``min_tokens`` or not).
+
+        The chain ends when a row ends (its slot must be released, which moves another row's
+        cache), when someone waits to join or leave, or after ``dispatch_interval_s`` (so that
+        tokens go out on time); a step launched ahead for a row that had just ended is dropped.
+        Steps launched are steps taken, and each is fed what one step at a time would feed it
+        (tests/embedded/test_lookahead.py); only a row that ended one step early still shares
+        the step launched ahead (as a padded row of a bucket does)."""
+        model = self._model
+        live = list(self._live)
+        device = logits.device
+        picks_dev = logits.argmax(dim=-1)
+        positions_dev = positions.to(device, non_blocking=True)
+        generated = torch.tensor([s.generated for s in live]).to(device, non_blocking=True)
+        min_tokens = torch.tensor([s.job.params.min_tokens for s in live]).to(device, non_blocking=True)
+        max_position = max(s.position for s in live)
+        max_len = model.cfg.max_len
+        stop_at = began + self.dispatch_interval_s
+        ended: set[int] = set()  # id() of rows that ended inside the chain
+        finished_all: list[_Live] = []
+        reasons_all: list[str] = []
+        records: list[StepRecord] = []
+        step_began = began
+        pending: torch.Tensor | None = picks_dev
+        while pending is not None:
+            copy = self._host_copy(pending)
+            launched = None
+            if (
+                not ended
+                and max_position + 1 < max_len
+                and time.perf_counter() < stop_at
+                and not self._pending
+                and not self._cancelled
+            ):
+                # Step k+1's inputs, on the device, as the host would write them.
+                positions_dev = positions_dev + 1
+                max_position += 1
+                generated = generated + 1
+                phases = torch.where(
+                    self._is_punctuation[pending],
+                    torch.where(generated < min_tokens, _AFTER_PUNCT_EARLY, _AFTER_PUNCT),
+                    _AFTER_WORD,
+                )
+                ahead = model.decode(pending, positions_dev, max_position=max_position)
+                launched = (ahead + self._masks[phases]).argmax(dim=-1)
+                self._steps_ahead += 1
+            picks = self._host_values(copy)
+            rows = [s for s in live if id(s) not in ended] if ended else live
+            if ended:
+                picks = [t for s, t in zip(live, picks) if id(s) not in ended]
+            finished, reasons, record = self._account(rows, picks, {}, (), step_began, outbox)
+            step_began = time.perf_counter()
+            ended.update(id(s) for s in finished)
+            finished_all += finished
+            reasons_all += reasons
+            if record is not None:
+                records.append(record)
+            pending = launched
+        self._release(finished_all, reasons_all)
+        for record in records:
+            self._notify(record)
+
+    def _host_copy(self, tokens: torch.Tensor):
+        """Start copying a step's tokens to the host; :meth:`_host_values` waits for them. On
+        a GPU, into pinned memory with an event, so that waiting for this copy does not also
+        wait for a step launched after it."""
+        if tokens.device.type != "cuda":
+            return tokens
+        n = tokens.shape[0]
+        if self._pinned is None or self._pinned.shape[0] < n:
+            self._pinned = torch.empty(self._model.cfg.max_slots, dtype=tokens.dtype, pin_memory=True)
+        buffer = self._pinned[:n]
+        buffer.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return buffer, done
+
+    @staticmethod
+    def _host_values(copy) -> list[int]:
+        if isinstance(copy, tuple):
+            buffer, done = copy
+            done.synchronize()
+            return buffer.tolist()
+        return copy.tolist()
+
+    def _account(
+        self,
+        live: list[_Live],
+        picks: Sequence[int | None],
+        sampling_errors: dict,
+        admitted: tuple[str, ...],
+        began: float,
+        outbox,
+    ) -> tuple[list[_Live], list[str], StepRecord | None]:
+        """One step's tokens (``picks[i]`` for ``live[i]``, None where sampling failed) into
+        events and row state; the rows that ended and why, and the step's record (if anyone
+        observes steps). Their slots are released by the caller."""
         now = time.perf_counter()
         self._steps += 1
         step = self._steps
@@ -570,9 +703,7 @@ class BatchScheduler:
             if self._observers
             else None
         )
-        self._release(finished, reasons)
-        if record is not None:
-            self._notify(record)
+        return finished, reasons, record
 
     def _sample(self, logits: torch.Tensor, live: list[_Live]) -> tuple[list[int | None], dict]:
         """One token per live sequence. Should the batched sampler fail (one request's knobs it

@@ -1,0 +1,86 @@
+"""Decode steps launched ahead of the host's bookkeeping (BatchScheduler._chain): on a GPU the
+next step is computed from the last one's tokens while the host reads them. Run here on the
+device path pointed at the CPU: every request must get what one step at a time gives it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from duplex_actors.core.engine_io import SamplingOverrides, TextDelta, TurnDone, TurnKind  # noqa: E402
+from duplex_actors.engines.embedded import EmbeddedThinker, SamplingParams, ThinkerConfig  # noqa: E402
+from duplex_actors.engines.embedded.vocab import default_vocabulary  # noqa: E402
+
+from .helpers import request  # noqa: E402
+
+pytestmark = pytest.mark.embedded
+
+#: Different lengths, so rows end at different steps inside a chain; a min_tokens below most so
+#: some end on the end token; unit turns (a decision first) among them.
+TURNS = [
+    (TurnKind.RESPONSE, 5),
+    (TurnKind.RESPONSE, 9),
+    (TurnKind.UNIT, 12),
+    (TurnKind.RESPONSE, 14),
+    (TurnKind.RESPONSE, 30),
+    (TurnKind.RESPONSE, 21),
+    (TurnKind.UNIT, 30),
+    (TurnKind.RESPONSE, 3),
+]
+
+
+def _audio(seed: int) -> bytes:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(8000, generator=gen) * 3000).to(torch.int16).numpy().astype("<i2").tobytes()
+
+
+async def _answers(lookahead: bool) -> tuple[list[tuple[str, int, str]], int]:
+    vocab = default_vocabulary()
+    # The model's own size (a small one says the same words whatever it hears); float32
+    # throughout, so a row's logits do not depend on which rows share its step.
+    config = ThinkerConfig(vocab_size=len(vocab), dense_low_precision_from_rows=None)
+    engine = EmbeddedThinker(
+        config,
+        defaults=SamplingParams(temperature=0.0, max_tokens=30, min_tokens=6),
+        max_concurrency=8,
+        dispatch_interval_s=0.05,  # long chains: a chain ends at the dispatch interval
+    )
+    await engine.start()
+    try:
+        assert engine.model is not None and engine.scheduler is not None
+        if lookahead:  # the device path, on the CPU
+            engine.model._on_cpu = False
+            engine.scheduler._device = torch.device("cpu")
+            engine.scheduler.lookahead = True
+
+        async def one(i: int, kind: TurnKind, max_tokens: int) -> tuple[str, int, str]:
+            asked = request(
+                f"sess_{i}",
+                kind=kind,
+                unit=0,
+                audio=_audio(i),
+                sampling=SamplingOverrides(max_tokens=max_tokens),
+            )
+            outs = [o async for o in engine.generate(asked)]
+            text = "".join(o.text for o in outs if isinstance(o, TextDelta))
+            count = sum(o.token_count for o in outs if isinstance(o, TextDelta))
+            end = outs[-1]
+            return text, count, end.reason if isinstance(end, TurnDone) else type(end).__name__
+
+        answers = await asyncio.gather(*(one(i, kind, m) for i, (kind, m) in enumerate(TURNS)))
+        return list(answers), engine.scheduler.stats().steps_ahead
+    finally:
+        await engine.aclose()
+
+
+def test_steps_launched_ahead_give_every_request_what_single_steps_give():
+    plain, none_ahead = asyncio.run(_answers(lookahead=False))
+    ahead, launched = asyncio.run(_answers(lookahead=True))
+    assert none_ahead == 0 and launched > 0, "no step was launched ahead"
+    assert ahead == plain
+    # The turns really end in different ways and at different lengths inside the chains.
+    assert {reason for _, _, reason in plain} >= {"length", "completed"}, plain
+    assert len({count for _, count, _ in plain}) >= 4, plain  # ends at several different steps
