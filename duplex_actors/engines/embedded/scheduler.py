@@ -578,41 +578,45 @@ class BatchScheduler:
         records: list[StepRecord] = []
         step_began = began
         pending: torch.Tensor | None = picks_dev
-        while pending is not None:
-            copy = self._host_copy(pending)
-            launched = None
-            if (
-                not ended
-                and max_position + 1 < max_len
-                and time.perf_counter() < stop_at
-                and not self._pending
-                and not self._cancelled
-            ):
-                # Step k+1's inputs, on the device, as the host would write them.
-                positions_dev = positions_dev + 1
-                max_position += 1
-                generated = generated + 1
-                phases = torch.where(
-                    self._is_punctuation[pending],
-                    torch.where(generated < min_tokens, _AFTER_PUNCT_EARLY, _AFTER_PUNCT),
-                    _AFTER_WORD,
-                )
-                ahead = model.decode(pending, positions_dev, max_position=max_position)
-                launched = (ahead + self._masks[phases]).argmax(dim=-1)
-                self._steps_ahead += 1
-            picks = self._host_values(copy)
-            rows = [s for s in live if id(s) not in ended] if ended else live
-            if ended:
-                picks = [t for s, t in zip(live, picks) if id(s) not in ended]
-            finished, reasons, record = self._account(rows, picks, {}, (), step_began, outbox)
-            step_began = time.perf_counter()
-            ended.update(id(s) for s in finished)
-            finished_all += finished
-            reasons_all += reasons
-            if record is not None:
-                records.append(record)
-            pending = launched
-        self._release(finished_all, reasons_all)
+        try:
+            while pending is not None:
+                copy = self._host_copy(pending)
+                launched = None
+                if (
+                    not ended
+                    and max_position + 1 < max_len
+                    and time.perf_counter() < stop_at
+                    and not self._pending
+                    and not self._cancelled
+                ):
+                    # Step k+1's inputs, on the device, as the host would write them.
+                    positions_dev = positions_dev + 1
+                    max_position += 1
+                    generated = generated + 1
+                    phases = torch.where(
+                        self._is_punctuation[pending],
+                        torch.where(generated < min_tokens, _AFTER_PUNCT_EARLY, _AFTER_PUNCT),
+                        _AFTER_WORD,
+                    )
+                    ahead = model.decode(pending, positions_dev, max_position=max_position)
+                    launched = (ahead + self._masks[phases]).argmax(dim=-1)
+                    self._steps_ahead += 1
+                picks = self._host_values(copy)
+                rows = [s for s in live if id(s) not in ended] if ended else live
+                if ended:
+                    picks = [t for s, t in zip(live, picks) if id(s) not in ended]
+                finished, reasons, record = self._account(rows, picks, {}, (), step_began, outbox)
+                step_began = time.perf_counter()
+                ended.update(id(s) for s in finished)
+                finished_all += finished
+                reasons_all += reasons
+                if record is not None:
+                    records.append(record)
+                pending = launched
+        finally:
+            # Also when a step fails: rows that already ended (and got their ending) leave
+            # now, so the failure ends only the others (one terminal event each).
+            self._release(finished_all, reasons_all)
         for record in records:
             self._notify(record)
 
