@@ -84,10 +84,11 @@ if TYPE_CHECKING:
     from ..engines.base import EngineBackend
 
 
-async def _turn(url: str, headers: dict | None = None) -> float:
+async def _turn(url: str, headers: dict | None = None, source: str | None = None) -> float:
+    """One GA turn on a new connection (``source``: the local address to connect from)."""
     from websockets.asyncio.client import connect
 
-    async with connect(url, additional_headers=headers) as ws:
+    async with connect(url, additional_headers=headers, local_addr=(source, 0) if source else None) as ws:
         await ws.recv()
         began = time.perf_counter()
         # A GA turn: 100 ms at the 24 kHz wire rate, commit, then ask for the response (a

@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
             16,
             min=0,
             help="connections in their handshake at once (from a complete request head); the rest "
-            "wait unread, first come first served, so that a mass reconnect does not stall the "
+            "wait unread, client addresses taking turns, so that a mass reconnect does not stall the "
             "sessions already talking (0: off; needs --max-request-head-bytes)",
         ),
         default_sessions_per_address: int = typer.Option(

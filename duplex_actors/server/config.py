@@ -169,8 +169,8 @@ class ServerConfig:
     listen_backlog: int = attrs.field(default=2048, validator=attrs.validators.ge(1))
     #: Connections opening at once, from their complete request head to the end of their
     #: handshake (opening_slots.py; needs the head limit, which finds the head's end):
-    #: the rest wait unread, first come first served. In a mass resume this keeps each loop
-    #: pass short for the sessions already talking. None: no limit.
+    #: the rest wait unread, client addresses taking turns. In a mass resume this keeps each
+    #: loop pass short for the sessions already talking. None: no limit.
     max_opening_connections: int | None = attrs.field(default=16, validator=_none_or(attrs.validators.gt(0)))
     #: Sessions one client address may hold while ``max_sessions_per_address`` is not set:
     #: past it a new session's handshake gets 429 (``exempt_networks`` excepted). None: none.

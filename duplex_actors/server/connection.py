@@ -51,7 +51,7 @@ from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event
 
 from . import memory
-from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit
+from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subject
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
 from .opening_slots import OpeningSlots
@@ -138,6 +138,8 @@ class PacedConnection(ServerConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         self._opened()
         self.handshake_done()
+        if self.opening_slots is not None and not self._opening_slot:
+            self.opening_slots.withdraw(self._slot_handed_over)  # if it was still queued
         self._head = None
         # A flooder's debt can be minutes long: do not keep the connection alive for it.
         for timer in self._timers.values():
@@ -222,7 +224,8 @@ class PacedConnection(ServerConnection):
         accept: a client that connects and sends nothing costs no CPU and must not hold a slot
         (16 of them would hold every handshake for the handshake timeout)."""
         assert self.opening_slots is not None
-        self._opening_slot = self.opening_slots.enter(self._slot_handed_over)
+        client = None if self._opening is None else client_subject(self._opening)
+        self._opening_slot = self.opening_slots.enter(self._slot_handed_over, client)
         if not self._opening_slot:
             self._hold("opening")
         return self._opening_slot

@@ -1,10 +1,11 @@
-"""OpeningSlots: at most ``limit`` connections opening at once, the rest first come first
-served; a closed connection in the queue passes its turn on (server/opening_slots.py)."""
+"""OpeningSlots: at most ``limit`` connections opening at once, the rest queued with clients
+taking turns (each client's own in the order they came); a closed connection in the queue
+passes its turn on (server/opening_slots.py)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from duplex_actors.server.opening_slots import OpeningSlots
@@ -87,8 +88,8 @@ async def test_over_real_sockets_handshakes_queue_for_the_slot_and_all_get_in(an
     seen = {"most_active": 0, "queued": 0}
     enter = OpeningSlots.enter
 
-    def counting_enter(self, wake):
-        took = enter(self, wake)
+    def counting_enter(self, wake, client=None):
+        took = enter(self, wake, client)
         seen["most_active"] = max(seen["most_active"], self.active)
         seen["queued"] += not took
         return took
@@ -109,3 +110,152 @@ async def test_over_real_sockets_handshakes_queue_for_the_slot_and_all_get_in(an
             silent.close()
     assert kinds == ["session.created"] * 24
     assert seen["most_active"] == 1 and seen["queued"] > 0, seen
+
+
+def test_a_client_arriving_behind_a_storm_goes_before_the_storm_s_queue():
+    """One client's 5 queued connections, then a newcomer: the newcomer gets the next slot,
+    not the sixth (first come, first served it waited for the whole storm)."""
+    slots = OpeningSlots(1)
+    woken: list[str] = []
+
+    def waiter(name: str):
+        return lambda: woken.append(name) or True
+
+    assert slots.enter(waiter("storm0"), "10.0.0.1")
+    for i in range(1, 6):
+        assert not slots.enter(waiter(f"storm{i}"), "10.0.0.1")
+    assert not slots.enter(waiter("newcomer"), "10.0.0.2")
+    for _ in range(6):
+        slots.leave()
+    assert woken == ["newcomer", "storm1", "storm2", "storm3", "storm4", "storm5"]
+
+
+def test_two_clients_queued_take_turns_each_in_its_own_order():
+    slots = OpeningSlots(1)
+    woken: list[str] = []
+    assert slots.enter(lambda: True, "a")
+    for name in ("a1", "a2", "a3", "b1", "b2", "b3"):
+        assert not slots.enter(lambda name=name: woken.append(name) or True, name[0])
+    for _ in range(6):
+        slots.leave()
+    # b never served goes first, then they alternate; each client's in the order it came.
+    assert woken == ["b1", "a1", "b2", "a2", "b3", "a3"]
+
+
+@given(
+    st.integers(1, 3),
+    st.lists(
+        st.tuples(st.sampled_from(["enter", "leave"]), st.sampled_from("abc"), st.booleans()), max_size=80
+    ),
+)
+@example(  # two of one client queued before another's: first come, first served fails this
+    1,
+    [("enter", "c", True), ("enter", "a", True), ("enter", "a", True), ("enter", "b", True)]
+    + [("leave", "a", True)] * 3,
+)
+def test_while_a_client_waits_no_other_client_gets_two_slots(limit, steps):
+    """The fair share's promise at the slots: from the moment a client's connection queues
+    until it gets a slot, every other client is handed at most one. A connection that closes
+    while queued withdraws (as a closing connection does), so it uses nobody's turn."""
+    slots = OpeningSlots(limit)
+    holding = 0
+    handed: list[str] = []  # clients, in the order their queued connections got a slot
+    waiting: list[list] = []  # [client, handed_at or None, queued_at]
+
+    for action, client, stays in steps:
+        if action == "enter":
+            cell = [client, None, len(handed)]
+
+            def wake(cell=cell):
+                cell[1] = len(handed)
+                handed.append(cell[0])
+                return True
+
+            if slots.enter(wake, client):
+                holding += 1
+            elif stays:
+                waiting.append(cell)
+            else:
+                slots.withdraw(wake)  # closed while queued
+        elif holding:
+            slots.leave()
+            holding -= 1
+            for cell in [c for c in waiting if c[1] is not None]:
+                holding += 1
+                others = handed[cell[2] : cell[1]]
+                assert all(others.count(o) <= 1 for o in set(others) if o != cell[0]), (cell, handed)
+            waiting = [c for c in waiting if c[1] is None]
+        assert slots.active == holding <= limit
+        assert slots.waiting == len(waiting)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_over_real_sockets_a_newcomer_is_not_queued_behind_another_clients_storm(
+    anyio_backend, monkeypatch
+):
+    """One slot; 60 connections from 127.0.0.2 at once, and while 20 or more of them wait, one
+    from 127.0.0.3: the newcomer gets a slot ahead of most of the storm's queue (first come,
+    first served, it got the last)."""
+    import asyncio
+    import json
+
+    from websockets.asyncio.client import connect
+
+    from .conftest import running_server
+
+    made: list[OpeningSlots] = []
+    handed: list[object] = []  # the client of each queued connection given a slot, in order
+    init, enter = OpeningSlots.__init__, OpeningSlots.enter
+
+    def recording_init(self, limit):
+        init(self, limit)
+        made.append(self)
+
+    def recording_enter(self, wake, client=None):
+        def woken() -> bool:
+            took = wake()
+            if took:
+                handed.append(client)
+            return took
+
+        return enter(self, woken, client)
+
+    monkeypatch.setattr(OpeningSlots, "__init__", recording_init)
+    monkeypatch.setattr(OpeningSlots, "enter", recording_enter)
+    async with running_server(max_opening_connections=1) as server:
+        (slots,) = made
+
+        async def one(source: str) -> str:
+            async with connect(server.url, open_timeout=30, local_addr=(source, 0)) as ws:
+                return json.loads(await ws.recv())["type"]
+
+        storm = [asyncio.create_task(one("127.0.0.2")) for _ in range(60)]
+        async with asyncio.timeout(20):
+            while slots.waiting < 20:
+                await asyncio.sleep(0.001)
+        newcomer = asyncio.create_task(one("127.0.0.3"))
+        kinds = await asyncio.wait_for(asyncio.gather(*storm, newcomer), 60)
+    assert kinds == ["session.created"] * 61
+    assert "127.0.0.3" in handed, "the newcomer never queued: the storm's queue had drained"
+    after = len(handed) - 1 - handed.index("127.0.0.3")
+    assert after >= 10, (after, handed)
+
+
+def test_a_queued_connection_that_closes_withdraws_and_is_never_woken():
+    slots = OpeningSlots(1)
+    woken: list[str] = []
+
+    def waiter(name: str):
+        return lambda: woken.append(name) or True
+
+    assert slots.enter(waiter("open"), "a")
+    gone, after = waiter("gone"), waiter("after")
+    assert not slots.enter(gone, "b") and not slots.enter(after, "b")
+    slots.withdraw(gone)
+    slots.withdraw(gone)  # twice, or once it is no longer queued: nothing
+    assert slots.waiting == 1
+    slots.leave()
+    assert woken == ["after"] and slots.active == 1
+    slots.leave()
+    assert slots.active == 0 and slots.waiting == 0
