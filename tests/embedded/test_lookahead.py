@@ -37,24 +37,30 @@ def _audio(seed: int) -> bytes:
     return (torch.randn(8000, generator=gen) * 3000).to(torch.int16).numpy().astype("<i2").tobytes()
 
 
-async def _answers(lookahead: bool) -> tuple[list[tuple[str, int, str]], int]:
-    vocab = default_vocabulary()
-    # The model's own size (a small one says the same words whatever it hears); float32
-    # throughout, so a row's logits do not depend on which rows share its step.
-    config = ThinkerConfig(vocab_size=len(vocab), dense_low_precision_from_rows=None)
+async def _started(min_tokens: int, lookahead: bool) -> EmbeddedThinker:
+    """A started engine of the model's own size (a small one says the same words whatever it
+    hears), float32 throughout (a row's logits then do not depend on which rows share its
+    step); ``lookahead``: on the device path, pointed at the CPU, with steps run ahead."""
+    config = ThinkerConfig(vocab_size=len(default_vocabulary()), dense_low_precision_from_rows=None)
     engine = EmbeddedThinker(
         config,
-        defaults=SamplingParams(temperature=0.0, max_tokens=30, min_tokens=6),
+        defaults=SamplingParams(temperature=0.0, max_tokens=30, min_tokens=min_tokens),
         max_concurrency=8,
         dispatch_interval_s=0.05,  # long chains: a chain ends at the dispatch interval
     )
     await engine.start()
+    assert engine.model is not None and engine.scheduler is not None
+    if lookahead:
+        engine.model._on_cpu = False
+        engine.scheduler._device = torch.device("cpu")
+        engine.scheduler.lookahead = True
+    return engine
+
+
+async def _answers(lookahead: bool) -> tuple[list[tuple[str, int, str]], int]:
+    engine = await _started(6, lookahead)
+    assert engine.scheduler is not None
     try:
-        assert engine.model is not None and engine.scheduler is not None
-        if lookahead:  # the device path, on the CPU
-            engine.model._on_cpu = False
-            engine.scheduler._device = torch.device("cpu")
-            engine.scheduler.lookahead = True
 
         async def one(i: int, kind: TurnKind, max_tokens: int) -> tuple[str, int, str]:
             asked = request(
@@ -92,20 +98,9 @@ def test_a_step_failing_after_a_row_ended_inside_a_chain_ends_each_request_once(
     from duplex_actors.core.engine_io import EngineFailure
 
     async def main():
-        vocab = default_vocabulary()
-        config = ThinkerConfig(vocab_size=len(vocab), dense_low_precision_from_rows=None)
-        engine = EmbeddedThinker(
-            config,
-            defaults=SamplingParams(temperature=0.0, max_tokens=30, min_tokens=30),
-            max_concurrency=8,
-            dispatch_interval_s=0.05,
-        )
-        await engine.start()
+        engine = await _started(30, lookahead=True)
         scheduler = engine.scheduler
-        assert engine.model is not None and scheduler is not None
-        engine.model._on_cpu = False
-        scheduler._device = torch.device("cpu")
-        scheduler.lookahead = True
+        assert scheduler is not None
         state = {"in_chain": False, "ended_in_chain": False, "failed": False}
         chain, account, host_values = scheduler._chain, scheduler._account, scheduler._host_values
 
