@@ -586,8 +586,7 @@ class BatchScheduler:
                     not ended
                     and max_position + 1 < max_len
                     and time.perf_counter() < stop_at
-                    and not self._pending
-                    and not self._cancelled
+                    and not (self._pending or self._cancelled)  # nobody waits to join or leave
                 ):
                     # Step k+1's inputs, on the device, as the host would write them.
                     positions_dev = positions_dev + 1
@@ -626,10 +625,9 @@ class BatchScheduler:
         wait for a step launched after it."""
         if tokens.device.type != "cuda":
             return tokens
-        n = tokens.shape[0]
-        if self._pinned is None or self._pinned.shape[0] < n:
+        if self._pinned is None:  # one buffer for the most rows a step can have
             self._pinned = torch.empty(self._model.cfg.max_slots, dtype=tokens.dtype, pin_memory=True)
-        buffer = self._pinned[:n]
+        buffer = self._pinned[: tokens.shape[0]]
         buffer.copy_(tokens, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
