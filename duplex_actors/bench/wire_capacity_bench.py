@@ -40,8 +40,10 @@ Figures, per N (each N's sessions stay open for the next, larger N):
 Arms (``--arms``): ``bare`` and ``serve`` always; the levers (``--levers``) are each measured
 as an arm of the same run: ``serve+uvloop`` (the server's loop on uvloop), ``bare+uvloop``,
 ``bare+orjson+pybase64`` (the parse with the faster libraries), ``bare:binary`` (a binary
-websocket message per frame = raw pcm16, no JSON or base64), and ``serve:binary`` when the
-server speaks the binary-audio extension (docs/protocol.md).
+websocket message per frame = raw pcm16, no JSON or base64), ``serve:binary`` when the
+server speaks the binary-audio extension (docs/protocol.md), ``serve:nogate`` with server VAD's
+quiet gate off (every window through the network) and ``serve:noisy`` with the clients' audio on
+a room's noise floor (NOISY_DBFS), which no window of the gate's answers.
 
 ``--rounds R`` runs every arm R times, in turn, and takes the median per N; ``--server-nice``
 runs each server's loop thread at a nice value. On a shared host the servers' latency is
@@ -100,6 +102,9 @@ PROBE_EVERY_BINARY = 25
 GROUPS = 20  # sends spread over the 20 ms, one group a millisecond
 SPEECH = "What is the weather like in Paris today? I would like to go for a walk."
 SILENCE_S = 1.4
+#: The noisy arm's floor: a microphone in a quiet room without noise suppression, over the
+#: VAD's quiet gate, so every window of that arm goes through the network.
+NOISY_DBFS = -50.0
 MASK = b"\x37\xfa\x21\x3d"
 DEFAULT_ARMS = ("bare", "serve")
 LEVER_ARMS = (
@@ -108,6 +113,8 @@ LEVER_ARMS = (
     "serve:nopace",
     "serve:vad0",
     "serve:vadeach",
+    "serve:nogate",
+    "serve:noisy",
     "serve+uvloop",
     "bare+uvloop",
     "bare+orjson+pybase64",
@@ -164,6 +171,8 @@ def _arm_options(arm: str) -> dict[str, Any]:
         "novad": variant == "novad",
         # the accelerators (orjson, pybase64) off in the server's decoder
         "plain": variant == "plain",
+        # the audio on a room's noise floor (NOISY_DBFS) instead of near-digital silence
+        "noisy": variant == "noisy",
         "config": dict(_CONFIG_VARIANTS.get(variant, {})),
     }
 
@@ -175,6 +184,8 @@ _CONFIG_VARIANTS: dict[str, dict[str, Any]] = {
     # VAD batching: what one pass of the loop has (0), or each window as its frame comes (None)
     "vad0": {"vad_batch_window_s": 0.0},
     "vadeach": {"vad_batch_window_s": None},
+    # server VAD's quiet gate off: every window through the network (audio/vad.py QUIET_DBFS)
+    "nogate": {"vad_quiet_dbfs": None},
 }
 
 
@@ -305,8 +316,9 @@ def _ws_frame(opcode: int, payload: bytes) -> bytes:
     return head + MASK + _apply_mask(payload, MASK)
 
 
-def _audio_cycle() -> tuple[list[bytes], bool]:
-    """One turn's audio in 20 ms frames: speech then silence (with a little noise), 24 kHz.
+def _audio_cycle(noise_dbfs: float | None = None) -> tuple[list[bytes], bool]:
+    """One turn's audio in 20 ms frames: speech then silence (with a little noise), 24 kHz;
+    ``noise_dbfs``: white noise at this level under all of it instead.
     Without piper (extra 'embedded') a tone stands in: the VAD hears no turn then."""
     rng = random.Random(7)
     try:
@@ -326,6 +338,12 @@ def _audio_cycle() -> tuple[list[bytes], bool]:
         rng.randint(-3, 3).to_bytes(2, "little", signed=True) for _ in range(int(RATE * SILENCE_S))
     )
     pcm = speech + silence
+    if noise_dbfs is not None:
+        import numpy as np
+
+        samples = np.frombuffer(pcm, "<i2").astype(np.float64)
+        samples += np.random.default_rng(7).normal(0.0, 32768 * 10 ** (noise_dbfs / 20), len(samples))
+        pcm = np.clip(np.round(samples), -32768, 32767).astype("<i2").tobytes()
     pcm += b"\x00" * (-len(pcm) % FRAME_BYTES)
     return [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)], real
 
@@ -335,8 +353,10 @@ class _Frames:
 
     PREFIX = b'{"type":"input_audio_buffer.append","event_id":"p'
 
-    def __init__(self, binary: bool, manual: bool = False, text_probes: bool = False) -> None:
-        chunks, self.real_speech = _audio_cycle()
+    def __init__(
+        self, binary: bool, manual: bool = False, text_probes: bool = False, noise_dbfs: float | None = None
+    ) -> None:
+        chunks, self.real_speech = _audio_cycle(noise_dbfs)
         self.binary = binary
         self.manual = manual
         #: binary frames carry no event_id: serve's probes are then text appends of the same
@@ -741,7 +761,10 @@ def run_arm(
     options = _arm_options(arm)
     target = _serve_main if options["server"] == "serve" else _bare_main
     frames = _Frames(
-        binary=options["binary"], manual=options["novad"], text_probes=options["server"] == "serve"
+        binary=options["binary"],
+        manual=options["novad"],
+        text_probes=options["server"] == "serve",
+        noise_dbfs=NOISY_DBFS if options["noisy"] else None,
     )
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()

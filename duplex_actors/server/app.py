@@ -598,8 +598,9 @@ class RealtimeServer:
         try:
             from ..audio.vad import SileroVad
 
-            factory = self.config.vad_factory or SileroVad
-            return factory(sample_rate)
+            if self.config.vad_factory is not None:
+                return self.config.vad_factory(sample_rate)
+            return SileroVad(sample_rate, quiet_dbfs=self.config.vad_quiet_dbfs)
         except ImportError as exc:
             raise wire.NotSupported(
                 f"server VAD is not available on this server ({exc}); "

@@ -207,6 +207,13 @@ def register(app: typer.Typer) -> None:
             help="client networks (comma-separated) the default-on per-address limits leave "
             "alone: loopback, where clients are your own tests, benchmarks or a local proxy",
         ),
+        vad_quiet_dbfs: float = typer.Option(
+            -60.0,
+            max=0.0,
+            help="server VAD skips its network on a stream's windows under this level (dB below "
+            "full scale) once the stream has been quiet 256 ms and no speech was heard; far under "
+            "speech, over a muted or noise-suppressed microphone (0: off, every window scored)",
+        ),
         tls_cert: str | None = typer.Option(
             None, help="PEM certificate (chain) to serve wss:// and https:// (with --tls-key)"
         ),
@@ -264,6 +271,7 @@ def register(app: typer.Typer) -> None:
             "max_opening_connections": max_opening_connections or None,
             "default_sessions_per_address": default_sessions_per_address or None,
             "exempt_networks": tuple(n.strip() for n in exempt_networks.split(",") if n.strip()),
+            "vad_quiet_dbfs": vad_quiet_dbfs or None,
         }
         chosen = "" if engine is not None else " [default]"  # the first line says which
         if engine is None:

@@ -139,6 +139,10 @@ class ServerConfig:
     #: what arrives in one pass of the event loop. None: each window on its own, as its frame
     #: is handled.
     vad_batch_window_s: float | None = attrs.field(default=0.01, validator=_none_or(attrs.validators.ge(0)))
+    #: Server VAD's quiet gate (audio/vad.py QUIET_DBFS): a stream's windows under this level,
+    #: once it has been quiet a while and the network heard no speech, are answered without
+    #: running the network. None: every window is scored. Not used with a ``vad_factory``.
+    vad_quiet_dbfs: float | None = attrs.field(default=-60.0, validator=_none_or(attrs.validators.lt(0)))
     #: ``/metrics`` is rendered at most once in this long; scrapes in between get the last
     #: render (a render walks every session on the event loop, and the endpoint needs no key).
     metrics_max_age_s: float = 1.0
