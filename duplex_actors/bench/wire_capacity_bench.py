@@ -43,7 +43,9 @@ as an arm of the same run: ``serve+uvloop`` (the server's loop on uvloop), ``bar
 websocket message per frame = raw pcm16, no JSON or base64), ``serve:binary`` when the
 server speaks the binary-audio extension (docs/protocol.md), ``serve:nogate`` with server VAD's
 quiet gate off (every window through the network) and ``serve:noisy`` with the clients' audio on
-a room's noise floor (NOISY_DBFS), which no window of the gate's answers.
+a room's noise floor (NOISY_DBFS), which no window of the gate's answers; ``serve:listens`` and
+``serve:listens-nogate`` with LISTENING_S of silence after each utterance (a user who listens to
+the answer), with the gate and without.
 
 ``--rounds R`` runs every arm R times, in turn, and takes the median per N; ``--server-nice``
 runs each server's loop thread at a nice value. On a shared host the servers' latency is
@@ -102,6 +104,9 @@ PROBE_EVERY_BINARY = 25
 GROUPS = 20  # sends spread over the 20 ms, one group a millisecond
 SPEECH = "What is the weather like in Paris today? I would like to go for a walk."
 SILENCE_S = 1.4
+#: The listening arms' silence after each utterance: a user who hears the answer out (about
+#: two fifths of the time speaking), where the bench's own cycle speaks three quarters of it.
+LISTENING_S = 6.0
 #: The noisy arm's floor: a microphone in a quiet room without noise suppression, over the
 #: VAD's quiet gate, so every window of that arm goes through the network.
 NOISY_DBFS = -50.0
@@ -115,6 +120,8 @@ LEVER_ARMS = (
     "serve:vadeach",
     "serve:nogate",
     "serve:noisy",
+    "serve:listens",
+    "serve:listens-nogate",
     "serve+uvloop",
     "bare+uvloop",
     "bare+orjson+pybase64",
@@ -173,6 +180,8 @@ def _arm_options(arm: str) -> dict[str, Any]:
         "plain": variant == "plain",
         # the audio on a room's noise floor (NOISY_DBFS) instead of near-digital silence
         "noisy": variant == "noisy",
+        # LISTENING_S of silence after each utterance instead of SILENCE_S
+        "listens": variant.startswith("listens"),
         "config": dict(_CONFIG_VARIANTS.get(variant, {})),
     }
 
@@ -186,6 +195,7 @@ _CONFIG_VARIANTS: dict[str, dict[str, Any]] = {
     "vadeach": {"vad_batch_window_s": None},
     # server VAD's quiet gate off: every window through the network (audio/vad.py QUIET_DBFS)
     "nogate": {"vad_quiet_dbfs": None},
+    "listens-nogate": {"vad_quiet_dbfs": None},
 }
 
 
@@ -316,9 +326,9 @@ def _ws_frame(opcode: int, payload: bytes) -> bytes:
     return head + MASK + _apply_mask(payload, MASK)
 
 
-def _audio_cycle(noise_dbfs: float | None = None) -> tuple[list[bytes], bool]:
-    """One turn's audio in 20 ms frames: speech then silence (with a little noise), 24 kHz;
-    ``noise_dbfs``: white noise at this level under all of it instead.
+def _audio_cycle(noise_dbfs: float | None = None, silence_s: float = SILENCE_S) -> tuple[list[bytes], bool]:
+    """One turn's audio in 20 ms frames: speech then ``silence_s`` of silence (with a little
+    noise), 24 kHz; ``noise_dbfs``: white noise at this level under all of it instead.
     Without piper (extra 'embedded') a tone stands in: the VAD hears no turn then."""
     rng = random.Random(7)
     try:
@@ -335,7 +345,7 @@ def _audio_cycle(noise_dbfs: float | None = None) -> tuple[list[bytes], bool]:
         )
         real = False
     silence = b"".join(
-        rng.randint(-3, 3).to_bytes(2, "little", signed=True) for _ in range(int(RATE * SILENCE_S))
+        rng.randint(-3, 3).to_bytes(2, "little", signed=True) for _ in range(int(RATE * silence_s))
     )
     pcm = speech + silence
     if noise_dbfs is not None:
@@ -354,9 +364,14 @@ class _Frames:
     PREFIX = b'{"type":"input_audio_buffer.append","event_id":"p'
 
     def __init__(
-        self, binary: bool, manual: bool = False, text_probes: bool = False, noise_dbfs: float | None = None
+        self,
+        binary: bool,
+        manual: bool = False,
+        text_probes: bool = False,
+        noise_dbfs: float | None = None,
+        silence_s: float = SILENCE_S,
     ) -> None:
-        chunks, self.real_speech = _audio_cycle(noise_dbfs)
+        chunks, self.real_speech = _audio_cycle(noise_dbfs, silence_s)
         self.binary = binary
         self.manual = manual
         #: binary frames carry no event_id: serve's probes are then text appends of the same
@@ -765,6 +780,7 @@ def run_arm(
         manual=options["novad"],
         text_probes=options["server"] == "serve",
         noise_dbfs=NOISY_DBFS if options["noisy"] else None,
+        silence_s=LISTENING_S if options["listens"] else SILENCE_S,
     )
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()
