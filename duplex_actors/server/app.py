@@ -202,7 +202,9 @@ class RealtimeServer:
             handshakes=guard.PendingHandshakes(
                 per_address=self.config.max_handshakes_per_address,
                 total=self.config.max_handshakes,
-                exempt=guard.exempt_from(self.config.exempt_networks),
+                # A trusted proxy's connections are all its clients': counted by the client
+                # it forwards once the head is read (http_gate), not here by the proxy.
+                exempt=guard.exempt_from(self.config.exempt_networks + self.config.trusted_proxies),
             ),
             opening_slots=(
                 OpeningSlots(self.config.max_opening_connections)

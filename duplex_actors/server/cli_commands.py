@@ -207,6 +207,12 @@ def register(app: typer.Typer) -> None:
             help="client networks (comma-separated) the default-on per-address limits leave "
             "alone: loopback, where clients are your own tests, benchmarks or a local proxy",
         ),
+        trusted_proxies: str = typer.Option(
+            "",
+            help="reverse proxies (comma-separated networks) whose X-Forwarded-For names the client: "
+            "behind one, the per-address limits, exemptions and logs go by the client it forwards "
+            "(empty: none; every client is its socket's peer)",
+        ),
         vad_quiet_dbfs: float = typer.Option(
             -60.0,
             max=0.0,
@@ -271,6 +277,7 @@ def register(app: typer.Typer) -> None:
             "max_opening_connections": max_opening_connections or None,
             "default_sessions_per_address": default_sessions_per_address or None,
             "exempt_networks": tuple(n.strip() for n in exempt_networks.split(",") if n.strip()),
+            "trusted_proxies": tuple(n.strip() for n in trusted_proxies.split(",") if n.strip()),
             "vad_quiet_dbfs": vad_quiet_dbfs or None,
         }
         chosen = "" if engine is not None else " [default]"  # the first line says which

@@ -3,6 +3,7 @@ connections with."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,16 @@ def _none_or(validator: Callable[[Any, Any, Any], Any]) -> Callable[[Any, attrs.
     field's type from its default alone, so an optional validator does not match a field whose
     default is not None."""
     return attrs.validators.optional(validator)
+
+
+def _networks(_instance: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    """Each entry a network (``10.0.0.0/8``) or an address: a typo is an error at start, not a
+    limit that silently never applies."""
+    for network in value:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise ValueError(f"{attribute.name}: {network!r} is not an IP network or address") from None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -182,8 +193,14 @@ class ServerConfig:
         default=256, validator=_none_or(attrs.validators.gt(0))
     )
     #: Client networks the default-on per-address limits above leave alone: loopback, where the
-    #: clients are the operator's own (tests, benchmarks, a reverse proxy on the same host).
-    exempt_networks: tuple[str, ...] = guard.LOOPBACK_NETWORKS
+    #: clients are the operator's own (tests, benchmarks). Behind a reverse proxy, name it in
+    #: ``trusted_proxies``: the limits then count the clients it forwards, and exempt them only
+    #: where they are themselves in these networks.
+    exempt_networks: tuple[str, ...] = attrs.field(default=guard.LOOPBACK_NETWORKS, validator=_networks)
+    #: Reverse proxies (networks) whose ``X-Forwarded-For`` names the client (client_address.py):
+    #: for a connection from one, quotas, connect rates, shares, exemptions and logs go by the
+    #: address it forwards. Empty: every connection's client is its socket's peer.
+    trusted_proxies: tuple[str, ...] = attrs.field(default=(), validator=_networks)
     #: How far permessage-deflate may inflate what a client sends (inflate.py); past it, close
     #: 1009. None: websockets' own limit only (``max_size``, the transport cap, per message).
     inflate_budget: InflateBudget | None = InflateBudget()

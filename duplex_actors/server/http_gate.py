@@ -20,6 +20,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
 from . import guard
+from .client_address import FORWARDED_FOR, client_ip, forwarded_client, peer_ip
 from .session_connection import _remote
 
 if TYPE_CHECKING:
@@ -43,6 +44,14 @@ class HttpGate:
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | Awaitable[None] | None:
         server = self.server
+        if server.config.trusted_proxies:
+            # Everything below (and the session's quotas and logs) counts the client the
+            # proxy forwards: read here once, from the request that has the header.
+            connection.client_ip = forwarded_client(  # type: ignore[attr-defined]
+                peer_ip(connection),
+                request.headers.get_all(FORWARDED_FOR),
+                guard.exempt_from(server.config.trusted_proxies),
+            )
         path = urlsplit(request.path).path.rstrip("/") or "/"
         if path == "/health":
             body = {
@@ -118,7 +127,7 @@ class HttpGate:
         held = server.quotas.resuming_of(address) if resuming else server.quotas.sessions_of(address)
         if held < limit:
             return None
-        if guard.exempt_from(server.config.exempt_networks)(str(connection.remote_address[0])):
+        if guard.exempt_from(server.config.exempt_networks)(client_ip(connection)):
             return None
         server.metrics.connects_refused.labels("address_sessions").inc()
         response = _respond(
@@ -170,7 +179,4 @@ def _tenant(key: bytes | None, address: str) -> str:
 def _address(ws: ServerConnection) -> str:
     """The client as the per-address quotas, connect rates and shares count it: its IP
     address, not its port; an IPv6 client by its /64 (guard.client_subject)."""
-    try:
-        return guard.client_subject(str(ws.remote_address[0]))
-    except Exception:
-        return "?"
+    return guard.client_subject(client_ip(ws))

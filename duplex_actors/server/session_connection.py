@@ -34,6 +34,7 @@ from ..errors import DuplexError
 from . import codec, frame_cost, guard, wire, ws_internals
 from .audio_format import InputConverter
 from .billing import Account
+from .client_address import client_ip
 from .config import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY_VIOLATION,
@@ -787,8 +788,10 @@ def _report(handle: SessionHandle, err: DuplexError) -> None:
 
 
 def _remote(ws: ServerConnection) -> str:
+    """The client, for logs: its address and port, and the proxy's when one forwarded it."""
     try:
         host, port = ws.remote_address[:2]
-        return f"{host}:{port}"
     except Exception:
         return "?"
+    client = client_ip(ws)
+    return f"{host}:{port}" if client == str(host) else f"{client} via {host}:{port}"
