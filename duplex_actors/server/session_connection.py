@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -613,7 +614,10 @@ class SessionConnection:
     async def _fire(self, trigger: str, facts: Facts = NO_FACTS) -> None:
         """Take the chart's step for ``trigger`` and perform its effects, in order."""
         for effect in self.lifecycle.fire(trigger, facts):
-            await getattr(self, f"_fx_{effect}")()
+            name = _EFFECT_METHODS.get(effect)
+            if name is None:
+                name = _EFFECT_METHODS[effect] = sys.intern(f"_fx_{effect}")
+            await getattr(self, name)()
 
     async def _fx_vacate_session(self) -> None:
         record = self.record
@@ -718,6 +722,12 @@ class SessionConnection:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+#: Each connection-chart effect's method name, made once. A name made at each call would be
+#: kept by the type's attribute cache, wherever in the heap it was allocated: after a churn of
+#: connections, such strings kept otherwise empty memory from going back to the system.
+_EFFECT_METHODS: dict[str, str] = {}
 
 
 def _report_to_front(link: FrontLink, event: ev.ServerEvent) -> None:

@@ -16,7 +16,11 @@ Two more reach-ins, for the same reason (what stays alive after a connection clo
   server's own read gate (connection.py), and at close those callbacks are replaced by a no-op:
   they point back at the connection, a cycle that kept every closed connection for a reclaim;
 * ``serve(select_subprotocol=...)`` binds a closure over the connection to its protocol as
-  ``select_subprotocol``: another such cycle, dropped at close (the handshake is long over).
+  ``select_subprotocol``: another such cycle, dropped at close (the handshake is long over);
+* the protocol's parser, a generator whose frame holds the protocol and which stays suspended
+  after the connection ends: replaced at close by an idle one;
+* and one reach into asyncio below websockets: its selector transport's read callback, a bound
+  method it keeps on itself, dropped when the transport is lost.
 
 And one for what each event costs to send: :func:`send_burst` writes the frames of many events
 in one socket write, through the connection's ``send_context`` and its sans-I/O protocol (no
@@ -38,7 +42,7 @@ has been checked there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
@@ -70,10 +74,28 @@ def route_read_queue_flow(connection: Any, pause: Callable[[], None], resume: Ca
 
 
 def release_closed_connection(connection: Any) -> None:
-    """Break the cycles through a closed connection (module doc), so that reference counting
-    frees it at once."""
+    """Break the cycles through a closed connection, its protocol and its transport (module
+    doc), so that reference counting frees them at once."""
     connection.recv_messages.pause = connection.recv_messages.resume = _nothing
-    vars(connection.protocol).pop("select_subprotocol", None)
+    protocol = connection.protocol
+    vars(protocol).pop("select_subprotocol", None)
+    # The protocol's parser is a generator of its own (parse, then discard) whose frame holds
+    # the protocol: it ends suspended at discard's last yield, so every closed protocol, with
+    # its reader, extensions and the exception that ended it, sat in that cycle until a
+    # reclaim. Nothing steps the parser once the connection is lost; an idle one in its place
+    # keeps receive_data and receive_eof harmless should anything call them.
+    protocol.parser = _idle_parser()
+    # asyncio's selector transport keeps its read callback on itself as a bound method: a cycle
+    # through every closed transport and its socket object, which waited for a reclaim too.
+    # Called from inside the transport's connection_lost, when its socket is no longer read.
+    transport = connection.transport
+    if transport is not None and "_read_ready_cb" in vars(transport):
+        transport._read_ready_cb = None
+
+
+def _idle_parser() -> Generator[None, None, None]:
+    while True:
+        yield
 
 
 def _nothing() -> None:

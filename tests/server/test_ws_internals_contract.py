@@ -22,6 +22,10 @@ def test_the_sans_io_protocol_has_what_send_burst_and_the_traceback_release_use(
         assert callable(getattr(Protocol, name, None)), name
     # The parser's ending exception is kept on the protocol under this name (set in parse).
     assert "parser_exc" in inspect.getsource(Protocol.parse)
+    # The parser is the generator kept as ``parser`` and only ever advanced with next(): the
+    # idle one put in its place at close keeps receive_data and receive_eof harmless.
+    assert "next(self.parser)" in inspect.getsource(Protocol.receive_data)
+    assert "next(self.parser)" in inspect.getsource(Protocol.receive_eof)
 
 
 def test_a_live_server_connection_has_the_attributes_the_server_reaches():
@@ -35,6 +39,10 @@ def test_a_live_server_connection_has_the_attributes_the_server_reaches():
             seen["transport"] = ws.transport is not None
             seen["protocol"] = isinstance(ws.protocol, Protocol)
             seen["select_subprotocol"] = "select_subprotocol" in vars(ws.protocol)
+            seen["parser"] = inspect.isgenerator(ws.protocol.parser)
+            # asyncio's selector transport keeps its read callback on itself (a bound method).
+            callback = vars(ws.transport).get("_read_ready_cb")
+            seen["_read_ready_cb"] = getattr(callback, "__self__", None) is ws.transport
             # The burst write works end to end: two frames out in one write.
             await ws_internals.send_burst(ws, [b'{"a":1}', b'{"b":2}'])
             await ws.wait_closed()
@@ -46,5 +54,5 @@ def test_a_live_server_connection_has_the_attributes_the_server_reaches():
         return seen, got
 
     seen, got = asyncio.run(asyncio.wait_for(main(), 10))
-    assert seen == {name: True for name in seen} and len(seen) == 5, seen
+    assert seen == {name: True for name in seen} and len(seen) == 7, seen
     assert got == ['{"a":1}', '{"b":2}']
