@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import weakref
 
-#: What one closed connection leaves in cycles, shallow, as gc.DEBUG_SAVEALL showed it: asyncio's
-#: transport with its bound read callback, and a whole connection graph when a cycle holds one
-#: (CHANGELOG, issue 29 item 4).
+#: What one closed connection left in cycles, shallow, as gc.DEBUG_SAVEALL showed it: asyncio's
+#: transport with its bound read callback, and a whole connection graph when a cycle held one
+#: (CHANGELOG, issue 29 item 4). Both cycles are broken at close now (ws_internals); these
+#: estimate what one left alive by something unforeseen still holds.
 TRANSPORT_BYTES = 1024
 CONNECTION_BYTES = 48 * 1024
 
