@@ -204,19 +204,10 @@ async def test_over_the_wire_the_gate_skips_the_silence_and_the_turn_is_the_same
 
 
 def test_serve_turns_the_gate_on_by_default_and_says_how_to_turn_it_off():
-    import typer
-    from typer.testing import CliRunner
-
-    from duplex_actors.server.cli_commands import register
     from duplex_actors.server.config import ServerConfig
 
+    from ..server.conftest import serve_help
+
     assert ServerConfig().vad_quiet_dbfs == -60.0
-    app = typer.Typer()
-
-    @app.callback()
-    def root() -> None:
-        pass
-
-    register(app)
-    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "240"})
-    assert "--vad-quiet-dbfs" in result.output and "0: off" in result.output
+    text = serve_help()
+    assert "--vad-quiet-dbfs" in text and "0: off" in text

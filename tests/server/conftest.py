@@ -93,3 +93,28 @@ def metric_sample(text: str, name: str, labels: str = "") -> float:
         if line.startswith(name + labels + " ") or (not labels and line.startswith(name + " ")):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name}{labels} not in metrics")
+
+
+def serve_app():
+    """A typer app with ``serve`` registered, as the ``duplex-actors`` command has it."""
+    import typer
+
+    from duplex_actors.server.cli_commands import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        pass
+
+    register(app)
+    return app
+
+
+def serve_help() -> str:
+    """``serve --help``, wide enough that no option's name is wrapped."""
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(serve_app(), ["serve", "--help"], env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    return result.output

@@ -11,13 +11,11 @@ import urllib.request
 
 import anyio
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from duplex_actors.client import DuplexClient
-from duplex_actors.server.cli_commands import register
 
-from .conftest import CHUNK_100MS
+from .conftest import CHUNK_100MS, serve_app
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -33,13 +31,7 @@ app()
 
 
 def test_serve_is_registered_with_its_options():
-    app = typer.Typer()
-
-    @app.callback()
-    def root() -> None:
-        pass
-
-    register(app)
+    app = serve_app()
     result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})  # no wrapped names
     assert result.exit_code == 0
     for option in (

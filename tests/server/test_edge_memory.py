@@ -22,7 +22,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from typer.testing import CliRunner
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus, PayloadTooBig
 from websockets.extensions.permessage_deflate import PerMessageDeflate
@@ -32,7 +31,7 @@ from duplex_actors.server.app import ServerConfig
 from duplex_actors.server.guard import LOOPBACK_NETWORKS, PendingHandshakes, RequestHeadLimit, exempt_from
 from duplex_actors.server.inflate import BudgetedDeflate, InflateBudget
 
-from .conftest import recv_json, running_server
+from .conftest import recv_json, running_server, serve_help
 from .test_cli import LAUNCH
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -239,18 +238,7 @@ def test_the_edge_limits_are_on_by_default_and_shown_by_serve_help():
     assert config.exempt_networks == LOOPBACK_NETWORKS
     assert config.inflate_budget == InflateBudget()
 
-    import typer
-
-    from duplex_actors.server.cli_commands import register
-
-    app = typer.Typer()
-
-    @app.callback()
-    def root() -> None:
-        pass
-
-    register(app)
-    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "240"})
+    help_text = serve_help()
     for option in (
         "--max-request-head-bytes",
         "--max-request-headers",
@@ -260,7 +248,7 @@ def test_the_edge_limits_are_on_by_default_and_shown_by_serve_help():
         "--default-sessions-per-address",
         "--exempt-networks",
     ):
-        assert option in result.output, option
+        assert option in help_text, option
 
 
 @pytest.mark.anyio

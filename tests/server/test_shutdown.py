@@ -11,16 +11,14 @@ import time
 
 import anyio
 import pytest
-import typer
 from typer.testing import CliRunner
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from duplex_actors import Script
 from duplex_actors.server.app import CLOSE_GOING_AWAY
-from duplex_actors.server.cli_commands import register
 
-from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
+from .conftest import CHUNK_100MS, recv_json, recv_until, running_server, serve_app
 from .test_cli import LAUNCH
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -90,13 +88,7 @@ async def test_sigterm_drains_every_response_closes_every_session_then_closes_10
 
 
 def test_serve_supervises_by_default():
-    app = typer.Typer()
-
-    @app.callback()
-    def root() -> None:
-        pass
-
-    register(app)
+    app = serve_app()
     assert CliRunner().invoke(app, ["serve", "--help"]).exit_code == 0
     serve = next(c for c in app.registered_commands if c.name in (None, "serve")).callback
     import inspect
