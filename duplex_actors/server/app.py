@@ -211,6 +211,9 @@ class RealtimeServer:
                 if self.config.max_opening_connections is not None
                 else None
             ),
+            trusted_proxies=(
+                guard.exempt_from(self.config.trusted_proxies) if self.config.trusted_proxies else None
+            ),
         )
         self._server = await serve(
             self._handle,

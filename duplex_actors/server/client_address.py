@@ -47,6 +47,17 @@ def forwarded_client(peer: str, forwarded_for: Iterable[str], trusted: Callable[
     return address
 
 
+def forwarded_for_in_head(head: bytes) -> list[str]:
+    """The ``X-Forwarded-For`` values of a raw HTTP request head (for what must know the client
+    before websockets has parsed the request: the opening slots)."""
+    values = []
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name.strip().lower() == b"x-forwarded-for":
+            values.append(value.decode("latin-1").strip())
+    return values
+
+
 def client_ip(ws: Any) -> str:
     """A connection's client IP address: the one a trusted proxy forwarded (set on the
     connection by the HTTP gate as ``client_ip``), else the socket's peer."""

@@ -51,6 +51,7 @@ from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event
 
 from . import memory
+from .client_address import forwarded_client, forwarded_for_in_head
 from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subject
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
@@ -101,6 +102,9 @@ class PacedConnection(ServerConnection):
     #: The server's count of connections still in their handshake (None: not counted).
     handshakes: PendingHandshakes | None = None
     opening_slots: OpeningSlots | None = None
+    #: Whether an address is a trusted reverse proxy (ServerConfig.trusted_proxies): a trusted
+    #: proxy's connections take their opening slot's turn as the client they forward.
+    trusted_proxies: Callable[[str], bool] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -121,6 +125,16 @@ class PacedConnection(ServerConnection):
                 self._opening = address
         self._holds: set[str] = set()
         self._opening_slot = False  # see _await_opening_slot
+        # A trusted proxy's request head, kept until its end, for the client it forwards.
+        self._proxied_head: bytearray | None = None
+        if (
+            self.trusted_proxies is not None
+            and self.opening_slots is not None
+            and self._head is not None
+            and self._opening is not None
+            and self.trusted_proxies(self._opening)
+        ):
+            self._proxied_head = bytearray()
         now = self.loop.time()
         self._budgets: dict[str, IntakePacer] = {}
         if self.frames_per_s is not None:
@@ -171,6 +185,8 @@ class PacedConnection(ServerConnection):
                 _count_refusal("request_head", self._opening or "?", f"{head.seen} bytes, {head.lines} lines")
                 self._refuse_http(431, "Request Header Fields Too Large", "request head too large")
                 return
+            if self._proxied_head is not None:
+                self._proxied_head += data if end is None else data[:end]
             if end is not None:
                 self._head = None
                 if self.opening_slots is not None and not self._await_opening_slot():
@@ -225,6 +241,11 @@ class PacedConnection(ServerConnection):
         (16 of them would hold every handshake for the handshake timeout)."""
         assert self.opening_slots is not None
         client = None if self._opening is None else client_subject(self._opening)
+        if self._proxied_head is not None and self._opening is not None:
+            assert self.trusted_proxies is not None
+            forwarded = forwarded_for_in_head(bytes(self._proxied_head))
+            client = client_subject(forwarded_client(self._opening, forwarded, self.trusted_proxies))
+            self._proxied_head = None
         self._opening_slot = self.opening_slots.enter(self._slot_handed_over, client)
         if not self._opening_slot:
             self._hold("opening")
@@ -400,9 +421,11 @@ def with_edge_limits(
     max_headers: int,
     handshakes: PendingHandshakes | None,
     opening_slots: OpeningSlots | None = None,
+    trusted_proxies: Callable[[str], bool] | None = None,
 ) -> type[ServerConnection]:
     """``connection_class`` (a :func:`paced_connection`) with the request head limits, the
-    count of connections still in their handshake and the slots for opening ones."""
+    count of connections still in their handshake and the slots for opening ones (whose turns
+    go by the client a trusted proxy forwards)."""
     assert issubclass(connection_class, PacedConnection)
     return type(
         connection_class.__name__,
@@ -412,5 +435,7 @@ def with_edge_limits(
             "max_headers": max_headers,
             "handshakes": handshakes,
             "opening_slots": opening_slots,
+            # A function as a class attribute would be bound as a method: kept plain.
+            "trusted_proxies": staticmethod(trusted_proxies) if trusted_proxies is not None else None,
         },
     )

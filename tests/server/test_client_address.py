@@ -13,7 +13,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from duplex_actors.server import guard
-from duplex_actors.server.client_address import UNREADABLE, forwarded_client
+from duplex_actors.server.client_address import UNREADABLE, forwarded_client, forwarded_for_in_head
 from duplex_actors.server.config import ServerConfig
 
 from .conftest import recv_json, running_server
@@ -62,6 +62,16 @@ def test_what_a_client_writes_before_its_proxies_never_changes_whom_it_is_counte
     header = spoofed + [client] + chain[:-1]
     peer = chain[-1] if chain else "127.0.0.1"
     assert forwarded_client(peer, [", ".join(header)], trusted) == client
+
+
+def test_the_forwarded_header_is_read_from_a_raw_request_head():
+    head = (
+        b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nx-forwarded-for: 1.2.3.4\r\n"
+        b"X-Forwarded-For:203.0.113.9 , 10.0.0.1\r\nX-Forwarded-Fork: 9.9.9.9\r\n"
+    )
+    assert forwarded_for_in_head(head) == ["1.2.3.4", "203.0.113.9 , 10.0.0.1"]
+    assert forwarded_client("10.0.0.2", forwarded_for_in_head(head), trusted) == "203.0.113.9"
+    assert forwarded_for_in_head(b"GET / HTTP/1.1\r\nHost: x\r\n") == []
 
 
 def test_trusted_proxies_are_checked_at_start():

@@ -200,12 +200,14 @@ def test_while_a_client_waits_no_other_client_gets_two_slots(limit, steps):
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("proxied", [False, True], ids=["direct", "behind_a_trusted_proxy"])
 async def test_over_real_sockets_a_newcomer_is_not_queued_behind_another_clients_storm(
-    anyio_backend, monkeypatch
+    anyio_backend, monkeypatch, proxied
 ):
     """One slot; 60 connections from 127.0.0.2 at once, and while 20 or more of them wait, one
     from 127.0.0.3: the newcomer gets a slot ahead of most of the storm's queue (first come,
-    first served, it got the last)."""
+    first served, it got the last). Behind a trusted proxy (all from 127.0.0.1), the same by
+    the clients the proxy forwards in X-Forwarded-For."""
     import asyncio
     import json
 
@@ -232,22 +234,28 @@ async def test_over_real_sockets_a_newcomer_is_not_queued_behind_another_clients
 
     monkeypatch.setattr(OpeningSlots, "__init__", recording_init)
     monkeypatch.setattr(OpeningSlots, "enter", recording_enter)
-    async with running_server(max_opening_connections=1) as server:
+    proxy = {"trusted_proxies": ("127.0.0.1/32",)} if proxied else {}
+    storm_client, newcomer_client = ("203.0.113.2", "203.0.113.3") if proxied else ("127.0.0.2", "127.0.0.3")
+    async with running_server(max_opening_connections=1, **proxy) as server:
         (slots,) = made
 
-        async def one(source: str) -> str:
-            async with connect(server.url, open_timeout=30, local_addr=(source, 0)) as ws:
+        async def one(client: str) -> str:
+            if proxied:  # the test is the proxy, on 127.0.0.1, forwarding for ``client``
+                options: dict = {"additional_headers": {"X-Forwarded-For": client}}
+            else:
+                options = {"local_addr": (client, 0)}
+            async with connect(server.url, open_timeout=30, **options) as ws:
                 return json.loads(await ws.recv())["type"]
 
-        storm = [asyncio.create_task(one("127.0.0.2")) for _ in range(60)]
+        storm = [asyncio.create_task(one(storm_client)) for _ in range(60)]
         async with asyncio.timeout(20):
             while slots.waiting < 20:
                 await asyncio.sleep(0.001)
-        newcomer = asyncio.create_task(one("127.0.0.3"))
+        newcomer = asyncio.create_task(one(newcomer_client))
         kinds = await asyncio.wait_for(asyncio.gather(*storm, newcomer), 60)
     assert kinds == ["session.created"] * 61
-    assert "127.0.0.3" in handed, "the newcomer never queued: the storm's queue had drained"
-    after = len(handed) - 1 - handed.index("127.0.0.3")
+    assert newcomer_client in handed, "the newcomer never queued: the storm's queue had drained"
+    after = len(handed) - 1 - handed.index(newcomer_client)
     assert after >= 10, (after, handed)
 
 
