@@ -276,8 +276,8 @@ def register(app: typer.Typer) -> None:
             "handshake_timeout_s": handshake_timeout_s,
             "max_opening_connections": max_opening_connections or None,
             "default_sessions_per_address": default_sessions_per_address or None,
-            "exempt_networks": tuple(n.strip() for n in exempt_networks.split(",") if n.strip()),
-            "trusted_proxies": tuple(n.strip() for n in trusted_proxies.split(",") if n.strip()),
+            "exempt_networks": _networks("--exempt-networks", exempt_networks),
+            "trusted_proxies": _networks("--trusted-proxies", trusted_proxies),
             "vad_quiet_dbfs": vad_quiet_dbfs or None,
         }
         chosen = "" if engine is not None else " [default]"  # the first line says which
@@ -341,6 +341,19 @@ def register(app: typer.Typer) -> None:
             "gc_reclaim_s": gc_reclaim_s,
         }
         anyio.run(_serve, backend, config, overrides, runtime_options, engine.value + chosen, drain_timeout_s)
+
+
+def _networks(option: str, text: str) -> tuple[str, ...]:
+    """A comma-separated list of networks; one that is not a network is a usage error."""
+    networks = tuple(n.strip() for n in text.split(",") if n.strip())
+    for network in networks:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{network!r} is not an IP network or address", param_hint=option
+            ) from None
+    return networks
 
 
 @contextlib.asynccontextmanager

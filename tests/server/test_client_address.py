@@ -79,6 +79,17 @@ def test_trusted_proxies_are_checked_at_start():
         ServerConfig(trusted_proxies=("10.0.0.0/8", "proxy.internal"))
     with pytest.raises(ValueError, match="exempt_networks"):
         ServerConfig(exempt_networks=("10.0.0.0/33",))
+    # and on the command line, a usage error (exit 2) naming the option, before anything starts
+    from typer.testing import CliRunner
+
+    from .conftest import serve_app
+
+    for option in ("--trusted-proxies", "--exempt-networks"):
+        result = CliRunner().invoke(
+            serve_app(), ["serve", "--engine", "scripted", option, "10.0.0.0/8,proxy.internal"]
+        )
+        assert result.exit_code == 2, result.output
+        assert option in result.output and "'proxy.internal' is not an IP network" in result.output
 
 
 async def _session(stack: contextlib.AsyncExitStack, url: str, forwarded: str | None) -> str | int:
