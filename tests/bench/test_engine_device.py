@@ -154,6 +154,25 @@ def test_cuda_features_match_the_cpu_and_stay_on_the_device():
 
 
 @needs_cuda
+def test_cuda_features_of_pcm_bytes_match_the_cpu():
+    """What the adapter runs on a GPU: a burst's pcm16 bytes fitted, joined, copied and
+    converted there."""
+    from duplex_actors.engines.embedded.features import log_mel_tokens_of_pcm
+
+    gen = torch.Generator().manual_seed(4)
+    pcms = [
+        torch.randint(-9000, 9000, (n,), dtype=torch.int16, generator=gen).numpy().tobytes()
+        for n in (16000, 17000, 8000, 400)
+    ]
+    tokens = [13, 13, 7, 1]
+    cpu = log_mel_tokens_of_pcm(pcms, tokens, n_mels=64, frames_per_token=8)
+    cuda = log_mel_tokens_of_pcm(pcms, tokens, n_mels=64, frames_per_token=8, device="cuda")
+    for a, b in zip(cpu, cuda, strict=True):
+        assert b.device.type == "cuda"
+        torch.testing.assert_close(b.cpu(), a, atol=1e-3, rtol=1e-3)
+
+
+@needs_cuda
 @pytest.mark.parametrize("rows", [1, 3, 8])  # buckets 1, 4 (padded), 8 (the largest)
 def test_cuda_graphs_replay_the_eager_step(rows):
     eager = _steps(Thinker(_config(device="cuda")), rows=rows)

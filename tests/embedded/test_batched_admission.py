@@ -39,6 +39,34 @@ def test_batched_features_equal_one_piece_at_a_time(lengths, seed):
         torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=30_000), min_size=1, max_size=10),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_features_of_pcm_bytes_equal_those_of_its_samples(lengths, seed):
+    # Fitting as bytes (slice or zeros appended) and one conversion per length: the same
+    # numbers as converting each piece and fitting its samples.
+    gen = torch.Generator().manual_seed(seed)
+    pcms = [
+        torch.randint(-32768, 32768, (n,), dtype=torch.int16, generator=gen).numpy().tobytes()
+        for n in lengths
+    ]
+    tokens = [max(1, -(-n // 1280)) for n in lengths]
+    from_bytes = features.log_mel_tokens_of_pcm(pcms, tokens, n_mels=16, frames_per_token=8)
+    from_samples = features.log_mel_tokens_batch(
+        [features.pcm16_to_float(p) for p in pcms], tokens, n_mels=16, frames_per_token=8
+    )
+    assert len(from_bytes) == len(pcms)
+    for got, want in zip(from_bytes, from_samples):
+        assert torch.equal(got, want)
+
+
+def test_features_of_an_odd_byte_count_are_refused():
+    with pytest.raises(ValueError, match="even number of bytes"):
+        features.log_mel_tokens_of_pcm([bytes(3200), b"\x01\x02\x03"], [3, 1], n_mels=16, frames_per_token=8)
+
+
 def test_build_prompts_equals_build_prompt_and_a_bad_turn_gets_its_error_in_place():
     engine = small_engine()
     adapter = engine.thinker.adapter
@@ -73,11 +101,15 @@ def test_embed_prompts_equals_embed_prompt_and_a_prompt_that_cannot_run_fails_al
         ((1,), torch.randn(0, width), (7,)),  # no audio
         ((1, 2), torch.randn(3, width, generator=gen), ()),  # no token to decode from
         ((3,), torch.randn(6, width, generator=gen), (5,)),
+        ((), torch.randn(2, width, generator=gen), (4, 8, 9)),  # no prefix, a suffix of three
+        ((1,), torch.randn(model_cfg.max_len, width, generator=gen), (5,)),  # longer than the cache
+        ((2, 3, 4), torch.randn(0, width), (6, 7)),  # tokens only
     ]
     together = model.embed_prompts(prompts)
-    assert isinstance(together[2], ValueError)
+    assert isinstance(together[2], ValueError) and "decode from" in str(together[2])
+    assert isinstance(together[5], ValueError) and "does not fit" in str(together[5])
     for i, (prefix, audio, suffix) in enumerate(prompts):
-        if i == 2:
+        if i in (2, 5):
             continue
         torch.testing.assert_close(
             together[i], model.embed_prompt(prefix, audio, suffix), rtol=1e-5, atol=1e-5

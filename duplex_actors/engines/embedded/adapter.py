@@ -32,7 +32,7 @@ import torch
 
 from ...core.engine_io import ModelTurnRequest, SamplingOverrides, TurnKind
 from ...errors import InvalidCommand
-from .features import HOP, SAMPLE_RATE, log_mel_tokens, log_mel_tokens_batch, pcm16_to_float
+from .features import HOP, SAMPLE_RATE, log_mel_tokens, log_mel_tokens_of_pcm, pcm16_to_float
 from .model import ThinkerConfig
 from .sampling import SamplingParams
 from .vocab import Vocabulary
@@ -163,24 +163,24 @@ class WordThinkerAdapter:
 
     def build_prompts(self, requests: Sequence[ModelTurnRequest]) -> list[Prompt | Exception]:
         """:meth:`build_prompt` of each request, the audio features of all of them computed
-        together (:func:`log_mel_tokens_batch`); a request that cannot be built (bad audio)
+        together (:func:`log_mel_tokens_of_pcm`); a request that cannot be built (bad audio)
         gets its exception in its place."""
         results: list[Prompt | Exception | None] = [None] * len(requests)
         where: list[int] = []
-        samples: list[torch.Tensor] = []
+        pcms: list[bytes] = []
         tokens: list[int] = []
         for i, request in enumerate(requests):
             try:
                 budget = self.audio_budget(request.audio, request.sample_rate)
-                samples.append(pcm16_to_float(request.audio))
             except Exception as exc:
                 results[i] = exc
                 continue
             where.append(i)
+            pcms.append(request.audio)
             tokens.append(budget.tokens)
         # On a GPU the features are computed there, where the model reads them.
-        features = log_mel_tokens_batch(
-            samples,
+        features = log_mel_tokens_of_pcm(
+            pcms,
             tokens,
             n_mels=self.cfg.n_mels,
             frames_per_token=self.cfg.frames_per_token,

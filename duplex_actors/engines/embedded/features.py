@@ -95,7 +95,49 @@ def log_mel_tokens_batch(
     ``device`` (a GPU): the samples of each length cross to it in one copy and are transformed
     there, and the tokens are returned there: on the CPU they were the largest part of a GPU
     engine's host work in a burst, where the device does them in a few launches."""
-    out: list[torch.Tensor | None] = [None] * len(samples)
+
+    def fitted(where: list[int], n: int) -> torch.Tensor:
+        return torch.stack([_fit(samples[i], n, frames_per_token) for i in where])
+
+    return _batched(fitted, n_tokens, n_mels, frames_per_token, device)
+
+
+def log_mel_tokens_of_pcm(
+    pcms: Sequence[bytes],
+    n_tokens: Sequence[int],
+    *,
+    n_mels: int,
+    frames_per_token: int,
+    device: torch.device | str | None = None,
+) -> list[torch.Tensor]:
+    """:func:`log_mel_tokens_batch` of pcm16 audio as it arrives: the same tokens, but each
+    length's pieces are fitted as bytes (a slice or zero bytes appended, a memory copy each),
+    joined, and become samples in one conversion (on a GPU, after one copy there of half the
+    bytes). Converting and fitting each piece as its own tensor was half a GPU engine's host
+    work in a burst of 256 turns (several small CPU ops per turn)."""
+
+    def fitted(where: list[int], n: int) -> torch.Tensor:
+        width = 2 * _fitted_samples(n, frames_per_token)
+        joined = bytearray()
+        for i in where:
+            pcm = pcms[i]
+            if len(pcm) % 2:
+                raise ValueError("pcm16 audio must have an even number of bytes")
+            if len(pcm) >= width:
+                joined += memoryview(pcm)[len(pcm) - width :]
+            else:
+                joined += pcm
+                joined += bytes(width - len(pcm))
+        return torch.frombuffer(joined, dtype=torch.int16).view(len(where), width // 2)
+
+    return _batched(fitted, n_tokens, n_mels, frames_per_token, device, scale=1.0 / 32768.0)
+
+
+def _batched(fitted, n_tokens, n_mels, frames_per_token, device, scale=None) -> list[torch.Tensor]:
+    """The tokens of each piece, grouped by token count: ``fitted(where, n)`` gives the
+    pieces ``where`` as one (k, samples) batch; ``scale`` (for integer samples) makes them
+    floats where the transform runs."""
+    out: list[torch.Tensor | None] = [None] * len(n_tokens)
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(n_tokens):
         by_length.setdefault(n, []).append(i)
@@ -107,19 +149,26 @@ def log_mel_tokens_batch(
         per_chunk = len(same) if on_device else max(1, BATCH_FRAMES // (n * frames_per_token))
         for start in range(0, len(same), per_chunk):
             where = same[start : start + per_chunk]
-            batch = torch.stack([_fit(samples[i], n, frames_per_token) for i in where])
+            batch = fitted(where, n)
             if on_device:
                 batch = batch.to(device)
-            for i, tokens in zip(where, _log_mel(batch, n, n_mels, frames_per_token)):
+            if scale is not None:
+                batch = batch.to(torch.float32) * scale
+            for i, tokens in zip(where, _log_mel(batch, n, n_mels, frames_per_token).unbind(0)):
                 out[i] = tokens
     # Every place is filled above (each index is in exactly one length group).
     return cast(list[torch.Tensor], out)
 
 
+def _fitted_samples(n_tokens: int, frames_per_token: int) -> int:
+    """How many samples make exactly ``n_tokens * frames_per_token`` frames."""
+    return (n_tokens * frames_per_token - 1) * HOP + N_FFT
+
+
 def _fit(samples: torch.Tensor, n_tokens: int, frames_per_token: int) -> torch.Tensor:
     """The samples that make exactly ``n_tokens * frames_per_token`` frames: zero-padded at the
     end, or the oldest dropped (the most recent audio is what a response reacts to)."""
-    needed = (n_tokens * frames_per_token - 1) * HOP + N_FFT
+    needed = _fitted_samples(n_tokens, frames_per_token)
     if samples.numel() < needed:
         return torch.nn.functional.pad(samples, (0, needed - samples.numel()))
     return samples[samples.numel() - needed :]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import torch
@@ -380,8 +380,11 @@ class Thinker(nn.Module):
     ) -> torch.Tensor:
         """Input vectors of every prompt position except the last token, (length, d_model).
         ``projected``: ``audio_proj`` of the features, computed already (:meth:`embed_prompts`)."""
-        if not suffix_ids:
-            raise ValueError("a prompt must end with at least one token to decode from")
+        problem = self._prompt_problem(
+            len(prefix_ids) + int(audio_features.shape[0]) + len(suffix_ids) - 1, suffix_ids
+        )
+        if problem is not None:
+            raise problem
         parts = []
         device = None if self._on_cpu else self.device  # (None: torch's default, the CPU)
         if prefix_ids:
@@ -396,10 +399,7 @@ class Thinker(nn.Module):
             parts.append(self.tok_emb[torch.tensor(suffix_ids[:-1], device=device)])
         if not parts:
             return self.tok_emb.new_zeros((0, self.cfg.d_model))
-        x = torch.cat(parts, dim=0)
-        if x.shape[0] + 1 + self.cfg.max_new_tokens > self.cfg.max_len:
-            raise ValueError(f"prompt of {x.shape[0]} positions does not fit the cache")
-        return x
+        return torch.cat(parts, dim=0)
 
     @torch.inference_mode()
     def prefill(
@@ -421,29 +421,69 @@ class Thinker(nn.Module):
             return self._prompt_embeddings(prefix_ids, audio_features, suffix_ids)
 
     def embed_prompts(self, prompts: Sequence[tuple[Sequence[int], torch.Tensor, Sequence[int]]]) -> list:
-        """:meth:`embed_prompt` of several (prefix_ids, audio_features, suffix_ids), in order:
-        their audio features cross to the device in one copy and go through the audio
-        projection in one product, where one of each per prompt would cost a launch (and, on
-        a GPU, a wait) apiece. A prompt that cannot run gets its ValueError in its place."""
+        """:meth:`embed_prompt` of several (prefix_ids, audio_features, suffix_ids), in order.
+        Their token ids cross to the device in one copy and are looked up in one gather, and
+        their audio features in one copy and one projection: one of each per prompt cost a
+        launch apiece and, for the ids, a wait on a GPU (a burst of 256 turns spent 10-30 ms
+        there on the host). A prompt that cannot run gets its ValueError in its place."""
         with torch.inference_mode():
-            sizes = [int(audio.shape[0]) for _, audio, _ in prompts if audio.numel()]
-            shared: Iterator[torch.Tensor] | None = None
-            if len(sizes) > 1:
-                try:
-                    joined = torch.cat([audio for _, audio, _ in prompts if audio.numel()])
-                    if not self._on_cpu:
-                        joined = joined.to(self.device)
-                    shared = iter(self.audio_proj(joined).split(sizes))
-                except RuntimeError:  # features of mismatched widths: each prompt alone says why
-                    shared = None
-            out: list[torch.Tensor | ValueError] = []
-            for prefix_ids, audio, suffix_ids in prompts:
-                projected = next(shared) if shared is not None and audio.numel() else None
-                try:
-                    out.append(self._prompt_embeddings(prefix_ids, audio, suffix_ids, projected))
-                except ValueError as exc:
-                    out.append(exc)
+            out: list[torch.Tensor | ValueError | None] = [None] * len(prompts)
+            runnable: list[int] = []
+            for i, (prefix_ids, audio, suffix_ids) in enumerate(prompts):
+                problem = self._prompt_problem(
+                    len(prefix_ids) + int(audio.shape[0]) + len(suffix_ids) - 1, suffix_ids
+                )
+                if problem is not None:
+                    out[i] = problem
+                else:
+                    runnable.append(i)
+            if len(runnable) < 2:
+                return [p if p is not None else self.embed_prompt(*prompts[i]) for i, p in enumerate(out)]
+            sizes = [int(prompts[i][1].shape[0]) for i in runnable if prompts[i][1].numel()]
+            try:
+                joined = (
+                    torch.cat([prompts[i][1] for i in runnable if prompts[i][1].numel()]) if sizes else None
+                )
+                if joined is not None and not self._on_cpu:
+                    joined = joined.to(self.device)
+                audio_rows = iter(self.audio_proj(joined).split(sizes)) if joined is not None else iter(())
+            except RuntimeError:  # features of mismatched widths: each prompt alone says why
+                return [p if p is not None else self.embed_prompt(*prompts[i]) for i, p in enumerate(out)]
+            ids: list[int] = []
+            for i in runnable:
+                ids += prompts[i][0]
+                ids += prompts[i][2][:-1]
+            device = None if self._on_cpu else self.device
+            token_rows = self.tok_emb[torch.tensor(ids, dtype=torch.long, device=device)]
+            at = 0
+            for i in runnable:
+                prefix_ids, audio, suffix_ids = prompts[i]
+                parts = []
+                if prefix_ids:
+                    parts.append(token_rows[at : at + len(prefix_ids)])
+                    at += len(prefix_ids)
+                if audio.numel():
+                    parts.append(next(audio_rows))
+                if len(suffix_ids) > 1:
+                    parts.append(token_rows[at : at + len(suffix_ids) - 1])
+                    at += len(suffix_ids) - 1
+                out[i] = (
+                    torch.cat(parts)
+                    if len(parts) > 1
+                    else parts[0]
+                    if parts
+                    else self.tok_emb.new_zeros((0, self.cfg.d_model))
+                )
             return out
+
+    def _prompt_problem(self, positions: int, suffix_ids: Sequence[int]) -> ValueError | None:
+        """Why a prompt of ``positions`` input vectors (every position but the last token's)
+        cannot run, or None."""
+        if not suffix_ids:
+            return ValueError("a prompt must end with at least one token to decode from")
+        if positions + 1 + self.cfg.max_new_tokens > self.cfg.max_len:
+            return ValueError(f"prompt of {positions} positions does not fit the cache")
+        return None
 
     @torch.inference_mode()
     def prefill_many(self, first_slot: int, prompts: list[torch.Tensor]) -> list[int]:
@@ -465,10 +505,8 @@ class Thinker(nn.Module):
         count = len(prompts)
         # Slots past the joiners are empty (slots are compact), so only those before keep data.
         self._fit_cache(longest + 1, live=first_slot)
-        x = prompts[0].new_zeros((count, longest, cfg.d_model))
-        for i, p in enumerate(prompts):
-            x[i, : lengths[i]] = p
-        x = x + self.pos_emb[:longest]
+        # One call for the padded batch (a copy per prompt launched from C++, not Python).
+        x = nn.utils.rnn.pad_sequence(prompts, batch_first=True) + self.pos_emb[:longest]
         H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         rows = count * longest
         slots = slice(first_slot, first_slot + count)
