@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from duplex_actors.engines.embedded import SamplingParams, Thinker, ThinkerConfig
 from duplex_actors.engines.embedded.adapter import WordThinkerAdapter
-from duplex_actors.engines.embedded.scheduler import BatchScheduler, DecodeJob, SequenceEnded, TokenEvent
+from duplex_actors.engines.embedded.scheduler import BatchScheduler, DecodeJob, SequenceEnded, TokenRun
 from duplex_actors.engines.embedded.thinker_backend import output_prior
 from duplex_actors.engines.embedded.vocab import default_vocabulary
 
@@ -45,6 +45,15 @@ class Recorder:
 
     def events(self, request_id: str) -> list:
         return [ev for call in self.calls for _, ev in call if ev.request_id == request_id]
+
+
+def _steps(events) -> list[int]:
+    """The step of every token in ``events``, in order (a run's tokens are consecutive steps)."""
+    return [run.first_step + i for run in events if type(run) is TokenRun for i in range(len(run.token_ids))]
+
+
+def _tokens_in(call) -> int:
+    return sum(len(ev.token_ids) for _, ev in call if type(ev) is TokenRun)
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +90,11 @@ def _wait_until(condition, timeout: float = 30.0) -> bool:
 
 
 def _complete(events: list) -> bool:
-    tokens = [e for e in events if type(e) is TokenEvent]
+    runs = [e for e in events if type(e) is TokenRun]
     ends = [e for e in events if type(e) is SequenceEnded]
-    return len(tokens) == TOKENS and len(ends) == 1 and events[-1] is ends[0]
+    tokens = sum(len(run.token_ids) for run in runs)
+    times = all(len(run.produced_at) == len(run.token_ids) for run in runs)
+    return tokens == TOKENS and times and len(ends) == 1 and events[-1] is ends[0]
 
 
 def _one_request(parts, interval: float) -> Recorder:
@@ -99,9 +110,12 @@ def test_a_running_response_is_held_between_its_first_token_and_its_end(parts):
     recorder = _one_request(parts, interval=60.0)
     events = recorder.events("sess_a/e0/t0")
     assert _complete(events)
-    # The admission step's first token at once, then everything else with the ending.
-    assert [len(call) for call in recorder.calls] == [1, TOKENS]
-    assert [e.step for e in events] == sorted(e.step for e in events)
+    # The admission step's first token at once, then everything else with the ending: one
+    # run of tokens and the ending.
+    assert [_tokens_in(call) for call in recorder.calls] == [1, TOKENS - 1]
+    assert [len(call) for call in recorder.calls] == [1, 2]
+    steps = _steps(events)
+    assert steps == list(range(steps[0], steps[0] + TOKENS))
 
 
 def test_interval_zero_wakes_the_loop_every_step(parts):
@@ -125,11 +139,11 @@ def test_a_join_and_an_ending_each_go_out_at_once(parts):
     # flushed whatever sess_a had produced since its own first token.
     join = next(i for i, call in enumerate(recorder.calls) if any(ev is b[0] for _, ev in call))
     held_a = [ev for _, ev in recorder.calls[join] if ev.request_id == "sess_a/e0/t0"]
-    assert held_a and held_a[-1].step == b[0].step
+    assert held_a and _steps(held_a)[-1] == _steps(b)[0]
     # sess_a ends first (it started first), and its ending goes out from the step that ended
     # it: nothing from a later step is in that call, and sess_b's ending comes in a later one.
     end_a = next(i for i, call in enumerate(recorder.calls) if any(ev is a[-1] for _, ev in call))
-    assert all(ev.step <= a[-1].step for _, ev in recorder.calls[end_a])
+    assert all(step <= a[-1].step for step in _steps(ev for _, ev in recorder.calls[end_a]))
     assert any(ev is b[-1] for _, ev in recorder.calls[-1]) and end_a < len(recorder.calls) - 1
 
 
@@ -145,14 +159,14 @@ def test_cancel_and_close_flush_held_tokens_before_the_ending(parts):
     final_step = scheduler.stats().steps
     a, b = recorder.events("sess_a/e0/t0"), recorder.events("sess_b/e0/t0")
     # What sess_b made after sess_a's ending was held; closing still delivered all of it.
-    assert [e for e in b if type(e) is TokenEvent][-1].step == final_step
+    assert _steps(b)[-1] == final_step
     for events, reason in ((a, "aborted"), (b, "closed")):
         ends = [e for e in events if type(e) is SequenceEnded]
         assert [e.reason for e in ends] == [reason]
         assert events[-1] is ends[0]
-        tokens = [e for e in events if type(e) is TokenEvent]
-        assert len(tokens) >= 5  # every step's token reached dispatch before the ending
-        assert [t.step for t in tokens] == list(range(tokens[0].step, tokens[0].step + len(tokens)))
+        steps = _steps(events)
+        assert len(steps) >= 5  # every step's token reached dispatch before the ending
+        assert steps == list(range(steps[0], steps[0] + len(steps)))
 
 
 def test_a_negative_interval_is_refused(parts):

@@ -14,7 +14,9 @@ owns everything else (slots, the model's cache, sampling state) and loops:
 3. hand the produced tokens and endings to the caller's ``dispatch`` in one call, and free
    finished slots at once. A pass that admitted or ended a sequence dispatches at once (first
    tokens, decisions and endings are what turn-taking waits on); between those, tokens are
-   held until ``dispatch_interval_s`` has passed since the last dispatch.
+   held until ``dispatch_interval_s`` has passed since the last dispatch. Each row holds its
+   own tokens and hands them over as one :class:`TokenRun` per dispatch (before its ending,
+   when it ends).
 
 Why hold tokens at all: every dispatch wakes the event loop, and while the loop runs Python
 the worker waits for the GIL at each of the ~70 torch ops of its step. With one live request
@@ -79,15 +81,29 @@ class DecodeJob:
     tenant: Hashable = None
 
 
-# Not frozen, unlike every other message here: a frozen attrs class sets each field through
-# object.__setattr__, and this event is built once per token on the decode thread, which the
-# whole batch waits for; a plain slotted init costs a third as much. Nothing mutates one.
-@attrs.define(slots=True)
-class TokenEvent:
-    request_id: str
-    token_id: int
-    step: int
-    produced_at: float
+class TokenRun:
+    """Tokens of one request from consecutive decode steps, handed over together: what its
+    row produced since the last dispatch (``produced_at[i]``: when ``token_ids[i]`` was read,
+    at step ``first_step + i``).
+
+    One event per request per dispatch, not one per token: the worker builds it and the event
+    loop handles it while every other row waits (for the worker's GIL, or for the next step),
+    and at 256 rows an event per token was most of both threads' per-token work. A plain
+    slotted class, not attrs: it is made for every live row at every dispatch. Nothing mutates
+    one."""
+
+    __slots__ = ("request_id", "token_ids", "first_step", "produced_at")
+
+    def __init__(
+        self, request_id: str, token_ids: list[int], first_step: int, produced_at: list[float]
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids = token_ids
+        self.first_step = first_step
+        self.produced_at = produced_at
+
+    def __repr__(self) -> str:
+        return f"TokenRun({self.request_id!r}, {self.token_ids!r}, first_step={self.first_step})"
 
 
 @attrs.frozen(slots=True)
@@ -101,7 +117,7 @@ class SequenceEnded:
     message: str = ""
 
 
-SchedulerEvent = Union[TokenEvent, SequenceEnded]
+SchedulerEvent = Union[TokenRun, SequenceEnded]
 Sink = Callable[[SchedulerEvent], None]
 Dispatch = Callable[[list[tuple[Sink, SchedulerEvent]]], None]
 #: Builds the prompts of the jobs admitted together, in order, an exception in the place of a
@@ -177,6 +193,9 @@ class _Live:
         "after_punct",
         "generator",
         "samples",
+        "held",
+        "held_at",
+        "held_from",
     )
 
     def __init__(
@@ -193,6 +212,17 @@ class _Live:
         self.after_punct = True  # the start of a response behaves like a sentence start
         self.generator = generator
         self.samples = _samples(job.params)
+        #: Tokens made since the last dispatch and when (see TokenRun), handed over together.
+        self.held: list[int] = []
+        self.held_at: list[float] = []
+        self.held_from = 0  # the step of held[0]
+
+    def flush(self, outbox: list) -> None:
+        """Hand what this row holds to ``outbox``, as one :class:`TokenRun`."""
+        if self.held:
+            outbox.append((self.sink, TokenRun(self.job.request_id, self.held, self.held_from, self.held_at)))
+            self.held = []
+            self.held_at = []
 
 
 def _samples(params: SamplingParams) -> bool:
@@ -285,6 +315,8 @@ class BatchScheduler:
         self._steps = 0
         self._tokens = 0
         self._live_count = 0  # mirrored under the lock for stats()
+        #: Whether this pass of the worker made a token (rows hold them until a dispatch).
+        self._produced = False
 
     def _build_masks(self) -> torch.Tensor:
         # A tiny grammar on top of the random network: no punctuation at the start or twice
@@ -406,7 +438,8 @@ class BatchScheduler:
                 cancelled, self._cancelled = self._cancelled, set()
                 room = self.max_concurrency - len(self._live)
                 admits = [self._take_queued() for _ in range(min(room, len(self._pending)))]
-            held = len(outbox)
+            queued_events = len(outbox)
+            self._produced = False
             live_before = len(self._live)
             try:
                 self._release_cancelled(cancelled, outbox)
@@ -418,7 +451,7 @@ class BatchScheduler:
                 self._fail_all(f"decode step failed: {exc!r}", outbox)
             with self._lock:
                 self._live_count = len(self._live)
-            if len(outbox) == held:
+            if len(outbox) == queued_events and not self._produced:
                 continue
             # At once when anyone joined or left in this pass: first tokens, decisions and
             # endings (including failed admissions). An ending is also what guarantees that
@@ -430,6 +463,8 @@ class BatchScheduler:
                 or now - last_dispatch >= self.dispatch_interval_s
             ):
                 last_dispatch = now
+                for seq in self._live:  # (a row that left handed its tokens over already)
+                    seq.flush(outbox)
                 self._dispatch(outbox)
                 outbox = []
         if outbox:  # closing: what was held goes before the endings _shutdown sends
@@ -461,6 +496,7 @@ class BatchScheduler:
             return
         gone = [live for live in self._live if live.job.request_id in cancelled]
         for live in gone:
+            live.flush(outbox)
             outbox.append(
                 (live.sink, SequenceEnded(live.job.request_id, "aborted", self._steps, time.perf_counter()))
             )
@@ -662,8 +698,9 @@ class BatchScheduler:
         finished: list[_Live] = []
         reasons: list[str] = []
         for seq, token in zip(live, picks):
-            rid = seq.job.request_id
             if token is None:
+                rid = seq.job.request_id
+                seq.flush(outbox)
                 error = f"sampling failed: {sampling_errors[rid]!r}"
                 outbox.append((seq.sink, SequenceEnded(rid, "failed", step, now, error)))
                 finished.append(seq)
@@ -672,7 +709,11 @@ class BatchScheduler:
             seq.position += 1
             seq.next_input = token
             if seq.deciding:
-                outbox.append((seq.sink, TokenEvent(rid, token, step, now)))
+                # The decision token goes out (the consumer reads the decision from it).
+                if not seq.held:
+                    seq.held_from = step
+                seq.held.append(token)
+                seq.held_at.append(now)
                 if token == listen:
                     finished.append(seq)
                     reasons.append("listen")
@@ -683,7 +724,11 @@ class BatchScheduler:
                 finished.append(seq)
                 reasons.append("eos")
                 continue
-            outbox.append((seq.sink, TokenEvent(rid, token, step, now)))
+            held = seq.held
+            if not held:
+                seq.held_from = step
+            held.append(token)
+            seq.held_at.append(now)
             seq.generated += 1
             seq.after_punct = token in punctuation
             self._tokens += 1
@@ -692,7 +737,9 @@ class BatchScheduler:
                 reasons.append("length")
         for seq, reason in zip(finished, reasons):
             if reason != "failed":  # a failed row got its SequenceEnded, with the error, above
+                seq.flush(outbox)  # its tokens before its ending
                 outbox.append((seq.sink, SequenceEnded(seq.job.request_id, reason, step, now)))
+        self._produced = True
         # Built only for an observer: its tuple of every row's id is per-step work.
         record = (
             StepRecord(
@@ -753,14 +800,16 @@ class BatchScheduler:
     def _fail_all(self, message: str, outbox) -> None:
         now = time.perf_counter()
         for seq in self._live:
+            seq.flush(outbox)
             outbox.append((seq.sink, SequenceEnded(seq.job.request_id, "failed", self._steps, now, message)))
         self._release(list(self._live), "failed")
 
     def _shutdown(self) -> None:
         now = time.perf_counter()
-        outbox: list[tuple[Sink, SchedulerEvent]] = [
-            (s.sink, SequenceEnded(s.job.request_id, "closed", self._steps, now)) for s in self._live
-        ]
+        outbox: list[tuple[Sink, SchedulerEvent]] = []
+        for seq in self._live:
+            seq.flush(outbox)
+            outbox.append((seq.sink, SequenceEnded(seq.job.request_id, "closed", self._steps, now)))
         self._live.clear()
         self._sampling_rows = 0
         with self._lock:

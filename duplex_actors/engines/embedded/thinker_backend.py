@@ -51,7 +51,7 @@ from .scheduler import (
     SchedulerEvent,
     SequenceEnded,
     Sink,
-    TokenEvent,
+    TokenRun,
     build_each,
 )
 from .vocab import default_vocabulary
@@ -220,64 +220,70 @@ class EmbeddedThinker:
                 while not events:
                     await inbox.wait()
                 event = events.popleft()
-                if began and type(event) is TokenEvent:
-                    # Nearly every event: the next word of a response under way. This runs on
-                    # the event loop for every live request at every dispatch, while the worker
-                    # waits for the GIL, so it is kept to the minimum: the tokens of one
-                    # dispatch (several steps when steps are faster than the dispatch interval)
-                    # go out as one delta, which everything downstream handles once.
-                    token_times.append(event.produced_at)
-                    text = render(event.token_id, first=len(token_times) == 1)
-                    count = 1
-                    while events and type(events[0]) is TokenEvent:
-                        more = cast(TokenEvent, events.popleft())
-                        token_times.append(more.produced_at)
-                        text += render(more.token_id, first=False)
-                        count += 1
-                    yield TextDelta(rid, text, count, event.produced_at)
-                    continue
-                if isinstance(event, SequenceEnded):
-                    ended = True
-                    if event.reason == "aborted":
-                        yield Aborted(rid, produced_at=event.produced_at)
-                    elif event.reason in ("failed", "closed"):
-                        yield EngineFailure(
-                            rid, event.message or f"engine {event.reason}", produced_at=event.produced_at
-                        )
-                    elif event.reason == "listen" and not decided:
-                        # The scheduler ended the unit on a listen token that the adapter
-                        # did not recognise as a decision: still tell the session "listen".
-                        yield Decision(rid, speak=False, produced_at=event.produced_at)
-                    else:
-                        if not began:
-                            yield Decision(rid, speak=True, produced_at=event.produced_at)
-                        yield TurnDone(
-                            rid,
-                            _TURN_DONE_REASON.get(event.reason, event.reason),
-                            _metrics(accepted_at, token_times),
-                            produced_at=event.produced_at,
-                            input=_read(built),
-                        )
-                    return
-                assert isinstance(event, TokenEvent)
-                if not decided:
-                    snapshot.append(event.token_id)
-                    speak = self.adapter.decide(snapshot)
-                    if speak is None:
+                if type(event) is TokenRun:
+                    ids, times = event.token_ids, event.produced_at
+                    start = 0
+                    while not decided and start < len(ids):
+                        # A unit's first tokens decide whether to speak.
+                        snapshot.append(ids[start])
+                        speak = self.adapter.decide(snapshot)
+                        start += 1
+                        if speak is None:
+                            continue
+                        decided = True
+                        began = speak
+                        yield Decision(rid, speak=speak, produced_at=times[start - 1])
+                        if not speak:
+                            # Listen ends the unit; the scheduler already freed the slot.
+                            ended = True
+                            return
+                    if start == len(ids):
                         continue
-                    decided = True
-                    began = speak
-                    yield Decision(rid, speak=speak, produced_at=event.produced_at)
-                    if not speak:
-                        # Listen ends the unit; the scheduler already freed the slot.
-                        ended = True
-                        return
+                    if not began:  # the first word of a response: the decision goes first
+                        began = True
+                        yield Decision(rid, speak=True, produced_at=times[start])
+                    # This runs on the event loop for every live request at every dispatch,
+                    # while the worker waits for the GIL, so it is kept to the minimum: every
+                    # token that reached the loop (several dispatches, if the loop fell behind)
+                    # goes out as one delta, which everything downstream handles once.
+                    first_at = times[start]
+                    if token_times:
+                        text = "".join([render(t, first=False) for t in ids[start:]])
+                    else:  # the response's very first word has no leading space
+                        text = render(ids[start], first=True)
+                        text += "".join([render(t, first=False) for t in ids[start + 1 :]])
+                    token_times += times[start:] if start else times
+                    count = len(ids) - start
+                    while events and type(events[0]) is TokenRun:
+                        more = cast(TokenRun, events.popleft())
+                        text += "".join([render(t, first=False) for t in more.token_ids])
+                        token_times += more.produced_at
+                        count += len(more.token_ids)
+                    yield TextDelta(rid, text, count, first_at)
                     continue
-                # The first word of a response (began is False here): the decision goes first.
-                began = True
-                yield Decision(rid, speak=True, produced_at=event.produced_at)
-                token_times.append(event.produced_at)
-                yield TextDelta(rid, render(event.token_id, first=True), 1, event.produced_at)
+                assert isinstance(event, SequenceEnded)
+                ended = True
+                if event.reason == "aborted":
+                    yield Aborted(rid, produced_at=event.produced_at)
+                elif event.reason in ("failed", "closed"):
+                    yield EngineFailure(
+                        rid, event.message or f"engine {event.reason}", produced_at=event.produced_at
+                    )
+                elif event.reason == "listen" and not decided:
+                    # The scheduler ended the unit on a listen token that the adapter
+                    # did not recognise as a decision: still tell the session "listen".
+                    yield Decision(rid, speak=False, produced_at=event.produced_at)
+                else:
+                    if not began:
+                        yield Decision(rid, speak=True, produced_at=event.produced_at)
+                    yield TurnDone(
+                        rid,
+                        _TURN_DONE_REASON.get(event.reason, event.reason),
+                        _metrics(accepted_at, token_times),
+                        produced_at=event.produced_at,
+                        input=_read(built),
+                    )
+                return
         finally:
             if not ended:
                 scheduler.cancel(rid)
@@ -294,8 +300,8 @@ class EmbeddedThinker:
                 while not inbox.events:
                     await inbox.wait()
                 event = inbox.events.popleft()
-                if isinstance(event, TokenEvent):
-                    ids.append(event.token_id)
+                if isinstance(event, TokenRun):
+                    ids += event.token_ids
                     continue
                 ended = True
                 if event.reason == "aborted":
