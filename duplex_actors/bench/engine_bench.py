@@ -25,9 +25,11 @@ Time to first token (``ttft``): single requests one after another on the idle en
 On a GPU (``--device cuda``) every arm runs there, and the bare loops read each step's tokens
 back to the host, as any serving loop must (on the CPU they already are there).
 ``--cuda-graphs`` replays the decode step as CUDA graphs in both arms (ThinkerConfig.cuda_graphs).
+Every arm runs under the cyclic collector's policy that ``serve`` runs with (actors/gc_policy.py;
+``--cpython-gc``: CPython's own collector).
 
     python -m duplex_actors.bench.engine_bench [--full | --tiny] [--float32-dense] [--kv-heads N]
-        [--device cpu|cuda|auto] [--cuda-graphs] [--concurrency 1,16,64,256] [--json PATH]
+        [--device cpu|cuda|auto] [--cuda-graphs] [--cpython-gc] [--concurrency 1,16,64,256] [--json PATH]
 
 ``--tiny``: a few tokens, one round (CI's smoke; its figures are noise).
 """
@@ -47,6 +49,7 @@ import attrs
 import structlog
 import torch
 
+from duplex_actors.actors import gc_policy
 from duplex_actors.core.engine_io import ModelTurnRequest, TextDelta, TurnDone, TurnKind
 from duplex_actors.core.fence import Fence
 from duplex_actors.engines.embedded import (
@@ -145,6 +148,7 @@ def run(
     tiny: bool = False,
     ttft_samples: int | None = None,
     compare_eager: bool | None = None,
+    serve_gc: bool = True,
 ) -> dict:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     device = resolve_device(device)
@@ -184,6 +188,14 @@ def run(
             defaults=params, config=config, max_concurrency=max(64, top), max_queue=max(256, top)
         )
         await engine.start()
+        # The collector as ``serve`` runs it (actors/gc_policy.py), for every arm alike: without
+        # it a full collection walks the whole heap (torch's modules: ~190k objects) every few
+        # rounds, in whichever arm allocated last, which is nearly always the engine's.
+        maintain = None
+        if serve_gc:
+            policy = gc_policy.GcPolicy()
+            gc_policy.start(policy)
+            maintain = asyncio.ensure_future(gc_policy.maintain(policy))
         try:
             model = Thinker(engine.config, output_prior(engine.vocab))
             eager = (
@@ -248,6 +260,9 @@ def run(
                 rounds_taken.append((engine_tps, bare_tps, total / (time.perf_counter() - began), eager_tps))
             return rounds_taken, engine, model, prompt, ttft_pairs
         finally:
+            if maintain is not None:
+                maintain.cancel()
+                gc_policy.stop()
             await engine.aclose()
 
     began_run = time.perf_counter()
@@ -281,6 +296,7 @@ def run(
             "device": engine.config.device,
             "device_name": torch.cuda.get_device_name(engine.config.device) if device != "cpu" else None,
             "cuda_graphs": engine.config.cuda_graphs,
+            "serve_gc": serve_gc,
             "torch": torch.__version__,
         },
         "concurrency": list(concurrency),
@@ -386,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         "--compare-eager", action="store_true", help="also time the bare loop eager (on with --cuda-graphs)"
     )
     parser.add_argument("--ttft-samples", type=int, default=None, help="single requests timed for TTFT")
+    parser.add_argument(
+        "--cpython-gc", action="store_true", help="CPython's own collector (default: serve's GcPolicy)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     report = run(
@@ -398,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=tuple(int(n) for n in args.concurrency.split(",")),
         tiny=args.tiny,
         ttft_samples=args.ttft_samples,
+        serve_gc=not args.cpython_gc,
     )
     _print(report)
     if args.json is not None:
