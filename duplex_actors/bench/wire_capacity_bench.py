@@ -181,8 +181,9 @@ def _arm_options(arm: str) -> dict[str, Any]:
         # the audio on a room's noise floor (NOISY_DBFS) instead of near-digital silence
         "noisy": variant == "noisy",
         # LISTENING_S of silence after each utterance instead of SILENCE_S
-        "listens": variant.startswith("listens"),
-        "config": dict(_CONFIG_VARIANTS.get(variant, {})),
+        "listens": "listens" in variant.split("-"),
+        # a variant of several parts ("listens-nogate") takes each part's settings
+        "config": {k: v for part in variant.split("-") for k, v in _CONFIG_VARIANTS.get(part, {}).items()},
     }
 
 
@@ -195,7 +196,6 @@ _CONFIG_VARIANTS: dict[str, dict[str, Any]] = {
     "vadeach": {"vad_batch_window_s": None},
     # server VAD's quiet gate off: every window through the network (audio/vad.py QUIET_DBFS)
     "nogate": {"vad_quiet_dbfs": None},
-    "listens-nogate": {"vad_quiet_dbfs": None},
 }
 
 

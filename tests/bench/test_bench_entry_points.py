@@ -173,6 +173,17 @@ def _check_capacity(result, arms):
     assert cpu["target"] and cpu["met"] in (True, False)
 
 
+def test_wire_capacity_arms_of_several_parts_take_each_parts_settings():
+    from duplex_actors.bench.wire_capacity_bench import DEFAULT_ARMS, LEVER_ARMS, _arm_options
+
+    both = _arm_options("serve:listens-nogate")
+    assert both["listens"] and both["config"] == _arm_options("serve:nogate")["config"] != {}
+    assert _arm_options("serve:listens")["listens"] and _arm_options("serve:listens")["config"] == {}
+    assert not _arm_options("serve:nogate")["listens"]
+    for arm in DEFAULT_ARMS + LEVER_ARMS:  # every arm the bench knows parses
+        _arm_options(arm)
+
+
 @pytest.mark.slow
 def test_wire_capacity_bench_main_quick(tmp_path, capsys):
     """The module's command at its smoke size: the bare parse server and serve (server VAD on,
