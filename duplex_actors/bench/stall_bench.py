@@ -583,6 +583,12 @@ def main(argv: list[str] | None = None) -> int:
         help="app.TAKEOVER_CLOSE_WAIT_S (an A/B; 1.0 before)",
     )
     parser.add_argument(
+        "--opening-slots",
+        type=int,
+        default=None,
+        help="max_opening_connections: handshakes at once (an A/B; serve's default otherwise)",
+    )
+    parser.add_argument(
         "--backlog", type=int, default=None, help="the listening socket's (an A/B; asyncio's 100)"
     )
     parser.add_argument("--json", default=None)
@@ -615,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.loop_share_floor is None
                     else {"loop_share_floor_s_per_s": args.loop_share_floor}
                 ),
+                **({} if args.opening_slots is None else {"max_opening_connections": args.opening_slots}),
             },
         )
     )
