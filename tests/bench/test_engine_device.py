@@ -138,35 +138,31 @@ def test_cuda_logits_match_the_cpu():
         torch.testing.assert_close(b, a, atol=2e-3, rtol=2e-3)
 
 
-@needs_cuda
-def test_cuda_features_match_the_cpu_and_stay_on_the_device():
-    """On a GPU the adapter computes a burst's log-mel tokens there (one copy per length)."""
-    from duplex_actors.engines.embedded.features import log_mel_tokens_batch
-
-    gen = torch.Generator().manual_seed(3)
-    samples = [0.3 * torch.randn(n, generator=gen) for n in (16000, 16000, 8000, 400)]
-    tokens = [13, 13, 7, 1]
-    cpu = log_mel_tokens_batch(samples, tokens, n_mels=64, frames_per_token=8)
-    cuda = log_mel_tokens_batch(samples, tokens, n_mels=64, frames_per_token=8, device="cuda")
-    for a, b in zip(cpu, cuda, strict=True):
-        assert b.device.type == "cuda"
-        torch.testing.assert_close(b.cpu(), a, atol=1e-3, rtol=1e-3)
+def _float_pieces(gen: torch.Generator) -> list:
+    return [0.3 * torch.randn(n, generator=gen) for n in (16000, 16000, 8000, 400)]
 
 
-@needs_cuda
-def test_cuda_features_of_pcm_bytes_match_the_cpu():
-    """What the adapter runs on a GPU: a burst's pcm16 bytes fitted, joined, copied and
-    converted there."""
-    from duplex_actors.engines.embedded.features import log_mel_tokens_of_pcm
-
-    gen = torch.Generator().manual_seed(4)
-    pcms = [
+def _pcm_pieces(gen: torch.Generator) -> list:
+    return [
         torch.randint(-9000, 9000, (n,), dtype=torch.int16, generator=gen).numpy().tobytes()
         for n in (16000, 17000, 8000, 400)
     ]
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "transform, pieces", [("log_mel_tokens_batch", _float_pieces), ("log_mel_tokens_of_pcm", _pcm_pieces)]
+)
+def test_cuda_features_match_the_cpu_and_stay_on_the_device(transform, pieces):
+    """On a GPU the adapter computes a burst's log-mel tokens there (one copy per length): from
+    samples, and from pcm16 bytes as they arrive (fitted, joined, copied and converted there)."""
+    from duplex_actors.engines.embedded import features
+
+    compute = getattr(features, transform)
+    audio = pieces(torch.Generator().manual_seed(3))
     tokens = [13, 13, 7, 1]
-    cpu = log_mel_tokens_of_pcm(pcms, tokens, n_mels=64, frames_per_token=8)
-    cuda = log_mel_tokens_of_pcm(pcms, tokens, n_mels=64, frames_per_token=8, device="cuda")
+    cpu = compute(audio, tokens, n_mels=64, frames_per_token=8)
+    cuda = compute(audio, tokens, n_mels=64, frames_per_token=8, device="cuda")
     for a, b in zip(cpu, cuda, strict=True):
         assert b.device.type == "cuda"
         torch.testing.assert_close(b.cpu(), a, atol=1e-3, rtol=1e-3)
