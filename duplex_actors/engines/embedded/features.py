@@ -113,8 +113,8 @@ def log_mel_tokens_of_pcm(
     """:func:`log_mel_tokens_batch` of pcm16 audio as it arrives: the same tokens, but each
     length's pieces are fitted as bytes (a slice or zero bytes appended, a memory copy each),
     joined, and become samples in one conversion (on a GPU, after one copy there of half the
-    bytes). Converting and fitting each piece as its own tensor was half a GPU engine's host
-    work in a burst of 256 turns (several small CPU ops per turn)."""
+    bytes). Converting and fitting each piece as its own tensor, several small CPU ops per
+    turn, was the largest part of a GPU engine's host work in a burst of turns."""
 
     def fitted(where: list[int], n: int) -> torch.Tensor:
         width = 2 * _fitted_samples(n, frames_per_token)

@@ -424,8 +424,8 @@ class Thinker(nn.Module):
         """:meth:`embed_prompt` of several (prefix_ids, audio_features, suffix_ids), in order.
         Their token ids cross to the device in one copy and are looked up in one gather, and
         their audio features in one copy and one projection: one of each per prompt cost a
-        launch apiece and, for the ids, a wait on a GPU (a burst of 256 turns spent 10-30 ms
-        there on the host). A prompt that cannot run gets its ValueError in its place."""
+        launch apiece and, for the ids, a wait on a GPU (measured: docs/benchmarks.md, "Figures
+        moved from code comments"). A prompt that cannot run gets its ValueError in its place."""
         with torch.inference_mode():
             out: list[torch.Tensor | ValueError | None] = [None] * len(prompts)
             runnable: list[int] = []
