@@ -244,7 +244,10 @@ class PacedConnection(ServerConnection):
         if self._proxied_head is not None and self._opening is not None:
             assert self.trusted_proxies is not None
             forwarded = forwarded_for_in_head(bytes(self._proxied_head))
-            client = client_subject(forwarded_client(self._opening, forwarded, self.trusted_proxies))
+            # The HTTP gate and everything after it count this same client (http_gate.py): it
+            # is read once, here, so the slot and the quotas cannot disagree on whom it is.
+            self.client_ip = forwarded_client(self._opening, forwarded, self.trusted_proxies)
+            client = client_subject(self.client_ip)
             self._proxied_head = None
         self._opening_slot = self.opening_slots.enter(self._slot_handed_over, client)
         if not self._opening_slot:

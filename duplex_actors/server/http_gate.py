@@ -44,9 +44,10 @@ class HttpGate:
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | Awaitable[None] | None:
         server = self.server
-        if server.config.trusted_proxies:
+        if server.config.trusted_proxies and getattr(connection, "client_ip", None) is None:
             # Everything below (and the session's quotas and logs) counts the client the
-            # proxy forwards: read here once, from the request that has the header.
+            # proxy forwards: read once, from the request that has the header, unless the
+            # opening slot already read it from the raw head (connection.py).
             connection.client_ip = forwarded_client(  # type: ignore[attr-defined]
                 peer_ip(connection),
                 request.headers.get_all(FORWARDED_FOR),

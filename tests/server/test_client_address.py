@@ -105,11 +105,18 @@ async def _session(stack: contextlib.AsyncExitStack, url: str, forwarded: str | 
 
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
-async def test_behind_a_trusted_proxy_the_per_address_limits_count_the_forwarded_clients():
+# With opening slots the client is read from the raw request head (connection.py) and the gate
+# keeps it; without them the gate reads it from websockets' parsed headers: the same clients.
+@pytest.mark.parametrize("opening_slots", [16, None])
+async def test_behind_a_trusted_proxy_the_per_address_limits_count_the_forwarded_clients(opening_slots):
     # The proxy is on loopback, which is exempt: without trusted_proxies every client behind it
     # would be exempt from the per-address limit. With it, each forwarded client has its own.
     async with (
-        running_server(trusted_proxies=("127.0.0.1/32",), default_sessions_per_address=2) as server,
+        running_server(
+            trusted_proxies=("127.0.0.1/32",),
+            default_sessions_per_address=2,
+            max_opening_connections=opening_slots,
+        ) as server,
         contextlib.AsyncExitStack() as stack,
     ):
         url = server.url
