@@ -4,9 +4,9 @@
   engine scripts.
 * :mod:`.policy`: ``policy_chart`` builds a changed session chart to test (with ``row``,
   ``TRANSITIONS`` and the effect chains re-exported here).
-* :mod:`.machine`: ``SessionCoreMachine`` and ``RuntimeMachine``, hypothesis
-  ``RuleBasedStateMachine`` bases that check every session invariant; subclass them to check
-  your own engine backend or session policy.
+* :mod:`.machine`: ``SessionCoreMachine`` (:mod:`.core_machine`) and ``RuntimeMachine``
+  (:mod:`.runtime_machine`), hypothesis ``RuleBasedStateMachine`` bases that check every
+  session invariant; subclass them to check your own engine backend or session policy.
 * :mod:`.pytest_plugin`: fixtures and hypothesis profiles; the pytest entry point itself is the
   top-level module ``duplex_actors_pytest`` (it must not import this package).
 
