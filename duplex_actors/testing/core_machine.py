@@ -208,12 +208,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
             assert after == before, f"{where}: refused, yet the session changed:\n{before}\n{after}"
         else:
             assert raised is None, f"{where}: raised {raised!r}, expected it to be accepted"
-        actions = core.take_actions()
-        if was_closed:
-            assert not actions, f"{where}: engine actions after close: {actions}"
-        _check_actions(actions, exp, where)
-        self._after(exp, where)
-        return exp
+        return self._settle(exp, where, was_closed)
 
     def feed(self, output: EngineOutput) -> Expectation:
         """Deliver one engine output to core and model and check the step."""
@@ -222,7 +217,11 @@ class SessionCoreMachine(RuleBasedStateMachine):
         where = f"{output!r} in state {core.state}"
         exp = self.model.output(output, self.clock.now())
         core.on_engine_output(output)
-        actions = core.take_actions()
+        return self._settle(exp, where, was_closed)
+
+    def _settle(self, exp: Expectation, where: str, was_closed: bool) -> Expectation:
+        """The step's engine actions (none once closed) and every invariant after it."""
+        actions = self.core.take_actions()
         if was_closed:
             assert not actions, f"{where}: engine actions after close: {actions}"
         _check_actions(actions, exp, where)
