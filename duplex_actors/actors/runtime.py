@@ -311,6 +311,9 @@ class Runtime:
         #: Every session's timers (server VAD's idle timeout), on one task of any anyio backend.
         self.timers = TimerQueue()
         self._wake: anyio.Event | None = None
+        #: True while the dispatcher runs a round: a session's append is then queued, never
+        #: processed by its caller (SessionActor.tell_audio), since a round may be inside it.
+        self.dispatching = False
         #: Makes the running backend's Event directly (set by __aenter__): anyio.Event() looks
         #: the backend up on every call, and a turn makes several (waiters, wake-ups).
         self.new_event: Callable[[], anyio.Event] = anyio.Event
@@ -741,14 +744,18 @@ class Runtime:
                 await self._wake.wait()
                 self._wake = None
                 continue
-            if self._tenant_work is None:  # the runtime's hot path, as lean as it was
-                for _ in range(len(ready)):
-                    actor = ready.popleft()
-                    actor.scheduled = False
-                    if actor.process(budget):
-                        self._schedule(actor)
-            else:
-                self._metered_round(ready, budget)
+            self.dispatching = True
+            try:
+                if self._tenant_work is None:  # the runtime's hot path, as lean as it was
+                    for _ in range(len(ready)):
+                        actor = ready.popleft()
+                        actor.scheduled = False
+                        if actor.process(budget):
+                            self._schedule(actor)
+                else:
+                    self._metered_round(ready, budget)
+            finally:
+                self.dispatching = False
             if ready:
                 # Let engine pumps and event consumers run between rounds. With nothing left
                 # the wait above yields instead: a checkpoint first was one more task step

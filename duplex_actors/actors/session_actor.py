@@ -51,6 +51,8 @@ class SessionHost(Protocol):
     engine: EngineActor
     timers: TimerQueue
     new_event: Callable[[], anyio.Event]
+    #: True while the dispatcher runs a round (sessions' messages being processed)
+    dispatching: bool
 
     def _schedule(self, actor: SessionActor) -> None: ...
 
@@ -148,6 +150,9 @@ class SessionActor:
 
     def tell(self, command: Command) -> None:
         """Queue a command; errors come back as ``error`` events. Raises MailboxFull/SessionClosed."""
+        if type(command) is AppendAudio:
+            self.tell_audio(command)  # processed at once when nothing is queued before it
+            return
         self._check_open(command)
         self.mailbox.put(self._lane(command), (command, None, self.core.clock.now()))
         self.runtime._schedule(self)
@@ -158,9 +163,29 @@ class SessionActor:
         accepted (processed exactly once) or refused with MailboxFull/SessionClosed."""
         if self._finished:
             raise SessionClosed("closed", command.TRIGGER, event_id=command.event_id)
+        if not self.scheduled and not self.runtime.dispatching:
+            # Nothing of this session is queued (a queued message always has the session
+            # scheduled) and the dispatcher is not inside a round, so processing the append
+            # here, now, is what the dispatcher would do next for this session: same order,
+            # same core call, same settling. It saves the mailbox, the ready queue and a
+            # dispatcher wake-up per chunk, the runtime's most frequent path.
+            self.mailbox.accepted += 1  # accepted, and never waited: the high water stays
+            self._handle_now(command)
+            return
         self.mailbox.put(_DATA, (command, None, self.core.clock.now()))
         if not self.scheduled:  # Runtime._schedule's own test, saving the call per append
             self.runtime._schedule(self)
+
+    def _handle_now(self, command: Command) -> None:
+        """Process one told command in the caller's task (see :meth:`tell_audio`)."""
+        core = self.core
+        try:
+            core.handle(command, received_at=core.clock.now())
+        except DuplexError as err:
+            core.emit_error(err)
+        except Exception as exc:  # a bug in one session fails that session only
+            self._failed(exc)
+        self._settle()
 
     async def ask(self, command: Command, timeout: float | None = 5.0) -> None:
         """Queue a command and wait until it was processed; its error is raised here."""
@@ -312,9 +337,19 @@ class SessionActor:
                 else:
                     self._handle_command(*message)
             except Exception as exc:  # a bug in one session fails that session only
-                log.error("session_failed", session_id=self.session_id, error=repr(exc))
-                core.emit_error(_internal_error(exc))
-                core.fail("session_failed")
+                self._failed(exc)
+        self._settle()
+        return bool(lanes[0] or lanes[1] or lanes[2])
+
+    def _failed(self, exc: Exception) -> None:
+        log.error("session_failed", session_id=self.session_id, error=repr(exc))
+        self.core.emit_error(_internal_error(exc))
+        self.core.fail("session_failed")
+
+    def _settle(self) -> None:
+        """What follows processing: the core's actions, its idle deadline, its end, and the
+        waiting reader's wake-up."""
+        core = self.core
         # The core's fields read directly, not through its properties: this runs once per
         # dispatch of every session, mostly after a single append that changed none of them.
         if core._actions:
@@ -325,7 +360,6 @@ class SessionActor:
             self._finish()
         if self._waiter is not None and core.has_events():
             self._waiter.set()
-        return bool(lanes[0] or lanes[1] or lanes[2])
 
     def _set_idle_timer(self, deadline: float | None) -> None:
         """Follow the core's idle deadline: one timer per session at most, moved when it moves."""

@@ -315,7 +315,8 @@ async def _throughput(
                 await anyio.lowlevel.checkpoint()
 
         async def appends_only() -> float:
-            """append (tell) -> mailbox -> dispatcher -> statechart, no engine."""
+            """append (tell) -> statechart, no engine: processed by the caller (an idle session's
+            append does not queue: SessionActor.tell_audio); drained() waits for any that did."""
             n = sessions * appends * turns
             t0 = now()
             for _ in range(turns):

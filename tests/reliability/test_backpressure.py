@@ -56,6 +56,9 @@ async def test_full_mailbox_refuses_with_mailbox_full_and_loses_nothing_accepted
     async with Runtime(ScriptedEngine(), mailbox_capacity=8, reaper_interval_s=0) as rt:
         s = await rt.open_session()
         accepted = refused = 0
+        # Appends queue only behind a waiting message (to a session with nothing queued they
+        # are processed by their caller at once): a told heartbeat makes the burst queue.
+        s.tell(cmd.Heartbeat())
         for _i in range(20):  # no await: the dispatcher cannot drain in between
             try:
                 s.append_audio(CHUNK)

@@ -106,6 +106,9 @@ async def test_admission_and_mailbox_backpressure():
         with pytest.raises(ResourceExhausted):
             await rt.open_session()
         accepted = 0
+        # An append to a session with nothing queued is processed at once, by its caller; one
+        # told while a message waits queues behind it. A told heartbeat makes the burst queue.
+        s.tell(cmd.Heartbeat())
         with pytest.raises(MailboxFull):
             for _ in range(100):  # no await: the dispatcher cannot drain in between
                 s.append_audio(CHUNK)
