@@ -18,7 +18,9 @@ timed-out handshake, close 1013) retries after a short random backoff, until the
 disconnect grace has passed. A neighbour (127.0.0.1), in conversation on its own connection
 that the blip did not touch, times GA turns before the drop (the baseline) and during the
 resumes; a newcomer times connecting and taking a turn (handshake, refusals and retries
-included) alike. It prints how many resumed, how many were lost (not resumed inside the grace)
+included) alike. Both run in a process of their own, as users do (``--users-in-loop`` puts
+them on the server's loop, as the bench did before: their client side then waits behind the
+storm as well as the server's). It prints how many resumed, how many were lost (not resumed inside the grace)
 and why, and both users' turns before and during.
 """
 
@@ -360,6 +362,72 @@ class _Neighbour:
         return took
 
 
+async def _users_alone(neighbour: _Neighbour, url: str) -> tuple[float, float]:
+    """The two users' turns before the drop: their medians (seconds)."""
+    alone = statistics.median([await neighbour.turn() for _ in range(5)])
+    neighbour.slowest = {}
+    return alone, statistics.median([await _newcomer_turn(url) for _ in range(5)])
+
+
+async def _users_during(neighbour: _Neighbour, url: str, until: asyncio.Future) -> dict:
+    """Both users take turns, one after another each, until ``until`` is done."""
+    turns: list[float] = []
+    newcomer_turns: list[float] = []
+    refused = 0
+
+    async def neighbour_turns() -> None:
+        while not until.done():
+            turns.append(await neighbour.turn())
+
+    async def newcomer_turns_() -> None:
+        nonlocal refused
+        while not until.done():
+            # a turn as a user who connects now waits for it: refused tries (503) and their
+            # retries included
+            began = time.perf_counter()
+            while True:
+                try:
+                    await _newcomer_turn(url)
+                    break
+                except Exception:
+                    refused += 1
+                    await asyncio.sleep(0.2)
+            newcomer_turns.append(time.perf_counter() - began)
+
+    await asyncio.gather(neighbour_turns(), newcomer_turns_())
+    return {
+        "neighbour_during_ms": _median_ms(turns),
+        "neighbour_worst_ms": _max_ms(turns),
+        "neighbour_turns": len(turns),
+        "neighbour_slowest": neighbour.slowest,
+        "newcomer_during_ms": _median_ms(newcomer_turns),
+        "newcomer_worst_ms": _max_ms(newcomer_turns),
+        "newcomer_turns": len(newcomer_turns),
+        "newcomer_refused": refused,
+    }
+
+
+def _users_process(url: str, pipe) -> None:
+    """The neighbour and the newcomer in a process of their own, as real users are: on the
+    server's loop, their own sends, receives and JSON waited behind the storm too, so their
+    turns measured the storm twice (once per side of the socket)."""
+    asyncio.run(_users_main(url, pipe))
+
+
+async def _users_main(url: str, pipe) -> None:
+    from websockets.asyncio.client import connect
+
+    loop = asyncio.get_running_loop()
+    ws = await connect(url, max_size=None)
+    await ws.recv()
+    neighbour = _Neighbour(ws)
+    pipe.send(await _users_alone(neighbour, url))
+    await loop.run_in_executor(None, pipe.recv)  # the storm began
+    until = loop.run_in_executor(None, pipe.recv)
+    pipe.send(await _users_during(neighbour, url, until))
+    await ws.close()
+
+
 def _counts(server) -> dict:
     """The server's resume outcomes, pacing and disconnects so far (its /metrics)."""
     counts = {}
@@ -417,6 +485,7 @@ async def _run(
     raw: bool = False,
     max_connections: int | None = None,
     config_overrides: dict | None = None,
+    users_in_loop: bool = False,
 ) -> dict:
     from ..actors import gc_policy
     from ..engines.scripted import Script, ScriptedEngine
@@ -466,15 +535,25 @@ async def _run(
             probe.start()
             await asyncio.sleep(seconds)
             report["baseline"] = {**await probe.stop(), **timer.summary()}
-        if resume:
+        users_process = users_pipe = neighbour = neighbour_ws = None
+        if resume and users_in_loop:
             from websockets.asyncio.client import connect
 
             neighbour_ws = await connect(server.url, max_size=None)
             await neighbour_ws.recv()
             neighbour = _Neighbour(neighbour_ws)
-            report["neighbour_alone_ms"] = _median_ms([await neighbour.turn() for _ in range(5)])
-            neighbour.slowest = {}
-            report["newcomer_alone_ms"] = _median_ms([await _newcomer_turn(server.url) for _ in range(5)])
+            alone = await _users_alone(neighbour, server.url)
+        elif resume:
+            users_pipe, users_end = multiprocessing.get_context("spawn").Pipe()
+            users_process = multiprocessing.get_context("spawn").Process(
+                target=_users_process, args=(server.url, users_end), daemon=True
+            )
+            users_process.start()
+            alone = await loop.run_in_executor(None, users_pipe.recv)
+        if resume:
+            report["users"] = "in the server's loop" if users_in_loop else "a process of their own"
+            report["neighbour_alone_ms"] = round(alone[0] * 1e3, 1)
+            report["newcomer_alone_ms"] = round(alone[1] * 1e3, 1)
         parent, child = multiprocessing.get_context("spawn").Pipe()
         target: Callable[..., None]
         args: tuple[Any, ...]
@@ -507,45 +586,26 @@ async def _run(
             with CollectionTimer() as timer:
                 probe.start()
                 parent.send("drop")
-                turns: list[float] = []
-                newcomer_turns: list[float] = []
                 waiting = loop.run_in_executor(None, parent.recv)
-                refused = 0
-
-                async def neighbour_turns() -> None:
-                    while not waiting.done():
-                        turns.append(await neighbour.turn())
-
-                async def newcomer_turns_() -> None:
-                    nonlocal refused
-                    while not waiting.done():
-                        # a turn as a user who connects now waits for it: refused tries (503)
-                        # and their retries included
-                        began = time.perf_counter()
-                        while True:
-                            try:
-                                await _newcomer_turn(server.url)
-                                break
-                            except Exception:
-                                refused += 1
-                                await asyncio.sleep(0.2)
-                        newcomer_turns.append(time.perf_counter() - began)
-
-                await asyncio.gather(neighbour_turns(), newcomer_turns_())
+                if neighbour is not None:
+                    users = await _users_during(neighbour, server.url, waiting)
+                else:
+                    assert users_pipe is not None
+                    users_pipe.send("storm")
+                    users_report = loop.run_in_executor(None, users_pipe.recv)
+                    await asyncio.wait([waiting])
+                    users_pipe.send("stop")
+                    users = await users_report
                 _, resumed = await waiting
                 report["resume"] = {**resumed, **await probe.stop(), **timer.summary()}
-                report["neighbour_during_ms"] = _median_ms(turns)
-                report["neighbour_worst_ms"] = _max_ms(turns)
-                report["neighbour_turns"] = len(turns)
-                report["neighbour_slowest"] = neighbour.slowest
-                report["newcomer_during_ms"] = _median_ms(newcomer_turns)
-                report["newcomer_worst_ms"] = _max_ms(newcomer_turns)
-                report["newcomer_turns"] = len(newcomer_turns)
-                report["newcomer_refused"] = refused
+                report.update(users)
                 report["server_counts"] = _counts(server)
                 # what the reclaim policy sees: closed connections and transports not yet freed
                 report["unfreed"] = {"connections": LINGERING.connections, "transports": LINGERING.transports}
-            await neighbour_ws.close()
+            if neighbour_ws is not None:
+                await neighbour_ws.close()
+            if users_process is not None:
+                users_process.join(30)
         parent.send("stop")
         process.join(60)
         if process.is_alive():
@@ -591,6 +651,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backlog", type=int, default=None, help="the listening socket's (an A/B; asyncio's 100)"
     )
+    parser.add_argument(
+        "--users-in-loop",
+        action="store_true",
+        help="run the neighbour and the newcomer on the server's own loop (an A/B: the bench before "
+        "2026-12-04 20:00 UTC did; their client side then waited behind the storm too)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.backlog is not None:
@@ -623,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 **({} if args.opening_slots is None else {"max_opening_connections": args.opening_slots}),
             },
+            users_in_loop=args.users_in_loop,
         )
     )
     text = json.dumps(report, indent=2)

@@ -214,11 +214,15 @@ def test_bench_only_wire_capacity_tiny(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_stall_bench_resume_tiny(tmp_path):
+@pytest.mark.parametrize("in_loop", [False, True], ids=["own-process", "in-loop"])
+def test_stall_bench_resume_tiny(tmp_path, in_loop):
     """stall_bench's mass resume at 16 sessions of 4 clients: every session resumed, none lost,
     and both users were timed before and during the storm (the neighbour on its own open
-    connection, the newcomer connecting for each turn)."""
-    report = _stall_bench(tmp_path, ["--resume", "--sessions", "16", "--clients", "4", "--seconds", "0.5"])
+    connection, the newcomer connecting for each turn), in a process of their own or, as an
+    A/B, on the server's loop."""
+    argv = ["--resume", "--sessions", "16", "--clients", "4", "--seconds", "0.5"]
+    report = _stall_bench(tmp_path, argv + (["--users-in-loop"] if in_loop else []))
+    assert report["users"] == ("in the server's loop" if in_loop else "a process of their own")
     assert report["mode"] == "resume" and report["opened"] == 16
     assert report["resume"]["outcomes"] == {"resumed": 16}, report["resume"]
     for user in ("neighbour", "newcomer"):
