@@ -39,6 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 PROBE_SLEEP_S = 0.005
+#: Resumes the storm's client starts per pass of its own loop (``--resume-slice``).
+RESUME_SLICE = 50
 
 
 class LagProbe:
@@ -150,8 +152,8 @@ def _simulate_addresses() -> None:
         module._address = address
 
 
-def _client_process(url: str, sessions: int, clients: int, resume: bool, pipe) -> None:
-    asyncio.run(_client_main(url, sessions, clients, resume, pipe))
+def _client_process(url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = 0) -> None:
+    asyncio.run(_client_main(url, sessions, clients, resume, pipe, resume_slice))
 
 
 def _raw_process(host: str, port: int, count: int, pipe) -> None:
@@ -170,7 +172,9 @@ def _raw_process(host: str, port: int, count: int, pipe) -> None:
         sock.close()
 
 
-async def _client_main(url: str, sessions: int, clients: int, resume: bool, pipe) -> None:
+async def _client_main(
+    url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = 0
+) -> None:
     from websockets.asyncio.client import connect
 
     loop = asyncio.get_running_loop()
@@ -212,10 +216,27 @@ async def _client_main(url: str, sessions: int, clients: int, resume: bool, pipe
         began = time.monotonic()
         grace = 30.0  # SessionConfig.disconnect_grace_s, serve's default
         kept: list = []
-        outcomes = await asyncio.gather(
-            *(_resume_one(url, state, began + grace - 1.0, kept) for _, state in opened)
-        )
+        # This process's own loop: one process drives every storm client, so a try can time
+        # out on its own side (its 101 waiting here behind thousands of others), not only
+        # on the server's.
+        probe = LagProbe()
+        probe.start()
+        tries = [_resume_one(url, state, began + grace - 1.0, kept) for _, state in opened]
+        if resume_slice:
+            # Every resume starts at once, as far as the server can tell, but this loop takes
+            # a pass between slices: started all in one pass, their first steps held it for
+            # seconds (8,000 at once: 5.6 s), and every try's 10 s handshake timer ran through
+            # that stall while no answer could be read. Clients on machines of their own
+            # have no such stall.
+            tasks: list[asyncio.Future[tuple[str, int]]] = []
+            for start in range(0, len(tries), resume_slice):
+                tasks.extend(asyncio.ensure_future(t) for t in tries[start : start + resume_slice])
+                await asyncio.sleep(0)
+            outcomes = await asyncio.gather(*tasks)
+        else:
+            outcomes = await asyncio.gather(*tries)
         took = time.monotonic() - began
+        client_loop = await probe.stop()
         tally: dict[str, int] = {}
         for outcome, _ in outcomes:
             tally[outcome] = tally.get(outcome, 0) + 1
@@ -228,6 +249,7 @@ async def _client_main(url: str, sessions: int, clients: int, resume: bool, pipe
                     "attempts": attempts,
                     "failed_tries": FAILURES,
                     "seconds": round(took, 2),
+                    "client_loop": client_loop,
                 },
             )
         )
@@ -486,6 +508,7 @@ async def _run(
     max_connections: int | None = None,
     config_overrides: dict | None = None,
     users_in_loop: bool = False,
+    resume_slice: int = RESUME_SLICE,
 ) -> dict:
     from ..actors import gc_policy
     from ..engines.scripted import Script, ScriptedEngine
@@ -560,7 +583,7 @@ async def _run(
         if raw:
             target, args = _raw_process, (config.host, server.port, sessions, child)
         else:
-            target, args = _client_process, (server.url, sessions, clients, resume, child)
+            target, args = _client_process, (server.url, sessions, clients, resume, child, resume_slice)
         process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
         process.start()
         began = time.perf_counter()
@@ -657,6 +680,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run the neighbour and the newcomer on the server's own loop (an A/B: the bench before "
         "2026-12-04 20:00 UTC did; their client side then waited behind the storm too)",
     )
+    parser.add_argument(
+        "--resume-slice",
+        type=int,
+        default=RESUME_SLICE,
+        help="resumes the storm's client process starts per pass of its loop (0: all in one pass, "
+        "as the bench did before 2026-12-04 20:30 UTC)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.backlog is not None:
@@ -690,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
                 **({} if args.opening_slots is None else {"max_opening_connections": args.opening_slots}),
             },
             users_in_loop=args.users_in_loop,
+            resume_slice=args.resume_slice,
         )
     )
     text = json.dumps(report, indent=2)
