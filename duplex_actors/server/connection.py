@@ -255,8 +255,8 @@ class PacedConnection(ServerConnection):
         return self._opening_slot
 
     def handshake_done(self) -> None:
-        """The connection's handshake is done (or it closed): its opening slot goes to the
-        next connection waiting for one."""
+        """The connection's handshake is done (or it closed, or its client's loop share
+        holds it: http_gate): its opening slot goes to the next connection waiting for one."""
         if self._opening_slot:
             self._opening_slot = False
             assert self.opening_slots is not None

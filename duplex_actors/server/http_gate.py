@@ -21,6 +21,7 @@ from websockets.http11 import Request, Response
 
 from . import guard
 from .client_address import FORWARDED_FOR, client_ip, forwarded_client, peer_ip
+from .connection import PacedConnection
 from .session_connection import _remote
 
 if TYPE_CHECKING:
@@ -101,6 +102,10 @@ class HttpGate:
             server.loop_share.charge(tenant, HANDSHAKE_COST_S, now)
             held = server.loop_share.hold(tenant, now)
             if held:
+                # Waiting takes no CPU, so the wait holds no opening slot: a client over its
+                # share must not keep the handshakes of everyone else waiting with it.
+                if isinstance(connection, PacedConnection):
+                    connection.handshake_done()
                 return self._handshake_when_within_share(tenant, held)  # websockets awaits it
         return None
 

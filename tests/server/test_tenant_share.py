@@ -368,3 +368,37 @@ async def test_a_client_over_its_share_opens_its_next_connection_once_within_it(
                 assert took >= 1.0, took
             else:
                 assert took < 1.0, took
+
+
+async def test_a_handshake_held_by_the_loop_share_gives_its_opening_slot_back():
+    """With one opening slot, a neighbour connecting while the flooder's handshake is held (1 s)
+    opens at once: the held handshake does no work, so it holds no slot."""
+
+    class FlooderHeld(_RecordingShare):
+        __slots__ = ()
+
+        def hold(self, tenant, now):
+            if tenant != FLOODER_TENANT or self.waits.get(tenant):
+                return 0.0
+            self.waits[tenant] = 1.0
+            return 1.0
+
+    async with running_server(api_keys=KEYS, max_opening_connections=1) as server:
+        server.loop_share = FlooderHeld(0.5)
+        flooder_opened = anyio.Event()
+
+        async def flooder() -> None:
+            async with connect(server.url, additional_headers=FLOODER) as ws:
+                await recv_json(ws)
+                flooder_opened.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flooder)
+            await anyio.sleep(0.2)  # the flooder's handshake is being held now
+            assert not flooder_opened.is_set()
+            began = time.perf_counter()
+            async with connect(server.url, additional_headers=NEIGHBOUR) as ws:
+                took = time.perf_counter() - began
+                await recv_json(ws)
+            assert not flooder_opened.is_set() and took < 0.7, took
+        assert flooder_opened.is_set()
