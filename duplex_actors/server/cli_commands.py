@@ -190,7 +190,7 @@ def register(app: typer.Typer) -> None:
             10.0, min=0.001, help="a connection that has not opened its websocket after this long is closed"
         ),
         max_opening_connections: int = typer.Option(
-            16,
+            4,
             min=0,
             help="connections in their handshake at once (from a complete request head); the rest "
             "wait unread, client addresses taking turns, so that a mass reconnect does not stall the "

@@ -186,7 +186,7 @@ class ServerConfig:
     #: handshake (opening_slots.py; needs the head limit, which finds the head's end):
     #: the rest wait unread, client addresses taking turns. In a mass resume this keeps each
     #: loop pass short for the sessions already talking. None: no limit.
-    max_opening_connections: int | None = attrs.field(default=16, validator=_none_or(attrs.validators.gt(0)))
+    max_opening_connections: int | None = attrs.field(default=4, validator=_none_or(attrs.validators.gt(0)))
     #: Sessions one client address may hold while ``max_sessions_per_address`` is not set:
     #: past it a new session's handshake gets 429 (``exempt_networks`` excepted). None: none.
     default_sessions_per_address: int | None = attrs.field(

@@ -233,7 +233,7 @@ def test_the_edge_limits_are_on_by_default_and_shown_by_serve_help():
     config = ServerConfig()
     assert config.max_request_head_bytes == 32 << 10 and config.max_request_headers == 64
     assert config.max_handshakes_per_address == 64 and config.max_handshakes == 4096
-    assert config.handshake_timeout_s == 10.0 and config.max_opening_connections == 16
+    assert config.handshake_timeout_s == 10.0 and config.max_opening_connections == 4
     assert config.default_sessions_per_address == 256
     assert config.exempt_networks == LOOPBACK_NETWORKS
     assert config.inflate_budget == InflateBudget()
