@@ -339,22 +339,23 @@ async def test_a_detached_sessions_events_are_billed_to_its_client_as_if_sent():
         assert charged == pytest.approx(produced_away * server.billing.cost_per_event, rel=0.05)
 
 
+class _FlooderHeldOnce(_RecordingShare):
+    """The flooder is over its share once: its first check answers 1 s."""
+
+    __slots__ = ()
+
+    def hold(self, tenant, now):
+        if tenant != FLOODER_TENANT or self.waits.get(tenant):
+            return 0.0
+        self.waits[tenant] = 1.0
+        return 1.0
+
+
 async def test_a_client_over_its_share_opens_its_next_connection_once_within_it():
     # Held only at its frames, a client opening a connection, asking for a response and
     # dropping it, over and over, never waited: the handshake is where it waits now.
-    class FlooderHeld(_RecordingShare):
-        """The flooder is over its share once: its first check answers 1 s."""
-
-        __slots__ = ()
-
-        def hold(self, tenant, now):
-            if tenant != FLOODER_TENANT or self.waits.get(tenant):
-                return 0.0
-            self.waits[tenant] = 1.0
-            return 1.0
-
     async with running_server(api_keys=KEYS) as server:
-        server.loop_share = share = FlooderHeld(0.5)
+        server.loop_share = share = _FlooderHeldOnce(0.5)
         for headers, tenant in ((NEIGHBOUR, NEIGHBOUR_TENANT), (FLOODER, FLOODER_TENANT)):
             began = time.perf_counter()
             async with connect(server.url, additional_headers=headers) as ws:
@@ -373,18 +374,8 @@ async def test_a_client_over_its_share_opens_its_next_connection_once_within_it(
 async def test_a_handshake_held_by_the_loop_share_gives_its_opening_slot_back():
     """With one opening slot, a neighbour connecting while the flooder's handshake is held (1 s)
     opens at once: the held handshake does no work, so it holds no slot."""
-
-    class FlooderHeld(_RecordingShare):
-        __slots__ = ()
-
-        def hold(self, tenant, now):
-            if tenant != FLOODER_TENANT or self.waits.get(tenant):
-                return 0.0
-            self.waits[tenant] = 1.0
-            return 1.0
-
     async with running_server(api_keys=KEYS, max_opening_connections=1) as server:
-        server.loop_share = FlooderHeld(0.5)
+        server.loop_share = _FlooderHeldOnce(0.5)
         flooder_opened = anyio.Event()
 
         async def flooder() -> None:
