@@ -177,12 +177,10 @@ class SessionActor:
             self.runtime._schedule(self)
 
     def _handle_now(self, command: Command) -> None:
-        """Process one told command in the caller's task (see :meth:`tell_audio`)."""
-        core = self.core
+        """Process one told command in the caller's task (see :meth:`tell_audio`), as the
+        dispatcher processes a queued one."""
         try:
-            core.handle(command, received_at=core.clock.now())
-        except DuplexError as err:
-            core.emit_error(err)
+            self._handle_command(command, None, self.core.clock.now())
         except Exception as exc:  # a bug in one session fails that session only
             self._failed(exc)
         self._settle()

@@ -152,7 +152,9 @@ def _simulate_addresses() -> None:
         module._address = address
 
 
-def _client_process(url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = 0) -> None:
+def _client_process(
+    url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = RESUME_SLICE
+) -> None:
     asyncio.run(_client_main(url, sessions, clients, resume, pipe, resume_slice))
 
 
@@ -173,7 +175,7 @@ def _raw_process(host: str, port: int, count: int, pipe) -> None:
 
 
 async def _client_main(
-    url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = 0
+    url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = RESUME_SLICE
 ) -> None:
     from websockets.asyncio.client import connect
 
