@@ -41,6 +41,14 @@ from typing import Any
 PROBE_SLEEP_S = 0.005
 #: Resumes the storm's client starts per pass of its own loop (``--resume-slice``).
 RESUME_SLICE = 50
+#: How the scripted engine times its answer's 24 outputs (``--engine-pace``). "from-start": each
+#: is due 20 ms after the one before it was due, as a real engine decodes in a thread or process
+#: of its own (the embedded engine's scheduler thread, vLLM, the engine process of ``--workers``)
+#: and its outputs wait in a queue when the loop is late. "after-each": 20 ms after the one before
+#: it was taken, so the engine itself runs on the server's loop and every late wake-up lengthens
+#: the answer once more (the bench before 2026-12-05: the neighbour's turn counted the loop's
+#: lag up to 24 times).
+ENGINE_PACES = ("from-start", "after-each")
 
 
 class LagProbe:
@@ -511,6 +519,7 @@ async def _run(
     config_overrides: dict | None = None,
     users_in_loop: bool = False,
     resume_slice: int = RESUME_SLICE,
+    engine_pace: str = "from-start",
 ) -> dict:
     from ..actors import gc_policy
     from ..engines.scripted import Script, ScriptedEngine
@@ -522,9 +531,16 @@ async def _run(
     # serve's connection limit, unless the idle sessions alone need more
     limit = max_connections or max(ServerConfig().max_connections, sessions + 100)
     config = ServerConfig(port=0, max_connections=limit, **(config_overrides or {}))
-    script = Script(tokens=tuple(f" w{i}" for i in range(24)), audio_packets=12, token_latency_s=0.02)
+    if engine_pace not in ENGINE_PACES:
+        raise ValueError(f"engine_pace: one of {ENGINE_PACES}")
+    script = Script(
+        tokens=tuple(f" w{i}" for i in range(24)),
+        audio_packets=12,
+        token_latency_s=0.02,
+        paced_from_start=engine_pace == "from-start",
+    )
     mode = "resume" if resume else "raw" if raw else "idle"
-    report: dict = {"sessions": sessions, "reclaim_s": reclaim_s, "mode": mode}
+    report: dict = {"sessions": sessions, "reclaim_s": reclaim_s, "mode": mode, "engine_pace": engine_pace}
     if growth_only:
         report["growth_only"] = True
         # The policy before serve estimated the garbage: memory growth alone decides.
@@ -689,6 +705,13 @@ def main(argv: list[str] | None = None) -> int:
         help="resumes the storm's client process starts per pass of its loop (0: all in one pass, "
         "as the bench did before 2026-12-04 20:30 UTC)",
     )
+    parser.add_argument(
+        "--engine-pace",
+        choices=ENGINE_PACES,
+        default=ENGINE_PACES[0],
+        help="how the scripted engine times its answers (from-start: as a real engine in its own "
+        "thread or process; after-each: on the server's loop, as the bench did before 2026-12-05)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.backlog is not None:
@@ -723,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             users_in_loop=args.users_in_loop,
             resume_slice=args.resume_slice,
+            engine_pace=args.engine_pace,
         )
     )
     text = json.dumps(report, indent=2)

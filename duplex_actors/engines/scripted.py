@@ -52,6 +52,12 @@ class Script:
     first_latency_s: float = 0.0
     token_latency_s: float = 0.0
     packet_latency_s: float = 0.0
+    #: Whether the latencies add up from the request's start, as a real engine's do: it decodes
+    #: at its own rate in its own thread or process, so a consumer that lags receives several
+    #: outputs at once and the answer still ends on time. False (the default): each latency is
+    #: waited after the previous output was taken, so every late wake-up of the event loop
+    #: running this engine stretches the whole answer (what tests of slow consumers rely on).
+    paced_from_start: bool = False
     #: For UNIT turns: speak or keep listening.
     speak: bool = True
     #: Fail the request after this many outputs: ``"output"`` yields EngineFailure, ``"raise"``
@@ -206,9 +212,19 @@ class ScriptedEngine:
         first_token_at = None
         token_times: list[float] = []
 
+        due = time.perf_counter()  # when the next output is due, with paced_from_start
+
         async def pause(seconds: float) -> None:
-            if seconds > 0:
+            nonlocal due
+            if seconds <= 0:
+                return
+            if not script.paced_from_start:
                 await self._sleep(seconds)
+                return
+            due += seconds
+            wait = due - time.perf_counter()
+            if wait > 0:  # already overdue (the loop was busy): no wait, as a real engine's queue
+                await self._sleep(wait)
 
         def budget_left() -> bool:
             return script.fail_after is None or emitted < script.fail_after

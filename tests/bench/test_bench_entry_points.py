@@ -219,10 +219,13 @@ def test_stall_bench_resume_tiny(tmp_path, in_loop):
     """stall_bench's mass resume at 16 sessions of 4 clients: every session resumed, none lost,
     and both users were timed before and during the storm (the neighbour on its own open
     connection, the newcomer connecting for each turn), in a process of their own or, as an
-    A/B, on the server's loop."""
+    A/B, on the server's loop (with the old A/B engine pace, so both paces run)."""
     argv = ["--resume", "--sessions", "16", "--clients", "4", "--seconds", "0.5"]
-    report = _stall_bench(tmp_path, argv + (["--users-in-loop"] if in_loop else []))
+    report = _stall_bench(
+        tmp_path, argv + (["--users-in-loop", "--engine-pace", "after-each"] if in_loop else [])
+    )
     assert report["users"] == ("in the server's loop" if in_loop else "a process of their own")
+    assert report["engine_pace"] == ("after-each" if in_loop else "from-start")
     assert report["mode"] == "resume" and report["opened"] == 16
     assert report["resume"]["outcomes"] == {"resumed": 16}, report["resume"]
     for user in ("neighbour", "newcomer"):

@@ -120,6 +120,51 @@ async def test_the_scripted_engine_waits_its_latencies_with_the_sleep_it_is_give
     assert isinstance(outputs[-1], TurnDone)
 
 
+class _FakeClock:
+    """perf_counter for the scripted engine: moves only when the engine sleeps or the test says."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.waits: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(round(seconds, 6))
+        self.t += seconds
+
+
+@pytest.mark.parametrize("paced_from_start", [False, True])
+async def test_a_lagging_consumer_delays_a_from_start_answer_only_until_it_catches_up(
+    monkeypatch, paced_from_start
+):
+    """A consumer 50 ms late for the first of five 20 ms tokens: paced after each output the
+    whole answer slips by those 50 ms; paced from the start, as a real engine's queue, the
+    outputs already due come at once and the answer ends when it was due (100 ms)."""
+    from duplex_actors.engines import scripted
+
+    clock = _FakeClock()
+    monkeypatch.setattr(scripted, "time", clock)
+    script = Script(
+        tokens=("a",) * 5, audio_packets=0, token_latency_s=0.02, paced_from_start=paced_from_start
+    )
+    engine = ScriptedEngine(script, sleep=clock.sleep)
+    began = clock.t
+    outputs = []
+    async for output in engine.generate(request()):
+        outputs.append(output)
+        if len(outputs) == 2:  # the decision, then the first token: the consumer is late for it
+            clock.t += 0.05
+    assert len(outputs) == 7 and isinstance(outputs[-1], TurnDone)
+    if paced_from_start:
+        assert clock.waits == [0.02, 0.01, 0.02]  # two tokens overdue: no wait for them
+        assert round(clock.t - began, 6) == 0.1
+    else:
+        assert clock.waits == [0.02] * 5
+        assert round(clock.t - began, 6) == 0.15
+
+
 async def test_pump_tasks_are_reused_and_every_request_still_ends_once():
     """A pump parks after its stream and takes the next request: requests one after another
     run on one task, each answered with exactly one terminal."""
