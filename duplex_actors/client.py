@@ -33,6 +33,7 @@ import contextlib
 import itertools
 import json
 import secrets
+import ssl as ssl_module
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -84,9 +85,13 @@ class DuplexClient:
         open_timeout_s: float = 5.0,
         send_timeout_s: float = 30.0,
         queue_size: int = 4096,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         self.url = url
         self.api_key = api_key
+        #: For a wss:// server whose certificate the system does not trust (a private CA, a
+        #: self-signed one): the context that does. None: the system's defaults.
+        self.ssl = ssl
         self.auto_reconnect = auto_reconnect
         self.max_reconnect_attempts = max_reconnect_attempts
         self.reconnect_backoff_s = reconnect_backoff_s
@@ -147,8 +152,9 @@ class DuplexClient:
             url = urlunsplit(parts._replace(query=urlencode(query)))
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
+            tls: dict[str, Any] = {"ssl": self.ssl} if self.ssl is not None else {}
             return await ws_connect(
-                url, additional_headers=headers, open_timeout=self.open_timeout_s, max_size=None
+                url, additional_headers=headers, open_timeout=self.open_timeout_s, max_size=None, **tls
             )
         except InvalidStatus as exc:
             status = exc.response.status_code

@@ -96,6 +96,7 @@ from .metrics import ServerMetrics
 from .opening_slots import OpeningSlots
 from .session_connection import SessionConnection, SessionRecord, _frame_bytes, _remote
 from .tls import server_ssl_context
+from .tls_relay import RelayedStream, RequestLineSniffer
 from .vad_batch import VadBatcher
 from .worker_link import FrontLink
 
@@ -156,6 +157,13 @@ class RealtimeServer:
         self.front_link: FrontLink | None = None
         self.lost_session: Callable[[str], bool] | None = None
         self._handed: dict[ServerConnection, int] = {}
+        #: In a worker under TLS: the relay socket of the worker that minted a session id, when
+        #: that is another worker (tls_relay.py); None here means "serve it here".
+        self.relay_path: Callable[[str | None], str | None] | None = None
+        #: Its TLS connections not (or not yet) a websocket connection here: reading their
+        #: request line, or relayed to their owner; and its own relay socket's server.
+        self._sniffers: set[RequestLineSniffer] = set()
+        self._relay_server: asyncio.AbstractServer | None = None
         self.loop_share = (
             None
             if config.loop_share_s_per_s is None
@@ -291,10 +299,11 @@ class RealtimeServer:
             "close_timeout": 2.0,
         }
 
-    def _adopted_connection(self) -> ServerConnection:
+    def _adopted_connection(self, relayed_peer: tuple | None = None) -> ServerConnection:
         """The websocket connection for a socket accepted elsewhere, made from websockets'
         public pieces as its serve() makes one for a socket it accepted: the same protocol
-        settings, connection class and server, whose handler runs the handshake."""
+        settings, connection class and server, whose handler runs the handshake.
+        ``relayed_peer``: the client of a connection another worker relays (tls_relay.py)."""
         assert self._server is not None, "use 'async with RealtimeServer(...)'"
         connection: ServerConnection | None = None
 
@@ -308,6 +317,8 @@ class RealtimeServer:
             max_size=self.config.limits.transport_cap,
         )
         connection = self._ws_connection(protocol, self._server, **self._connection_options())
+        if relayed_peer is not None:
+            connection.relayed_peer = relayed_peer  # type: ignore[attr-defined]
         return connection
 
     def _connection_class(self) -> type[ServerConnection]:
@@ -346,13 +357,14 @@ class RealtimeServer:
         )
         with anyio.move_on_after(drain_timeout_s):
             await anyio.lowlevel.checkpoint()  # the drain triggers queued above are processed first
-            while self.runtime.responses_in_flight:
+            # A connection relayed to its owner worker (TLS) ends with the owner's drain.
+            while self.runtime.responses_in_flight or self._sniffers:
                 await anyio.sleep(0.02)
         self.runtime.close_all("runtime_shutdown")
         with anyio.move_on_after(max(self.config.write_timeout_s, 1.0)):
-            while self._connections:
+            while self._connections or self._sniffers:
                 await anyio.sleep(0.02)
-        log.info("server.drained", connections_left=self._connections)
+        log.info("server.drained", connections_left=self._connections + len(self._sniffers))
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -362,6 +374,11 @@ class RealtimeServer:
             self._charging.cancel()
             self._charging = None
             self.runtime.meter_tenant_work(None)
+        if self._relay_server is not None:
+            self._relay_server.close()
+            self._relay_server = None
+        for sniffer in list(self._sniffers):
+            sniffer.abort()
         if self._server is not None:
             frame_cost.uninstall()
             self._server.close(close_connections=True)
@@ -379,10 +396,70 @@ class RealtimeServer:
         ``handed_id``: the front's id of the connection, named in the reports to it."""
         assert self._server is not None, "use 'async with RealtimeServer(...)'"
         loop = asyncio.get_running_loop()
+        if self._ssl is not None and self.relay_path is not None:
+            await self._adopt_tls(sock, handed_id)
+            return
         _, connection = await loop.connect_accepted_socket(self._adopted_connection, sock, ssl=self._ssl)
+        self._track_handed(connection, handed_id)
+
+    def _track_handed(self, connection: ServerConnection, handed_id: int | None) -> None:
         if handed_id is not None and self.front_link is not None:
             self._handed[connection] = handed_id
-            loop.create_task(self._report_released(connection, handed_id))
+            asyncio.get_running_loop().create_task(self._report_released(connection, handed_id))
+
+    async def _adopt_tls(self, sock: socket.socket, handed_id: int | None) -> None:
+        """A worker under TLS: its TLS is terminated here, then the request line says whether
+        the connection is served here or relayed to the worker that owns its session."""
+        loop = asyncio.get_running_loop()
+        sniffer: RequestLineSniffer | None = None
+
+        def serve_here(transport: asyncio.Transport, buffered: bytes) -> None:
+            self._sniffers.discard(sniffer)
+            self._track_handed(self._connection_on(transport, buffered), handed_id)
+
+        def ended() -> None:  # relayed (or never served): the front may close its duplicate
+            self._sniffers.discard(sniffer)
+            if handed_id is not None and self.front_link is not None:
+                self.front_link.released(handed_id)
+
+        def made() -> RequestLineSniffer:
+            nonlocal sniffer
+            assert self.relay_path is not None
+            sniffer = RequestLineSniffer(
+                self.relay_path, serve_here, ended, on_relay=self.metrics.relays.labels("out").inc
+            )
+            self._sniffers.add(sniffer)
+            return sniffer
+
+        try:
+            await loop.connect_accepted_socket(
+                made, sock, ssl=self._ssl, ssl_handshake_timeout=self.config.handshake_timeout_s
+            )
+        except BaseException:
+            self._sniffers.discard(sniffer)
+            raise
+
+    def _connection_on(
+        self, transport: asyncio.Transport, read: bytes, relayed_peer: tuple | None = None
+    ) -> ServerConnection:
+        """A websocket connection takes over ``transport``, from a protocol that has already
+        ``read`` the start of its request (tls_relay.py)."""
+        connection = self._adopted_connection(relayed_peer)
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
+        if read:
+            connection.data_received(read)
+        return connection
+
+    async def serve_relays(self, path: str) -> None:
+        """Listen on ``path`` for connections other workers relay here (tls_relay.py)."""
+
+        def serve_relayed(transport: asyncio.Transport, rest: bytes, peer: tuple) -> None:
+            self.metrics.relays.labels("in").inc()
+            self._connection_on(transport, rest, relayed_peer=peer)
+
+        loop = asyncio.get_running_loop()
+        self._relay_server = await loop.create_unix_server(lambda: RelayedStream(serve_relayed), path)
 
     async def _report_released(self, connection: ServerConnection, handed_id: int) -> None:
         # Every way a connection ends (a session's close, a refused handshake, /health) ends

@@ -241,10 +241,6 @@ def register(app: typer.Typer) -> None:
 
         if (tls_cert is None) != (tls_key is None):
             raise typer.BadParameter("--tls-cert and --tls-key go together")
-        if tls_cert is not None and workers > 1:
-            # The front routes a connection by peeking at its plaintext request line (a resume
-            # must reach the worker that owns its session); under TLS that line is encrypted.
-            raise typer.BadParameter("--tls-cert is not supported with --workers > 1 yet; run one process")
 
         if not _is_loopback(host) and api_key is None:
             typer.echo(
@@ -292,6 +288,21 @@ def register(app: typer.Typer) -> None:
             os.environ["DUPLEX_EMBEDDED_DEVICE"] = check_device(device)
         if workers > 1:  # the engine is built in its own process, not here
             from .workers import WorkerSettings, serve_workers
+
+            if tls_cert is not None:
+                # Each worker terminates TLS itself (the front cannot: tls_relay.py). Checked
+                # here first, so a bad pair fails this command, not each worker's start.
+                import os
+                import ssl
+
+                from .tls import server_ssl_context
+
+                try:
+                    server_ssl_context(tls_cert, tls_key)
+                except (OSError, ssl.SSLError) as exc:
+                    raise typer.BadParameter(f"--tls-cert/--tls-key cannot be loaded: {exc}") from None
+                server_options["tls_cert"] = os.path.abspath(tls_cert)
+                server_options["tls_key"] = os.path.abspath(str(tls_key))
 
             serve_workers(
                 workers,

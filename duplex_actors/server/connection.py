@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from websockets.asyncio.server import ServerConnection
@@ -105,6 +106,15 @@ class PacedConnection(ServerConnection):
     #: Whether an address is a trusted reverse proxy (ServerConfig.trusted_proxies): a trusted
     #: proxy's connections take their opening slot's turn as the client they forward.
     trusted_proxies: Callable[[str], bool] | None = None
+    #: The client of a connection another worker relays here (tls_relay.py): its socket's peer
+    #: is that worker's relay, so the address is passed along and counted instead.
+    relayed_peer: tuple | None = None
+
+    @property
+    def remote_address(self) -> Any:
+        if self.relayed_peer is not None:
+            return self.relayed_peer
+        return super().remote_address
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -115,7 +125,7 @@ class PacedConnection(ServerConnection):
         )
         self._opening: str | None = None  # the address counted in ``handshakes`` until the request
         if self.handshakes is not None:
-            peer = transport.get_extra_info("peername")
+            peer = self.remote_address
             address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
             refusal = self.handshakes.enter(address)
             if refusal is not None:

@@ -14,12 +14,12 @@ import re
 import secrets
 import socket
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import structlog
 
 from .front_ledger import FrontLedger
+from .tls_relay import session_id_in
 from .worker_link import pack, unpack
 
 log = structlog.get_logger("duplex_actors.server.workers")
@@ -95,7 +95,7 @@ class FrontDoor:
     """Owns the public port; hands each accepted connection to the worker that must serve it,
     keeps a duplicate of it, and ends it for the client if that worker dies (module docstring)."""
 
-    def __init__(self, workers: list[_Worker], listener: socket.socket, *, farewells: bool = True) -> None:
+    def __init__(self, workers: list[_Worker], listener: socket.socket, *, tls: bool = False) -> None:
         self.workers = workers
         self.listener = listener
         self._next = 0
@@ -104,9 +104,11 @@ class FrontDoor:
         self.ledger = FrontLedger()
         #: The front's duplicate of every socket a living worker holds, by hand-off id.
         self._held: dict[int, socket.socket] = {}
-        #: Whether the front may write the farewell frames itself: not inside a worker's TLS
-        #: session, whose keys died with it (those clients see the connection close).
-        self.farewells = farewells
+        #: Under TLS the front can neither read a request line (each connection goes to the next
+        #: worker, which relays a resume to its owner: tls_relay.py) nor write the farewell
+        #: frames of a dead worker inside its TLS session, whose keys died with it (those
+        #: clients see the connection close).
+        self.tls = tls
         #: Connections the front ended because their worker died.
         self.lost_connections = 0
         self._tasks: set[asyncio.Task] = set()
@@ -114,11 +116,9 @@ class FrontDoor:
     def choose(self, request_line: bytes) -> _Worker | None:
         """The owner for a resume, while the process that minted the id lives; else the next
         living worker (which refuses a resume of a lost session at once); None if none lives."""
-        parts = request_line.split(b" ")
-        target = parts[1].decode("latin-1") if len(parts) >= 2 else ""
-        session_ids = parse_qs(urlsplit(target).query).get("session_id")
-        if session_ids:
-            owner = minted_by(session_ids[0])
+        session_id = session_id_in(request_line)
+        if session_id is not None:
+            owner = minted_by(session_id)
             if owner is not None and owner[0] < len(self.workers):
                 worker = self.workers[owner[0]]
                 if worker.alive and worker.generation == owner[1]:
@@ -151,10 +151,14 @@ class FrontDoor:
         held = False
         try:
             conn.setblocking(False)
-            async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
-                line = await _peek_request_line(loop, conn)
-            if line is None:
-                return
+            if self.tls:
+                line = b""  # encrypted: the next worker, which relays a resume to its owner
+            else:
+                async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
+                    found = await _peek_request_line(loop, conn)
+                if found is None:
+                    return
+                line = found
             worker = self.choose(line)
             while worker is not None and worker.handoff is not None:
                 handed = self.ledger.handed(worker.index)
@@ -269,7 +273,7 @@ class FrontDoor:
             ended += 1
             if crashed:
                 self.lost_connections += 1
-                self._spawn(_say_farewell(sock, frames if self.farewells else b""))
+                self._spawn(_say_farewell(sock, b"" if self.tls else frames))
             else:
                 sock.close()
         return ended

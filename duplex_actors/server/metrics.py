@@ -209,6 +209,13 @@ class ServerMetrics:
             registry=r,
         )
         self.resumes = Counter("duplex_resumes", "Resume attempts, by outcome", ["outcome"], registry=r)
+        self.relays = Counter(
+            "duplex_tls_relays",
+            "serve --workers under TLS: connections relayed to the worker owning their session "
+            "(out) and from another worker (in)",
+            ["direction"],
+            registry=r,
+        )
         # serve --workers: the pool as the front last told this worker (set_pool); absent in
         # a single-process server.
         self.pool_alive = Gauge(

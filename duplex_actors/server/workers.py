@@ -97,6 +97,26 @@ class _LostWithAnotherProcess:
         return owner is not None and owner != self.me
 
 
+class _RelayRoutes:
+    """``RealtimeServer.relay_path`` of worker ``index`` under TLS: the relay socket of the worker
+    that minted a session id, when that is another worker (tls_relay.py)."""
+
+    def __init__(self, index: int, folder: str) -> None:
+        self.index = index
+        self.folder = folder
+
+    def __call__(self, session_id: str | None) -> str | None:
+        owner = None if session_id is None else minted_by(session_id)
+        if owner is None or owner[0] == self.index:
+            return None
+        return relay_socket(self.folder, owner[0])
+
+
+def relay_socket(folder: str, index: int) -> str:
+    """Where worker ``index`` (any generation) takes connections relayed to it under TLS."""
+    return os.path.join(folder, f"relay{index}.sock")
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class WorkerSettings:
     """Everything a worker process needs to build its runtime and server (crosses a spawn)."""
@@ -212,6 +232,8 @@ async def _run_worker(
     os.chmod(handoff_path, 0o600)
     listener.listen(1)
     listener.setblocking(False)
+    folder = os.path.dirname(handoff_path)
+    tls = settings.server_options.get("tls_cert") is not None
     try:
         async with Runtime(
             backend,
@@ -224,6 +246,14 @@ async def _run_worker(
         ) as runtime:
             async with RealtimeServer(runtime, config) as server:
                 server.lost_session = _LostWithAnotherProcess(index, generation)
+                if tls:
+                    # The front cannot read an encrypted request line: a resume may reach any
+                    # worker, which relays it here if the session is ours (tls_relay.py).
+                    relay_path = relay_socket(folder, index)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(relay_path)  # left by this slot's previous process, if it died
+                    await server.serve_relays(relay_path)
+                    server.relay_path = _RelayRoutes(index, folder)
                 ready.send((os.getpid(), server.port))
                 front, _ = await loop.sock_accept(listener)
                 front.setblocking(False)
@@ -261,8 +291,10 @@ def _ignore_stop_signals() -> None:
 
 async def _receive_connections(front: socket.socket, server) -> None:
     """Adopt every socket the front passes, and take its news of the pool, until the front
-    goes away."""
+    goes away. Each is adopted by a task of its own: under TLS adopting one waits for its
+    client's TLS handshake, which must not hold up the connections handed over after it."""
     loop = asyncio.get_running_loop()
+    adopting: set[asyncio.Task] = set()
     while True:
         try:
             message, fds, _flags, _addr = socket.recv_fds(front, 4096, 1)
@@ -282,13 +314,19 @@ async def _receive_connections(front: socket.socket, server) -> None:
         for fd in fds:
             sock = socket.socket(fileno=fd)
             sock.setblocking(False)
-            try:
-                await server.adopt(sock, handed_id)
-            except Exception as exc:  # a connection that died in transit is only that one's loss
-                log.warning("worker.adopt_failed", error=repr(exc))
-                sock.close()
-                if handed_id is not None and server.front_link is not None:
-                    server.front_link.released(handed_id)
+            task = loop.create_task(_adopt(server, sock, handed_id))
+            adopting.add(task)
+            task.add_done_callback(adopting.discard)
+
+
+async def _adopt(server, sock: socket.socket, handed_id: int | None) -> None:
+    try:
+        await server.adopt(sock, handed_id)
+    except Exception as exc:  # a connection that died in transit (or in its TLS handshake)
+        log.warning("worker.adopt_failed", error=repr(exc))
+        sock.close()
+        if handed_id is not None and server.front_link is not None:
+            server.front_link.released(handed_id)
 
 
 # --------------------------------------------------------------------------- the parent
@@ -336,17 +374,21 @@ async def _run_front(
     listener.setblocking(False)
     bound = listener.getsockname()[1]
     netloc = f"[{host}]:{bound}" if ipv6 else f"{host}:{bound}"
-    front = FrontDoor(pool, listener, farewells=settings.server_options.get("tls_cert") is None)
+    tls = settings.server_options.get("tls_cert") is not None
+    front = FrontDoor(pool, listener, tls=tls)
     for worker in pool:
         front.listen_to(worker)
     auth = "on" if settings.api_key else "off"
+    ws, http = ("wss", "https") if tls else ("ws", "http")
     print(
-        f"duplex-actors serving ws://{netloc}/v1/realtime (engine={settings.engine}, auth={auth}, "
-        f"workers={len(pool)}); health http://{netloc}/health (answered by one worker)",
+        f"duplex-actors serving {ws}://{netloc}/v1/realtime (engine={settings.engine}, auth={auth}, "
+        f"workers={len(pool)}); health {http}://{netloc}/health (answered by one worker)",
         flush=True,
     )
     for worker in pool:
-        print(f"worker {worker.index} pid={worker.pid} ws://127.0.0.1:{worker.port}/v1/realtime", flush=True)
+        print(
+            f"worker {worker.index} pid={worker.pid} {ws}://127.0.0.1:{worker.port}/v1/realtime", flush=True
+        )
     print(f"engine pid={engine_pid} socket={engine.path}", flush=True)
     if on_ready is not None:
         on_ready(bound)

@@ -189,17 +189,11 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def test_serve_refuses_half_a_tls_pair_and_tls_with_workers(tmp_path):
+def test_serve_refuses_half_a_tls_pair(tmp_path):
     from typer.testing import CliRunner
 
     from duplex_actors.cli import app
 
-    cert, key = self_signed(tmp_path)
+    cert, _ = self_signed(tmp_path)
     half = CliRunner().invoke(app, ["serve", "--tls-cert", str(cert)])
     assert half.exit_code == 2 and "go together" in half.output
-    workers = CliRunner().invoke(
-        app,
-        ["serve", "--tls-cert", str(cert), "--tls-key", str(key), "--workers", "2"],
-        env={"COLUMNS": "200"},
-    )
-    assert workers.exit_code == 2 and "not supported with --workers" in workers.output

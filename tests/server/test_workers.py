@@ -145,6 +145,27 @@ async def ask(client: DuplexClient) -> None:
     await client.create_response()
 
 
+async def resume_of_lost(url: str, session_id: str, **options) -> tuple[dict, int | None]:
+    """Resume ``session_id`` (with any token: a lost session has none to check): the server's
+    answer and the close code that followed it."""
+    async with connect(f"{url}?session_id={session_id}", **options) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.resume",
+                    "session_id": session_id,
+                    "generation": 0,
+                    "resume_token": "t",
+                    "last_seq": 1,
+                }
+            )
+        )
+        answer = json.loads(await ws.recv())
+        with contextlib.suppress(Exception):
+            await ws.recv()
+    return answer, ws.close_code
+
+
 # --------------------------------------------------------------------------- routing, no processes
 
 
@@ -430,24 +451,8 @@ def test_kill_9_of_a_worker_ends_its_responses_for_their_clients_and_the_worker_
             done, _ = await survivor.wait_for("response.done", timeout=20)
             await survivor.close()
             # A resume of a lost session is refused at once, and says why.
-            lost = ends[0][0]
             asked_at = time.monotonic()
-            async with connect(f"{s.url}?session_id={lost}") as ws:
-                await ws.send(
-                    json.dumps(
-                        {
-                            "type": "session.resume",
-                            "session_id": lost,
-                            "generation": 0,
-                            "resume_token": "t",
-                            "last_seq": 1,
-                        }
-                    )
-                )
-                refusal = json.loads(await ws.recv())
-                with contextlib.suppress(Exception):
-                    await ws.recv()
-            refused = (refusal, ws.close_code, time.monotonic() - asked_at)
+            refused = (*await resume_of_lost(s.url, ends[0][0]), time.monotonic() - asked_at)
             # The worker is started again: new sessions reach its slot, under a new generation.
             owners = []
             for _ in range(40):

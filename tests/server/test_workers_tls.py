@@ -1,0 +1,169 @@
+"""``serve --workers 2 --tls-cert ... --tls-key ...`` end to end: real processes, real TLS.
+
+The front cannot read an encrypted request line, so it hands each connection to the next
+worker; a worker that finds a resume of another worker's session relays it there
+(server/tls_relay.py). These tests resume sessions of both workers through whichever worker the
+front picked, check that relays happened (each worker's own /metrics), kill an owner by its pid,
+and drain a relayed connection with SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import ssl
+import time
+import urllib.request
+
+import anyio
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from duplex_actors.client import DuplexClient, SessionLost
+
+from .test_console import self_signed
+from .test_workers import ask, open_on, resume_of_lost, run, serve_workers
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def tls_pair(tmp_path_factory):
+    return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+def _trust(cert) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(cert))
+
+
+def _relays(worker_url: str, trust: ssl.SSLContext) -> dict[str, float]:
+    """A worker's own count of relayed connections, from its /metrics over https."""
+    base = worker_url.replace("wss://", "https://").rsplit("/v1/realtime", 1)[0]
+    with urllib.request.urlopen(base + "/metrics", context=trust, timeout=10) as response:
+        text = response.read().decode()
+    counts = {"in": 0.0, "out": 0.0}
+    for line in text.splitlines():
+        for direction in counts:
+            if line.startswith(f'duplex_tls_relays_total{{direction="{direction}"}}'):
+                counts[direction] = float(line.split()[-1])
+    return counts
+
+
+async def _dropped_mid_response(client: DuplexClient, events: list[dict]) -> None:
+    """Ask, drop the connection without a close once the answer streams, and read on (the client
+    resumes by itself) until the response is done."""
+    await ask(client)
+    while True:
+        event = await client.recv(timeout=10)
+        events.append(event)
+        if event["type"] == "response.output_audio_transcript.delta":
+            break
+    client.abort_transport()
+    async for event in client.events():
+        events.append(event)
+        if event["type"] == "response.done":
+            return
+
+
+def test_under_tls_every_resume_reaches_its_session_whichever_worker_took_it(tls_pair):
+    cert, key = tls_pair
+    trust = _trust(cert)
+    with serve_workers(2, "--tls-cert", str(cert), "--tls-key", str(key)) as s:
+        assert s.url.startswith("wss://")
+
+        async def main():
+            seen = []
+            for worker in (0, 1):
+                client, created = await open_on(s.url, worker, ssl=trust, reconnect_backoff_s=0.05)
+                events = [created]
+                try:
+                    # Three drops: the front alternates, so resumes land on both workers.
+                    for _ in range(3):
+                        await _dropped_mid_response(client, events)
+                    await client.heartbeat()  # the resumed session still takes commands
+                    ack, before = await client.wait_for("heartbeat.ack", timeout=10)
+                    events.extend([*before, ack])
+                finally:
+                    await client.close()
+                seen.append((client, events))
+            return seen
+
+        for client, events in run(main):
+            seqs = [e["server_event_seq"] for e in events if e["type"] != "rate_limits.updated"]
+            assert seqs == list(range(1, len(seqs) + 1)), "every event exactly once, in order"
+            kinds = [e["type"] for e in events]
+            assert client.reconnects == 3 and client.gaps == 0, (client.reconnects, client.gaps)
+            assert kinds.count("session.resumed") == 3 and kinds.count("response.done") == 3
+            assert all(e["response"]["status"] == "completed" for e in events if e["type"] == "response.done")
+        relays = [_relays(url, trust) for url in s.worker_urls]
+        # Six resumes, alternating workers: some went straight to their owner, some were relayed;
+        # each relay counted once out (where TLS ended) and once in (the owner).
+        outs, ins = sum(r["out"] for r in relays), sum(r["in"] for r in relays)
+        assert outs == ins and 1 <= outs <= 5, relays
+
+
+@pytest.mark.slow
+def test_under_tls_a_resume_of_a_killed_workers_session_is_refused_at_once(tls_pair):
+    cert, key = tls_pair
+    trust = _trust(cert)
+    with serve_workers(2, "--tls-cert", str(cert), "--tls-key", str(key)) as s:
+
+        async def main():
+            client, created = await open_on(s.url, 1, ssl=trust, auto_reconnect=False)
+            lost = created["session"]["id"]
+            await client.close()
+            os.kill(s.worker_pids[1], signal.SIGKILL)
+            await anyio.sleep(0.5)
+            answers = []
+            # Twice: one try through worker 0 (its relay finds no owner), one through slot 1
+            # (down, or started again under a new generation); either way refused at once.
+            for _ in range(2):
+                asked_at = time.monotonic()
+                refusal, code = None, None
+                with contextlib.suppress(OSError, ConnectionClosed):
+                    refusal, code = await resume_of_lost(s.url, lost, ssl=trust)
+                answers.append((refusal, code, time.monotonic() - asked_at))
+            return answers
+
+        answers = run(main)
+        refused = [(r, code, took) for r, code, took in answers if r is not None]
+        assert refused, answers  # at least the try through the living worker was answered
+        for refusal, code, took in refused:
+            assert refusal["error"]["code"] == "session_lost" and code == 4404, refusal
+            assert took < 5, took
+
+
+@pytest.mark.slow
+def test_sigterm_under_tls_drains_a_relayed_session_with_its_response_done(tls_pair):
+    cert, key = tls_pair
+    trust = _trust(cert)
+    with serve_workers(2, "--tls-cert", str(cert), "--tls-key", str(key), "--drain-timeout-s", "5") as s:
+
+        async def main():
+            client, created = await open_on(s.url, 0, ssl=trust, reconnect_backoff_s=0.05)
+            events = [created]
+            try:
+                # Resumed until the resume went through worker 1's relay (the front alternates).
+                for _ in range(4):
+                    await _dropped_mid_response(client, events)
+                    if _relays(s.worker_urls[1], trust)["out"] >= 1:
+                        break
+                assert _relays(s.worker_urls[1], trust)["out"] >= 1
+                await ask(client)
+                while events[-1]["type"] != "response.created":
+                    events.append(await client.recv(timeout=10))
+                s.process.send_signal(signal.SIGTERM)
+                with contextlib.suppress(SessionLost):
+                    async for event in client.events():
+                        events.append(event)
+                        if event["type"] == "session.closed":
+                            break
+            finally:
+                await client.close()
+            return events
+
+        events = run(main)
+        kinds = [e["type"] for e in events]
+        assert kinds.count("response.done") == kinds.count("response.created"), kinds
+        assert kinds[-1] == "session.closed" and events[-1]["reason"] == "runtime_shutdown", kinds[-5:]
+        assert s.process.wait(30) == 0
