@@ -202,3 +202,12 @@ def _save(fig, path: Path, plt) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def print_and_save(report: dict[str, Any], path: str | None) -> None:
+    """A bench command's JSON report: printed, and written to ``path`` when one is given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")

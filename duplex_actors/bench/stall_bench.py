@@ -749,11 +749,9 @@ def main(argv: list[str] | None = None) -> int:
             engine_pace=args.engine_pace,
         )
     )
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    from .report import print_and_save
+
+    print_and_save(report, args.json)
     return 0
 
 

@@ -39,6 +39,7 @@ COVERED = {
         "vllm/test_vllm_bench.py",
         "test_vllm_bench_smoke_reports_every_figure_against_bare_asyncllm",
     ),
+    "tls_relay_bench": ("bench/test_bench_entry_points.py", "test_tls_relay_bench_main_tiny"),
     "wire_capacity_bench": ("bench/test_bench_entry_points.py", "test_wire_capacity_bench_main_quick"),
     "workers_bench": (
         "bench/test_workers_bench.py",
@@ -249,3 +250,37 @@ def _stall_bench(tmp_path, argv: list[str]) -> dict:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def test_tls_relay_bench_main_tiny(tmp_path):
+    """tls_relay_bench as its command runs it, at 40 frames a round: both paths measured (the
+    front alternates, so a relayed round and a direct one), each worker's CPU split reported."""
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("websockets")
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl CLI is needed to make the bench's certificate")
+    out = tmp_path / "relay.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "duplex_actors.bench.tls_relay_bench",
+            "--frames",
+            "40",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
+    report = json.loads(out.read_text())
+    assert sorted(r["path"] for r in report["rounds"]) == ["direct", "relayed"], report["rounds"]
+    for result in report["rounds"]:
+        assert set(result["by_worker_us_per_frame"]) == {"dx-worker0", "dx-worker1"}, result
+    assert {"direct_us_per_frame", "relayed_us_per_frame", "relayed_over_direct"} <= report.keys()
