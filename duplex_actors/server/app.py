@@ -426,7 +426,11 @@ class RealtimeServer:
             nonlocal sniffer
             assert self.relay_path is not None
             sniffer = RequestLineSniffer(
-                self.relay_path, serve_here, ended, on_relay=self.metrics.relays.labels("out").inc
+                self.relay_path,
+                serve_here,
+                ended,
+                on_relay=self.metrics.relays.labels("out").inc,
+                handshakes=getattr(self._ws_connection, "handshakes", None),
             )
             self._sniffers.add(sniffer)
             return sniffer

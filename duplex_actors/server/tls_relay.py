@@ -29,6 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
+from .guard import PendingHandshakes
+
 log = structlog.get_logger("duplex_actors.server.tls_relay")
 
 #: A longer request line is not a websocket upgrade we serve (as the front's plain peek).
@@ -78,6 +80,7 @@ class RequestLineSniffer(asyncio.Protocol):
         serve_here: Callable[[asyncio.Transport, bytes], None],
         on_end: Callable[[], None],
         on_relay: Callable[[], object] = lambda: None,
+        handshakes: PendingHandshakes | None = None,
     ) -> None:
         self._relay_path = relay_path
         self._serve_here = serve_here
@@ -86,6 +89,11 @@ class RequestLineSniffer(asyncio.Protocol):
         #: connection is that connection's to end, and this protocol hears nothing more of it.
         self._on_end = on_end
         self._on_relay = on_relay  # told once the relay to the owner is up
+        #: The server's count of connections still opening, per address: a connection reading
+        #: its request line here is one, as it is in a websocket connection (connection.py);
+        #: counted until it goes on (there, or relayed: the owner counts it) or ends.
+        self._handshakes = handshakes
+        self._counted: str | None = None
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -96,6 +104,24 @@ class RequestLineSniffer(asyncio.Protocol):
         self._transport = transport
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(REQUEST_LINE_TIMEOUT_S, transport.abort)
+        if self._handshakes is not None:
+            peer = transport.get_extra_info("peername")
+            address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            refusal = self._handshakes.enter(address)
+            if refusal is not None:
+                body = refusal.encode() + b"\n"
+                transport.write(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+                    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                transport.close()
+                return
+            self._counted = address
+
+    def _uncount(self) -> None:
+        if self._counted is not None and self._handshakes is not None:
+            self._handshakes.leave(self._counted)
+        self._counted = None
 
     def data_received(self, data: bytes) -> None:
         if self._pipe is not None:
@@ -116,6 +142,7 @@ class RequestLineSniffer(asyncio.Protocol):
     def _decide(self, request_line: bytes) -> None:
         transport = self._transport
         assert transport is not None
+        self._uncount()  # where it goes next counts it (the websocket connection, the owner)
         path = self._relay_path(session_id_in(request_line))
         if path is None:
             self._here()
@@ -179,6 +206,7 @@ class RequestLineSniffer(asyncio.Protocol):
         return False  # TLS has no half-close: the connection ends
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
         if self._timer is not None:
             self._timer.cancel()
         if self._pipe is not None:

@@ -145,3 +145,35 @@ async def test_a_request_line_that_never_ends_is_cut_off(tls):
         with anyio.fail_after(5):
             while server._sniffers:
                 await anyio.sleep(0.01)
+
+
+async def test_connections_reading_their_request_line_count_against_the_handshake_cap(tls):
+    """A worker under TLS reads each request line itself: those connections count as opening,
+    per address, as a websocket connection's do; past the cap, 503 at once."""
+    options, trust = tls
+    async with running_server(**options, max_handshakes_per_address=2, exempt_networks=()) as server:
+        server.relay_path = lambda sid: None
+        async with _adopting(server) as url:
+            port = int(url.split(":")[2].split("/")[0])
+            held = [
+                await asyncio.open_connection("127.0.0.1", port, ssl=trust, server_hostname="localhost")
+                for _ in range(2)
+            ]  # TLS done, no request line: both still opening
+            with anyio.fail_after(5):
+                while len(server._sniffers) < 2:
+                    await anyio.sleep(0.01)
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=trust, server_hostname="localhost"
+            )
+            with anyio.fail_after(5):
+                answer = await reader.read()
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            for _, held_writer in held:
+                held_writer.close()
+            with anyio.fail_after(5):
+                while server._sniffers:
+                    await anyio.sleep(0.01)
+            # Both left the count: a new connection opens and is served.
+            async with connect(url, ssl=trust) as ws:
+                assert (await recv_json(ws))["type"] == "session.created"
