@@ -99,6 +99,7 @@ class RequestLineSniffer(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._pipe: asyncio.Transport | None = None  # the relay socket, once connected
         self._relaying = False
+        self._connecting: asyncio.Task | None = None  # held: the loop keeps only a weak one
 
     def connection_made(self, transport) -> None:
         self._transport = transport
@@ -149,7 +150,7 @@ class RequestLineSniffer(asyncio.Protocol):
             return
         self._relaying = True
         transport.pause_reading()  # what comes meanwhile waits in the kernel, not here
-        asyncio.get_running_loop().create_task(self._connect(path))
+        self._connecting = asyncio.get_running_loop().create_task(self._connect(path))
 
     def _here(self) -> None:
         if self._timer is not None:
