@@ -19,7 +19,7 @@ import attrs
 import structlog
 
 from .front_ledger import FrontLedger
-from .tls_relay import session_id_in
+from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
 
 log = structlog.get_logger("duplex_actors.server.workers")
@@ -27,10 +27,6 @@ log = structlog.get_logger("duplex_actors.server.workers")
 #: A session id minted by the ``n``-th process started as worker ``i``: ``sess_w3g0_9f2c...``.
 #: The front routes resumes by it; a worker refuses one of another process as lost.
 _OWNED_ID = re.compile(r"^sess_w(\d{1,4})g(\d{1,6})_[0-9a-f]+$")
-#: The request line must arrive within this long after accept (slowloris guard in the front).
-REQUEST_LINE_TIMEOUT_S = 10.0
-#: A longer request line is not a websocket upgrade we serve.
-MAX_REQUEST_LINE = 8192
 #: What the front gives a client of a dead worker to read its farewell frames, then closes.
 FAREWELL_WAIT_S = 2.0
 #: How long a worker's reports may wait in the hand-off socket before the front reads them.

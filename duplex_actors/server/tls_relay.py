@@ -33,9 +33,11 @@ from .guard import PendingHandshakes
 
 log = structlog.get_logger("duplex_actors.server.tls_relay")
 
-#: A longer request line is not a websocket upgrade we serve (as the front's plain peek).
+#: A longer request line is not a websocket upgrade we serve (the front's plain peek and a
+#: worker reading a decrypted one alike).
 MAX_REQUEST_LINE = 8192
-#: The request line must arrive within this long after the TLS handshake.
+#: The request line must arrive within this long: after accept (the front, a slowloris guard)
+#: or after the TLS handshake (a worker under TLS).
 REQUEST_LINE_TIMEOUT_S = 10.0
 _LENGTH = struct.Struct(">H")
 

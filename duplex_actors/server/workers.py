@@ -143,6 +143,11 @@ class WorkerSettings:
     #: How long a worker lets responses in flight finish after SIGTERM (``--drain-timeout-s``).
     drain_timeout_s: float = 10.0
 
+    @property
+    def tls(self) -> bool:
+        """Whether the workers serve TLS (each terminates it itself: tls_relay.py)."""
+        return self.server_options.get("tls_cert") is not None
+
     def build_engine(self):
         if self.engine_factory is not None:
             return self.engine_factory()
@@ -233,7 +238,6 @@ async def _run_worker(
     listener.listen(1)
     listener.setblocking(False)
     folder = os.path.dirname(handoff_path)
-    tls = settings.server_options.get("tls_cert") is not None
     try:
         async with Runtime(
             backend,
@@ -246,7 +250,7 @@ async def _run_worker(
         ) as runtime:
             async with RealtimeServer(runtime, config) as server:
                 server.lost_session = _LostWithAnotherProcess(index, generation)
-                if tls:
+                if settings.tls:
                     # The front cannot read an encrypted request line: a resume may reach any
                     # worker, which relays it here if the session is ours (tls_relay.py).
                     relay_path = relay_socket(folder, index)
@@ -374,7 +378,7 @@ async def _run_front(
     listener.setblocking(False)
     bound = listener.getsockname()[1]
     netloc = f"[{host}]:{bound}" if ipv6 else f"{host}:{bound}"
-    tls = settings.server_options.get("tls_cert") is not None
+    tls = settings.tls
     front = FrontDoor(pool, listener, tls=tls)
     for worker in pool:
         front.listen_to(worker)

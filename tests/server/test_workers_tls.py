@@ -66,6 +66,17 @@ async def _dropped_mid_response(client: DuplexClient, events: list[dict]) -> Non
             return
 
 
+async def _until_relayed_by_worker_1(client: DuplexClient, events: list[dict], served, trust) -> None:
+    """Drop and resume ``client``'s session (worker 0's) until a resume went through worker 1's
+    relay: the front alternates, so one of the first few does."""
+    for _ in range(4):
+        await _dropped_mid_response(client, events)
+        await anyio.sleep(1.1)  # /metrics is rendered at most once a second
+        if _relays(served.worker_urls[1], trust)["out"] >= 1:
+            return
+    raise AssertionError("no resume was relayed by worker 1 in 4 tries")
+
+
 def test_under_tls_every_resume_reaches_its_session_whichever_worker_took_it(tls_pair):
     cert, key = tls_pair
     trust = _trust(cert)
@@ -144,14 +155,7 @@ def test_sigterm_under_tls_drains_a_relayed_session_with_its_response_done(tls_p
             client, created = await open_on(s.url, 0, ssl=trust, reconnect_backoff_s=0.05)
             events = [created]
             try:
-                # Resumed until the resume went through worker 1's relay (the front alternates).
-                for _ in range(4):
-                    await _dropped_mid_response(client, events)
-                    await anyio.sleep(1.1)  # a fresh /metrics
-                    relayed = _relays(s.worker_urls[1], trust)["out"]
-                    if relayed >= 1:
-                        break
-                assert relayed >= 1
+                await _until_relayed_by_worker_1(client, events, s, trust)
                 await ask(client)
                 while events[-1]["type"] != "response.created":
                     events.append(await client.recv(timeout=10))
@@ -185,11 +189,7 @@ def test_under_tls_a_session_outlives_the_worker_that_relayed_it(tls_pair):
             client, created = await open_on(s.url, 0, ssl=trust, reconnect_backoff_s=0.2)
             events = [created]
             try:
-                for _ in range(4):  # until a resume went through worker 1's relay
-                    await _dropped_mid_response(client, events)
-                    await anyio.sleep(1.1)  # a fresh /metrics
-                    if _relays(s.worker_urls[1], trust)["out"] >= 1:
-                        break
+                await _until_relayed_by_worker_1(client, events, s, trust)
                 reconnects = client.reconnects
                 os.kill(s.worker_pids[1], signal.SIGKILL)
                 # The client sees its connection end and resumes by itself; what it sends
@@ -198,10 +198,8 @@ def test_under_tls_a_session_outlives_the_worker_that_relayed_it(tls_pair):
                 resumed, before = await client.wait_for("session.resumed", timeout=20)
                 events.extend([*before, resumed])
                 await ask(client)
-                async for event in client.events():
-                    events.append(event)
-                    if event["type"] == "response.done":
-                        break
+                done, before = await client.wait_for("response.done", timeout=20)
+                events.extend([*before, done])
             finally:
                 await client.close()
             return client, events, reconnects
