@@ -33,6 +33,20 @@ async def _drain(engine, req):
     return [out async for out in engine.generate(req)]
 
 
+def _hold_decoding_after_the_first_step(engine) -> threading.Event:
+    """Stop the decode thread after its first step until the returned event is set.
+
+    Tests that fill the queue behind one running request need that request to keep its slot:
+    on a fast host its 40 tokens finished first, the slot passed to the next in line and the
+    queue had room again. Step 1 is the admission pass, whose dispatch carries the decision,
+    so a consumer still gets its first output."""
+    decoding = threading.Event()
+    engine.scheduler.add_observer(
+        lambda r: decoding.wait(30) if isinstance(r, StepRecord) and r.index > 1 else None
+    )
+    return decoding
+
+
 def test_requests_of_two_sessions_share_one_decode_step():
     async def main():
         engine = small_engine(sampling=LONG)
@@ -131,6 +145,7 @@ def test_admission_past_the_queue_bound_raises_capacity_error():
     async def main():
         engine = small_engine(sampling=LONG, max_concurrency=1, max_queue=1)
         await engine.start()
+        decoding = _hold_decoding_after_the_first_step(engine)
         running = engine.generate(request("sess_1"))
         first = await running.__anext__()  # admitted and decoding
         queued = asyncio.create_task(_drain(engine, request("sess_2")))
@@ -138,6 +153,7 @@ def test_admission_past_the_queue_bound_raises_capacity_error():
             await asyncio.sleep(0.001)
         with pytest.raises(EngineCapacityError):
             await engine.generate(request("sess_3")).__anext__()
+        decoding.set()
         rest = [out async for out in running]
         second = await queued
         await engine.aclose()
@@ -155,6 +171,7 @@ def test_one_tenant_fills_three_quarters_of_the_queue_at_most():
         engine = small_engine(sampling=LONG, max_concurrency=1, max_queue=4)
         await engine.start()
         assert engine.scheduler.max_queue_per_tenant == 3
+        decoding = _hold_decoding_after_the_first_step(engine)
         running = engine.generate(request("flood_0", tenant="key:flooder"))
         await running.__anext__()  # admitted and decoding: the one slot is taken
         queued = {}
@@ -177,6 +194,7 @@ def test_one_tenant_fills_three_quarters_of_the_queue_at_most():
         while engine.scheduler.stats().queued == 4:
             await asyncio.sleep(0.001)
         await queue("flood_4", "key:flooder")
+        decoding.set()
         await running.aclose()
         for task in queued.values():
             task.cancel()
