@@ -45,7 +45,10 @@ server speaks the binary-audio extension (docs/protocol.md), ``serve:nogate`` wi
 quiet gate off (every window through the network) and ``serve:noisy`` with the clients' audio on
 a room's noise floor (NOISY_DBFS), which no window of the gate's answers; ``serve:listens`` and
 ``serve:listens-nogate`` with LISTENING_S of silence after each utterance (a user who listens to
-the answer), with the gate and without.
+the answer), with the gate and without; ``serve:mmap256`` with the allocator as serve set it
+before (glibc's mmap threshold at 256 KiB, its trim threshold left alone: every socket read
+mapped and unmapped its own block, server/memory.py) and ``bare+alloc``, the bare server with
+serve's allocator settings.
 
 ``--rounds R`` runs every arm R times, in turn, and takes the median per N; ``--server-nice``
 runs each server's loop thread at a nice value. On a shared host the servers' latency is
@@ -127,6 +130,8 @@ LEVER_ARMS = (
     "bare+orjson+pybase64",
     "bare:binary",
     "serve:binary",
+    "serve:mmap256",
+    "bare+alloc",
 )
 FULL_SESSIONS = (25, 50, 100, 150, 200, 300, 400, 500, 700, 1000)
 QUICK_SESSIONS = (5, 20)
@@ -173,9 +178,13 @@ def _arm_options(arm: str) -> dict[str, Any]:
         "uvloop": "uvloop" in levers,
         "orjson": "orjson" in levers,
         "pybase64": "pybase64" in levers,
+        # the bare server with serve's allocator settings (server/memory.py)
+        "alloc": "alloc" in levers,
+        # serve with its allocator as before: mmap threshold 256 KiB, glibc's trim threshold
+        "mmap256": "mmap256" in variant.split("-"),
         "binary": variant == "binary",
         # manual turns: server VAD off, a commit at the end of each utterance's cycle
-        "novad": variant == "novad",
+        "novad": "novad" in variant.split("-"),
         # the accelerators (orjson, pybase64) off in the server's decoder
         "plain": variant == "plain",
         # the audio on a room's noise floor (NOISY_DBFS) instead of near-digital silence
@@ -215,6 +224,10 @@ def _bare_main(ready, control, options: dict[str, Any]) -> None:
         import pybase64
 
         b64decode = pybase64.b64decode
+    if options["alloc"]:
+        from ..server import memory
+
+        memory.configure_allocator()
     stamps = _Stamps()
     _serve_control(control, stamps)
     now = time.perf_counter_ns
@@ -293,6 +306,10 @@ def _serve_main(ready, control, options: dict[str, Any]) -> None:
     wire.decode = counted
     if options["plain"]:  # the decoder without its optional accelerator (pybase64)
         wire._b64decode = base64.b64decode
+    if options["mmap256"]:  # set first, the server's own setting is then a no-op
+        from ..server import memory
+
+        memory.configure_allocator(256 << 10, trim_threshold=None)
     _serve_control(control, stamps)
 
     async def main() -> None:

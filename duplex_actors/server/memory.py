@@ -9,10 +9,11 @@ glibc's malloc, left to itself, keeps most of what a burst of large allocations 
 
 So the server fixes the mmap threshold (:func:`configure_allocator`: blocks of at least
 ``MMAP_THRESHOLD`` are mapped and unmapped on their own, and setting it turns the dynamic
-adjustment off), and after refused input (:func:`trim_soon`) asks glibc to give back every
-free page (``malloc_trim``), debounced: once the refusals have stopped for ``TRIM_DELAY_S``,
-and at most once every ``TRIM_MIN_INTERVAL_S`` while they go on. Elsewhere than glibc both
-are no-ops. The figures are in docs/reliability.md ("Bounded memory").
+adjustment off) and the trim threshold (``TRIM_THRESHOLD``), both just above what each socket
+read allocates, and after refused input (:func:`trim_soon`) asks glibc to give back every free
+page (``malloc_trim``), debounced: once the refusals have stopped for ``TRIM_DELAY_S``, and at
+most once every ``TRIM_MIN_INTERVAL_S`` while they go on. Elsewhere than glibc both are
+no-ops. The figures are in docs/reliability.md ("Bounded memory").
 """
 
 from __future__ import annotations
@@ -22,19 +23,34 @@ import ctypes
 import ctypes.util
 import sys
 import time
+from asyncio import selector_events
 
 import structlog
 
 log = structlog.get_logger("duplex_actors.server")
 
-#: Blocks at least this large are mapped on their own and unmapped when freed.
-MMAP_THRESHOLD = 256 << 10
+#: asyncio reads every socket with ``recv(max_size)`` (256 KiB): CPython allocates that much,
+#: then shrinks it to what arrived. Both thresholds are set from that read, the server's most
+#: frequent large allocation, one per frame a client sends.
+ASYNCIO_READ_SIZE: int = getattr(
+    getattr(selector_events, "_SelectorSocketTransport", None), "max_size", 256 << 10
+)
+#: Blocks at least this large are mapped on their own and unmapped when freed. Above the read's
+#: size: at or below it, every read mapped a fresh region, faulted its first page in and
+#: unmapped it again (glibc's own default does the same, as its dynamic threshold only rises
+#: when a mapped block that large is freed, and a read's block is freed after its shrink).
+MMAP_THRESHOLD = 2 * ASYNCIO_READ_SIZE
+#: Free memory at the top of the heap past this much goes back at once. Above twice the read:
+#: a read's block is carved from the top and most of it is freed again by the shrink, which
+#: past a lower threshold gave the pages back and asked for them again on the next read.
+TRIM_THRESHOLD = 4 * ASYNCIO_READ_SIZE
 #: A trim runs this long after the last refused input ...
 TRIM_DELAY_S = 1.0
 #: ... and at most once in this long.
 TRIM_MIN_INTERVAL_S = 5.0
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
 
 
 def _load_glibc() -> ctypes.CDLL | None:
@@ -54,13 +70,18 @@ _GLIBC = _load_glibc()
 _configured = False
 
 
-def configure_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold for this process (once); False where there is no glibc."""
+def configure_allocator(
+    mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int | None = TRIM_THRESHOLD
+) -> bool:
+    """Fix glibc's mmap and trim thresholds for this process (once; ``trim_threshold`` None
+    leaves glibc's); False where there is no glibc."""
     global _configured
     if _GLIBC is None:
         return False
     if not _configured:
         _configured = bool(_GLIBC.mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
+        if trim_threshold is not None:
+            _configured = bool(_GLIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)) and _configured
     return _configured
 
 
