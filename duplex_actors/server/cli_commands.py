@@ -220,6 +220,13 @@ def register(app: typer.Typer) -> None:
             "full scale) once the stream has been quiet 256 ms and no speech was heard; far under "
             "speech, over a muted or noise-suppressed microphone (0: off, every window scored)",
         ),
+        vad_batch_window_ms: float = typer.Option(
+            10.0,
+            min=0.0,
+            help="server VAD scores every session's windows together, in batches that fill for at "
+            "most this long (a window that may end a turn never waits); 0: what one pass of the "
+            "event loop brings, for the lowest latency at more CPU a frame (docs/benchmarks.md)",
+        ),
         tls_cert: str | None = typer.Option(
             None, help="PEM certificate (chain) to serve wss:// and https:// (with --tls-key)"
         ),
@@ -275,6 +282,7 @@ def register(app: typer.Typer) -> None:
             "exempt_networks": _networks("--exempt-networks", exempt_networks),
             "trusted_proxies": _networks("--trusted-proxies", trusted_proxies),
             "vad_quiet_dbfs": vad_quiet_dbfs or None,
+            "vad_batch_window_s": vad_batch_window_ms / 1000,
         }
         chosen = "" if engine is not None else " [default]"  # the first line says which
         if engine is None:

@@ -56,6 +56,18 @@ def test_serve_is_registered_with_its_options():
     assert bad.exit_code != 0 and "--model" in bad.output
 
 
+@pytest.mark.parametrize(("given", "window_s"), [((), 0.01), (("--vad-batch-window-ms", "0"), 0.0)])
+def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, window_s):
+    # The trade-off between VAD latency and CPU a frame is the operator's (docs/benchmarks.md).
+    configs = []
+    monkeypatch.setattr(anyio, "run", lambda main, engine, config, *rest: configs.append(config))
+    result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
+    assert result.exit_code == 0, result.output
+    assert [config.vad_batch_window_s for config in configs] == [window_s]
+    negative = CliRunner().invoke(serve_app(), ["serve", "--vad-batch-window-ms", "-1"])
+    assert negative.exit_code != 0
+
+
 @pytest.mark.anyio
 async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint():
     env = dict(os.environ, DUPLEX_API_KEY="cli-key")
