@@ -292,11 +292,16 @@ async def _throughput(
     turns: int,
     asks: int,
     reps: int,
+    gc_policy: Any = "default",
 ) -> dict[str, Any]:
     """Each phase runs ``reps`` times interleaved with its bare baseline; the best of each is
-    kept (other processes on a shared machine only ever make a run slower)."""
+    kept (other processes on a shared machine only ever make a run slower). The collector runs
+    as ``serve`` runs it (``gc_policy``), for the baselines too: the policy is process-wide."""
+    from ..actors.gc_policy import GcPolicy
     from ..actors.runtime import Runtime
 
+    if gc_policy == "default":
+        gc_policy = GcPolicy()  # what ``serve`` runs with
     engine = ScriptedEngine(Script(tokens=("a",), audio_packets=0))
     best: dict[str, float] = {}
 
@@ -305,7 +310,7 @@ async def _throughput(
         if old is None or (value > old if higher else value < old):
             best[key] = value
 
-    async with Runtime(engine, reaper_interval_s=0) as rt:
+    async with Runtime(engine, reaper_interval_s=0, gc_policy=gc_policy) as rt:
         handles = [rt.open_session_nowait() for _ in range(sessions)]
         for h in handles:
             h.core.take_events()  # session.created
@@ -401,12 +406,14 @@ async def _throughput(
 def bench_throughput(
     quick: bool = True,
     sizes: tuple[int, int, int, int, int] | None = None,
+    gc_policy: Any = "default",
 ) -> dict[str, Any]:
-    """``sizes``: (sessions, appends per turn, turns, asks, repetitions)."""
+    """``sizes``: (sessions, appends per turn, turns, asks, repetitions); ``gc_policy``: the
+    collector's policy for the whole run (None: CPython's own collector)."""
     sessions, appends, turns, asks, reps = sizes or (
         (100, 10, 10, 2000, 3) if quick else (500, 10, 20, 10000, 5)
     )
-    r = anyio.run(_throughput, sessions, appends, turns, asks, reps)
+    r = anyio.run(_throughput, sessions, appends, turns, asks, reps, gc_policy)
     figs = [
         figure(
             "append tells processed",
@@ -456,6 +463,7 @@ def bench_throughput(
             "turns": turns,
             "asks": asks,
             "best_of": reps,
+            "gc_policy": "GcPolicy (as serve runs)" if gc_policy == "default" else repr(gc_policy),
         },
         "figures": figs,
         "raw": r,
