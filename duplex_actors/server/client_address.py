@@ -73,6 +73,12 @@ def peer_ip(ws: Any) -> str:
         return "?"
 
 
+def peername_ip(peer: object) -> str:
+    """The IP address in a transport's ``peername`` ("?" when there is none, or no address,
+    as for a Unix socket)."""
+    return str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+
+
 def _ip(hop: str) -> str | None:
     """The IP address of one ``X-Forwarded-For`` entry (a bare address, ``a.b.c.d:port`` or
     ``[v6]:port``, as proxies write them), normalised; None when it is not one."""

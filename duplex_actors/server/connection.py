@@ -51,8 +51,8 @@ from websockets.exceptions import PayloadTooBig
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event
 
-from . import memory
-from .client_address import forwarded_client, forwarded_for_in_head
+from . import memory, raw_http
+from .client_address import forwarded_client, forwarded_for_in_head, peername_ip
 from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subject
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
@@ -125,8 +125,7 @@ class PacedConnection(ServerConnection):
         )
         self._opening: str | None = None  # the address counted in ``handshakes`` until the request
         if self.handshakes is not None:
-            peer = self.remote_address
-            address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            address = peername_ip(self.remote_address)
             refusal = self.handshakes.enter(address)
             if refusal is not None:
                 _count_refusal("handshakes", address, refusal)
@@ -286,13 +285,7 @@ class PacedConnection(ServerConnection):
 
     def _refuse_http(self, status: int, reason: str, text: str, retry_after: int | None = None) -> None:
         # Answered here, before websockets has parsed (and held) any of the request.
-        body = (text + "\n").encode()
-        extra = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
-        self.transport.write(
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode()
-            + body
-        )
+        self.transport.write(raw_http.refusal(status, reason, text, retry_after))
         self._head = None
         self._opened()
         self.transport.close()

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import structlog
 
+from . import raw_http
 from .front_ledger import FrontLedger
 from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
@@ -172,12 +173,9 @@ class FrontDoor:
                 held = True
                 return
             self.refused += 1
-            body = b"no worker is running (one is being started again); retry shortly\n"
+            text = "no worker is running (one is being started again); retry shortly"
             with contextlib.suppress(OSError):
-                conn.send(
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
-                    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-                )
+                conn.send(raw_http.refusal(503, "Service Unavailable", text, retry_after=1))
         except (TimeoutError, OSError, ValueError) as exc:
             log.info("front.connection_dropped", error=repr(exc))
         finally:

@@ -29,6 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import structlog
 
+from . import raw_http
+from .client_address import peername_ip
 from .guard import PendingHandshakes
 
 log = structlog.get_logger("duplex_actors.server.tls_relay")
@@ -108,15 +110,10 @@ class RequestLineSniffer(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(REQUEST_LINE_TIMEOUT_S, transport.abort)
         if self._handshakes is not None:
-            peer = transport.get_extra_info("peername")
-            address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+            address = peername_ip(transport.get_extra_info("peername"))
             refusal = self._handshakes.enter(address)
             if refusal is not None:
-                body = refusal.encode() + b"\n"
-                transport.write(
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
-                    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-                )
+                transport.write(raw_http.refusal(503, "Service Unavailable", refusal, retry_after=1))
                 transport.close()
                 return
             self._counted = address
