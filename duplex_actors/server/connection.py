@@ -339,17 +339,23 @@ class PacedConnection(ServerConnection):
         budget = self._budgets.get(what)
         if budget is None:
             return
-        budget.spend(1.0, now)
-        if what not in self._timers:
-            self._pay_debt(what)
+        if what in self._timers:
+            budget.spend(1.0, now)  # already held: the timer pays the debt
+            return
+        wait = budget.charge(1.0, now)  # every frame: spend and due in one refill
+        if wait > 0.0 or what in self._holds:
+            self._owe(what, wait)
 
     def _pay_debt(self, what: str) -> None:
         self._timers.pop(what, None)
-        budget = self._budgets[what]
-        wait = budget.due(self.loop.time())
+        self._owe(what, self._budgets[what].due(self.loop.time()))
+
+    def _owe(self, what: str, wait: float) -> None:
+        """Hold reading for ``wait`` seconds of debt on one budget (released at none)."""
         if wait <= 0.0:
             self._release(what)
             return
+        budget = self._budgets[what]
         self._hold(what)
         if budget.waited_s == wait:  # the first time: once per connection and budget
             log.info(

@@ -144,9 +144,22 @@ class IntakePacer:
 
     def charge(self, amount: float, now: float) -> float:
         """Count ``amount`` accepted at ``now``; returns how long the reader waits before it
-        reads the next frame (0.0: at once)."""
-        self.spend(amount, now)
-        return self.due(now)
+        reads the next frame (0.0: at once). :meth:`spend`, then :meth:`due`, in one refill:
+        a frame is charged to two or three pacers, on every frame of every session."""
+        last = self._last
+        tokens = self._tokens
+        if now > last:
+            tokens += (now - last) * self.rate
+            if tokens > self.burst:
+                tokens = self.burst
+            self._last = now
+        tokens -= amount
+        self._tokens = tokens
+        if tokens >= 0.0:
+            return 0.0
+        wait = -tokens / self.rate
+        self.waited_s += wait
+        return wait
 
     def spend(self, amount: float, now: float) -> None:
         """Count ``amount`` the server spent on this client at ``now`` (what it sent back):

@@ -329,11 +329,8 @@ class SessionConnection:
                 if not pcm:  # the resampler is still filling its filter: nothing to hand on yet
                     metrics.frames_decoded.inc()
                     return
-                event = cmd.AppendAudio(
-                    pcm=pcm,
-                    sample_rate=handle.config.sample_rate,
-                    event_id=event.event_id,
-                    epoch=event.epoch,
+                event = cmd.AppendAudio.of(
+                    pcm, handle.config.sample_rate, event_id=event.event_id, epoch=event.epoch
                 )
             if isinstance(event, wire.SessionUpdate):
                 event = self._session_update(record, event)

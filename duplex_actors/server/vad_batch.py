@@ -63,7 +63,7 @@ class VadJob:
             # Created only when someone waits: most jobs are delivered before the next frame.
             # Shared by all who wait (the reader, and a resume pushing its connection out).
             if self._waiter is None:
-                self._waiter = anyio.Event()
+                self._waiter = self._batcher.new_event()
             self._batcher.hurry()
             await self._waiter.wait()
 
@@ -103,6 +103,16 @@ class VadBatcher:
         self.flushes = 0
         self.windows = 0
         self.largest_batch = 0
+        self._event_class: type[anyio.Event] | None = None
+
+    def new_event(self) -> anyio.Event:
+        """An event for a reader waiting on its job. Of the running backend's own class:
+        ``anyio.Event()`` looks the backend up on every call, four times the event's cost, and
+        a server short of CPU has a reader waiting on nearly every frame."""
+        cls = self._event_class
+        if cls is None:
+            cls = self._event_class = type(anyio.Event())
+        return cls()
 
     def submit(
         self,

@@ -226,7 +226,7 @@ def _append_of(
 ) -> ClientEvent:
     """The session's own pcm16 at its rate goes straight in; anything else is converted first."""
     if declared.type == PCM and declared.rate == sample_rate:
-        return cmd.AppendAudio(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch)
+        return cmd.AppendAudio.of(pcm, sample_rate, event_id=event_id, epoch=epoch)
     return EncodedAudio(data=pcm, format=declared, event_id=event_id, epoch=epoch)
 
 

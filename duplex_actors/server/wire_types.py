@@ -335,6 +335,14 @@ def _json_type(value: Any) -> str:
 
 
 def _depth_ok(value: Any, limit: int) -> bool:
+    if limit >= 2 and type(value) is dict:
+        # One flat object, what nearly every frame is (every append): its values are the
+        # second level, and nothing is under them.
+        for item in value.values():
+            if isinstance(item, (dict, list)):
+                break
+        else:
+            return True
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()

@@ -75,6 +75,34 @@ def test_a_reader_that_honours_the_pacer_never_takes_more_than_burst_plus_rate_t
     assert p.waited_s >= 0.0
 
 
+@given(
+    rate=st.floats(0.5, 5000.0),
+    burst=st.floats(0.05, 5000.0),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["charge", "spend", "due"]), st.floats(0.0, 600.0), st.floats(0.0, 0.5)),
+        max_size=80,
+    ),
+)
+def test_charge_is_spend_then_due(rate, burst, steps):
+    # charge refills once for both (it runs on every frame); it must answer and leave the
+    # bucket as spend followed by due do, whatever came before.
+    fused = guard.IntakePacer(rate=rate, burst=burst, now=0.0)
+    twin = guard.IntakePacer(rate=rate, burst=burst, now=0.0)
+    now = 0.0
+    for kind, amount, idle in steps:
+        now += idle
+        if kind == "charge":
+            got = fused.charge(amount, now)
+            twin.spend(amount, now)
+            assert got == twin.due(now)
+        elif kind == "spend":
+            fused.spend(amount, now)
+            twin.spend(amount, now)
+        else:
+            assert fused.due(now) == twin.due(now)
+        assert (fused._tokens, fused._last, fused.waited_s) == (twin._tokens, twin._last, twin.waited_s)
+
+
 def test_quotas_count_per_key_and_address_and_detached_and_release_gives_back():
     q = guard.AdmissionQuotas(max_per_key=2, max_per_address=3, max_detached=1)
     ka, kb = guard.key_digest("a"), guard.key_digest("b")

@@ -89,6 +89,11 @@ class _PacerOnTheLedgersClock(guard.IntakePacer):
     def _refill(self, now: float) -> None:
         pass
 
+    def charge(self, amount: float, now: float) -> float:
+        # spend, then due (the pacer's own charge refills inline, from the host's clock)
+        self._tokens -= amount
+        return self.due(now)
+
     def due(self, now: float) -> float:
         wait = super().due(now)
         self._tokens += wait * self.rate  # the reader waits it out: level again

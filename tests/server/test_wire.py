@@ -4,6 +4,8 @@ import base64
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from duplex_actors.core import commands as cmd
 from duplex_actors.errors import DuplexError, InvalidCommand
@@ -184,6 +186,29 @@ def test_deep_nesting_is_refused_not_crashing():
         wire.decode('{"type": "heartbeat", "x": ' + "[" * 32 + "]" * 32 + "}")
     wide = '{"type": "heartbeat", "x": [' + ",".join(["[[1]]"] * 20) + "]}"  # 62 brackets, depth 4
     assert wire.decode(wide).TRIGGER == "heartbeat"
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 1
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@given(value=_JSON, limit=st.integers(0, 8))
+def test_the_nesting_check_is_the_values_depth_against_the_limit(value, limit):
+    # Flat objects (every append) take a shortcut; it must agree with the walk everywhere.
+    from duplex_actors.server.wire_types import _depth_ok
+
+    assert _depth_ok(value, limit) == (_depth(value) <= limit)
 
 
 def test_a_frame_of_many_tiny_values_is_refused_before_it_is_parsed():
