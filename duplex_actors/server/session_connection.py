@@ -251,7 +251,7 @@ class SessionConnection:
                 if replies is not None:
                     # What the replies to earlier frames cost is paid before this one is read:
                     # the writer charges them as they go out, after the frames that asked.
-                    owed = replies.due(self.server.runtime.clock.now())
+                    owed = replies.due(now())
                     if owed:
                         self._held_back(replies, owed, "frames")
                         await anyio.sleep(owed)
@@ -272,12 +272,13 @@ class SessionConnection:
                 if cost_mark is not None:
                     # Billed in CPU time, collections excepted: not the wall clock (frame_cost).
                     cost = max(0.0, frame_cost.billed_since(cost_mark) - self.frame_credit)
+                    handled = now()
                     if handling is not None:
-                        self._pace(handling, cost, "handling")
+                        self._pace(handling, cost, "handling", handled)
                     if loop_share is not None:
                         # And to the client, whose sessions share the loop with other clients'
                         # (its next frame, on any connection, waits for it: above).
-                        loop_share.charge(tenant, cost, now())
+                        loop_share.charge(tenant, cost, handled)
                 if self.pace_wait:
                     wait, self.pace_wait = self.pace_wait, 0.0
                     await anyio.sleep(wait)
@@ -306,15 +307,17 @@ class SessionConnection:
         assert record is not None
         handle = record.handle
         metrics = self.server.metrics
+        now = self.server.runtime.clock.now()  # one reading for the frame's pacers
         if record.frame_pacer is not None:
             # Every frame, accepted or refused: its decoding is the work being paced.
-            self._pace(record.frame_pacer, _frame_bytes(frame), "frames")
+            self._pace(record.frame_pacer, _frame_bytes(frame), "frames", now)
         event = None
         try:
+            session_rate = handle.config.sample_rate
             event = wire.decode(
                 frame,
                 self.server.config.limits,
-                sample_rate=handle.config.sample_rate,
+                sample_rate=session_rate,
                 input_format=record.wire.input_format,
                 binary_audio=record.wire.binary_audio,
             )
@@ -329,27 +332,24 @@ class SessionConnection:
                 if not pcm:  # the resampler is still filling its filter: nothing to hand on yet
                     metrics.frames_decoded.inc()
                     return
-                event = cmd.AppendAudio.of(
-                    pcm, handle.config.sample_rate, event_id=event.event_id, epoch=event.epoch
-                )
-            if isinstance(event, wire.SessionUpdate):
-                event = self._session_update(record, event)
-            if isinstance(event, wire.AudioItemCreate):
-                event = _item_audio(event, handle.config.sample_rate)
-            if isinstance(event, cmd.CommitInput) and not record.converter.passthrough:
-                # The resampler holds the last few ms back for its filter: they belong to this
-                # commit, so they go in first.
-                tail = record.converter.flush()
-                if tail:
-                    rate = handle.config.sample_rate
-                    self._append(record, cmd.AppendAudio(pcm=tail, sample_rate=rate))
-            if isinstance(event, cmd.ClearInput):
-                record.converter.reset()  # what the resampler held back is cleared too
-            if isinstance(event, cmd.AppendAudio):
+                event = cmd.AppendAudio.of(pcm, session_rate, event_id=event.event_id, epoch=event.epoch)
+            if type(event) is cmd.AppendAudio:  # nearly every frame: the rest is not asked of it
                 self._append(record, event)
                 if record.pacer is not None:
-                    self._pace(record.pacer, len(event.pcm) / (2 * event.sample_rate), "audio")
+                    self._pace(record.pacer, len(event.pcm) / (2 * event.sample_rate), "audio", now)
             else:
+                if isinstance(event, wire.SessionUpdate):
+                    event = self._session_update(record, event)
+                if isinstance(event, wire.AudioItemCreate):
+                    event = _item_audio(event, session_rate)
+                if isinstance(event, cmd.CommitInput) and not record.converter.passthrough:
+                    # The resampler holds the last few ms back for its filter: they belong to
+                    # this commit, so they go in first.
+                    tail = record.converter.flush()
+                    if tail:
+                        self._append(record, cmd.AppendAudio(pcm=tail, sample_rate=session_rate))
+                if isinstance(event, cmd.ClearInput):
+                    record.converter.reset()  # what the resampler held back is cleared too
                 self._tell(event)
         except DuplexError as err:
             self._refuse(err, event)
@@ -376,8 +376,8 @@ class SessionConnection:
         err.code = "internal_error"
         self._refuse(err, None)
 
-    def _pace(self, pacer: guard.IntakePacer, amount: float, what: str) -> None:
-        wait = pacer.charge(amount, self.server.runtime.clock.now())
+    def _pace(self, pacer: guard.IntakePacer, amount: float, what: str, now: float) -> None:
+        wait = pacer.charge(amount, now)
         if wait:
             # Both pacers may ask for a wait after one frame: the reader waits the longer.
             self.pace_wait = max(self.pace_wait, wait)
@@ -489,11 +489,12 @@ class SessionConnection:
         record = self.record
         if not cost or record is None:
             return
+        now = self.server.runtime.clock.now()
         if record.handling_pacer is not None:
-            self._pace(record.handling_pacer, cost, "handling")
+            self._pace(record.handling_pacer, cost, "handling", now)
         loop_share = self.server.loop_share
         if loop_share is not None:
-            loop_share.charge(record.handle.tenant, cost, self.server.runtime.clock.now())
+            loop_share.charge(record.handle.tenant, cost, now)
 
     async def _write_loop(self) -> None:
         record = self.record
