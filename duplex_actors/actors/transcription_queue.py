@@ -37,6 +37,7 @@ import attrs
 
 from ..audio.turn_pieces import MAX_PIECE_S, next_cut
 from ..core.actions import InputTranscript, TranscribeInput
+from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
 from ..core.fair_share import FairShare
 
 
@@ -333,8 +334,6 @@ class InputSpeculator:
         """ServerVad's commands for one chunk, in order; ``speech``: one of its VAD frames
         was speech (a probability at or above the detector's release level), so the quiet,
         if any, is over."""
-        from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
-
         for command in commands:
             if isinstance(command, SpeechStartedSignal):
                 if self._unclaimed:

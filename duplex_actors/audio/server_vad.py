@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import attrs
-
 from ..core.clock import MONOTONIC, Clock
 from ..core.commands import AppendAudio, Command, SpeechStartedSignal, SpeechStoppedSignal
 from .turn_detection import SpeechStarted, TurnDetectionConfig, TurnDetector
@@ -92,7 +90,17 @@ class ServerVad:
             else:
                 self.speech_stopped += 1
                 out.append(SpeechStoppedSignal(audio_ms=signal.audio_end_ms))
-        out.append(attrs.evolve(command, speech=speech))
+        # AppendAudio.of, not attrs.evolve: the same command with the verdict, built by the
+        # appends' own fast path (evolve re-runs every field's validator, on every chunk).
+        out.append(
+            AppendAudio.of(
+                command.pcm,
+                command.sample_rate,
+                event_id=command.event_id,
+                epoch=command.epoch,
+                speech=speech,
+            )
+        )
         if self.listener is not None:
             release = cfg.threshold - cfg.hysteresis
             self.listener.heard(out, any(p >= release for p in probabilities))

@@ -411,9 +411,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             Step, ("append", now, command, None, None, None, now if received_at is None else received_at)
         )
         try:
-            for name in checks:
-                if not _GUARD_FUNCTIONS[name](self, step):
-                    raise CHECKS[name].refusal(state, "append", _GUARD_FUNCTIONS.facts(name, self, step))
+            self._run_append_checks(checks, state, step)
             self._fx_buffer_audio(step)
         except DuplexError as err:
             self.counters.rejected += 1
@@ -437,6 +435,13 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             self._input_ms += len(command.pcm) / 2 / self.config.sample_rate * 1000.0
         if self._outbox.overflowed:
             self._close_slow_consumer()
+
+    def _run_append_checks(self, checks: tuple[str, ...], state: str, step: Step) -> None:
+        """The chart's append row's checks in this state, in its order: each failure refused
+        with the check's own error, as resolving the row would refuse it."""
+        for name in checks:
+            if not _GUARD_FUNCTIONS[name](self, step):
+                raise CHECKS[name].refusal(state, "append", _GUARD_FUNCTIONS.facts(name, self, step))
 
     def on_engine_output(self, output: EngineOutput) -> None:
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""
@@ -497,7 +502,15 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         command itself is then handled as usual, and the chart decides again."""
         step = Step(command.TRIGGER, self.clock.now(), command)
         try:
-            self.chart.resolve_on(self, _GUARD_FUNCTIONS, self._state, step.trigger, step)  # guards are pure
+            # An append where the row is "check, then buffer" (server VAD asks about every
+            # chunk before it hears it): the row's checks are all resolving it could do.
+            checks = self.chart.append_buffers_in.get(self._state) if step.trigger == "append" else None
+            if checks is not None:
+                self._run_append_checks(checks, self._state, step)
+            else:
+                self.chart.resolve_on(
+                    self, _GUARD_FUNCTIONS, self._state, step.trigger, step
+                )  # guards are pure
         except DuplexError as err:
             err.with_event_id(command.event_id)
             raise

@@ -77,11 +77,16 @@ class Pair:
 
     def both(self, step) -> None:
         fast_state = self.fast.state in CHART.append_buffers_in
+        if isinstance(step, cmd.Command):
+            # check() asks the chart without applying (server VAD asks it of every chunk): the
+            # same answer on both paths, and nothing changed (the ledgers compare below).
+            answers = [_check(core, step) for core in (self.fast, self.full)]
+            assert answers[0] == answers[1], step
         outcomes = [_apply(core, step) for core in (self.fast, self.full)]
         assert outcomes[0] == outcomes[1], step
         # (A stale or future fence is one of the row's checks: the full core resolves it too.)
         if isinstance(step, cmd.AppendAudio) and fast_state:
-            self.fast_appends += 1
+            self.fast_appends += 2  # its check and its handling
         self.check()
 
     def check(self) -> None:
@@ -100,6 +105,14 @@ def _apply(core: SessionCore, step):
             core.handle(step, received_at=core.clock.now())
         else:
             core.on_engine_output(_engine_output(core, *step))
+    except DuplexError as err:
+        return (type(err).__name__, str(err), err.event_id)
+    return ("ok",)
+
+
+def _check(core: SessionCore, command: cmd.Command):
+    try:
+        core.check(command)
     except DuplexError as err:
         return (type(err).__name__, str(err), err.event_id)
     return ("ok",)
