@@ -170,20 +170,21 @@ class SessionActor:
             # same core call, same settling. It saves the mailbox, the ready queue and a
             # dispatcher wake-up per chunk, the runtime's most frequent path.
             self.mailbox.accepted += 1  # accepted, and never waited: the high water stays
-            self._handle_now(command)
+            # What the dispatcher does for a told command (_handle_command, then _settle),
+            # inline for the most frequent message.
+            core = self.core
+            try:
+                try:
+                    core.handle(command, received_at=core.clock.now())
+                except DuplexError as err:
+                    core.emit_error(err)
+            except Exception as exc:  # a bug in one session fails that session only
+                self._failed(exc)
+            self._settle()
             return
         self.mailbox.put(_DATA, (command, None, self.core.clock.now()))
         if not self.scheduled:  # Runtime._schedule's own test, saving the call per append
             self.runtime._schedule(self)
-
-    def _handle_now(self, command: Command) -> None:
-        """Process one told command in the caller's task (see :meth:`tell_audio`), as the
-        dispatcher processes a queued one."""
-        try:
-            self._handle_command(command, None, self.core.clock.now())
-        except Exception as exc:  # a bug in one session fails that session only
-            self._failed(exc)
-        self._settle()
 
     async def ask(self, command: Command, timeout: float | None = 5.0) -> None:
         """Queue a command and wait until it was processed; its error is raised here."""

@@ -411,7 +411,10 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             Step, ("append", now, command, None, None, None, now if received_at is None else received_at)
         )
         try:
-            self._run_append_checks(checks, state, step)
+            # _run_append_checks, inline: this is every append's path.
+            for name in checks:
+                if not _GUARD_FUNCTIONS[name](self, step):
+                    raise CHECKS[name].refusal(state, "append", _GUARD_FUNCTIONS.facts(name, self, step))
             self._fx_buffer_audio(step)
         except DuplexError as err:
             self.counters.rejected += 1
