@@ -107,8 +107,8 @@ class VadBatcher:
 
     def new_event(self) -> anyio.Event:
         """An event for a reader waiting on its job. Of the running backend's own class:
-        ``anyio.Event()`` looks the backend up on every call, four times the event's cost, and
-        a server short of CPU has a reader waiting on nearly every frame."""
+        ``anyio.Event()`` looks the backend up on every call, which costs more than the event,
+        and a server short of CPU has a reader waiting on nearly every frame."""
         cls = self._event_class
         if cls is None:
             cls = self._event_class = type(anyio.Event())
