@@ -20,7 +20,6 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import anyio
 import structlog
 
 from ..audio.vad import score_frames
@@ -54,7 +53,7 @@ class VadJob:
         self.deliver = deliver
         self.done = False
         self._batcher = batcher
-        self._waiter: anyio.Event | None = None
+        self._waiter: asyncio.Event | None = None
 
     async def settled(self) -> None:
         """Return once the job has been delivered; a job someone waits for is scored at the
@@ -63,7 +62,10 @@ class VadJob:
             # Created only when someone waits: most jobs are delivered before the next frame.
             # Shared by all who wait (the reader, and a resume pushing its connection out).
             if self._waiter is None:
-                self._waiter = self._batcher.new_event()
+                # asyncio's own event, as the batcher's timers are asyncio's: anyio.Event()
+                # looks the backend up on every call, and a server short of CPU has a reader
+                # waiting here on nearly every frame.
+                self._waiter = asyncio.Event()
             self._batcher.hurry()
             await self._waiter.wait()
 
@@ -103,16 +105,6 @@ class VadBatcher:
         self.flushes = 0
         self.windows = 0
         self.largest_batch = 0
-        self._event_class: type[anyio.Event] | None = None
-
-    def new_event(self) -> anyio.Event:
-        """An event for a reader waiting on its job. Of the running backend's own class:
-        ``anyio.Event()`` looks the backend up on every call, which costs more than the event,
-        and a server short of CPU has a reader waiting on nearly every frame."""
-        cls = self._event_class
-        if cls is None:
-            cls = self._event_class = type(anyio.Event())
-        return cls()
 
     def submit(
         self,
