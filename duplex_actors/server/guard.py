@@ -121,6 +121,11 @@ class FloodGuard:
         self.refused += 1
         return self._bucket.charge(1.0, now) > 0.0
 
+    def has_room(self, now: float) -> bool:
+        """Whether one more refused frame at ``now`` would still be within the budget (counts
+        nothing): a frame handled where the connection cannot be closed asks this first."""
+        return self._bucket.level(now) >= 1.0
+
 
 class IntakePacer:
     """Token bucket over an amount a client sends (seconds of audio, or bytes of frames):
@@ -166,6 +171,11 @@ class IntakePacer:
         nothing waits now, the debt is paid by the reader's next wait."""
         self._refill(now)
         self._tokens -= amount
+
+    def level(self, now: float) -> float:
+        """The tokens at ``now`` (below 0: in debt), counting no wait."""
+        self._refill(now)
+        return self._tokens
 
     def due(self, now: float) -> float:
         """How long the reader waits at ``now`` to pay what is owed (0.0: nothing is)."""

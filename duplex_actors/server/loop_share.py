@@ -155,17 +155,26 @@ class LoopShare:
     def hold(self, tenant: Hashable, now: float) -> float:
         """The seconds ``tenant``'s readers should wait before handling their next frame (0:
         none): until its recent rate has decayed to its share, at most ``max_wait_s``."""
+        over = self._over_share(tenant, now)
+        if over <= 1.0:
+            return 0.0
+        wait = min(self.max_wait_s, self.window_s * math.log(over))
+        self.held_s += wait
+        return wait
+
+    def holds(self, tenant: Hashable, now: float) -> bool:
+        """Whether :meth:`hold` would ask ``tenant``'s readers to wait at ``now``, counting no
+        wait (a frame handled where no reader can wait asks this first)."""
+        return self._over_share(tenant, now) > 1.0
+
+    def _over_share(self, tenant: Hashable, now: float) -> float:
+        """``tenant``'s recent rate over the fair share (0.0 while the loop has room)."""
         if now - self._share_at >= self.recompute_s:
             self._recompute(now)
         share = self._share
         if share is None:
             return 0.0
-        rate = self.rate(tenant, now)
-        if rate <= share:
-            return 0.0
-        wait = min(self.max_wait_s, self.window_s * math.log(rate / share))
-        self.held_s += wait
-        return wait
+        return self.rate(tenant, now) / share
 
     def bill(self, tenant: Hashable, seconds: float, now: float) -> float:
         """:meth:`charge` ``tenant`` for a frame, then :meth:`hold`."""

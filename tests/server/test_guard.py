@@ -3,6 +3,8 @@ quotas, key match."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -219,3 +221,42 @@ def test_an_ipv6_client_is_counted_by_its_64_block_and_a_mapped_ipv4_one_by_its_
     assert guard.client_subject("::ffff:192.0.2.7") == "192.0.2.7" == guard.client_subject("192.0.2.7")
     assert guard.client_subject("fe80::1%eth0") == "fe80::/64"
     assert guard.client_subject("?") == "?" and guard.client_subject("/run/app.sock") == "/run/app.sock"
+
+
+@given(
+    rate=st.floats(0.5, 500.0),
+    burst=st.floats(1.0, 100.0),
+    steps=st.lists(st.tuples(st.sampled_from(["refuse", "ask"]), st.floats(0.0, 0.5)), max_size=80),
+)
+def test_has_room_says_whether_one_more_refusal_stays_within_the_flood_budget(rate, burst, steps):
+    # The connection handles a frame outside its reader only when a refusal of it could not
+    # end the connection: has_room must foretell over_budget exactly, and count nothing.
+    flood = guard.FloodGuard(rate=rate, burst=burst, now=0.0)
+    now = 0.0
+    for kind, idle in steps:
+        now += idle
+        if kind == "refuse":
+            flood.over_budget(now)
+            continue
+        refused, tokens, waited = flood.refused, flood._bucket._tokens, flood._bucket.waited_s
+        room = flood.has_room(now)
+        assert flood.refused == refused and flood._bucket.waited_s == waited
+        assert flood._bucket._tokens >= tokens  # a refill at most
+        assert room == (not copy.deepcopy(flood).over_budget(now))
+
+
+@given(
+    rate=st.floats(0.5, 5000.0),
+    burst=st.floats(0.05, 5000.0),
+    steps=st.lists(st.tuples(st.floats(0.0, 600.0), st.floats(0.0, 0.5)), max_size=80),
+)
+def test_level_is_in_debt_exactly_when_due_would_ask_a_wait_and_counts_none(rate, burst, steps):
+    pacer = guard.IntakePacer(rate=rate, burst=burst, now=0.0)
+    now = 0.0
+    for amount, idle in steps:
+        now += idle
+        pacer.spend(amount, now)
+        waited = pacer.waited_s
+        in_debt = pacer.level(now) < 0.0
+        assert pacer.waited_s == waited
+        assert in_debt == (copy.deepcopy(pacer).due(now) > 0.0)

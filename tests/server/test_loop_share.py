@@ -3,6 +3,7 @@ share waits; under capacity, or alone, nobody does; idle clients are forgotten."
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -212,3 +213,24 @@ def test_a_tenant_within_the_floor_is_never_held_however_many_share_the_loop():
 def test_a_negative_floor_is_refused():
     with pytest.raises(ValueError):
         LoopShare(0.5, tenant_floor_s_per_s=-0.1)
+
+
+@given(
+    bills=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.floats(0.0, 0.05), st.floats(0.0, 0.05)),
+        min_size=1,
+        max_size=120,
+    )
+)
+def test_holds_says_whether_hold_would_ask_a_wait_and_counts_none(bills):
+    # A frame is handled outside its reader only when the client's share asks no wait: holds
+    # must agree with hold, and leave the wait it would ask uncounted.
+    share = LoopShare(0.3, recompute_s=0.02)
+    now = 0.0
+    for tenant, seconds, idle in bills:
+        now += idle
+        share.charge(tenant, seconds, now)
+        held = share.held_s
+        holds = share.holds(tenant, now)
+        assert share.held_s == held
+        assert holds == (copy.deepcopy(share).hold(tenant, now) > 0.0)
