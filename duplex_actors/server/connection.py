@@ -57,7 +57,12 @@ from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subj
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
 from .opening_slots import OpeningSlots
-from .ws_internals import drop_parser_traceback, release_closed_connection, route_read_queue_flow
+from .ws_internals import (
+    drop_parser_traceback,
+    next_to_read,
+    release_closed_connection,
+    route_read_queue_flow,
+)
 
 log = structlog.get_logger("duplex_actors.server")
 
@@ -109,6 +114,11 @@ class PacedConnection(ServerConnection):
     #: The client of a connection another worker relays here (tls_relay.py): its socket's peer
     #: is that worker's relay, so the address is passed along and counted instead.
     relayed_peer: tuple | None = None
+    #: Offered each whole message (one unfragmented frame) as the parser hands it over, while
+    #: the read queue is empty; it returns whether it took the message, which otherwise goes
+    #: to the queue for ``recv()``. Set by the session's reader (session_connection.py, "Frames
+    #: handled as they are parsed").
+    offer: Callable[[str | bytes], bool] | None = None
 
     @property
     def remote_address(self) -> Any:
@@ -309,11 +319,29 @@ class PacedConnection(ServerConnection):
             return
         if self._too_many_fragments(event):
             return
-        super().process_event(event)
+        if self.offer is None or not self._offered(event):
+            super().process_event(event)
         now = self.loop.time()
         self._charge("frame_count", now)
         if event.opcode in _CONTROL:
             self._charge("control", now)
+
+    def _offered(self, frame: Frame) -> bool:
+        """Whether :attr:`offer` took ``frame``: only a whole message, and only with nothing
+        queued before it (the reader would then see the messages out of order)."""
+        assert self.offer is not None
+        if not frame.fin or not next_to_read(self):
+            return False
+        if frame.opcode is Opcode.TEXT:
+            try:
+                message: str | bytes = str(frame.data, "utf-8")
+            except UnicodeDecodeError:
+                return False  # recv() fails the connection for it, as websockets does
+        elif frame.opcode is Opcode.BINARY:
+            message = bytes(frame.data)
+        else:
+            return False
+        return self.offer(message)
 
     def _too_many_fragments(self, frame: Frame) -> bool:
         if frame.opcode is Opcode.CONT:

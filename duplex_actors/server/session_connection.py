@@ -9,6 +9,21 @@ chart's decision: the connection fires its triggers (``socket_lost``, ``session_
 ``takeover``, ``flood``, ``slow_consumer``, ``drain``) and performs the effects it gets back,
 each a ``_fx_<name>`` method here. What it costs is billed through the loop-share ledger
 (:mod:`.billing`).
+
+Frames handled as they are parsed
+---------------------------------
+A real-time client sends an append every 20 ms, and the reader is waiting in ``recv()`` for
+each: handing the frame to it through websockets' read queue wakes a task for every frame
+(what that costs: docs/benchmarks.md, "Appends handled as they are parsed"). So while the
+reader waits with no frame in hand, the connection (:class:`.connection.PacedConnection`)
+offers each whole message to :meth:`SessionConnection._offer` as websockets' parser hands it
+over, and an append is handled there and then, billed and paced as the reader would. Anything
+that would make the reader wait first (a pacer or the client's loop share in debt, the last
+append still in the VAD batcher, a resume holding reading, a flood budget with no room for
+one more refusal) leaves the frame to the reader, and so does every event but an append:
+those are rare, and some need the reader's task. A frame left to the reader is queued, and
+the queue holds every later frame behind it until the reader has taken it, so the session
+gets the client's frames in the order they were sent.
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ from .config import (
     CLOSE_SLOW_CONSUMER,
     CLOSE_SUPERSEDED,
 )
+from .connection import PacedConnection
 from .vad_batch import VadJob
 from .worker_link import FrontLink
 
@@ -128,6 +144,10 @@ class SessionRecord(Account):
         )
 
 
+#: An append as the wire decodes it: at the session's rate, or still to be converted.
+_Append = cmd.AppendAudio | wire.EncodedAudio
+
+
 class SessionConnection:
     """One websocket connection carrying one session: a reader and a writer over the
     connection chart (:mod:`duplex_actors.core.connection_chart`), which decides how the
@@ -148,6 +168,9 @@ class SessionConnection:
         "vad_job",
         "frame_credit",
         "reading_gate",
+        "awaiting_frame",
+        "paced_at",
+        "decoded",
     )
 
     def __init__(self, server: RealtimeServer, ws: ServerConnection) -> None:
@@ -169,6 +192,14 @@ class SessionConnection:
         )
         self.flooding = False
         self.pace_wait = 0.0  # set by _on_frame, waited out by _read_loop
+        #: When a frame handled as it was parsed asked for ``pace_wait`` (perf_counter): the
+        #: reader waits out what is left of it before the next frame (_offer).
+        self.paced_at = 0.0
+        #: Whether the reader is waiting in ``recv()`` with no frame in hand: only then may a
+        #: frame be handled as it is parsed (_offer), before the reader's own next one.
+        self.awaiting_frame = False
+        #: A frame _offer decoded and left to the reader, with its event (decoded once).
+        self.decoded: tuple[str | bytes, wire.ClientEvent] | None = None
         #: The last append handed to the server's VAD batcher: the next frame waits for it.
         self.vad_job: VadJob | None = None
         #: What the frame being handled did for others and must not be billed for: a VAD
@@ -227,9 +258,26 @@ class SessionConnection:
         billed = handling is not None or loop_share is not None
         tenant = record.handle.tenant
         now = self.server.runtime.clock.now
+        offers_to = self.ws if isinstance(self.ws, PacedConnection) else None
+        if offers_to is not None and self.server.config.handle_frames_as_parsed:
+            offers_to.offer = self._offer
         try:
             while True:
+                self.awaiting_frame = True
                 frame = await self.ws.recv()
+                self.awaiting_frame = False
+                if self.flooding:
+                    # Put over the flood budget while the reader waited (a frame handled as it
+                    # was parsed, or a VAD batch scored meanwhile): no frame after it is read.
+                    await self._flood()
+                    return
+                if self.pace_wait:
+                    # A frame handled as it was parsed asked for a wait (_offer): what is left
+                    # of it is waited out before this frame.
+                    wait, self.pace_wait = self.pace_wait - (clock() - self.paced_at), 0.0
+                    if wait > 0.0:
+                        await anyio.sleep(wait)
+                        slice_began = done = clock()
                 if self.vad_job is not None:
                     # The session gets this frame's commands after the last append's.
                     await self.vad_job.settled()
@@ -262,23 +310,10 @@ class SessionConnection:
                 began = clock()
                 if began - done > READ_GAP_S:
                     slice_began = began  # the reader waited for this frame: a new slice
-                cost_mark = frame_cost.mark() if billed else None
-                self.frame_credit = 0.0
-                self._on_frame(frame)
-                if self.flooding:
+                if not self._handle(frame, None, billed):
                     await self._flood()
                     return
                 done = clock()
-                if cost_mark is not None:
-                    # Billed in CPU time, collections excepted: not the wall clock (frame_cost).
-                    cost = max(0.0, frame_cost.billed_since(cost_mark) - self.frame_credit)
-                    handled = now()
-                    if handling is not None:
-                        self._pace(handling, cost, "handling", handled)
-                    if loop_share is not None:
-                        # And to the client, whose sessions share the loop with other clients'
-                        # (its next frame, on any connection, waits for it: above).
-                        loop_share.charge(tenant, cost, handled)
                 if self.pace_wait:
                     wait, self.pace_wait = self.pace_wait, 0.0
                     await anyio.sleep(wait)
@@ -288,6 +323,75 @@ class SessionConnection:
                     slice_began = done = clock()
         except ConnectionClosed as exc:
             self.said_goodbye = exc.rcvd is not None and exc.rcvd.code == 1000 and bool(exc.rcvd_then_sent)
+        finally:
+            if offers_to is not None:
+                offers_to.offer = None
+
+    def _handle(self, frame: str | bytes, decoded: _Append | None, billed: bool) -> bool:
+        """Handle one frame (``decoded``: its event, when the caller decoded it already) and
+        bill what it cost; False when its refusal put the client over its flood budget."""
+        cost_mark = frame_cost.mark() if billed else None
+        self.frame_credit = 0.0
+        self._on_frame(frame, decoded)
+        if self.flooding:
+            return False
+        if cost_mark is not None:
+            # Billed in CPU time, collections excepted: not the wall clock (frame_cost). To the
+            # session's handling pace, and to the client, whose sessions share the loop with
+            # other clients' (its next frame, on any connection, waits for it: _read_loop).
+            self._bill(max(0.0, frame_cost.billed_since(cost_mark) - self.frame_credit))
+        return True
+
+    def _offer(self, frame: str | bytes) -> bool:
+        """An append handled as websockets' parser hands it over (module doc, "Frames handled
+        as they are parsed"); False leaves the frame to the reader, which waits out whatever
+        would hold it back, as it does for every frame it reads."""
+        record = self.record
+        if (
+            record is None
+            or not self.awaiting_frame
+            or self.pace_wait
+            or self.flooding
+            or self.reading_gate is not None
+            or self.lifecycle.state == SUPERSEDED
+            or (record.vad_settings is not None and record.vad is None)  # built by the reader
+        ):
+            return False
+        job = self.vad_job
+        if job is not None and not job.done:
+            return False
+        server = self.server
+        now = server.runtime.clock.now()
+        loop_share = server.loop_share
+        tenant = record.handle.tenant
+        if loop_share is not None and loop_share.holds(tenant, now):
+            return False
+        if record.frame_pacer is not None and record.frame_pacer.level(now) < 0.0:
+            return False
+        if not self.flood.has_room(now):
+            return False  # a refusal would end the connection, which only the reader can do
+        try:
+            event = wire.decode(
+                frame,
+                server.config.limits,
+                sample_rate=record.handle.config.sample_rate,
+                input_format=record.wire.input_format,
+                binary_audio=record.wire.binary_audio,
+            )
+        except Exception:
+            return False  # the reader decodes it again, and refuses it
+        if type(event) is not wire.EncodedAudio and type(event) is not cmd.AppendAudio:
+            # Only appends: other events are rare, and some need the reader's task. The reader
+            # gets this frame next, and with it what it decodes to.
+            self.decoded = (frame, event)
+            return False
+        self.vad_job = None
+        # The flood budget had room for this frame's refusal. Should one still put the client
+        # over it, the reader closes the connection before it handles another frame.
+        self._handle(frame, event, record.handling_pacer is not None or loop_share is not None)
+        if self.pace_wait:
+            self.paced_at = time.perf_counter()
+        return True
 
     async def _flood(self) -> None:
         """Declared flood policy: the session closes (``invalid_frame_flood``), the client
@@ -302,7 +406,7 @@ class SessionConnection:
         self.server.metrics.disconnects.labels("flood").inc()
         await self._fire("flood")
 
-    def _on_frame(self, frame: str | bytes) -> None:
+    def _on_frame(self, frame: str | bytes, decoded: _Append | None = None) -> None:
         record = self.record
         assert record is not None
         handle = record.handle
@@ -311,16 +415,21 @@ class SessionConnection:
         if record.frame_pacer is not None:
             # Every frame, accepted or refused: its decoding is the work being paced.
             self._pace(record.frame_pacer, _frame_bytes(frame), "frames", now)
-        event = None
+        event: wire.ClientEvent | None = None
         try:
             session_rate = handle.config.sample_rate
-            event = wire.decode(
-                frame,
-                self.server.config.limits,
-                sample_rate=session_rate,
-                input_format=record.wire.input_format,
-                binary_audio=record.wire.binary_audio,
-            )
+            if decoded is not None:
+                event = decoded
+            elif self.decoded is not None and self.decoded[0] == frame:
+                event, self.decoded = self.decoded[1], None
+            else:
+                event = wire.decode(
+                    frame,
+                    self.server.config.limits,
+                    sample_rate=session_rate,
+                    input_format=record.wire.input_format,
+                    binary_audio=record.wire.binary_audio,
+                )
             if isinstance(event, wire.ResumeRequest):
                 raise wire.WireError(
                     "session.resume is only accepted as the first frame of a "
@@ -483,8 +592,8 @@ class SessionConnection:
             self._failed(exc)
 
     def _bill(self, cost: float) -> None:
-        """Bill work done for this client outside the frame being timed (its share of a VAD
-        batch), as its frames are billed: to the session's handling pace and to the client's
+        """Bill work done for this client: a frame's handling, or its share of a VAD batch
+        (outside the frame being timed). To the session's handling pace and to the client's
         share of the loop."""
         record = self.record
         if not cost or record is None:

@@ -29,6 +29,10 @@ And :func:`abort`, which cuts a socket at once through the connection's transpor
 that stopped reading (or was pushed out, or flooded) cannot take a close frame, and websockets'
 ``close()`` waits for the closing handshake.
 
+And :func:`next_to_read`, for what a frame costs to reach its session: whether a message parsed
+now would be the next one ``recv()`` returns (the read queue holds no frame and is open), which
+decides whether connection.py may hand it to the session's reader as it is parsed.
+
 Everything else the server's session code knows of a connection comes through the documented
 API: how a client ended its side is read from the ``ConnectionClosed`` its reader got. The
 other module that works below that API is :mod:`.connection`, the ``ServerConnection``
@@ -71,6 +75,12 @@ def route_read_queue_flow(connection: Any, pause: Callable[[], None], resume: Ca
     """Send the read queue's pause and resume through ``pause`` and ``resume``."""
     connection.recv_messages.pause = pause
     connection.recv_messages.resume = resume
+
+
+def next_to_read(connection: Any) -> bool:
+    """Whether a message parsed now would be the next one ``connection.recv()`` returns."""
+    queue = connection.recv_messages
+    return not queue.frames and not queue.closed
 
 
 def release_closed_connection(connection: Any) -> None:

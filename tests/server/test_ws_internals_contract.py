@@ -36,6 +36,8 @@ def test_a_live_server_connection_has_the_attributes_the_server_reaches():
             seen["send_context"] = callable(getattr(ws, "send_context", None))
             queue = ws.recv_messages
             seen["pause"] = callable(queue.pause) and callable(queue.resume)
+            # Nothing read yet: a message parsed now would be the next one recv() returns.
+            seen["next_to_read"] = ws_internals.next_to_read(ws) and len(queue.frames) == 0
             seen["transport"] = ws.transport is not None
             seen["protocol"] = isinstance(ws.protocol, Protocol)
             seen["select_subprotocol"] = "select_subprotocol" in vars(ws.protocol)
@@ -54,5 +56,5 @@ def test_a_live_server_connection_has_the_attributes_the_server_reaches():
         return seen, got
 
     seen, got = asyncio.run(asyncio.wait_for(main(), 10))
-    assert seen == {name: True for name in seen} and len(seen) == 7, seen
+    assert seen == {name: True for name in seen} and len(seen) == 8, seen
     assert got == ['{"a":1}', '{"b":2}']

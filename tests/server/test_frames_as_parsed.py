@@ -1,0 +1,200 @@
+"""Appends handled as websockets' parser hands them over (session_connection.py, "Frames
+handled as they are parsed"), through a real server and socket: the session gets the client's
+frames in the order they were sent and loses none, whichever path each frame took, and the
+path is really taken."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.session import SessionCore
+from duplex_actors.server.session_connection import SessionConnection
+
+from .conftest import recv_json, recv_until, running_server
+
+pytestmark = pytest.mark.anyio
+
+# 16 kHz pcm and no server VAD: each append reaches the session as the client sent it.
+AS_SENT = {
+    "type": "session.update",
+    "session": {
+        "type": "realtime",
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}},
+    },
+}
+
+
+def _script(seed: int, length: int) -> list[tuple[str, int]]:
+    """Appends (each with its own audio), clears, commits of at least 100 ms and frames the
+    wire refuses, in a random order."""
+    rng = random.Random(seed)
+    ops: list[tuple[str, int]] = []
+    since_commit = refused = 0
+    for k in range(length):
+        roll = rng.random()
+        if roll < 0.08:
+            ops.append(("clear", k))
+            since_commit = 0
+        elif roll < 0.16 and since_commit >= 5:
+            ops.append(("commit", k))
+            since_commit = 0
+        elif roll < 0.19 and refused < 3:  # within the flood budget
+            ops.append(("refused", k))
+            refused += 1
+        else:
+            ops.append(("append", k))
+            since_commit += 1
+    return ops
+
+
+def _frame(op: str, k: int) -> str:
+    if op == "append":
+        audio = base64.b64encode(bytes([k % 251, k // 251]) * 320).decode()  # 20 ms, its own
+        return json.dumps({"type": "input_audio_buffer.append", "audio": audio, "event_id": f"a{k}"})
+    if op == "clear":
+        return json.dumps({"type": "input_audio_buffer.clear"})
+    if op == "commit":
+        return json.dumps({"type": "input_audio_buffer.commit"})
+    return '{"type": "input_audio_buffer.append", "audio": '  # not JSON: refused at the wire
+
+
+def _as_handled(command: cmd.Command) -> tuple[str, int] | None:
+    if isinstance(command, cmd.AppendAudio):
+        return ("append", command.pcm[0] + 251 * command.pcm[1])
+    if isinstance(command, cmd.ClearInput):
+        return ("clear", -1)
+    if isinstance(command, cmd.CommitInput):
+        return ("commit", -1)
+    return None
+
+
+def _record_handled(monkeypatch) -> list[tuple[str, int]]:
+    """What the session cores handle, in order, from now on (appends, clears, commits)."""
+    handled: list[tuple[str, int]] = []
+    handle = SessionCore.handle
+
+    def recording(self, command, *args, **kwargs):
+        seen = _as_handled(command)
+        if seen is not None:
+            handled.append(seen)
+        return handle(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(SessionCore, "handle", recording)
+    return handled
+
+
+async def _read_all(ws) -> None:
+    async for _ in ws:
+        pass
+
+
+@pytest.mark.parametrize("as_parsed", [True, False])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("paced", [False, True])
+async def test_the_session_gets_every_frame_in_the_order_sent_whichever_path_it_took(
+    monkeypatch, as_parsed, seed, paced
+):
+    handled = _record_handled(monkeypatch)
+    taken = left = 0
+    offer = SessionConnection._offer
+
+    def counted(self, frame):
+        nonlocal taken, left
+        took = offer(self, frame)
+        taken, left = taken + took, left + (not took)
+        return took
+
+    monkeypatch.setattr(SessionConnection, "_offer", counted)
+    ops = _script(seed, 160)
+    rng = random.Random(seed)
+    # Paced: the audio budget runs out early, so the reader waits with a frame in hand.
+    pacing = {"audio_intake_rate": 4.0, "audio_intake_burst_s": 0.05} if paced else {}
+    async with running_server(handle_frames_as_parsed=as_parsed, **pacing) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps(AS_SENT))
+            await recv_until(ws, "session.updated")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_read_all, ws)  # the server's replies, so that the close is quick
+                # In bursts: some frames arrive with the reader waiting, some in one read with
+                # others, behind a frame left to the reader.
+                i = 0
+                while i < len(ops):
+                    burst = rng.choice([1, 1, 1, 2, 3, 8, 24])
+                    for op, k in ops[i : i + burst]:
+                        await ws.send(_frame(op, k))
+                    i += burst
+                    await anyio.sleep(rng.choice([0.0, 0.002, 0.02]))
+                want = [(op, k if op == "append" else -1) for op, k in ops if op != "refused"]
+                with anyio.fail_after(10):
+                    while len(handled) < len(want):
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+            assert handled == want
+            if paced:
+                assert server.metrics.paced.labels("audio")._value.get() > 0.0
+            refused = sum(op == "refused" for op, _ in ops)
+            assert server.metrics.frames.labels("rejected")._value.get() == refused
+    appends = sum(op == "append" for op, _ in ops)
+    if as_parsed:
+        # Both paths were taken: appends as parsed, and frames behind one left to the reader.
+        assert 0 < taken < appends and left > 0, (taken, left, appends)
+    else:
+        assert taken == left == 0
+
+
+async def test_a_microphones_appends_are_handled_as_parsed(monkeypatch):
+    # A frame every few ms, each read on its own with the reader waiting: none goes through
+    # the read queue but the first, which builds nothing here (no server VAD).
+    taken = 0
+    offer = SessionConnection._offer
+
+    def counted(self, frame):
+        nonlocal taken
+        took = offer(self, frame)
+        taken += took
+        return took
+
+    monkeypatch.setattr(SessionConnection, "_offer", counted)
+    async with running_server() as server:
+        async with connect(server.url) as ws:
+            created = await recv_json(ws)
+            handle = server.runtime.get(created["session"]["id"])
+            await ws.send(json.dumps(AS_SENT))
+            await recv_until(ws, "session.updated")
+            for k in range(40):
+                await ws.send(_frame("append", k))
+                await anyio.sleep(0.005)
+            with anyio.fail_after(5):
+                while handle.core.buffered_input_bytes < 40 * 640:
+                    await anyio.sleep(0.01)
+            assert handle.core.buffered_input_bytes == 40 * 640
+    assert taken >= 36, taken  # a busy host may leave the odd one to the reader
+
+
+@pytest.mark.parametrize("gap_s", [0.002, 0.004])
+async def test_appends_a_paced_reader_holds_keep_their_place(monkeypatch, gap_s):
+    # Each append owes 5 ms at 4x real time and comes 2-4 ms after the last: the reader often
+    # waits out a pace with a frame in hand and the read queue empty, and a frame parsed then
+    # must not be handled before the one in hand.
+    handled = _record_handled(monkeypatch)
+    async with running_server(audio_intake_rate=4.0, audio_intake_burst_s=0.05) as server:
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            await ws.send(json.dumps(AS_SENT))
+            await recv_until(ws, "session.updated")
+            for k in range(60):
+                await ws.send(_frame("append", k))
+                await anyio.sleep(gap_s)
+            with anyio.fail_after(10):
+                while len(handled) < 60:
+                    await anyio.sleep(0.01)
+            assert handled == [("append", k) for k in range(60)]
+            assert server.metrics.paced.labels("audio")._value.get() > 0.0
