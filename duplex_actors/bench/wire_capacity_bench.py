@@ -48,7 +48,10 @@ a room's noise floor (NOISY_DBFS), which no window of the gate's answers; ``serv
 the answer), with the gate and without; ``serve:mmap256`` with the allocator as serve set it
 before (glibc's mmap threshold at 256 KiB, its trim threshold left alone: every socket read
 mapped and unmapped its own block, server/memory.py) and ``bare+alloc``, the bare server with
-serve's allocator settings.
+serve's allocator settings; ``bare:direct``, the bare server parsing each whole frame as
+websockets' parser hands it over (no read queue, no reader task to wake), and ``serve:queued``
+(``serve:novad-queued`` with VAD off) with serve's own such path off
+(``handle_frames_as_parsed``: every frame through the connection's reader).
 
 ``--rounds R`` runs every arm R times, in turn, and takes the median per N; ``--server-nice``
 runs each server's loop thread at a nice value. On a shared host the servers' latency is
@@ -132,6 +135,9 @@ LEVER_ARMS = (
     "serve:binary",
     "serve:mmap256",
     "bare+alloc",
+    "bare:direct",
+    "serve:queued",
+    "serve:novad-queued",
 )
 FULL_SESSIONS = (25, 50, 100, 150, 200, 300, 400, 500, 700, 1000)
 QUICK_SESSIONS = (5, 20)
@@ -183,6 +189,8 @@ def _arm_options(arm: str) -> dict[str, Any]:
         # serve with its allocator as before: mmap threshold 256 KiB, glibc's trim threshold
         "mmap256": "mmap256" in variant.split("-"),
         "binary": variant == "binary",
+        # the bare server parsing each whole frame inside websockets' parser (no reader task)
+        "direct": variant == "direct",
         # manual turns: server VAD off, a commit at the end of each utterance's cycle
         "novad": "novad" in variant.split("-"),
         # the accelerators (orjson, pybase64) off in the server's decoder
@@ -205,6 +213,8 @@ _CONFIG_VARIANTS: dict[str, dict[str, Any]] = {
     "vadeach": {"vad_batch_window_s": None},
     # server VAD's quiet gate off: every window through the network (audio/vad.py QUIET_DBFS)
     "nogate": {"vad_quiet_dbfs": None},
+    # every frame through the connection's reader, none handled as websockets parses it
+    "queued": {"handle_frames_as_parsed": False},
 }
 
 
@@ -232,31 +242,58 @@ def _bare_main(ready, control, options: dict[str, Any]) -> None:
     _serve_control(control, stamps)
     now = time.perf_counter_ns
 
+    def parse(frame: str | bytes) -> None:
+        lat = stamps
+        lat.frames += 1
+        if isinstance(frame, bytes):  # the binary arm: raw pcm16, a probe marked
+            if frame[:5] == b"PROBE":
+                lat.lat.append(now() - int.from_bytes(frame[5:13], "little"))
+            return
+        event = loads(frame)
+        if event.get("type") == "input_audio_buffer.append":
+            b64decode(event["audio"], validate=True)
+        event_id = event.get("event_id")
+        if event_id and event_id[0] == "p":
+            lat.lat.append(now() - int(event_id[1:]))
+
     async def handler(ws) -> None:
         with contextlib.suppress(ConnectionClosed):
+            if options["direct"]:
+                await ws.send('{"type":"session.created"}')
+                await ws.wait_closed()
+                return
             await receive(ws)
 
     async def receive(ws) -> None:
         await ws.send('{"type":"session.created"}')
-        lat = stamps
         async for frame in ws:
-            lat.frames += 1
-            if isinstance(frame, bytes):  # the binary arm: raw pcm16, a probe marked
-                if frame[:5] == b"PROBE":
-                    lat.lat.append(now() - int.from_bytes(frame[5:13], "little"))
-                continue
-            event = loads(frame)
-            if event.get("type") == "input_audio_buffer.append":
-                b64decode(event["audio"], validate=True)
-            event_id = event.get("event_id")
-            if event_id and event_id[0] == "p":
-                lat.lat.append(now() - int(event_id[1:]))
+            parse(frame)
+
+    from websockets.asyncio.server import ServerConnection
+    from websockets.frames import Opcode
+
+    class DirectConnection(ServerConnection):
+        """The ``direct`` arm: a whole data frame is parsed as websockets' parser hands it
+        over, with no message queue and no reader task to wake."""
+
+        def process_event(self, event) -> None:
+            if self.request is None:  # the handshake's request
+                super().process_event(event)
+            elif event.fin and event.opcode is Opcode.TEXT:
+                parse(event.data.decode())
+            elif event.fin and event.opcode is Opcode.BINARY:
+                parse(bytes(event.data))
+            else:
+                super().process_event(event)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = loop.create_future()
         loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
-        async with serve(handler, "127.0.0.1", 0, max_size=None, compression=None) as server:
+        connection = DirectConnection if options["direct"] else ServerConnection
+        async with serve(
+            handler, "127.0.0.1", 0, max_size=None, compression=None, create_connection=connection
+        ) as server:
             ready.send(server.sockets[0].getsockname()[1])
             await stop
 
