@@ -6,15 +6,18 @@ path is really taken."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import random
 
 import anyio
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.session import SessionCore
+from duplex_actors.server.config import CLOSE_POLICY_VIOLATION
 from duplex_actors.server.session_connection import SessionConnection
 
 from .conftest import recv_json, recv_until, running_server
@@ -88,6 +91,12 @@ def _record_handled(monkeypatch) -> list[tuple[str, int]]:
 
     monkeypatch.setattr(SessionCore, "handle", recording)
     return handled
+
+
+async def _until_closed(ws):
+    with contextlib.suppress(ConnectionClosed):
+        async for text in ws:
+            yield text
 
 
 async def _read_all(ws) -> None:
@@ -198,3 +207,57 @@ async def test_appends_a_paced_reader_holds_keep_their_place(monkeypatch, gap_s)
                     await anyio.sleep(0.01)
             assert handled == [("append", k) for k in range(60)]
             assert server.metrics.paced.labels("audio")._value.get() > 0.0
+
+
+async def test_appends_refused_as_parsed_count_toward_the_flood_budget_and_close_the_connection():
+    # Under server VAD the chart's checks run before the VAD hears an append, so an append
+    # into a full input buffer is refused as it is parsed. A client streaming speech that never
+    # ends into a 1 s buffer has every append refused past it: the budget (5 at once) runs out
+    # on the path that cannot close a connection, and the reader then closes it.
+    from .test_server_vad import LoudnessVad, tone
+
+    refused_as_parsed = 0
+    offer = SessionConnection._offer
+
+    def counted(self, frame):
+        nonlocal refused_as_parsed
+        rejected = self.server.metrics.frames.labels("rejected")._value.get
+        before = rejected()
+        took = offer(self, frame)
+        refused_as_parsed += took and rejected() > before
+        return took
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(SessionConnection, "_offer", counted)
+        async with running_server(
+            vad_factory=LoudnessVad,
+            session_overrides={"max_input_bytes": 16000 * 2},
+            invalid_frames_burst=5,
+            invalid_frames_per_s=0.5,
+        ) as server:
+            async with connect(server.url) as ws:
+                await recv_json(ws)
+                detection = {"type": "server_vad", "create_response": False}
+                format_16k = {"type": "audio/pcm", "rate": 16000}
+                update = {"audio": {"input": {"format": format_16k, "turn_detection": detection}}}
+                await ws.send(json.dumps({"type": "session.update", "session": update}))
+                await recv_until(ws, "session.updated")
+                loud = base64.b64encode(tone(20, 8000)).decode()
+                with anyio.fail_after(10):
+                    with contextlib.suppress(ConnectionClosed):  # the server closes midway
+                        for _ in range(150):  # 3 s of speech in 20 ms appends
+                            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": loud}))
+                            await anyio.sleep(0.012)  # the last one's VAD batch is scored
+                    # what the server sent before it closed is still there to read
+                    events = [json.loads(text) async for text in _until_closed(ws)]
+                errors = [e for e in events if e["type"] == "error"]
+                closed = next((e for e in events if e["type"] == "session.closed"), None)
+                assert ws.close_code == CLOSE_POLICY_VIOLATION
+                assert closed is not None and closed["reason"] == "invalid_frame_flood"
+                assert all(e["error"]["code"] == "input_backpressure" for e in errors), errors
+                # Five refusals within the budget, the sixth put it over and no frame after it
+                # was read (its error may be overtaken by the close).
+                assert server.metrics.frames.labels("rejected")._value.get() == 6
+                assert 5 <= len(errors) <= 6, len(errors)
+            assert server.metrics.disconnects.labels("flood")._value.get() == 1
+    assert refused_as_parsed >= 1
