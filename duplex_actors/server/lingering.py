@@ -36,7 +36,10 @@ class Lingering:
         """``connection`` (and its ``transport``) lost its socket: it should be freed soon."""
         self._recent[0].add(connection)
         if transport is not None:
-            self._recent[1].add(transport)
+            try:
+                self._recent[1].add(transport)
+            except TypeError:  # no weak references to it (uvloop's TLS transport): not counted
+                pass
 
     @property
     def connections(self) -> int:

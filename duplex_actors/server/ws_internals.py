@@ -98,8 +98,9 @@ def release_closed_connection(connection: Any) -> None:
     # asyncio's selector transport keeps its read callback on itself as a bound method: a cycle
     # through every closed transport and its socket object, which waited for a reclaim too.
     # Called from inside the transport's connection_lost, when its socket is no longer read.
+    # Other loops' transports (uvloop's are C objects, with no __dict__) keep no such cycle.
     transport = connection.transport
-    if transport is not None and "_read_ready_cb" in vars(transport):
+    if "_read_ready_cb" in getattr(transport, "__dict__", ()):
         transport._read_ready_cb = None
 
 
