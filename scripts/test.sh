@@ -41,6 +41,11 @@ pytest_job() {
 }
 pytest_job "not slow and not vllm and not interop" "$@" || status=$?
 pytest_job "slow and not vllm and not interop" "$@" || status=$?
+# The server's default tests once more on uvloop's event loop (tests/server/conftest.py), when
+# no arguments narrow the run.
+if [ "$#" = 0 ]; then
+    DUPLEX_SERVER_LOOP=uvloop pytest_job "not slow and not vllm and not interop" tests/server || status=$?
+fi
 if [ "${DUPLEX_SKIP_VLLM:-0}" != "1" ] && [ -f .ci/vllm.sh ]; then
     bash .ci/vllm.sh || status=$?
 fi

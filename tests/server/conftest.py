@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -25,6 +26,10 @@ CHUNK_100MS_16K = b"\x01\x00" * 1600
 
 @pytest.fixture
 def anyio_backend():
+    # DUPLEX_SERVER_LOOP=uvloop runs the server's tests on uvloop's event loop (scripts/test.sh
+    # does, as a job of its own): an application may embed the server on either loop.
+    if os.environ.get("DUPLEX_SERVER_LOOP") == "uvloop":
+        return ("asyncio", {"use_uvloop": True})
     return "asyncio"
 
 

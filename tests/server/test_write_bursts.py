@@ -20,6 +20,22 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 BURSTY = Script(tokens=tuple(f" w{i}" for i in range(20)), audio_packets=20, packet_ms=20)
 
 
+class _CountingTransport:
+    """The connection's transport, its writes counted. A stand-in rather than a patched
+    ``write``: uvloop's transports are C objects whose methods cannot be replaced."""
+
+    def __init__(self, transport, calls: list[int]) -> None:
+        self._transport = transport
+        self._calls = calls
+
+    def write(self, data) -> None:
+        self._calls.append(len(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
 @pytest.fixture
 def writes(monkeypatch):
     """Every burst the writer sent: (frames in it, socket writes it took, event types)."""
@@ -28,13 +44,12 @@ def writes(monkeypatch):
 
     async def counting_send_burst(ws, frames):
         transport = ws.transport
-        calls = []
-        write = transport.write
-        transport.write = lambda data: (calls.append(len(data)), write(data))[1]
+        calls: list[int] = []
+        ws.transport = _CountingTransport(transport, calls)
         try:
             cost = await send_burst(ws, frames)
         finally:
-            del transport.write  # back to the class's method
+            ws.transport = transport
         seen.append((len(frames), len(calls), [json.loads(f)["type"] for f in frames]))
         return cost
 
