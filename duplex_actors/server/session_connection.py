@@ -371,13 +371,7 @@ class SessionConnection:
         if not self.flood.has_room(now):
             return False  # a refusal would end the connection, which only the reader can do
         try:
-            event = wire.decode(
-                frame,
-                server.config.limits,
-                sample_rate=record.handle.config.sample_rate,
-                input_format=record.wire.input_format,
-                binary_audio=record.wire.binary_audio,
-            )
+            event = self._decode(frame, record)
         except Exception:
             return False  # the reader decodes it again, and refuses it
         if type(event) is not wire.EncodedAudio and type(event) is not cmd.AppendAudio:
@@ -406,6 +400,16 @@ class SessionConnection:
         self.server.metrics.disconnects.labels("flood").inc()
         await self._fire("flood")
 
+    def _decode(self, frame: str | bytes, record: SessionRecord) -> wire.ClientEvent:
+        """``frame`` as the client event it is, given what the client declared of its wire."""
+        return wire.decode(
+            frame,
+            self.server.config.limits,
+            sample_rate=record.handle.config.sample_rate,
+            input_format=record.wire.input_format,
+            binary_audio=record.wire.binary_audio,
+        )
+
     def _on_frame(self, frame: str | bytes, decoded: _Append | None = None) -> None:
         record = self.record
         assert record is not None
@@ -423,13 +427,7 @@ class SessionConnection:
             elif self.decoded is not None and self.decoded[0] == frame:
                 event, self.decoded = self.decoded[1], None
             else:
-                event = wire.decode(
-                    frame,
-                    self.server.config.limits,
-                    sample_rate=session_rate,
-                    input_format=record.wire.input_format,
-                    binary_audio=record.wire.binary_audio,
-                )
+                event = self._decode(frame, record)
             if isinstance(event, wire.ResumeRequest):
                 raise wire.WireError(
                     "session.resume is only accepted as the first frame of a "
