@@ -78,6 +78,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..server import event_loop
+from ..server.event_loop import EventLoopChoice
 from .soak import rss_mb
 
 if TYPE_CHECKING:
@@ -983,6 +985,11 @@ async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
             return report
 
 
+def run_loop(choice: str, main):
+    """Runs the server's side of a flood on the event loop ``serve --loop choice`` would."""
+    return event_loop.run(main, choice)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
@@ -1060,9 +1067,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--churn", action="store_true", help="open and close sessions flat out (own key)")
     ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
     ap.add_argument("--connect-rate", type=float, default=20.0, help="--churn: the flooder key's rate (on)")
+    ap.add_argument(
+        "--loop",
+        choices=[c.value for c in EventLoopChoice],
+        default="auto",
+        help="the server's event loop, as serve --loop (the flooders run asyncio's own)",
+    )
     args = ap.parse_args(argv)
     if args.long_turn:
-        r = asyncio.run(_run_long_turn(args.long_turn))
+        r = run_loop(args.loop, _run_long_turn(args.long_turn))
         print(
             f"one {r['turn_s']:.0f} s transcribed turn: the neighbour's 1 s turn got its transcript in "
             f"{r['neighbour_alone_s'] * 1e3:.0f} ms alone, {r['during_median_s'] * 1e3:.0f} ms at the median "
@@ -1073,7 +1086,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.responses:
-        r = asyncio.run(
+        r = run_loop(
+            args.loop,
             _run_responses(
                 args.responses,
                 args.seconds,
@@ -1081,7 +1095,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.policy == "on",
                 cancel_after=args.cancel_after,
                 how=args.how,
-            )
+            ),
         )
 
         def ms(pair: tuple[float, float]) -> str:
@@ -1103,7 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.churn:
         rate = args.connect_rate if args.policy == "on" else None
-        c = asyncio.run(_run_churn(args.seconds, args.connections, rate))
+        c = run_loop(args.loop, _run_churn(args.seconds, args.connections, rate))
         print(
             f"churn from {args.connections} connections for {c['seconds']:.1f} s, connect rate "
             f"{'off' if rate is None else f'{rate:g}/s on its key'}: {c['opened']} sessions opened "
@@ -1117,7 +1131,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.journals:
         budget_mb = args.journal_budget_mb if args.policy == "on" else None
-        j = asyncio.run(_run_journals(args.journals, budget_mb))
+        j = run_loop(args.loop, _run_journals(args.journals, budget_mb))
         print(
             f"{j['sessions']} sessions filling their journals, budget "
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
@@ -1127,7 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.audio and args.sessions > 1:
-        a = asyncio.run(_run_audio_sessions(args.sessions, args.seconds, args.policy == "on"))
+        a = run_loop(args.loop, _run_audio_sessions(args.sessions, args.seconds, args.policy == "on"))
         print(
             f"{a['sessions']} sessions of one key flooding audio for {args.seconds:.0f} s, loop shared by "
             f"client {'on' if a['shared'] else 'off'}: accepted {a['accepted_x_real_time']:.1f}x real time "
@@ -1141,7 +1155,7 @@ def main(argv: list[str] | None = None) -> int:
     kind = next((k for k in VALID_FLOODS if getattr(args, k)), None)
     if kind is not None:
         frame_ms = args.frame_ms or (1000 if kind in ("transcripts", "commits") else 100)
-        a = asyncio.run(_run_valid(kind, args.seconds, args.policy == "on", frame_ms))
+        a = run_loop(args.loop, _run_valid(kind, args.seconds, args.policy == "on", frame_ms))
         if kind in ("audio", "transcripts"):
             what = (
                 f"{VALID_FLOODS[kind]} in {frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x "
@@ -1161,7 +1175,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 0
-    r = asyncio.run(_run(args.frames, args.policy == "on"))
+    r = run_loop(args.loop, _run(args.frames, args.policy == "on"))
     print(
         f"flood of {r['frames']} invalid frames, policy {args.policy}: neighbour turn "
         f"{r['neighbour_turn_s']:.2f} s alone, {r['neighbour_turn_during_flood_s']:.2f} s during "

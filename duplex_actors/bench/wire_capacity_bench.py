@@ -38,7 +38,9 @@ Figures, per N (each N's sessions stay open for the next, larger N):
   is busy more than :data:`SATURATED` of a core).
 
 Arms (``--arms``): ``bare`` and ``serve`` always; the levers (``--levers``) are each measured
-as an arm of the same run: ``serve+uvloop`` (the server's loop on uvloop), ``bare+uvloop``,
+as an arm of the same run: ``serve+uvloop`` (the server's loop on uvloop), ``serve+asyncio``
+and ``serve+asyncio:novad`` (on asyncio's own loop; plain ``serve`` arms run serve's default,
+``--loop auto``: uvloop where installed), ``bare+uvloop``,
 ``bare+orjson+pybase64`` (the parse with the faster libraries), ``bare:binary`` (a binary
 websocket message per frame = raw pcm16, no JSON or base64), ``serve:binary`` when the
 server speaks the binary-audio extension (docs/protocol.md), ``serve:nogate`` with server VAD's
@@ -129,6 +131,8 @@ LEVER_ARMS = (
     "serve:listens",
     "serve:listens-nogate",
     "serve+uvloop",
+    "serve+asyncio",
+    "serve+asyncio:novad",
     "bare+uvloop",
     "bare+orjson+pybase64",
     "bare:binary",
@@ -182,6 +186,13 @@ def _arm_options(arm: str) -> dict[str, Any]:
     return {
         "server": server,
         "uvloop": "uvloop" in levers,
+        # serve runs the loop `serve` runs by default (auto: uvloop where installed) unless an
+        # arm names one; the bare server runs asyncio's own unless it names uvloop
+        "loop": "uvloop"
+        if "uvloop" in levers
+        else "asyncio"
+        if "asyncio" in levers or server == "bare"
+        else "auto",
         "orjson": "orjson" in levers,
         "pybase64": "pybase64" in levers,
         # the bare server with serve's allocator settings (server/memory.py)
@@ -357,7 +368,9 @@ def _serve_main(ready, control, options: dict[str, Any]) -> None:
                 async for _ in signals:
                     break
 
-    anyio.run(main, backend_options={"use_uvloop": options["uvloop"]})
+    from ..server.event_loop import run_anyio
+
+    run_anyio(main, choice=options["loop"])
 
 
 # --- the load generator --------------------------------------------------------------------

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from .event_loop import EventLoopChoice, EventLoopUnavailable, resolve
+
 if TYPE_CHECKING:
     from .app import RealtimeServer
 
@@ -102,6 +104,11 @@ def register(app: typer.Typer) -> None:
             min=1,
             help="session processes sharing one engine process "
             "(resumes are routed to the owning worker); see docs/scale-out.md",
+        ),
+        loop: EventLoopChoice = typer.Option(
+            EventLoopChoice.auto,
+            "--loop",
+            help="the event loop of every serve process: uvloop where installed (auto), or asyncio's own",
         ),
         journal_max_age_s: float = typer.Option(60.0, help="how long events stay replayable for a resume"),
         journal_budget_mb: int = typer.Option(
@@ -248,6 +255,10 @@ def register(app: typer.Typer) -> None:
 
         if (tls_cert is None) != (tls_key is None):
             raise typer.BadParameter("--tls-cert and --tls-key go together")
+        try:
+            loop_name = resolve(loop)  # before anything starts: a loop that cannot run is a usage error
+        except EventLoopUnavailable as exc:
+            raise typer.BadParameter(str(exc), param_hint="--loop") from None
 
         if not _is_loopback(host) and api_key is None:
             typer.echo(
@@ -333,13 +344,13 @@ def register(app: typer.Typer) -> None:
                     gc_reclaim_s=gc_reclaim_s,
                     transcription_workers=transcription_workers,
                     drain_timeout_s=drain_timeout_s,
+                    event_loop=loop_name.value,
                 ),
             )
             return
         backend = build_engine(engine, model)
-        import anyio
-
         from .app import ServerConfig
+        from .event_loop import run_anyio
 
         config = ServerConfig(
             host=host,
@@ -359,7 +370,17 @@ def register(app: typer.Typer) -> None:
             "transcription_workers": transcription_workers,
             "gc_reclaim_s": gc_reclaim_s,
         }
-        anyio.run(_serve, backend, config, overrides, runtime_options, engine.value + chosen, drain_timeout_s)
+        run_anyio(
+            _serve,
+            backend,
+            config,
+            overrides,
+            runtime_options,
+            engine.value + chosen,
+            drain_timeout_s,
+            loop_name.value,
+            choice=loop_name,
+        )
 
 
 def _networks(option: str, text: str) -> tuple[str, ...]:
@@ -431,7 +452,13 @@ async def open_server(
 
 
 async def _serve(
-    backend, config, overrides: dict, runtime_options: dict, engine_name: str, drain_timeout_s: float
+    backend,
+    config,
+    overrides: dict,
+    runtime_options: dict,
+    engine_name: str,
+    drain_timeout_s: float,
+    loop_name: str = "asyncio",
 ) -> None:
     import signal
 
@@ -440,7 +467,7 @@ async def _serve(
     async with open_server(backend, config, overrides, **runtime_options) as server:
         auth = "on" if config.api_key else "off"
         print(
-            f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}); "
+            f"duplex-actors serving {server.url} (engine={engine_name}, auth={auth}, loop={loop_name}); "
             f"health {server.http_url}/health, metrics {server.http_url}/metrics, console {server.http_url}/",
             flush=True,
         )

@@ -31,7 +31,9 @@ log = structlog.get_logger("duplex_actors.server")
 
 #: asyncio reads every socket with ``recv(max_size)`` (256 KiB): CPython allocates that much,
 #: then shrinks it to what arrived. Both thresholds are set from that read, the server's most
-#: frequent large allocation, one per frame a client sends.
+#: frequent large allocation, one per frame a client sends. uvloop (serve's loop where it is
+#: installed: event_loop.py) reads into a buffer its loop owns and allocates only the bytes
+#: that arrived, so on it no read comes near either threshold.
 ASYNCIO_READ_SIZE: int = getattr(
     getattr(selector_events, "_SelectorSocketTransport", None), "max_size", 256 << 10
 )

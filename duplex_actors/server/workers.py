@@ -66,6 +66,8 @@ import attrs
 import structlog
 
 from ..logconfig import ensure_configured
+from .event_loop import resolve as resolve_loop
+from .event_loop import run as run_loop
 from .front_door import FrontDoor, _wait_io, _Worker, minted_by, owner_of, worker_session_id
 from .supervisors import _EngineSupervisor, _stop_children, _watch_engine, _WorkerSupervisor
 from .worker_link import FrontLink, unpack
@@ -142,6 +144,8 @@ class WorkerSettings:
     transcription_workers: int = 1
     #: How long a worker lets responses in flight finish after SIGTERM (``--drain-timeout-s``).
     drain_timeout_s: float = 10.0
+    #: The event loop every process of the tree runs (``serve --loop``; event_loop.py).
+    event_loop: str = "auto"
 
     @property
     def tls(self) -> bool:
@@ -190,7 +194,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
         finally:
             _ignore_stop_signals()
 
-    asyncio.run(main())
+    run_loop(main(), settings.event_loop)
 
 
 def _worker_main(
@@ -198,7 +202,7 @@ def _worker_main(
 ) -> None:
     _become_child(f"dx-worker{index}")
     ensure_configured()  # a process of its own: its logging is set up as the front's is
-    asyncio.run(_run_worker(index, generation, settings, engine_path, handoff_path, ready))
+    run_loop(_run_worker(index, generation, settings, engine_path, handoff_path, ready), settings.event_loop)
 
 
 async def _run_worker(
@@ -356,7 +360,9 @@ def serve_workers(
     try:
         engine_pid = engine.start()
         supervisor.start_all(workers)
-        asyncio.run(_run_front(supervisor, host, port, settings, engine, engine_pid, on_ready))
+        run_loop(
+            _run_front(supervisor, host, port, settings, engine, engine_pid, on_ready), settings.event_loop
+        )
     finally:
         _stop_children([worker.process for worker in supervisor.pool if worker.process], engine.process)
         shutil.rmtree(folder, ignore_errors=True)
@@ -386,7 +392,7 @@ async def _run_front(
     ws, http = ("wss", "https") if tls else ("ws", "http")
     print(
         f"duplex-actors serving {ws}://{netloc}/v1/realtime (engine={settings.engine}, auth={auth}, "
-        f"workers={len(pool)}); health {http}://{netloc}/health (answered by one worker)",
+        f"workers={len(pool)}, loop={resolve_loop(settings.event_loop).value}); health {http}://{netloc}/health (answered by one worker)",
         flush=True,
     )
     for worker in pool:

@@ -59,8 +59,12 @@ def test_serve_is_registered_with_its_options():
 @pytest.mark.parametrize(("given", "window_s"), [((), 0.01), (("--vad-batch-window-ms", "0"), 0.0)])
 def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, window_s):
     # The trade-off between VAD latency and CPU a frame is the operator's (docs/benchmarks.md).
+    from duplex_actors.server import event_loop
+
     configs = []
-    monkeypatch.setattr(anyio, "run", lambda main, engine, config, *rest: configs.append(config))
+    monkeypatch.setattr(
+        event_loop, "run_anyio", lambda main, engine, config, *rest, choice: configs.append(config)
+    )
     result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
     assert result.exit_code == 0, result.output
     assert [config.vad_batch_window_s for config in configs] == [window_s]
@@ -68,8 +72,19 @@ def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, win
     assert negative.exit_code != 0
 
 
+def _uvloop_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("uvloop") is not None
+
+
 @pytest.mark.anyio
-async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint():
+@pytest.mark.parametrize("loop", [None, "asyncio", "uvloop"])
+async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint(loop):
+    if loop == "uvloop" and not _uvloop_installed():
+        pytest.skip("uvloop is not installed here")
+    # The default (auto) is uvloop wherever it is installed; asyncio's own loop on request.
+    runs_on = loop or ("uvloop" if _uvloop_installed() else "asyncio")
     env = dict(os.environ, DUPLEX_API_KEY="cli-key")
     proc = subprocess.Popen(
         [
@@ -77,6 +92,7 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
             "-c",
             LAUNCH,
             "serve",
+            *(("--loop", loop) if loop else ()),
             "--engine",
             "scripted",
             "--port",
@@ -99,6 +115,7 @@ async def test_serve_process_answers_health_and_a_session_then_stops_on_sigint()
         with anyio.fail_after(30):
             line = await anyio.to_thread.run_sync(proc.stdout.readline)
         assert "serving ws://127.0.0.1:" in line and "auth=on" in line, line
+        assert f"loop={runs_on})" in line, line
         url = line.split()[2]
         http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
         body = await anyio.to_thread.run_sync(
@@ -189,3 +206,19 @@ async def test_serve_without_engine_says_which_it_chose_and_answers_with_it():
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=20)
+
+
+@pytest.mark.parametrize("asked", ["auto", "asyncio", "uvloop"])
+def test_the_loop_asked_for_is_the_loop_serve_runs_and_a_missing_uvloop_is_a_usage_error(monkeypatch, asked):
+    from duplex_actors.server import event_loop
+
+    chosen = []
+    monkeypatch.setattr(event_loop, "run_anyio", lambda main, *args, choice: chosen.append(choice))
+    monkeypatch.setattr(event_loop, "_uvloop_factory", lambda: None)  # as where uvloop has no build
+    result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", "--loop", asked])
+    if asked == "uvloop":
+        assert result.exit_code == 2, result.output
+        assert "uvloop is not installed" in result.output and chosen == []
+    else:  # auto falls back to asyncio's own loop
+        assert result.exit_code == 0, result.output
+        assert chosen == [event_loop.EventLoopChoice.asyncio]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -40,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class Served:
     def __init__(self, process: subprocess.Popen, lines: list[str]) -> None:
         self.process = process
+        self.lines = lines
         self.url = lines[0].split()[2]
         self.http = self.url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
         self.worker_pids = [int(line.split()[2].split("=")[1]) for line in lines[1:-1]]
@@ -427,8 +429,13 @@ async def _transcribed_turn(url: str) -> dict:
 
 
 @pytest.mark.slow
-def test_kill_9_of_a_worker_ends_its_responses_for_their_clients_and_the_worker_comes_back():
-    with serve_workers(2) as s:
+@pytest.mark.parametrize("loop", [None, "asyncio"])
+def test_kill_9_of_a_worker_ends_its_responses_for_their_clients_and_the_worker_comes_back(loop):
+    # Once on serve's default loop (uvloop where installed), once on asyncio's own: the front's
+    # fd passing, the sentinels and the farewells run on whichever the tree was started with.
+    with serve_workers(2, *(("--loop", loop) if loop else ())) as s:
+        runs_on = loop or ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
+        assert f"loop={runs_on})" in s.lines[0], s.lines[0]
 
         async def main():
             doomed = [await _raw_session_on(s.url, 1) for _ in range(3)]
