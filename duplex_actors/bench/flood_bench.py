@@ -453,6 +453,17 @@ async def _fragments_flat_out(url: str, seconds: float, report) -> int:
     return sent
 
 
+async def _flooder_says(pipe, flooder) -> None:
+    """Wait for the flooder's next report; a flooder that died without one (the server closed
+    it, say 1009 for a frame over its cap) fails the run instead of hanging it."""
+    while not pipe.poll():
+        if not flooder.is_alive() and not pipe.poll():
+            raise RuntimeError(
+                f"the flooder exited ({flooder.exitcode}) without reporting: see its traceback above"
+            )
+        await asyncio.sleep(0.01)
+
+
 async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
     import multiprocessing
     import statistics
@@ -490,8 +501,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
                 target=_valid_flooder, args=(server.url, seconds, kind, frame_ms, theirs), daemon=True
             )
             flooder.start()
-            while not ours.poll():
-                await asyncio.sleep(0.01)
+            await _flooder_says(ours, flooder)
             flooding = server.runtime.get(ours.recv())  # connected: the flood starts now
             began = time.perf_counter()
             during = []
@@ -499,8 +509,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             while flooder.is_alive() and not ours.poll():
                 during.append(await turn(server.url))
                 rss_peak = max(rss_peak, rss_mb())
-            while not ours.poll():
-                await asyncio.sleep(0.01)
+            await _flooder_says(ours, flooder)
             sent, received = ours.recv()
             elapsed = time.perf_counter() - began
             accepted_s = flooding.core.received_audio_ms / 1000
