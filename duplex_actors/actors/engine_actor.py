@@ -53,9 +53,9 @@ class EngineStatistics:
 class _Flight:
     __slots__ = ("request", "scope", "last_output", "terminal_sent", "aborted", "failure")
 
-    def __init__(self, request: ModelTurnRequest, now: float) -> None:
+    def __init__(self, request: ModelTurnRequest, now: float, scope: anyio.CancelScope) -> None:
         self.request = request
-        self.scope = anyio.CancelScope()
+        self.scope = scope
         self.last_output = now
         self.terminal_sent = False
         self.aborted = False
@@ -91,6 +91,7 @@ class EngineActor:
         #: Pump tasks waiting for a request (see submit).
         self._idle_pumps: list[_Parked] = []
         self._new_event: Callable[[], anyio.Event] = anyio.Event
+        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._wake: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._abort_retry: set[str] = set()
@@ -103,8 +104,10 @@ class EngineActor:
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.start()
-        # The backend's Event class, made directly: anyio.Event() looks the backend up each time.
+        # The backend's Event and CancelScope classes, made directly: anyio.Event() and
+        # anyio.CancelScope() look the backend up each time (a scope is made per request).
         self._new_event = type(anyio.Event())
+        self._new_scope = type(anyio.CancelScope())
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -147,7 +150,7 @@ class EngineActor:
 
     def submit(self, request: ModelTurnRequest, deliver: Deliver) -> None:
         self._routes[request.request_id] = deliver
-        self._flights[request.request_id] = _Flight(request, self.clock.now())
+        self._flights[request.request_id] = _Flight(request, self.clock.now(), self._new_scope())
         self.submitted += 1
         if self._tg is not None:
             # Straight to a pump task (synchronously), not through the inbox: the actor loop's
@@ -237,8 +240,8 @@ class EngineActor:
                 # still answers with the request's one terminal (Aborted).
                 return
             with flight.scope:
-                # aclose ends the backend's generator here, whichever way this block is left.
-                async with contextlib.aclosing(self.backend.generate(request)) as stream:
+                stream = self.backend.generate(request)
+                try:
                     async for output in stream:
                         flight.last_output = self.clock.now()
                         if output.request_id != rid:
@@ -253,6 +256,11 @@ class EngineActor:
                         self._route(output, terminal)
                         if terminal:
                             break
+                finally:
+                    # aclose ends the backend's generator here, whichever way this block is
+                    # left (contextlib.aclosing, written out: one object and two frames less
+                    # per request).
+                    await stream.aclose()
         except Exception as exc:  # a backend failure fails this request, never the runtime
             flight.failure = f"{type(exc).__name__}: {exc}"
             log.warning("engine_stream_failed", request_id=rid, error=flight.failure)

@@ -307,14 +307,12 @@ class SessionActor:
                                 self._unread = None
                     else:
                         self._handle_command(command, reply, received_at)
-                elif isinstance(message, _ReportError):
-                    self._queued_errors -= 1
-                    core.emit_error(message.error)
-                elif isinstance(message, _Barrier):
-                    message.reached.set()
-                elif isinstance(message, InputTranscript):
-                    core.on_transcript(message)
                 elif lane == _ENGINE:
+                    # Engine outputs and transcripts only (deliver, deliver_transcript): tested
+                    # before the data lane's own kinds, an output is the next most frequent.
+                    if isinstance(message, InputTranscript):
+                        core.on_transcript(message)
+                        continue  # (nothing follows the try in this loop)
                     core.on_engine_output(message)
                     if (
                         type(message) is AudioPacket
@@ -326,6 +324,11 @@ class SessionActor:
                         # dispatcher round, so the waiting writer sends the audio first.
                         self._voiced_request = message.request_id
                         break
+                elif isinstance(message, _ReportError):
+                    self._queued_errors -= 1
+                    core.emit_error(message.error)
+                elif isinstance(message, _Barrier):
+                    message.reached.set()
                 elif isinstance(message, _Expire):
                     self._expiring = False
                     core.expire()  # the chart asks the lease again (lease_expired)
@@ -437,16 +440,22 @@ class SessionActor:
             # ready_events, inline (one generator per event less; the same reads, in order).
             while True:
                 unread = self._unread
-                if not unread:
+                if unread:
+                    event = unread.popleft()
+                    if not unread:
+                        self._unread = None  # an idle session keeps no empty deque
+                else:
                     batch = self.core.take_events()
                     if not batch:
                         break
-                    unread = self._unread = deque(batch)
-                event = unread.popleft()
-                if not unread:
-                    self._unread = None  # an idle session keeps no empty deque
+                    if len(batch) == 1:
+                        event = batch[0]  # nothing left over to keep (an output's one delta)
+                    else:
+                        unread = self._unread = deque(batch)
+                        event = unread.popleft()
                 yield event
-                if isinstance(event, SessionClosedEvent):
+                # TERMINAL first (a class attribute): only the few terminal events are tested.
+                if event.TERMINAL and isinstance(event, SessionClosedEvent):
                     return
 
     def ready_events(self) -> Iterator[ServerEvent]:

@@ -11,6 +11,7 @@ heartbeat, detach, resume, playback acks) is never stuck behind audio on the *da
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import ClassVar
 
 import attrs
@@ -118,16 +119,32 @@ class AppendAudio(Command):
         ):
             return cls(pcm=pcm, sample_rate=sample_rate, event_id=event_id, epoch=epoch, speech=speech)
         command = _new(cls)
-        _set(command, "event_id", event_id)
-        _set(command, "epoch", None)
-        _set(command, "pcm", pcm)
-        _set(command, "sample_rate", sample_rate)
-        _set(command, "speech", speech)
+        _set_event_id(command, event_id)
+        _set_epoch(command, None)
+        _set_pcm(command, pcm)
+        _set_sample_rate(command, sample_rate)
+        _set_speech(command, speech)
         return command
 
 
 _new = object.__new__
-_set = object.__setattr__  # frozen attrs classes refuse their own __setattr__, by design
+
+
+def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
+    """The ``__set__`` of ``cls``'s slot ``name`` (its member descriptor, found along the MRO).
+
+    It writes the slot as ``object.__setattr__`` would (frozen attrs classes refuse their own
+    ``__setattr__``, by design), without the attribute lookup each of those calls makes."""
+    for klass in cls.__mro__:
+        descriptor = vars(klass).get(name)
+        if descriptor is not None:
+            return descriptor.__set__
+    raise AttributeError(f"{cls.__name__} has no slot {name!r}")
+
+
+_set_event_id, _set_epoch, _set_pcm, _set_sample_rate, _set_speech = (
+    _slot_setter(AppendAudio, name) for name in ("event_id", "epoch", "pcm", "sample_rate", "speech")
+)
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -22,7 +22,6 @@ smaller than either, as OpenAI's do.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 
 import attrs
@@ -68,21 +67,27 @@ class Item:
     name: str | None = None
     arguments: str | None = None
 
-    def strings(self) -> Iterator[str]:
-        """Every string of text the item holds (what its memory grows with)."""
+    def strings(self) -> list[str]:
+        """Every string of text the item holds (what its memory grows with).
+
+        A list built in one go, not a generator: the journal and the conversation's budget
+        ask this of every item event a response sends, and a generator costs a resumption
+        per string."""
+        texts = []
         for part in self.content:
             if part.text:
-                yield part.text
+                texts.append(part.text)
             if part.transcript:
-                yield part.transcript
+                texts.append(part.transcript)
         for text in (self.output, self.arguments, self.name):
             if text:
-                yield text
+                texts.append(text)
+        return texts
 
     @property
     def chars(self) -> int:
         """The characters this item holds in text: what the conversation's budget counts."""
-        return sum(len(text) for text in self.strings())
+        return sum(map(len, self.strings()))
 
     @property
     def text(self) -> str:
@@ -99,7 +104,9 @@ class Conversation:
     __slots__ = ("_items", "capacity", "max_chars", "_chars", "forgotten")
 
     def __init__(self, capacity: int = 256, max_chars: int | None = None) -> None:
-        self._items: OrderedDict[str, Item] = OrderedDict()
+        # A plain dict: ordered by insertion, which is all the order kept here (an insertion
+        # before the end rebuilds it), and cheaper to add to than an OrderedDict.
+        self._items: dict[str, Item] = {}
         self.capacity = capacity
         self.max_chars = max_chars
         self._chars = 0  # sum of every held item's ``chars``
@@ -137,17 +144,20 @@ class Conversation:
         """Insert ``item`` after ``previous_item_id`` (None: at the end, "root": first).
 
         Returns the id of the item now before it (None at the start)."""
-        if item.id in self._items:
+        items = self._items
+        if item.id in items:
             raise InvalidItem("item.id", f"an item {item.id!r} already exists")
-        self.check_position(previous_item_id)
-        if previous_item_id is None or previous_item_id == self.last_id:
-            before = self.last_id
-            self._items[item.id] = item
+        if previous_item_id is not None:
+            self.check_position(previous_item_id)
+        last = next(reversed(items), None)  # last_id, read once
+        if previous_item_id is None or previous_item_id == last:
+            before = last
+            items[item.id] = item
         else:
-            order = list(self._items.items())
+            order = list(items.items())
             at = 0 if previous_item_id == "root" else [k for k, _ in order].index(previous_item_id) + 1
             order.insert(at, (item.id, item))
-            self._items = OrderedDict(order)
+            self._items = dict(order)
             before = None if at == 0 else order[at - 1][0]
         self._chars += item.chars
         self._keep_within_bounds(item.id)

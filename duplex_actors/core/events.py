@@ -26,13 +26,18 @@ class ServerEvent:
     #: Terminal events always fit the output buffer (it keeps a reserve for them).
     TERMINAL: ClassVar[bool] = False
 
+    #: The event's wire name (``TYPE``), read by every consumer of every event: a plain class
+    #: attribute, set for each event class as it is defined, rather than a property (a call
+    #: per read).
+    type: ClassVar[str] = TYPE
+
     seq: int
     epoch: int
     session_id: str
 
-    @property
-    def type(self) -> str:
-        return self.TYPE
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.type = cls.TYPE
 
 
 @attrs.frozen(slots=True, kw_only=True)

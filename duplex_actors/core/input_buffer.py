@@ -14,11 +14,13 @@ from __future__ import annotations
 
 
 class InputBuffer:
-    __slots__ = ("_chunks", "_len")
+    __slots__ = ("_chunks", "nbytes")
 
     def __init__(self) -> None:
         self._chunks: list[bytes] | None = None  # created on first audio: idle sessions stay small
-        self._len = 0
+        #: Bytes held: what ``len()`` answers, readable without a call (every append's
+        #: input_fits check reads it).
+        self.nbytes = 0
 
     def __iadd__(self, pcm: bytes) -> InputBuffer:
         if pcm:
@@ -27,14 +29,14 @@ class InputBuffer:
                 self._chunks = [bytes(pcm)]
             else:
                 chunks.append(bytes(pcm))  # no copy for bytes, which is what commands carry
-            self._len += len(pcm)
+            self.nbytes += len(pcm)
         return self
 
     def __len__(self) -> int:
-        return self._len
+        return self.nbytes
 
     def __bool__(self) -> bool:
-        return self._len > 0
+        return self.nbytes > 0
 
     def __bytes__(self) -> bytes:
         chunks = self._chunks
@@ -56,14 +58,14 @@ class InputBuffer:
             raise TypeError("InputBuffer can only drop a prefix: del buf[:n]")
         rest = bytes(self)[key.stop :]
         self._chunks = [rest] if rest else None
-        self._len = len(rest)
+        self.nbytes = len(rest)
 
     def keep_last(self, size: int) -> None:
         """Forget all but the newest ``size`` bytes (an even number: whole samples).
 
         Whole chunks are dropped and at most one is cut, so keeping a short window over a long
         stream costs about one chunk's copy per call, however long the stream has run."""
-        excess = self._len - size
+        excess = self.nbytes - size
         if excess <= 0:
             return
         chunks = self._chunks
@@ -75,9 +77,9 @@ class InputBuffer:
         del chunks[:dropped]
         if excess:
             chunks[0] = chunks[0][excess:]
-        self._len = size
+        self.nbytes = size
         if not chunks:
             self._chunks = None
 
     def __repr__(self) -> str:
-        return f"InputBuffer(<{self._len} bytes>)"
+        return f"InputBuffer(<{self.nbytes} bytes>)"

@@ -35,7 +35,7 @@ def _str_bytes(text: str | None) -> int:
 
 
 def _item_bytes(item: Item) -> int:
-    return sum(_str_bytes(text) for text in item.strings())
+    return sum(map(_str_bytes, item.strings()))
 
 
 def _config_bytes(event: ev.SessionCreated | ev.SessionUpdated) -> int:
@@ -64,7 +64,7 @@ _PAYLOAD: dict[type, Callable] = {
     ev.OutputItemAdded: lambda e: _item_bytes(e.item),
     ev.OutputItemDone: lambda e: _item_bytes(e.item),
     ev.ResponseCreated: lambda e: _metadata_bytes(e.metadata),
-    ev.ResponseDone: lambda e: sum(_item_bytes(item) for item in e.output) + _metadata_bytes(e.metadata),
+    ev.ResponseDone: lambda e: sum(map(_item_bytes, e.output)) + _metadata_bytes(e.metadata),
     ev.TextDone: lambda e: _str_bytes(e.text),
     ev.TranscriptDone: lambda e: _str_bytes(e.transcript),
     ev.ContentPartDone: lambda e: _str_bytes(e.text),

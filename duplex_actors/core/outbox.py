@@ -59,7 +59,10 @@ class Outbox:
                 self._q.append(event)
             return True
         limit = self.capacity if event.TERMINAL else self.capacity - self.reserve
-        if len(self._q) + len(self._held) >= limit:
+        depth = len(self._q)
+        if self._held:  # nearly always empty: only a hold fills it
+            depth += len(self._held)
+        if depth >= limit:
             if not event.TERMINAL:
                 self.overflowed = True
                 return False
@@ -114,6 +117,17 @@ class Outbox:
 
     def popleft(self) -> ServerEvent:
         return self._q.popleft()
+
+    def take(self, limit: int | None = None) -> list[ServerEvent]:
+        """Hand over the queued events, oldest first (at most ``limit`` of them; held ones stay
+        held). One call per take rather than a test and a pop per event: every event of every
+        session passes here."""
+        q = self._q
+        if limit is None or limit >= len(q):
+            taken = list(q)
+            q.clear()
+            return taken
+        return [q.popleft() for _ in range(max(limit, 0))]
 
     def __len__(self) -> int:
         return len(self._q)

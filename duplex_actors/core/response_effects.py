@@ -8,7 +8,7 @@ Realtime API gives them.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import attrs
 
@@ -108,7 +108,7 @@ class ResponseEffects(SessionParts):
         """Open the response's assistant message as its next output item."""
         r.open_message()
         # Under the response's epoch: a cancel (which moved the session's) may open it.
-        ids = {
+        ids: dict[str, Any] = {
             "response_id": r.response_id,
             "item_id": r.item_id,
             "output_index": r.message_index,
@@ -122,7 +122,7 @@ class ResponseEffects(SessionParts):
         self._emit(ev.ContentPartAdded, part_type=r.part_type, **ids)
 
     def _fx_deliver_text(self, step: Step) -> None:
-        out = cast(TextDelta, step.output)
+        out: TextDelta = step.output  # type: ignore[assignment]  # (not typing.cast: a call per delta)
         r = self._response
         assert r is not None  # the chart's deliver rows run only once the response has begun
         if not out.text:
@@ -145,7 +145,7 @@ class ResponseEffects(SessionParts):
         )
 
     def _fx_deliver_audio(self, step: Step) -> None:
-        out = cast(AudioPacket, step.output)
+        out: AudioPacket = step.output  # type: ignore[assignment]  # (not typing.cast: a call per packet)
         now = step.now
         r = self._response
         assert r is not None  # the chart's deliver rows run only once the response has begun
@@ -153,12 +153,13 @@ class ResponseEffects(SessionParts):
             return  # a text-only response: audio the engine sent anyway is not the client's
         if r.message_index is None:
             self._open_message(r)
-        first = self._timing.on_audio(now, out.duration_s)
+        duration_s = out.duration_s
+        first = self._timing.on_audio(now, duration_s)
         r.audio = True
-        r.audio_ms += out.duration_s * 1000.0
+        r.audio_ms += duration_s * 1000.0
         # The client plays packets back to back from the first: the idle timeout counts
         # from the end of what it was sent.
-        self._playing_until = max(self._playing_until, now) + out.duration_s
+        self._playing_until = max(self._playing_until, now) + duration_s
         self._emit(
             ev.AudioDeltaEvent,
             response_id=r.response_id,
@@ -185,7 +186,7 @@ class ResponseEffects(SessionParts):
         call = r.add_call(self._new_item_id(), out.call_id, out.name, out.arguments)
         r.output_tokens += out.token_count  # the model's tokens that wrote the call
         self._call_registry().remember(out.call_id, out.name)
-        ids = {"response_id": r.response_id, "call": call}
+        ids: dict[str, Any] = {"response_id": r.response_id, "call": call}
         self._emit(fev.FunctionCallItemAdded, **ids)
         # A call is a conversation item of its own (GA): retrievable, what an output answers,
         # and announced like every item a response adds (conversation.item.added now, .done
@@ -210,7 +211,7 @@ class ResponseEffects(SessionParts):
                 self._emit_response_done(r, status, reason, stop_latency_s, r.output_items(None))
                 return
             self._open_message(r)  # a response with nothing in it still answers with a message
-        ids = {
+        ids: dict[str, Any] = {
             "response_id": r.response_id,
             "item_id": r.item_id,
             "epoch": r.epoch,

@@ -140,6 +140,10 @@ _NOT_AN_ANSWER = frozenset({"resume", "detach"})
 
 _new_step = tuple.__new__
 
+#: Writes an event's ``seq`` slot (ServerEvent's, shared by every event class): what
+#: ``object.__setattr__(event, "seq", n)`` does on a frozen event, without its attribute lookup.
+_stamp_seq = vars(ev.ServerEvent)["seq"].__set__
+
 
 def _debug_logging() -> bool:
     """Whether structlog, as configured now, would emit a transition's debug event: never while
@@ -459,7 +463,10 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             self.counters.invalid_outputs += 1
             self._logger.warning("engine_output_refused", request_id=rid, trigger=trigger, state=err.state)
         if self._state != CLOSED:
-            self.lease.touch(self.clock.now())
+            now = self.clock.now()
+            lease = self.lease
+            if now > lease.last_activity:  # Lease.touch, inline: every engine output passes here
+                lease.last_activity = now
         # An aborted request ended (what counts as its end depends on its kind): the chart
         # settles its abort, and leaves barge_in once no other is outstanding.
         if self._aborting and rid in self._aborting and is_terminal(output, self._aborting[rid]):
@@ -552,23 +559,24 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         out: list[ev.ServerEvent] = []
         if self._replay:
             out, self._replay = self._replay, []
-        now = self.clock.now()
-        box = self._outbox
-        taken = len(out)
+        fresh = self._outbox.take(None if limit is None else limit - len(out))
+        if not fresh:
+            return out
         seq = self._seq
-        while box and (limit is None or len(out) < limit):
+        for event in fresh:
             seq += 1
-            event = box.popleft()
             # Stamped in place: the outbox held the only reference (events are created by
             # _emit with seq=0 and never shared before this point), so nobody can observe the
             # change, and it saves an attrs.evolve copy, the largest single cost of a turn
             # (profile in docs/benchmarks.md).
-            object.__setattr__(event, "seq", seq)
-            out.append(event)
+            _stamp_seq(event, seq)
         self._seq = seq
-        if len(out) > taken:
-            self._journal.record_all(out[taken:] if taken else out, now)
-        return out
+        # Only what the outbox held is journaled: a replay's events already are.
+        self._journal.record_all(fresh, self.clock.now())
+        if out:
+            out.extend(fresh)
+            return out
+        return fresh
 
     def expire_journal(self) -> int:
         """Drop journaled events older than the journal's age limit; returns how many.
@@ -613,7 +621,10 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         trigger = step.trigger
         resolution = self.chart.resolve_on(self, _GUARD_FUNCTIONS, source, trigger, step)
         self._state = resolution.dest
-        for effect in _effect_functions(resolution):
+        effects = _EFFECT_FUNCTIONS.get(resolution.effects)  # _effect_functions, once known
+        if effects is None:
+            effects = _effect_functions(resolution)
+        for effect in effects:
             effect(self, step)
         # Not for closed: session.closed says it, and it must stay the last event.
         if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
@@ -636,12 +647,13 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         is_unit = self._units is not None and rid in self._units
         if not (is_turn or is_unit):
             return "stale_output"
-        if isinstance(output, Decision):
-            return "speak" if output.speak else "listen"
-        if isinstance(output, TextDelta):
-            return "text_delta"
+        # The kinds a stream repeats first (the output classes are unrelated: order is only cost).
         if isinstance(output, AudioPacket):
             return "audio_packet"
+        if isinstance(output, TextDelta):
+            return "text_delta"
+        if isinstance(output, Decision):
+            return "speak" if output.speak else "listen"
         if isinstance(output, FunctionCall):
             return "function_call"
         if isinstance(output, TurnDone):
@@ -671,12 +683,16 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
     # Those of the session as a whole; the rest live with what they work on (the parts above).
 
     # The preconditions (statechart.PRECONDITIONS): every row of their triggers reads them first.
+    # Every command has an epoch (Command's field); a step without a command has none. Read
+    # directly rather than by getattr: these two run on every command, appends included.
     def _g_epoch_not_stale(self, step: Step) -> bool:
-        epoch = getattr(step.command, "epoch", None)
+        command = step.command
+        epoch = None if command is None else command.epoch
         return epoch is None or epoch >= self.epoch
 
     def _g_epoch_not_ahead(self, step: Step) -> bool:
-        epoch = getattr(step.command, "epoch", None)
+        command = step.command
+        epoch = None if command is None else command.epoch
         return epoch is None or epoch <= self.epoch
 
     def _facts_epoch_not_stale(self, step: Step) -> dict[str, object]:

@@ -119,8 +119,10 @@ class SessionParts:
         """The id of the response the client is being sent, if one has begun."""
         return None if self._response is None else self._response.response_id
 
-    def _emit(self, cls, **fields) -> None:
-        event = cls(seq=0, epoch=fields.pop("epoch", self.epoch), session_id=self.session_id, **fields)
+    def _emit(self, cls, epoch: int | None = None, **fields) -> None:
+        """Queue an event of ``cls`` for the client, under ``epoch`` (None: the session's now;
+        a response's closing events carry the epoch it was created under)."""
+        event = cls(seq=0, epoch=self.epoch if epoch is None else epoch, session_id=self.session_id, **fields)
         # A push that does not fit marks the outbox overflowed; the chart's outbox_overflow row
         # closes the session once the current step is done (_close_slow_consumer).
         self._outbox.push(event)

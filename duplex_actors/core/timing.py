@@ -235,7 +235,9 @@ class TimingLedger:
         if a is None:
             return None
         # itl always holds tokens - 1 intervals, so its mean is the per-response TPOT.
-        tpot = sum(a.itl) / len(a.itl) if a.itl else None
+        # Seconds become ms inline (not through _ms): a response takes several snapshots.
+        itl = a.itl
+        tpot_ms = sum(itl) / len(itl) * 1000.0 if itl else None
         start = a.start
         rtf = None
         if a.audio_s > 0 and a.last_audio is not None and start is not None:
@@ -248,14 +250,14 @@ class TimingLedger:
             response_id=a.response_id,
             turn_id=a.turn_id,
             source=SERVER,
-            ttft_ms=None if a.first_text is None or start is None else _ms(a.first_text - start),
-            ttfp_ms=None if a.first_audio is None or start is None else _ms(a.first_audio - start),
-            tpot_ms=_ms(tpot),
+            ttft_ms=None if a.first_text is None or start is None else (a.first_text - start) * 1000.0,
+            ttfp_ms=None if a.first_audio is None or start is None else (a.first_audio - start) * 1000.0,
+            tpot_ms=tpot_ms,
             token_count=a.tokens,
-            itl_ms=tuple(x * 1000.0 for x in a.itl),
+            itl_ms=tuple([x * 1000.0 for x in itl]),  # a list first: no generator to resume per token
             audio_ms=a.audio_s * 1000.0,
             rtf=rtf,
-            stop_latency_ms=_ms(stop_latency_s),
+            stop_latency_ms=None if stop_latency_s is None else stop_latency_s * 1000.0,
             engine_source=None if eng is None else eng.source,
             engine_ttft_ms=None if eng is None else _ms(eng.first_token_s),
             engine_tpot_ms=engine_tpot,

@@ -59,15 +59,18 @@ class TurnEffects(SessionParts):
         return output is not None and len(aborting) == 1 and output.request_id in aborting
 
     def _request(
-        self, step: Step, kind: TurnKind, audio: bytes, request_id: str, words: str | None = None
+        self, step: Step, kind: TurnKind, audio: bytes, unit: int | None = None, words: str | None = None
     ) -> ModelTurnRequest:
+        """A model request under the session's current fence (``unit``: a model-native unit's
+        number, which its request id carries)."""
         cmd = step.command
+        fence = self.fence  # one Fence for the request and its id
         instructions = getattr(cmd, "instructions", None) or self.config.instructions
         shown = self._response_modalities(step)
         tools, tool_choice, sampling = self._response_options(step)
         return ModelTurnRequest(
-            request_id=request_id,
-            fence=self.fence,
+            request_id=fence.request_id(unit),
+            fence=fence,
             kind=kind,
             audio=audio,
             sample_rate=self.config.sample_rate,
@@ -100,7 +103,7 @@ class TurnEffects(SessionParts):
             results = () if self._calls is None else self._calls.take_results()
             self._pending_text = {}
             self._pending_chars = 0
-        request = self._request(step, TurnKind.RESPONSE, audio, self.fence.request_id(), words)
+        request = self._request(step, TurnKind.RESPONSE, audio, words=words)
         if results:
             request = attrs.evolve(request, function_results=results)
         self._turn_request = request.request_id
@@ -119,7 +122,7 @@ class TurnEffects(SessionParts):
         audio = bytes(self._input[:unit_bytes])
         del self._input[:unit_bytes]
         self._unit_seq += 1
-        request = self._request(step, TurnKind.UNIT, audio, self.fence.request_id(self._unit_seq))
+        request = self._request(step, TurnKind.UNIT, audio, unit=self._unit_seq)
         if self._units is None:
             self._units = set()
         self._units.add(request.request_id)
