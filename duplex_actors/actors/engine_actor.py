@@ -26,6 +26,7 @@ import structlog
 from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
 from ..engines.base import EngineBackend, sync_abort
+from .loop_event import OneShotEvent, event_class
 
 log = structlog.get_logger("duplex_actors.engine")
 
@@ -67,7 +68,7 @@ class _Parked:
 
     __slots__ = ("wake", "request")
 
-    def __init__(self, wake: anyio.Event) -> None:
+    def __init__(self, wake: OneShotEvent) -> None:
         self.wake = wake
         self.request: ModelTurnRequest | None = None
 
@@ -90,9 +91,9 @@ class EngineActor:
         self._inbox: deque = deque()
         #: Pump tasks waiting for a request (see submit).
         self._idle_pumps: list[_Parked] = []
-        self._new_event: Callable[[], anyio.Event] = anyio.Event
+        self._new_event: Callable[[], OneShotEvent] = anyio.Event
         self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
-        self._wake: anyio.Event | None = None
+        self._wake: OneShotEvent | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._abort_retry: set[str] = set()
         self._restarting = False
@@ -104,9 +105,10 @@ class EngineActor:
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.start()
-        # The backend's Event and CancelScope classes, made directly: anyio.Event() and
-        # anyio.CancelScope() look the backend up each time (a scope is made per request).
-        self._new_event = type(anyio.Event())
+        # The backend's one-shot event and CancelScope classes, made directly: anyio.Event()
+        # and anyio.CancelScope() look the backend up each time (a scope is made per request);
+        # on asyncio the event is the leaner LoopEvent (actors/loop_event.py).
+        self._new_event = event_class()
         self._new_scope = type(anyio.CancelScope())
         try:
             async with anyio.create_task_group() as tg:

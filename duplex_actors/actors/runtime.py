@@ -33,6 +33,7 @@ from ..logconfig import ensure_configured
 from . import gc_policy as _gc
 from .deadline import fail_after
 from .engine_actor import EngineActor, EngineStatistics
+from .loop_event import OneShotEvent, event_class
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
 from .timers import TimerQueue
@@ -310,13 +311,14 @@ class Runtime:
         self._ready: deque[SessionActor] = deque()
         #: Every session's timers (server VAD's idle timeout), on one task of any anyio backend.
         self.timers = TimerQueue()
-        self._wake: anyio.Event | None = None
+        self._wake: OneShotEvent | None = None
         #: True while the dispatcher runs a round: a session's append is then queued, never
         #: processed by its caller (SessionActor.tell_audio), since a round may be inside it.
         self.dispatching = False
-        #: Makes the running backend's Event directly (set by __aenter__): anyio.Event() looks
-        #: the backend up on every call, and a turn makes several (waiters, wake-ups).
-        self.new_event: Callable[[], anyio.Event] = anyio.Event
+        #: Makes the running backend's one-shot event directly (set by __aenter__):
+        #: anyio.Event() looks the backend up on every call, and a turn makes several
+        #: (waiters, wake-ups); on asyncio it is the leaner LoopEvent (actors/loop_event.py).
+        self.new_event: Callable[[], OneShotEvent] = anyio.Event
         self._tg: anyio.abc.TaskGroup | None = None
         self._running = False
         #: Set by drain(): no new session opens and no session starts a new response.
@@ -331,7 +333,7 @@ class Runtime:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> Runtime:
-        self.new_event = type(anyio.Event())
+        self.new_event = event_class()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:

@@ -24,6 +24,7 @@ from ..core.session import SessionCore
 from ..core.statechart import CLOSED
 from ..errors import AskTimeout, DuplexError, SessionClosed
 from .deadline import fail_after
+from .loop_event import OneShotEvent
 from .mailbox import Mailbox
 from .timers import Timer, TimerQueue
 
@@ -50,7 +51,7 @@ class SessionHost(Protocol):
 
     engine: EngineActor
     timers: TimerQueue
-    new_event: Callable[[], anyio.Event]
+    new_event: Callable[[], OneShotEvent]
     #: True while the dispatcher runs a round (sessions' messages being processed)
     dispatching: bool
 
@@ -66,7 +67,7 @@ class SessionHost(Protocol):
 class _Reply:
     __slots__ = ("done", "error")
 
-    def __init__(self, done: anyio.Event) -> None:
+    def __init__(self, done: OneShotEvent) -> None:
         self.done = done
         self.error: BaseException | None = None
 
@@ -130,7 +131,7 @@ class SessionActor:
         self.runtime = runtime
         self.mailbox = Mailbox(mailbox_capacity)
         self.scheduled = False
-        self._waiter: anyio.Event | None = None
+        self._waiter: OneShotEvent | None = None
         self._finished = False  # closed and fully drained
         self._expiring = False  # an expiry is queued (the reaper queues it once)
         self._unread: deque[ServerEvent] | None = None  # taken from the core, not yet handed out

@@ -24,11 +24,15 @@ class InputBuffer:
 
     def __iadd__(self, pcm: bytes) -> InputBuffer:
         if pcm:
+            # Kept as it came when it is bytes (immutable), what commands carry: the bytes()
+            # call was a no-op paid on every append. Anything mutable is copied.
+            if type(pcm) is not bytes:
+                pcm = bytes(pcm)
             chunks = self._chunks
             if chunks is None:
-                self._chunks = [bytes(pcm)]
+                self._chunks = [pcm]
             else:
-                chunks.append(bytes(pcm))  # no copy for bytes, which is what commands carry
+                chunks.append(pcm)
             self.nbytes += len(pcm)
         return self
 

@@ -124,6 +124,16 @@ class _GuardFunctions(dict):
 
 _GUARD_FUNCTIONS = _GuardFunctions()
 
+# An append row's checks (CompiledChart.append_buffers_in) as SessionCore functions, looked up
+# once per distinct tuple of names rather than name by name on every append; keyed by value, as
+# _EFFECT_FUNCTIONS is.
+_CHECK_FUNCTIONS: dict[tuple[str, ...], tuple[Callable[[SessionCore, Step], bool], ...]] = {}
+
+
+def _check_functions(checks: tuple[str, ...]) -> tuple[Callable[[SessionCore, Step], bool], ...]:
+    functions = _CHECK_FUNCTIONS[checks] = tuple(_GUARD_FUNCTIONS[name] for name in checks)
+    return functions
+
 
 def _effect_functions(resolution) -> tuple:
     effects = resolution.effects
@@ -415,10 +425,15 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             Step, ("append", now, command, None, None, None, now if received_at is None else received_at)
         )
         try:
-            # _run_append_checks, inline: this is every append's path.
-            for name in checks:
-                if not _GUARD_FUNCTIONS[name](self, step):
-                    raise CHECKS[name].refusal(state, "append", _GUARD_FUNCTIONS.facts(name, self, step))
+            functions = _CHECK_FUNCTIONS.get(checks)
+            if functions is None:
+                functions = _check_functions(checks)
+            for check in functions:
+                if not check(self, step):
+                    # Refused: the row's checks asked again by name (they are pure), so the
+                    # refusal is the first failing check's own, as resolving the row gives it.
+                    self._run_append_checks(checks, state, step)
+                    raise AssertionError("an append check failed, then passed: checks must be pure")
             self._fx_buffer_audio(step)
         except DuplexError as err:
             self.counters.rejected += 1

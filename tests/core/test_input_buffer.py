@@ -22,3 +22,15 @@ def test_same_as_bytearray(first, second, cut):
         buf += c
         ref += c
     assert len(buf) == len(ref) and bytes(buf) == bytes(ref) and bytes(buf) == bytes(ref)
+
+
+def test_mutable_audio_is_copied_as_it_is_added():
+    """A bytearray or memoryview the caller changes afterwards leaves the buffered audio as it
+    was when added (bytes, immutable, are kept without a copy)."""
+    buf = InputBuffer()
+    source = bytearray(b"\x01\x02\x03\x04")
+    buf += source
+    buf += memoryview(source)[:2]
+    source[:] = b"\x00\x00\x00\x00"
+    assert bytes(buf) == b"\x01\x02\x03\x04\x01\x02"
+    assert len(buf) == 6
