@@ -10,7 +10,8 @@ import pytest
 
 from duplex_actors.actors.loop_event import LoopEvent, event_class
 
-pytestmark = pytest.mark.anyio
+# A waiter never woken hangs its task group: fail in seconds, not at the suite's timeout.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -50,6 +50,7 @@ def test_serve_is_registered_with_its_options():
         "--journal-budget-mb",
         "--connect-rate-per-address",
         "--connect-rate-per-key",
+        "--loop",
     ):
         assert option in result.output
     bad = CliRunner().invoke(app, ["serve", "--engine", "vllm"])
