@@ -9,7 +9,9 @@ console, API keys, connect rates) is :mod:`.http_gate`; settings and close codes
 :mod:`.config`.
 
 One websocket connection is attached to at most one session at a time
-(:mod:`.session_connection`). A connection runs two tasks: the *reader* turns each text frame
+(:mod:`.session_connection`; what the server keeps of a session across its connections is a
+:mod:`.session_record`). A connection runs two tasks: the *reader* (:mod:`.session_reader`)
+turns each text frame
 into a typed client event (:mod:`.wire`) and ``tell``s it to the session without waiting for
 it to be processed; the *writer* iterates the session's events and sends each in the GA shape
 :mod:`.codec` gives it, all the events ready at one wake-up in one socket write (see
@@ -73,6 +75,7 @@ from . import connection as edge
 from . import frame_cost, guard, wire
 from .audio_format import GA_DEFAULT
 from .billing import LoopBilling
+from .client_address import describe_peer
 from .config import (
     CLOSE_BAD_RESUME,
     CLOSE_GOING_AWAY,
@@ -94,7 +97,9 @@ from .inflate import deflate_extensions
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
 from .opening_slots import OpeningSlots
-from .session_connection import SessionConnection, SessionRecord, _frame_bytes, _remote
+from .session_connection import SessionConnection
+from .session_reader import frame_bytes
+from .session_record import SessionRecord
 from .tls import server_ssl_context
 from .tls_relay import RelayedStream, RequestLineSniffer
 from .vad_batch import VadBatcher
@@ -561,7 +566,7 @@ class RealtimeServer:
         self._attach(record, conn)
         self._records[handle.id] = record
         self.quotas.opened(handle.id, conn.key, address)
-        log.info("server.session_opened", session_id=handle.id, remote=_remote(conn.ws))
+        log.info("server.session_opened", session_id=handle.id, remote=describe_peer(conn.ws))
         return record
 
     async def _resume(self, conn: SessionConnection, session_id: str) -> SessionRecord | None:
@@ -653,7 +658,7 @@ class RealtimeServer:
         if frame is None:
             raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
         limit = self.config.limits.max_resume_frame_bytes
-        if _frame_bytes(frame) > limit:
+        if frame_bytes(frame) > limit:
             # Refused unparsed: nothing paces this frame (no session, no budget yet), and a
             # padded one costs the loop far more to parse than it cost to send (deflated).
             raise wire.FrameTooLarge(f"a session.resume frame is at most {limit} bytes")
@@ -667,7 +672,7 @@ class RealtimeServer:
             raise wire.InvalidField(
                 "session_id", "does not match the session_id of the URL", event_id=request.event_id
             )
-        return request, _frame_bytes(frame)
+        return request, frame_bytes(frame)
 
     def _vad_available(self) -> bool:
         """Whether server VAD can run here: tried once per server (one model load, ~90 ms)."""

@@ -1,7 +1,7 @@
 """The loop-share ledger: what each client is billed for the loop's work done on its behalf.
 
 Sans-IO: every method takes ``now`` and the costs the server measured; nothing here reads a
-clock, a socket or a session. The server (:mod:`.app` and :mod:`.session_connection`) bills
+clock, a socket or a session. The server (:mod:`.app`, :mod:`.session_reader` and :mod:`.session_connection`) bills
 three kinds of work through it, all to the client's tenant in the :class:`~.loop_share.LoopShare`:
 
 * what a connection's writer encoded and sent (:meth:`LoopBilling.sent`), which also keeps

@@ -73,6 +73,16 @@ def peer_ip(ws: Any) -> str:
         return "?"
 
 
+def describe_peer(ws: Any) -> str:
+    """The client, for logs: its address and port, and the proxy's when one forwarded it."""
+    try:
+        host, port = ws.remote_address[:2]
+    except Exception:
+        return "?"
+    client = client_ip(ws)
+    return f"{host}:{port}" if client == str(host) else f"{client} via {host}:{port}"
+
+
 def peername_ip(peer: object) -> str:
     """The IP address in a transport's ``peername`` ("?" when there is none, or no address,
     as for a Unix socket)."""

@@ -151,7 +151,7 @@ class ServerConfig:
     #: is handled.
     vad_batch_window_s: float | None = attrs.field(default=0.01, validator=_none_or(attrs.validators.ge(0)))
     #: A client's append is handled as websockets' parser hands it over, when nothing would
-    #: hold it back, without waking the connection's reader for it (session_connection.py,
+    #: hold it back, without waking the connection's reader for it (session_reader.py,
     #: "Frames handled as they are parsed"). False: every frame goes through the reader.
     handle_frames_as_parsed: bool = True
     #: Server VAD's quiet gate (audio/vad.py QUIET_DBFS): a stream's windows under this level,

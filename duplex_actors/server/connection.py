@@ -116,7 +116,7 @@ class PacedConnection(ServerConnection):
     relayed_peer: tuple | None = None
     #: Offered each whole message (one unfragmented frame) as the parser hands it over, while
     #: the read queue is empty; it returns whether it took the message, which otherwise goes
-    #: to the queue for ``recv()``. Set by the session's reader (session_connection.py, "Frames
+    #: to the queue for ``recv()``. Set by the session's reader (session_reader.py, "Frames
     #: handled as they are parsed").
     offer: Callable[[str | bytes], bool] | None = None
 

@@ -20,9 +20,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
 from . import guard
-from .client_address import FORWARDED_FOR, client_ip, forwarded_client, peer_ip
+from .client_address import FORWARDED_FOR, client_ip, describe_peer, forwarded_client, peer_ip
 from .connection import PacedConnection
-from .session_connection import _remote
 
 if TYPE_CHECKING:
     from .app import RealtimeServer
@@ -74,7 +73,7 @@ class HttpGate:
         key = guard.accepted_key(request.headers, server._keys) if server._keys else None
         if server._keys and key is None:
             server.metrics.auth_refused.inc()
-            log.info("server.auth_refused", remote=_remote(connection))
+            log.info("server.auth_refused", remote=describe_peer(connection))
             response = _respond(
                 connection, 401, "missing or invalid API key: send 'Authorization: Bearer <key>'\n"
             )

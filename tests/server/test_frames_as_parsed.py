@@ -1,4 +1,4 @@
-"""Appends handled as websockets' parser hands them over (session_connection.py, "Frames
+"""Appends handled as websockets' parser hands them over (session_reader.py, "Frames
 handled as they are parsed"), through a real server and socket: the session gets the client's
 frames in the order they were sent and loses none, whichever path each frame took, and the
 path is really taken."""
@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.session import SessionCore
 from duplex_actors.server.config import CLOSE_POLICY_VIOLATION
-from duplex_actors.server.session_connection import SessionConnection
+from duplex_actors.server.session_reader import SessionReader
 
 from .conftest import recv_json, recv_until, running_server
 
@@ -112,7 +112,7 @@ async def test_the_session_gets_every_frame_in_the_order_sent_whichever_path_it_
 ):
     handled = _record_handled(monkeypatch)
     taken = left = 0
-    offer = SessionConnection._offer
+    offer = SessionReader.offer
 
     def counted(self, frame):
         nonlocal taken, left
@@ -120,7 +120,7 @@ async def test_the_session_gets_every_frame_in_the_order_sent_whichever_path_it_
         taken, left = taken + took, left + (not took)
         return took
 
-    monkeypatch.setattr(SessionConnection, "_offer", counted)
+    monkeypatch.setattr(SessionReader, "offer", counted)
     ops = _script(seed, 160)
     rng = random.Random(seed)
     # Paced: the audio budget runs out early, so the reader waits with a frame in hand.
@@ -163,7 +163,7 @@ async def test_a_microphones_appends_are_handled_as_parsed(monkeypatch):
     # A frame every few ms, each read on its own with the reader waiting: none goes through
     # the read queue but the first, which builds nothing here (no server VAD).
     taken = 0
-    offer = SessionConnection._offer
+    offer = SessionReader.offer
 
     def counted(self, frame):
         nonlocal taken
@@ -171,7 +171,7 @@ async def test_a_microphones_appends_are_handled_as_parsed(monkeypatch):
         taken += took
         return took
 
-    monkeypatch.setattr(SessionConnection, "_offer", counted)
+    monkeypatch.setattr(SessionReader, "offer", counted)
     async with running_server() as server:
         async with connect(server.url) as ws:
             created = await recv_json(ws)
@@ -217,7 +217,7 @@ async def test_appends_refused_as_parsed_count_toward_the_flood_budget_and_close
     from .test_server_vad import LoudnessVad, tone
 
     refused_as_parsed = 0
-    offer = SessionConnection._offer
+    offer = SessionReader.offer
 
     def counted(self, frame):
         nonlocal refused_as_parsed
@@ -228,7 +228,7 @@ async def test_appends_refused_as_parsed_count_toward_the_flood_budget_and_close
         return took
 
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(SessionConnection, "_offer", counted)
+        monkeypatch.setattr(SessionReader, "offer", counted)
         async with running_server(
             vad_factory=LoudnessVad,
             session_overrides={"max_input_bytes": 16000 * 2},
