@@ -994,11 +994,6 @@ async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
             return report
 
 
-def run_loop(choice: str, main):
-    """Runs the server's side of a flood on the event loop ``serve --loop choice`` would."""
-    return event_loop.run(main, choice)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
@@ -1084,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.long_turn:
-        r = run_loop(args.loop, _run_long_turn(args.long_turn))
+        r = event_loop.run(_run_long_turn(args.long_turn), args.loop)
         print(
             f"one {r['turn_s']:.0f} s transcribed turn: the neighbour's 1 s turn got its transcript in "
             f"{r['neighbour_alone_s'] * 1e3:.0f} ms alone, {r['during_median_s'] * 1e3:.0f} ms at the median "
@@ -1095,8 +1090,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.responses:
-        r = run_loop(
-            args.loop,
+        r = event_loop.run(
             _run_responses(
                 args.responses,
                 args.seconds,
@@ -1105,6 +1099,7 @@ def main(argv: list[str] | None = None) -> int:
                 cancel_after=args.cancel_after,
                 how=args.how,
             ),
+            args.loop,
         )
 
         def ms(pair: tuple[float, float]) -> str:
@@ -1126,7 +1121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.churn:
         rate = args.connect_rate if args.policy == "on" else None
-        c = run_loop(args.loop, _run_churn(args.seconds, args.connections, rate))
+        c = event_loop.run(_run_churn(args.seconds, args.connections, rate), args.loop)
         print(
             f"churn from {args.connections} connections for {c['seconds']:.1f} s, connect rate "
             f"{'off' if rate is None else f'{rate:g}/s on its key'}: {c['opened']} sessions opened "
@@ -1140,7 +1135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.journals:
         budget_mb = args.journal_budget_mb if args.policy == "on" else None
-        j = run_loop(args.loop, _run_journals(args.journals, budget_mb))
+        j = event_loop.run(_run_journals(args.journals, budget_mb), args.loop)
         print(
             f"{j['sessions']} sessions filling their journals, budget "
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
@@ -1150,7 +1145,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.audio and args.sessions > 1:
-        a = run_loop(args.loop, _run_audio_sessions(args.sessions, args.seconds, args.policy == "on"))
+        a = event_loop.run(_run_audio_sessions(args.sessions, args.seconds, args.policy == "on"), args.loop)
         print(
             f"{a['sessions']} sessions of one key flooding audio for {args.seconds:.0f} s, loop shared by "
             f"client {'on' if a['shared'] else 'off'}: accepted {a['accepted_x_real_time']:.1f}x real time "
@@ -1164,7 +1159,7 @@ def main(argv: list[str] | None = None) -> int:
     kind = next((k for k in VALID_FLOODS if getattr(args, k)), None)
     if kind is not None:
         frame_ms = args.frame_ms or (1000 if kind in ("transcripts", "commits") else 100)
-        a = run_loop(args.loop, _run_valid(kind, args.seconds, args.policy == "on", frame_ms))
+        a = event_loop.run(_run_valid(kind, args.seconds, args.policy == "on", frame_ms), args.loop)
         if kind in ("audio", "transcripts"):
             what = (
                 f"{VALID_FLOODS[kind]} in {frame_ms} ms frames, sent at {a['flooder_sent_x_real_time']:.1f}x "
@@ -1184,7 +1179,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 0
-    r = run_loop(args.loop, _run(args.frames, args.policy == "on"))
+    r = event_loop.run(_run(args.frames, args.policy == "on"), args.loop)
     print(
         f"flood of {r['frames']} invalid frames, policy {args.policy}: neighbour turn "
         f"{r['neighbour_turn_s']:.2f} s alone, {r['neighbour_turn_during_flood_s']:.2f} s during "
