@@ -122,7 +122,7 @@ class SessionConnection:
         timeout = self.server.config.write_timeout_s
         pacer = record.frame_pacer
         loop_share = self.server.loop_share
-        tenant = handle.tenant
+        tenant = record.tenant
         now = self.server.runtime.clock.now
         link = self.server.front_link
         ended = False

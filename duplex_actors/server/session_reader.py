@@ -139,7 +139,7 @@ class SessionReader:
         handling = record.handling_pacer
         loop_share = self.server.loop_share
         billed = handling is not None or loop_share is not None
-        tenant = record.handle.tenant
+        tenant = record.tenant
         now = self.server.runtime.clock.now
         offers_to = self.ws if isinstance(self.ws, PacedConnection) else None
         if offers_to is not None and self.server.config.handle_frames_as_parsed:
@@ -266,7 +266,7 @@ class SessionReader:
         server = self.server
         now = server.runtime.clock.now()
         loop_share = server.loop_share
-        tenant = record.handle.tenant
+        tenant = record.tenant
         if loop_share is not None and loop_share.holds(tenant, now):
             return False
         if record.frame_pacer is not None and record.frame_pacer.level(now) < 0.0:
@@ -295,7 +295,7 @@ class SessionReader:
         return wire.decode(
             frame,
             self.server.config.limits,
-            sample_rate=record.handle.config.sample_rate,
+            sample_rate=record.session_rate,
             input_format=record.wire.input_format,
             binary_audio=record.wire.binary_audio,
         )
@@ -303,7 +303,6 @@ class SessionReader:
     def _on_frame(self, frame: str | bytes, decoded: _Append | None = None) -> None:
         record = self.record
         assert record is not None
-        handle = record.handle
         metrics = self.server.metrics
         now = self.server.runtime.clock.now()  # one reading for the frame's pacers
         if record.frame_pacer is not None:
@@ -311,7 +310,7 @@ class SessionReader:
             self._pace(record.frame_pacer, frame_bytes(frame), "frames", now)
         event: wire.ClientEvent | None = None
         try:
-            session_rate = handle.config.sample_rate
+            session_rate = record.session_rate
             if decoded is not None:
                 event = decoded
             elif self.decoded is not None and self.decoded[0] == frame:
@@ -427,7 +426,7 @@ class SessionReader:
     def _append(self, record: SessionRecord, event: cmd.AppendAudio) -> None:
         """User audio at the session's rate: through server VAD when it is on, else straight in."""
         handle = record.handle
-        rate = handle.config.sample_rate
+        rate = record.session_rate
         if record.vad_settings is None:
             self._tell(event)
             return
@@ -491,7 +490,7 @@ class SessionReader:
             self._pace(record.handling_pacer, cost, "handling", now)
         loop_share = self.server.loop_share
         if loop_share is not None:
-            loop_share.charge(record.handle.tenant, cost, now)
+            loop_share.charge(record.tenant, cost, now)
 
 
 # --- helpers --------------------------------------------------------------------------------

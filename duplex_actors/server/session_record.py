@@ -25,6 +25,8 @@ class SessionRecord(Account):
 
     __slots__ = (
         "handle",
+        "tenant",
+        "session_rate",
         "lock",
         "attached",
         "vad",
@@ -45,6 +47,10 @@ class SessionRecord(Account):
     ) -> None:
         super().__init__()
         self.handle = handle
+        # Both fixed for the session's life (no update changes them), and read for every
+        # frame: kept here rather than asked of the session each time.
+        self.tenant = handle.tenant  # whom its work is billed to
+        self.session_rate = handle.config.sample_rate  # the rate its audio is buffered at
         # The session's, not a connection's: a client that reconnects (resumes) to start over
         # with a full burst finds the buckets as it left them. Seconds of audio, bytes of
         # frames, seconds of handling.
@@ -60,12 +66,12 @@ class SessionRecord(Account):
         # The engine's token limits, so max_output_tokens echoes the one that really applies.
         self.wire.engine_max_output_tokens = getattr(caps, "max_output_tokens", None)
         self.wire.engine_max_output_tokens_limit = getattr(caps, "max_output_tokens_limit", None)
-        self.converter = InputConverter(self.wire.input_format, handle.config.sample_rate)
+        self.converter = InputConverter(self.wire.input_format, self.session_rate)
 
     def declare_input(self, fmt) -> None:
         """The client declared the format of the audio it sends (session.update)."""
         self.wire.input_format = fmt
-        self.converter = InputConverter(fmt, self.handle.config.sample_rate)
+        self.converter = InputConverter(fmt, self.session_rate)
 
     def set_vad(
         self,
