@@ -438,7 +438,9 @@ class SessionActor:
     async def events(self) -> AsyncIterator[ServerEvent]:
         """Every event of this session, in order, ending with ``session.closed``."""
         while await self.wait_events():
-            # ready_events, inline (one generator per event less; the same reads, in order).
+            # ready_events, inline (one generator per event less; the same reads, in order),
+            # one batch a pass: once a batch is handed out, wait_events asks the core whether
+            # there is more (has_events), where a take after nearly every batch found nothing.
             while True:
                 unread = self._unread
                 if unread:
@@ -458,6 +460,8 @@ class SessionActor:
                 # TERMINAL first (a class attribute): only the few terminal events are tested.
                 if event.TERMINAL and isinstance(event, SessionClosedEvent):
                     return
+                if not self._unread:  # read afresh: a resume meanwhile may have discarded it
+                    break
 
     def ready_events(self) -> Iterator[ServerEvent]:
         """The events ready now, in order, one at a time, without waiting.

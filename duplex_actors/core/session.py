@@ -469,8 +469,9 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         """Route one engine output through the chart: deliver, count as stale, or end a turn."""
         rid = output.request_id
         trigger = self._classify(output)
+        now = self.clock.now()
         try:
-            self._fire(_new_step(Step, (trigger, self.clock.now(), None, output, None, None, None)))
+            self._fire(_new_step(Step, (trigger, now, None, output, None, None, None)))
         except IllegalTransition as err:
             # The engine produced something its request may not produce in this state: the
             # output is consumed and counted, the session carries on; it is never the client's
@@ -478,7 +479,8 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             self.counters.invalid_outputs += 1
             self._logger.warning("engine_output_refused", request_id=rid, trigger=trigger, state=err.state)
         if self._state != CLOSED:
-            now = self.clock.now()
+            # The activity is the output's step, at its time (as a command's is, in
+            # _after_accepted): one clock read per output.
             lease = self.lease
             if now > lease.last_activity:  # Lease.touch, inline: every engine output passes here
                 lease.last_activity = now
