@@ -98,10 +98,23 @@ __all__ = [
 log = structlog.get_logger("duplex_actors.session")
 
 
-# Effect-name tuples as SessionCore functions, looked up once per distinct tuple instead of by
-# name on every event. Keyed by the tuple's value, never by object identity: charts built by
-# tests come and go, and a recycled id() would hand one branch another's effects.
-_EFFECT_FUNCTIONS: dict[tuple[str, ...], tuple] = {}
+class _FunctionTuples(dict):
+    """Tuples of names as tuples of SessionCore functions, looked up once per distinct tuple
+    instead of name by name on every step. Keyed by the tuple's value, never by object
+    identity: charts built by tests come and go, and a recycled id() would hand one branch
+    another's functions."""
+
+    def __init__(self, function_of: Callable[[str], Callable]) -> None:
+        super().__init__()
+        self._function_of = function_of
+
+    def __missing__(self, names: tuple[str, ...]) -> tuple:
+        functions = self[names] = tuple(self._function_of(name) for name in names)
+        return functions
+
+
+#: A chart branch's effects (Resolution.effects) as functions.
+_EFFECT_FUNCTIONS = _FunctionTuples(lambda name: getattr(SessionCore, "_fx_" + name))
 
 
 class _GuardFunctions(dict):
@@ -124,24 +137,8 @@ class _GuardFunctions(dict):
 
 _GUARD_FUNCTIONS = _GuardFunctions()
 
-# An append row's checks (CompiledChart.append_buffers_in) as SessionCore functions, looked up
-# once per distinct tuple of names rather than name by name on every append; keyed by value, as
-# _EFFECT_FUNCTIONS is.
-_CHECK_FUNCTIONS: dict[tuple[str, ...], tuple[Callable[[SessionCore, Step], bool], ...]] = {}
-
-
-def _check_functions(checks: tuple[str, ...]) -> tuple[Callable[[SessionCore, Step], bool], ...]:
-    functions = _CHECK_FUNCTIONS[checks] = tuple(_GUARD_FUNCTIONS[name] for name in checks)
-    return functions
-
-
-def _effect_functions(resolution) -> tuple:
-    effects = resolution.effects
-    functions = _EFFECT_FUNCTIONS.get(effects)
-    if functions is None:
-        functions = tuple(getattr(SessionCore, "_fx_" + e) for e in effects)
-        _EFFECT_FUNCTIONS[effects] = functions
-    return functions
+#: An append row's checks (CompiledChart.append_buffers_in) as functions.
+_CHECK_FUNCTIONS = _FunctionTuples(_GUARD_FUNCTIONS.__getitem__)
 
 
 #: Accepted commands that do not show the client has its last resume's answer: the resume
@@ -425,10 +422,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             Step, ("append", now, command, None, None, None, now if received_at is None else received_at)
         )
         try:
-            functions = _CHECK_FUNCTIONS.get(checks)
-            if functions is None:
-                functions = _check_functions(checks)
-            for check in functions:
+            for check in _CHECK_FUNCTIONS[checks]:
                 if not check(self, step):
                     # Refused: the row's checks asked again by name (they are pure), so the
                     # refusal is the first failing check's own, as resolving the row gives it.
@@ -638,10 +632,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         trigger = step.trigger
         resolution = self.chart.resolve_on(self, _GUARD_FUNCTIONS, source, trigger, step)
         self._state = resolution.dest
-        effects = _EFFECT_FUNCTIONS.get(resolution.effects)  # _effect_functions, once known
-        if effects is None:
-            effects = _effect_functions(resolution)
-        for effect in effects:
+        for effect in _EFFECT_FUNCTIONS[resolution.effects]:
             effect(self, step)
         # Not for closed: session.closed says it, and it must stay the last event.
         if resolution.dest != source and self.config.state_events and resolution.dest != CLOSED:
