@@ -89,9 +89,12 @@ def _from_pcm16(pcm: bytes, fmt: AudioFormat) -> bytes:
 def _resample(pcm: bytes, rate_in: int, rate_out: int) -> bytes:
     if rate_in == rate_out or not pcm:
         return pcm
-    samples = np.frombuffer(pcm, dtype="<i2")
+    # In float, rounded here: soxr dithers an int16 output with a seed of its own (taken from
+    # the clock and an address), so one packet encoded twice could differ by a step, and a
+    # replayed event must encode to the bytes it did the first time.
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
     out = soxr.resample(samples, rate_in, rate_out)
-    return np.asarray(out, dtype="<i2").tobytes()
+    return np.clip(np.rint(out), -32768, 32767).astype("<i2").tobytes()
 
 
 class InputConverter:
@@ -129,7 +132,9 @@ class InputConverter:
         stream = self._stream
         if stream is None:
             stream = self._stream = soxr.ResampleStream(self.format.rate, self.session_rate, 1, dtype="int16")
-        out = stream.resample_chunk(np.frombuffer(pcm, dtype="<i2"))
+        # A column (frames x one channel) is soxr's own layout: a flat chunk costs a reshape on
+        # the way in and numpy's squeeze on the way out, on every chunk of every session.
+        out = stream.resample_chunk(np.frombuffer(pcm, dtype="<i2").reshape(-1, 1))
         return np.asarray(out, dtype="<i2").tobytes()
 
 
