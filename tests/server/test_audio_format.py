@@ -45,10 +45,19 @@ def test_the_input_resampler_starts_over_after_a_flush():
     used = InputConverter(AudioFormat(PCM, 24000), 16000)
     used.convert(tone(55, 24000, 3000.0))
     used.flush()  # a commit: what came before must leave nothing behind
-    assert run(used) == run(InputConverter(AudioFormat(PCM, 24000), 16000))
+    assert _same_audio(run(used), run(InputConverter(AudioFormat(PCM, 24000), 16000)))
     used.convert(tone(30, 24000, 900.0))
     used.reset()  # input_audio_buffer.clear
-    assert run(used) == run(InputConverter(AudioFormat(PCM, 24000), 16000))
+    assert _same_audio(run(used), run(InputConverter(AudioFormat(PCM, 24000), 16000)))
+
+
+def _same_audio(a: bytes, b: bytes) -> bool:
+    """As many samples, each within a rounding step or two: soxr dithers the input stream's
+    int16 output with a seed of its own (left on: the input is never replayed, and rounding in
+    float costs more than the rest of the conversion). What a flush failed to clear would
+    differ by far more: the 3 kHz tone is thousands of steps loud."""
+    x, y = (np.frombuffer(pcm, dtype="<i2").astype(int) for pcm in (a, b))
+    return len(x) == len(y) > 0 and int(np.abs(x - y).max()) <= 2
 
 
 def test_a_flush_with_nothing_converted_since_holds_nothing():
