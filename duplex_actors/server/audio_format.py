@@ -14,7 +14,8 @@ module converts at the server's edge, so nothing behind it knows about wire form
 * output: :func:`encode_output` converts one engine packet to the declared output format.
   Each packet is resampled on its own, deliberately: the same event may be sent twice (a
   resume replays it) and must encode to the same bytes both times, which a resampler whose
-  state moved on could not promise.
+  state moved on could not promise, nor one that dithers (soxr does, on int16 output: the
+  packet is resampled in float and rounded here).
 
 G.711 uses the standard library's ``audioop`` (``audioop-lts`` on Python 3.13+, where the
 standard module is gone).
