@@ -35,6 +35,7 @@ COVERED = {
     "stall_bench": ("bench/test_bench_entry_points.py", "test_stall_bench_main_tiny"),
     "soak": ("reliability/test_soak_short.py", "test_soak_short_form_loses_nothing_and_leaks_nothing"),
     "vad_bench": ("bench/test_vad_bench.py", "test_every_arm_streams_and_the_batched_one_batches"),
+    "vad_rate_bench": ("bench/test_vad_rate_bench.py", "test_vad_rate_bench_main_tiny"),
     "vllm_bench": (
         "vllm/test_vllm_bench.py",
         "test_vllm_bench_smoke_reports_every_figure_against_bare_asyncllm",

