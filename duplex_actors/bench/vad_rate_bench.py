@@ -135,19 +135,32 @@ def run(
 
 
 def _snr(text: str) -> float | None:
-    return None if text == "clean" else float(text)
+    """A noise level: ``clean`` (none), or the speech's level over the noise in dB."""
+    if text == "clean":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'clean' nor a number of dB") from None
+
+
+def _sentences(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError("at least one sentence")
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.vad_rate_bench", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--sentences", type=int, default=20)
-    parser.add_argument("--snr", nargs="+", default=["clean", "20", "10", "5"], help="dB, or 'clean'")
+    parser.add_argument("--sentences", type=_sentences, default=20)
+    parser.add_argument("--snr", type=_snr, nargs="+", default=[None, 20.0, 10.0, 5.0], help="dB, or 'clean'")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args(argv)
-    report = run(args.sentences, tuple(_snr(s) for s in args.snr), args.seed)
+    report = run(args.sentences, tuple(args.snr), args.seed)
     print(
         f"server VAD at 8 kHz against 16 kHz, {report['sentences']} sentences, {report['audio_s']:.1f} s of audio"
     )

@@ -26,3 +26,13 @@ def test_vad_rate_bench_main_tiny(tmp_path, capsys):
         assert level["matched"] + level["only_8k"] == level["turns_8k"]
         assert level["cpu_ms_per_audio_s_16k"] > 0 and level["cpu_8k_vs_16k"] > 0
     assert "ratio" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--snr", "loud"], ["--sentences", "0"]])
+def test_vad_rate_bench_refuses_bad_options_before_any_work(argv, capsys):
+    from duplex_actors.bench import vad_rate_bench
+
+    with pytest.raises(SystemExit) as exit_:
+        vad_rate_bench.main(argv)
+    assert exit_.value.code == 2
+    assert "error:" in capsys.readouterr().err
