@@ -32,8 +32,9 @@ def default_engine() -> EngineChoice:
     return EngineChoice.embedded if installed else EngineChoice.scripted
 
 
-def build_engine(engine: EngineChoice, model: str | None = None):
-    """The engine backend for ``--engine``; a missing extra is a clear error, not a traceback."""
+def build_engine(engine: EngineChoice, model: str | None = None, *, scripted_pace: float = 1.0):
+    """The engine backend for ``--engine``; a missing extra is a clear error, not a traceback.
+    ``scripted_pace`` stretches the scripted engine's latencies (``serve --scripted-pace``)."""
     if engine is EngineChoice.scripted:
         from ..engines.scripted import Script, ScriptedEngine
 
@@ -45,9 +46,9 @@ def build_engine(engine: EngineChoice, model: str | None = None):
                 tokens=words,
                 audio_packets=12,
                 packet_ms=160,
-                first_latency_s=0.05,
-                token_latency_s=0.02,
-                packet_latency_s=0.02,
+                first_latency_s=0.05 * scripted_pace,
+                token_latency_s=0.02 * scripted_pace,
+                packet_latency_s=0.02 * scripted_pace,
             ),
             record=False,
         )
@@ -79,6 +80,12 @@ def register(app: typer.Typer) -> None:
             help="engine backend (default: embedded when the 'embedded' extra is installed, else scripted)",
         ),
         model: str | None = typer.Option(None, help="model path for --engine vllm"),
+        scripted_pace: float = typer.Option(
+            1.0,
+            min=0.001,
+            help="--engine scripted: stretch its latencies by this factor (2: it answers half as fast), "
+            "to test a client against a model that is still speaking when the user cuts in",
+        ),
         device: str = typer.Option(
             "cpu", help="--engine embedded: where its thinker runs: cpu | cuda | cuda:N | auto (cuda if any)"
         ),
@@ -330,6 +337,7 @@ def register(app: typer.Typer) -> None:
                 WorkerSettings(
                     engine=engine.value,
                     model=model,
+                    scripted_pace=scripted_pace,
                     api_key=api_key,
                     limits=limits,
                     session_overrides=overrides,
@@ -348,7 +356,7 @@ def register(app: typer.Typer) -> None:
                 ),
             )
             return
-        backend = build_engine(engine, model)
+        backend = build_engine(engine, model, scripted_pace=scripted_pace)
         from .app import ServerConfig
         from .event_loop import run_anyio
 

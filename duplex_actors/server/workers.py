@@ -125,6 +125,8 @@ class WorkerSettings:
 
     engine: str = "scripted"
     model: str | None = None
+    #: ``serve --scripted-pace``: the scripted engine's latencies, stretched.
+    scripted_pace: float = 1.0
     api_key: str | None = None
     limits: Any = None  # wire.WireLimits; Any so this module imports without the server extra
     session_overrides: dict = attrs.field(factory=dict)
@@ -157,7 +159,7 @@ class WorkerSettings:
             return self.engine_factory()
         from .cli_commands import EngineChoice, build_engine
 
-        return build_engine(EngineChoice(self.engine), self.model)
+        return build_engine(EngineChoice(self.engine), self.model, scripted_pace=self.scripted_pace)
 
 
 # --------------------------------------------------------------------------- child processes

@@ -30,6 +30,22 @@ def serve_url():
     yield from _serve(sys.executable, "scripted")
 
 
+#: How much slower than ``serve_url`` the paced server answers: its 1.92 s answer then takes
+#: about as long to generate as to play, as a real speaking model's may. At the default pace
+#: the answer is generated in about 0.8 s, so a user who talks over its playback after that
+#: cuts in on a finished response, which only a truncation can shorten.
+SLOW_PACE = 2.5
+
+
+@pytest.fixture(scope="session")
+def paced_serve_url():
+    """The scripted server with ``--scripted-pace SLOW_PACE``: for tests whose user talks over
+    an answer well into its playback and wants the server's cancel, not only a truncation.
+    Without it, whether the answer is still generating when the barge-in lands would depend on
+    how loaded the host is."""
+    yield from _serve(sys.executable, "scripted", "--scripted-pace", str(SLOW_PACE))
+
+
 #: The python that can run the embedded engine: the clients' venv has no torch (and should
 #: not: it is the clients' own stack), so .ci/interop.sh names the project's main venv.
 SERVE_PYTHON = os.environ.get("DUPLEX_SERVE_PYTHON", sys.executable)
@@ -47,7 +63,7 @@ def embedded_url():
     yield from _serve(SERVE_PYTHON, "embedded")
 
 
-def _serve(python: str, engine: str):
+def _serve(python: str, engine: str, *extra: str):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [
@@ -61,6 +77,7 @@ def _serve(python: str, engine: str):
             "0",
             "--api-key",
             API_KEY,
+            *extra,
             *os.environ.get("DUPLEX_INTEROP_SERVE_ARGS", "").split(),
         ],
         stdout=subprocess.PIPE,

@@ -1398,13 +1398,14 @@ async def test_agent_session_answers_generate_reply_and_a_spoken_turn(serve_url,
         assert h.no_trouble(), h.summary()
 
 
-async def test_agent_session_barge_in_under_server_vad(serve_url, speech_24k, never_mind_24k):
+async def test_agent_session_barge_in_under_server_vad(paced_serve_url, speech_24k, never_mind_24k):
     """The user talks over the answer (server VAD): AgentSession interrupts on the server's
     speech_started (response.cancel), stops the Speaker and truncates the message at what was
     played; the server ends the response cancelled, applies the truncation, commits the new
     turn and answers it, and that answer plays whole. The history holds the interrupted
-    answer as interrupted."""
-    async with SessionHarness(serve_url) as h:
+    answer as interrupted. The paced server keeps the answer generating past the barge-in
+    (at the default pace a loaded host could finish it first: then it is completed)."""
+    async with SessionHarness(paced_serve_url) as h:
         await h.session.start(Agent(instructions="You are a helpful assistant."))
         # the greeting: AgentSession's echo guard (aec_warmup_duration, 3 s from the first
         # speech) silences the microphone while the agent speaks; it is over by the answer

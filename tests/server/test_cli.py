@@ -73,6 +73,26 @@ def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, win
     assert negative.exit_code != 0
 
 
+@pytest.mark.parametrize(("given", "pace"), [((), 1.0), (("--scripted-pace", "2.5"), 2.5)])
+def test_the_scripted_pace_stretches_the_scripted_engines_latencies(monkeypatch, given, pace):
+    # A client's barge-in tests need a model that is still answering when the user cuts in.
+    from duplex_actors.server import event_loop
+    from duplex_actors.server.workers import WorkerSettings
+
+    engines = []
+    monkeypatch.setattr(event_loop, "run_anyio", lambda main, engine, *rest, choice: engines.append(engine))
+    result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
+    assert result.exit_code == 0, result.output
+    for engine in (*engines, WorkerSettings(engine="scripted", scripted_pace=pace).build_engine()):
+        script = engine.script_for(None)  # a fixed Script: the same for every request
+        assert (script.first_latency_s, script.token_latency_s, script.packet_latency_s) == pytest.approx(
+            (0.05 * pace, 0.02 * pace, 0.02 * pace)
+        )
+    assert len(engines) == 1
+    zero = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", "--scripted-pace", "0"])
+    assert zero.exit_code == 2, zero.output
+
+
 def _uvloop_installed() -> bool:
     import importlib.util
 
