@@ -21,7 +21,10 @@ both ends are our own processes and the socket lives in a 0700 directory that on
 serving user can reach; it is also what carries the frozen attrs messages without a schema.
 The host coalesces: every output that became ready during one event-loop pass goes out in one
 frame (``("out", [(request_id, output), ...])``), so a burst costs one pickle and one write,
-while a paced engine still sends each output as soon as it exists.
+while a paced engine still sends each output as soon as it exists. The runtime side coalesces
+the other way: the frames its sessions send during one pass (several sessions asking for a turn
+at once) go out in one write, so the engine process wakes once for them, reads them together
+and answers them in one frame. Each is still its own frame: the host reads them one by one.
 
 Frames, runtime to host: ``("generate", request)``, ``("abort", request_id)``,
 ``("stats", token)``. Host to runtime: ``("hello", name, capabilities)`` once,
@@ -282,6 +285,9 @@ class EngineProcessClient:
         self._stats_token = 0
         self._connect_lock: asyncio.Lock | None = None
         self.disconnects = 0
+        #: Frames sent during this loop pass, with the connection each is for; written at the
+        #: pass's end (:meth:`_flush`), one write a connection.
+        self._outbox: list[tuple[asyncio.StreamWriter, bytes]] = []
 
     @property
     def active(self) -> set[str]:
@@ -361,6 +367,20 @@ class EngineProcessClient:
             stream.outputs.append(EngineFailure(rid, reason, retryable=True, produced_at=time.perf_counter()))
             stream.wake.set()
 
+    def _send(self, writer: asyncio.StreamWriter, message: tuple) -> None:
+        """Queue a frame for ``writer``; the pass's frames go out together at its end."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append((writer, _frame(message)))
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        # In practice one connection: a reconnect within the pass would make a second.
+        for writer in dict.fromkeys(writer for writer, _ in outbox):
+            # A closed connection's frames are dropped: its streams were failed when it closed.
+            if not writer.is_closing():
+                writer.write(b"".join(frame for to, frame in outbox if to is writer))
+
     async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         try:
@@ -371,7 +391,7 @@ class EngineProcessClient:
         stream = self._streams[rid] = _Stream()
         finished = False
         try:
-            writer.write(_frame(("generate", request)))
+            self._send(writer, ("generate", request))
             while True:
                 while stream.outputs:
                     output = stream.outputs.popleft()
@@ -389,7 +409,7 @@ class EngineProcessClient:
     def _send_abort(self, request_id: str) -> None:
         writer = self._writer
         if writer is not None and not writer.is_closing():
-            writer.write(_frame(("abort", request_id)))
+            self._send(writer, ("abort", request_id))
 
     async def abort(self, request_id: str) -> None:
         # The host answers with Aborted on the request's stream, which ends it normally.
@@ -402,7 +422,7 @@ class EngineProcessClient:
         self._stats_token += 1
         token = self._stats_token
         waiter = self._stats_waiters[token] = asyncio.get_running_loop().create_future()
-        writer.write(_frame(("stats", token)))
+        self._send(writer, ("stats", token))
         async with asyncio.timeout(timeout_s):
             return await waiter
 

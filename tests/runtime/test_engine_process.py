@@ -100,6 +100,38 @@ async def test_two_runtimes_share_one_backend_with_requests_in_flight_together()
         await b.aclose()
 
 
+async def test_turns_asked_for_in_one_pass_reach_the_engine_process_in_one_write():
+    # Several sessions asking at once must wake the engine process once, not once each; every
+    # stream still gets its own outputs and exactly one terminal.
+    unpaced = Script(tokens=("a", "b"), audio_packets=1)
+    async with hosted(unpaced) as (host, _backend, path):
+        client = EngineProcessClient(path)
+        await client.start()
+        writer = client._writer
+        assert writer is not None
+        writes = []
+        write = writer.write
+        writer.write = lambda data: (writes.append(data), write(data))[1]  # type: ignore[method-assign]
+        requests = [request(n) for n in range(5)]
+        outputs: dict[str, list] = {}
+
+        async def consume(req: ModelTurnRequest) -> None:
+            outputs[req.request_id] = await drain(client.generate(req))
+
+        async with anyio.create_task_group() as tg:
+            for req in requests:
+                tg.start_soon(consume, req)
+        assert len(writes) == 1, [len(w) for w in writes]
+        assert host.streams_total == 5
+        for req in requests:
+            terminals = [
+                o for o in outputs[req.request_id] if isinstance(o, (Aborted, TurnDone, EngineFailure))
+            ]
+            assert [type(t) for t in terminals] == [TurnDone] and outputs[req.request_id][-1] is terminals[0]
+            assert all(o.request_id == req.request_id for o in outputs[req.request_id])
+        await client.aclose()
+
+
 async def test_cancelling_the_consumer_frees_the_request_in_the_host():
     endless = Script(token_latency_s=0.01, tokens=("x",) * 10_000, audio_packets=0)
     async with hosted(endless) as (_host, backend, path):
