@@ -18,7 +18,9 @@ Two parts, both against a baseline measured in the same run:
   (Silero) and the session's overlap rule (the ``speech`` flag of each chunk after
   speech_started counts toward the overlap; the policy judges it as the session's guard does,
   core/session.py ``_after_append``). Reported per ``min_interruption_ms``, with the pause a
-  backchannel costs (speech_started to its release at speech_stopped).
+  backchannel costs (speech_started to its release at speech_stopped). ``--vad-rate 8000``
+  runs Silero at 8 kHz on the clips resampled from 16 kHz: whether the cheaper rate makes the
+  same decisions (docs/benchmarks.md: it does not).
 """
 
 from __future__ import annotations
@@ -241,19 +243,29 @@ def build_corpus(seed: int = 7, snr_db: float | None = None) -> list[tuple[str, 
     return out
 
 
-def judge_clip(samples: np.ndarray, min_interruption_ms: float, vad) -> dict[str, Any]:
-    """Run one clip (spoken over a response) through server VAD and the overlap rule."""
+def judge_clip(samples: np.ndarray, min_interruption_ms: float, vad, vad_rate: int = RATE) -> dict[str, Any]:
+    """Run one clip (spoken over a response) through server VAD and the overlap rule.
+
+    ``vad_rate``: the rate ``vad`` hears (its Silero model's). Below the session's 16 kHz,
+    each 20 ms chunk goes through a streaming resampler first, as a server would run one per
+    session; in float, so that every run hears the same samples (soxr dithers int16 output)."""
+    import soxr
+
     from ..core.commands import SpeechStartedSignal, SpeechStoppedSignal
     from ..core.overlap import OverlapPolicy, OverlapVerdict
 
     policy = OverlapPolicy(min_interruption_ms)
-    pcm = _pcm(samples)
-    chunk = RATE * 2 // 50  # 20 ms
+    stream = None if vad_rate == RATE else soxr.ResampleStream(RATE, vad_rate, 1, dtype="float32")
+    chunk = RATE // 50  # 20 ms
     overlap: float | None = None
     t_ms = 0.0
     started_ms = 0.0
-    for i in range(0, len(pcm), chunk):
-        for command in vad.hear(pcm[i : i + chunk]):
+    for i in range(0, len(samples), chunk):
+        piece = samples[i : i + chunk]
+        heard = (
+            piece if stream is None else stream.resample_chunk(piece.astype(np.float32).reshape(-1, 1))[:, 0]
+        )
+        for command in vad.hear(_pcm(heard)):
             if isinstance(command, SpeechStartedSignal) and overlap is None:
                 overlap, started_ms = 0.0, t_ms
             elif isinstance(command, SpeechStoppedSignal) and overlap is not None:
@@ -263,16 +275,18 @@ def judge_clip(samples: np.ndarray, min_interruption_ms: float, vad) -> dict[str
                 and getattr(command, "speech", None) is not False
                 and hasattr(command, "pcm")
             ):
-                overlap += len(command.pcm) / 2 / RATE * 1000
+                overlap += len(command.pcm) / 2 / vad_rate * 1000
                 if policy.judge(overlap, still_speaking=True) is OverlapVerdict.BARGE_IN:
                     return {"verdict": "interruption", "after_ms": t_ms - started_ms}
         t_ms += 20
     return {"verdict": "none" if overlap is None else "undecided"}
 
 
-def bench_corpus(thresholds=(300, 400, 500, 700), snrs=(None, 10.0)) -> dict[str, Any]:
+def bench_corpus(thresholds=(300, 400, 500, 700), snrs=(None, 10.0), vad_rate: int = RATE) -> dict[str, Any]:
+    """The corpus part, with Silero at ``vad_rate`` (16 kHz, the session's rate, or 8 kHz)."""
     from ..audio.server_vad import ServerVad
     from ..audio.turn_detection import TurnDetectionConfig
+    from ..audio.vad import SileroVad
 
     results: dict[str, Any] = {}
     for snr in snrs:
@@ -287,8 +301,8 @@ def bench_corpus(thresholds=(300, 400, 500, 700), snrs=(None, 10.0)) -> dict[str
             n_back = sum(1 for k, _, _ in corpus if k == "backchannel")
             n_int = len(corpus) - n_back
             for kind, label, samples in corpus:
-                vad = ServerVad(config=TurnDetectionConfig())
-                got = judge_clip(samples, threshold, vad)
+                vad = ServerVad(config=TurnDetectionConfig(), vad=SileroVad(vad_rate))
+                got = judge_clip(samples, threshold, vad, vad_rate)
                 if kind == "backchannel":
                     if got["verdict"] == "interruption":
                         false_cancel += 1
@@ -325,10 +339,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-corpus", action="store_true")
     parser.add_argument("--json", default=None)
     parser.add_argument("--tiny", action="store_true", help="one threshold, clean audio only (smoke)")
+    parser.add_argument(
+        "--vad-rate",
+        type=int,
+        choices=(8000, 16000),
+        default=RATE,
+        help="the corpus part: the rate Silero hears (8000: resampled from the session's 16 kHz)",
+    )
     args = parser.parse_args(argv)
     out: dict[str, Any] = {}
     if not args.skip_corpus:
-        out["corpus"] = bench_corpus((500,), (None,)) if args.tiny else bench_corpus()
+        thresholds, snrs = ((500,), (None,)) if args.tiny else ((300, 400, 500, 700), (None, 10.0))
+        out["corpus"] = bench_corpus(thresholds, snrs, vad_rate=args.vad_rate)
+        out["corpus_vad_rate"] = args.vad_rate
     if not args.skip_wire:
         out["wire"] = bench_wire(args.rounds)
         # A short answer (0.4 s) the engine finishes while the user talks over it: before the

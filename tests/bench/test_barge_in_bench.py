@@ -29,6 +29,7 @@ def test_wire_hold_sends_at_most_one_frame_after_speech_started_where_the_baseli
 def test_judge_clip_tells_a_sentence_from_a_cough():
     from duplex_actors.audio.server_vad import ServerVad
     from duplex_actors.audio.utterances import synthesize_utterance
+    from duplex_actors.audio.vad import SileroVad
 
     quiet = np.zeros(barge_in_bench.RATE // 2, np.float32)
     sentence = np.frombuffer(synthesize_utterance(barge_in_bench.INTERRUPTIONS[0], varied=False), "<i2")
@@ -36,13 +37,20 @@ def test_judge_clip_tells_a_sentence_from_a_cough():
     assert barge_in_bench.judge_clip(speech, 500, ServerVad())["verdict"] == "interruption"
     cough = np.concatenate([quiet, barge_in_bench.cough(np.random.default_rng(1)), quiet, quiet])
     assert barge_in_bench.judge_clip(cough, 500, ServerVad())["verdict"] != "interruption"
+    # the same with Silero at 8 kHz, the clip resampled on the way in
+    at_8k = ServerVad(vad=SileroVad(8000))
+    assert barge_in_bench.judge_clip(speech, 500, at_8k, 8000)["verdict"] == "interruption"
+    at_8k = ServerVad(vad=SileroVad(8000))
+    assert barge_in_bench.judge_clip(cough, 500, at_8k, 8000)["verdict"] != "interruption"
 
 
 @pytest.mark.slow
 def test_barge_in_bench_main_tiny(tmp_path, capsys):
     out = tmp_path / "b.json"
-    barge_in_bench.main(["--tiny", "--skip-wire", "--json", str(out)])
-    corpus = json.loads(out.read_text())["corpus"]["clean"]["500"]
+    barge_in_bench.main(["--tiny", "--skip-wire", "--vad-rate", "8000", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["corpus_vad_rate"] == 8000
+    corpus = result["corpus"]["clean"]["500"]
     assert 0 <= corpus["false_cancel_rate"] <= 1 and 0 <= corpus["missed_interruption_rate"] <= 1
     assert corpus["backchannels"] > 0 and corpus["interruptions"] > 0
 
