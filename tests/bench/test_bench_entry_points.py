@@ -200,6 +200,10 @@ def test_wire_capacity_arms_of_several_parts_take_each_parts_settings():
     assert both["listens"] and both["config"] == _arm_options("serve:nogate")["config"] != {}
     assert _arm_options("serve:listens")["listens"] and _arm_options("serve:listens")["config"] == {}
     assert not _arm_options("serve:nogate")["listens"]
+    # the batching windows the latency table measures (docs/benchmarks.md), in seconds
+    assert [_arm_options(f"serve:vad{ms}")["config"] for ms in (2, 3, 5)] == [
+        {"vad_batch_window_s": ms / 1000} for ms in (2, 3, 5)
+    ]
     for arm in DEFAULT_ARMS + LEVER_ARMS:  # every arm the bench knows parses
         _arm_options(arm)
 
