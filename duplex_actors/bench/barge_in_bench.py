@@ -246,25 +246,17 @@ def build_corpus(seed: int = 7, snr_db: float | None = None) -> list[tuple[str, 
 def judge_clip(samples: np.ndarray, min_interruption_ms: float, vad, vad_rate: int = RATE) -> dict[str, Any]:
     """Run one clip (spoken over a response) through server VAD and the overlap rule.
 
-    ``vad_rate``: the rate ``vad`` hears (its Silero model's). Below the session's 16 kHz,
-    each 20 ms chunk goes through a streaming resampler first, as a server would run one per
-    session; in float, so that every run hears the same samples (soxr dithers int16 output)."""
-    import soxr
-
+    ``vad_rate``: the rate ``vad`` hears (its Silero model's); the clip's 20 ms chunks are
+    resampled to it as vad_rate_bench's are (:func:`~.vad_rate_bench.chunks_at`)."""
     from ..core.commands import SpeechStartedSignal, SpeechStoppedSignal
     from ..core.overlap import OverlapPolicy, OverlapVerdict
+    from .vad_rate_bench import chunks_at
 
     policy = OverlapPolicy(min_interruption_ms)
-    stream = None if vad_rate == RATE else soxr.ResampleStream(RATE, vad_rate, 1, dtype="float32")
-    chunk = RATE // 50  # 20 ms
     overlap: float | None = None
     t_ms = 0.0
     started_ms = 0.0
-    for i in range(0, len(samples), chunk):
-        piece = samples[i : i + chunk]
-        heard = (
-            piece if stream is None else stream.resample_chunk(piece.astype(np.float32).reshape(-1, 1))[:, 0]
-        )
+    for heard in chunks_at(samples, vad_rate):
         for command in vad.hear(_pcm(heard)):
             if isinstance(command, SpeechStartedSignal) and overlap is None:
                 overlap, started_ms = 0.0, t_ms

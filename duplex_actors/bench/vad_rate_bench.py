@@ -69,25 +69,32 @@ def _with_noise(speech: np.ndarray, snr_db: float | None, seed: int) -> np.ndarr
     return speech + noise * (speech_rms / 10 ** (snr_db / 20))
 
 
+def chunks_at(audio: np.ndarray, rate: int):
+    """``audio`` (float, at the session's rate) in 20 ms chunks as Silero at ``rate`` hears it.
+    Below the session's rate each chunk goes through one streaming resampler first, as a server
+    would run one per session. In float: soxr dithers int16 output with a seed of its own, and
+    two runs of a bench would not hear the same audio."""
+    import soxr
+
+    chunk = SESSION_RATE // 50
+    stream = None if rate == SESSION_RATE else soxr.ResampleStream(SESSION_RATE, rate, 1, dtype="float32")
+    for i in range(0, len(audio), chunk):
+        piece = audio[i : i + chunk]
+        yield (
+            piece if stream is None else stream.resample_chunk(piece.astype(np.float32).reshape(-1, 1))[:, 0]
+        )
+
+
 def _turn_ends(audio: np.ndarray, rate: int) -> tuple[list[int], float]:
     """The ends of the turns server VAD's detector finds in ``audio`` (at the session's rate)
     with Silero at ``rate``, and the CPU seconds it took, resampling included."""
-    import soxr
-
     from ..audio.turn_detection import SpeechStopped, TurnDetectionConfig, TurnDetector
     from ..audio.vad import SileroVad
 
     detector = TurnDetector(TurnDetectionConfig(), SileroVad(rate))
-    chunk = SESSION_RATE // 50  # 20 ms
-    pieces = [audio[i : i + chunk] for i in range(0, len(audio), chunk)]
-    # At 8 kHz, each 20 ms goes through a streaming resampler first, as a server would run one
-    # per session. In float: soxr dithers int16 output with a seed of its own, and two runs of
-    # the bench would not hear the same audio.
-    stream = None if rate == SESSION_RATE else soxr.ResampleStream(SESSION_RATE, rate, 1, dtype="float32")
     began = time.thread_time()
     ends = []
-    for piece in pieces:
-        samples = piece if stream is None else stream.resample_chunk(piece.reshape(-1, 1))
+    for samples in chunks_at(audio, rate):
         pcm = np.clip(np.rint(samples * 32767.0), -32768, 32767).astype("<i2")
         signals = detector.feed(pcm.tobytes(), 0.0)
         ends += [s.audio_end_ms for s in signals if isinstance(s, SpeechStopped)]
