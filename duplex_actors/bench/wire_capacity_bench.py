@@ -43,7 +43,9 @@ and ``serve+asyncio:novad`` (on asyncio's own loop; plain ``serve`` arms run ser
 ``--loop auto``: uvloop where installed), ``bare+uvloop``,
 ``bare+orjson+pybase64`` (the parse with the faster libraries), ``bare:binary`` (a binary
 websocket message per frame = raw pcm16, no JSON or base64), ``serve:binary`` when the
-server speaks the binary-audio extension (docs/protocol.md), ``serve:nogate`` with server VAD's
+server speaks the binary-audio extension (docs/protocol.md), a ``16k`` part (``serve:16k-novad``,
+``serve:binary-16k``, ``serve:binary-16k-novad``) when the clients declare 16 kHz pcm16 input,
+the session's own rate, which the server does not resample, ``serve:nogate`` with server VAD's
 quiet gate off (every window through the network) and ``serve:noisy`` with the clients' audio on
 a room's noise floor (NOISY_DBFS), which no window of the gate's answers; ``serve:listens`` and
 ``serve:listens-nogate`` with LISTENING_S of silence after each utterance (a user who listens to
@@ -94,7 +96,6 @@ from .runtime_bench import figure
 
 RATE = 24_000
 FRAME_S = 0.02
-FRAME_BYTES = int(RATE * FRAME_S) * 2  # 960 bytes of pcm16
 FRAMES_PER_S = round(1 / FRAME_S)
 #: The largest N counted is the largest whose frame-to-core p99 is within this.
 P99_TARGET_MS = 5.0
@@ -137,6 +138,9 @@ LEVER_ARMS = (
     "bare+orjson+pybase64",
     "bare:binary",
     "serve:binary",
+    "serve:16k-novad",
+    "serve:binary-16k",
+    "serve:binary-16k-novad",
     "serve:mmap256",
     "bare+alloc",
     "bare:direct",
@@ -199,7 +203,10 @@ def _arm_options(arm: str) -> dict[str, Any]:
         "alloc": "alloc" in levers,
         # serve with its allocator as before: mmap threshold 256 KiB, glibc's trim threshold
         "mmap256": "mmap256" in variant.split("-"),
-        "binary": variant == "binary",
+        "binary": "binary" in variant.split("-"),
+        # the clients send audio at the session's own rate, declared as the extension allows
+        # (`audio/pcm` at 16 kHz): no resampling at the edge
+        "rate": 16_000 if "16k" in variant.split("-") else RATE,
         # the bare server parsing each whole frame inside websockets' parser (no reader task)
         "direct": variant == "direct",
         # manual turns: server VAD off, a commit at the end of each utterance's cycle
@@ -395,26 +402,29 @@ def _ws_frame(opcode: int, payload: bytes) -> bytes:
     return head + MASK + _apply_mask(payload, MASK)
 
 
-def _audio_cycle(noise_dbfs: float | None = None, silence_s: float = SILENCE_S) -> tuple[list[bytes], bool]:
+def _audio_cycle(
+    noise_dbfs: float | None = None, silence_s: float = SILENCE_S, rate: int = RATE
+) -> tuple[list[bytes], bool]:
     """One turn's audio in 20 ms frames: speech then ``silence_s`` of silence (with a little
-    noise), 24 kHz; ``noise_dbfs``: white noise at this level under all of it instead.
+    noise), at ``rate`` (24 kHz: GA's); ``noise_dbfs``: white noise at this level under all of
+    it instead.
     Without piper (extra 'embedded') a tone stands in: the VAD hears no turn then."""
     rng = random.Random(7)
     try:
         from ..audio.utterances import synthesize_utterance
 
-        speech = synthesize_utterance(SPEECH, sample_rate=RATE, varied=False)
+        speech = synthesize_utterance(SPEECH, sample_rate=rate, varied=False)
         real = True
     except Exception:
         import math
 
         speech = b"".join(
-            int(3000 * math.sin(2 * math.pi * 220 * i / RATE)).to_bytes(2, "little", signed=True)
-            for i in range(RATE * 2)
+            int(3000 * math.sin(2 * math.pi * 220 * i / rate)).to_bytes(2, "little", signed=True)
+            for i in range(rate * 2)
         )
         real = False
     silence = b"".join(
-        rng.randint(-3, 3).to_bytes(2, "little", signed=True) for _ in range(int(RATE * silence_s))
+        rng.randint(-3, 3).to_bytes(2, "little", signed=True) for _ in range(int(rate * silence_s))
     )
     pcm = speech + silence
     if noise_dbfs is not None:
@@ -423,8 +433,9 @@ def _audio_cycle(noise_dbfs: float | None = None, silence_s: float = SILENCE_S) 
         samples = np.frombuffer(pcm, "<i2").astype(np.float64)
         samples += np.random.default_rng(7).normal(0.0, 32768 * 10 ** (noise_dbfs / 20), len(samples))
         pcm = np.clip(np.round(samples), -32768, 32767).astype("<i2").tobytes()
-    pcm += b"\x00" * (-len(pcm) % FRAME_BYTES)
-    return [pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)], real
+    frame_bytes = int(rate * FRAME_S) * 2
+    pcm += b"\x00" * (-len(pcm) % frame_bytes)
+    return [pcm[i : i + frame_bytes] for i in range(0, len(pcm), frame_bytes)], real
 
 
 class _Frames:
@@ -439,8 +450,9 @@ class _Frames:
         text_probes: bool = False,
         noise_dbfs: float | None = None,
         silence_s: float = SILENCE_S,
+        rate: int = RATE,
     ) -> None:
-        chunks, self.real_speech = _audio_cycle(noise_dbfs, silence_s)
+        chunks, self.real_speech = _audio_cycle(noise_dbfs, silence_s, rate)
         self.binary = binary
         self.manual = manual
         #: binary frames carry no event_id: serve's probes are then text appends of the same
@@ -451,6 +463,11 @@ class _Frames:
         session: dict[str, Any] = {}
         if manual:
             session["audio"] = {"input": {"turn_detection": None}}
+        if rate != RATE:  # GA's default needs no declaration
+            session.setdefault("audio", {}).setdefault("input", {})["format"] = {
+                "type": "audio/pcm",
+                "rate": rate,
+            }
         if self.text_probes:
             session["duplex"] = {"binary_audio": True}
         update = json.dumps({"type": "session.update", "session": session}, separators=(",", ":"))
@@ -856,6 +873,7 @@ def run_arm(
         text_probes=options["server"] == "serve",
         noise_dbfs=NOISY_DBFS if options["noisy"] else None,
         silence_s=LISTENING_S if options["listens"] else SILENCE_S,
+        rate=options["rate"],
     )
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()

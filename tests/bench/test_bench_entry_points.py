@@ -208,6 +208,26 @@ def test_wire_capacity_arms_of_several_parts_take_each_parts_settings():
         _arm_options(arm)
 
 
+def test_wire_capacity_16k_arms_send_the_sessions_own_rate_and_declare_it():
+    """A ``16k`` part: 20 ms frames of 16 kHz pcm16 (640 bytes), declared on the session as
+    the extension's ``audio/pcm`` at 16000, with the other parts' settings kept."""
+    from duplex_actors.bench.wire_capacity_bench import MASK, _apply_mask, _arm_options, _Frames
+
+    native = _arm_options("serve:binary-16k-novad")
+    assert (native["binary"], native["novad"], native["rate"]) == (True, True, 16_000)
+    assert _arm_options("serve:binary")["rate"] == 24_000 and not _arm_options("serve:16k-novad")["binary"]
+    frames = _Frames(binary=True, manual=True, text_probes=True, rate=16_000)
+    assert {len(chunk) for chunk in frames.chunks} == {640}
+    (setup,) = frames.setup
+    assert setup[1] & 0x7F == 126 and setup[4:8] == MASK  # a masked frame of a 16-bit length
+    update = json.loads(_apply_mask(setup[8:], MASK))
+    assert update["session"]["audio"]["input"] == {
+        "turn_detection": None,
+        "format": {"type": "audio/pcm", "rate": 16_000},
+    }
+    assert {len(chunk) for chunk in _Frames(binary=False).chunks} == {960}
+
+
 @pytest.mark.slow
 def test_wire_capacity_bench_main_quick(tmp_path, capsys):
     """The module's command at its smoke size: the bare parse server and serve (server VAD on,
