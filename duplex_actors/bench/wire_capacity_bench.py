@@ -1003,6 +1003,11 @@ def bench_wire_capacity(
                 server_nice=server_nice,
             )
             sweeps.setdefault(arm, []).append(sweep)
+            refused = sweep["received"].get("error")
+            if refused:
+                # A refused declaration or frame is still CPU spent, but not the arm's path:
+                # its figures would measure the refusals, so say so where they are printed.
+                echo(f"  WARNING {arm}: the server answered {refused} errors; its figures include them")
     load_after = os.getloadavg()
     results = {arm: {**_summary(rs), "rounds": rs} for arm, rs in sweeps.items()}
     figs = []

@@ -163,6 +163,7 @@ def _check_capacity(result, arms, against_bare=("serve",)):
     for arm in arms:
         (sweep,) = result["arms"][arm]["rounds"]
         assert sweep["steps"], sweep["stopped"]
+        assert "error" not in sweep["received"], sweep["received"]  # the arm's path, not refusals
         assert {int(n) for n in result["arms"][arm]["by_n"]} == {step["sessions"] for step in sweep["steps"]}
         for step in sweep["steps"]:
             assert step["frames"] > 0 and step["cpu_per_frame_us"] > 0
@@ -206,6 +207,27 @@ def test_wire_capacity_arms_of_several_parts_take_each_parts_settings():
     ]
     for arm in DEFAULT_ARMS + LEVER_ARMS:  # every arm the bench knows parses
         _arm_options(arm)
+
+
+@pytest.mark.slow
+def test_wire_capacity_bench_duplex_native_arm(tmp_path):
+    """serve with clients on the binary-audio and 16 kHz extensions, at the smoke size: the
+    server takes the declaration and the binary frames (no error, no close), and the manual
+    turns' commits make items, so the arm measures what it says."""
+    pytest.importorskip("websockets")
+    from duplex_actors.bench import wire_capacity_bench
+
+    out = tmp_path / "capacity.json"
+    arms = ("bare", "serve:binary-16k-novad")
+    argv = ["--quick", "--arms", ",".join(arms), "--sessions", "3", "--window", "1.5", "--warm", "0.3"]
+    assert wire_capacity_bench.main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    _check_capacity(result, arms, against_bare=arms[1:])
+    (sweep,) = result["arms"]["serve:binary-16k-novad"]["rounds"]
+    assert sweep["frame_bytes"] == 8 + 640  # a masked frame's header, then 20 ms at 16 kHz
+    received = sweep["received"]
+    assert received["session.updated"] == 3, received
+    assert received["input_audio_buffer.committed"] >= 1, received
 
 
 def test_wire_capacity_16k_arms_send_the_sessions_own_rate_and_declare_it():
