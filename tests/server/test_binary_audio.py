@@ -94,3 +94,152 @@ async def test_binary_audio_over_the_wire():
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         committed = (await recv_until(ws, "input_audio_buffer.committed"))[-1]
         assert committed["audio_ms"] == 100
+
+
+# --- our client ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def frames_sent(monkeypatch) -> list[str]:
+    """The kind of every frame our client writes, appends only: "binary" or "text"."""
+    from websockets.asyncio.client import ClientConnection
+
+    sent: list[str] = []
+    send = ClientConnection.send
+
+    async def spy(self, message, *args, **kwargs):
+        if isinstance(message, bytes):
+            sent.append("binary")
+        elif json.loads(message).get("type") == "input_audio_buffer.append":
+            sent.append("text")
+        return await send(self, message, *args, **kwargs)
+
+    monkeypatch.setattr(ClientConnection, "send", spy)
+    return sent
+
+
+async def _committed_ms(client) -> int:
+    await client.commit()
+    committed, before = await client.wait_for("input_audio_buffer.committed")
+    assert not [e for e in before if e["type"] == "error"], before
+    return committed["audio_ms"]
+
+
+@pytest.mark.anyio
+async def test_our_client_sends_binary_frames_only_while_the_server_confirms_them(frames_sent):
+    """Text until the server's session.updated says the extension is on (an append sent while
+    the update is unanswered is text too), binary after; back to text at once when the client
+    turns it off, before the server has answered. Every append is accepted and committed."""
+    from duplex_actors.client import DuplexClient
+
+    async with running_server() as server, await DuplexClient.connect(server.url) as client:
+        await client.wait_for("session.created")
+        assert await client.send_audio(CHUNK_100MS) is not None  # text: an event_id
+        await client.update_session({"turn_detection": None, "duplex": {"binary_audio": True}})
+        await client.send_audio(CHUNK_100MS)  # the update is unanswered: text still
+        await client.wait_for("session.updated")
+        assert client.binary_audio
+        assert await client.send_audio(CHUNK_100MS) is None  # binary: no event_id
+        await client.send_audio(CHUNK_100MS)
+        assert await _committed_ms(client) == 400
+        assert frames_sent == ["text", "text", "binary", "binary"]
+
+        await client.update_session({"duplex": {"binary_audio": False}})
+        assert not client.binary_audio  # before the answer: the server may apply it any moment
+        await client.send_audio(CHUNK_100MS)
+        updated, _ = await client.wait_for("session.updated")
+        assert "binary_audio" not in updated["session"]["duplex"] and not client.binary_audio
+        await client.send_audio(CHUNK_100MS)
+        assert await _committed_ms(client) == 200
+        assert frames_sent[4:] == ["text", "text"]
+
+
+@pytest.mark.anyio
+async def test_our_client_stays_on_text_when_the_update_is_refused(frames_sent):
+    """All or nothing: an update that turns the extension on with a field the server refuses
+    changes nothing, so the client keeps sending text frames, which are accepted."""
+    from duplex_actors.client import DuplexClient
+
+    async with running_server() as server, await DuplexClient.connect(server.url) as client:
+        await client.wait_for("session.created")
+        bad = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 12345}}}}
+        update_id = await client.update_session({**bad, "duplex": {"binary_audio": True}})
+        error, _ = await client.wait_for("error")
+        assert error["error"]["event_id"] == update_id
+        assert not client.binary_audio
+        await client.send_audio(CHUNK_100MS)
+        assert await _committed_ms(client) == 100
+        assert frames_sent == ["text"]
+
+
+@pytest.mark.anyio
+async def test_our_client_keeps_binary_frames_across_a_resume(frames_sent):
+    """The extension is the session's, not the connection's: after a dropped connection and
+    a resume, the client's appends are still binary and still accepted."""
+    from duplex_actors.client import DuplexClient
+
+    async with running_server() as server, await DuplexClient.connect(server.url) as client:
+        await client.wait_for("session.created")
+        await client.update_session({"turn_detection": None, "duplex": {"binary_audio": True}})
+        await client.wait_for("session.updated")
+        await client.send_audio(CHUNK_100MS)
+        await client.heartbeat()  # its ack: the server has read the audio before it
+        await client.wait_for("heartbeat.ack")
+        client.abort_transport()
+        await client.wait_for("session.resumed")
+        assert client.reconnects == 1 and client.binary_audio
+        await client.send_audio(CHUNK_100MS)
+        assert await _committed_ms(client) == 200
+        assert frames_sent == ["binary", "binary"]
+
+
+@pytest.mark.anyio
+async def test_our_client_falls_back_to_text_when_a_drop_leaves_an_update_unanswered():
+    """An update the old connection carried and the replay did not answer may be lost, or its
+    answer may still come: after the resume the client sends text until an answer arrives."""
+    from duplex_actors.client import DuplexClient
+
+    client = DuplexClient("ws://127.0.0.1:1/v1/realtime")
+    await client._on_message(json.dumps({"type": "session.created", "session": {"id": "s"}}))
+    await client._on_message(
+        json.dumps({"type": "session.updated", "session": {"duplex": {"binary_audio": True}}})
+    )
+    assert client.binary_audio
+    client._updates_unanswered.append("c_update")  # as send() records an update it writes
+    await client._on_message(json.dumps({"type": "session.resumed", "generation": 1}))
+    assert not client.binary_audio and not client._updates_unanswered
+    await client._on_message(
+        json.dumps({"type": "session.updated", "session": {"duplex": {"binary_audio": True}}})
+    )
+    assert client.binary_audio
+
+
+@pytest.mark.anyio
+async def test_an_answer_to_an_older_update_does_not_switch_our_client_to_binary():
+    """On, then off before the first is answered: the server may encode its answer to the first
+    ("on") before it reads the second, which it then applies before anything sent after it. So
+    the client stays on text until its last update is answered. (The server's timing decides
+    whether a live run shows this; here the answers come in that order by hand.)"""
+    from duplex_actors.client import DuplexClient
+
+    client = DuplexClient("ws://127.0.0.1:1/v1/realtime")
+    written: list[str | bytes] = []
+
+    async def write(frame: str | bytes) -> None:
+        written.append(frame)
+
+    client._send_frame = write  # type: ignore[method-assign]
+    on = {"type": "session.updated", "session": {"duplex": {"binary_audio": True}}}
+    off = {"type": "session.updated", "session": {"duplex": {}}}
+    await client._on_message(json.dumps({"type": "session.created", "session": {"id": "s"}}))
+    await client.update_session({"duplex": {"binary_audio": True}})
+    await client.update_session({"duplex": {"binary_audio": False}})
+    await client._on_message(json.dumps(on))  # the first update's answer
+    assert await client.send_audio(CHUNK_100MS) is not None  # text: the second is unanswered
+    await client._on_message(json.dumps(off))
+    await client.send_audio(CHUNK_100MS)
+    await client.update_session({"duplex": {"binary_audio": True}})
+    await client._on_message(json.dumps(on))
+    assert await client.send_audio(CHUNK_100MS) is None
+    kinds = [type(frame) for frame in written]
+    assert kinds == [str, str, str, str, str, bytes]
