@@ -263,6 +263,34 @@ def test_health_through_the_front_answers(served):
     assert body["status"] == "ok"
 
 
+def test_binary_audio_at_16_khz_through_the_front_and_across_a_resume(served):
+    """The duplex-native client's wire (binary frames, 16 kHz input) reaches a worker through
+    the front, and still holds after a drop and a resume on the session's owner."""
+
+    async def main():
+        client, _ = await open_on(served.url, 1, reconnect_backoff_s=0.1)
+        try:
+            native = {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}
+            await client.update_session({"audio": native, "duplex": {"binary_audio": True}})
+            await client.wait_for("session.updated", timeout=10)
+            assert client.binary_audio
+            await client.send_audio(CHUNK_100MS)  # 150 ms at 16 kHz
+            await client.heartbeat()  # its ack: the worker has read the audio
+            await client.wait_for("heartbeat.ack", timeout=10)
+            client.abort_transport()
+            await client.wait_for("session.resumed", timeout=20)
+            assert client.binary_audio
+            assert await client.send_audio(CHUNK_100MS) is None  # still a binary frame
+            await client.commit()
+            committed, before = await client.wait_for("input_audio_buffer.committed", timeout=10)
+            assert not [e for e in before if e["type"] == "error"], before
+            return committed["audio_ms"], client.reconnects
+        finally:
+            await client.close()
+
+    assert run(main) == (300, 1)
+
+
 @pytest.mark.parametrize("worker", [0, 1])
 def test_a_dropped_session_resumes_on_its_owner_and_misses_nothing(served, worker):
     async def main():
