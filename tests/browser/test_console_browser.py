@@ -192,11 +192,16 @@ async def _converse(page, tmp_path: Path, console_log: list[str]) -> None:
             audio: c.audio,
             errors: c.errors,
             highlights: c.highlights,
+            audioFrames: c.audioFrames,
         }};
     }}"""
     )
     print("console saw:", seen)
     assert seen["errors"] == [], seen["errors"]
+    # Once the server confirmed the binary-audio extension, the microphone went out in binary
+    # frames (text appends only before the confirmation, if a chunk came first).
+    frames = seen["audioFrames"]
+    assert frames["binary"] > 10 * frames["text"] and frames["text"] <= 2, frames
     # The user's words, as the page shows them (PocketSphinx hears piper's voice; a keyword
     # is what is robust through the browser's capture and two resamplings).
     first = seen["userTranscripts"][0].lower()
