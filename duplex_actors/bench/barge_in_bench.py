@@ -20,7 +20,8 @@ Two parts, both against a baseline measured in the same run:
   core/session.py ``_after_append``). Reported per ``min_interruption_ms``, with the pause a
   backchannel costs (speech_started to its release at speech_stopped). ``--vad-rate 8000``
   runs Silero at 8 kHz on the clips resampled from 16 kHz: whether the cheaper rate makes the
-  same decisions (docs/benchmarks.md: it does not).
+  same decisions (docs/benchmarks.md: it does not); ``--vad-precision int8`` runs Silero's
+  int8 network (``serve --vad-precision int8``).
 """
 
 from __future__ import annotations
@@ -274,8 +275,11 @@ def judge_clip(samples: np.ndarray, min_interruption_ms: float, vad, vad_rate: i
     return {"verdict": "none" if overlap is None else "undecided"}
 
 
-def bench_corpus(thresholds=(300, 400, 500, 700), snrs=(None, 10.0), vad_rate: int = RATE) -> dict[str, Any]:
-    """The corpus part, with Silero at ``vad_rate`` (16 kHz, the session's rate, or 8 kHz)."""
+def bench_corpus(
+    thresholds=(300, 400, 500, 700), snrs=(None, 10.0), vad_rate: int = RATE, precision: str = "float32"
+) -> dict[str, Any]:
+    """The corpus part, with Silero at ``vad_rate`` (16 kHz, the session's rate, or 8 kHz) and
+    ``precision`` (float32, or int8: ``serve --vad-precision int8``)."""
     from ..audio.server_vad import ServerVad
     from ..audio.turn_detection import TurnDetectionConfig
     from ..audio.vad import SileroVad
@@ -293,7 +297,7 @@ def bench_corpus(thresholds=(300, 400, 500, 700), snrs=(None, 10.0), vad_rate: i
             n_back = sum(1 for k, _, _ in corpus if k == "backchannel")
             n_int = len(corpus) - n_back
             for kind, label, samples in corpus:
-                vad = ServerVad(config=TurnDetectionConfig(), vad=SileroVad(vad_rate))
+                vad = ServerVad(config=TurnDetectionConfig(), vad=SileroVad(vad_rate, precision=precision))
                 got = judge_clip(samples, threshold, vad, vad_rate)
                 if kind == "backchannel":
                     if got["verdict"] == "interruption":
@@ -338,12 +342,19 @@ def main(argv: list[str] | None = None) -> None:
         default=RATE,
         help="the corpus part: the rate Silero hears (8000: resampled from the session's 16 kHz)",
     )
+    parser.add_argument(
+        "--vad-precision",
+        choices=("float32", "int8"),
+        default="float32",
+        help="the corpus part: Silero's network (int8: serve --vad-precision int8; 16 kHz only)",
+    )
     args = parser.parse_args(argv)
     out: dict[str, Any] = {}
     if not args.skip_corpus:
         thresholds, snrs = ((500,), (None,)) if args.tiny else ((300, 400, 500, 700), (None, 10.0))
-        out["corpus"] = bench_corpus(thresholds, snrs, vad_rate=args.vad_rate)
+        out["corpus"] = bench_corpus(thresholds, snrs, vad_rate=args.vad_rate, precision=args.vad_precision)
         out["corpus_vad_rate"] = args.vad_rate
+        out["corpus_vad_precision"] = args.vad_precision
     if not args.skip_wire:
         out["wire"] = bench_wire(args.rounds)
         # A short answer (0.4 s) the engine finishes while the user talks over it: before the

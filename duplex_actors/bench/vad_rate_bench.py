@@ -13,6 +13,10 @@ under the 500 ms of silence that ends a turn, most over it), adds white noise at
 rate ended, how many of them match (ends within 200 ms of each other), how far the matched ends
 are apart, and the CPU of each rate per second of audio (the 8 kHz arm's resampling included)
 as a ratio to 16 kHz's. Prints one line per level, then JSON (``--json PATH`` also writes it).
+
+``--against int8`` measures server VAD's int8 network at 16 kHz (``serve --vad-precision int8``)
+against float32 instead of 8 kHz (keys ``turns_int8``, ``cpu_int8_vs_16k``, ...; its CPU is one
+window at a time, where the server's batches save more: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -85,13 +89,13 @@ def chunks_at(audio: np.ndarray, rate: int):
         )
 
 
-def _turn_ends(audio: np.ndarray, rate: int) -> tuple[list[int], float]:
+def _turn_ends(audio: np.ndarray, rate: int, precision: str = "float32") -> tuple[list[int], float]:
     """The ends of the turns server VAD's detector finds in ``audio`` (at the session's rate)
-    with Silero at ``rate``, and the CPU seconds it took, resampling included."""
+    with Silero at ``rate`` and ``precision``, and the CPU seconds it took, resampling included."""
     from ..audio.turn_detection import SpeechStopped, TurnDetectionConfig, TurnDetector
     from ..audio.vad import SileroVad
 
-    detector = TurnDetector(TurnDetectionConfig(), SileroVad(rate))
+    detector = TurnDetector(TurnDetectionConfig(), SileroVad(rate, precision=precision))
     began = time.thread_time()
     ends = []
     for samples in chunks_at(audio, rate):
@@ -114,31 +118,45 @@ def _matched(base: list[int], other: list[int]) -> list[tuple[int, int]]:
     return pairs
 
 
+#: What ``--against`` compares float32 at 16 kHz with: its label, Silero's rate and precision.
+AGAINST = {"8k": (8000, "float32"), "int8": (SESSION_RATE, "int8")}
+
+
 def run(
-    sentences: int = 20, snrs: tuple[float | None, ...] = (None, 20.0, 10.0, 5.0), seed: int = 3
+    sentences: int = 20,
+    snrs: tuple[float | None, ...] = (None, 20.0, 10.0, 5.0),
+    seed: int = 3,
+    against: str = "8k",
 ) -> dict[str, Any]:
+    other_rate, other_precision = AGAINST[against]
     speech = _speech(sentences, seed)
     seconds = len(speech) / SESSION_RATE
     levels = {}
     for snr in snrs:
         audio = _with_noise(speech, snr, seed + 1)
         ends16, cpu16 = _turn_ends(audio, SESSION_RATE)
-        ends8, cpu8 = _turn_ends(audio, 8000)
-        pairs = _matched(ends16, ends8)
+        ends_x, cpu_x = _turn_ends(audio, other_rate, other_precision)
+        pairs = _matched(ends16, ends_x)
         apart = [abs(a - b) for a, b in pairs]
         levels["clean" if snr is None else f"snr{snr:g}"] = {
             "turns_16k": len(ends16),
-            "turns_8k": len(ends8),
+            f"turns_{against}": len(ends_x),
             "matched": len(pairs),
             "only_16k": len(ends16) - len(pairs),
-            "only_8k": len(ends8) - len(pairs),
+            f"only_{against}": len(ends_x) - len(pairs),
             "end_apart_ms_median": statistics.median(apart) if apart else None,
             "end_apart_ms_max": max(apart) if apart else None,
             "cpu_ms_per_audio_s_16k": 1e3 * cpu16 / seconds,
-            "cpu_ms_per_audio_s_8k": 1e3 * cpu8 / seconds,
-            "cpu_8k_vs_16k": cpu8 / cpu16,
+            f"cpu_ms_per_audio_s_{against}": 1e3 * cpu_x / seconds,
+            f"cpu_{against}_vs_16k": cpu_x / cpu16,
         }
-    return {"sentences": sentences, "audio_s": seconds, "match_ms": MATCH_MS, "levels": levels}
+    return {
+        "sentences": sentences,
+        "audio_s": seconds,
+        "match_ms": MATCH_MS,
+        "against": against,
+        "levels": levels,
+    }
 
 
 def _snr(text: str) -> float | None:
@@ -166,19 +184,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snr", type=_snr, nargs="+", default=[None, 20.0, 10.0, 5.0], help="dB, or 'clean'")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--json", help="also write the report here")
+    parser.add_argument(
+        "--against",
+        choices=tuple(AGAINST),
+        default="8k",
+        help="what float32 at 16 kHz is compared with: Silero at 8 kHz, or its int8 network at 16 kHz",
+    )
     args = parser.parse_args(argv)
-    report = run(args.sentences, tuple(args.snr), args.seed)
+    report = run(args.sentences, tuple(args.snr), args.seed, args.against)
+    label = args.against
+    what = "at 8 kHz" if label == "8k" else "in int8"
     print(
-        f"server VAD at 8 kHz against 16 kHz, {report['sentences']} sentences, {report['audio_s']:.1f} s of audio"
+        f"server VAD {what} against float32 at 16 kHz, {report['sentences']} sentences, "
+        f"{report['audio_s']:.1f} s of audio"
     )
     for name, level in report["levels"].items():
         median, most = level["end_apart_ms_median"], level["end_apart_ms_max"]
         apart = "-" if median is None else f"median {median:.0f} ms, max {most:.0f} ms"
         print(
-            f"  {name}: turns 16k {level['turns_16k']} | 8k {level['turns_8k']}, matched {level['matched']} "
-            f"(only 16k {level['only_16k']}, only 8k {level['only_8k']}); matched ends apart: {apart} | "
-            f"CPU per audio second {level['cpu_ms_per_audio_s_8k']:.2f} ms | 16k "
-            f"{level['cpu_ms_per_audio_s_16k']:.2f} ms | ratio {level['cpu_8k_vs_16k']:.2f}x"
+            f"  {name}: turns 16k {level['turns_16k']} | {label} {level[f'turns_{label}']}, matched {level['matched']} "
+            f"(only 16k {level['only_16k']}, only {label} {level[f'only_{label}']}); matched ends apart: {apart} | "
+            f"CPU per audio second {level[f'cpu_ms_per_audio_s_{label}']:.2f} ms | 16k "
+            f"{level['cpu_ms_per_audio_s_16k']:.2f} ms | ratio {level[f'cpu_{label}_vs_16k']:.2f}x"
         )
     text = json.dumps(report, indent=2)
     print(text)

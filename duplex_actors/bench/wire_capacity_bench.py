@@ -45,7 +45,8 @@ and ``serve+asyncio:novad`` (on asyncio's own loop; plain ``serve`` arms run ser
 websocket message per frame = raw pcm16, no JSON or base64), ``serve:binary`` when the
 server speaks the binary-audio extension (docs/protocol.md), a ``16k`` part (``serve:16k-novad``,
 ``serve:binary-16k``, ``serve:binary-16k-novad``) when the clients declare 16 kHz pcm16 input,
-the session's own rate, which the server does not resample, ``serve:nogate`` with server VAD's
+the session's own rate, which the server does not resample, ``serve:int8`` with server VAD's
+network in int8 (``--vad-precision int8``), ``serve:nogate`` with server VAD's
 quiet gate off (every window through the network) and ``serve:noisy`` with the clients' audio on
 a room's noise floor (NOISY_DBFS), which no window of the gate's answers; ``serve:listens`` and
 ``serve:listens-nogate`` with LISTENING_S of silence after each utterance (a user who listens to
@@ -127,6 +128,7 @@ LEVER_ARMS = (
     "serve:nopace",
     "serve:vad0",
     "serve:vadeach",
+    "serve:int8",
     "serve:nogate",
     "serve:noisy",
     "serve:listens",
@@ -231,6 +233,8 @@ _CONFIG_VARIANTS: dict[str, dict[str, Any]] = {
     # a shorter batching window than the default (vad2: 2 ms): its latency and CPU price
     **{f"vad{ms}": {"vad_batch_window_s": ms / 1000} for ms in (2, 3, 5)},
     "vadeach": {"vad_batch_window_s": None},
+    # server VAD's network with int8 convolutions (audio/vad.py)
+    "int8": {"vad_precision": "int8"},
     # server VAD's quiet gate off: every window through the network (audio/vad.py QUIET_DBFS)
     "nogate": {"vad_quiet_dbfs": None},
     # every frame through the connection's reader, none handled as websockets parses it

@@ -691,7 +691,9 @@ class RealtimeServer:
 
             if self.config.vad_factory is not None:
                 return self.config.vad_factory(sample_rate)
-            return SileroVad(sample_rate, quiet_dbfs=self.config.vad_quiet_dbfs)
+            # int8 is the 16 kHz network only; a session at another rate runs float32
+            precision = self.config.vad_precision if sample_rate == 16000 else "float32"
+            return SileroVad(sample_rate, quiet_dbfs=self.config.vad_quiet_dbfs, precision=precision)
         except ImportError as exc:
             raise wire.NotSupported(
                 f"server VAD is not available on this server ({exc}); "

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from .app import RealtimeServer
 
 
+class VadPrecision(str, enum.Enum):
+    """Server VAD's network (ServerConfig.vad_precision)."""
+
+    float32 = "float32"
+    int8 = "int8"
+
+
 class EngineChoice(str, enum.Enum):
     scripted = "scripted"
     embedded = "embedded"
@@ -241,6 +248,12 @@ def register(app: typer.Typer) -> None:
             "most this long (a window that may end a turn never waits); 0: what one pass of the "
             "event loop brings, for the lowest latency at more CPU a frame (docs/benchmarks.md)",
         ),
+        vad_precision: VadPrecision = typer.Option(
+            VadPrecision.float32,
+            help="server VAD's network: float32 (Silero as shipped) or int8 (its encoder in int8: "
+            "about half the VAD's CPU, the same turns, barge-in decisions within a clip of "
+            "float32's on the project's corpus; 16 kHz sessions only; docs/benchmarks.md)",
+        ),
         tls_cert: str | None = typer.Option(
             None, help="PEM certificate (chain) to serve wss:// and https:// (with --tls-key)"
         ),
@@ -301,6 +314,7 @@ def register(app: typer.Typer) -> None:
             "trusted_proxies": _networks("--trusted-proxies", trusted_proxies),
             "vad_quiet_dbfs": vad_quiet_dbfs or None,
             "vad_batch_window_s": vad_batch_window_ms / 1000,
+            "vad_precision": vad_precision.value,
         }
         chosen = "" if engine is not None else " [default]"  # the first line says which
         if engine is None:

@@ -158,6 +158,11 @@ class ServerConfig:
     #: once it has been quiet a while and the network heard no speech, are answered without
     #: running the network. None: every window is scored. Not used with a ``vad_factory``.
     vad_quiet_dbfs: float | None = attrs.field(default=-60.0, validator=_none_or(attrs.validators.lt(0)))
+    #: Server VAD's network: "float32" (Silero as shipped) or "int8" (its encoder's
+    #: convolutions in int8: about half the VAD's CPU in batches, probabilities a few
+    #: hundredths off; audio/vad.py). int8 is the 16 kHz network only: a session at another
+    #: rate gets float32. Not used with a ``vad_factory``.
+    vad_precision: str = attrs.field(default="float32", validator=attrs.validators.in_(("float32", "int8")))
     #: ``/metrics`` is rendered at most once in this long; scrapes in between get the last
     #: render (a render walks every session on the event loop, and the endpoint needs no key).
     metrics_max_age_s: float = 1.0

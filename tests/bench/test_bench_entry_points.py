@@ -205,6 +205,7 @@ def test_wire_capacity_arms_of_several_parts_take_each_parts_settings():
     assert [_arm_options(f"serve:vad{ms}")["config"] for ms in (2, 3, 5)] == [
         {"vad_batch_window_s": ms / 1000} for ms in (2, 3, 5)
     ]
+    assert _arm_options("serve:int8")["config"] == {"vad_precision": "int8"}
     for arm in DEFAULT_ARMS + LEVER_ARMS:  # every arm the bench knows parses
         _arm_options(arm)
 

@@ -73,6 +73,22 @@ def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, win
     assert negative.exit_code != 0
 
 
+@pytest.mark.parametrize(("given", "precision"), [((), "float32"), (("--vad-precision", "int8"), "int8")])
+def test_the_vad_precision_reaches_the_servers_config(monkeypatch, given, precision):
+    # int8 halves the VAD's CPU for slightly different decisions: the operator's choice.
+    from duplex_actors.server import event_loop
+
+    configs = []
+    monkeypatch.setattr(
+        event_loop, "run_anyio", lambda main, engine, config, *rest, choice: configs.append(config)
+    )
+    result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
+    assert result.exit_code == 0, result.output
+    assert [config.vad_precision for config in configs] == [precision]
+    other = CliRunner().invoke(serve_app(), ["serve", "--vad-precision", "int4"])
+    assert other.exit_code == 2, other.output
+
+
 @pytest.mark.parametrize(("given", "pace"), [((), 1.0), (("--scripted-pace", "2.5"), 2.5)])
 def test_the_scripted_pace_stretches_the_scripted_engines_latencies(monkeypatch, given, pace):
     # A client's barge-in tests need a model that is still answering when the user cuts in.
