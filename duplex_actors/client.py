@@ -18,11 +18,10 @@ overlaps what arrived is harmless.
 
 Audio goes out as binary frames (raw audio, no JSON or base64: with 16 kHz input too, about
 40 % less of the server's CPU a frame without server VAD, 20 % with it) once the session has
-the binary-audio extension on: send ``session.update`` with ``{"duplex": {"binary_audio":
-true}}`` (docs/protocol.md). The client
-switches only on the server's confirmation, and back to text frames before its own update that
-turns the extension off reaches the socket, so no frame is sent in a form the server would
-refuse.
+the binary-audio extension on: send ``session.update`` with
+``{"duplex": {"binary_audio": true}}`` (docs/protocol.md). The client switches only on the
+server's confirmation, and back to text frames before its own update that turns the extension
+off reaches the socket, so no frame is sent in a form the server would refuse.
 
 Delivery of *commands* is at most once across a drop: a frame the old socket accepted but the
 server never read is lost (the server's events tell what happened, e.g. the committed audio
