@@ -351,15 +351,16 @@ class DuplexClient:
         """Send one client event (an ``event_id`` is added if missing); returns the event_id."""
         event = dict(event)
         event_id = event.setdefault("event_id", self._next_id())
+        frame = json.dumps(event, separators=(",", ":"))
         if event.get("type") != "session.update":
-            await self._send_frame(json.dumps(event, separators=(",", ":")))
+            await self._send_frame(frame)
             return event_id
         duplex = (event.get("session") or {}).get("duplex")
         if isinstance(duplex, dict) and duplex.get("binary_audio") is False:
             self.binary_audio = False  # text from now on: the server may apply this any moment
         self._updates_unanswered.append(event_id)
         try:
-            await self._send_frame(json.dumps(event, separators=(",", ":")))
+            await self._send_frame(frame)
         except BaseException:
             # Not sent, so never answered; whatever it asked, the state stays the last answer's
             # (less a switch off, already taken: text frames are always accepted).

@@ -342,9 +342,11 @@ def main(argv: list[str] | None = None) -> None:
         default=RATE,
         help="the corpus part: the rate Silero hears (8000: resampled from the session's 16 kHz)",
     )
+    from ..audio.vad import PRECISIONS
+
     parser.add_argument(
         "--vad-precision",
-        choices=("float32", "int8"),
+        choices=PRECISIONS,
         default="float32",
         help="the corpus part: Silero's network (int8: serve --vad-precision int8; 16 kHz only)",
     )
