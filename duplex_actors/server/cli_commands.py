@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .event_loop import EventLoopChoice, EventLoopUnavailable, resolve
+from .worker_liveness import HUNG_AFTER_S
 
 if TYPE_CHECKING:
     from .app import RealtimeServer
@@ -157,6 +158,13 @@ def register(app: typer.Typer) -> None:
         ),
         drain_timeout_s: float = typer.Option(
             10.0, help="on SIGTERM/SIGINT, how long responses in flight may take to finish"
+        ),
+        worker_timeout_s: float = typer.Option(
+            HUNG_AFTER_S,
+            min=0.0,
+            help="with --workers: a worker whose loop answers none of the front's pings this long "
+            "is stopped (SIGABRT: its stacks go to stderr; then SIGKILL) and started again; new "
+            "connections avoid it after 2 s of silence (0: never stop it)",
         ),
         gc_reclaim_s: float = typer.Option(
             30.0,
@@ -366,6 +374,7 @@ def register(app: typer.Typer) -> None:
                     gc_reclaim_s=gc_reclaim_s,
                     transcription_workers=transcription_workers,
                     drain_timeout_s=drain_timeout_s,
+                    worker_timeout_s=worker_timeout_s,
                     event_loop=loop_name.value,
                 ),
             )

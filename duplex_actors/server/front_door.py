@@ -13,6 +13,8 @@ import contextlib
 import re
 import secrets
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -22,6 +24,7 @@ from . import raw_http
 from .front_ledger import FrontLedger
 from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
+from .worker_liveness import FRONT_LATE_S, PING_INTERVAL_S, Liveness
 
 log = structlog.get_logger("duplex_actors.server.workers")
 
@@ -32,6 +35,10 @@ _OWNED_ID = re.compile(r"^sess_w(\d{1,4})g(\d{1,6})_[0-9a-f]+$")
 FAREWELL_WAIT_S = 2.0
 #: How long a worker's reports may wait in the hand-off socket before the front reads them.
 REPORT_BATCH_S = 0.05
+#: How often the front's pinger runs (FrontDoor.ping): twice per ping interval.
+PING_PASS_S = PING_INTERVAL_S / 2
+#: While a worker's hand-off socket is full, how often the front checks that it still lives.
+HANDOFF_RECHECK_S = 0.5
 
 
 # --------------------------------------------------------------------------- session ids
@@ -86,14 +93,30 @@ class _Worker:
     quick_deaths: int = 0
     #: The pending read of its reports (FrontDoor._reports_waiting), if one is due.
     reading: asyncio.TimerHandle | None = None
+    #: Its answers to the front's pings (worker_liveness.py); None until it runs.
+    liveness: Liveness | None = None
+    #: Times a process in this slot was stopped for not answering (``--worker-timeout-s``).
+    hangs: int = 0
+
+    def responsive(self, now: float) -> bool:
+        return self.liveness is None or self.liveness.responsive(now)
 
 
 class FrontDoor:
     """Owns the public port; hands each accepted connection to the worker that must serve it,
     keeps a duplicate of it, and ends it for the client if that worker dies (module docstring)."""
 
-    def __init__(self, workers: list[_Worker], listener: socket.socket, *, tls: bool = False) -> None:
+    def __init__(
+        self,
+        workers: list[_Worker],
+        listener: socket.socket,
+        *,
+        tls: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.workers = workers
+        #: The clock of the workers' pings and answers (worker_liveness.py).
+        self.clock = clock
         self.listener = listener
         self._next = 0
         self.routed = [0] * len(workers)
@@ -106,13 +129,21 @@ class FrontDoor:
         #: frames of a dead worker inside its TLS session, whose keys died with it (those
         #: clients see the connection close).
         self.tls = tls
+        #: Each held connection's request line (not under TLS): a connection its worker died
+        #: without reading is handed to another (worker_exited).
+        self._lines: dict[int, bytes] = {}
         #: Connections the front ended because their worker died.
         self.lost_connections = 0
+        #: Connections a worker died without reading, handed to another instead.
+        self.rerouted = 0
+        #: When the pinger last ran (ping).
+        self._pinged_at: float | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    def choose(self, request_line: bytes) -> _Worker | None:
+    def choose(self, request_line: bytes, now: float | None = None) -> _Worker | None:
         """The owner for a resume, while the process that minted the id lives; else the next
-        living worker (which refuses a resume of a lost session at once); None if none lives."""
+        living worker that answers the front's pings (which refuses a resume of a lost session
+        at once), or, while none answers, the next living one; None if none lives."""
         session_id = session_id_in(request_line)
         if session_id is not None:
             owner = minted_by(session_id)
@@ -120,12 +151,18 @@ class FrontDoor:
                 worker = self.workers[owner[0]]
                 if worker.alive and worker.generation == owner[1]:
                     return worker
+        now = self.clock() if now is None else now
+        fallback = None
         for _ in range(len(self.workers)):
             worker = self.workers[self._next % len(self.workers)]
             self._next += 1
             if worker.alive:
-                return worker
-        return None
+                if worker.responsive(now):
+                    return worker
+                fallback = fallback or worker
+        # Every living worker is silent: waiting on one beats refusing everyone (a loaded
+        # machine can make them all late at once).
+        return fallback
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -156,31 +193,40 @@ class FrontDoor:
                 if found is None:
                     return
                 line = found
-            worker = self.choose(line)
-            while worker is not None and worker.handoff is not None:
-                handed = self.ledger.handed(worker.index)
-                self._held[handed] = conn
-                try:
-                    await _send_fd(loop, worker.handoff, conn, pack("c", handed))
-                except OSError as exc:  # the worker is gone: the supervisor will say so too
-                    log.error("front.worker_lost", worker=worker.index, error=repr(exc))
-                    self._held.pop(handed, None)
-                    self.ledger.released(handed)
-                    worker.alive = False
-                    worker = self.choose(line)
-                    continue
-                self.routed[worker.index] += 1
-                held = True
-                return
-            self.refused += 1
-            text = "no worker is running (one is being started again); retry shortly"
-            with contextlib.suppress(OSError):
-                conn.send(raw_http.refusal(503, "Service Unavailable", text, retry_after=1))
+            held = await self._hand_over(conn, line)
         except (TimeoutError, OSError, ValueError) as exc:
             log.info("front.connection_dropped", error=repr(exc))
         finally:
             if not held:
                 conn.close()
+
+    async def _hand_over(self, conn: socket.socket, line: bytes) -> bool:
+        """Pass ``conn`` to the worker chosen for ``line`` (the next, if one turns out gone);
+        False, with a 503 written, when no worker lives."""
+        loop = asyncio.get_running_loop()
+        worker = self.choose(line)
+        while worker is not None and worker.handoff is not None:
+            handed = self.ledger.handed(worker.index)
+            self._held[handed] = conn
+            if line:
+                self._lines[handed] = line
+            try:
+                await _send_fd(loop, worker, conn, pack("c", handed))
+            except OSError as exc:  # the worker is gone: the supervisor will say so too
+                log.error("front.worker_lost", worker=worker.index, error=repr(exc))
+                self._held.pop(handed, None)
+                self._lines.pop(handed, None)
+                self.ledger.released(handed)
+                worker.alive = False
+                worker = self.choose(line)
+                continue
+            self.routed[worker.index] += 1
+            return True
+        self.refused += 1
+        text = "no worker is running (one is being started again); retry shortly"
+        with contextlib.suppress(OSError):
+            conn.send(raw_http.refusal(503, "Service Unavailable", text, retry_after=1))
+        return False
 
     # -- what the workers report ------------------------------------------------------------
 
@@ -224,6 +270,10 @@ class FrontDoor:
                 return False
             try:
                 kind, *args = unpack(packet)
+                if kind == "q":  # an answer to a ping: its loop turned
+                    if worker.liveness is not None and args:
+                        worker.liveness.answered(args[0], self.clock())
+                    continue
                 self._apply(kind, args)
             except (ValueError, TypeError) as exc:  # a bug in a report costs only that report
                 log.error("front.bad_report", worker=worker.index, error=repr(exc))
@@ -240,6 +290,7 @@ class FrontDoor:
             ledger.session_ended(str(args[0]))
         elif kind == "x":
             ledger.released(int(args[0]))
+            self._lines.pop(int(args[0]), None)
             sock = self._held.pop(int(args[0]), None)
             if sock is not None:
                 sock.close()
@@ -259,8 +310,19 @@ class FrontDoor:
                 asyncio.get_running_loop().remove_reader(handoff.fileno())
             handoff.close()
             worker.handoff = None
+        # A connection the worker never read (handed while it hung, or just before it died)
+        # is whole: another worker can serve it as if it had gone there first.
+        for handed in self.ledger.unattached(worker.index):
+            sock = self._held.get(handed)
+            line = self._lines.get(handed)
+            if sock is not None and line is not None and _unread(sock, line):
+                self.ledger.released(handed)
+                del self._held[handed], self._lines[handed]
+                self.rerouted += 1
+                self._spawn(self._hand_over_or_close(sock, line))
         ended = 0
         for handed, frames in self.ledger.worker_lost(worker.index).items():
+            self._lines.pop(handed, None)
             sock = self._held.pop(handed, None)
             if sock is None:
                 continue
@@ -272,10 +334,52 @@ class FrontDoor:
                 sock.close()
         return ended
 
+    async def _hand_over_or_close(self, conn: socket.socket, line: bytes) -> None:
+        try:
+            if await self._hand_over(conn, line):
+                return
+        except OSError as exc:
+            log.info("front.connection_dropped", error=repr(exc))
+        conn.close()
+
     def close_held(self) -> None:
         for sock in self._held.values():
             sock.close()
         self._held.clear()
+        self._lines.clear()
+
+    # -- whether the workers still run their loops (worker_liveness.py) ----------------------
+
+    def ping(self, now: float, every_s: float = PING_PASS_S) -> list[_Worker]:
+        """One pass of the pinger, which runs ``every_s``: ping each living worker that is due
+        a ping; returns those silent past their ``hung_after_s`` (the caller stops them: this
+        touches no process). A pass later than planned by more than FRONT_LATE_S means the
+        front was not running: that time is forgiven (worker_liveness.py)."""
+        last, self._pinged_at = self._pinged_at, now
+        away = 0.0 if last is None else now - last - every_s
+        if away <= FRONT_LATE_S:
+            away = 0.0
+        else:
+            log.warning("front.was_away", seconds=round(away, 2))
+        hung = []
+        for worker in self.workers:
+            liveness = worker.liveness
+            if not worker.alive or worker.handoff is None or liveness is None:
+                continue
+            liveness.forgive(away)
+            if liveness.hung(now):
+                hung.append(worker)
+            elif liveness.ping_due(now):
+                number = liveness.ping(now)
+                try:
+                    worker.handoff.send(pack("p", number))
+                except BlockingIOError:
+                    # Its hand-off socket is full: the worker is not reading it. The ping
+                    # counts as sent, so that silence is measured from now.
+                    pass
+                except OSError:  # gone: its sentinel says so too
+                    pass
+        return hung
 
     def pool_news(self, engine_restarts: int, worker_restarts: list[int]) -> bytes:
         return pack(
@@ -286,6 +390,8 @@ class FrontDoor:
                 "restarts": {str(i): n for i, n in enumerate(worker_restarts)},
                 "engine_restarts": engine_restarts,
                 "lost_connections": self.lost_connections,
+                "hangs": {str(w.index): w.hangs for w in self.workers},
+                "rerouted_connections": self.rerouted,
             },
         )
 
@@ -314,6 +420,15 @@ async def _say_farewell(sock: socket.socket, frames: bytes) -> None:
         pass
     finally:
         sock.close()
+
+
+def _unread(sock: socket.socket, line: bytes) -> bool:
+    """Whether ``sock``'s first unread bytes are still its request ``line``: its worker read
+    nothing (a worker reads the request from its start, and a connection carries one request)."""
+    try:
+        return sock.recv(len(line), socket.MSG_PEEK | socket.MSG_DONTWAIT) == line
+    except OSError:
+        return False
 
 
 async def _peek_request_line(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes | None:
@@ -351,14 +466,24 @@ async def _peek_request_line(loop: asyncio.AbstractEventLoop, conn: socket.socke
 
 
 async def _send_fd(
-    loop: asyncio.AbstractEventLoop, handoff: socket.socket, conn: socket.socket, message: bytes
+    loop: asyncio.AbstractEventLoop, worker: _Worker, conn: socket.socket, message: bytes
 ) -> None:
+    """Pass ``conn`` over ``worker``'s hand-off socket, waiting while it is full. A full one
+    may belong to a hung worker that the front then stops: the wait gives up (OSError) once
+    the worker is no longer the living one it was."""
+    handoff = worker.handoff
+    if handoff is None:
+        raise ConnectionError("the worker is gone")
     while True:
         try:
             socket.send_fds(handoff, [message], [conn.fileno()])
             return
         except BlockingIOError:
-            await _wait_io(loop, handoff, readable=False)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HANDOFF_RECHECK_S):
+                    await _wait_io(loop, handoff, readable=False)
+            if not worker.alive or worker.handoff is not handoff:
+                raise ConnectionError("the worker is gone") from None
 
 
 __all__ = ["FrontDoor", "owner_of", "minted_by", "worker_session_id"]

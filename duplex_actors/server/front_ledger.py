@@ -81,6 +81,14 @@ class FrontLedger:
     def held(self) -> int:
         return len(self._connections)
 
+    def unattached(self, worker: int) -> list[int]:
+        """``worker``'s connections that carry no session (yet): what it has not reported on."""
+        return [
+            cid
+            for cid, handed in self._connections.items()
+            if handed.worker == worker and handed.session_id is None
+        ]
+
     def of_worker(self, worker: int) -> list[int]:
         return [cid for cid, handed in self._connections.items() if handed.worker == worker]
 

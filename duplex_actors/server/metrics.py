@@ -237,6 +237,19 @@ class ServerMetrics:
             "Connections the front ended itself because their worker process died (serve --workers)",
             registry=r,
         )
+        self.pool_hangs = Gauge(
+            "duplex_worker_hangs",
+            "Times a worker process was stopped for answering none of the front's pings for "
+            "--worker-timeout-s (serve --workers)",
+            ["worker"],
+            registry=r,
+        )
+        self.pool_rerouted_connections = Gauge(
+            "duplex_worker_rerouted_connections",
+            "Connections a worker died (or was stopped) without reading, handed to another "
+            "worker (serve --workers)",
+            registry=r,
+        )
         self.disconnects = Counter(
             "duplex_disconnects",
             "Connections ended, by what happened to their session",
@@ -252,6 +265,9 @@ class ServerMetrics:
             self.pool_restarts.labels(str(worker)).set(int(restarts))
         self.pool_engine_restarts.set(int(news.get("engine_restarts", 0)))
         self.pool_lost_connections.set(int(news.get("lost_connections", 0)))
+        for worker, hangs in dict(news.get("hangs", {})).items():
+            self.pool_hangs.labels(str(worker)).set(int(hangs))
+        self.pool_rerouted_connections.set(int(news.get("rerouted_connections", 0)))
 
     def observe(self, event: ev.ServerEvent) -> None:
         """Count one server event at its first delivery."""

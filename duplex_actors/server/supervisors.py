@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from .front_door import FrontDoor, _Worker
+from .worker_liveness import Liveness
 
 if TYPE_CHECKING:
     from .workers import WorkerSettings
@@ -117,6 +118,8 @@ class _WorkerSupervisor:
         handoff.connect(path)
         handoff.setblocking(False)
         worker.handoff = handoff
+        timeout = self.settings.worker_timeout_s
+        worker.liveness = Liveness(time.monotonic(), hung_after_s=timeout if timeout > 0 else None)
         worker.alive = True
 
     def start_all(self, workers: int) -> None:

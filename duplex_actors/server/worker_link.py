@@ -9,7 +9,9 @@ worker reports what the front needs to end its connections should the worker die
 * ``["r", session_id, response_id]`` / ``["d", session_id, response_id]``: a response's
   ``response.created`` / ``response.done`` went to its client;
 * ``["e", session_id]``: the session closed;
-* ``["x", connection]``: the worker is done with the socket (the front closes its duplicate).
+* ``["x", connection]``: the worker is done with the socket (the front closes its duplicate);
+* ``["q", n]``: the answer to the front's ping ``["p", n]``, sent from the worker's loop, so it
+  says the loop still turns (:mod:`.worker_liveness`).
 
 Each message is one ``SOCK_SEQPACKET`` packet of compact JSON: the kernel keeps their
 boundaries, and a few per response cost nothing next to the response's own frames.
@@ -76,6 +78,9 @@ class FrontLink:
 
     def released(self, connection: int) -> None:
         self._send(pack("x", connection))
+
+    def answer_ping(self, number: int) -> None:
+        self._send(pack("q", number))
 
     def _send(self, packet: bytes) -> None:
         if self.lost:

@@ -38,6 +38,12 @@ a new generation in the ids it mints. The engine process dying fails every in-fl
 with ``response.done`` status ``failed`` (retryable), as any engine failure does, and is
 started again too.
 
+A worker that *hangs* (alive, its loop stuck) is found by pings (:mod:`.worker_liveness`):
+after 2 s without an answer new connections go to the other workers; after
+``--worker-timeout-s`` (10 s) the front stops it (SIGABRT, so its stacks go to stderr, then
+SIGKILL) and its death is handled as above. A connection handed to a worker that died or was
+stopped before reading a byte of it goes to another worker instead of being ended.
+
 Drain: on SIGTERM the front stops accepting, and each worker drains as a single-process
 server does (no new session or response, the ones in flight finish up to
 ``--drain-timeout-s``, then every session gets ``session.closed``); the front exits once the
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import multiprocessing
 import os
 import shutil
@@ -68,11 +75,14 @@ import structlog
 from ..logconfig import ensure_configured
 from .event_loop import resolve as resolve_loop
 from .event_loop import run as run_loop
-from .front_door import FrontDoor, _wait_io, _Worker, minted_by, owner_of, worker_session_id
+from .front_door import PING_PASS_S, FrontDoor, _wait_io, _Worker, minted_by, owner_of, worker_session_id
 from .supervisors import _EngineSupervisor, _stop_children, _watch_engine, _WorkerSupervisor
 from .worker_link import FrontLink, unpack
+from .worker_liveness import HUNG_AFTER_S
 
 log = structlog.get_logger("duplex_actors.server.workers")
+#: How long a hung worker has after SIGABRT (to write its threads' stacks) before SIGKILL.
+HUNG_KILL_GRACE_S = 2.0
 
 
 class _SessionIds:
@@ -146,6 +156,9 @@ class WorkerSettings:
     transcription_workers: int = 1
     #: How long a worker lets responses in flight finish after SIGTERM (``--drain-timeout-s``).
     drain_timeout_s: float = 10.0
+    #: A worker that answers none of the front's pings this long is stopped and started again
+    #: (``--worker-timeout-s``; 0: never; worker_liveness.py).
+    worker_timeout_s: float = HUNG_AFTER_S
     #: The event loop every process of the tree runs (``serve --loop``; event_loop.py).
     event_loop: str = "auto"
 
@@ -179,6 +192,9 @@ def _become_child(name: str) -> None:
             libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the front died before the request took effect
             os._exit(1)
+    # A crash in a C extension, or the front's SIGABRT to a hung worker, then says on stderr
+    # where each thread was.
+    faulthandler.enable()
 
 
 def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
@@ -318,7 +334,9 @@ async def _receive_connections(front: socket.socket, server) -> None:
         except ValueError as exc:
             log.error("worker.bad_front_message", error=repr(exc))
             kind, args = "?", []
-        if kind == "m" and args and isinstance(args[0], dict):
+        if kind == "p" and args and server.front_link is not None:
+            server.front_link.answer_ping(args[0])  # from this loop: it still turns
+        elif kind == "m" and args and isinstance(args[0], dict):
             server.metrics.set_pool(args[0])
         handed_id = args[0] if kind == "c" and args and isinstance(args[0], int) else None
         for fd in fds:
@@ -454,11 +472,47 @@ async def _run_front(
 
         loop.add_reader(sentinel, exited)
 
+    def stop_hung(worker: _Worker) -> None:
+        """``worker`` answered no ping for ``--worker-timeout-s``: stop it. SIGABRT first, so
+        its faulthandler writes where each of its threads was (to stderr); SIGCONT lets a
+        stopped process take it; SIGKILL if it is still there after HUNG_KILL_GRACE_S. Its exit
+        is then handled as any worker's death (on_worker_exit)."""
+        liveness = worker.liveness
+        silent = 0.0 if liveness is None else liveness.silence(front.clock())
+        worker.liveness = None  # stopped once
+        worker.alive = False  # no connection, not even a resume, goes to it any more
+        worker.hangs += 1
+        log.error("front.worker_hung", worker=worker.index, pid=worker.pid, silent_s=round(silent, 2))
+        print(
+            f"worker {worker.index} pid={worker.pid} answered nothing for {silent:.1f} s "
+            "(--worker-timeout-s): stopping it",
+            file=sys.stderr,
+            flush=True,
+        )
+        process = worker.process
+        for signum in (signal.SIGABRT, signal.SIGCONT):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signum)
+
+        def kill_if_still_there() -> None:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+
+        loop.call_later(HUNG_KILL_GRACE_S, kill_if_still_there)
+
+    async def watch_liveness() -> None:
+        while not supervisor.stopping:  # a drain has its own time limit
+            for worker in front.ping(front.clock()):
+                stop_hung(worker)
+            await asyncio.sleep(PING_PASS_S)
+
     for worker in pool:
         watch(worker)
     tell_pool()
     serving = asyncio.create_task(front.serve())
     watching = asyncio.create_task(_watch_engine(engine, tell_pool))
+    pinging = asyncio.create_task(watch_liveness())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     failure = serving.exception() if serving.done() and not serving.cancelled() else None
@@ -478,7 +532,7 @@ async def _run_front(
             while any(worker.process.is_alive() for worker in pool):
                 await asyncio.sleep(0.05)
     await asyncio.sleep(0)  # exit notices already due run before the sockets are let go
-    for task in (watching, stopping):
+    for task in (watching, stopping, pinging):
         task.cancel()
     front.close_held()
     for worker in pool:

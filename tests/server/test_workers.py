@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -39,15 +40,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Served:
-    def __init__(self, process: subprocess.Popen, lines: list[str]) -> None:
+    def __init__(self, process: subprocess.Popen, lines: list[str], errors=None) -> None:
         self.process = process
         self.lines = lines
+        self._errors = errors
         self.url = lines[0].split()[2]
         self.http = self.url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0]
         self.worker_pids = [int(line.split()[2].split("=")[1]) for line in lines[1:-1]]
         self.worker_urls = [line.split()[3] for line in lines[1:-1]]
         self.engine_pid = int(lines[-1].split()[1].split("=")[1])
         self.engine_socket = lines[-1].split()[2].split("=", 1)[1]
+
+    def stderr(self) -> str:
+        """What the server's processes wrote to stderr so far."""
+        self._errors.seek(0)
+        return self._errors.read()
 
 
 @contextlib.contextmanager
@@ -90,7 +97,7 @@ def serve_workers(workers: int = 2, *extra: str):
                     raise AssertionError(  # noqa: B904
                         f"serve --workers did not start: {errors.read()[-3000:]}"
                     )
-            yield Served(process, first)
+            yield Served(process, first, errors)
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -537,6 +544,103 @@ def test_kill_9_of_a_worker_ends_its_responses_for_their_clients_and_the_worker_
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
         assert not os.path.exists(s.engine_socket)
+
+
+@pytest.mark.slow
+def test_a_hung_worker_is_passed_over_then_stopped_and_started_again_and_no_client_waits_on_it():
+    """Worker 1 stopped by its pid (SIGSTOP: alive, its loop frozen, its hand-off socket still
+    taking sockets). New clients right after it: the front does not know yet, so some are
+    handed to it; after --worker-timeout-s the front stops it, and those (never read) go to
+    worker 0. Its own client is told, as after a crash, and the slot starts again."""
+    with serve_workers(2, "--worker-timeout-s", "3") as s:
+
+        async def main():
+            held, _ = await _raw_session_on(s.url, 1)
+            os.kill(s.worker_pids[1], signal.SIGSTOP)
+            stopped_at = time.monotonic()
+
+            async def newcomer(results: list) -> None:
+                with anyio.fail_after(30):
+                    client = await DuplexClient.connect(s.url)
+                    created = await client.recv()
+                    await one_turn(client)
+                    await client.close()
+                results.append((created["session"]["id"], time.monotonic() - stopped_at))
+
+            served: list = []
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(newcomer, served)
+            # Its own client hears nothing until the front stops it, then its farewell.
+            events = []
+            with anyio.fail_after(20), contextlib.suppress(ConnectionClosed):
+                async for frame in held:
+                    events.append(json.loads(frame))
+            told = time.monotonic() - stopped_at
+            # Once the front has seen the silence, new sessions go straight to worker 0 (or to
+            # the slot's new process), never to the stopped one.
+            later = []
+            for _ in range(4):
+                with anyio.fail_after(10):
+                    client = await DuplexClient.connect(s.url)
+                    later.append((await client.recv())["session"]["id"])
+                    await client.close()
+            return served, events, held.close_code, told, later
+
+        served, events, close_code, told, later = run(main)
+        assert len(served) == 4
+        assert all(sid.startswith(("sess_w0g0_", "sess_w1g1_")) for sid, _ in served), served
+        # Some were handed to the stopped worker before the front knew: served after the stop.
+        assert max(after for _, after in served) >= 2.5, served
+        assert all(sid.startswith(("sess_w0g0_", "sess_w1g1_")) for sid in later), later
+        assert [e["type"] for e in events] == ["session.closed"] and events[0]["reason"] == "worker_lost"
+        assert close_code == 1011
+        assert 2.5 <= told < 10, told
+        errors = s.stderr()
+        assert "worker 1 pid=" in errors and "answered nothing for" in errors, errors[-3000:]
+        assert "Fatal Python error: Aborted" in errors  # where its threads were, from faulthandler
+        with urllib.request.urlopen(s.http + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'duplex_worker_hangs{worker="1"} 1.0' in metrics, metrics
+        rerouted = re.search(r"^duplex_worker_rerouted_connections (\d+)", metrics, re.M)
+        assert rerouted is not None and int(rerouted.group(1)) >= 1, metrics
+        with pytest.raises(ProcessLookupError):
+            os.kill(s.worker_pids[1], 0)
+
+
+@pytest.mark.slow
+def test_a_pause_of_the_whole_server_is_not_taken_for_hung_workers():
+    """Every process of the server stopped for longer than --worker-timeout-s (what a
+    suspended VM or a frozen cgroup does, here one by one), the front continued first: it
+    wakes up with its pings long unanswered, yet that time was its own absence too. No worker
+    is stopped, and the sessions on both go on."""
+    with serve_workers(2, "--worker-timeout-s", "3") as s:
+
+        async def main():
+            clients = [(await open_on(s.url, worker))[0] for worker in (0, 1)]
+            everyone = [s.engine_pid, *s.worker_pids]
+            for pid in everyone:
+                os.kill(pid, signal.SIGSTOP)
+            # Long enough for the front to have sent each worker a ping they cannot answer
+            # (one a second, on passes every half second), short of the timeout.
+            await anyio.sleep(1.6)
+            os.kill(s.process.pid, signal.SIGSTOP)
+            await anyio.sleep(4)
+            os.kill(s.process.pid, signal.SIGCONT)
+            await anyio.sleep(0.3)  # the front runs alone for a moment
+            for pid in everyone:
+                os.kill(pid, signal.SIGCONT)
+            await anyio.sleep(3)  # past the timeout again, all running
+            for client in clients:
+                await one_turn(client)
+                await client.close()
+
+        run(main)
+        for pid in s.worker_pids:
+            os.kill(pid, 0)  # still the same processes
+        errors = s.stderr()
+        assert "answered nothing" not in errors, errors[-3000:]
+        assert "front.was_away" in errors
 
 
 @pytest.mark.slow
