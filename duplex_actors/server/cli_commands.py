@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from .event_loop import EventLoopChoice, EventLoopUnavailable, resolve
-from .worker_liveness import HUNG_AFTER_S
+from .worker_liveness import ENGINE_HUNG_AFTER_S, HUNG_AFTER_S
 
 if TYPE_CHECKING:
     from .app import RealtimeServer
@@ -165,6 +165,12 @@ def register(app: typer.Typer) -> None:
             help="with --workers: a worker whose loop answers none of the front's pings this long "
             "is stopped (SIGABRT: its stacks go to stderr; then SIGKILL) and started again; new "
             "connections avoid it after 2 s of silence (0: never stop it)",
+        ),
+        engine_timeout_s: float = typer.Option(
+            ENGINE_HUNG_AFTER_S,
+            min=0.0,
+            help="with --workers: the engine process is stopped the same way (and started again) "
+            "when its loop answers none of the front's pings this long (0: never)",
         ),
         gc_reclaim_s: float = typer.Option(
             30.0,
@@ -375,6 +381,7 @@ def register(app: typer.Typer) -> None:
                     transcription_workers=transcription_workers,
                     drain_timeout_s=drain_timeout_s,
                     worker_timeout_s=worker_timeout_s,
+                    engine_timeout_s=engine_timeout_s,
                     event_loop=loop_name.value,
                 ),
             )

@@ -24,7 +24,7 @@ from . import raw_http
 from .front_ledger import FrontLedger
 from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
-from .worker_liveness import FRONT_LATE_S, PING_INTERVAL_S, Liveness
+from .worker_liveness import PING_INTERVAL_S, Liveness, time_away
 
 log = structlog.get_logger("duplex_actors.server.workers")
 
@@ -355,11 +355,9 @@ class FrontDoor:
         a ping; returns those silent past their ``hung_after_s`` (the caller stops them: this
         touches no process). A pass later than planned by more than FRONT_LATE_S means the
         front was not running: that time is forgiven (worker_liveness.py)."""
-        last, self._pinged_at = self._pinged_at, now
-        away = 0.0 if last is None else now - last - every_s
-        if away <= FRONT_LATE_S:
-            away = 0.0
-        else:
+        away = time_away(self._pinged_at, now, every_s)
+        self._pinged_at = now
+        if away:
             log.warning("front.was_away", seconds=round(away, 2))
         hung = []
         for worker in self.workers:
@@ -381,7 +379,7 @@ class FrontDoor:
                     pass
         return hung
 
-    def pool_news(self, engine_restarts: int, worker_restarts: list[int]) -> bytes:
+    def pool_news(self, engine_restarts: int, worker_restarts: list[int], engine_hangs: int = 0) -> bytes:
         return pack(
             "m",
             {
@@ -389,6 +387,7 @@ class FrontDoor:
                 "alive": sum(1 for w in self.workers if w.alive),
                 "restarts": {str(i): n for i, n in enumerate(worker_restarts)},
                 "engine_restarts": engine_restarts,
+                "engine_hangs": engine_hangs,
                 "lost_connections": self.lost_connections,
                 "hangs": {str(w.index): w.hangs for w in self.workers},
                 "rerouted_connections": self.rerouted,

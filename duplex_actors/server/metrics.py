@@ -244,6 +244,12 @@ class ServerMetrics:
             ["worker"],
             registry=r,
         )
+        self.pool_engine_hangs = Gauge(
+            "duplex_engine_process_hangs",
+            "Times the engine process was stopped for answering none of the front's pings for "
+            "--engine-timeout-s (serve --workers)",
+            registry=r,
+        )
         self.pool_rerouted_connections = Gauge(
             "duplex_worker_rerouted_connections",
             "Connections a worker died (or was stopped) without reading, handed to another "
@@ -268,6 +274,7 @@ class ServerMetrics:
         for worker, hangs in dict(news.get("hangs", {})).items():
             self.pool_hangs.labels(str(worker)).set(int(hangs))
         self.pool_rerouted_connections.set(int(news.get("rerouted_connections", 0)))
+        self.pool_engine_hangs.set(int(news.get("engine_hangs", 0)))
 
     def observe(self, event: ev.ServerEvent) -> None:
         """Count one server event at its first delivery."""

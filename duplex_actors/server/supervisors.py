@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from .front_door import FrontDoor, _Worker
-from .worker_liveness import Liveness
+from .front_door import PING_PASS_S, FrontDoor, _Worker
+from .worker_liveness import ENGINE_HUNG_AFTER_S, PING_INTERVAL_S, Liveness, time_away
 
 if TYPE_CHECKING:
     from .workers import WorkerSettings
@@ -31,6 +31,8 @@ log = structlog.get_logger("duplex_actors.server.workers")
 RESTART_BACKOFF_MIN_S = 0.5
 RESTART_BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 30.0
+#: How long a hung child has after SIGABRT (to write its threads' stacks) before SIGKILL.
+HUNG_KILL_GRACE_S = 2.0
 
 
 class _EngineSupervisor:
@@ -48,6 +50,8 @@ class _EngineSupervisor:
         self.startup_timeout_s = startup_timeout_s
         self.process: Any = None
         self.restarts = 0
+        #: Times it was stopped for answering none of the front's pings (--engine-timeout-s).
+        self.hangs = 0
 
     def spawn(self):
         """Start the process; returns the pipe its pid arrives on once its socket accepts.
@@ -169,20 +173,121 @@ class _WorkerSupervisor:
         return True
 
 
-async def _watch_engine(engine: _EngineSupervisor, restarted: Callable[[], None]) -> None:
-    """Start the engine process again if it exits (at most once a second)."""
-    while True:
-        if not engine.process.is_alive():
-            log.error("front.engine_exited", exitcode=engine.process.exitcode)
-            try:
-                pid = await asyncio.to_thread(engine.wait_ready, engine.spawn())
-                engine.restarts += 1
-                print(f"engine restarted pid={pid}", file=sys.stderr, flush=True)
-                restarted()
-            except Exception as exc:  # try again on the next pass
-                log.error("front.engine_restart_failed", error=repr(exc))
-            await asyncio.sleep(1.0)
-        await asyncio.sleep(0.5)
+def stop_hung_process(process: Any, name: str, silent_s: float, option: str) -> None:
+    """Stop a child whose loop answered none of the front's pings for ``silent_s``
+    (worker_liveness.py). SIGABRT first, so that its faulthandler writes where each of its
+    threads was (to stderr); SIGCONT, so that a stopped process takes it; SIGKILL if it is
+    still there HUNG_KILL_GRACE_S later. Its exit is then handled as any death of it."""
+    log.error("front.child_hung", child=name, pid=process.pid, silent_s=round(silent_s, 2))
+    print(
+        f"{name} pid={process.pid} answered nothing for {silent_s:.1f} s ({option}): stopping it",
+        file=sys.stderr,
+        flush=True,
+    )
+    for signum in (signal.SIGABRT, signal.SIGCONT):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+
+    def kill_if_still_there() -> None:
+        if process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+
+    asyncio.get_running_loop().call_later(HUNG_KILL_GRACE_S, kill_if_still_there)
+
+
+class _EngineProbe:
+    """Pings the engine process over its own channel: a ``stats`` request, which the engine
+    process's loop answers (engine_process.py), read as worker_liveness.py reads a worker's
+    answers. One pass (:meth:`hung`) per PING_PASS_S."""
+
+    def __init__(self, path: str, hung_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        from ..engines.engine_process import EngineProcessClient
+
+        # A hung process's socket still accepts (its backlog), and the hello never comes.
+        self.client = EngineProcessClient(path, connect_timeout_s=PING_INTERVAL_S)
+        self.hung_after_s = hung_after_s
+        self.clock = clock
+        self.liveness: Liveness | None = None
+        self._process: Any = None
+        self._asking: asyncio.Task | None = None
+        self._last_pass: float | None = None
+
+    def hung(self, process: Any) -> bool:
+        """One pass for the running engine ``process``: True once (then never again for this
+        process) when it has answered nothing for ``hung_after_s``."""
+        now = self.clock()
+        away = time_away(self._last_pass, now, PING_PASS_S)
+        self._last_pass = now
+        if process is not self._process:  # a new process: a fresh record
+            self._process = process
+            self.liveness = Liveness(now, hung_after_s=self.hung_after_s)
+            self._forget_question()
+        liveness = self.liveness
+        if liveness is None:  # this process was already found hung
+            return False
+        liveness.forgive(away)
+        asking = self._asking
+        if asking is not None and asking.done():
+            self._asking = None
+            if not asking.cancelled():
+                asking.exception()  # a failed question (EngineFailed) is asked again below
+        if liveness.hung(now):
+            self.liveness = None
+            self._forget_question()
+            return True
+        if self._asking is None:
+            if liveness.outstanding_since is not None:
+                # The last question failed (no hello in time, the channel lost): ask again,
+                # while the silence runs on from the first.
+                self._asking = asyncio.create_task(self._ask(liveness, liveness.sent))
+            elif liveness.ping_due(now):
+                self._asking = asyncio.create_task(self._ask(liveness, liveness.ping(now)))
+        return False
+
+    async def _ask(self, liveness: Liveness, number: int) -> None:
+        # No timeout of its own worth the name: the silence is judged in hung().
+        await self.client.remote_statistics(timeout_s=3600.0)
+        liveness.answered(number, self.clock())  # when it came, not at the next pass
+
+    def _forget_question(self) -> None:
+        if self._asking is not None:
+            self._asking.cancel()
+            self._asking = None
+
+    async def aclose(self) -> None:
+        self._forget_question()
+        await self.client.aclose()
+
+
+async def _watch_engine(
+    engine: _EngineSupervisor,
+    restarted: Callable[[], None],
+    *,
+    hung_after_s: float | None = ENGINE_HUNG_AFTER_S,
+) -> None:
+    """Start the engine process again if it exits (at most once a second); stop it first if
+    its loop answers none of the front's pings for ``hung_after_s`` (None: never)."""
+    probe = None if hung_after_s is None else _EngineProbe(engine.path, hung_after_s)
+    try:
+        while True:
+            if not engine.process.is_alive():
+                log.error("front.engine_exited", exitcode=engine.process.exitcode)
+                try:
+                    pid = await asyncio.to_thread(engine.wait_ready, engine.spawn())
+                    engine.restarts += 1
+                    print(f"engine restarted pid={pid}", file=sys.stderr, flush=True)
+                    restarted()
+                except Exception as exc:  # try again on the next pass
+                    log.error("front.engine_restart_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+            elif probe is not None and probe.hung(engine.process):
+                engine.hangs += 1
+                stop_hung_process(engine.process, "engine", probe.hung_after_s, "--engine-timeout-s")
+            await asyncio.sleep(PING_PASS_S)
+    finally:
+        if probe is not None:
+            await probe.aclose()
 
 
 def _stop_children(workers: list[Any], engine: Any) -> None:

@@ -26,6 +26,10 @@ ping long unanswered, and stopping every worker for it would turn a pause into a
 when the front's own pass comes late (by more than ``FRONT_LATE_S``), the time it was away is
 forgiven (:meth:`Liveness.forgive`).
 
+The engine process is watched the same way (``serve --engine-timeout-s``), its pings being
+the engine channel's ``stats`` requests (:mod:`duplex_actors.engines.engine_process`), which
+its loop answers.
+
 This module is sans-IO: the clock is passed in, nothing here sends or kills.
 """
 
@@ -39,9 +43,22 @@ PING_INTERVAL_S = 1.0
 UNRESPONSIVE_AFTER_S = 2.0
 #: Silence after which the worker is stopped (``serve --worker-timeout-s``' default).
 HUNG_AFTER_S = 10.0
+#: Silence after which the engine process is stopped (``serve --engine-timeout-s``' default):
+#: longer, as stopping it fails every worker's turns in flight, and its stall watchdog
+#: (``--stall-timeout-s``) already ends a turn that waits on it.
+ENGINE_HUNG_AFTER_S = 30.0
 #: A pass of the front's pinger this much later than planned means the front itself did not
 #: run meanwhile: the gap is nobody's silence.
 FRONT_LATE_S = 1.0
+
+
+def time_away(last_pass: float | None, now: float, every_s: float) -> float:
+    """How long a watcher that runs every ``every_s`` and last ran at ``last_pass`` was itself
+    not running, judged at ``now``: 0 unless its pass comes more than FRONT_LATE_S late."""
+    if last_pass is None:
+        return 0.0
+    late = now - last_pass - every_s
+    return late if late > FRONT_LATE_S else 0.0
 
 
 @attrs.define(slots=True)
@@ -108,4 +125,12 @@ class Liveness:
         return self.hung_after_s is not None and self.silence(now) >= self.hung_after_s
 
 
-__all__ = ["Liveness", "PING_INTERVAL_S", "UNRESPONSIVE_AFTER_S", "HUNG_AFTER_S", "FRONT_LATE_S"]
+__all__ = [
+    "Liveness",
+    "time_away",
+    "PING_INTERVAL_S",
+    "UNRESPONSIVE_AFTER_S",
+    "HUNG_AFTER_S",
+    "ENGINE_HUNG_AFTER_S",
+    "FRONT_LATE_S",
+]

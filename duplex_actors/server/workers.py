@@ -42,7 +42,8 @@ A worker that *hangs* (alive, its loop stuck) is found by pings (:mod:`.worker_l
 after 2 s without an answer new connections go to the other workers; after
 ``--worker-timeout-s`` (10 s) the front stops it (SIGABRT, so its stacks go to stderr, then
 SIGKILL) and its death is handled as above. A connection handed to a worker that died or was
-stopped before reading a byte of it goes to another worker instead of being ended.
+stopped before reading a byte of it goes to another worker instead of being ended. The engine
+process is pinged too, over its own channel, and stopped after ``--engine-timeout-s`` (30 s).
 
 Drain: on SIGTERM the front stops accepting, and each worker drains as a single-process
 server does (no new session or response, the ones in flight finish up to
@@ -76,13 +77,17 @@ from ..logconfig import ensure_configured
 from .event_loop import resolve as resolve_loop
 from .event_loop import run as run_loop
 from .front_door import PING_PASS_S, FrontDoor, _wait_io, _Worker, minted_by, owner_of, worker_session_id
-from .supervisors import _EngineSupervisor, _stop_children, _watch_engine, _WorkerSupervisor
+from .supervisors import (
+    _EngineSupervisor,
+    _stop_children,
+    _watch_engine,
+    _WorkerSupervisor,
+    stop_hung_process,
+)
 from .worker_link import FrontLink, unpack
-from .worker_liveness import HUNG_AFTER_S
+from .worker_liveness import ENGINE_HUNG_AFTER_S, HUNG_AFTER_S
 
 log = structlog.get_logger("duplex_actors.server.workers")
-#: How long a hung worker has after SIGABRT (to write its threads' stacks) before SIGKILL.
-HUNG_KILL_GRACE_S = 2.0
 
 
 class _SessionIds:
@@ -159,6 +164,9 @@ class WorkerSettings:
     #: A worker that answers none of the front's pings this long is stopped and started again
     #: (``--worker-timeout-s``; 0: never; worker_liveness.py).
     worker_timeout_s: float = HUNG_AFTER_S
+    #: The same for the engine process, whose loop answers the front's ``stats`` requests
+    #: (``--engine-timeout-s``; 0: never).
+    engine_timeout_s: float = ENGINE_HUNG_AFTER_S
     #: The event loop every process of the tree runs (``serve --loop``; event_loop.py).
     event_loop: str = "auto"
 
@@ -428,7 +436,7 @@ async def _run_front(
         loop.add_signal_handler(signum, stop.set)
 
     def tell_pool() -> None:
-        news = front.pool_news(engine.restarts, supervisor.restarts)
+        news = front.pool_news(engine.restarts, supervisor.restarts, engine.hangs)
         for worker in pool:
             if worker.alive and worker.handoff is not None:
                 with contextlib.suppress(OSError):
@@ -473,33 +481,13 @@ async def _run_front(
         loop.add_reader(sentinel, exited)
 
     def stop_hung(worker: _Worker) -> None:
-        """``worker`` answered no ping for ``--worker-timeout-s``: stop it. SIGABRT first, so
-        its faulthandler writes where each of its threads was (to stderr); SIGCONT lets a
-        stopped process take it; SIGKILL if it is still there after HUNG_KILL_GRACE_S. Its exit
-        is then handled as any worker's death (on_worker_exit)."""
-        liveness = worker.liveness
-        silent = 0.0 if liveness is None else liveness.silence(front.clock())
+        """``worker`` answered no ping for ``--worker-timeout-s``: no connection, not even a
+        resume, goes to it any more, and it is stopped (its exit is then on_worker_exit's)."""
+        silent = 0.0 if worker.liveness is None else worker.liveness.silence(front.clock())
         worker.liveness = None  # stopped once
-        worker.alive = False  # no connection, not even a resume, goes to it any more
+        worker.alive = False
         worker.hangs += 1
-        log.error("front.worker_hung", worker=worker.index, pid=worker.pid, silent_s=round(silent, 2))
-        print(
-            f"worker {worker.index} pid={worker.pid} answered nothing for {silent:.1f} s "
-            "(--worker-timeout-s): stopping it",
-            file=sys.stderr,
-            flush=True,
-        )
-        process = worker.process
-        for signum in (signal.SIGABRT, signal.SIGCONT):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker.pid, signum)
-
-        def kill_if_still_there() -> None:
-            if process.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGKILL)
-
-        loop.call_later(HUNG_KILL_GRACE_S, kill_if_still_there)
+        stop_hung_process(worker.process, f"worker {worker.index}", silent, "--worker-timeout-s")
 
     async def watch_liveness() -> None:
         while not supervisor.stopping:  # a drain has its own time limit
@@ -511,7 +499,9 @@ async def _run_front(
         watch(worker)
     tell_pool()
     serving = asyncio.create_task(front.serve())
-    watching = asyncio.create_task(_watch_engine(engine, tell_pool))
+    watching = asyncio.create_task(
+        _watch_engine(engine, tell_pool, hung_after_s=settings.engine_timeout_s or None)
+    )
     pinging = asyncio.create_task(watch_liveness())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -268,3 +268,91 @@ def test_a_connection_waiting_on_a_full_hand_off_socket_goes_elsewhere_once_its_
             sock.close()
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- the engine process
+
+
+def test_the_engine_probe_finds_a_process_that_accepts_but_never_answers(tmp_path):
+    """A hung engine process's socket still accepts (its backlog) and its hello never comes:
+    each question fails on its connect timeout and is asked again, and the silence runs on
+    from the first, until hung_after_s; then True once, and never again for that process. A
+    new process starts a fresh record."""
+    from duplex_actors.server.supervisors import _EngineProbe
+
+    async def main() -> None:
+        path = str(tmp_path / "engine.sock")
+        server = await asyncio.start_unix_server(lambda r, w: None, path)  # accepts, says nothing
+        clock = [0.0]
+        probe = _EngineProbe(path, hung_after_s=3.0, clock=lambda: clock[0])
+        process = object()
+        found = []
+        while clock[0] <= 6.0:
+            found.append((clock[0], probe.hung(process)))
+            await asyncio.sleep(0.05)  # the question's task runs (its connect times out later)
+            clock[0] += PING_PASS_S
+        # First ping at 1.0 s (its start counts as an answer), hung 3 s later, once.
+        assert [t for t, hung in found if hung] == [4.0]
+        assert probe.hung(object()) is False  # a new process: a fresh record
+        assert probe.liveness is not None and probe.liveness.silence(clock[0]) == 0.0
+        await probe.aclose()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_the_engine_probe_leaves_an_engine_process_that_answers_alone(tmp_path):
+    """The engine channel's stats request, answered by a real engine host's loop, keeps the
+    silence short over 20 s of passes."""
+    from duplex_actors.engines.engine_process import EngineHostServer
+    from duplex_actors.engines.scripted import ScriptedEngine
+    from duplex_actors.server.supervisors import _EngineProbe
+
+    async def main() -> None:
+        path = str(tmp_path / "engine.sock")
+        async with EngineHostServer(ScriptedEngine(), path):
+            clock = [0.0]
+            probe = _EngineProbe(path, hung_after_s=3.0, clock=lambda: clock[0])
+            process = object()
+            answers = 0
+            while clock[0] <= 20.0:
+                assert probe.hung(process) is False
+                for _ in range(20):  # let a question's round trip finish
+                    await asyncio.sleep(0.005)
+                    if probe._asking is None or probe._asking.done():
+                        break
+                if probe.liveness.outstanding_since is None and probe.liveness.sent > answers:
+                    answers = probe.liveness.sent
+                clock[0] += PING_PASS_S
+            assert answers >= 15  # about one a second
+            await probe.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_engine_probe_does_not_count_time_the_front_was_away(tmp_path):
+    from duplex_actors.server.supervisors import _EngineProbe
+
+    async def main() -> None:
+        path = str(tmp_path / "engine.sock")
+        server = await asyncio.start_unix_server(lambda r, w: None, path)
+        clock = [0.0]
+        probe = _EngineProbe(path, hung_after_s=3.0, clock=lambda: clock[0])
+        process = object()
+        for t in (0.0, 0.5, 1.0, 1.5, 2.0):  # a question goes out at 1.0, unanswered
+            clock[0] = t
+            assert probe.hung(process) is False
+            await asyncio.sleep(0.01)
+        clock[0] = 32.0  # the front was away 29.5 s
+        assert probe.hung(process) is False
+        hung_at = None
+        while hung_at is None:
+            clock[0] += PING_PASS_S
+            if probe.hung(process):
+                hung_at = clock[0]
+            await asyncio.sleep(0.01)
+        assert hung_at == 32.0 + 3.0 - 1.0 - PING_PASS_S  # 1 s of silence before it left
+        await probe.aclose()
+        server.close()
+
+    asyncio.run(main())

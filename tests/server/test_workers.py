@@ -379,7 +379,7 @@ def test_one_engine_process_has_both_workers_turns_in_flight_at_once(served):
 
     before, after = run(main)
     assert after["pid"] == served.engine_pid
-    assert after["connections"] == 3  # the two workers and this probe
+    assert after["connections"] == 4  # the two workers, the front's liveness probe and this one
     assert after["streams_total"] - before["streams_total"] == 2
     assert after["max_runtimes_in_flight"] == 2
 
@@ -696,6 +696,50 @@ def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again(
         assert failed["response"]["status"] == "failed"
         assert statuses[-1] == "completed", statuses
         assert set(statuses[:-1]) <= {"failed"}
+
+
+@pytest.mark.slow
+def test_a_hung_engine_process_is_stopped_and_started_again_and_turns_complete_after():
+    """The engine process stopped by its pid (SIGSTOP) mid-turn: alive, its socket still
+    accepting, answering nothing. The turn in flight waits on it; after --engine-timeout-s the
+    front stops it (its stacks on stderr) and starts a new one; that turn ends failed, and a
+    later turn completes. Without the watch every turn would fail after the stall timeout,
+    for as long as the process lived."""
+    with serve_workers(2, "--engine-timeout-s", "3", "--scripted-pace", "5") as s:
+
+        async def main():
+            client, _ = await open_on(s.url, 0)
+            try:
+                await ask(client)
+                await client.wait_for("response.created", timeout=20)
+                os.kill(s.engine_pid, signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                failed, _ = await client.wait_for("response.done", timeout=20)
+                ended_after = time.monotonic() - stopped_at
+                statuses = []
+                for _ in range(40):
+                    await ask(client)
+                    done, _ = await client.wait_for("response.done", timeout=30)
+                    statuses.append(done["response"]["status"])
+                    if statuses[-1] == "completed":
+                        break
+                    await anyio.sleep(0.5)
+            finally:
+                await client.close()
+            return failed, ended_after, statuses
+
+        failed, ended_after, statuses = run(main)
+        assert failed["response"]["status"] == "failed", failed
+        assert ended_after < 12, ended_after  # the front's timeout, not the 15 s stall watchdog
+        assert statuses[-1] == "completed", statuses
+        errors = s.stderr()
+        assert f"engine pid={s.engine_pid} answered nothing for" in errors, errors[-3000:]
+        assert "engine restarted pid=" in errors
+        with pytest.raises(ProcessLookupError):
+            os.kill(s.engine_pid, 0)
+        with urllib.request.urlopen(s.http + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert "duplex_engine_process_hangs 1.0" in metrics, metrics
 
 
 @pytest.mark.slow
