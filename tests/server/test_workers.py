@@ -154,6 +154,20 @@ async def ask(client: DuplexClient) -> None:
     await client.create_response()
 
 
+async def turns_until_one_completes(client: DuplexClient, tries: int = 40) -> list[str]:
+    """Ask for turns, half a second apart, until one completes (a new engine process is
+    loading meanwhile): every turn's status."""
+    statuses = []
+    for _ in range(tries):
+        await ask(client)
+        done, _ = await client.wait_for("response.done", timeout=30)
+        statuses.append(done["response"]["status"])
+        if statuses[-1] == "completed":
+            break
+        await anyio.sleep(0.5)
+    return statuses
+
+
 async def resume_of_lost(url: str, session_id: str, **options) -> tuple[dict, int | None]:
     """Resume ``session_id`` (with any token: a lost session has none to check): the server's
     answer and the close code that followed it."""
@@ -379,7 +393,9 @@ def test_one_engine_process_has_both_workers_turns_in_flight_at_once(served):
 
     before, after = run(main)
     assert after["pid"] == served.engine_pid
-    assert after["connections"] == 4  # the two workers, the front's liveness probe and this one
+    # The two workers and this probe, and the front's liveness probe once it has asked (its
+    # first question goes a second after the engine process started).
+    assert after["connections"] in (3, 4)
     assert after["streams_total"] - before["streams_total"] == 2
     assert after["max_runtimes_in_flight"] == 2
 
@@ -680,14 +696,7 @@ def test_a_killed_engine_process_fails_the_turns_in_flight_and_is_started_again(
                 os.kill(s.engine_pid, signal.SIGKILL)
                 failed, _ = await client.wait_for("response.done", timeout=20)
                 # the front starts a new engine process; the worker reconnects on its next turn
-                statuses = []
-                for _ in range(40):
-                    await ask(client)
-                    done, _ = await client.wait_for("response.done", timeout=30)
-                    statuses.append(done["response"]["status"])
-                    if statuses[-1] == "completed":
-                        break
-                    await anyio.sleep(0.5)
+                statuses = await turns_until_one_completes(client)
             finally:
                 await client.close()
             return failed, statuses
@@ -716,14 +725,7 @@ def test_a_hung_engine_process_is_stopped_and_started_again_and_turns_complete_a
                 stopped_at = time.monotonic()
                 failed, _ = await client.wait_for("response.done", timeout=20)
                 ended_after = time.monotonic() - stopped_at
-                statuses = []
-                for _ in range(40):
-                    await ask(client)
-                    done, _ = await client.wait_for("response.done", timeout=30)
-                    statuses.append(done["response"]["status"])
-                    if statuses[-1] == "completed":
-                        break
-                    await anyio.sleep(0.5)
+                statuses = await turns_until_one_completes(client)
             finally:
                 await client.close()
             return failed, ended_after, statuses
