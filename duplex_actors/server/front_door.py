@@ -139,6 +139,7 @@ class FrontDoor:
         #: When the pinger last ran (ping).
         self._pinged_at: float | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._lasting: set[asyncio.Task] = set()
 
     def choose(self, request_line: bytes, now: float | None = None) -> _Worker | None:
         """The owner for a resume, while the process that minted the id lives; else the next
@@ -175,10 +176,13 @@ class FrontDoor:
                 continue
             self._spawn(self._route(conn))
 
-    def _spawn(self, coroutine) -> None:
+    def _spawn(self, coroutine, *, lasting: bool = False) -> None:
+        """Run ``coroutine`` as a task of the front's; ``lasting``: one that shutting down
+        waits for (settle), as a dead worker's farewells."""
         task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        tasks = self._lasting if lasting else self._tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def _route(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -319,7 +323,7 @@ class FrontDoor:
                 self.ledger.released(handed)
                 del self._held[handed], self._lines[handed]
                 self.rerouted += 1
-                self._spawn(self._hand_over_or_close(sock, line))
+                self._spawn(self._hand_over_or_close(sock, line), lasting=True)
         ended = 0
         for handed, frames in self.ledger.worker_lost(worker.index).items():
             self._lines.pop(handed, None)
@@ -329,7 +333,7 @@ class FrontDoor:
             ended += 1
             if crashed:
                 self.lost_connections += 1
-                self._spawn(_say_farewell(sock, b"" if self.tls else frames))
+                self._spawn(_say_farewell(sock, b"" if self.tls else frames), lasting=True)
             else:
                 sock.close()
         return ended
@@ -341,6 +345,20 @@ class FrontDoor:
         except OSError as exc:
             log.info("front.connection_dropped", error=repr(exc))
         conn.close()
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (up to ``timeout_s``) for the work a worker's death set off: its exit notice,
+        its clients' farewells, its unread connections going to another worker. Not for the
+        connections still being routed: a client slow to send its request line would hold
+        the shutdown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        # Again while new ones appear: an exit notice starts the farewells.
+        while pending := {task for task in self._lasting if task is not asyncio.current_task()}:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            await asyncio.wait(pending, timeout=left)
 
     def close_held(self) -> None:
         for sock in self._held.values():

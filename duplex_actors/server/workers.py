@@ -76,7 +76,16 @@ import structlog
 from ..logconfig import ensure_configured
 from .event_loop import resolve as resolve_loop
 from .event_loop import run as run_loop
-from .front_door import PING_PASS_S, FrontDoor, _wait_io, _Worker, minted_by, owner_of, worker_session_id
+from .front_door import (
+    FAREWELL_WAIT_S,
+    PING_PASS_S,
+    FrontDoor,
+    _wait_io,
+    _Worker,
+    minted_by,
+    owner_of,
+    worker_session_id,
+)
 from .supervisors import (
     _EngineSupervisor,
     _stop_children,
@@ -268,6 +277,7 @@ async def _run_worker(
     listener.listen(1)
     listener.setblocking(False)
     folder = os.path.dirname(handoff_path)
+    receiving: asyncio.Task | None = None
     try:
         async with Runtime(
             backend,
@@ -301,7 +311,8 @@ async def _run_worker(
                     # over meanwhile are still adopted (and refused: no new session).
                     log_.info("worker.draining")
                     await server.shutdown(settings.drain_timeout_s)
-                receiving.cancel()
+                # Receiving goes on until this process ends: it answers the front's pings,
+                # and a worker silent while it closes down would be stopped as hung.
                 log_.info("worker.stopping")
         # leaving the runtime closed every session with reason runtime_shutdown
     finally:
@@ -313,6 +324,8 @@ async def _run_worker(
             # This process ends with os._exit (multiprocessing's): no exit hook would stop the
             # recogniser's worker process, which outlived every worker that had transcribed.
             await asyncio.to_thread(transcriber.close, wait=True)
+        if receiving is not None:
+            receiving.cancel()
         _ignore_stop_signals()
 
 
@@ -476,7 +489,7 @@ async def _run_front(
 
         def exited() -> None:
             loop.remove_reader(sentinel)
-            front._spawn(on_worker_exit(worker))
+            front._spawn(on_worker_exit(worker), lasting=True)
 
         loop.add_reader(sentinel, exited)
 
@@ -490,7 +503,9 @@ async def _run_front(
         stop_hung_process(worker.process, f"worker {worker.index}", silent, "--worker-timeout-s")
 
     async def watch_liveness() -> None:
-        while not supervisor.stopping:  # a drain has its own time limit
+        # On during a drain too: a hung worker would otherwise hold the front for the drain's
+        # whole limit, and its clients would never be told.
+        while True:
             for worker in front.ping(front.clock()):
                 stop_hung(worker)
             await asyncio.sleep(PING_PASS_S)
@@ -522,6 +537,9 @@ async def _run_front(
             while any(worker.process.is_alive() for worker in pool):
                 await asyncio.sleep(0.05)
     await asyncio.sleep(0)  # exit notices already due run before the sockets are let go
+    # A worker stopped as hung during the drain has clients to tell (its exit notice waits up
+    # to a second for the exit code, then the farewells up to FAREWELL_WAIT_S).
+    await front.settle(FAREWELL_WAIT_S + 2.0)
     for task in (watching, stopping, pinging):
         task.cancel()
     front.close_held()

@@ -356,3 +356,36 @@ def test_the_engine_probe_does_not_count_time_the_front_was_away(tmp_path):
         server.close()
 
     asyncio.run(main())
+
+
+def test_shutting_down_waits_for_a_dead_workers_farewells_but_not_for_connections_being_routed():
+    """settle: the front's last wait, for what a worker's death set off (its exit notice, which
+    then starts the farewells); a connection still being routed (a client slow to send its
+    request line) does not hold it, and the wait has a bound."""
+
+    async def main() -> None:
+        front = FrontDoor([], listener=None)
+        loop = asyncio.get_running_loop()
+        done = []
+
+        async def farewell() -> None:
+            await asyncio.sleep(0.1)
+            done.append("farewell")
+
+        async def exit_notice() -> None:
+            await asyncio.sleep(0.1)
+            front._spawn(farewell(), lasting=True)
+
+        front._spawn(exit_notice(), lasting=True)
+        front._spawn(asyncio.sleep(30))  # routing a slow client
+        began = loop.time()
+        await front.settle(5.0)
+        assert done == ["farewell"] and loop.time() - began < 1.0
+        front._spawn(asyncio.sleep(30), lasting=True)
+        began = loop.time()
+        await front.settle(0.2)
+        assert 0.2 <= loop.time() - began < 1.0
+        for task in front._tasks | front._lasting:
+            task.cancel()
+
+    asyncio.run(main())

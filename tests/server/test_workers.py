@@ -625,6 +625,37 @@ def test_a_hung_worker_is_passed_over_then_stopped_and_started_again_and_no_clie
 
 
 @pytest.mark.slow
+def test_a_drain_does_not_wait_out_a_hung_worker_and_its_clients_are_told():
+    """SIGTERM while worker 1 is stopped (SIGSTOP): the other worker drains as usual, the
+    stopped one is stopped as hung after --worker-timeout-s and its client gets its farewell,
+    and the server exits then, not after the drain's whole limit (it took 40 s before)."""
+    with serve_workers(2, "--worker-timeout-s", "2") as s:
+
+        async def main():
+            hung_ws, _ = await _raw_session_on(s.url, 1)
+            healthy, _ = await open_on(s.url, 0)
+            os.kill(s.worker_pids[1], signal.SIGSTOP)
+            signalled_at = time.monotonic()
+            s.process.send_signal(signal.SIGTERM)
+            closed, _ = await healthy.wait_for("session.closed", timeout=20)
+            events = []
+            with anyio.fail_after(30), contextlib.suppress(ConnectionClosed):
+                async for frame in hung_ws:
+                    events.append(json.loads(frame))
+            await healthy.close()
+            return closed, events, hung_ws.close_code, signalled_at
+
+        closed, events, close_code, signalled_at = run(main)
+        assert s.process.wait(30) == 0
+        took = time.monotonic() - signalled_at
+        assert closed["reason"] == "runtime_shutdown"
+        assert [e["type"] for e in events] == ["session.closed"] and events[0]["reason"] == "worker_lost"
+        assert close_code == 1011
+        assert took < 15, took
+        assert "worker 1 pid=" in s.stderr() and "answered nothing" in s.stderr()
+
+
+@pytest.mark.slow
 def test_a_pause_of_the_whole_server_is_not_taken_for_hung_workers():
     """Every process of the server stopped for longer than --worker-timeout-s (what a
     suspended VM or a frozen cgroup does, here one by one), the front continued first: it
