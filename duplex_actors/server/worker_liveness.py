@@ -65,16 +65,15 @@ def time_away(last_pass: float | None, now: float, every_s: float) -> float:
 class Liveness:
     """One worker process's pings and answers (a new process starts a new one)."""
 
-    #: When the process was known to run (its start): silence before the first ping is 0.
-    started_at: float
+    #: When the worker last answered; built with its start, which counts as an answer (the
+    #: first ping goes one interval later).
+    last_answer: float
     unresponsive_after_s: float = UNRESPONSIVE_AFTER_S
     #: None: a silent worker is never stopped, only passed over.
     hung_after_s: float | None = HUNG_AFTER_S
     #: The last ping's number (0: none yet), and when the unanswered one went out.
     sent: int = 0
     outstanding_since: float | None = None
-    #: When the worker last answered (its start, before any answer).
-    last_answer: float = attrs.field(default=attrs.Factory(lambda self: self.started_at, takes_self=True))
 
     def __attrs_post_init__(self) -> None:
         if self.unresponsive_after_s <= 0:
