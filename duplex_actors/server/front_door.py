@@ -210,7 +210,7 @@ class FrontDoor:
         loop = asyncio.get_running_loop()
         worker = self.choose(line)
         while worker is not None and worker.handoff is not None:
-            handed = self.ledger.handed(worker.index)
+            handed = self.ledger.handed(worker.index, session_id_in(line))
             self._held[handed] = conn
             if line:
                 self._lines[handed] = line
@@ -261,11 +261,21 @@ class FrontDoor:
         handoff = worker.handoff
         if handoff is None:
             return False
+        reset_told = False
         while True:
             try:
                 packet = handoff.recv(4096)
             except BlockingIOError:
                 return True
+            except ConnectionResetError:
+                # A worker that dies with packets of ours unread (a ping, a hand-off) leaves a
+                # reset, which the kernel reports once, ahead of the reports it sent while alive:
+                # those are still queued, and its clients' farewells are built from them.
+                if reset_told:
+                    packet = b""
+                else:
+                    reset_told = True
+                    continue
             except OSError:
                 packet = b""
             if not packet:  # the worker's end closed: it exited

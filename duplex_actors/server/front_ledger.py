@@ -26,6 +26,10 @@ import struct
 
 import attrs
 
+from .. import errors
+from .config import CLOSE_UNKNOWN_SESSION
+from .wire import transport_error
+
 #: The close code a client gets when the worker process holding its session died: RFC 6455's
 #: "internal error" (the server hit a condition it could not recover from). The session cannot
 #: be resumed; a resume of it is refused with ``session_lost`` (4404).
@@ -37,6 +41,8 @@ WORKER_LOST = "worker_lost"
 class _Handed:
     worker: int
     session_id: str | None = None
+    #: The session a resume asks for (its request line's ``session_id``), until one is attached.
+    resuming: str | None = None
 
 
 @attrs.define(slots=True)
@@ -48,10 +54,11 @@ class FrontLedger:
     _responses: dict[str, list[str]] = attrs.field(factory=dict)
     _next_id: int = 0
 
-    def handed(self, worker: int) -> int:
-        """A connection goes to ``worker``: its id, which the worker's reports name."""
+    def handed(self, worker: int, resuming: str | None = None) -> int:
+        """A connection goes to ``worker`` (``resuming``: the session its request line asks to
+        resume): its id, which the worker's reports name."""
         self._next_id += 1
-        self._connections[self._next_id] = _Handed(worker)
+        self._connections[self._next_id] = _Handed(worker, resuming=resuming)
         return self._next_id
 
     def attached(self, connection: int, session_id: str) -> None:
@@ -99,6 +106,12 @@ class FrontLedger:
         for connection in self.of_worker(worker):
             handed = self._connections.pop(connection)
             session_id = handed.session_id
+            if session_id is None and handed.resuming is not None:
+                # A resume the worker had not answered: its session died with the worker, and
+                # the client gets what a resume sent a moment later gets from a living worker.
+                farewells[connection] = resume_refused_as_lost()
+                self._responses.pop(handed.resuming, None)
+                continue
             responses = self._responses.pop(session_id, []) if session_id is not None else []
             farewells[connection] = farewell(session_id, responses)
         return farewells
@@ -112,6 +125,13 @@ def farewell(session_id: str | None, responses: list[str]) -> bytes:
         frames.append(_text_frame(_event("session.closed", reason=WORKER_LOST)))
     frames.append(_close_frame(CLOSE_WORKER_LOST, "worker lost: the session is gone"))
     return b"".join(frames)
+
+
+def resume_refused_as_lost() -> bytes:
+    """The frames that refuse a resume of a session lost with its worker: the ``error``
+    (``session_lost``) and close code a living worker answers such a resume with."""
+    refusal = transport_error(errors.WorkerLost(errors.WORKER_LOST))
+    return _text_frame(refusal) + _close_frame(CLOSE_UNKNOWN_SESSION, refusal["error"]["code"])
 
 
 def _event(kind: str, **body) -> dict:
@@ -165,4 +185,4 @@ def _frame(opcode: int, payload: bytes) -> bytes:
     return header + payload
 
 
-__all__ = ["CLOSE_WORKER_LOST", "WORKER_LOST", "FrontLedger", "farewell"]
+__all__ = ["CLOSE_WORKER_LOST", "WORKER_LOST", "FrontLedger", "farewell", "resume_refused_as_lost"]

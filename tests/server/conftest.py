@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import struct
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -91,6 +92,21 @@ async def http_get(url: str, headers: dict | None = None) -> tuple[int, dict, st
             return err.code, dict(err.headers), err.read().decode()
 
     return await anyio.to_thread.run_sync(fetch)
+
+
+def server_frames(data: bytes) -> list[tuple[int, bytes]]:
+    """(opcode, payload) of each whole frame in ``data``, as a server sends them (unmasked):
+    for bytes the front writes on a connection, which no client library is there to read."""
+    frames = []
+    while data:
+        opcode, size, at = data[0] & 0x0F, data[1] & 0x7F, 2
+        if size == 126:
+            size, at = struct.unpack("!H", data[2:4])[0], 4
+        elif size == 127:
+            size, at = struct.unpack("!Q", data[2:10])[0], 10
+        frames.append((opcode, data[at : at + size]))
+        data = data[at + size :]
+    return frames
 
 
 def metric_sample(text: str, name: str, labels: str = "") -> float:

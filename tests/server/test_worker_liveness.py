@@ -7,7 +7,9 @@ test_workers.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import struct
 
 import pytest
 from hypothesis import given
@@ -16,6 +18,8 @@ from hypothesis import strategies as st
 from duplex_actors.server.front_door import PING_PASS_S, FrontDoor, _Worker
 from duplex_actors.server.worker_link import FrontLink, unpack
 from duplex_actors.server.worker_liveness import PING_INTERVAL_S, Liveness
+
+from .conftest import server_frames
 
 # --------------------------------------------------------------------------- the ledger
 
@@ -266,6 +270,58 @@ def test_a_connection_waiting_on_a_full_hand_off_socket_goes_elsewhere_once_its_
         assert front.ledger.of_worker(0) == [] and len(front.ledger.of_worker(1)) == 1
         for sock in (socket.socket(fileno=fds[0]), conn, client, full_front, full_end, live_front, live_end):
             sock.close()
+
+    asyncio.run(main())
+
+
+def _read_to_end(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_worker_that_dies_with_a_ping_unread_still_has_its_last_reports_in_the_farewell():
+    """A process that dies with packets of ours unread (a ping, a hand-off) leaves the front a
+    connection reset, which the kernel reports once, ahead of the reports the worker sent while
+    alive. Those reports are still queued and must be read: they say which session the
+    connection carries and which responses ended. Dropped with the reset, the client got no
+    session.closed, and a second response.done for a response it had seen end (the wire soak
+    that kills a worker saw both, about one run in ten)."""
+
+    async def main() -> None:
+        front_end, worker_end = _pair()
+        worker = _Worker(0, None, handoff=front_end)
+        worker.liveness = Liveness(0.0)
+        front = FrontDoor([worker], listener=None, clock=lambda: 0.0)
+        conn, client = socket.socketpair()
+        conn.setblocking(False)
+        line = b"GET /v1/realtime HTTP/1.1"
+        client.sendall(line + b"\r\nHost: x\r\n\r\n")
+        assert await front._hand_over(conn, line)
+        message, fds, _flags, _addr = socket.recv_fds(worker_end, 4096, 1)
+        with socket.socket(fileno=fds[0]) as handed:
+            handed.recv(4096)  # the worker reads the request and serves a session on it
+        link = FrontLink(worker_end)
+        link.attached(unpack(message)[1], "sess_w0g0_a")
+        link.response_started("sess_w0g0_a", "resp_1")
+        link.response_ended("sess_w0g0_a", "resp_1")
+        link.response_started("sess_w0g0_a", "resp_2")
+        _passes(front, 0.0, PING_INTERVAL_S)  # a ping it will never read
+        worker_end.close()
+        assert front.worker_exited(worker, crashed=True) == 1
+        client.settimeout(5)
+        frames = server_frames(await asyncio.to_thread(_read_to_end, client))
+        client.close()
+        await front.settle(5)
+        events = [json.loads(payload) for opcode, payload in frames if opcode == 0x1]
+        assert [(e["type"], e.get("response", {}).get("id")) for e in events] == [
+            ("response.done", "resp_2"),  # not resp_1: its end was reported
+            ("session.closed", None),
+        ]
+        assert events[1]["reason"] == "worker_lost"
+        assert frames[-1][0] == 0x8 and struct.unpack("!H", frames[-1][1][:2])[0] == 1011
+        front_end.close()
 
     asyncio.run(main())
 

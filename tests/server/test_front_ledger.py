@@ -1,0 +1,93 @@
+"""The front's ledger of ``serve --workers`` (front_ledger.py), without sockets: what a dead
+worker's clients are told is built from what the worker reported, and from nothing else.
+
+The same over real processes (a worker killed by its pid) is in test_workers.py and in the wire
+soak that kills a worker (tests/reliability/test_soak_wire_short.py)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from duplex_actors.server.front_ledger import CLOSE_WORKER_LOST, FrontLedger
+
+from .conftest import server_frames
+
+
+def _told(data: bytes) -> tuple[list[dict], int]:
+    """The events of a farewell, and its close code."""
+    frames = server_frames(data)
+    assert [opcode for opcode, _ in frames[:-1]] == [0x1] * (len(frames) - 1)
+    assert frames[-1][0] == 0x8, "a farewell ends with the close frame"
+    return [json.loads(payload) for _, payload in frames[:-1]], struct.unpack("!H", frames[-1][1][:2])[0]
+
+
+# A worker's reports on one session, as a hypothesis strategy: responses start and end in any
+# order the worker could send them (an end without a start, twice, or for another response).
+_reports = st.lists(
+    st.tuples(st.sampled_from(["r", "d"]), st.sampled_from(["resp_a", "resp_b", "resp_c"])),
+    max_size=30,
+)
+
+
+@given(_reports, st.booleans(), st.sampled_from([None, "sess_w0g0_x"]))
+def test_a_dead_workers_client_is_told_of_exactly_the_responses_started_and_not_ended(
+    reports, attached, resuming
+):
+    ledger = FrontLedger()
+    connection = ledger.handed(0, resuming=resuming)
+    other = ledger.handed(1)  # another worker's connection: untouched by worker 0's death
+    open_: list[str] = []  # the model: started and not ended, in order of start
+    if attached:
+        ledger.attached(connection, "sess_w0g0_x")
+    for kind, rid in reports:
+        if kind == "r":
+            ledger.response_started("sess_w0g0_x", rid)
+            if rid not in open_:
+                open_.append(rid)
+        else:
+            ledger.response_ended("sess_w0g0_x", rid)
+            if rid in open_:
+                open_.remove(rid)
+    farewells = ledger.worker_lost(0)
+    assert list(farewells) == [connection]
+    events, code = _told(farewells[connection])
+    if attached:
+        assert [(e["type"], e.get("response", {}).get("id")) for e in events] == [
+            *(("response.done", rid) for rid in open_),
+            ("session.closed", None),
+        ]
+        assert all(e["response"]["status"] == "failed" for e in events[:-1])
+        assert events[-1]["reason"] == "worker_lost" and code == CLOSE_WORKER_LOST
+    elif resuming is not None:
+        # A resume the worker had not answered: refused as a resume after the death would be.
+        assert [(e["type"], e["error"]["code"]) for e in events] == [("error", "session_lost")]
+        assert events[0]["server_event_seq"] is None and code == 4404
+    else:
+        # No session was reported on it: nothing to end but the connection.
+        assert events == [] and code == CLOSE_WORKER_LOST
+    assert ledger.of_worker(0) == [] and ledger.of_worker(1) == [other]
+    if attached or resuming is not None:
+        assert ledger._responses == {}  # nothing kept of a session that is gone
+    assert ledger.worker_lost(0) == {}  # told once
+
+
+def test_a_session_that_closed_has_nothing_left_to_end():
+    ledger = FrontLedger()
+    connection = ledger.handed(0)
+    ledger.attached(connection, "sess_w0g0_x")
+    ledger.response_started("sess_w0g0_x", "resp_a")
+    ledger.session_ended("sess_w0g0_x")
+    events, _ = _told(ledger.worker_lost(0)[connection])
+    assert [e["type"] for e in events] == ["session.closed"]
+
+
+def test_a_connection_the_worker_released_gets_no_farewell():
+    ledger = FrontLedger()
+    connection = ledger.handed(0, resuming="sess_w0g0_x")
+    assert ledger.released(connection)
+    assert not ledger.released(connection)
+    assert ledger.worker_lost(0) == {}
