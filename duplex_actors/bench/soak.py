@@ -600,6 +600,11 @@ def register_soak(app) -> None:
         kill_worker: bool = typer.Option(
             False, help="--wire --workers N: SIGKILL worker 1 halfway; its clients must each be told"
         ),
+        kill_workers: int = typer.Option(
+            0,
+            help="--wire --workers N: SIGKILL this many of the starting workers in turn, evenly "
+            "spaced over the run (worker 1, then 0, then the others); --kill-worker is 1",
+        ),
         journal_max_age_s: float = typer.Option(
             60.0,
             help="The sessions' journal age; warm-up is 1.5x this (a run too short for it is lengthened)",
@@ -618,6 +623,7 @@ def register_soak(app) -> None:
                 progress=typer.echo,
                 workers=workers,
                 kill_worker=kill_worker,
+                kill_workers=kill_workers,
             )
             typer.echo(wire_soak.summary(report))
         else:

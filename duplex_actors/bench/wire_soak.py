@@ -38,6 +38,8 @@ failed ``response.done`` for every response in flight, ``session.closed`` with r
 ``worker_lost``, close 1011; a resume of a session that was detached then is refused with
 ``session_lost``), and they open new sessions. The verdict then asks for zero loss everywhere
 else and for no client of the dead worker left untold (``untold_worker_losses``).
+``--kill-workers K`` kills K of the starting workers in turn, evenly spaced (worker 1, then
+worker 0, then the others), with the same verdict.
 """
 
 from __future__ import annotations
@@ -580,9 +582,15 @@ async def _run(
     progress: Callable[[str], None] | None,
     workers: int = 1,
     kill_worker: bool = False,
+    kill_workers: int = 0,
 ) -> dict[str, Any]:
+    # --kill-worker is --kill-workers 1: worker 1 at half time, as it always was.
+    kills = max(kill_workers, 1 if kill_worker else 0)
+    kill_worker = kills > 0
     if kill_worker and workers < 2:
         raise ValueError("--kill-worker needs --workers 2 or more")
+    if kills > workers:
+        raise ValueError(f"--kill-workers {kills}: only {workers} workers start")
     grace = 3.0
     command = [
         sys.executable,
@@ -655,17 +663,24 @@ async def _run(
                     f"resumes={stats['resumes']}"
                 )
 
-        async def kill_halfway() -> None:
-            await asyncio.sleep(seconds / 2)
-            os.kill(worker_pids[1], signal.SIGKILL)
-            stats["workers_killed"] += 1
-            if progress is not None:
-                progress(
-                    f"t={time.monotonic() - t0:6.1f}s killed worker 1 (pid {worker_pids[1]}) with SIGKILL"
-                )
+        async def kill_in_turn() -> None:
+            # Starting workers, evenly spaced over the run: worker 1 (as --kill-worker always
+            # did), then worker 0, then the others. With two kills, the clients that moved to
+            # worker 0 lose it too, and resumes of worker 1's sessions meet a dying worker.
+            order = [1, 0, *range(2, workers)]
+            for k in range(kills):
+                await asyncio.sleep(t0 + seconds * (k + 1) / (kills + 1) - time.monotonic())
+                index = order[k]
+                os.kill(worker_pids[index], signal.SIGKILL)
+                stats["workers_killed"] += 1
+                if progress is not None:
+                    progress(
+                        f"t={time.monotonic() - t0:6.1f}s killed worker {index} "
+                        f"(pid {worker_pids[index]}) with SIGKILL"
+                    )
 
         tick = asyncio.create_task(ticker())
-        killer = asyncio.create_task(kill_halfway()) if kill_worker else None
+        killer = asyncio.create_task(kill_in_turn()) if kill_worker else None
         results = await asyncio.gather(*tasks, return_exceptions=True)
         tick.cancel()
         if killer is not None:
@@ -718,6 +733,7 @@ async def _run(
             "hostile_fraction": hostile,
             "workers": workers,
             "worker_killed": kill_worker,
+            "workers_killed": kills,
             "untold_worker_losses": stats["untold_worker_losses"],
             "sessions_lost_with_worker": stats["sessions_lost_with_worker"],
             "journal_max_age_s": journal_max_age_s,
@@ -795,9 +811,12 @@ def run(
     progress: Callable[[str], None] | None = None,
     workers: int = 1,
     kill_worker: bool = False,
+    kill_workers: int = 0,
 ) -> dict[str, Any]:
     return asyncio.run(
-        _run(sessions, seconds, seed, hostile, journal_max_age_s, progress, workers, kill_worker)
+        _run(
+            sessions, seconds, seed, hostile, journal_max_age_s, progress, workers, kill_worker, kill_workers
+        )
     )
 
 
@@ -820,10 +839,12 @@ def summary(report: dict[str, Any]) -> str:
 def _pool(report: dict[str, Any]) -> str:
     if report.get("workers", 1) <= 1:
         return ""
+    kills = report.get("workers_killed", 1 if report.get("worker_killed") else 0)
+    who = "worker 1 killed" if kills == 1 else f"{kills} workers killed in turn"
     killed = (
-        f", worker 1 killed: {report['sessions_lost_with_worker']} sessions lost with it and told, "
+        f", {who}: {report['sessions_lost_with_worker']} sessions lost with them and told, "
         f"{report['untold_worker_losses']} untold"
-        if report.get("worker_killed")
+        if kills
         else ""
     )
     return f", {report['workers']} workers{killed}"

@@ -49,10 +49,24 @@ def test_wire_soak_with_two_workers_one_killed_halfway_loses_nothing_and_tells_e
     report = wire_soak.run(
         sessions=30, seconds=20, seed=3, hostile=1 / 6, journal_max_age_s=6.0, workers=2, kill_worker=True
     )
+    _assert_every_client_of_a_dead_worker_told_and_nothing_else_lost(report, kills=1)
+
+
+def test_wire_soak_with_both_workers_killed_in_turn_tells_every_client_of_each():
+    # Worker 1 at a third of the run, worker 0 (where its clients went) at two thirds: the
+    # sessions opened on the survivor die too, and resumes of worker 1's sessions meet a dying
+    # worker (the front refuses a resume its dead worker had not answered as session_lost).
+    report = wire_soak.run(
+        sessions=30, seconds=20, seed=5, hostile=1 / 6, journal_max_age_s=6.0, workers=2, kill_workers=2
+    )
+    _assert_every_client_of_a_dead_worker_told_and_nothing_else_lost(report, kills=2)
+
+
+def _assert_every_client_of_a_dead_worker_told_and_nothing_else_lost(report: dict, kills: int) -> None:
     print(wire_soak.summary(report))
     c = report["counts"]
-    assert c["workers_killed"] == 1, c
-    assert report["sessions_lost_with_worker"] >= 1 and report["untold_worker_losses"] == 0, c
+    assert c["workers_killed"] == kills, c
+    assert report["sessions_lost_with_worker"] >= kills and report["untold_worker_losses"] == 0, c
     assert report["lost"] == 0 and report["duplicates"] == 0 and report["terminal_violations"] == 0, c
     assert report["defence_failures"] == 0 and report["client_failures"] == 0, c
     assert c.get("errors_unexpected", 0) == 0 and c.get("responses_left_open", 0) == 0, c
