@@ -299,6 +299,7 @@ def register(app: typer.Typer) -> None:
                 f"warning: serving on {host} without --api-key; anyone who can reach it can open sessions",
                 err=True,
             )
+        _raise_open_files_limit(max_connections, workers, tls=tls_cert is not None)
         limits = WireLimits(max_frame_bytes=max_frame_bytes, max_chunk_bytes=max_chunk_bytes)
         overrides = {
             "sample_rate": sample_rate,
@@ -419,6 +420,23 @@ def register(app: typer.Typer) -> None:
             loop_name.value,
             choice=loop_name,
         )
+
+
+def _raise_open_files_limit(max_connections: int, workers: int, *, tls: bool) -> None:
+    """Let this process (and those it starts) hold the descriptors ``--max-connections`` needs
+    (open_files.py); say so on stderr when even the hard limit is short of it."""
+    import structlog
+
+    from .open_files import descriptors_needed, raise_open_files_limit
+
+    limit = raise_open_files_limit(descriptors_needed(max_connections, workers, tls))
+    if limit is None:
+        return
+    structlog.get_logger("duplex_actors.server").info(
+        "server.open_files_limit", before=limit.before, now=limit.now, hard=limit.hard, needed=limit.needed
+    )
+    if limit.short:
+        typer.echo(limit.advice(max_connections), err=True)
 
 
 def _networks(option: str, text: str) -> tuple[str, ...]:

@@ -37,6 +37,8 @@ FAREWELL_WAIT_S = 2.0
 REPORT_BATCH_S = 0.05
 #: How often the front's pinger runs (FrontDoor.ping): twice per ping interval.
 PING_PASS_S = PING_INTERVAL_S / 2
+#: While accepting fails (out of descriptors), how often the front logs it.
+ACCEPT_FAILURE_LOG_S = 5.0
 #: While a worker's hand-off socket is full, how often the front checks that it still lives.
 HANDOFF_RECHECK_S = 0.5
 
@@ -167,11 +169,18 @@ class FrontDoor:
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
+        failed = 0  # accepts failed since the last one logged
+        logged_at = -ACCEPT_FAILURE_LOG_S
         while True:
             try:
                 conn, _ = await loop.sock_accept(self.listener)
             except OSError as exc:  # out of descriptors, a reset before accept: keep serving
-                log.warning("front.accept_failed", error=repr(exc))
+                # Out of descriptors, this fails every pass until connections close: logged
+                # once per ACCEPT_FAILURE_LOG_S with the count, not ten lines a second.
+                failed += 1
+                if loop.time() - logged_at >= ACCEPT_FAILURE_LOG_S:
+                    log.warning("front.accept_failed", error=repr(exc), failures=failed)
+                    failed, logged_at = 0, loop.time()
                 await asyncio.sleep(0.1)
                 continue
             self._spawn(self._route(conn))
