@@ -99,6 +99,8 @@ class _Worker:
     liveness: Liveness | None = None
     #: Times a process in this slot was stopped for not answering (``--worker-timeout-s``).
     hangs: int = 0
+    #: Its process said it is draining (``["s"]``): it refuses new sessions, so it gets none.
+    draining: bool = False
 
     def responsive(self, now: float) -> bool:
         return self.liveness is None or self.liveness.responsive(now)
@@ -155,17 +157,21 @@ class FrontDoor:
                 if worker.alive and worker.generation == owner[1]:
                     return worker
         now = self.clock() if now is None else now
-        fallback = None
+        fallback = draining = None
         for _ in range(len(self.workers)):
             worker = self.workers[self._next % len(self.workers)]
             self._next += 1
-            if worker.alive:
-                if worker.responsive(now):
-                    return worker
+            if not worker.alive:
+                continue
+            if worker.draining:
+                draining = draining or worker
+            elif worker.responsive(now):
+                return worker
+            else:
                 fallback = fallback or worker
         # Every living worker is silent: waiting on one beats refusing everyone (a loaded
-        # machine can make them all late at once).
-        return fallback
+        # machine can make them all late at once). Every one draining: one of them says so.
+        return fallback or draining
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -296,6 +302,9 @@ class FrontDoor:
                 if kind == "q":  # an answer to a ping: its loop turned
                     if worker.liveness is not None and args:
                         worker.liveness.answered(args[0], self.clock())
+                    continue
+                if kind == "s":
+                    worker.draining = True
                     continue
                 self._apply(kind, args)
             except (ValueError, TypeError) as exc:  # a bug in a report costs only that report

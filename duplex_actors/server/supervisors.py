@@ -124,6 +124,7 @@ class _WorkerSupervisor:
         worker.handoff = handoff
         timeout = self.settings.worker_timeout_s
         worker.liveness = Liveness(time.monotonic(), hung_after_s=timeout if timeout > 0 else None)
+        worker.draining = False
         worker.alive = True
 
     def start_all(self, workers: int) -> None:
@@ -134,8 +135,11 @@ class _WorkerSupervisor:
             self.wait_ready(worker, receive, path)
 
     def backoff(self, worker: _Worker) -> float:
-        """How long to wait before starting ``worker`` again, given how long it had run."""
-        if time.monotonic() - worker.started_at >= STABLE_AFTER_S:
+        """How long to wait before starting ``worker`` again, given how long it had run. One
+        that drained when told to (SIGTERM to its pid: a recycle) and exited cleanly is no
+        crash: it starts again at once."""
+        recycled = worker.draining and worker.process is not None and worker.process.exitcode == 0
+        if recycled or time.monotonic() - worker.started_at >= STABLE_AFTER_S:
             worker.quick_deaths = 0
             return 0.0
         worker.quick_deaths += 1

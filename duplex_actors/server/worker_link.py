@@ -10,6 +10,8 @@ worker reports what the front needs to end its connections should the worker die
   ``response.created`` / ``response.done`` went to its client;
 * ``["e", session_id]``: the session closed;
 * ``["x", connection]``: the worker is done with the socket (the front closes its duplicate);
+* ``["s"]``: the worker is draining (a SIGTERM to its own pid): it refuses new sessions, so the
+  front sends new connections to the other workers;
 * ``["q", n]``: the answer to the front's ping ``["p", n]``, sent from the worker's loop, so it
   says the loop still turns (:mod:`.worker_liveness`).
 
@@ -78,6 +80,9 @@ class FrontLink:
 
     def released(self, connection: int) -> None:
         self._send(pack("x", connection))
+
+    def draining(self) -> None:
+        self._send(pack("s"))
 
     def answer_ping(self, number: int) -> None:
         self._send(pack("q", number))

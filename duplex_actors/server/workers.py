@@ -310,6 +310,10 @@ async def _run_worker(
                     # SIGTERM: drain as single-process serve does. Sockets the front handed
                     # over meanwhile are still adopted (and refused: no new session).
                     log_.info("worker.draining")
+                    # A SIGTERM to this worker alone (the front's own drain has stopped routing
+                    # already): without this, every other new client got a 503 from it while
+                    # the other workers had room.
+                    server.front_link.draining()
                     await server.shutdown(settings.drain_timeout_s)
                 # Receiving goes on until this process ends: it answers the front's pings,
                 # and a worker silent while it closes down would be stopped as hung.
@@ -469,14 +473,17 @@ async def _run_front(
         ended = front.worker_exited(worker, crashed=crashed)
         if supervisor.stopping and not crashed:
             return
-        log.error(
+        # Drained on a SIGTERM to its own pid, then exited cleanly: a recycle, not a crash.
+        recycled = worker.draining and process.exitcode == 0
+        (log.info if recycled else log.error)(
             "front.worker_exited", worker=worker.index, exitcode=process.exitcode, connections_ended=ended
         )
-        print(
-            f"worker {worker.index} exited (exit code {process.exitcode}); {ended} connections ended",
-            file=sys.stderr,
-            flush=True,
+        how = (
+            "drained and exited (SIGTERM to its pid)"
+            if recycled
+            else f"exited (exit code {process.exitcode})"
         )
+        print(f"worker {worker.index} {how}; {ended} connections ended", file=sys.stderr, flush=True)
         tell_pool()
         while not supervisor.stopping:
             if await supervisor.restart(worker, front):

@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import struct
+import time
 
 import pytest
 from hypothesis import given
@@ -117,6 +118,34 @@ def test_new_connections_pass_over_a_silent_worker_but_its_resumes_still_reach_i
     assert front.choose(b"GET /v1/realtime HTTP/1.1", now + 5).index in (0, 1, 2)
 
 
+def test_a_draining_worker_gets_no_new_connections_but_its_resumes_and_as_a_last_resort():
+    """A worker drains when its own pid gets SIGTERM (a recycle): it refuses new sessions, so
+    they go to the others. Its sessions' resumes still reach it; with every worker draining,
+    one of them answers (its 503 says why)."""
+    workers = [_Worker(i, None) for i in range(3)]
+    for worker in workers:
+        worker.liveness = Liveness(0.0)
+    front = FrontDoor(workers, listener=None)
+    workers[1].draining = True
+    assert [front.choose(b"GET /v1/realtime HTTP/1.1", 0.5).index for _ in range(4)] == [0, 2, 0, 2]
+    assert front.choose(b"GET /v1/realtime?session_id=sess_w1g0_ab12 HTTP/1.1", 0.5).index == 1
+    workers[0].draining = workers[2].draining = True
+    assert front.choose(b"GET /v1/realtime HTTP/1.1", 0.5).draining
+
+
+def test_a_worker_that_drained_when_told_to_starts_again_at_once_and_a_crash_backs_off():
+    from types import SimpleNamespace
+
+    from duplex_actors.server.supervisors import RESTART_BACKOFF_MIN_S, _WorkerSupervisor
+
+    supervisor = _WorkerSupervisor.__new__(_WorkerSupervisor)  # backoff reads only the worker
+    worker = _Worker(0, SimpleNamespace(exitcode=0), started_at=time.monotonic())
+    worker.draining = True
+    assert supervisor.backoff(worker) == 0.0 and worker.quick_deaths == 0
+    worker.draining = False  # the same young exit, unasked: a crash loop is slowed down
+    assert supervisor.backoff(worker) == RESTART_BACKOFF_MIN_S and worker.quick_deaths == 1
+
+
 # --------------------------------------------------------------------------- over sockets
 
 
@@ -167,6 +196,16 @@ def test_a_ping_goes_out_over_the_hand_off_socket_and_the_workers_answer_ends_th
         front_end.close()
 
     asyncio.run(main())
+
+
+def test_the_workers_draining_report_reaches_the_front():
+    front_end, worker_end = _pair()
+    worker = _Worker(0, None, handoff=front_end)
+    front = FrontDoor([worker], listener=None)
+    FrontLink(worker_end).draining()  # what a worker sends as its SIGTERM drain begins
+    assert front._read_reports(worker) and worker.draining
+    worker_end.close()
+    front_end.close()
 
 
 def test_time_the_front_itself_did_not_run_is_not_a_workers_silence():

@@ -625,6 +625,42 @@ def test_a_hung_worker_is_passed_over_then_stopped_and_started_again_and_no_clie
 
 
 @pytest.mark.slow
+def test_a_sigterm_to_one_workers_pid_drains_it_while_new_clients_go_to_the_other():
+    """A recycle of one worker (SIGTERM to its own pid, not the front's): its response in
+    flight completes and its session closes as in any drain; the clients that come meanwhile
+    all get a session elsewhere (before: every other one got HTTP 503 from the draining
+    worker); it exits cleanly and its slot starts again at once, not after a crash's backoff."""
+    with serve_workers(2, "--scripted-pace", "5") as s:
+
+        async def main():
+            client, _ = await open_on(s.url, 1)
+            await ask(client)
+            await client.wait_for("response.created", timeout=10)
+            os.kill(s.worker_pids[1], signal.SIGTERM)
+            await anyio.sleep(0.3)  # its report reaches the front (read every 50 ms)
+            newcomers = []
+            for _ in range(6):
+                with anyio.fail_after(10):
+                    async with connect(s.url) as ws:
+                        newcomers.append(json.loads(await ws.recv()))
+            done, _ = await client.wait_for("response.done", timeout=30)
+            closed, _ = await client.wait_for("session.closed", timeout=10)
+            return newcomers, done, closed
+
+        newcomers, done, closed = run(main)
+        assert [e["type"] for e in newcomers] == ["session.created"] * 6, newcomers
+        assert not any(e["session"]["id"].startswith("sess_w1g0_") for e in newcomers), newcomers
+        assert done["response"]["status"] == "completed"
+        assert closed["reason"] == "runtime_shutdown"
+        deadline = time.monotonic() + 15
+        while "worker 1 restarted" not in s.stderr() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        errors = s.stderr()
+        assert "worker 1 drained and exited (SIGTERM to its pid)" in errors, errors[-3000:]
+        assert "in_s=0.0" in errors and "worker 1 restarted" in errors, errors[-3000:]
+
+
+@pytest.mark.slow
 def test_a_drain_does_not_wait_out_a_hung_worker_and_its_clients_are_told():
     """SIGTERM while worker 1 is stopped (SIGSTOP): the other worker drains as usual, the
     stopped one is stopped as hung after --worker-timeout-s and its client gets its farewell,
