@@ -108,15 +108,20 @@ def _serve_under(soft: int, hard: int | None = None, *extra: str):
                 process.wait(5)
 
 
-def _hold_idle_connections(http: str, n: int) -> list[socket.socket]:
-    """``n`` clients that send half a request head and wait: each holds a descriptor."""
+def _health_while_held(http: str, n: int) -> int:
+    """The health probe's status while ``n`` clients hold a connection each, having sent half a
+    request head (each holds a descriptor until the handshake times out)."""
     host, port = http.removeprefix("http://").split(":")
     held = []
-    for _ in range(n):
-        sock = socket.create_connection((host, int(port)))
-        sock.sendall(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n")
-        held.append(sock)
-    return held
+    try:
+        for _ in range(n):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n")
+            held.append(sock)
+        return _health(http)
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def _health(http: str) -> int:
@@ -134,13 +139,8 @@ _needs_1024 = pytest.mark.skipif(
 def test_serve_started_with_a_low_ulimit_holds_more_idle_connections_than_it_and_stays_healthy():
     # With the soft limit serve was started with (256), the 300 held connections ran it out of
     # descriptors and the probe was reset (measured before open_files.py existed).
-    with _serve_under(256) as (http, stderr):
-        held = _hold_idle_connections(http, 300)
-        try:
-            assert _health(http) == 200
-        finally:
-            for sock in held:
-                sock.close()
+    with _serve_under(256) as (http, _):
+        assert _health_while_held(http, 300) == 200
 
 
 def test_serve_says_when_even_the_hard_limit_is_short_of_max_connections_and_serves_anyway():
@@ -156,10 +156,5 @@ def test_serve_workers_started_with_a_low_ulimit_holds_more_idle_connections_tha
     # The front holds a duplicate of each connection it handed over: before, it logged
     # "Too many open files" ten times a second and the probe timed out.
     with _serve_under(256, None, "--workers", "2") as (http, stderr):
-        held = _hold_idle_connections(http, 300)
-        try:
-            assert _health(http) == 200
-        finally:
-            for sock in held:
-                sock.close()
+        assert _health_while_held(http, 300) == 200
         assert "accept_failed" not in stderr()
