@@ -74,6 +74,7 @@ import attrs
 import structlog
 
 from ..logconfig import ensure_configured
+from .config import ServerConfig
 from .event_loop import resolve as resolve_loop
 from .event_loop import run as run_loop
 from .front_door import (
@@ -246,7 +247,7 @@ async def _run_worker(
     from ..actors.runtime import Runtime
     from ..core.session_config import SessionConfig
     from ..engines.engine_process import EngineProcessClient
-    from .app import RealtimeServer, ServerConfig
+    from .app import RealtimeServer
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -425,7 +426,10 @@ async def _run_front(
     pool = supervisor.pool
     ipv6 = ":" in host
     family = socket.AF_INET6 if ipv6 else socket.AF_INET
-    listener = socket.create_server((host, port), family=family, backlog=1024)
+    # The same queue a single-process serve listens with (ServerConfig.listen_backlog): the
+    # front takes each connection at once, but a mass reconnect arrives all together.
+    backlog = attrs.fields(ServerConfig).listen_backlog.default
+    listener = socket.create_server((host, port), family=family, backlog=backlog)
     listener.setblocking(False)
     bound = listener.getsockname()[1]
     netloc = f"[{host}]:{bound}" if ipv6 else f"{host}:{bound}"
