@@ -243,14 +243,27 @@ async def serve_engine(
     path: str,
     ready: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
+    linger_s: float = 0.0,
 ) -> None:
-    """Run the engine host until ``stop`` is set (or forever). ``ready()`` is called once the
-    socket accepts connections, so a parent can start workers without polling."""
+    """Run the engine host until ``stop`` is set (or forever), then for as long as a runtime
+    is still connected, at most ``linger_s``. ``ready()`` is called once the socket accepts
+    connections, so a parent can start workers without polling.
+
+    The lingering is for a stop that reaches every process at once (a Ctrl-C in a terminal, a
+    systemd stop of the unit's whole group): the workers drain, letting their responses in
+    flight finish, and the engine must still be there to finish them. Stopped at once, it
+    failed every one of them."""
     stop = stop or asyncio.Event()
-    async with EngineHostServer(factory(), path):
+    async with EngineHostServer(factory(), path) as host:
         if ready is not None:
             ready()
         await stop.wait()
+        if host.connections and linger_s > 0:
+            log.info("engine_host.lingering", connections=len(host.connections), at_most_s=linger_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(linger_s):
+                    while host.connections:
+                        await asyncio.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- the runtime side

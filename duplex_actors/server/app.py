@@ -156,6 +156,9 @@ class RealtimeServer:
         self._swept_at = runtime.clock.now()
         self._sweep_queue: list[str] = []  # session ids the sweep has yet to look at
         self._shutting_down = False
+        #: A second stop signal came (hurry): the drain does not wait for responses in flight.
+        self._hurried = False
+        self._drain_wait: anyio.CancelScope | None = None
         #: In a ``serve --workers`` worker: the reports to the front (worker_link.py), the
         #: front's id of each connection it handed over, and which session ids name sessions
         #: lost with an earlier worker process (a resume of one is refused with WorkerLost).
@@ -360,17 +363,26 @@ class RealtimeServer:
             connections=self._connections,
             responses=self.runtime.responses_in_flight,
         )
-        with anyio.move_on_after(drain_timeout_s):
+        with anyio.move_on_after(0.0 if self._hurried else drain_timeout_s) as self._drain_wait:
             await anyio.lowlevel.checkpoint()  # the drain triggers queued above are processed first
             # A connection relayed to its owner worker (TLS) ends with the owner's drain.
             while self.runtime.responses_in_flight or self._sniffers:
                 await anyio.sleep(0.02)
+        self._drain_wait = None
         self.runtime.close_all("runtime_shutdown")
         with anyio.move_on_after(max(self.config.write_timeout_s, 1.0)):
             while self._connections or self._sniffers:
                 await anyio.sleep(0.02)
         log.info("server.drained", connections_left=self._connections + len(self._sniffers))
         await self.aclose()
+
+    def hurry(self) -> None:
+        """Cut the drain short (a second SIGINT/SIGTERM): stop waiting for responses in flight.
+        Each still ends with its ``response.done`` (cancelled), and every session closes as in
+        any drain. Before :meth:`shutdown`, it makes that drain wait for nothing."""
+        self._hurried = True
+        if self._drain_wait is not None:
+            self._drain_wait.cancel()
 
     async def aclose(self) -> None:
         self.runtime.remove_close_listener(self._session_closed)

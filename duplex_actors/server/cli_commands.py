@@ -520,6 +520,8 @@ async def _serve(
 
     import anyio
 
+    from .stop_requests import STOP_SIGNALS
+
     async with open_server(backend, config, overrides, **runtime_options) as server:
         auth = "on" if config.api_key else "off"
         print(
@@ -527,17 +529,34 @@ async def _serve(
             f"health {server.http_url}/health, metrics {server.http_url}/metrics, console {server.http_url}/",
             flush=True,
         )
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # Received until the process ends: a second signal cuts the drain short instead of
+        # interrupting it (stop_requests.py).
+        with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
             async for signum in signals:
                 print(
-                    f"shutting down ({signal.Signals(signum).name}): draining",
+                    f"shutting down ({signal.Signals(signum).name}): draining "
+                    f"(up to {drain_timeout_s:g} s; again to cut responses in flight short)",
                     file=sys.stderr,
                     flush=True,
                 )
                 break
-        # Drain before anything is torn down: every response ends with response.done, every
-        # session with session.closed (runtime_shutdown), then each connection closes 1001.
-        await server.shutdown(drain_timeout_s)
+
+            async def hurry_on_the_next_signal() -> None:
+                async for signum in signals:
+                    print(
+                        f"{signal.Signals(signum).name} again: cutting responses in flight short",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    server.hurry()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hurry_on_the_next_signal)
+                # Drain before anything is torn down: every response ends with response.done,
+                # every session with session.closed (runtime_shutdown), then each connection
+                # closes 1001.
+                await server.shutdown(drain_timeout_s)
+                tg.cancel_scope.cancel()
 
 
 def _is_loopback(host: str) -> bool:

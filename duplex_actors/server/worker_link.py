@@ -1,7 +1,9 @@
 """The hand-off socket between the front of ``serve --workers`` and one worker, both ways.
 
 The front passes each accepted socket with a ``["c", connection_id]`` message (the socket rides
-along as ``SCM_RIGHTS``) and tells every worker the pool's state with ``["m", {...}]``. The
+along as ``SCM_RIGHTS``), tells every worker the pool's state with ``["m", {...}]``, and at its
+own shutdown tells each to drain (``["d"]``), then, on a second signal, to cut the drain short
+(``["h"]``). The
 worker reports what the front needs to end its connections should the worker die
 (:mod:`.front_ledger`):
 

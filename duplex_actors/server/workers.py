@@ -87,6 +87,7 @@ from .front_door import (
     owner_of,
     worker_session_id,
 )
+from .stop_requests import StopRequests
 from .supervisors import (
     _EngineSupervisor,
     _stop_children,
@@ -94,7 +95,7 @@ from .supervisors import (
     _WorkerSupervisor,
     stop_hung_process,
 )
-from .worker_link import FrontLink, unpack
+from .worker_link import FrontLink, pack, unpack
 from .worker_liveness import ENGINE_HUNG_AFTER_S, HUNG_AFTER_S
 
 log = structlog.get_logger("duplex_actors.server.workers")
@@ -181,6 +182,13 @@ class WorkerSettings:
     event_loop: str = "auto"
 
     @property
+    def drain_limit_s(self) -> float:
+        """How long a drain may take in all: responses finishing, the closing events written
+        (``write_timeout_s``), and a margin. The front waits this long for its workers, and
+        the engine process stays at most this long for theirs."""
+        return self.drain_timeout_s + float(self.server_options.get("write_timeout_s", 10.0)) + 10.0
+
+    @property
     def tls(self) -> bool:
         """Whether the workers serve TLS (each terminates it itself: tls_relay.py)."""
         return self.server_options.get("tls_cert") is not None
@@ -226,7 +234,15 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         try:
-            await serve_engine(settings.build_engine, path, ready=lambda: ready.send(os.getpid()), stop=stop)
+            # Stopped with the workers (every process got the signal), it stays while they are
+            # connected, draining; the front stops it once they have exited, when none is.
+            await serve_engine(
+                settings.build_engine,
+                path,
+                ready=lambda: ready.send(os.getpid()),
+                stop=stop,
+                linger_s=settings.drain_limit_s,
+            )
         finally:
             _ignore_stop_signals()
 
@@ -250,9 +266,12 @@ async def _run_worker(
     from .app import RealtimeServer
 
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    # Its own signals (a Ctrl-C or a systemd stop reaches every process of the tree; a SIGTERM
+    # to its pid recycles it) and the front's word (["d"], ["h"]) ask the same: drain, then
+    # cut the drain short.
+    requests = StopRequests()
+    requests.install(loop)
+    stop = requests.stop
     log_ = log.bind(worker=index, generation=generation, pid=os.getpid())
     from ..actors.gc_policy import GcPolicy
     from ..audio.transcription import default_transcriber
@@ -290,6 +309,7 @@ async def _run_worker(
             **settings.runtime_options,
         ) as runtime:
             async with RealtimeServer(runtime, config) as server:
+                requests.on_hurry(server.hurry)
                 server.lost_session = _LostWithAnotherProcess(index, generation)
                 if settings.tls:
                     # The front cannot read an encrypted request line: a resume may reach any
@@ -303,17 +323,17 @@ async def _run_worker(
                 front, _ = await loop.sock_accept(listener)
                 front.setblocking(False)
                 server.front_link = FrontLink(front)
-                receiving = asyncio.create_task(_receive_connections(front, server))
+                receiving = asyncio.create_task(_receive_connections(front, server, stop))
                 stopping = asyncio.create_task(stop.wait())
                 await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 stopping.cancel()
                 if stop.is_set():
-                    # SIGTERM: drain as single-process serve does. Sockets the front handed
-                    # over meanwhile are still adopted (and refused: no new session).
+                    # Drain as single-process serve does. Sockets the front handed over
+                    # meanwhile are still adopted (and refused: no new session).
                     log_.info("worker.draining")
-                    # A SIGTERM to this worker alone (the front's own drain has stopped routing
-                    # already): without this, every other new client got a 503 from it while
-                    # the other workers had room.
+                    # For a SIGTERM to this worker alone (in the front's own drain, routing has
+                    # stopped already): without it, every other new client got a 503 from it
+                    # while the other workers had room.
                     server.front_link.draining()
                     await server.shutdown(settings.drain_timeout_s)
                 # Receiving goes on until this process ends: it answers the front's pings,
@@ -341,9 +361,10 @@ def _ignore_stop_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-async def _receive_connections(front: socket.socket, server) -> None:
-    """Adopt every socket the front passes, and take its news of the pool, until the front
-    goes away. Each is adopted by a task of its own: under TLS adopting one waits for its
+async def _receive_connections(front: socket.socket, server, stop: asyncio.Event) -> None:
+    """Adopt every socket the front passes, and take its news of the pool and its word to
+    drain (``["d"]``: ``stop``) or to cut the drain short (``["h"]``), until the front goes
+    away. Each socket is adopted by a task of its own: under TLS adopting one waits for its
     client's TLS handshake, which must not hold up the connections handed over after it."""
     loop = asyncio.get_running_loop()
     adopting: set[asyncio.Task] = set()
@@ -364,6 +385,10 @@ async def _receive_connections(front: socket.socket, server) -> None:
             server.front_link.answer_ping(args[0])  # from this loop: it still turns
         elif kind == "m" and args and isinstance(args[0], dict):
             server.metrics.set_pool(args[0])
+        elif kind == "d":
+            stop.set()
+        elif kind == "h":
+            server.hurry()
         handed_id = args[0] if kind == "c" and args and isinstance(args[0], int) else None
         for fd in fds:
             sock = socket.socket(fileno=fd)
@@ -452,9 +477,23 @@ async def _run_front(
     if on_ready is not None:
         on_ready(bound)
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    requests = StopRequests()
+    requests.install(loop)
+    stop = requests.stop
+
+    def tell_workers(kind: str) -> None:
+        """``["d"]`` (drain) or ``["h"]`` (cut the drain short) to each living worker, or
+        SIGTERM where its hand-off socket will not take the message (full: a hung worker)."""
+        for worker in pool:
+            if not (worker.alive and worker.process.is_alive()):
+                continue
+            try:
+                if worker.handoff is None:
+                    raise ConnectionError("no hand-off socket")
+                worker.handoff.send(pack(kind))
+            except OSError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGTERM)
 
     def tell_pool() -> None:
         news = front.pool_news(engine.restarts, supervisor.restarts, engine.hangs)
@@ -537,14 +576,13 @@ async def _run_front(
     serving.cancel()
     listener.close()
     # Each worker drains as single-process serve does; the front keeps reading their reports
-    # (and closing the sockets they are done with) until the last one has exited.
-    for worker in pool:
-        if worker.alive and worker.process.is_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker.pid, signal.SIGTERM)
-    limit = settings.drain_timeout_s + float(settings.server_options.get("write_timeout_s", 10.0)) + 10.0
+    # (and closing the sockets they are done with) until the last one has exited. Told by a
+    # message, not a signal: after a Ctrl-C or a systemd stop, which reach every process, a
+    # SIGTERM from here would be a worker's second, which cuts its drain short.
+    tell_workers("d")
+    requests.on_hurry(lambda: tell_workers("h"))
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(limit):
+        async with asyncio.timeout(settings.drain_limit_s):
             while any(worker.process.is_alive() for worker in pool):
                 await asyncio.sleep(0.05)
     await asyncio.sleep(0)  # exit notices already due run before the sockets are let go

@@ -4,6 +4,7 @@ real processes, real sockets, responses in flight when the signal comes."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -158,3 +159,94 @@ async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_w
         assert {code for code, _ in seen["errors"]} <= {"server_draining"}, seen
     refused = sum(("server_draining" in {code for code, _ in seen["errors"]}) for seen in results)
     assert refused >= 1, results
+
+
+async def _a_response_through_a_stop(workers: int, pace: float, signals: int, *, group: bool = True):
+    """``serve`` with one client whose response is in flight when every process of the server
+    gets SIGTERM at once, as a systemd stop (the unit's whole group) or a Ctrl-C in a terminal
+    (SIGINT, the foreground group) does (``group``; else only the front, as ``docker stop``
+    does); ``signals`` times, a second apart. What the client saw from then on, its close code,
+    the exit code, and how long the server took to exit."""
+    command = [sys.executable, "-c", LAUNCH, "serve", "--engine", "scripted", "--port", "0"]
+    command += [
+        "--workers",
+        str(workers),
+        "--scripted-pace",
+        str(pace),
+        "--drain-timeout-s",
+        str(DRAIN_TIMEOUT_S),
+    ]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
+    try:
+        with anyio.fail_after(60):
+            url = (await anyio.to_thread.run_sync(proc.stdout.readline)).split()[2]
+        seen = []
+        async with connect(url) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": text}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            with anyio.fail_after(20):
+                while json.loads(await ws.recv())["type"] != "response.created":
+                    pass
+            sent_at = time.monotonic()
+            for i in range(signals):
+                if group:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                else:
+                    proc.send_signal(signal.SIGTERM)
+                if i < signals - 1:
+                    await anyio.sleep(1.0)
+            with anyio.fail_after(DRAIN_TIMEOUT_S + 30):
+                try:
+                    async for frame in ws:
+                        event = json.loads(frame)
+                        seen.append(
+                            (event["type"], (event.get("response") or {}).get("status"), event.get("reason"))
+                        )
+                except ConnectionClosed:
+                    pass
+        code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=DRAIN_TIMEOUT_S + 30))
+        return seen, ws.close_code, code, time.monotonic() - sent_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _terminals(seen: list) -> list:
+    return [event for event in seen if event[0] in ("response.done", "session.closed", "error")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.anyio
+async def test_a_stop_of_every_process_at_once_still_lets_the_response_in_flight_finish(workers):
+    # With --workers, the engine process got the signal too and stopped at once: the response
+    # ended failed (engine lost) a moment after the signal, though the drain had 60 s for it.
+    seen, close_code, code, took = await _a_response_through_a_stop(workers, 5.0, 1)
+    assert _terminals(seen) == [
+        ("response.done", "completed", None),
+        ("session.closed", None, "runtime_shutdown"),
+    ]
+    assert close_code == CLOSE_GOING_AWAY and code == 0, (close_code, code)
+    assert took < DRAIN_TIMEOUT_S / 2, took  # it left with its last response
+
+
+@pytest.mark.parametrize("workers", ["1", "2", "2 front"])
+@pytest.mark.anyio
+async def test_a_second_stop_signal_cuts_the_drain_short_and_every_client_still_hears_the_end(workers):
+    # A response paced to take about 30 s, drain timeout 60 s: the operator signals again a
+    # second later. Before, one process took the second SIGTERM's default action (killed: the
+    # connection dropped, no terminal event); with --workers the engine had already failed it.
+    # "front": only the front is signalled, and tells its workers (["d"], then ["h"]).
+    seen, close_code, code, took = await _a_response_through_a_stop(
+        int(workers.split()[0]), 40.0, 2, group="front" not in workers
+    )
+    assert _terminals(seen) == [
+        ("response.done", "cancelled", None),
+        ("session.closed", None, "runtime_shutdown"),
+    ]
+    assert close_code == CLOSE_GOING_AWAY and code == 0, (close_code, code)
+    assert took < 10, took
