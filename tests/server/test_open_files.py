@@ -143,6 +143,7 @@ def test_serve_started_with_a_low_ulimit_holds_more_idle_connections_than_it_and
         assert _health_while_held(http, 300) == 200
 
 
+@_needs_1024
 def test_serve_says_when_even_the_hard_limit_is_short_of_max_connections_and_serves_anyway():
     with _serve_under(512, 512) as (http, stderr):
         assert _health(http) == 200
