@@ -105,6 +105,12 @@ class _Worker:
     def responsive(self, now: float) -> bool:
         return self.liveness is None or self.liveness.responsive(now)
 
+    @property
+    def recycled(self) -> bool:
+        """Its process drained when told to (a SIGTERM to its pid) and exited cleanly: no
+        crash, so no farewell log as an error and no restart backoff."""
+        return self.draining and self.process is not None and self.process.exitcode == 0
+
 
 class FrontDoor:
     """Owns the public port; hands each accepted connection to the worker that must serve it,
@@ -224,8 +230,9 @@ class FrontDoor:
         False, with a 503 written, when no worker lives."""
         loop = asyncio.get_running_loop()
         worker = self.choose(line)
+        resuming = session_id_in(line)
         while worker is not None and worker.handoff is not None:
-            handed = self.ledger.handed(worker.index, session_id_in(line))
+            handed = self.ledger.handed(worker.index, resuming)
             self._held[handed] = conn
             if line:
                 self._lines[handed] = line

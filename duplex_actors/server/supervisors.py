@@ -138,8 +138,7 @@ class _WorkerSupervisor:
         """How long to wait before starting ``worker`` again, given how long it had run. One
         that drained when told to (SIGTERM to its pid: a recycle) and exited cleanly is no
         crash: it starts again at once."""
-        recycled = worker.draining and worker.process is not None and worker.process.exitcode == 0
-        if recycled or time.monotonic() - worker.started_at >= STABLE_AFTER_S:
+        if worker.recycled or time.monotonic() - worker.started_at >= STABLE_AFTER_S:
             worker.quick_deaths = 0
             return 0.0
         worker.quick_deaths += 1

@@ -516,8 +516,7 @@ async def _run_front(
         ended = front.worker_exited(worker, crashed=crashed)
         if supervisor.stopping and not crashed:
             return
-        # Drained on a SIGTERM to its own pid, then exited cleanly: a recycle, not a crash.
-        recycled = worker.draining and process.exitcode == 0
+        recycled = worker.recycled
         (log.info if recycled else log.error)(
             "front.worker_exited", worker=worker.index, exitcode=process.exitcode, connections_ended=ended
         )
