@@ -12,13 +12,26 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO, cast
 
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of each write, not the stream it was
+    when logging was configured: a server replaces it once it runs (server/lossy_output.py),
+    and a test's capture replaces it for a while."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str = "info", *, json: bool = False, stream=None) -> None:
     """Configure structlog for duplex_actors' events: ``level`` and up, rendered as JSON lines
-    or for the console, to ``stream`` (stderr by default)."""
+    or for the console, to ``stream`` (stderr, as it is at each write, by default)."""
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[
@@ -28,7 +41,8 @@ def configure(level: str = "info", *, json: bool = False, stream=None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        # print() needs only write and flush of its file
+        logger_factory=structlog.PrintLoggerFactory(stream or cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
 

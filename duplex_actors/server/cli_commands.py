@@ -275,7 +275,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the OpenAI-Realtime-compatible websocket API (/v1/realtime, /health, /metrics) and the web console (/)."""
         from ..logconfig import ensure_configured
+        from .lossy_output import make_output_lossy
 
+        # A server outlives its output: a log pipe's reader gone or a full disk costs log
+        # lines, not the drain or the start (lossy_output.py).
+        make_output_lossy()
         ensure_configured()  # an entry point: its logging (warnings and up) goes to stderr
         try:
             import prometheus_client  # noqa: F401

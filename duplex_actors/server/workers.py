@@ -87,6 +87,7 @@ from .front_door import (
     owner_of,
     worker_session_id,
 )
+from .lossy_output import make_output_lossy
 from .stop_requests import StopRequests
 from .supervisors import (
     _EngineSupervisor,
@@ -218,6 +219,7 @@ def _become_child(name: str) -> None:
             libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the front died before the request took effect
             os._exit(1)
+    make_output_lossy()  # its output is the front's: lost together, and survived alike
     # A crash in a C extension, or the front's SIGABRT to a hung worker, then says on stderr
     # where each thread was.
     faulthandler.enable()

@@ -161,12 +161,19 @@ async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_w
     assert refused >= 1, results
 
 
-async def _a_response_through_a_stop(workers: int, pace: float, signals: int, *, group: bool = True):
+async def _a_response_through_a_stop(
+    workers: int, pace: float, signals: int, *, group: bool = True, output: str = "discarded"
+):
     """``serve`` with one client whose response is in flight when every process of the server
     gets SIGTERM at once, as a systemd stop (the unit's whole group) or a Ctrl-C in a terminal
     (SIGINT, the foreground group) does (``group``; else only the front, as ``docker stop``
     does); ``signals`` times, a second apart. What the client saw from then on, its close code,
-    the exit code, and how long the server took to exit."""
+    the exit code, and how long the server took to exit.
+
+    ``output``: where the server's stdout and stderr go: "discarded" (stderr to /dev/null),
+    "disk full" (stderr to /dev/full: every write fails with ENOSPC, from the start), or
+    "reader gone" (both are pipes whose reading ends the test closes once it has the URL:
+    every later write fails with EPIPE)."""
     command = [sys.executable, "-c", LAUNCH, "serve", "--engine", "scripted", "--port", "0"]
     command += [
         "--workers",
@@ -176,12 +183,21 @@ async def _a_response_through_a_stop(workers: int, pace: float, signals: int, *,
         "--drain-timeout-s",
         str(DRAIN_TIMEOUT_S),
     ]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
-    )
+    if output == "disk full":
+        stderr = os.open("/dev/full", os.O_WRONLY)  # the child's own copy stays open
+    else:
+        stderr = subprocess.PIPE if output == "reader gone" else subprocess.DEVNULL
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+    if output == "disk full":
+        os.close(stderr)
     try:
         with anyio.fail_after(60):
-            url = (await anyio.to_thread.run_sync(proc.stdout.readline)).split()[2]
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        assert line.startswith("duplex-actors serving"), (line, proc.poll())
+        url = line.split()[2]
+        if output == "reader gone":
+            proc.stdout.close()
+            proc.stderr.close()
         seen = []
         async with connect(url) as ws:
             assert json.loads(await ws.recv())["type"] == "session.created"
@@ -250,3 +266,19 @@ async def test_a_second_stop_signal_cuts_the_drain_short_and_every_client_still_
     ]
     assert close_code == CLOSE_GOING_AWAY and code == 0, (close_code, code)
     assert took < 10, took
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("output", ["reader gone", "disk full"])
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) to fill a disk")
+@pytest.mark.anyio
+async def test_a_server_whose_output_fails_still_starts_serves_and_drains(workers, output):
+    # Before, print and structlog raised from whatever was writing: a SIGTERM's "shutting
+    # down" line ended one process at once (no terminal event, exit 1); --workers with its
+    # stderr on a full disk never started (its start-up warning raised).
+    seen, close_code, code, took = await _a_response_through_a_stop(workers, 5.0, 1, output=output)
+    assert _terminals(seen) == [
+        ("response.done", "completed", None),
+        ("session.closed", None, "runtime_shutdown"),
+    ]
+    assert close_code == CLOSE_GOING_AWAY and code == 0, (close_code, code)
