@@ -205,18 +205,27 @@ class WorkerSettings:
 # --------------------------------------------------------------------------- child processes
 
 
+#: What the kernel sends a worker or the engine process when the front dies, even by SIGKILL
+#: (PR_SET_PDEATHSIG): a drain, as SIGTERM asks, but never counted as an operator's signal. The
+#: kernel sends it once for each of the front's threads that the child is passed to as they
+#: exit: one to three times in a row here. As SIGTERM, the second was taken for an operator's
+#: second signal and cut the drain short, so the responses in flight ended cancelled.
+FRONT_GONE_SIGNAL = signal.SIGUSR2
+
+
 def _become_child(name: str) -> None:
     """On Linux: name this process (``ps``, ``top`` and the benchmark show ``dx-worker0``,
-    ``dx-engine``), and have the kernel SIGTERM it when the front dies, even by SIGKILL, so no
-    worker or engine process outlives it. Elsewhere a no-op; the front's shutdown still stops
-    its children."""
+    ``dx-engine``), and have the kernel send it FRONT_GONE_SIGNAL when the front dies, so no
+    worker or engine process outlives it (until it handles the signal, the signal ends it).
+    Elsewhere a no-op; the front's shutdown still stops its children, and a worker also sees
+    the front's end of its hand-off socket close."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+            libc.prctl(1, FRONT_GONE_SIGNAL, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the front died before the request took effect
             os._exit(1)
     make_output_lossy()  # its output is the front's: lost together, and survived alike
@@ -233,7 +242,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, FRONT_GONE_SIGNAL):
             loop.add_signal_handler(signum, stop.set)
         try:
             # Stopped with the workers (every process got the signal), it stays while they are
@@ -274,6 +283,7 @@ async def _run_worker(
     requests = StopRequests()
     requests.install(loop)
     stop = requests.stop
+    loop.add_signal_handler(FRONT_GONE_SIGNAL, stop.set)  # a drain, however many times it comes
     log_ = log.bind(worker=index, generation=generation, pid=os.getpid())
     from ..actors.gc_policy import GcPolicy
     from ..audio.transcription import default_transcriber
@@ -329,15 +339,20 @@ async def _run_worker(
                 stopping = asyncio.create_task(stop.wait())
                 await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 stopping.cancel()
-                if stop.is_set():
-                    # Drain as single-process serve does. Sockets the front handed over
-                    # meanwhile are still adopted (and refused: no new session).
-                    log_.info("worker.draining")
-                    # For a SIGTERM to this worker alone (in the front's own drain, routing has
-                    # stopped already): without it, every other new client got a 503 from it
-                    # while the other workers had room.
-                    server.front_link.draining()
-                    await server.shutdown(settings.drain_timeout_s)
+                if not stop.is_set():
+                    # The front closed its end without a word: it died (killed, crashed; a
+                    # front that stops tells its workers first). Its clients are still this
+                    # worker's, so it drains for them as if told to. The kernel's
+                    # FRONT_GONE_SIGNAL may come a moment later or, off Linux, not at all.
+                    log_.warning("worker.front_gone")
+                # Drain as single-process serve does. Sockets the front handed over meanwhile
+                # are still adopted (and refused: no new session).
+                log_.info("worker.draining")
+                # For a SIGTERM to this worker alone (in the front's own drain, routing has
+                # stopped already): without it, every other new client got a 503 from it while
+                # the other workers had room.
+                server.front_link.draining()
+                await server.shutdown(settings.drain_timeout_s)
                 # Receiving goes on until this process ends: it answers the front's pings,
                 # and a worker silent while it closes down would be stopped as hung.
                 log_.info("worker.stopping")
@@ -358,8 +373,9 @@ async def _run_worker(
 
 def _ignore_stop_signals() -> None:
     # Our work is done; a SIGTERM from the parent arriving while asyncio.run tears the loop down
-    # would otherwise hit a closed wakeup fd and print a traceback.
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    # would otherwise hit a closed wakeup fd and print a traceback, and a late FRONT_GONE_SIGNAL
+    # would end the process by its default action.
+    for signum in (signal.SIGINT, signal.SIGTERM, FRONT_GONE_SIGNAL):
         signal.signal(signum, signal.SIG_IGN)
 
 
@@ -482,6 +498,7 @@ async def _run_front(
     requests = StopRequests()
     requests.install(loop)
     stop = requests.stop
+    loop.add_signal_handler(FRONT_GONE_SIGNAL, stop.set)  # a drain, however many times it comes
 
     def tell_workers(kind: str) -> None:
         """``["d"]`` (drain) or ``["h"]`` (cut the drain short) to each living worker, or

@@ -727,9 +727,34 @@ def test_a_pause_of_the_whole_server_is_not_taken_for_hung_workers():
 
 
 @pytest.mark.slow
-def test_killing_the_front_takes_the_workers_and_the_engine_process_with_it():
-    with serve_workers(2) as s:
-        s.process.kill()  # SIGKILL: no shutdown code runs in the front
+def test_killing_the_front_lets_its_workers_finish_responses_in_flight_then_takes_every_process_with_it():
+    # A response paced to take about 4 s is in flight on each worker when the front dies.
+    with serve_workers(2, "--scripted-pace", "5") as s:
+
+        async def main():
+            clients = [await _raw_session_on(s.url, worker) for worker in (0, 1)]
+            for ws, _ in clients:
+                await ws.send(json.dumps({"type": "response.create"}))
+                while json.loads(await ws.recv())["type"] != "response.created":
+                    pass
+            s.process.kill()  # SIGKILL: no shutdown code runs in the front
+            ends = []
+            for ws, _ in clients:
+                terminals = []
+                with anyio.fail_after(30), contextlib.suppress(ConnectionClosed):
+                    async for frame in ws:
+                        event = json.loads(frame)
+                        if event["type"] in ("response.done", "session.closed", "error"):
+                            terminals.append((event["type"], event.get("response", {}).get("status")))
+                ends.append((terminals, ws.close_code))
+            return ends
+
+        # Its workers finish the responses for their clients, then close their sessions, as
+        # in a drain. Before, a worker that saw its front's end close before the kernel's
+        # SIGTERM came ended them at once, cancelled.
+        for terminals, close_code in run(main):
+            assert terminals == [("response.done", "completed"), ("session.closed", None)], terminals
+            assert close_code == 1001
         s.process.wait(10)
         deadline = time.monotonic() + 20
         alive = [s.engine_pid, *s.worker_pids]
