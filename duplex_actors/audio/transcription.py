@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
 import threading
 import weakref
 from concurrent.futures import ProcessPoolExecutor
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import structlog
+
+from ..parent_death import end_with_parent
 
 log = structlog.get_logger("duplex_actors.transcription")
 
@@ -129,7 +132,13 @@ class PocketsphinxTranscriber:
         pool = self._pool
         if pool is None:
             pool = self._pool = ProcessPoolExecutor(
-                self.max_concurrent, mp_context=multiprocessing.get_context("spawn")
+                self.max_concurrent,
+                mp_context=multiprocessing.get_context("spawn"),
+                # This process killed (SIGKILL: the OOM killer, a worker of serve stopped
+                # by its pid) runs no close(): its recogniser's process, ~140 MB, lived on
+                # as an orphan, one more for every such death.
+                initializer=end_with_parent,
+                initargs=(signal.SIGKILL, os.getpid()),
             )
             # Dropped without close(): the workers still go.
             self._stop_pool = weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)

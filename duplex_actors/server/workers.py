@@ -74,6 +74,7 @@ import attrs
 import structlog
 
 from ..logconfig import ensure_configured
+from ..parent_death import end_with_parent
 from .config import ServerConfig
 from .event_loop import resolve as resolve_loop
 from .event_loop import run as run_loop
@@ -206,28 +207,27 @@ class WorkerSettings:
 
 
 #: What the kernel sends a worker or the engine process when the front dies, even by SIGKILL
-#: (PR_SET_PDEATHSIG): a drain, as SIGTERM asks, but never counted as an operator's signal. The
-#: kernel sends it once for each of the front's threads that the child is passed to as they
-#: exit: one to three times in a row here. As SIGTERM, the second was taken for an operator's
-#: second signal and cut the drain short, so the responses in flight ended cancelled.
+#: (parent_death.py): a drain, as SIGTERM asks, but never counted as an operator's signal. The
+#: kernel may send it several times in a row (once per thread of the front as they exit); as
+#: SIGTERM, the second was taken for an operator's second signal and cut the drain short, so
+#: the responses in flight ended cancelled.
 FRONT_GONE_SIGNAL = signal.SIGUSR2
 
 
 def _become_child(name: str) -> None:
-    """On Linux: name this process (``ps``, ``top`` and the benchmark show ``dx-worker0``,
+    """Name this process (Linux: ``ps``, ``top`` and the benchmark show ``dx-worker0``,
     ``dx-engine``), and have the kernel send it FRONT_GONE_SIGNAL when the front dies, so no
     worker or engine process outlives it (until it handles the signal, the signal ends it).
-    Elsewhere a no-op; the front's shutdown still stops its children, and a worker also sees
-    the front's end of its hand-off socket close."""
+    Elsewhere the front's shutdown still stops its children, and a worker also sees the front's
+    end of its hand-off socket close."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-            libc.prctl(1, FRONT_GONE_SIGNAL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the front died before the request took effect
-            os._exit(1)
+            ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    front = multiprocessing.parent_process()
+    if front is not None and front.pid is not None:
+        end_with_parent(FRONT_GONE_SIGNAL, front.pid)
     make_output_lossy()  # its output is the front's: lost together, and survived alike
     # A crash in a C extension, or the front's SIGABRT to a hung worker, then says on stderr
     # where each thread was.

@@ -436,3 +436,62 @@ def test_workers_that_cannot_start_are_not_restarted_for_every_turn(tmp_path, sp
         "RecogniserUnavailable"
     ] * 2, done.stdout + done.stderr[-1500:]
     assert all(o[1] == "none" for o in outcomes[MAX_BROKEN_POOLS:])  # no process started for them
+
+
+def test_an_app_killed_by_sigkill_takes_its_recognisers_process_with_it(tmp_path, speech):
+    """A process killed by SIGKILL (the OOM killer, a worker of serve stopped by its pid) runs
+    no close(): its recogniser's process (~140 MB) lived on as an orphan, one more for every
+    such death."""
+    import os
+    import pathlib
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "turn.pcm").write_bytes(speech[SENTENCES[0]])
+    program = tmp_path / "app.py"
+    program.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+
+            import anyio
+
+            from duplex_actors.audio.transcription import PocketsphinxTranscriber
+
+
+            async def main() -> None:
+                recogniser = PocketsphinxTranscriber()
+                await recogniser.transcribe(open({str(tmp_path / "turn.pcm")!r}, "rb").read(), 16000)
+                print("RECOGNISERS", *recogniser._pool._processes, flush=True)
+                time.sleep(120)
+
+
+            if __name__ == "__main__":
+                anyio.run(main)
+            """
+        )
+    )
+    app = subprocess.Popen([sys.executable, str(program)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = app.stdout.readline()
+        assert line.startswith("RECOGNISERS "), line
+        recognisers = [int(pid) for pid in line.split()[1:]]
+        assert recognisers
+    finally:
+        app.kill()
+        app.wait(10)
+
+    def running(pid: int) -> bool:
+        try:
+            return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except (OSError, IndexError):
+            return False
+
+    deadline = time.monotonic() + 10
+    while (left := [pid for pid in recognisers if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:  # not to leave them behind after a failure
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the recogniser's processes outlived the app killed by SIGKILL"
