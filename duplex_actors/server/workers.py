@@ -89,7 +89,7 @@ from .front_door import (
     worker_session_id,
 )
 from .lossy_output import make_output_lossy
-from .stop_requests import StopRequests
+from .stop_requests import STOP_SIGNALS, StopRequests
 from .supervisors import (
     _EngineSupervisor,
     _stop_children,
@@ -242,7 +242,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM, FRONT_GONE_SIGNAL):
+        for signum in (*STOP_SIGNALS, FRONT_GONE_SIGNAL):
             loop.add_signal_handler(signum, stop.set)
         try:
             # Stopped with the workers (every process got the signal), it stays while they are
@@ -375,7 +375,7 @@ def _ignore_stop_signals() -> None:
     # Our work is done; a SIGTERM from the parent arriving while asyncio.run tears the loop down
     # would otherwise hit a closed wakeup fd and print a traceback, and a late FRONT_GONE_SIGNAL
     # would end the process by its default action.
-    for signum in (signal.SIGINT, signal.SIGTERM, FRONT_GONE_SIGNAL):
+    for signum in (*STOP_SIGNALS, FRONT_GONE_SIGNAL):
         signal.signal(signum, signal.SIG_IGN)
 
 

@@ -162,7 +162,13 @@ async def test_sigterm_finishes_responses_in_flight_refuses_new_ones_and_exits_w
 
 
 async def _a_response_through_a_stop(
-    workers: int, pace: float, signals: int, *, group: bool = True, output: str = "discarded"
+    workers: int,
+    pace: float,
+    signals: int,
+    *,
+    group: bool = True,
+    output: str = "discarded",
+    signum: int = signal.SIGTERM,
 ):
     """``serve`` with one client whose response is in flight when every process of the server
     gets SIGTERM at once, as a systemd stop (the unit's whole group) or a Ctrl-C in a terminal
@@ -173,7 +179,7 @@ async def _a_response_through_a_stop(
     ``output``: where the server's stdout and stderr go: "discarded" (stderr to /dev/null),
     "disk full" (stderr to /dev/full: every write fails with ENOSPC, from the start), or
     "reader gone" (both are pipes whose reading ends the test closes once it has the URL:
-    every later write fails with EPIPE)."""
+    every later write fails with EPIPE). ``signum``: the signal, SIGTERM unless told."""
     command = [sys.executable, "-c", LAUNCH, "serve", "--engine", "scripted", "--port", "0"]
     command += [
         "--workers",
@@ -210,9 +216,9 @@ async def _a_response_through_a_stop(
             sent_at = time.monotonic()
             for i in range(signals):
                 if group:
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    os.killpg(proc.pid, signum)
                 else:
-                    proc.send_signal(signal.SIGTERM)
+                    proc.send_signal(signum)
                 if i < signals - 1:
                     await anyio.sleep(1.0)
             with anyio.fail_after(DRAIN_TIMEOUT_S + 30):
@@ -282,3 +288,53 @@ async def test_a_server_whose_output_fails_still_starts_serves_and_drains(worker
         ("session.closed", None, "runtime_shutdown"),
     ]
     assert close_code == CLOSE_GOING_AWAY and code == 0, (close_code, code)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.anyio
+async def test_a_hang_up_drains_as_a_stop_does(workers):
+    # A terminal's hang-up (the ssh connection under a serve started from it dropped) reaches
+    # its foreground group. Before, SIGHUP's default ended every process at once: the client
+    # got no terminal event.
+    seen, close_code, code, _ = await _a_response_through_a_stop(workers, 5.0, 1, signum=signal.SIGHUP)
+    assert _terminals(seen) == [
+        ("response.done", "completed", None),
+        ("session.closed", None, "runtime_shutdown"),
+    ]
+    assert close_code == CLOSE_GOING_AWAY and code == 0, (close_code, code)
+
+
+@pytest.mark.anyio
+async def test_serve_started_with_nohup_keeps_serving_through_a_hang_up():
+    # nohup's promise is kept: a hang-up changes nothing, in the front and in its children.
+    command = ["nohup", sys.executable, "-c", LAUNCH, "serve", "--engine", "scripted", "--port", "0"]
+    command += ["--workers", "2", "--scripted-pace", "5"]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
+    try:
+        with anyio.fail_after(60):
+            url = (await anyio.to_thread.run_sync(proc.stdout.readline)).split()[2]
+        async with connect(url) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": text}))
+            seen = []
+            for step in ("hang up", "ask again"):
+                await ws.send(json.dumps({"type": "response.create"}))
+                with anyio.fail_after(30):
+                    while (event := json.loads(await ws.recv()))["type"] != "response.created":
+                        assert event["type"] != "error", event
+                    if step == "hang up":
+                        os.killpg(proc.pid, signal.SIGHUP)
+                    while (event := json.loads(await ws.recv()))["type"] != "response.done":
+                        assert event["type"] not in ("error", "session.closed"), event
+                seen.append(event["response"]["status"])
+            assert seen == ["completed", "completed"]
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert await anyio.to_thread.run_sync(lambda: proc.wait(timeout=60)) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from duplex_actors.server.stop_requests import StopRequests
+from duplex_actors.server.stop_requests import STOP_SIGNALS, StopRequests
 
 
 def test_the_first_signal_stops_and_the_next_ones_hurry():
@@ -26,8 +28,11 @@ def test_the_first_signal_stops_and_the_next_ones_hurry():
     assert hurried[-1] == "late"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_real_signals_to_this_process_are_counted_not_left_to_their_default(signum):
+    if signum not in STOP_SIGNALS:
+        pytest.skip("this test process started with SIGHUP ignored (nohup), which is then kept")
+
     async def main() -> list[str]:
         requests = StopRequests()
         requests.install(asyncio.get_running_loop())
@@ -43,7 +48,21 @@ def test_real_signals_to_this_process_are_counted_not_left_to_their_default(sign
                 await asyncio.sleep(0.01)
             return hurried
         finally:
-            for s in (signal.SIGINT, signal.SIGTERM):
+            for s in STOP_SIGNALS:
                 asyncio.get_running_loop().remove_signal_handler(s)
 
     assert asyncio.run(main()) == ["hurry"]
+
+
+def test_a_hang_up_ignored_at_start_nohup_stays_ignored_and_otherwise_is_a_stop_signal():
+    program = "from duplex_actors.server.stop_requests import STOP_SIGNALS; print(sorted(STOP_SIGNALS))"
+    started = {
+        how: subprocess.run(
+            [*prefix, sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+        for how, prefix in (("plain", []), ("nohup", ["nohup"]))
+    }
+    assert started == {
+        "plain": str(sorted([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])),
+        "nohup": str(sorted([signal.SIGINT, signal.SIGTERM])),
+    }
