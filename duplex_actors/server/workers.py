@@ -256,6 +256,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
             )
         finally:
             _ignore_stop_signals()
+            _remove_folder_if_front_gone(os.path.dirname(path))
 
     run_loop(main(), settings.event_loop)
 
@@ -369,6 +370,18 @@ async def _run_worker(
         if receiving is not None:
             receiving.cancel()
         _ignore_stop_signals()
+        _remove_folder_if_front_gone(folder)
+
+
+def _remove_folder_if_front_gone(folder: str) -> None:
+    """The front removes the server's socket folder as it exits; a front killed (SIGKILL) left
+    it in the temporary directory, one for each such death. Its children then remove it: each
+    as it exits once its own socket is gone, which succeeds for the last one out (rmdir: only
+    an empty folder). Never while the front lives, which starts children in that folder."""
+    front = multiprocessing.parent_process()
+    if front is not None and os.getppid() != front.pid:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 def _ignore_stop_signals() -> None:
