@@ -75,7 +75,7 @@ from . import connection as edge
 from . import frame_cost, guard, wire
 from .audio_format import GA_DEFAULT
 from .billing import LoopBilling
-from .client_address import describe_peer
+from .client_address import describe_peer, peername_ip
 from .config import (
     CLOSE_BAD_RESUME,
     CLOSE_GOING_AWAY,
@@ -88,9 +88,7 @@ from .config import (
     CLOSE_UNKNOWN_SESSION,
     ServerConfig,
 )
-from .connection import (
-    paced_connection,
-)
+from .connection import count_refusal, paced_connection
 from .console import ConsoleRoutes
 from .http_gate import HttpGate, _address, _tenant
 from .inflate import deflate_extensions
@@ -101,6 +99,7 @@ from .session_connection import SessionConnection
 from .session_reader import frame_bytes
 from .session_record import SessionRecord
 from .tls import server_ssl_context
+from .tls_first import tls_after_counting
 from .tls_relay import RelayedStream, RequestLineSniffer
 from .vad_batch import VadBatcher
 from .worker_link import FrontLink
@@ -231,6 +230,14 @@ class RealtimeServer:
                 guard.exempt_from(self.config.trusted_proxies) if self.config.trusted_proxies else None
             ),
         )
+        # Under TLS the listener accepts plain TCP and each connection runs its TLS handshake
+        # once it is counted among those opening (tls_first.py); adopted and relayed ones are
+        # counted where they arrive.
+        self._accepted_connection = (
+            self._ws_connection
+            if self._ssl is None
+            else tls_after_counting(self._ws_connection, self._ssl, self.config.handshake_timeout_s)
+        )
         self._server = await serve(
             self._handle,
             self.config.host,
@@ -242,8 +249,7 @@ class RealtimeServer:
             compression=None,  # the extensions are the compression (_negotiated_extensions)
             extensions=self._extensions,
             open_timeout=self.config.handshake_timeout_s,
-            create_connection=self._ws_connection,
-            ssl=self._ssl,
+            create_connection=self._accepted_connection,
             backlog=self.config.listen_backlog,
         )
         self.runtime.add_close_listener(self._session_closed)
@@ -307,11 +313,14 @@ class RealtimeServer:
             "close_timeout": 2.0,
         }
 
-    def _adopted_connection(self, relayed_peer: tuple | None = None) -> ServerConnection:
+    def _adopted_connection(
+        self, relayed_peer: tuple | None = None, connection_class: type[ServerConnection] | None = None
+    ) -> ServerConnection:
         """The websocket connection for a socket accepted elsewhere, made from websockets'
         public pieces as its serve() makes one for a socket it accepted: the same protocol
         settings, connection class and server, whose handler runs the handshake.
-        ``relayed_peer``: the client of a connection another worker relays (tls_relay.py)."""
+        ``relayed_peer``: the client of a connection another worker relays (tls_relay.py);
+        ``connection_class``: another than the server's (the one that runs TLS itself)."""
         assert self._server is not None, "use 'async with RealtimeServer(...)'"
         connection: ServerConnection | None = None
 
@@ -324,7 +333,9 @@ class RealtimeServer:
             select_subprotocol=select,
             max_size=self.config.limits.transport_cap,
         )
-        connection = self._ws_connection(protocol, self._server, **self._connection_options())
+        connection = (connection_class or self._ws_connection)(
+            protocol, self._server, **self._connection_options()
+        )
         if relayed_peer is not None:
             connection.relayed_peer = relayed_peer  # type: ignore[attr-defined]
         return connection
@@ -416,7 +427,10 @@ class RealtimeServer:
         if self._ssl is not None and self.relay_path is not None:
             await self._adopt_tls(sock, handed_id)
             return
-        _, connection = await loop.connect_accepted_socket(self._adopted_connection, sock, ssl=self._ssl)
+        # Under TLS the connection counts itself, then runs its handshake (tls_first.py).
+        _, connection = await loop.connect_accepted_socket(
+            lambda: self._adopted_connection(connection_class=self._accepted_connection), sock
+        )
         self._track_handed(connection, handed_id)
 
     def _track_handed(self, connection: ServerConnection, handed_id: int | None) -> None:
@@ -447,17 +461,35 @@ class RealtimeServer:
                 serve_here,
                 ended,
                 on_relay=self.metrics.relays.labels("out").inc,
-                handshakes=getattr(self._ws_connection, "handshakes", None),
+                handshakes=handshakes,
+                counted=address,
             )
             self._sniffers.add(sniffer)
             return sniffer
 
+        # Counted among the connections opening before its TLS handshake starts, as one this
+        # server accepted (tls_first.py); the sniffer takes the count over once it is made.
+        handshakes = getattr(self._ws_connection, "handshakes", None)
+        try:
+            address = peername_ip(sock.getpeername())
+        except OSError:  # the client is gone already
+            address = "?"
+        if handshakes is not None:
+            refusal = handshakes.enter(address)
+            if refusal is not None:
+                count_refusal("handshakes", address, refusal)
+                sock.close()  # no plaintext to say why in
+                if handed_id is not None and self.front_link is not None:
+                    self.front_link.released(handed_id)
+                return
         try:
             await loop.connect_accepted_socket(
                 made, sock, ssl=self._ssl, ssl_handshake_timeout=self.config.handshake_timeout_s
             )
         except BaseException:
             self._sniffers.discard(sniffer)
+            if handshakes is not None and (sniffer is None or not sniffer.took_count):
+                handshakes.leave(address)
             raise
 
     def _connection_on(

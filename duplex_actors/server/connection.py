@@ -138,7 +138,7 @@ class PacedConnection(ServerConnection):
             address = peername_ip(self.remote_address)
             refusal = self.handshakes.enter(address)
             if refusal is not None:
-                _count_refusal("handshakes", address, refusal)
+                count_refusal("handshakes", address, refusal)
                 self._refuse_http(503, "Service Unavailable", refusal, retry_after=1)
             else:
                 self._opening = address
@@ -201,7 +201,7 @@ class PacedConnection(ServerConnection):
             end = self._head.feed(data)
             if end == RequestHeadLimit.REFUSED:
                 head = self._head
-                _count_refusal("request_head", self._opening or "?", f"{head.seen} bytes, {head.lines} lines")
+                count_refusal("request_head", self._opening or "?", f"{head.seen} bytes, {head.lines} lines")
                 self._refuse_http(431, "Request Header Fields Too Large", "request head too large")
                 return
             if self._proxied_head is not None:
@@ -424,7 +424,7 @@ class PacedConnection(ServerConnection):
 _refusals: dict[str, int] = {}
 
 
-def _count_refusal(what: str, address: str, detail: str) -> None:
+def count_refusal(what: str, address: str, detail: str) -> None:
     # Logged on the first and then every 1,000th: a flood must not become a flood of log lines.
     count = _refusals[what] = _refusals.get(what, 0) + 1
     if count % 1000 == 1:

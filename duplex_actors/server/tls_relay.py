@@ -85,6 +85,7 @@ class RequestLineSniffer(asyncio.Protocol):
         on_end: Callable[[], None],
         on_relay: Callable[[], object] = lambda: None,
         handshakes: PendingHandshakes | None = None,
+        counted: str | None = None,
     ) -> None:
         self._relay_path = relay_path
         self._serve_here = serve_here
@@ -97,6 +98,10 @@ class RequestLineSniffer(asyncio.Protocol):
         #: its request line here is one, as it is in a websocket connection (connection.py);
         #: counted until it goes on (there, or relayed: the owner counts it) or ends.
         self._handshakes = handshakes
+        #: The address the server counted this connection under before its TLS handshake, a
+        #: count this protocol takes over once made (``took_count``) instead of counting again.
+        self._precounted = counted
+        self.took_count = False
         self._counted: str | None = None
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
@@ -109,7 +114,9 @@ class RequestLineSniffer(asyncio.Protocol):
         self._transport = transport
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(REQUEST_LINE_TIMEOUT_S, transport.abort)
-        if self._handshakes is not None:
+        if self._handshakes is not None and self._precounted is not None:
+            self._counted, self.took_count = self._precounted, True
+        elif self._handshakes is not None:
             address = peername_ip(transport.get_extra_info("peername"))
             refusal = self._handshakes.enter(address)
             if refusal is not None:
