@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import ipaddress
+import os
 import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -345,51 +346,56 @@ def register(app: typer.Typer) -> None:
 
             # make_embedded_engine reads it, here and in each --workers process (they inherit it).
             os.environ["DUPLEX_EMBEDDED_DEVICE"] = check_device(device)
+        if tls_cert is not None:
+            import ssl
+
+            from .tls import server_ssl_context
+
+            # Loaded here first, so that a missing or bad file is a usage error, not a
+            # traceback from the server's start (or from each worker's, with --workers).
+            try:
+                server_ssl_context(tls_cert, tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise typer.BadParameter(f"--tls-cert/--tls-key cannot be loaded: {exc}") from None
         if workers > 1:  # the engine is built in its own process, not here
             from .workers import WorkerSettings, serve_workers
 
             if tls_cert is not None:
-                # Each worker terminates TLS itself (the front cannot: tls_relay.py). Checked
-                # here first, so a bad pair fails this command, not each worker's start.
+                # Each worker terminates TLS itself (the front cannot: tls_relay.py), from the
+                # folder it starts in.
                 import os
-                import ssl
 
-                from .tls import server_ssl_context
-
-                try:
-                    server_ssl_context(tls_cert, tls_key)
-                except (OSError, ssl.SSLError) as exc:
-                    raise typer.BadParameter(f"--tls-cert/--tls-key cannot be loaded: {exc}") from None
                 server_options["tls_cert"] = os.path.abspath(tls_cert)
                 server_options["tls_key"] = os.path.abspath(str(tls_key))
 
-            serve_workers(
-                workers,
-                host,
-                port,
-                WorkerSettings(
-                    engine=engine.value,
-                    model=model,
-                    scripted_pace=scripted_pace,
-                    api_key=api_key,
-                    limits=limits,
-                    session_overrides=overrides,
-                    max_sessions=max_sessions,
-                    max_connections=max_connections,
-                    server_options=server_options,
-                    runtime_options={
-                        "stall_timeout_s": stall_timeout_s or None,
-                        "transcription_backlog_s": transcription_backlog_s,
-                        "journal_budget_bytes": (journal_budget_mb << 20) or None,
-                    },
-                    gc_reclaim_s=gc_reclaim_s,
-                    transcription_workers=transcription_workers,
-                    drain_timeout_s=drain_timeout_s,
-                    worker_timeout_s=worker_timeout_s,
-                    engine_timeout_s=engine_timeout_s,
-                    event_loop=loop_name.value,
-                ),
-            )
+            with _cannot_listen_said_plainly(host, port):
+                serve_workers(
+                    workers,
+                    host,
+                    port,
+                    WorkerSettings(
+                        engine=engine.value,
+                        model=model,
+                        scripted_pace=scripted_pace,
+                        api_key=api_key,
+                        limits=limits,
+                        session_overrides=overrides,
+                        max_sessions=max_sessions,
+                        max_connections=max_connections,
+                        server_options=server_options,
+                        runtime_options={
+                            "stall_timeout_s": stall_timeout_s or None,
+                            "transcription_backlog_s": transcription_backlog_s,
+                            "journal_budget_bytes": (journal_budget_mb << 20) or None,
+                        },
+                        gc_reclaim_s=gc_reclaim_s,
+                        transcription_workers=transcription_workers,
+                        drain_timeout_s=drain_timeout_s,
+                        worker_timeout_s=worker_timeout_s,
+                        engine_timeout_s=engine_timeout_s,
+                        event_loop=loop_name.value,
+                    ),
+                )
             return
         backend = build_engine(engine, model, scripted_pace=scripted_pace)
         from .app import ServerConfig
@@ -413,17 +419,44 @@ def register(app: typer.Typer) -> None:
             "transcription_workers": transcription_workers,
             "gc_reclaim_s": gc_reclaim_s,
         }
-        run_anyio(
-            _serve,
-            backend,
-            config,
-            overrides,
-            runtime_options,
-            engine.value + chosen,
-            drain_timeout_s,
-            loop_name.value,
-            choice=loop_name,
-        )
+        with _cannot_listen_said_plainly(host, port):
+            run_anyio(
+                _serve,
+                backend,
+                config,
+                overrides,
+                runtime_options,
+                engine.value + chosen,
+                drain_timeout_s,
+                loop_name.value,
+                choice=loop_name,
+            )
+
+
+@contextlib.contextmanager
+def _cannot_listen_said_plainly(host: str, port: int):
+    """A port in use (or an address this machine does not have) ends ``serve`` with one line on
+    stderr and exit status 1, not a traceback of a screen and more."""
+    try:
+        yield
+    except BaseException as exc:
+        refused = _bind_error(exc)
+        if refused is None:
+            raise
+        why = os.strerror(refused.errno) if refused.errno else str(refused)
+        typer.echo(f"error: cannot listen on {host}:{port}: {why}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _bind_error(exc: BaseException) -> OSError | None:
+    """The OSError of a failed bind in ``exc`` (a task group's may hold it), if there is one."""
+    if isinstance(exc, OSError) and "bind" in str(exc):  # asyncio's and socket's messages say so
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _bind_error(inner)) is not None:
+                return found
+    return None
 
 
 def _raise_open_files_limit(max_connections: int, workers: int, *, tls: bool) -> None:

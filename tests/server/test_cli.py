@@ -257,3 +257,66 @@ def test_the_loop_asked_for_is_the_loop_serve_runs_and_a_missing_uvloop_is_a_usa
     else:  # auto falls back to asyncio's own loop
         assert result.exit_code == 0, result.output
         assert chosen == [event_loop.EventLoopChoice.asyncio]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_one_line_and_status_1_not_a_traceback(workers, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = str(taken.getsockname()[1])
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                LAUNCH,
+                "serve",
+                "--engine",
+                "scripted",
+                "--port",
+                port,
+                "--workers",
+                workers,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        taken.close()
+    said = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert said == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"], done.stderr[-2000:]
+
+
+def test_a_tls_file_that_cannot_be_loaded_is_a_usage_error_in_either_mode(tmp_path):
+    import subprocess
+    import sys
+
+    for workers in ("1", "2"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                LAUNCH,
+                "serve",
+                "--engine",
+                "scripted",
+                "--port",
+                "0",
+                "--workers",
+                workers,
+            ]
+            + ["--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "missing.key")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "--tls-cert/--tls-key cannot be loaded" in done.stderr and "Traceback" not in done.stderr
