@@ -362,6 +362,11 @@ async def _run_worker(
         listener.close()
         with contextlib.suppress(OSError):
             os.unlink(handoff_path)
+        if settings.tls:
+            with contextlib.suppress(OSError):
+                # Its slot's next process starts once this one has exited (a killed front's
+                # folder is then left empty, and removed below).
+                os.unlink(relay_socket(folder, index))
         await backend.aclose()
         if transcriber is not None:
             # This process ends with os._exit (multiprocessing's): no exit hook would stop the

@@ -210,3 +210,17 @@ def test_under_tls_a_session_outlives_the_worker_that_relayed_it(tls_pair):
         assert client.reconnects > reconnects and client.gaps == 0
         done = [e for e in events if e["type"] == "response.done"]
         assert done[-1]["response"]["status"] == "completed", done[-1]
+
+
+def test_under_tls_a_killed_fronts_children_leave_no_relay_socket_and_no_folder(tls_pair):
+    # The workers' relay sockets were left behind, and with them the folder, one per kill.
+    cert, key = tls_pair
+    with serve_workers(2, "--tls-cert", str(cert), "--tls-key", str(key)) as s:
+        folder = os.path.dirname(s.engine_socket)
+        assert {"relay0.sock", "relay1.sock"} <= set(os.listdir(folder))
+        s.process.kill()
+        s.process.wait(10)
+        deadline = time.monotonic() + 20
+        while os.path.exists(folder) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(folder), os.listdir(folder)
