@@ -88,8 +88,9 @@ from .config import (
     CLOSE_UNKNOWN_SESSION,
     ServerConfig,
 )
-from .connection import count_refusal, paced_connection
+from .connection import paced_connection
 from .console import ConsoleRoutes
+from .guard import count_refusal
 from .http_gate import HttpGate, _address, _tenant
 from .inflate import deflate_extensions
 from .loop_share import LoopShare

@@ -53,7 +53,7 @@ from websockets.protocol import Event
 
 from . import memory, raw_http
 from .client_address import forwarded_client, forwarded_for_in_head, peername_ip
-from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subject
+from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subject, count_refusal
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
 from .opening_slots import OpeningSlots
@@ -419,16 +419,6 @@ class PacedConnection(ServerConnection):
                 self._feeding = self.loop.call_soon(self._feed_rest)
         else:
             self.transport.resume_reading()
-
-
-_refusals: dict[str, int] = {}
-
-
-def count_refusal(what: str, address: str, detail: str) -> None:
-    # Logged on the first and then every 1,000th: a flood must not become a flood of log lines.
-    count = _refusals[what] = _refusals.get(what, 0) + 1
-    if count % 1000 == 1:
-        log.warning("server.connection_refused", what=what, remote=address, detail=detail, refused=count)
 
 
 def paced_connection(

@@ -21,7 +21,9 @@ import attrs
 import structlog
 
 from . import raw_http
+from .client_address import peername_ip
 from .front_ledger import FrontLedger
+from .guard import PendingHandshakes, count_refusal
 from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
 from .worker_liveness import PING_INTERVAL_S, Liveness, time_away
@@ -123,8 +125,14 @@ class FrontDoor:
         *,
         tls: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        handshakes: PendingHandshakes | None = None,
     ) -> None:
         self.workers = workers
+        #: Connections the front holds while it reads their request line, counted per client
+        #: address as a worker counts those in their handshake (past the limits: 503, as a
+        #: single-process server answers). Without it one address held as many as the front's
+        #: descriptors allow, each for the request line's timeout.
+        self.handshakes = handshakes
         #: The clock of the workers' pings and answers (worker_liveness.py).
         self.clock = clock
         self.listener = listener
@@ -208,11 +216,20 @@ class FrontDoor:
     async def _route(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         held = False
+        counted: str | None = None
         try:
             conn.setblocking(False)
             if self.tls:
                 line = b""  # encrypted: the next worker, which relays a resume to its owner
             else:
+                if self.handshakes is not None:
+                    address = peername_ip(conn.getpeername())
+                    refusal = self.handshakes.enter(address)
+                    if refusal is not None:
+                        count_refusal("handshakes", address, refusal)
+                        conn.send(raw_http.refusal(503, "Service Unavailable", refusal, retry_after=1))
+                        return
+                    counted = address
                 async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
                     found = await _peek_request_line(loop, conn)
                 if found is None:
@@ -222,6 +239,8 @@ class FrontDoor:
         except (TimeoutError, OSError, ValueError) as exc:
             log.info("front.connection_dropped", error=repr(exc))
         finally:
+            if counted is not None and self.handshakes is not None:
+                self.handshakes.leave(counted)  # handed over (its worker counts it), or ended
             if not held:
                 conn.close()
 

@@ -45,9 +45,12 @@ import secrets
 from collections import Counter
 from collections.abc import Callable
 
+import structlog
 from websockets.datastructures import Headers
 
 from ..errors import QuotaExceeded
+
+_log = structlog.get_logger("duplex_actors.server.guard")
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
@@ -428,6 +431,17 @@ class RequestHeadLimit:
             return len(counted)
         self._tail = window[-3:]
         return None
+
+
+_refusals: dict[str, int] = {}
+
+
+def count_refusal(what: str, address: str, detail: str) -> None:
+    """Count a connection refused at the edge (``what``: which limit), and log it: the first
+    and then every 1,000th, so that a flood does not become a flood of log lines."""
+    count = _refusals[what] = _refusals.get(what, 0) + 1
+    if count % 1000 == 1:
+        _log.warning("server.connection_refused", what=what, remote=address, detail=detail, refused=count)
 
 
 class PendingHandshakes:

@@ -25,7 +25,8 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 
 from .client_address import peername_ip
-from .connection import PacedConnection, count_refusal
+from .connection import PacedConnection
+from .guard import count_refusal
 
 log = structlog.get_logger("duplex_actors.server.tls_first")
 

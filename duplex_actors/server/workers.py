@@ -88,6 +88,7 @@ from .front_door import (
     owner_of,
     worker_session_id,
 )
+from .guard import PendingHandshakes, exempt_from
 from .lossy_output import make_output_lossy
 from .stop_requests import STOP_SIGNALS, StopRequests
 from .supervisors import (
@@ -495,7 +496,19 @@ async def _run_front(
     bound = listener.getsockname()[1]
     netloc = f"[{host}]:{bound}" if ipv6 else f"{host}:{bound}"
     tls = settings.tls
-    front = FrontDoor(pool, listener, tls=tls)
+    # The limits a worker puts on connections in their handshake, on those the front holds
+    # while it reads their request line (ServerConfig's defaults, or serve's flags).
+    edge = ServerConfig(**settings.server_options)
+    front = FrontDoor(
+        pool,
+        listener,
+        tls=tls,
+        handshakes=PendingHandshakes(
+            per_address=edge.max_handshakes_per_address,
+            total=edge.max_handshakes,
+            exempt=exempt_from(edge.exempt_networks + edge.trusted_proxies),
+        ),
+    )
     for worker in pool:
         front.listen_to(worker)
     auth = "on" if settings.api_key else "off"

@@ -878,3 +878,39 @@ def test_serve_workers_listens_on_an_ipv6_host_and_prints_a_url_clients_parse():
             await client.close()
 
         run(main)
+
+
+def test_the_front_holds_no_more_connections_reading_their_request_line_than_an_address_may_open():
+    # A single-process server answers the 65th silent connection from one address 503; the
+    # front of --workers held every one until the request line's timeout (3,000 of them, as
+    # many as its descriptors allow), before any worker counted them.
+    with serve_workers(2, "--exempt-networks", "10.0.0.0/8", "--max-handshakes-per-address", "8") as s:
+        port = int(s.url.rsplit(":", 1)[1].split("/")[0])
+        silent = []
+        for _ in range(40):
+            sock = socket.socket()
+            sock.bind(("127.0.0.2", 0))
+            sock.connect(("127.0.0.1", port))
+            silent.append(sock)
+        time.sleep(1.0)
+        held, refused = 0, 0
+        for sock in silent:
+            sock.setblocking(False)
+            try:
+                answer = sock.recv(100)
+            except BlockingIOError:
+                held += 1
+                continue
+            refused += answer.startswith(b"HTTP/1.1 503")
+        assert (held, refused) == (8, 32)
+        with urllib.request.urlopen(s.http + "/health", timeout=10) as response:  # another address
+            assert response.status == 200
+        for sock in silent:
+            sock.close()
+        time.sleep(0.5)
+
+        # Their places are free again: the address's requests are served.
+        for _ in range(9):
+            with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(100).startswith(b"HTTP/1.1 200")
