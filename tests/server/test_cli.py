@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -259,34 +260,21 @@ def test_the_loop_asked_for_is_the_loop_serve_runs_and_a_missing_uvloop_is_a_usa
         assert chosen == [event_loop.EventLoopChoice.asyncio]
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_a_port_in_use_is_one_line_and_status_1_not_a_traceback(workers, tmp_path):
-    import socket
-    import subprocess
-    import sys
+def _serve_once(*flags: str) -> subprocess.CompletedProcess:
+    """``serve`` with the scripted engine and ``flags``, run to its end (a start that fails)."""
+    command = [sys.executable, "-c", LAUNCH, "serve", "--engine", "scripted", *flags]
+    env = {**os.environ, "COLUMNS": "200"}  # typer's usage errors are boxed to the terminal's width
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
 
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_in_use_is_one_line_and_status_1_not_a_traceback(workers):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = str(taken.getsockname()[1])
     try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                LAUNCH,
-                "serve",
-                "--engine",
-                "scripted",
-                "--port",
-                port,
-                "--workers",
-                workers,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = _serve_once("--port", port, "--workers", workers)
     finally:
         taken.close()
     said = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
@@ -295,28 +283,8 @@ def test_a_port_in_use_is_one_line_and_status_1_not_a_traceback(workers, tmp_pat
 
 
 def test_a_tls_file_that_cannot_be_loaded_is_a_usage_error_in_either_mode(tmp_path):
-    import subprocess
-    import sys
-
+    missing = ["--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "missing.key")]
     for workers in ("1", "2"):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                LAUNCH,
-                "serve",
-                "--engine",
-                "scripted",
-                "--port",
-                "0",
-                "--workers",
-                workers,
-            ]
-            + ["--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "missing.key")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "COLUMNS": "200"},
-        )
+        done = _serve_once("--port", "0", "--workers", workers, *missing)
         assert done.returncode == 2, done.stderr[-2000:]
         assert "--tls-cert/--tls-key cannot be loaded" in done.stderr and "Traceback" not in done.stderr
