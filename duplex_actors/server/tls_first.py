@@ -104,7 +104,7 @@ class TlsAfterCounting(PacedConnection):
             transport.abort()
             return
         super().connection_made(encrypted)
-        holder.hand_over(self)
+        holder.hand_over(self, encrypted)
         # Last: uvloop passes what it holds to a new protocol as it is set.
         encrypted.set_protocol(self)
 
@@ -140,12 +140,13 @@ class _Holder(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = (exc,)
 
-    def hand_over(self, connection: asyncio.Protocol) -> None:
-        for data in self._received:
-            connection.data_received(data)
+    def hand_over(self, connection: asyncio.Protocol, transport: asyncio.BaseTransport) -> None:
+        if not transport.is_closing():  # not for a connection that refused itself as it was made
+            for data in self._received:
+                connection.data_received(data)
+            if self._eof:
+                connection.eof_received()
         self._received.clear()
-        if self._eof:
-            connection.eof_received()
         if self._lost is not None:
             connection.connection_lost(self._lost[0])
 
