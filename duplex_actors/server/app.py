@@ -90,7 +90,6 @@ from .config import (
 )
 from .connection import paced_connection
 from .console import ConsoleRoutes
-from .guard import count_refusal
 from .http_gate import HttpGate, _address, _tenant
 from .inflate import deflate_extensions
 from .loop_share import LoopShare
@@ -475,14 +474,11 @@ class RealtimeServer:
             address = peername_ip(sock.getpeername())
         except OSError:  # the client is gone already
             address = "?"
-        if handshakes is not None:
-            refusal = handshakes.enter(address)
-            if refusal is not None:
-                count_refusal("handshakes", address, refusal)
-                sock.close()  # no plaintext to say why in
-                if handed_id is not None and self.front_link is not None:
-                    self.front_link.released(handed_id)
-                return
+        if handshakes is not None and handshakes.admit(address) is not None:
+            sock.close()  # no plaintext to say why in
+            if handed_id is not None and self.front_link is not None:
+                self.front_link.released(handed_id)
+            return
         try:
             await loop.connect_accepted_socket(
                 made, sock, ssl=self._ssl, ssl_handshake_timeout=self.config.handshake_timeout_s

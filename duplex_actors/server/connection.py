@@ -136,9 +136,8 @@ class PacedConnection(ServerConnection):
         self._opening: str | None = None  # the address counted in ``handshakes`` until the request
         if self.handshakes is not None:
             address = peername_ip(self.remote_address)
-            refusal = self.handshakes.enter(address)
+            refusal = self.handshakes.admit(address)
             if refusal is not None:
-                count_refusal("handshakes", address, refusal)
                 self._refuse_http(503, "Service Unavailable", refusal, retry_after=1)
             else:
                 self._opening = address

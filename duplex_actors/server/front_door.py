@@ -23,7 +23,7 @@ import structlog
 from . import raw_http
 from .client_address import peername_ip
 from .front_ledger import FrontLedger
-from .guard import PendingHandshakes, count_refusal
+from .guard import PendingHandshakes
 from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
 from .worker_liveness import PING_INTERVAL_S, Liveness, time_away
@@ -224,9 +224,8 @@ class FrontDoor:
             else:
                 if self.handshakes is not None:
                     address = peername_ip(conn.getpeername())
-                    refusal = self.handshakes.enter(address)
+                    refusal = self.handshakes.admit(address)
                     if refusal is not None:
-                        count_refusal("handshakes", address, refusal)
                         conn.send(raw_http.refusal(503, "Service Unavailable", refusal, retry_after=1))
                         return
                     counted = address

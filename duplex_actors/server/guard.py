@@ -477,6 +477,13 @@ class PendingHandshakes:
         self._count += 1
         return None
 
+    def admit(self, address: str) -> str | None:
+        """:meth:`enter`, with a refusal counted and logged (count_refusal) as the edge's own."""
+        refusal = self.enter(address)
+        if refusal is not None:
+            count_refusal("handshakes", address, refusal)
+        return refusal
+
     def leave(self, address: str) -> None:
         """The connection :meth:`enter` admitted has sent its request, or is gone."""
         if self.exempt is not None and self.exempt(address):

@@ -26,7 +26,6 @@ from websockets.asyncio.server import ServerConnection
 
 from .client_address import peername_ip
 from .connection import PacedConnection
-from .guard import count_refusal
 
 log = structlog.get_logger("duplex_actors.server.tls_first")
 
@@ -41,12 +40,9 @@ class TlsAfterCounting(PacedConnection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's is not registered as one
         address = peername_ip(transport.get_extra_info("peername"))
-        if self.handshakes is not None:
-            refusal = self.handshakes.enter(address)
-            if refusal is not None:
-                count_refusal("handshakes", address, refusal)
-                transport.abort()
-                return
+        if self.handshakes is not None and self.handshakes.admit(address) is not None:
+            transport.abort()
+            return
         # start_tls must take the transport over now, inside connection_made: uvloop starts
         # reading as soon as it returns (a pause asked for here is ignored), and a ClientHello
         # read before start_tls had run would reach this websocket connection as plaintext. So

@@ -213,6 +213,8 @@ class WorkerSettings:
 #: SIGTERM, the second was taken for an operator's second signal and cut the drain short, so
 #: the responses in flight ended cancelled.
 FRONT_GONE_SIGNAL = signal.SIGUSR2
+#: Every signal a worker or the engine process takes as "stop": an operator's and the front's death.
+_CHILD_STOP_SIGNALS = (*STOP_SIGNALS, FRONT_GONE_SIGNAL)
 
 
 def _become_child(name: str) -> None:
@@ -243,7 +245,7 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (*STOP_SIGNALS, FRONT_GONE_SIGNAL):
+        for signum in _CHILD_STOP_SIGNALS:
             loop.add_signal_handler(signum, stop.set)
         try:
             # Stopped with the workers (every process got the signal), it stays while they are
@@ -394,7 +396,7 @@ def _ignore_stop_signals() -> None:
     # Our work is done; a SIGTERM from the parent arriving while asyncio.run tears the loop down
     # would otherwise hit a closed wakeup fd and print a traceback, and a late FRONT_GONE_SIGNAL
     # would end the process by its default action.
-    for signum in (*STOP_SIGNALS, FRONT_GONE_SIGNAL):
+    for signum in _CHILD_STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 
