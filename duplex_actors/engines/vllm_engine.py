@@ -53,6 +53,7 @@ from ..core.engine_io import (
 )
 from ..core.fence import Fence
 from ..errors import EngineFailed
+from ..orphan_guard import OrphanGuard
 from .base import EngineCapabilities
 
 log = structlog.get_logger(__name__)
@@ -180,6 +181,7 @@ class VllmEngine:
         )
         self._prompt_builder = prompt_builder
         self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._guard: OrphanGuard | None = None
         self._vllm: Any = None  # the lazily imported names, see _import_vllm()
         self._fast_encode: Callable[[str], list[int]] | None = None
         self._inflight: set[str] = set()
@@ -242,6 +244,9 @@ class VllmEngine:
             except Exception as exc:
                 self._llm = None
                 raise EngineFailed(f"vLLM engine failed to start for {cfg.model!r}: {exc}") from exc
+            # vLLM's engine core is a process of its own that outlives this one if this one is
+            # killed (SIGKILL runs no shutdown): a watcher ends it then (orphan_guard.py).
+            self._guard = OrphanGuard.start(self.engine_process_ids(), label="vLLM's engine core")
             self._check_fast_encoder()
             self.starts += 1
             self._log.info(
@@ -279,6 +284,9 @@ class VllmEngine:
             llm.output_processor.propagate_error(self._vllm.EngineDeadError())
         # shutdown() joins processes (seconds): keep it off the event loop.
         await asyncio.to_thread(llm.shutdown)
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            await asyncio.to_thread(guard.stop)
         self._load = SchedulerLoad()
         self._log.info("vllm.shutdown", seconds=round(time.perf_counter() - started, 2))
 
@@ -308,6 +316,12 @@ class VllmEngine:
     @property
     def scheduler_load(self) -> SchedulerLoad:
         return self._load
+
+    @property
+    def orphan_guard(self) -> OrphanGuard | None:
+        """The watcher that ends the engine-core processes if this process is killed (None
+        while stopped, or where it cannot run)."""
+        return self._guard
 
     def engine_process_ids(self) -> tuple[int, ...]:
         """The engine-core process ids (to watch or, in tests, to kill)."""

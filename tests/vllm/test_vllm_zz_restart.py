@@ -24,10 +24,22 @@ from .support import (
 pytestmark = pytest.mark.vllm
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a stopped watcher is waited for by its owner)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_engine_death_fails_in_flight_streams_and_start_restarts(vllm):
     engine = vllm.engine
     victims = [make_request(2000) for _ in range(2)]
     starts_before = engine.starts
+    old_guard = engine.orphan_guard
+    assert old_guard is not None and old_guard.pids == tuple(sorted(engine.engine_process_ids()))
 
     async def crash():
         streaming = asyncio.Event()
@@ -64,6 +76,11 @@ def test_engine_death_fails_in_flight_streams_and_start_restarts(vllm):
 
     vllm.run(engine.start(), timeout=300)
     assert engine.running and engine.starts == starts_before + 1
+    # The dead engine's watcher was stopped, not left beside the new engine's.
+    assert not _alive(old_guard.watcher_pid)
+    new_guard = engine.orphan_guard
+    assert new_guard is not None and _alive(new_guard.watcher_pid)
+    assert new_guard.pids == tuple(sorted(engine.engine_process_ids()))
     request = make_request(8)
     outputs = vllm.run(collect(engine, request))
     check_protocol(outputs, request.request_id)
@@ -89,9 +106,12 @@ def test_aclose_ends_in_flight_streams_with_aborted(vllm):
         await asyncio.wait_for(task, 10)
         return outputs
 
+    guard = engine.orphan_guard
+    assert guard is not None
     outputs = vllm.run(scenario())
     check_protocol(outputs, request.request_id)
     assert isinstance(outputs[-1], Aborted)
     assert not engine.running
+    assert engine.orphan_guard is None and not _alive(guard.watcher_pid)
     # Started again by the fixture for any later test; closing twice is harmless.
     vllm.run(engine.aclose())
