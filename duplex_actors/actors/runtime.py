@@ -20,6 +20,7 @@ import structlog
 from ..audio.turn_pieces import MAX_PIECE_S
 from ..core import commands as cmd
 from ..core.actions import InputTranscript, TranscribeInput
+from ..core.audio_budget import AudioBudget
 from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import SamplingOverrides
 from ..core.events import ServerEvent
@@ -51,6 +52,11 @@ _append_of = cmd.AppendAudio.of
 #: ~1 MB each (~20 s of replay) and a hundred are not touched; a client opening sessions only
 #: to fill their journals gets this much, not 8 MiB a session.
 JOURNAL_BUDGET_BYTES = 1 << 30
+#: What all sessions' buffered and committed input audio may hold together (core/audio_budget.py):
+#: a session holds up to about 7.7 MB of it, so a client holding many sessions, or many clients,
+#: could hold far more than a machine has. Within it, 1,000 sessions may each hold 33 s at 16 kHz
+#: before the ones holding the most are refused.
+AUDIO_BUDGET_BYTES = 1 << 30
 #: Sessions the reaper looks at before it lets the loop run again (a slice never stalls it).
 REAP_SLICE = 500
 
@@ -255,6 +261,7 @@ class Runtime:
         transcription_backlog_s: float = 30.0,
         transcription_piece_s: float = MAX_PIECE_S,
         journal_budget_bytes: int | None = JOURNAL_BUDGET_BYTES,
+        audio_budget_bytes: int | None = AUDIO_BUDGET_BYTES,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         """``gc_policy``: keep the cyclic collector's pauses off the hot path (see
@@ -268,7 +275,12 @@ class Runtime:
         ``journal_budget_bytes``: what all sessions' replay journals may hold together (the
         bytes they count); past it the sessions journaling the most give up the oldest part of
         their replay first (core/journal.py, JournalBudget). None: each journal's own bound
-        only, which a client opening many sessions multiplies."""
+        only, which a client opening many sessions multiplies.
+
+        ``audio_budget_bytes``: what all sessions' buffered and committed input audio may hold
+        together; past it a client holding more than its share (split by tenant) has its
+        appends refused as backpressure (core/audio_budget.py). None: each session's own
+        bounds only, which a client opening many sessions multiplies."""
         if engine is None:
             from ..engines.scripted import ScriptedEngine
 
@@ -291,6 +303,7 @@ class Runtime:
         #: each session's backlog bounded in seconds of audio (actors/transcription_queue.py).
         self._transcripts = TranscriptionQueue(transcription_backlog_s, max_piece_s=transcription_piece_s)
         self.journal_budget = None if journal_budget_bytes is None else JournalBudget(journal_budget_bytes)
+        self.audio_budget = None if audio_budget_bytes is None else AudioBudget(audio_budget_bytes)
         self._transcription_workers = max(1, getattr(transcriber, "max_concurrent", 1))
         self._transcribing = 0  # worker tasks started (lazily: most servers never transcribe)
         self._decoding = 0  # pieces being decoded now
@@ -436,13 +449,20 @@ class Runtime:
             if "sampling" in overrides and isinstance(overrides["sampling"], dict):
                 overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
             config = attrs.evolve(config, **overrides)
+        session_id = self.session_ids()
+        budget = self.audio_budget
         core = SessionCore(
-            self.session_ids(),
+            session_id,
             config,
             self.clock,
             owner=owner,
             tenant=tenant,
             journal_budget=self.journal_budget,
+            # A session with no tenant is a client of its own (its id cannot be a tenant's
+            # name: the server's tenants are keyed digests and addresses).
+            audio_account=None
+            if budget is None
+            else budget.join(tenant if tenant is not None else session_id),
         )
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor
@@ -492,7 +512,7 @@ class Runtime:
             self.closed += 1
             self._transcripts.forget(actor.session_id)  # nobody is left to tell
             self._discard_speculation(actor.session_id)
-            actor.core.release_journal_budget()  # a closed session is never resumed
+            actor.core.release_budgets()  # a closed session is never resumed
             for listener in self._close_listeners:
                 try:
                     listener(actor.session_id)

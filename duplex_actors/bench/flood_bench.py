@@ -994,6 +994,91 @@ async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
             return report
 
 
+async def _run_held_audio(sessions: int, addresses: int, budget_mb: int | None) -> dict:
+    """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
+    X-Forwarded-For) each fill their input audio with G.711 mu-law (1 s frames until refused),
+    commit it, and fill it again: what sessions hold when clients never ask for a response.
+    The audio pacing is off, so the fill takes seconds, not minutes; what is held is the same."""
+    from websockets.asyncio.client import connect
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    budget = None if budget_mb is None else budget_mb << 20
+    second = base64.b64encode(b"\xff" * 8000).decode()  # 1 s of mu-law quiet
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": second})
+    update = json.dumps(
+        {"type": "session.update", "session": {"input_audio_format": "g711_ulaw", "turn_detection": None}}
+    )
+    sent = 0
+
+    async def fill(ws) -> None:
+        # Frames until the first refusal: each is answered by an error only when refused.
+        nonlocal sent
+        while True:
+            await ws.send(append)
+            sent += len(append)
+            with contextlib.suppress(TimeoutError):
+                event = json.loads(await asyncio.wait_for(ws.recv(), 0.002))
+                if event["type"] == "error":
+                    while True:  # the refusals of the frames still in flight
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(ws.recv(), 0.05)
+                            continue
+                        return
+
+    async def open_one(i: int) -> Any:
+        headers = {"X-Forwarded-For": f"10.1.{i % addresses // 250}.{i % addresses % 250 + 1}"}
+        ws = await connect(
+            server.url, max_size=None, ping_interval=None, open_timeout=60, additional_headers=headers
+        )
+        await ws.recv()
+        await ws.send(update)
+        while json.loads(await ws.recv())["type"] != "session.updated":
+            pass
+        return ws
+
+    async def client(ws) -> Any:
+        await fill(ws)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while json.loads(await ws.recv())["type"] != "input_audio_buffer.committed":
+            pass
+        await fill(ws)
+        return ws
+
+    async with Runtime(ScriptedEngine(record=False), audio_budget_bytes=budget) as rt:
+        config = ServerConfig(
+            port=0,
+            audio_intake_rate=None,
+            trusted_proxies=("127.0.0.1/32",),
+            exempt_networks=("192.0.2.0/24",),  # none of the clients: every limit counts them
+            max_sessions_per_address=sessions,
+        )
+        async with RealtimeServer(rt, config) as server:
+            rss_before = rss_mb()
+            began = time.perf_counter()
+            opened = [await open_one(i) for i in range(sessions)]  # all open before any fills
+            clients = await asyncio.gather(*map(client, opened))
+            import gc
+
+            gc.collect()
+            report = {
+                "sessions": sessions,
+                "addresses": addresses,
+                "budget_mb": budget_mb,
+                "seconds": time.perf_counter() - began,
+                "sent_mb": sent / 2**20,
+                "held_mb": sum(h.core._input.nbytes + h.core._committed.nbytes for h in rt.sessions())
+                / 2**20,
+                "rss_before_mb": rss_before,
+                "rss_after_mb": rss_mb(),
+            }
+            for ws in clients:
+                ws.transport.abort()
+            return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
@@ -1068,6 +1153,16 @@ def main(argv: list[str] | None = None) -> int:
         help="open N sessions and fill their replay journals (memory, against --journal-budget-mb)",
     )
     ap.add_argument("--journal-budget-mb", type=int, default=1024, help="--journals: the runtime's budget")
+    ap.add_argument(
+        "--held-audio",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N sessions fill their input audio with G.711, commit, fill again (memory, against "
+        "--audio-budget-mb; --policy off: no budget)",
+    )
+    ap.add_argument("--addresses", type=int, default=8, help="--held-audio: client addresses")
+    ap.add_argument("--audio-budget-mb", type=int, default=1024, help="--held-audio: the runtime's budget")
     ap.add_argument("--churn", action="store_true", help="open and close sessions flat out (own key)")
     ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
     ap.add_argument("--connect-rate", type=float, default=20.0, help="--churn: the flooder key's rate (on)")
@@ -1141,6 +1236,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
             f"(counted); server RSS {j['rss_before_mb']:.1f} -> {j['rss_after_mb']:.1f} MiB "
             f"(+{j['rss_after_mb'] - j['rss_before_mb']:.1f}) in {j['seconds']:.1f} s",
+            flush=True,
+        )
+        return 0
+    if args.held_audio:
+        budget_mb = args.audio_budget_mb if args.policy == "on" else None
+        h = event_loop.run(_run_held_audio(args.held_audio, args.addresses, budget_mb), args.loop)
+        print(
+            f"{h['sessions']} sessions from {h['addresses']} addresses holding G.711 input audio, budget "
+            f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: {h['sent_mb']:.0f} MiB sent, the "
+            f"sessions hold {h['held_mb']:.1f} MiB of audio; process RSS {h['rss_before_mb']:.1f} -> "
+            f"{h['rss_after_mb']:.1f} MiB (+{h['rss_after_mb'] - h['rss_before_mb']:.1f}) in {h['seconds']:.1f} s",
             flush=True,
         )
         return 0

@@ -7,20 +7,30 @@ keep a reference to the (immutable) chunk and join once when the audio is taken
 
 It answers the bytearray operations the core uses on its input (``+=``, ``len``, ``bytes``,
 a prefix slice and deleting a prefix), so the core reads the same either way, plus
-:meth:`InputBuffer.keep_last`, the window server VAD keeps while nobody speaks.
+:meth:`InputBuffer.keep_last`, the window server VAD keeps while nobody speaks, and
+:meth:`InputBuffer.clear`. Given an :class:`~.audio_budget.AudioAccount`, every change of its
+size is added to the account as it happens, so the runtime's audio budget counts exactly what
+the buffers hold.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .audio_budget import AudioAccount
+
 
 class InputBuffer:
-    __slots__ = ("_chunks", "nbytes")
+    __slots__ = ("_chunks", "nbytes", "account")
 
-    def __init__(self) -> None:
+    def __init__(self, account: AudioAccount | None = None) -> None:
         self._chunks: list[bytes] | None = None  # created on first audio: idle sessions stay small
         #: Bytes held: what ``len()`` answers, readable without a call (every append's
         #: input_fits check reads it).
         self.nbytes = 0
+        #: Told every change of ``nbytes`` (None: counted nowhere).
+        self.account = account
 
     def __iadd__(self, pcm: bytes) -> InputBuffer:
         if pcm:
@@ -33,7 +43,12 @@ class InputBuffer:
                 self._chunks = [pcm]
             else:
                 chunks.append(pcm)
-            self.nbytes += len(pcm)
+            n = len(pcm)
+            self.nbytes += n
+            account = self.account
+            if account is not None:  # AudioAccount.add, inline: this runs on every append
+                account.held += n
+                account.budget.total += n
         return self
 
     def __len__(self) -> int:
@@ -62,7 +77,7 @@ class InputBuffer:
             raise TypeError("InputBuffer can only drop a prefix: del buf[:n]")
         rest = bytes(self)[key.stop :]
         self._chunks = [rest] if rest else None
-        self.nbytes = len(rest)
+        self._resized(len(rest))
 
     def keep_last(self, size: int) -> None:
         """Forget all but the newest ``size`` bytes (an even number: whole samples).
@@ -81,9 +96,44 @@ class InputBuffer:
         del chunks[:dropped]
         if excess:
             chunks[0] = chunks[0][excess:]
-        self.nbytes = size
+        self._resized(size)
         if not chunks:
             self._chunks = None
+
+    def move_into(self, other: InputBuffer) -> None:
+        """Hand every chunk to ``other``, after its own, without copying them (a commit).
+
+        Joining them instead copied the audio and freed the chunks: their memory, scattered
+        between other sessions' chunks, stayed with the process (glibc gives back only whole
+        free pages, and only at a trim), so a server whose clients committed and were then
+        refused more by the audio budget held far more than its buffers did."""
+        chunks = self._chunks
+        if not chunks:
+            return
+        nbytes = self.nbytes
+        self._chunks = None
+        self._resized(0)
+        if other._chunks is None:
+            other._chunks = chunks
+        else:
+            other._chunks.extend(chunks)
+        other._resized(other.nbytes + nbytes)
+
+    def clear(self) -> None:
+        """Forget everything held."""
+        self._chunks = None
+        self._resized(0)
+
+    def detach(self) -> None:
+        """Give what is held back to the account and count nothing more (its session closed)."""
+        if self.account is not None:
+            self.account.add(-self.nbytes)
+            self.account = None
+
+    def _resized(self, nbytes: int) -> None:
+        if self.account is not None:
+            self.account.add(nbytes - self.nbytes)
+        self.nbytes = nbytes
 
     def __repr__(self) -> str:
         return f"InputBuffer(<{self.nbytes} bytes>)"

@@ -19,7 +19,6 @@ from .commands import (
     UpdateSession,
 )
 from .conversation import ContentPart, Item
-from .input_buffer import InputBuffer
 from .overlap import OverlapPolicy, OverlapVerdict
 from .session_config import SessionConfig
 from .session_parts import SessionParts
@@ -48,6 +47,19 @@ class InputEffects(SessionParts):
             return self._input.nbytes + len(command.pcm) <= self.config.max_input_bytes
         except AttributeError:
             return True
+
+    def _g_within_audio_budget(self, step: Step) -> bool:
+        account = self._audio_account
+        if account is None:
+            return True
+        command: AppendAudio = step.command  # type: ignore[assignment]
+        try:
+            n = len(command.pcm)
+        except AttributeError:
+            return True
+        budget = account.budget
+        # AudioBudget.allows, its first (and almost always deciding) test inline.
+        return budget.total + n <= budget.max_bytes or budget.allows(account, n)
 
     def _g_idle_deadline_passed(self, step: Step) -> bool:
         deadline = self._idle_deadline
@@ -150,7 +162,7 @@ class InputEffects(SessionParts):
         )
 
     def _fx_clear_input(self, step: Step) -> None:
-        self._input = InputBuffer()
+        self._input.clear()
         self._next_input_item = None
         self._emit(ev.InputCleared)
 
@@ -202,13 +214,15 @@ class InputEffects(SessionParts):
         # response.create all reach the engine (OpenAI's conversation keeps every user item),
         # within max_committed_bytes, the newest kept. Unbounded, a client that commits and
         # never asks for a response held all of it, and the bytes += copied it all each time.
-        audio = bytes(self._input)
-        self._input = InputBuffer()
+        buffered = self._input
+        nbytes = buffered.nbytes
+        # Only a transcription needs the audio as one piece; the chunks move as they are.
+        audio = bytes(buffered) if self.config.transcription is not None else b""
         committed = self._committed
-        committed += audio
+        buffered.move_into(committed)
         if len(committed) > self.config.max_committed_bytes:
             committed.keep_last(self.config.max_committed_bytes - self.config.max_committed_bytes % 2)
-        ms = int(len(audio) / 2 / self.config.sample_rate * 1000)
+        ms = int(nbytes / 2 / self.config.sample_rate * 1000)
         item = Item(
             id=self._input_item_id(), role="user", content=(ContentPart(type="input_audio", audio_ms=ms),)
         )

@@ -45,6 +45,14 @@ class ItemEffects(SessionParts):
     def _facts_answers_known_call(self, step: Step) -> dict[str, object]:
         return {"call_id": None if step.command is None else _answered_call(step.command)}
 
+    def _g_item_audio_within_budget(self, step: Step) -> bool:
+        # Total, as every guard: asked on any step, it reads the audio only a created item has.
+        account = self._audio_account
+        if account is None:
+            return True
+        audio = getattr(step.command, "audio", None)
+        return not audio or account.budget.allows(account, len(audio))
+
     def _g_input_items_known(self, step: Step) -> bool:
         return self._unknown_input_item(step) is None
 

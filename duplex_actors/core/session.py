@@ -46,6 +46,7 @@ from ..errors import (
 from . import events as ev
 from . import transcription_events as tev
 from .actions import AbortRequests, EngineAction, InputTranscript, SubmitTurn, TranscribeInput
+from .audio_budget import AudioAccount
 from .clock import MONOTONIC, Clock
 from .commands import (
     AppendAudio,
@@ -189,6 +190,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         "_input",
         "_input_ms",
         "_committed",
+        "_audio_account",
         "_outbox",
         "_actions",
         "_seq",
@@ -235,6 +237,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         owner: bytes | None = None,
         tenant: str | None = None,
         journal_budget: JournalBudget | None = None,
+        audio_account: AudioAccount | None = None,
     ) -> None:
         self.session_id = session_id
         #: Whom the session's work counts against at shared resources (the engine's slots,
@@ -250,9 +253,11 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         # owner: digest of the API key that opened the session; resumes must present it.
         self.lease = Lease(now, self.config.idle_ttl_s, self.config.disconnect_grace_s, owner)
         self._state = "idle"
-        self._input = InputBuffer()
+        # Both buffers count against the runtime's audio budget through the client's account.
+        self._audio_account = audio_account
+        self._input = InputBuffer(audio_account)
         self._input_ms = 0.0  # audio ms received since the session opened (VAD timeline)
-        self._committed = InputBuffer()  # committed, not yet sent with a model turn
+        self._committed = InputBuffer(audio_account)  # committed, not yet sent with a model turn
         self._outbox = Outbox(self.config.outbox_capacity, self.config.outbox_reserve)
         self._actions: list[EngineAction] = []
         self._seq = 0
@@ -598,9 +603,16 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         if the session had gone on talking."""
         return self._journal.expire(self.clock.now())
 
-    def release_journal_budget(self) -> None:
-        """The session has closed: its journal stops counting against the runtime's budget."""
+    def release_budgets(self) -> None:
+        """The session has closed: its journal stops counting against the runtime's journal
+        budget, and its input audio against the audio budget (its client's share is then split
+        among one client fewer once it was the client's last session)."""
         self._journal.release()
+        account, self._audio_account = self._audio_account, None
+        if account is not None:
+            self._input.detach()
+            self._committed.detach()
+            account.leave()
 
     @property
     def journaled_events(self) -> int:
@@ -775,8 +787,8 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         reason = self._reason(step) if step.command is not None or step.reason else "closed"
         self._close_reason = reason
         self._idle_deadline = None
-        self._input = InputBuffer()
-        self._committed = InputBuffer()
+        self._input.clear()
+        self._committed.clear()
         self._pending_text = {}
         self._pending_chars = 0
         self._conversation.clear()

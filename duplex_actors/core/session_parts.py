@@ -26,6 +26,7 @@ from .function_calls import FunctionCallRegistry
 if TYPE_CHECKING:
     from . import events as ev
     from .actions import EngineAction
+    from .audio_budget import AudioAccount
     from .clock import Clock
     from .conversation import Conversation, Item
     from .engine_io import EngineOutput, FunctionTool, SamplingOverrides, TurnKind
@@ -66,6 +67,7 @@ class SessionParts:
     _input: InputBuffer
     _input_ms: float
     _committed: InputBuffer
+    _audio_account: AudioAccount | None
     _outbox: Outbox
     _actions: list[EngineAction]
     _seq: int

@@ -166,6 +166,18 @@ class Check:
 CHECKS: Mapping[str, Check] = {
     "audio_at_session_rate": Check(InvalidCommand, "the audio is not at this session's sample rate"),
     "input_fits": Check(Backpressure, "the input buffer would exceed max_input_bytes; commit or clear first"),
+    # The runtime's audio budget (audio_budget.py): refused only while it is spent and this
+    # client holds more than its share of it.
+    "within_audio_budget": Check(
+        Backpressure,
+        "the server holds all the input audio it may, and this client more than its share: "
+        "commit, clear or wait for a response before sending more",
+    ),
+    "item_audio_within_budget": Check(
+        Backpressure,
+        "the server holds all the input audio it may, and this client more than its share: "
+        "the item's audio does not fit",
+    ),
     # Refused as an id nobody opened is: telling the two apart tells a key which ids are live.
     "resume_key_matches": Check(UnknownSession, NO_SUCH_SESSION),
     "resume_generation_current": Check(
@@ -191,7 +203,7 @@ CHECKS: Mapping[str, Check] = {
     "played_ms_monotonic": Check(InvalidCommand, "played_ms cannot go backwards"),
 }
 
-APPEND_CHECKS = ["audio_at_session_rate", "input_fits"]
+APPEND_CHECKS = ["audio_at_session_rate", "input_fits", "within_audio_budget"]
 
 # Rows are tried in order for a (state, trigger): the first whose guards hold wins.
 TRANSITIONS = [
@@ -584,7 +596,7 @@ PRECONDITIONS: Mapping[str, tuple[str, ...]] = {
     **{t: FENCE_CHECKS for t in sorted(CLIENT_TRIGGERS - {"close"})},
     # An output answers one of this session's calls (a function_call_output item, too).
     "function_output": (*FENCE_CHECKS, "answers_known_call"),
-    "create_item": (*FENCE_CHECKS, "answers_known_call"),
+    "create_item": (*FENCE_CHECKS, "answers_known_call", "item_audio_within_budget"),
     # A response over its own context (GA response.input) names items the session holds.
     "create_response": (*FENCE_CHECKS, "input_items_known"),
     # What the client played of a response never goes backwards.

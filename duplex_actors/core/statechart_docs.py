@@ -79,6 +79,14 @@ WHY = {
 GUARD_DOCS = {
     "audio_at_session_rate": "the appended audio is at the session's sample rate",
     "input_fits": "the appended audio fits in the input buffer (max_input_bytes)",
+    "within_audio_budget": (
+        "the runtime's audio budget has room for the appended audio, or this client holds no more "
+        "than its share of it"
+    ),
+    "item_audio_within_budget": (
+        "a created item carries no audio, or the runtime's audio budget has room for it, or this "
+        "client holds no more than its share of it"
+    ),
     "has_buffered_audio": "user audio is buffered (not yet committed)",
     "auto_respond": "server VAD's end of speech starts a response (turn_detection.create_response)",
     "server_vad": "server VAD decides the end of the user's turn",

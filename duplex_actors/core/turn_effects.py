@@ -23,7 +23,6 @@ from .engine_io import (
     ModelTurnRequest,
     TurnKind,
 )
-from .input_buffer import InputBuffer
 from .session_parts import SessionParts
 from .step import Step
 
@@ -99,7 +98,7 @@ class TurnEffects(SessionParts):
         # Out of band, or on its own context, a response leaves the pending turn (read, not
         # taken) for the default conversation's next response.
         if asked is None or (asked.input is None and not asked.out_of_band):
-            self._committed = InputBuffer()
+            self._committed.clear()
             results = () if self._calls is None else self._calls.take_results()
             self._pending_text = {}
             self._pending_chars = 0

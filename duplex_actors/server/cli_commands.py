@@ -133,6 +133,13 @@ def register(app: typer.Typer) -> None:
             help="MiB all sessions' replay journals may hold together (per --workers); past it the "
             "sessions journaling the most keep less replay (0: each session's own 8 MiB bound only)",
         ),
+        audio_budget_mb: int = typer.Option(
+            1024,
+            min=0,
+            help="MiB of input audio (buffered and committed) all sessions may hold together (per "
+            "--workers); past it a client holding more than its share gets input_backpressure "
+            "(0: each session's own bounds only)",
+        ),
         stall_timeout_s: float = typer.Option(
             15.0,
             help="restart the engine when a request produced nothing this long (0: off); "
@@ -387,6 +394,7 @@ def register(app: typer.Typer) -> None:
                             "stall_timeout_s": stall_timeout_s or None,
                             "transcription_backlog_s": transcription_backlog_s,
                             "journal_budget_bytes": (journal_budget_mb << 20) or None,
+                            "audio_budget_bytes": (audio_budget_mb << 20) or None,
                         },
                         gc_reclaim_s=gc_reclaim_s,
                         transcription_workers=transcription_workers,
@@ -416,6 +424,7 @@ def register(app: typer.Typer) -> None:
             "stall_timeout_s": stall_timeout_s or None,
             "transcription_backlog_s": transcription_backlog_s,
             "journal_budget_bytes": (journal_budget_mb << 20) or None,
+            "audio_budget_bytes": (audio_budget_mb << 20) or None,
             "transcription_workers": transcription_workers,
             "gc_reclaim_s": gc_reclaim_s,
         }

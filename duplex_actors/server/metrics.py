@@ -107,6 +107,14 @@ class _RuntimeCollector:
                 "journal budget (by the sessions journaling the most)",
                 value=budget.trimmed,
             )
+        audio = rt.audio_budget
+        if audio is not None:
+            yield GaugeMetricFamily(
+                "duplex_input_audio_bytes",
+                "Input audio (buffered and committed) all open sessions hold, counted against the "
+                "runtime's audio budget",
+                value=audio.total,
+            )
         yield GaugeMetricFamily(
             "duplex_server_session_records",
             "Sessions the websocket server keeps a record of (attached or awaiting resume)",

@@ -206,6 +206,19 @@ def test_flood_bench_churn_tiny(capsys):
 
 
 @pytest.mark.slow
+def test_flood_bench_held_audio_tiny(capsys):
+    """The held-audio flood runs end to end: with a budget of 8 MiB, 8 sessions from 2
+    addresses hold the budget (to the append), not the ~61 MiB their own bounds allow."""
+    from duplex_actors.bench import flood_bench
+
+    assert flood_bench.main(["--held-audio", "8", "--addresses", "2", "--audio-budget-mb", "8"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("8 sessions from 2 addresses holding G.711 input audio, budget 8 MiB")
+    held = float(line.split("the sessions hold ")[1].split(" MiB")[0])
+    assert 7.9 <= held <= 8.1, line  # within an append (32 KB) of the budget
+
+
+@pytest.mark.slow
 def test_flood_bench_responses_tiny():
     """The response flood runs serve's engine end to end: the flooder's sessions got responses,
     and the neighbour was answered with speech both alone and during the flood."""

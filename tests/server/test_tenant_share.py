@@ -393,3 +393,55 @@ async def test_a_handshake_held_by_the_loop_share_gives_its_opening_slot_back():
                 await recv_json(ws)
             assert not flooder_opened.is_set() and took < 0.7, took
         assert flooder_opened.is_set()
+
+
+MANUAL_TURNS = {
+    "type": "session.update",
+    "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+}
+
+
+async def _append_until_refused(ws, frame: str, most: int) -> tuple[int, dict | None]:
+    """Append ``frame`` until an error comes back (or ``most`` frames); (accepted, error)."""
+    for sent in range(most):
+        await ws.send(frame)
+        with anyio.move_on_after(0.02):
+            return sent, (await recv_until(ws, "error"))[-1]
+    return most, None
+
+
+async def test_a_clients_many_sessions_hold_one_clients_share_of_the_audio_budget():
+    # Before the runtime's audio budget, each session held its own 7.7 MB of input audio and a
+    # client multiplied that by its sessions: 512 sessions from 8 addresses grew serve by 4 GB.
+    # Sessions hold their audio at 16 kHz (the edge resamples the wire's 24 kHz): 3,200 bytes
+    # per 100 ms append, so this budget is 4.5 s.
+    budget = 144_000
+    async with running_server(runtime_kw={"audio_budget_bytes": budget}, api_keys=KEYS) as server:
+        flooders = [await connect(server.url, additional_headers=FLOODER) for _ in range(4)]
+        async with connect(server.url, additional_headers=NEIGHBOUR) as neighbour:
+            for ws in (*flooders, neighbour):
+                await recv_json(ws)
+                await ws.send(json.dumps(MANUAL_TURNS))
+                await recv_until(ws, "session.updated")
+            refusals = []
+            for ws in flooders:
+                _, error = await _append_until_refused(ws, append(0.1), most=40)
+                refusals.append(error)
+            budget_state = server.runtime.audio_budget
+            assert budget_state.clients == 2
+            assert any(refusals), "the flooder was never refused"
+            for error in filter(None, refusals):
+                assert error["error"]["code"] == "input_backpressure"
+                assert "more than its share" in error["error"]["message"]
+            flooder_held = budget_state._accounts[FLOODER_TENANT].held
+            assert flooder_held <= budget + 3200  # the budget, and one append over at most
+            # The neighbour, within its half, is not refused, though the budget is spent.
+            accepted, error = await _append_until_refused(neighbour, append(0.1), most=10)
+            assert error is None and accepted == 10
+            neighbour_held = budget_state._accounts[NEIGHBOUR_TENANT].held
+            assert budget_state.total == flooder_held + neighbour_held > budget
+            assert 9 * 3200 < neighbour_held <= 10 * 3200
+            for ws in flooders:
+                await ws.close()
+        await anyio.sleep(0.2)
+        assert (server.runtime.audio_budget.total, server.runtime.audio_budget.clients) == (0, 0)

@@ -1,0 +1,202 @@
+"""The runtime-wide audio budget (core/audio_budget.py) as a ledger over real session cores.
+
+Sessions of a few clients append, commit, clear, ask for responses, create items with audio
+and close, in any order. What must hold after every step: the budget counts exactly what the
+open sessions' buffers hold, each client's account what its own sessions hold, and the
+clients it splits by are those with a session open; an append or an item is refused for the
+budget exactly when the total would pass the budget and the client would pass its share; a
+client within its share is never refused, whatever the others hold.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplex_actors.actors.runtime import Runtime
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.audio_budget import AudioBudget
+from duplex_actors.core.conversation import ContentPart, Item
+from duplex_actors.core.session import SessionCore
+from duplex_actors.core.session_config import SessionConfig
+from duplex_actors.core.statechart import CHECKS
+from duplex_actors.engines.scripted import ScriptedEngine
+from duplex_actors.errors import Backpressure, DuplexError
+
+BUDGET = 40_000
+#: Own bounds far from the budget's, so what refuses here is the budget (or, rarely, these).
+CONFIG = SessionConfig(respond_on_commit=False, max_input_bytes=30_000, max_committed_bytes=30_000)
+BUDGET_REFUSAL = CHECKS["within_audio_budget"].message
+ITEM_REFUSAL = CHECKS["item_audio_within_budget"].message
+
+_size = st.one_of(st.integers(1, 400), st.integers(2_000, 9_000)).map(lambda n: n * 2)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("open"), st.integers(0, 2)),
+        st.tuples(st.just("append"), st.integers(0, 9), _size),
+        st.tuples(st.just("append"), st.integers(0, 9), _size),
+        st.tuples(st.just("append"), st.integers(0, 9), _size),
+        st.tuples(st.just("item"), st.integers(0, 9), _size),
+        st.tuples(st.just("commit"), st.integers(0, 9)),
+        st.tuples(st.just("clear"), st.integers(0, 9)),
+        st.tuples(st.just("respond"), st.integers(0, 9)),
+        st.tuples(st.just("close"), st.integers(0, 9)),
+    ),
+    min_size=10,
+    max_size=80,
+)
+
+
+class _Sessions:
+    def __init__(self, budget: AudioBudget) -> None:
+        self.budget = budget
+        self.open: list[tuple[str, SessionCore]] = []
+        self.count = 0
+
+    def add(self, client: str) -> None:
+        self.count += 1
+        core = SessionCore(f"s{self.count}", CONFIG, audio_account=self.budget.join(client))
+        self.open.append((client, core))
+
+    def close(self, index: int) -> None:
+        client, core = self.open.pop(index)
+        core.handle(cmd.Close())
+        core.release_budgets()
+
+    def held(self, client: str | None = None) -> int:
+        return sum(
+            core._input.nbytes + core._committed.nbytes for c, core in self.open if client in (None, c)
+        )
+
+
+def _audio_item(n: int) -> cmd.CreateItem:
+    item = Item(id="", role="user", content=(ContentPart(type="input_audio", audio_ms=n // 32),))
+    return cmd.CreateItem(item=item, audio=bytes(n))
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_the_budget_counts_exactly_what_the_buffers_hold_and_refuses_only_over_share(operations):
+    budget = AudioBudget(BUDGET)
+    sessions = _Sessions(budget)
+    for client in ("a", "b"):
+        sessions.add(client)
+    for op in operations:
+        if op[0] == "open":
+            sessions.add("abc"[op[1]])
+            continue
+        if not sessions.open:
+            continue
+        index = op[1] % len(sessions.open)
+        client, core = sessions.open[index]
+        account = core._audio_account
+        if op[0] in ("append", "item"):
+            n = op[2]
+            total, held, clients = budget.total, account.held, budget.clients
+            over = total + n > BUDGET and (held + n) * clients > BUDGET
+            if op[0] == "append":
+                command: cmd.Command = cmd.AppendAudio(pcm=bytes(n), sample_rate=CONFIG.sample_rate)
+                fits = core._input.nbytes + n <= CONFIG.max_input_bytes
+                # The session's own bound is checked first, then the budget.
+                expected = CHECKS["input_fits"].message if not fits else BUDGET_REFUSAL if over else None
+            else:
+                command = _audio_item(n)
+                expected = ITEM_REFUSAL if over else None
+            try:
+                core.handle(command)
+            except Backpressure as err:
+                assert str(err) == expected, (op, total, held, clients)
+                assert budget.total == total and account.held == held  # refused: nothing changed
+            else:
+                assert expected is None, (op, total, held, clients)
+        elif op[0] == "close":
+            sessions.close(index)
+        else:
+            other = {"commit": cmd.CommitInput(), "clear": cmd.ClearInput(), "respond": cmd.CreateResponse()}
+            try:
+                core.handle(other[op[0]])
+            except DuplexError:
+                pass  # e.g. a commit with nothing buffered, a response while one runs
+        assert budget.total == sessions.held()
+        # Those within their share hold at most the budget between them: twice it in all.
+        assert budget.total <= 2 * BUDGET + 18_000
+        clients = {c for c, _ in sessions.open}
+        assert budget.clients == len(clients)
+        for c in clients:
+            account = next(core._audio_account for cc, core in sessions.open if cc == c)
+            assert account.held == sessions.held(c)
+    for index in reversed(range(len(sessions.open))):
+        sessions.close(index)
+    assert (budget.total, budget.clients) == (0, 0)
+
+
+def test_a_client_within_its_share_is_never_refused_however_much_another_holds():
+    budget = AudioBudget(100_000)
+    flooder = [SessionCore(f"f{i}", CONFIG, audio_account=budget.join("flooder")) for i in range(8)]
+    neighbour = SessionCore("n", CONFIG, audio_account=budget.join("neighbour"))
+    refused = 0
+    for _ in range(20):
+        for core in flooder:
+            try:
+                core.handle(cmd.AppendAudio(pcm=bytes(4_000), sample_rate=16000))
+            except Backpressure as err:
+                assert str(err) == BUDGET_REFUSAL
+                refused += 1
+    # Alone in using it, the flooder may fill the budget, but not the 8 x 30,000 its sessions'
+    # own bounds allow.
+    assert refused > 0 and budget.total == 100_000
+    for _ in range(7):  # 28,000 bytes: within its half of the budget, over the budget in all
+        neighbour.handle(cmd.AppendAudio(pcm=bytes(4_000), sample_rate=16000))
+    assert neighbour._audio_account.held == 28_000 and budget.total == 128_000
+    for core in flooder:
+        core.release_budgets()
+    assert budget.total == 28_000 and budget.clients == 1
+
+
+def test_a_created_items_audio_counts_and_is_refused_over_share():
+    budget = AudioBudget(10_000)
+    a = SessionCore("a", CONFIG, audio_account=budget.join("a"))
+    b = SessionCore("b", CONFIG, audio_account=budget.join("b"))
+    b.handle(_audio_item(2_000))
+    a.handle(_audio_item(8_000))  # the total is still within the budget
+    assert budget.total == 10_000 and a._audio_account.held == 8_000
+    with pytest.raises(Backpressure) as refused:
+        a.handle(_audio_item(2))
+    assert str(refused.value) == ITEM_REFUSAL
+    b.handle(_audio_item(2_000))  # b holds 4,000 of its 5,000 share
+    assert budget.total == 12_000
+
+
+async def _fill(handle, chunk: bytes, times: int) -> int:
+    refused = 0
+    for _ in range(times):
+        try:
+            await handle.ask(cmd.AppendAudio(pcm=chunk, sample_rate=16000))
+        except Backpressure:
+            refused += 1
+    return refused
+
+
+def test_through_the_runtime_a_tenants_many_sessions_share_one_share():
+    async def main():
+        async with Runtime(ScriptedEngine(), config=CONFIG, audio_budget_bytes=64_000) as rt:
+            many = [rt.open_session_nowait(tenant="one-key") for _ in range(8)]
+            other = rt.open_session_nowait(tenant="another-key")
+            chunk = bytes(3_200)  # 100 ms at 16 kHz
+            refused = sum([await _fill(h, chunk, 5) for h in many])
+            assert rt.audio_budget.clients == 2
+            # 8 sessions x 16,000 bytes = 128,000 asked: the one key gets the budget while it is
+            # the only one using it, not eight sessions' worth.
+            assert refused > 0
+            assert rt.audio_budget._accounts["one-key"].held == 64_000
+            assert await _fill(other, chunk, 9) == 0  # within its half: never refused
+            for h in many:
+                await h.close()
+            await anyio.sleep(0.05)
+            assert rt.audio_budget.clients == 1
+            assert rt.audio_budget.total == rt.audio_budget._accounts["another-key"].held == 28_800
+
+    anyio.run(main)
