@@ -34,13 +34,17 @@ asyncio.run(main())
 
 
 def _running(processes: list) -> list:
+    """Those still running, read from /proc (not through psutil, which the guard uses): an
+    ended process is gone, or a zombie (state Z) until its new parent reaps it."""
     alive = []
     for process in processes:
         try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-        except psutil.NoSuchProcess:
-            pass
+            with open(f"/proc/{process.pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        if state != "Z":
+            alive.append(process)
     return alive
 
 
