@@ -11,8 +11,9 @@ while the audio held in all is over the budget *and* the client holds more than 
 share of it (the budget split evenly among the clients with a session open). The clients
 that hold the most are refused first; a client holding less than its share is never refused,
 however much the others hold, so the clients within their shares hold at most the budget
-between them, and the total stays under twice the budget (plus an append). Nothing already accepted is dropped: a refused client
-commits, clears or waits for a response to take its committed audio, as with its own bound.
+between them, and the total stays under twice the budget (plus an append). Nothing already
+accepted is dropped: a refused client commits, clears or waits for a response to take its
+committed audio, as with its own bound.
 
 A client is what the runtime shares by (a session's ``tenant``: an API key, else an address);
 a session with no tenant is a client of its own.
