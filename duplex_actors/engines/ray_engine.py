@@ -24,7 +24,9 @@ What this module owns, and what it does not:
   restart calls ``aclose()`` (which kills the actor) and ``start()``.
 * It does not own the Ray cluster. ``start()`` calls ``ray.init`` only if nobody has yet
   (``ray_address`` and ``init_options`` are passed through); call ``ray.init`` yourself to
-  choose where that cost lands.
+  choose where that cost lands. A local cluster it started that way is guarded for the rest
+  of the process's life (orphan_guard.py): Ray ends most of its processes with the process
+  that started them, but its dashboard and runtime-env agents outlived a SIGKILL.
 
 Timestamps (``produced_at``) are stamped by the hosted backend in the actor's process; on one
 machine ``time.perf_counter`` is the same system-wide monotonic clock, across machines it is not.
@@ -48,6 +50,7 @@ import structlog
 
 from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
 from ..errors import EngineFailed
+from ..orphan_guard import OrphanGuard
 from .base import EngineBackend, EngineCapabilities
 
 log = structlog.get_logger(__name__)
@@ -186,6 +189,37 @@ class _Host:
         self.pid = pid
 
 
+def _child_pids() -> set[int]:
+    try:
+        import psutil
+    except ImportError:
+        return set()
+    return {child.pid for child in psutil.Process().children()}
+
+
+#: The guard over the local Ray cluster this process started (one for the process's life).
+_cluster_guard: OrphanGuard | None = None
+
+
+def _guard_local_cluster(children_before: set[int]) -> None:
+    """Guard the processes ``ray.init`` started here (a local cluster: children of this
+    process then) and their children, known now, so none outlives this process."""
+    global _cluster_guard
+    if _cluster_guard is not None:
+        return
+    try:
+        import psutil
+    except ImportError:
+        return
+    pids: set[int] = set()
+    for child in psutil.Process().children():
+        if child.pid in children_before:
+            continue
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile needs no guard
+            pids.update(p.pid for p in (child, *child.children(recursive=True)))
+    _cluster_guard = OrphanGuard.start(pids, label="the local Ray cluster it started")
+
+
 class RayEngine:
     """An engine backend whose real backend runs in a Ray actor.
 
@@ -275,7 +309,9 @@ class RayEngine:
                 return
             import ray
 
-            if not ray.is_initialized():
+            started_cluster = not ray.is_initialized()
+            if started_cluster:
+                children_before = _child_pids()
                 # Blocks this loop for the cluster start (seconds); nothing else runs yet.
                 ray.init(address=self.ray_address, **self.init_options)
             options = {"max_concurrency": DEFAULT_MAX_CONCURRENCY, **self.actor_options}
@@ -290,6 +326,9 @@ class RayEngine:
                     ray.kill(handle, no_restart=True)
                 raise
             self._host = _Host(handle, pid)
+            if started_cluster:
+                # Once the actor runs, the cluster's agents have started too.
+                _guard_local_cluster(children_before)
             self.backend_name = name
             self.capabilities = capabilities
             self.actors_started += 1
