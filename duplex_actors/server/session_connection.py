@@ -148,7 +148,11 @@ class SessionConnection:
                     # a replay after a resume is.
                     if not first_time or not isinstance(event, ev.ResponseEvent):
                         owed += size - before
-                    if link is not None:
+                    # A replayed response.created (sent before, on this connection or an
+                    # earlier one) is not news to the front: reported again, it reopened a
+                    # response that had ended, and a worker killed before the replay reached
+                    # its response.done left the front to send that client a second one.
+                    if link is not None and (first_time or type(event) is not ev.ResponseCreated):
                         _report_to_front(link, event)
                     if isinstance(event, ev.SessionClosedEvent):
                         ended = True

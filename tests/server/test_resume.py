@@ -362,3 +362,54 @@ def _before_each_resume_check(hook):
         yield
     finally:
         SessionHandle.check = real_check  # type: ignore[method-assign]
+
+
+class _RecordingFrontLink:
+    """What a worker of ``serve --workers`` reports to its front, applied to a real FrontLedger
+    as it comes (the front's view of which responses a session has in flight)."""
+
+    def __init__(self) -> None:
+        from duplex_actors.server.front_ledger import FrontLedger
+
+        self.ledger = FrontLedger()
+        self.reports: list[tuple[str, str]] = []
+
+    def response_started(self, session_id: str, response_id: str) -> None:
+        self.reports.append(("started", response_id))
+        self.ledger.response_started(session_id, response_id)
+
+    def response_ended(self, session_id: str, response_id: str) -> None:
+        self.reports.append(("ended", response_id))
+        self.ledger.response_ended(session_id, response_id)
+
+    def session_ended(self, session_id: str) -> None:
+        self.reports.append(("session_ended", session_id))
+
+
+async def test_a_replayed_response_created_does_not_reopen_the_response_at_the_front():
+    # serve --workers: a worker reported response.created again when a resume replayed it, and
+    # the front's ledger reopened a response that had ended; a worker killed before the replay
+    # reached its response.done left the front to send that client a second response.done
+    # (worker_lost). The soak that kills both workers in turn counted such a violation once.
+    async with running_server(session_overrides={"disconnect_grace_s": 30.0}) as server:
+        link = _RecordingFrontLink()
+        server.front_link = link  # type: ignore[assignment]
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        sid, token = created["session"]["id"], created["resume_token"]
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": user_text("hello")}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        done = (await recv_until(ws, "response.done"))[-1]
+        rid = done["response"]["id"]
+        assert link.reports == [("started", rid), ("ended", rid)]
+        handle = server.runtime.get(sid)
+        ws.transport.abort()
+        await wait_until(lambda: handle.core.lease.detached)
+        async with connect(f"{server.url}?session_id={sid}") as ws2:
+            # The whole journal again, the response's created and done among it.
+            await ws2.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=0))
+            replay = await recv_until(ws2, "response.done")
+            assert any(e["type"] == "response.created" for e in replay)
+        # Never reopened: the front has nothing of this session in flight at any point.
+        assert ("started", rid) not in link.reports[2:], link.reports
+        assert link.ledger._responses == {}
