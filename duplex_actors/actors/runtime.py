@@ -20,7 +20,7 @@ import structlog
 from ..audio.turn_pieces import MAX_PIECE_S
 from ..core import commands as cmd
 from ..core.actions import InputTranscript, TranscribeInput
-from ..core.audio_budget import AudioBudget
+from ..core.audio_budget import AudioAccount, AudioBudget
 from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import SamplingOverrides
 from ..core.events import ServerEvent
@@ -549,11 +549,17 @@ class Runtime:
     # -- the dispatcher ---------------------------------------------------------------------
 
     def transcribe(
-        self, action: TranscribeInput, deliver, session_id: str, tenant: str | None = None
+        self,
+        action: TranscribeInput,
+        deliver,
+        session_id: str,
+        tenant: str | None = None,
+        account: AudioAccount | None = None,
     ) -> None:
         """Transcribe a committed turn off the event loop; ``deliver`` gets the result, once.
         The recogniser is shared by ``tenant`` first, then by session (None: the session is
-        a tenant of its own)."""
+        a tenant of its own). While the turn waits, its audio counts in ``account`` (the
+        client's, in the audio budget; None: uncounted)."""
         if self.transcriber is None:
             deliver(
                 InputTranscript(
@@ -580,34 +586,27 @@ class Runtime:
             return
         speculation = self._speculations.pop(session_id, None)
         if speculation is not None:
-            if speculation.claim(TranscriptionJob(session_id, action, deliver, tenant)):
+            if speculation.claim(TranscriptionJob(session_id, action, deliver, tenant, account)):
                 log.debug("transcription.speculation_claimed", session_id=session_id, item_id=action.item_id)
                 if speculation.done:
                     self._answer_speculation(speculation)
                 return
             speculation.cancel()
-        self._queue_transcription(action, deliver, session_id, tenant)
+        self._queue_transcription(TranscriptionJob(session_id, action, deliver, tenant, account))
 
-    def _queue_transcription(
-        self, action: TranscribeInput, deliver, session_id: str, tenant: str | None
-    ) -> None:
+    def _queue_transcription(self, job: TranscriptionJob) -> None:
         assert self._tg is not None
         queue = self._transcripts
-        if not queue.offer(TranscriptionJob(session_id, action, deliver, tenant)):
+        if not queue.offer(job):
+            why = queue.refusal(job)
             log.info(
                 "transcription_refused",
-                session_id=session_id,
-                item_id=action.item_id,
-                backlog_s=round(queue.backlog_s(session_id), 2),
+                session_id=job.session_id,
+                item_id=job.action.item_id,
+                backlog_s=round(queue.backlog_s(job.session_id), 2),
+                why=why,
             )
-            deliver(
-                InputTranscript(
-                    action.item_id,
-                    error=f"transcription backlog full: this session already has "
-                    f"{queue.backlog_s(session_id):.1f} s of audio waiting for the recogniser "
-                    f"(at most {queue.max_backlog_s:g} s)",
-                )
-            )
+            job.deliver(InputTranscript(job.action.item_id, error=why))
             return
         running = self._speculating
         if running is not None and running.job is None:
@@ -687,7 +686,7 @@ class Runtime:
             if self._tg is None:
                 job.deliver(InputTranscript(job.action.item_id, error="the runtime is not running"))
             else:
-                self._queue_transcription(job.action, job.deliver, job.session_id, job.tenant)
+                self._queue_transcription(job)
             return
         words = speculation.words
         job.deliver(InputTranscript(job.action.item_id, words, delta=words))

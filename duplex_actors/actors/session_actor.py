@@ -35,6 +35,7 @@ def _starts_a_response(message) -> bool:
 
 
 if TYPE_CHECKING:
+    from ..core.audio_budget import AudioAccount
     from .engine_actor import EngineActor
 
 log = structlog.get_logger("duplex_actors.actor")
@@ -60,7 +61,12 @@ class SessionHost(Protocol):
     def _session_closed(self, actor: SessionActor) -> None: ...
 
     def transcribe(
-        self, action: TranscribeInput, deliver, session_id: str, tenant: str | None = None
+        self,
+        action: TranscribeInput,
+        deliver,
+        session_id: str,
+        tenant: str | None = None,
+        account: AudioAccount | None = None,
     ) -> None: ...
 
 
@@ -410,7 +416,10 @@ class SessionActor:
             elif isinstance(action, AbortRequests):
                 engine.abort(action.request_ids)
             elif isinstance(action, TranscribeInput):
-                self.runtime.transcribe(action, self.deliver_transcript, self.session_id, self.core.tenant)
+                core = self.core
+                self.runtime.transcribe(
+                    action, self.deliver_transcript, self.session_id, core.tenant, core.audio_account
+                )
 
     def _finish(self) -> None:
         """The session closed: refuse what is still queued, exactly once each."""

@@ -23,6 +23,12 @@ So the queue is sans-IO and fair:
   refused at once, and the runtime answers it with a transcription ``failed`` event saying
   why. Every turn is answered (its pieces' words joined, or one failure) or refused exactly
   once, or forgotten; memory held is at most the bound per session;
+* a waiting turn's audio is a copy of its own (the committed audio stays with the session for
+  its response), so it counts against the runtime's audio budget in its client's account
+  (core/audio_budget.py) from the moment it is queued until the turn is answered or forgotten.
+  A client over its share of a full budget has its turns refused like a full backlog: per
+  session, the backlog bound alone let many sessions of a client hold about 4 MB each here,
+  beside the buffers the budget already counted;
 * a closed session's queued turns are forgotten: nobody is left to tell. Pieces already being
   decoded finish; a forgotten turn's words are dropped.
 """
@@ -37,6 +43,7 @@ import attrs
 
 from ..audio.turn_pieces import MAX_PIECE_S, next_cut
 from ..core.actions import InputTranscript, TranscribeInput
+from ..core.audio_budget import AudioAccount
 from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
 from ..core.fair_share import FairShare
 
@@ -50,6 +57,9 @@ class TranscriptionJob:
     deliver: Callable[[InputTranscript], None] = attrs.field(eq=False)
     #: Whom the session's turns count against (None: the session alone).
     tenant: str | None = None
+    #: The client's account in the runtime's audio budget, which the turn's audio counts in
+    #: while it waits (None: no budget).
+    account: AudioAccount | None = attrs.field(default=None, eq=False)
 
     @property
     def seconds(self) -> float:
@@ -119,16 +129,34 @@ class TranscriptionQueue:
         self._share: FairShare[str] = FairShare()
         self._backlog_s: dict[str, float] = {}
 
-    def offer(self, job: TranscriptionJob) -> bool:
-        """Queue ``job``; False (nothing queued) if its session's backlog would pass the bound.
+    def refusal(self, job: TranscriptionJob) -> str | None:
+        """Why :meth:`offer` would refuse ``job``, in words for its client; None: it would not.
 
         A single turn longer than the bound is still taken when nothing of its session waits:
         the bound is against piling up, not against long turns."""
-        sid = job.session_id
-        backlog = self._backlog_s.get(sid, 0.0)
+        backlog = self._backlog_s.get(job.session_id, 0.0)
         if backlog and backlog + job.seconds > self.max_backlog_s:
+            return (
+                f"transcription backlog full: this session already has {backlog:.1f} s of audio "
+                f"waiting for the recogniser (at most {self.max_backlog_s:g} s)"
+            )
+        account = job.account
+        if account is not None and not account.budget.allows(account, len(job.action.audio)):
+            return (
+                "transcription refused: the server's audio budget is full and this client "
+                "already holds more than its share of it; commit less audio while transcripts "
+                "are pending"
+            )
+        return None
+
+    def offer(self, job: TranscriptionJob) -> bool:
+        """Queue ``job``; False (nothing queued) if :meth:`refusal` has a reason not to."""
+        if self.refusal(job) is not None:
             return False
-        self._backlog_s[sid] = backlog + job.seconds
+        sid = job.session_id
+        self._backlog_s[sid] = self._backlog_s.get(sid, 0.0) + job.seconds
+        if job.account is not None:
+            job.account.add(len(job.action.audio))
         queue = self._queues.get(sid)
         if queue is None:
             queue = self._queues[sid] = deque()
@@ -176,7 +204,7 @@ class TranscriptionQueue:
             turn.said += 1
         turn.spoke = turn.spoke or bool(delta)
         if turn.whole and turn.said == turn.pieces:
-            turn.over = True
+            self._end(turn)
             heard = (turn.words[i] for i in range(turn.pieces))
             return Heard(turn.job, "".join(delta), " ".join(w for w in heard if w))
         return Heard(turn.job, "".join(delta)) if delta else None
@@ -188,7 +216,7 @@ class TranscriptionQueue:
         turn = piece.turn
         if turn.over:
             return None
-        turn.over = True
+        self._end(turn)
         self._drop_rest(turn)
         return turn.job
 
@@ -200,9 +228,19 @@ class TranscriptionQueue:
         if queue is None:
             return 0
         for turn in queue:
-            turn.over = True
+            self._end(turn)
             self._drop_rest(turn)
         return len(queue)
+
+    @staticmethod
+    def _end(turn: _Turn) -> None:
+        """``turn`` is answered or forgotten: later pieces' words are dropped, and its audio
+        leaves its client's account. (A forgotten turn's pieces being decoded still hold theirs
+        until the recogniser is done: at most one piece per recogniser worker.)"""
+        turn.over = True
+        account = turn.job.account
+        if account is not None:
+            account.add(-len(turn.job.action.audio))
 
     def _drop_rest(self, turn: _Turn) -> None:
         """Forget the pieces of ``turn`` not handed out yet."""

@@ -74,6 +74,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -994,11 +995,17 @@ async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
             return report
 
 
-async def _run_held_audio(sessions: int, addresses: int, budget_mb: int | None) -> dict:
+async def _run_held_audio(
+    sessions: int, addresses: int, budget_mb: int | None, transcribed: bool = False
+) -> dict:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each fill their input audio with G.711 mu-law (1 s frames until refused),
     commit it, and fill it again: what sessions hold when clients never ask for a response.
-    The audio pacing is off, so the fill takes seconds, not minutes; what is held is the same."""
+    The audio pacing is off, so the fill takes seconds, not minutes; what is held is the same.
+
+    ``transcribed``: the sessions ask for input transcription and the audio is loud noise, so
+    each commit also queues its turn for the real recogniser, which lags far behind: what the
+    turns waiting for it hold counts too."""
     from websockets.asyncio.client import connect
 
     from ..actors.runtime import Runtime
@@ -1006,11 +1013,22 @@ async def _run_held_audio(sessions: int, addresses: int, budget_mb: int | None) 
     from ..server.app import RealtimeServer, ServerConfig
 
     budget = None if budget_mb is None else budget_mb << 20
-    second = base64.b64encode(b"\xff" * 8000).decode()  # 1 s of mu-law quiet
+    if transcribed:
+        from ..audio.transcription import default_transcriber
+
+        transcriber = default_transcriber()
+        if transcriber is None:
+            raise SystemExit("--transcribed needs the recogniser (extra 'transcription')")
+        # Loud noise: the recogniser decodes it slowly (quiet it would skip at once).
+        second = base64.b64encode(random.Random(7).randbytes(8000)).decode()
+    else:
+        transcriber = None
+        second = base64.b64encode(b"\xff" * 8000).decode()  # 1 s of mu-law quiet
     append = json.dumps({"type": "input_audio_buffer.append", "audio": second})
-    update = json.dumps(
-        {"type": "session.update", "session": {"input_audio_format": "g711_ulaw", "turn_detection": None}}
-    )
+    options: dict[str, Any] = {"input_audio_format": "g711_ulaw", "turn_detection": None}
+    if transcribed:
+        options["input_audio_transcription"] = {"model": "whisper-1"}
+    update = json.dumps({"type": "session.update", "session": options})
     sent = 0
 
     async def fill(ws) -> None:
@@ -1047,7 +1065,9 @@ async def _run_held_audio(sessions: int, addresses: int, budget_mb: int | None) 
         await fill(ws)
         return ws
 
-    async with Runtime(ScriptedEngine(record=False), audio_budget_bytes=budget) as rt:
+    async with Runtime(
+        ScriptedEngine(record=False), audio_budget_bytes=budget, transcriber=transcriber
+    ) as rt:
         config = ServerConfig(
             port=0,
             audio_intake_rate=None,
@@ -1071,6 +1091,11 @@ async def _run_held_audio(sessions: int, addresses: int, budget_mb: int | None) 
                 "sent_mb": sent / 2**20,
                 "held_mb": sum(h.core._input.nbytes + h.core._committed.nbytes for h in rt.sessions())
                 / 2**20,
+                "queued_mb": sum(
+                    rt._transcripts.backlog_s(h.id) * 2 * h.core.config.sample_rate for h in rt.sessions()
+                )
+                / 2**20,
+                "counted_mb": None if rt.audio_budget is None else rt.audio_budget.total / 2**20,
                 "rss_before_mb": rss_before,
                 "rss_after_mb": rss_mb(),
             }
@@ -1162,6 +1187,11 @@ def main(argv: list[str] | None = None) -> int:
         "--audio-budget-mb; --policy off: no budget)",
     )
     ap.add_argument("--addresses", type=int, default=8, help="--held-audio: client addresses")
+    ap.add_argument(
+        "--transcribed",
+        action="store_true",
+        help="--held-audio: loud noise with input transcription on (each commit waits for the recogniser)",
+    )
     ap.add_argument("--audio-budget-mb", type=int, default=1024, help="--held-audio: the runtime's budget")
     ap.add_argument("--churn", action="store_true", help="open and close sessions flat out (own key)")
     ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
@@ -1241,11 +1271,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.held_audio:
         budget_mb = args.audio_budget_mb if args.policy == "on" else None
-        h = event_loop.run(_run_held_audio(args.held_audio, args.addresses, budget_mb), args.loop)
+        h = event_loop.run(
+            _run_held_audio(args.held_audio, args.addresses, budget_mb, args.transcribed), args.loop
+        )
+        counted = "" if h["counted_mb"] is None else f", {h['counted_mb']:.1f} MiB counted by the budget"
         print(
-            f"{h['sessions']} sessions from {h['addresses']} addresses holding G.711 input audio, budget "
+            f"{h['sessions']} sessions from {h['addresses']} addresses holding G.711 input audio"
+            f"{' (transcribed)' if args.transcribed else ''}, budget "
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: {h['sent_mb']:.0f} MiB sent, the "
-            f"sessions hold {h['held_mb']:.1f} MiB of audio; process RSS {h['rss_before_mb']:.1f} -> "
+            f"sessions hold {h['held_mb']:.1f} MiB of audio and {h['queued_mb']:.1f} MiB waits for the "
+            f"recogniser{counted}; process RSS {h['rss_before_mb']:.1f} -> "
             f"{h['rss_after_mb']:.1f} MiB (+{h['rss_after_mb'] - h['rss_before_mb']:.1f}) in {h['seconds']:.1f} s",
             flush=True,
         )

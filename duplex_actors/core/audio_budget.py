@@ -15,6 +15,11 @@ between them, and the total stays under twice the budget (plus an append). Nothi
 accepted is dropped: a refused client commits, clears or waits for a response to take its
 committed audio, as with its own bound.
 
+Turns waiting for the recogniser hold a copy of their audio of their own, so they count in
+the same account while they wait (actors/transcription_queue.py), and a turn that would take a
+client over its share of a full budget is refused there: the turn's transcription fails with
+a message saying so, the turn itself is not touched.
+
 A client is what the runtime shares by (a session's ``tenant``: an API key, else an address);
 a session with no tenant is a client of its own.
 """

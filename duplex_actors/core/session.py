@@ -603,6 +603,13 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         if the session had gone on talking."""
         return self._journal.expire(self.clock.now())
 
+    @property
+    def audio_account(self) -> AudioAccount | None:
+        """The client's account in the runtime's audio budget (None: no budget, or closed):
+        what else the session's audio occupies (its turns waiting for the recogniser) counts
+        there too."""
+        return self._audio_account
+
     def release_budgets(self) -> None:
         """The session has closed: its journal stops counting against the runtime's journal
         budget, and its input audio against the audio budget (its client's share is then split

@@ -111,8 +111,8 @@ class _RuntimeCollector:
         if audio is not None:
             yield GaugeMetricFamily(
                 "duplex_input_audio_bytes",
-                "Input audio (buffered and committed) all open sessions hold, counted against the "
-                "runtime's audio budget",
+                "Input audio all open sessions hold (buffered, committed, and turns waiting for the "
+                "recogniser), counted against the runtime's audio budget",
                 value=audio.total,
             )
         yield GaugeMetricFamily(

@@ -219,6 +219,27 @@ def test_flood_bench_held_audio_tiny(capsys):
 
 
 @pytest.mark.slow
+def test_flood_bench_held_audio_transcribed_tiny(capsys):
+    """With input transcription on, the turns waiting for the real recogniser count in the
+    budget beside the buffers: what the budget counts is what both hold."""
+    from duplex_actors.audio.transcription import default_transcriber
+    from duplex_actors.bench import flood_bench
+
+    if default_transcriber() is None:
+        pytest.skip("no recogniser installed (extra 'transcription' or 'moonshine')")
+    argv = ["--held-audio", "8", "--addresses", "2", "--audio-budget-mb", "48", "--transcribed"]
+    assert flood_bench.main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "(transcribed), budget 48 MiB" in line, line
+    held = float(line.split("the sessions hold ")[1].split(" MiB")[0])
+    queued = float(line.split("audio and ")[1].split(" MiB")[0])
+    counted = float(line.split("recogniser, ")[1].split(" MiB")[0])
+    assert queued > 0, line  # some turns were taken, and their audio waits
+    assert abs(counted - (held + queued)) < 0.1, line
+    assert counted < 2 * 48, line
+
+
+@pytest.mark.slow
 def test_flood_bench_responses_tiny():
     """The response flood runs serve's engine end to end: the flooder's sessions got responses,
     and the neighbour was answered with speech both alone and during the flood."""

@@ -200,3 +200,65 @@ def test_through_the_runtime_a_tenants_many_sessions_share_one_share():
             assert rt.audio_budget.total == rt.audio_budget._accounts["another-key"].held == 28_800
 
     anyio.run(main)
+
+
+class _HeldRecogniser:
+    """Decodes nothing until ``go`` is set: the turns wait for it, as behind a lagging one."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.go = anyio.Event()
+        self.decoded = 0
+
+    async def transcribe(self, pcm: bytes, sample_rate: int) -> str:
+        await self.go.wait()
+        self.decoded += 1
+        return "words"
+
+
+def test_through_the_runtime_turns_waiting_for_the_recogniser_count_and_are_refused_over_share():
+    from duplex_actors.core.transcription_events import TranscriptionCompleted, TranscriptionFailed
+
+    async def main() -> None:
+        recogniser = _HeldRecogniser()
+        async with Runtime(
+            ScriptedEngine(), config=CONFIG, audio_budget_bytes=64_000, transcriber=recogniser
+        ) as rt:
+            budget = rt.audio_budget
+            first = rt.open_session_nowait(tenant="one-key", transcription="any")
+            second = rt.open_session_nowait(tenant="one-key", transcription="any")
+            rt.open_session_nowait(tenant="another-key")  # two clients: a share is 32,000
+            seen: dict[str, list] = {first.id: [], second.id: []}
+
+            async def listen(handle) -> None:
+                async for event in handle.events():
+                    seen[handle.id].append(event)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listen, first)
+                tg.start_soon(listen, second)
+                chunk = bytes(20_000)
+                await first.ask(cmd.AppendAudio(pcm=chunk, sample_rate=16000))
+                await first.ask(cmd.CommitInput())
+                await anyio.sleep(0.05)
+                # The committed audio, and its copy waiting for the recogniser.
+                assert budget.total == budget._accounts["one-key"].held == 40_000
+                await second.ask(cmd.AppendAudio(pcm=chunk, sample_rate=16000))  # the total fits
+                await second.ask(cmd.CommitInput())  # its turn would take the total past the budget
+                await anyio.sleep(0.05)
+                assert budget.total == 60_000  # the refused turn's copy is not held
+                failed = [e for e in seen[second.id] if isinstance(e, TranscriptionFailed)]
+                assert len(failed) == 1 and "audio budget" in failed[0].message, seen[second.id]
+                recogniser.go.set()
+                with anyio.fail_after(5):
+                    while not any(isinstance(e, TranscriptionCompleted) for e in seen[first.id]):
+                        await anyio.sleep(0.01)
+                assert recogniser.decoded == 1
+                # Answered: only the sessions' committed audio is left.
+                assert budget.total == 40_000
+                for h in (first, second):
+                    await h.close()
+                tg.cancel_scope.cancel()
+
+    anyio.run(main)

@@ -5,11 +5,12 @@ exactly once."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_actors.actors.transcription_queue import Heard, TranscriptionJob, TranscriptionQueue
 from duplex_actors.core.actions import TranscribeInput
+from duplex_actors.core.audio_budget import AudioAccount, AudioBudget
 
 RATE = 16000
 
@@ -274,3 +275,131 @@ def test_every_turn_is_refused_answered_or_forgotten_once_and_no_waiting_session
         for other in waiting_i & takes[nxt][1]:
             if other[0] != served:
                 assert other[0] in between, (served, other, takes)
+
+
+# -- the audio budget -------------------------------------------------------------------------
+
+
+def counted(job_: TranscriptionJob, account: AudioAccount) -> TranscriptionJob:
+    return TranscriptionJob(job_.session_id, job_.action, job_.deliver, job_.tenant, account)
+
+
+def test_a_waiting_turns_audio_counts_in_its_clients_account_until_it_is_answered():
+    budget = AudioBudget(2 * RATE * 30)  # 30 s of audio
+    mine, theirs = budget.join("mine"), budget.join("theirs")
+    q = TranscriptionQueue(max_backlog_s=60.0, max_piece_s=4.0)
+    turn = counted(long_job("talker", 10.0), mine)
+    assert q.offer(turn)
+    assert budget.total == mine.held == 2 * RATE * 10
+    pieces = [q.take() for _ in range(3)]
+    for piece in pieces:  # handed out and heard, but the turn is not answered yet
+        assert not q.heard(piece, "w").final
+    assert mine.held == 2 * RATE * 10  # the turn's audio is held until its last piece is heard
+    while (piece := q.take()) is not None:
+        q.heard(piece, "w")
+    assert mine.held == budget.total == 0
+    # A failed turn and a forgotten one give theirs back too.
+    failing = counted(long_job("talker", 6.0, 1), mine)
+    gone = counted(job("other", 2.0), theirs)
+    assert q.offer(failing)
+    first = q.take()
+    assert q.offer(gone)
+    assert budget.total == 2 * RATE * 8
+    assert q.failed(first) is failing
+    assert mine.held == 0 and theirs.held == 2 * RATE * 2
+    assert q.forget("other") == 1
+    assert budget.total == theirs.held == 0
+
+
+def test_a_client_over_its_share_of_a_full_budget_has_its_turn_refused_and_nothing_changes():
+    budget = AudioBudget(2 * RATE * 10)  # 10 s: 5 s a client while two hold audio
+    greedy, modest = budget.join("greedy"), budget.join("modest")
+    greedy.add(2 * RATE * 6)  # its buffers hold 6 s: over its share
+    q = TranscriptionQueue(max_backlog_s=60.0)
+    assert q.offer(counted(job("g", 3.0), greedy))  # the total stays within the budget: taken
+    refused = counted(job("g2", 2.0), greedy)
+    why = q.refusal(refused)
+    assert why is not None and "audio budget" in why and "share" in why
+    assert not q.offer(refused)
+    assert greedy.held == 2 * RATE * 9 and len(q) == 1 and q.backlog_s("g2") == 0.0
+    # The other client is within its share: taken, though the total passes the budget.
+    assert q.offer(counted(job("m", 4.0), modest))
+    assert budget.total == 2 * RATE * 13
+    # The backlog's own bound is said first, in its own words.
+    full = TranscriptionQueue(max_backlog_s=1.0)
+    assert full.offer(counted(job("b", 1.0), modest))
+    assert "backlog full" in str(full.refusal(counted(job("b", 0.5, 1), modest)))
+
+
+@settings(max_examples=150)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("offer"), st.sampled_from("abc"), st.floats(0.05, 6.0)),
+            st.tuples(st.just("take"), st.none(), st.none()),
+            st.tuples(st.just("hear"), st.booleans(), st.integers(0, 3)),
+            st.tuples(st.just("forget"), st.sampled_from("abc"), st.none()),
+        ),
+        max_size=60,
+    ),
+    budget_s=st.floats(1.0, 20.0),
+)
+def test_the_budget_counts_exactly_the_turns_neither_answered_nor_forgotten(ops, budget_s):
+    # Sessions a and b are one client's, c another's.
+    budget = AudioBudget(int(2 * RATE * budget_s))
+    accounts = {"x": budget.join("x"), "y": budget.join("y")}
+    client = {"a": "x", "b": "x", "c": "y"}
+    q = TranscriptionQueue(max_backlog_s=8.0, max_piece_s=2.0)
+    live: dict[str, TranscriptionJob] = {}  # item id -> a turn still counted
+    waiting: dict[str, list[str]] = {s: [] for s in "abc"}  # turns with pieces to hand out
+    in_flight: list = []
+    n = 0
+    for op, arg, value in ops:
+        if op == "offer":
+            n += 1
+            account = accounts[client[arg]]
+            new = counted(long_job(arg, value, n), account)
+            total, held = budget.total, account.held
+            over = not budget.allows(account, len(new.action.audio))
+            accepted = q.offer(new)
+            if accepted:
+                assert not over
+                live[new.action.item_id] = new
+                waiting[arg].append(new.action.item_id)
+            else:
+                assert budget.total == total and account.held == held  # a refusal takes nothing
+        elif op == "take":
+            piece = q.take()
+            if piece is not None:
+                in_flight.append(piece)
+                item = piece.job.action.item_id
+                if piece.turn.whole:
+                    waiting[piece.job.session_id].remove(item)
+        elif op == "hear" and in_flight:
+            piece = in_flight.pop(value % len(in_flight))
+            item = piece.job.action.item_id
+            if arg:
+                heard = q.heard(piece, "w")
+                if heard is not None and heard.final:
+                    del live[item]
+            else:
+                if q.failed(piece) is not None:
+                    del live[item]
+                    sid = piece.job.session_id
+                    if item in waiting[sid]:
+                        waiting[sid].remove(item)
+        elif op == "forget":
+            assert q.forget(arg) == len(waiting[arg])
+            for item in waiting[arg]:
+                del live[item]
+            waiting[arg] = []
+        for name, account in accounts.items():
+            assert account.held == sum(
+                len(j.action.audio) for j in live.values() if client[j.session_id] == name
+            )
+        assert budget.total == sum(a.held for a in accounts.values())
+    while (piece := q.take()) is not None or in_flight:
+        if piece is not None:
+            in_flight.append(piece)
+        q.heard(in_flight.pop(), "w")
+    assert budget.total == 0
