@@ -338,3 +338,72 @@ async def test_serve_started_with_nohup_keeps_serving_through_a_hang_up():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.anyio
+async def test_a_log_reader_that_stops_reading_costs_no_session_its_answers(workers):
+    # The reader of serve's stderr is there but does not read (a paused pager, a log driver
+    # blocked on its own destination). Each refused connection logs a warning line; before,
+    # once the pipe held 64 KiB, the next line's write waited on the event loop, and serve
+    # stopped answering anyone: after 576 refusals (1,149 with --workers 2) a new connection
+    # timed out and the open session's response never came.
+    command = [sys.executable, "-c", LAUNCH, "serve", "--engine", "scripted", "--port", "0"]
+    command += ["--workers", str(workers), "--max-sessions", "1"]
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=write_end, text=True, start_new_session=True
+    )
+    os.close(write_end)
+    try:
+        with anyio.fail_after(60):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        url = line.split()[2]
+        async with connect(url) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            refused = 0
+            while refused < 1_500:  # ~170 KB of warning lines: the pipe holds 64 KiB
+                with anyio.fail_after(10):  # a frozen server never answers: fail, do not hang
+                    try:
+                        async with connect(url) as other:
+                            await other.recv()
+                    except (ConnectionClosed, InvalidStatus):
+                        pass
+                refused += 1
+            assert _pipe_holds(read_end) >= 60_000  # full: nobody read a byte
+            text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": text}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            with anyio.fail_after(30):
+                while (event := json.loads(await ws.recv()))["type"] != "response.done":
+                    pass
+            assert event["response"]["status"] == "completed"
+        # The reader reads again: what waited comes out, and the stop drains as ever.
+        os.killpg(proc.pid, signal.SIGTERM)
+        received = bytearray()
+        with anyio.fail_after(60):
+            while proc.poll() is None or _pipe_holds(read_end):
+                if _pipe_holds(read_end):
+                    received += os.read(read_end, 1 << 16)
+                else:
+                    await anyio.sleep(0.05)
+        assert proc.returncode == 0
+        # More than the pipe holds: the rest waited in the server, and none was lost (with
+        # --workers 2 about half the connections went to the worker with room, unrefused).
+        assert len(received) > 70_000 and b"were lost" not in received, len(received)
+        assert received.count(b"server.admission_refused") >= (1_400 if workers == 1 else 600)
+    finally:
+        os.close(read_end)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _pipe_holds(fd: int) -> int:
+    import array
+    import fcntl
+    import termios
+
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]

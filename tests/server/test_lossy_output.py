@@ -39,6 +39,7 @@ def test_a_pipe_whose_reader_is_gone_costs_the_lines_and_raises_nothing(pipe):
     stream = LossyStream(write_end)
     print("first", file=stream, flush=True)
     print("second", file=stream, flush=True)
+    assert stream.drain()
     assert stream.lost == 2
 
 
@@ -49,9 +50,11 @@ def test_after_a_full_disk_the_next_line_that_gets_through_says_how_many_were_lo
     stream = LossyStream(fd)
     print("lost one", file=stream, flush=True)
     print("lost two", file=stream, flush=True)
+    assert stream.drain()
     assert stream.lost == 2
     os.dup2(write_end, fd)  # space again: the same descriptor now reaches a reader
     print("kept", file=stream, flush=True)
+    assert stream.drain()
     os.close(fd)
     written = os.read(read_end, 4096).decode()
     assert written == "(2 writes to this stream were lost: No space left on device)\nkept\n"
@@ -71,9 +74,11 @@ def test_a_line_is_one_write_though_print_writes_it_in_two_parts(pipe, monkeypat
     monkeypatch.setattr(lossy_output.os, "write", counted)
     stream = LossyStream(write_end)
     print("a whole line", file=stream)  # print: the text, then "\n"
-    stream.write("no newline yet")
+    assert stream.drain()
+    stream.write("no newline yet")  # held for its newline: not queued, so not written
     assert writes == [b"a whole line\n"]
     stream.flush()
+    assert stream.drain()
     assert writes == [b"a whole line\n", b"no newline yet"]
     assert os.read(read_end, 4096) == b"a whole line\nno newline yet"
 
@@ -107,6 +112,7 @@ def test_bytes_are_refused_as_by_any_text_stream_and_click_writes_to_it(pipe, mo
         stream.write(b"")
     monkeypatch.setattr(sys, "stderr", stream)
     typer.echo("a warning", err=True)
+    assert stream.drain()
     assert os.read(read_end, 4096) == b"a warning\n"
 
 
@@ -118,6 +124,7 @@ def test_structlog_writes_to_stderr_as_it_is_at_each_write(pipe, monkeypatch):
         configure("warning", json=True)
         monkeypatch.setattr(sys, "stderr", LossyStream(write_end))
         structlog.get_logger("test").warning("after.replacement")
+        assert sys.stderr.drain()
         assert b'"event": "after.replacement"' in os.read(read_end, 4096)
     finally:
         structlog.configure(**configured)
@@ -133,7 +140,50 @@ def test_make_output_lossy_replaces_stdout_and_stderr_over_their_own_descriptors
     assert isinstance(sys.stdout, LossyStream) and isinstance(sys.stderr, LossyStream)
     assert sys.stderr.fileno() == out.fileno()
     print("after", file=sys.stderr)
+    assert sys.stderr.drain()
     assert os.read(read_end, 4096) == b"buffered before\nafter\n"
     make_output_lossy()  # twice: the same streams
     assert isinstance(sys.stderr, LossyStream) and sys.stderr.fileno() == out.fileno()
     out.close()
+
+
+def test_a_reader_that_does_not_read_never_holds_the_writer_and_loses_the_oldest_lines(pipe):
+    # Before, a write to a full pipe waited for the reader: the server's event loop with it
+    # (test_drain.py has the real server). Now the writer thread waits; the caller never does,
+    # and past what may wait, the oldest lines go first, counted.
+    read_end, write_end = pipe
+    filler = b"x" * 4096
+    fcntl.fcntl(write_end, fcntl.F_SETFL, fcntl.fcntl(write_end, fcntl.F_GETFL) | os.O_NONBLOCK)
+    while True:
+        try:
+            os.write(write_end, filler)
+        except BlockingIOError:
+            break
+    fcntl.fcntl(write_end, fcntl.F_SETFL, fcntl.fcntl(write_end, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    stream = LossyStream(write_end, max_waiting_bytes=1000)
+    lines = [f"line {i:04d}".ljust(99) for i in range(40)]  # 100 bytes each with the newline
+
+    def write_all() -> None:
+        for line in lines:
+            print(line, file=stream)
+
+    writer = threading.Thread(target=write_all)
+    writer.start()
+    writer.join(10)
+    assert not writer.is_alive()  # no write waited for the reader
+    assert not stream.drain(0.2)  # the writer thread does wait: the pipe is still full
+    lost = stream.lost
+    received = b""
+    while not received.endswith(lines[-1].encode() + b"\n"):
+        received += os.read(read_end, 1 << 16)
+    got = received.decode().lstrip("x").splitlines()
+    notice = f"({lost} writes to this stream were lost: the reader did not keep up (more than 1000 bytes waited))"
+    assert got.count(notice) == 1, got
+    gap = got.index(notice)
+    before, after = got[:gap], got[gap + 1 :]
+    # In order, none twice: the line the writer had taken when the pipe was full for it (or
+    # none), the gap, then the newest lines, as many as fit in what may wait.
+    assert len(before) <= 1 and before == lines[: len(before)]
+    assert after == lines[len(lines) - len(after) :] and 9 <= len(after) <= 10
+    assert len(before) + lost + len(after) == len(lines)
+    assert stream.drain() and stream.lost == 0
