@@ -177,7 +177,9 @@ def test_a_reader_that_does_not_read_never_holds_the_writer_and_loses_the_oldest
     while not received.endswith(lines[-1].encode() + b"\n"):
         received += os.read(read_end, 1 << 16)
     got = received.decode().lstrip("x").splitlines()
-    notice = f"({lost} writes to this stream were lost: the reader did not keep up (more than 1000 bytes waited))"
+    notice = (
+        f"({lost} writes to this stream were lost: the reader did not keep up (more than 1000 bytes waited))"
+    )
     assert got.count(notice) == 1, got
     gap = got.index(notice)
     before, after = got[:gap], got[gap + 1 :]
