@@ -28,6 +28,7 @@ from ..core.fence import new_session_id
 from ..core.journal import JournalBudget
 from ..core.session import SessionCore
 from ..core.session_config import SessionConfig
+from ..core.text_budget import TextBudget
 from ..engines.base import EngineBackend
 from ..errors import NO_SUCH_SESSION, ResourceExhausted, RuntimeClosed, ServerDraining, UnknownSession
 from ..logconfig import ensure_configured
@@ -57,6 +58,10 @@ JOURNAL_BUDGET_BYTES = 1 << 30
 #: could hold far more than a machine has. Within it, 1,000 sessions may each hold 33 s at 16 kHz
 #: before the ones holding the most are refused.
 AUDIO_BUDGET_BYTES = 1 << 30
+#: What all sessions' conversation text and settings (instructions, tools) may hold together
+#: (core/text_budget.py): a session holds up to about 2 MB of it, and permessage-deflate lets a
+#: client send each item in a few hundred bytes. Within it, 1,000 sessions may each hold 1 MB.
+TEXT_BUDGET_BYTES = 1 << 30
 #: Sessions the reaper looks at before it lets the loop run again (a slice never stalls it).
 REAP_SLICE = 500
 
@@ -262,6 +267,7 @@ class Runtime:
         transcription_piece_s: float = MAX_PIECE_S,
         journal_budget_bytes: int | None = JOURNAL_BUDGET_BYTES,
         audio_budget_bytes: int | None = AUDIO_BUDGET_BYTES,
+        text_budget_bytes: int | None = TEXT_BUDGET_BYTES,
         session_ids: Callable[[], str] = new_session_id,
     ) -> None:
         """``gc_policy``: keep the cyclic collector's pauses off the hot path (see
@@ -280,7 +286,12 @@ class Runtime:
         ``audio_budget_bytes``: what all sessions' buffered and committed input audio may hold
         together; past it a client holding more than its share (split by tenant) has its
         appends refused as backpressure (core/audio_budget.py). None: each session's own
-        bounds only, which a client opening many sessions multiplies."""
+        bounds only, which a client opening many sessions multiplies.
+
+        ``text_budget_bytes``: what all sessions' conversation text and settings' text may
+        hold together; past it a client holding more than its share has its created items,
+        function outputs and text-adding ``session.update``s refused as ``resource_exhausted``
+        (core/text_budget.py). None: each session's own bounds only."""
         if engine is None:
             from ..engines.scripted import ScriptedEngine
 
@@ -304,6 +315,7 @@ class Runtime:
         self._transcripts = TranscriptionQueue(transcription_backlog_s, max_piece_s=transcription_piece_s)
         self.journal_budget = None if journal_budget_bytes is None else JournalBudget(journal_budget_bytes)
         self.audio_budget = None if audio_budget_bytes is None else AudioBudget(audio_budget_bytes)
+        self.text_budget = None if text_budget_bytes is None else TextBudget(text_budget_bytes)
         self._transcription_workers = max(1, getattr(transcriber, "max_concurrent", 1))
         self._transcribing = 0  # worker tasks started (lazily: most servers never transcribe)
         self._decoding = 0  # pieces being decoded now
@@ -450,7 +462,10 @@ class Runtime:
                 overrides["sampling"] = SamplingOverrides(**overrides["sampling"])
             config = attrs.evolve(config, **overrides)
         session_id = self.session_ids()
-        budget = self.audio_budget
+        budget, text_budget = self.audio_budget, self.text_budget
+        # A session with no tenant is a client of its own (its id cannot be a tenant's name:
+        # the server's tenants are keyed digests and addresses).
+        client = tenant if tenant is not None else session_id
         core = SessionCore(
             session_id,
             config,
@@ -458,11 +473,8 @@ class Runtime:
             owner=owner,
             tenant=tenant,
             journal_budget=self.journal_budget,
-            # A session with no tenant is a client of its own (its id cannot be a tenant's
-            # name: the server's tenants are keyed digests and addresses).
-            audio_account=None
-            if budget is None
-            else budget.join(tenant if tenant is not None else session_id),
+            audio_account=None if budget is None else budget.join(client),
+            text_account=None if text_budget is None else text_budget.join(client),
         )
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor

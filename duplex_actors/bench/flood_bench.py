@@ -30,6 +30,12 @@ off too.
 cut into 1-byte fragments (parsing costs per frame, which the byte and audio budgets do not see).
 ``--policy off`` turns the connection's frame-count and control-frame pacing off. The server's peak RSS during the flood is reported with every valid flood.
 
+``--held-text N [--addresses 8] [--text-budget-mb 1024]`` is about memory too: N sessions from
+that many client addresses each set the most text a session keeps (instructions, tools, a full
+conversation of emoji), every message compressed to a few hundred bytes; it reports what the
+sessions and their journals hold and the server's RSS. ``--policy off`` runs without the
+runtime's text budget.
+
 ``--journals N [--journal-budget-mb 1024]`` is about memory, not a neighbour: one client opens N
 sessions and fills each one's replay journal with distinct long items; it reports what the
 journals hold and the server's RSS. ``--policy off`` runs without the runtime's journal budget.
@@ -1104,6 +1110,108 @@ async def _run_held_audio(
             return report
 
 
+async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -> dict:
+    """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
+    X-Forwarded-For) each set the most text a session keeps: instructions of 65,536 emoji, 128
+    tools of 1,900 emoji each, and four items of 65,536 emoji (the conversation's 262,144
+    characters). Every message is sent with permessage-deflate, in a few hundred bytes; what the
+    server holds is four bytes a character."""
+    import zlib
+
+    from websockets.asyncio.client import connect
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import ScriptedEngine
+    from ..server.app import RealtimeServer, ServerConfig
+
+    def as_json(event: dict) -> str:
+        return json.dumps(event, ensure_ascii=False)  # emoji as themselves: 4 bytes each
+
+    emoji = "\U0001f600"
+    tools = [
+        {"type": "function", "name": f"tool{i}", "description": emoji * 1_900, "parameters": {}}
+        for i in range(128)
+    ]
+    messages = [
+        as_json({"type": "session.update", "session": {"instructions": emoji * 65_536}}),
+        as_json({"type": "session.update", "session": {"tools": tools}}),
+        *(
+            as_json(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": chr(0x1F600 + n) * 65_536}],
+                    },
+                }
+            )
+            for n in range(4)
+        ),
+    ]
+
+    def deflated(text: str) -> int:
+        zipper = zlib.compressobj(6, zlib.DEFLATED, -15)
+        return len(zipper.compress(text.encode()) + zipper.flush(zlib.Z_SYNC_FLUSH))
+
+    wire = sum(map(deflated, messages))  # what a session's messages take compressed, about
+    refused: dict[str, int] = {}
+
+    async def one(i: int) -> Any:
+        headers = {"X-Forwarded-For": f"10.2.{i % addresses // 250}.{i % addresses % 250 + 1}"}
+        ws = await connect(
+            server.url, max_size=None, ping_interval=None, open_timeout=120, additional_headers=headers
+        )
+        await ws.recv()
+        for message in messages:
+            await ws.send(message)
+        answered = 0  # each message is answered by its event, or by an error
+        while answered < len(messages):
+            event = json.loads(await ws.recv())
+            kind = event["type"]
+            if kind == "error":
+                code = event["error"].get("code") or "?"
+                refused[code] = refused.get(code, 0) + 1
+            if kind in ("error", "session.updated", "conversation.item.done"):
+                answered += 1
+        return ws
+
+    budget = None if budget_mb is None else budget_mb << 20
+    async with Runtime(ScriptedEngine(record=False), text_budget_bytes=budget) as rt:
+        config = ServerConfig(
+            port=0,
+            trusted_proxies=("127.0.0.1/32",),
+            exempt_networks=("192.0.2.0/24",),  # none of the clients: every limit counts them
+            max_sessions_per_address=sessions,
+        )
+        async with RealtimeServer(rt, config) as server:
+            rss_before = rss_mb()
+            began = time.perf_counter()
+            clients: list = []
+            for start in range(0, sessions, 32):
+                clients += await asyncio.gather(*map(one, range(start, min(sessions, start + 32))))
+            import gc
+
+            gc.collect()
+            held = sum(h.core._conversation.held_bytes + h.core._settings_bytes for h in rt.sessions())
+            report = {
+                "sessions": sessions,
+                "addresses": addresses,
+                "budget_mb": budget_mb,
+                "seconds": time.perf_counter() - began,
+                "wire_mb": wire * sessions / 2**20,
+                "inflated_mb": sum(len(m.encode()) for m in messages) * sessions / 2**20,
+                "refused": refused,
+                "text_mb": held / 2**20,
+                "journal_mb": None if rt.journal_budget is None else rt.journal_budget.total / 2**20,
+                "rss_before_mb": rss_before,
+                "rss_after_mb": rss_mb(),
+            }
+            for ws in clients:
+                ws.transport.abort()
+            return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
@@ -1186,7 +1294,16 @@ def main(argv: list[str] | None = None) -> int:
         help="N sessions fill their input audio with G.711, commit, fill again (memory, against "
         "--audio-budget-mb; --policy off: no budget)",
     )
-    ap.add_argument("--addresses", type=int, default=8, help="--held-audio: client addresses")
+    ap.add_argument(
+        "--held-text",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N sessions set the most text a session keeps, sent compressed (memory, against "
+        "--text-budget-mb; --policy off: no budget)",
+    )
+    ap.add_argument("--text-budget-mb", type=int, default=1024, help="--held-text: the runtime's budget")
+    ap.add_argument("--addresses", type=int, default=8, help="--held-audio, --held-text: client addresses")
     ap.add_argument(
         "--transcribed",
         action="store_true",
@@ -1266,6 +1383,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
             f"(counted); server RSS {j['rss_before_mb']:.1f} -> {j['rss_after_mb']:.1f} MiB "
             f"(+{j['rss_after_mb'] - j['rss_before_mb']:.1f}) in {j['seconds']:.1f} s",
+            flush=True,
+        )
+        return 0
+    if args.held_text:
+        budget_mb = args.text_budget_mb if args.policy == "on" else None
+        t = event_loop.run(_run_held_text(args.held_text, args.addresses, budget_mb), args.loop)
+        print(
+            f"{t['sessions']} sessions from {t['addresses']} addresses holding text, budget "
+            f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: about {t['wire_mb']:.1f} MiB sent "
+            f"compressed ({t['inflated_mb']:.0f} MiB inflated), refused {t['refused'] or 'nothing'}; the "
+            f"sessions hold {t['text_mb']:.1f} MiB of text, the journals {t['journal_mb'] or 0:.1f} MiB "
+            f"(counted); process RSS {t['rss_before_mb']:.1f} -> {t['rss_after_mb']:.1f} MiB "
+            f"(+{t['rss_after_mb'] - t['rss_before_mb']:.1f}) in {t['seconds']:.1f} s",
             flush=True,
         )
         return 0

@@ -26,66 +26,11 @@ a session with no tenant is a client of its own.
 
 from __future__ import annotations
 
+from .client_budget import ClientAccount, ClientBudget
 
-class AudioBudget:
-    """The runtime-wide bound, and the accounts of the clients holding audio under it."""
-
-    __slots__ = ("max_bytes", "total", "_accounts")
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes <= 0:
-            raise ValueError("need max_bytes > 0")
-        self.max_bytes = max_bytes
-        self.total = 0  # bytes held by every account's buffers
-        self._accounts: dict[object, AudioAccount] = {}
-
-    @property
-    def clients(self) -> int:
-        """Clients with at least one session open: the budget's fair share is split by them."""
-        return len(self._accounts)
-
-    def join(self, client: object) -> AudioAccount:
-        """The account a new session of ``client`` holds its audio in (shared by its sessions)."""
-        account = self._accounts.get(client)
-        if account is None:
-            account = self._accounts[client] = AudioAccount(self, client)
-        account.sessions += 1
-        return account
-
-    def allows(self, account: AudioAccount, nbytes: int) -> bool:
-        """Whether ``account`` may take ``nbytes`` more: the total stays within the budget, or
-        the account stays within its share of it. Pure (the chart's checks are asked again)."""
-        return (
-            self.total + nbytes <= self.max_bytes
-            or (account.held + nbytes) * len(self._accounts) <= self.max_bytes
-        )
-
-    def _leave(self, account: AudioAccount) -> None:
-        account.sessions -= 1
-        if account.sessions <= 0 and self._accounts.get(account.client) is account:
-            del self._accounts[account.client]
-
-
-class AudioAccount:
-    """One client's audio under an :class:`AudioBudget`: its sessions' buffers add and give
-    back as their bytes change (``InputBuffer`` calls :meth:`add`)."""
-
-    __slots__ = ("budget", "client", "held", "sessions")
-
-    def __init__(self, budget: AudioBudget, client: object) -> None:
-        self.budget = budget
-        self.client = client
-        self.held = 0  # bytes this client's buffers hold
-        self.sessions = 0
-
-    def add(self, nbytes: int) -> None:
-        """``nbytes`` more held (negative: given back)."""
-        self.held += nbytes
-        self.budget.total += nbytes
-
-    def leave(self) -> None:
-        """One of the client's sessions closed (its buffers gave their bytes back first)."""
-        self.budget._leave(self)
-
+#: The audio budget is a :class:`ClientBudget` counting bytes of pcm16; each client's sessions'
+#: buffers (and its turns waiting for the recogniser) report every change to its account.
+AudioBudget = ClientBudget
+AudioAccount = ClientAccount
 
 __all__ = ["AudioAccount", "AudioBudget"]

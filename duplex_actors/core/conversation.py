@@ -22,11 +22,16 @@ smaller than either, as OpenAI's do.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ..errors import InvalidItem, ItemNotFound
+
+if TYPE_CHECKING:
+    from .client_budget import ClientAccount
 
 #: Message roles a client may create with conversation.item.create (assistant: history a client
 #: replays, e.g. after reconnecting; it is kept but never read as new input).
@@ -90,6 +95,12 @@ class Item:
         return sum(map(len, self.strings()))
 
     @property
+    def held_bytes(self) -> int:
+        """The memory this item's text takes (what the runtime's text budget counts): CPython
+        stores a string in 1, 2 or 4 bytes a character, by its widest."""
+        return sum(map(sys.getsizeof, self.strings()))
+
+    @property
     def text(self) -> str:
         """The words of a user or system item, as an engine should read them."""
         if self.type == "function_call_output":
@@ -99,18 +110,39 @@ class Item:
 
 class Conversation:
     """Items in order, at most ``capacity`` of them and ``max_chars`` characters of text in all
-    (oldest forgotten first, never the item just added or replaced)."""
+    (oldest forgotten first, never the item just added or replaced). Given a client's account
+    in the runtime's text budget (core/text_budget.py), every change of the bytes its text
+    takes is reported there."""
 
-    __slots__ = ("_items", "capacity", "max_chars", "_chars", "forgotten")
+    __slots__ = ("_items", "capacity", "max_chars", "_chars", "_bytes", "account", "forgotten")
 
-    def __init__(self, capacity: int = 256, max_chars: int | None = None) -> None:
+    def __init__(
+        self, capacity: int = 256, max_chars: int | None = None, account: ClientAccount | None = None
+    ) -> None:
         # A plain dict: ordered by insertion, which is all the order kept here (an insertion
         # before the end rebuilds it), and cheaper to add to than an OrderedDict.
         self._items: dict[str, Item] = {}
         self.capacity = capacity
         self.max_chars = max_chars
         self._chars = 0  # sum of every held item's ``chars``
+        self._bytes = 0  # sum of every held item's ``held_bytes``
+        self.account = account
         self.forgotten = 0  # items dropped to keep within the bounds
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def _charge(self, nbytes: int) -> None:
+        self._bytes += nbytes
+        if self.account is not None:
+            self.account.add(nbytes)
+
+    def detach(self) -> None:
+        """Give the text's bytes back to the account and stop reporting (the session closed)."""
+        if self.account is not None:
+            self.account.add(-self._bytes)
+            self.account = None
 
     @property
     def chars(self) -> int:
@@ -160,6 +192,7 @@ class Conversation:
             self._items = dict(order)
             before = None if at == 0 else order[at - 1][0]
         self._chars += item.chars
+        self._charge(item.held_bytes)
         self._keep_within_bounds(item.id)
         return before
 
@@ -168,12 +201,14 @@ class Conversation:
         if old is not None:
             self._items[item.id] = item
             self._chars += item.chars - old.chars
+            self._charge(item.held_bytes - old.held_bytes)
             self._keep_within_bounds(item.id)
 
     def delete(self, item_id: str) -> Item:
         self.get(item_id)
         item = self._items.pop(item_id)
         self._chars -= item.chars
+        self._charge(-item.held_bytes)
         return item
 
     def _keep_within_bounds(self, keep: str) -> None:
@@ -188,7 +223,9 @@ class Conversation:
                     return
                 # The item kept was inserted first ("root"): forget the oldest after it.
                 oldest = next(k for k in items if k != keep)
-            self._chars -= items.pop(oldest).chars
+            forgotten = items.pop(oldest)
+            self._chars -= forgotten.chars
+            self._charge(-forgotten.held_bytes)
             self.forgotten += 1
 
     def previous_of(self, item_id: str) -> str | None:
@@ -213,3 +250,4 @@ class Conversation:
     def clear(self) -> None:
         self._items.clear()
         self._chars = 0
+        self._charge(-self._bytes)

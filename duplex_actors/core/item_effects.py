@@ -8,6 +8,7 @@ heard of an assistant item).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import cast
 
@@ -52,6 +53,20 @@ class ItemEffects(SessionParts):
             return True
         audio = getattr(step.command, "audio", None)
         return not audio or account.budget.allows(account, len(audio))
+
+    def _g_item_text_within_budget(self, step: Step) -> bool:
+        # Total too: only a created item or a function output carries text to add.
+        account = self._text_account
+        if account is None:
+            return True
+        command = step.command
+        if isinstance(command, CreateItem):
+            nbytes = command.item.held_bytes
+        elif isinstance(command, AddFunctionOutput):
+            nbytes = sys.getsizeof(command.output)
+        else:
+            return True
+        return account.budget.allows(account, nbytes)
 
     def _g_input_items_known(self, step: Step) -> bool:
         return self._unknown_input_item(step) is None

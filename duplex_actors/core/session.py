@@ -80,6 +80,7 @@ from .response_effects import ResponseEffects
 from .session_config import SessionConfig, SessionCounters
 from .statechart import CHART, CHECKS, CLOSED, RESPONDING, CompiledChart
 from .step import Step
+from .text_budget import TextAccount, settings_text_bytes
 from .timing import CumulativeWindow, TimingLedger
 from .turn_effects import TurnEffects
 
@@ -191,6 +192,8 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         "_input_ms",
         "_committed",
         "_audio_account",
+        "_text_account",
+        "_settings_bytes",
         "_outbox",
         "_actions",
         "_seq",
@@ -238,6 +241,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         tenant: str | None = None,
         journal_budget: JournalBudget | None = None,
         audio_account: AudioAccount | None = None,
+        text_account: TextAccount | None = None,
     ) -> None:
         self.session_id = session_id
         #: Whom the session's work counts against at shared resources (the engine's slots,
@@ -287,7 +291,14 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         # What a function_call_output may answer, and the answers for the next model turn.
         # None until tools are used: most sessions never do, and opening one stays cheap.
         self._calls: FunctionCallRegistry | None = None
-        self._conversation = Conversation(self.config.max_items, self.config.max_conversation_chars)
+        # The conversation's text and the settings' count against the runtime's text budget
+        # through the client's account.
+        self._text_account = text_account
+        self._conversation = Conversation(
+            self.config.max_items, self.config.max_conversation_chars, text_account
+        )
+        self._settings_bytes = 0
+        self._charge_settings()
         self._item_seq = 0
         self._next_input_item: str | None = None  # the item the buffered audio will become
         # User/system words not yet answered by a response, by item id: a deleted item's words,
@@ -603,6 +614,29 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         if the session had gone on talking."""
         return self._journal.expire(self.clock.now())
 
+    def _g_settings_within_budget(self, step: Step) -> bool:
+        # Total, as every guard: only an update that sets instructions or tools adds text.
+        account = self._text_account
+        command = step.command
+        if account is None or not isinstance(command, UpdateSession):
+            return True
+        if command.instructions is None and command.tools is None:
+            return True
+        config = self.config
+        after = settings_text_bytes(
+            config.instructions if command.instructions is None else command.instructions,
+            config.tools if command.tools is None else command.tools,
+        )
+        growth = after - self._settings_bytes
+        return growth <= 0 or account.budget.allows(account, growth)
+
+    def _charge_settings(self) -> None:
+        """Count the settings' text (instructions, tools) as they are now in the text budget."""
+        held = settings_text_bytes(self.config.instructions, self.config.tools)
+        if self._text_account is not None:
+            self._text_account.add(held - self._settings_bytes)
+        self._settings_bytes = held
+
     @property
     def audio_account(self) -> AudioAccount | None:
         """The client's account in the runtime's audio budget (None: no budget, or closed):
@@ -620,6 +654,11 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             self._input.detach()
             self._committed.detach()
             account.leave()
+        text, self._text_account = self._text_account, None
+        if text is not None:
+            self._conversation.detach()
+            text.add(-self._settings_bytes)
+            text.leave()
 
     @property
     def journaled_events(self) -> int:
@@ -776,6 +815,8 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         if cmd.idle_timeout_ms is not None:
             changes["idle_timeout_ms"] = cmd.idle_timeout_ms or None  # 0 turns it off
         self.config = config = attrs.evolve(self.config, **changes)
+        if "instructions" in changes or "tools" in changes:
+            self._charge_settings()
         self._pre_speech_bytes = self._speech_window(config)
         if cmd.server_vad is not None:
             # New turn detection settings start a new detector (the server builds one per

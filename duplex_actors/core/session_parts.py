@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .session_config import SessionConfig, SessionCounters
     from .statechart import CompiledChart
     from .step import Step
+    from .text_budget import TextAccount
     from .timing import CumulativeWindow, TimingLedger
 
 
@@ -68,6 +69,7 @@ class SessionParts:
     _input_ms: float
     _committed: InputBuffer
     _audio_account: AudioAccount | None
+    _text_account: TextAccount | None
     _outbox: Outbox
     _actions: list[EngineAction]
     _seq: int

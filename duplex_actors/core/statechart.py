@@ -60,6 +60,7 @@ from ..errors import (
     InvalidCommand,
     ItemNotFound,
     NoActiveResponse,
+    ResourceExhausted,
     ResponseInProgress,
     ResponseNotFound,
     ResumeConflict,
@@ -177,6 +178,18 @@ CHECKS: Mapping[str, Check] = {
         Backpressure,
         "the server holds all the input audio it may, and this client more than its share: "
         "the item's audio does not fit",
+    ),
+    # The runtime's text budget (text_budget.py), the same way: refused only while it is spent
+    # and this client holds more than its share of it.
+    "item_text_within_budget": Check(
+        ResourceExhausted,
+        "the server holds all the conversation text it may, and this client more than its "
+        "share: the item does not fit (delete items or close sessions first)",
+    ),
+    "settings_within_budget": Check(
+        ResourceExhausted,
+        "the server holds all the conversation text it may, and this client more than its "
+        "share: the new instructions and tools do not fit",
     ),
     # Refused as an id nobody opened is: telling the two apart tells a key which ids are live.
     "resume_key_matches": Check(UnknownSession, NO_SUCH_SESSION),
@@ -595,8 +608,15 @@ FENCE_CHECKS = ("epoch_not_stale", "epoch_not_ahead")
 PRECONDITIONS: Mapping[str, tuple[str, ...]] = {
     **{t: FENCE_CHECKS for t in sorted(CLIENT_TRIGGERS - {"close"})},
     # An output answers one of this session's calls (a function_call_output item, too).
-    "function_output": (*FENCE_CHECKS, "answers_known_call"),
-    "create_item": (*FENCE_CHECKS, "answers_known_call", "item_audio_within_budget"),
+    "function_output": (*FENCE_CHECKS, "answers_known_call", "item_text_within_budget"),
+    "create_item": (
+        *FENCE_CHECKS,
+        "answers_known_call",
+        "item_audio_within_budget",
+        "item_text_within_budget",
+    ),
+    # New settings' text fits the runtime's text budget (or this client is within its share).
+    "update": (*FENCE_CHECKS, "settings_within_budget"),
     # A response over its own context (GA response.input) names items the session holds.
     "create_response": (*FENCE_CHECKS, "input_items_known"),
     # What the client played of a response never goes backwards.

@@ -87,6 +87,14 @@ GUARD_DOCS = {
         "a created item carries no audio, or the runtime's audio budget has room for it, or this "
         "client holds no more than its share of it"
     ),
+    "item_text_within_budget": (
+        "a created item (or function output) carries no text, or the runtime's text budget has "
+        "room for it, or this client holds no more than its share of it"
+    ),
+    "settings_within_budget": (
+        "the update adds no instructions or tools text, or the runtime's text budget has room for "
+        "it, or this client holds no more than its share of it"
+    ),
     "has_buffered_audio": "user audio is buffered (not yet committed)",
     "auto_respond": "server VAD's end of speech starts a response (turn_detection.create_response)",
     "server_vad": "server VAD decides the end of the user's turn",

@@ -140,6 +140,13 @@ def register(app: typer.Typer) -> None:
             "--workers); past it a client holding more than its share gets input_backpressure "
             "(0: each session's own bounds only)",
         ),
+        text_budget_mb: int = typer.Option(
+            1024,
+            min=0,
+            help="MiB of conversation text and settings (instructions, tools) all sessions may "
+            "hold together (per --workers); past it a client holding more than its share has its "
+            "items and session.updates refused with resource_exhausted (0: each session's own bounds)",
+        ),
         stall_timeout_s: float = typer.Option(
             15.0,
             help="restart the engine when a request produced nothing this long (0: off); "
@@ -395,6 +402,7 @@ def register(app: typer.Typer) -> None:
                             "transcription_backlog_s": transcription_backlog_s,
                             "journal_budget_bytes": (journal_budget_mb << 20) or None,
                             "audio_budget_bytes": (audio_budget_mb << 20) or None,
+                            "text_budget_bytes": (text_budget_mb << 20) or None,
                         },
                         gc_reclaim_s=gc_reclaim_s,
                         transcription_workers=transcription_workers,
@@ -425,6 +433,7 @@ def register(app: typer.Typer) -> None:
             "transcription_backlog_s": transcription_backlog_s,
             "journal_budget_bytes": (journal_budget_mb << 20) or None,
             "audio_budget_bytes": (audio_budget_mb << 20) or None,
+            "text_budget_bytes": (text_budget_mb << 20) or None,
             "transcription_workers": transcription_workers,
             "gc_reclaim_s": gc_reclaim_s,
         }

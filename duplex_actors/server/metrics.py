@@ -115,6 +115,14 @@ class _RuntimeCollector:
                 "recogniser), counted against the runtime's audio budget",
                 value=audio.total,
             )
+        text = rt.text_budget
+        if text is not None:
+            yield GaugeMetricFamily(
+                "duplex_conversation_text_bytes",
+                "Conversation text and settings (instructions, tools) all open sessions hold, "
+                "counted against the runtime's text budget",
+                value=text.total,
+            )
         yield GaugeMetricFamily(
             "duplex_server_session_records",
             "Sessions the websocket server keeps a record of (attached or awaiting resume)",

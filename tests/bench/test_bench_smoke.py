@@ -240,6 +240,21 @@ def test_flood_bench_held_audio_transcribed_tiny(capsys):
 
 
 @pytest.mark.slow
+def test_flood_bench_held_text_tiny(capsys):
+    """The held-text flood runs end to end over compressed frames: with a budget of 8 MiB, 8
+    sessions from 2 addresses hold the budget (to within a message), not the ~18 MiB of text
+    their own bounds allow, and the rest is refused as resource_exhausted."""
+    from duplex_actors.bench import flood_bench
+
+    assert flood_bench.main(["--held-text", "8", "--addresses", "2", "--text-budget-mb", "8"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("8 sessions from 2 addresses holding text, budget 8 MiB"), line
+    assert "'resource_exhausted'" in line, line
+    held = float(line.split("the sessions hold ")[1].split(" MiB")[0])
+    assert 6.0 <= held <= 9.0, line  # within a message (~1 MiB) of the budget
+
+
+@pytest.mark.slow
 def test_flood_bench_responses_tiny():
     """The response flood runs serve's engine end to end: the flooder's sessions got responses,
     and the neighbour was answered with speech both alone and during the flood."""

@@ -445,3 +445,55 @@ async def test_a_clients_many_sessions_hold_one_clients_share_of_the_audio_budge
                 await ws.close()
         await anyio.sleep(0.2)
         assert (server.runtime.audio_budget.total, server.runtime.audio_budget.clients) == (0, 0)
+
+
+async def test_a_clients_many_sessions_hold_one_clients_share_of_the_text_budget():
+    # Before the runtime's text budget, each session held its own ~2.2 MB of text (a full
+    # conversation, instructions, tools, all emoji), which a client multiplied by its sessions
+    # and sent compressed: 1,024 sessions from 4 addresses grew the server by 3.2 GB from
+    # about 3.6 MiB on the wire. Frames here are compressed (the client's default).
+    budget = 1_000_000
+    emoji_item = json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "\U0001f600" * 40_000}],
+            },
+        },
+        ensure_ascii=False,
+    )
+    async with running_server(runtime_kw={"text_budget_bytes": budget}, api_keys=KEYS) as server:
+        flooders = [await connect(server.url, additional_headers=FLOODER) for _ in range(4)]
+        async with connect(server.url, additional_headers=NEIGHBOUR) as neighbour:
+            for ws in (*flooders, neighbour):
+                await recv_json(ws)
+            refused = 0
+            for _ in range(3):
+                for ws in flooders:  # 12 items of 160 KB asked, the budget is 1 MB
+                    await ws.send(emoji_item)
+                    event = await _item_answer(ws)
+                    if event["type"] == "error":
+                        assert event["error"]["code"] == "resource_exhausted"
+                        assert "more than its share" in event["error"]["message"]
+                        refused += 1
+            text = server.runtime.text_budget
+            assert refused > 0 and text.clients == 2
+            assert text._accounts[FLOODER_TENANT].held <= budget
+            # The neighbour, within its half, is served though the budget is spent.
+            for _ in range(3):
+                await neighbour.send(emoji_item)
+                assert (await _item_answer(neighbour))["type"] == "conversation.item.done"
+            assert text.total > budget
+            for ws in flooders:
+                await ws.close()
+        await anyio.sleep(0.2)
+        assert (server.runtime.text_budget.total, server.runtime.text_budget.clients) == (0, 0)
+
+
+async def _item_answer(ws) -> dict:
+    """The answer to a conversation.item.create: its item's done event, or an error."""
+    while (event := await recv_json(ws))["type"] not in ("conversation.item.done", "error"):
+        pass
+    return event

@@ -1,0 +1,227 @@
+"""The runtime-wide text budget (core/text_budget.py) as a ledger over real session cores.
+
+Sessions of a few clients create items (ASCII and emoji, which CPython holds in four bytes a
+character), delete them, answer function calls, change their instructions and tools, get
+responses that add assistant items, and close, in any order. What must hold after every step:
+the budget counts exactly what the open sessions' conversations and settings hold, each
+client's account what its own sessions hold, and the clients it splits by are those with a
+session open; a created item, a function output or a text-adding update is refused for the
+budget exactly when the total would pass the budget and the client would pass its share, and a
+refusal changes nothing; a client within its share is never refused.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplex_actors.actors.runtime import Runtime
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.conversation import ContentPart, Item
+from duplex_actors.core.engine_io import FunctionTool, TextDelta, TurnDone
+from duplex_actors.core.session import SessionCore
+from duplex_actors.core.session_config import SessionConfig
+from duplex_actors.core.statechart import CHECKS
+from duplex_actors.core.text_budget import TextBudget, settings_text_bytes
+from duplex_actors.engines.scripted import ScriptedEngine
+from duplex_actors.errors import DuplexError, ResourceExhausted
+
+BUDGET = 60_000
+#: A conversation bound that forgets items often (each gives its bytes back).
+CONFIG = SessionConfig(max_conversation_chars=15_000, respond_on_commit=False)
+#: Room for several items a session, so what refuses is the budget.
+ROOMY = SessionConfig(max_conversation_chars=60_000, respond_on_commit=False)
+ITEM_REFUSAL = CHECKS["item_text_within_budget"].message
+SETTINGS_REFUSAL = CHECKS["settings_within_budget"].message
+
+_text = st.builds(
+    lambda n, wide: ("\U0001f600" if wide else "a") * n,
+    st.one_of(st.integers(1, 300), st.integers(2_000, 12_000)),
+    st.booleans(),
+)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("open"), st.integers(0, 2), st.none()),
+        st.tuples(st.just("item"), st.integers(0, 9), _text),
+        st.tuples(st.just("item"), st.integers(0, 9), _text),
+        st.tuples(st.just("delete"), st.integers(0, 9), st.integers(0, 5)),
+        st.tuples(st.just("instructions"), st.integers(0, 9), _text),
+        st.tuples(st.just("tools"), st.integers(0, 9), st.lists(_text, max_size=3)),
+        st.tuples(st.just("respond"), st.integers(0, 9), _text),
+        st.tuples(st.just("close"), st.integers(0, 9), st.none()),
+    ),
+    min_size=10,
+    max_size=60,
+)
+
+
+def _user_item(text: str) -> cmd.CreateItem:
+    return cmd.CreateItem(item=Item(id="", role="user", content=(ContentPart(type="input_text", text=text),)))
+
+
+class _Sessions:
+    def __init__(self, budget: TextBudget) -> None:
+        self.budget = budget
+        self.open: list[tuple[str, SessionCore]] = []
+        self.count = 0
+
+    def add(self, client: str) -> None:
+        self.count += 1
+        core = SessionCore(f"s{self.count}", CONFIG, text_account=self.budget.join(client))
+        self.open.append((client, core))
+
+    def close(self, index: int) -> None:
+        client, core = self.open.pop(index)
+        core.handle(cmd.Close())
+        core.release_budgets()
+
+    def held(self, client: str | None = None) -> int:
+        return sum(
+            sum(sys.getsizeof(text) for item in core._conversation for text in item.strings())
+            + settings_text_bytes(core.config.instructions, core.config.tools)
+            for c, core in self.open
+            if client in (None, c)
+        )
+
+
+def _respond(core: SessionCore, words: str) -> None:
+    """A response whose assistant item says ``words`` (what the server adds: never refused)."""
+    try:
+        core.handle(cmd.CreateResponse())
+    except DuplexError:
+        return  # one is running already
+    (submit,) = [a for a in core.take_actions() if hasattr(a, "request")]
+    rid = submit.request.request_id
+    core.on_engine_output(TextDelta(rid, words))
+    core.on_engine_output(TurnDone(rid))
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_the_budget_counts_exactly_what_conversations_and_settings_hold_and_refuses_only_over_share(
+    operations,
+):
+    budget = TextBudget(BUDGET)
+    sessions = _Sessions(budget)
+    for client in ("a", "b"):
+        sessions.add(client)
+    for op, which, value in operations:
+        if op == "open":
+            sessions.add("abc"[which])
+            continue
+        if not sessions.open:
+            continue
+        index = which % len(sessions.open)
+        client, core = sessions.open[index]
+        account = core._text_account
+        assert account is not None
+        if op == "close":
+            sessions.close(index)
+        elif op == "respond":
+            _respond(core, value)
+        elif op == "delete":
+            ids = [item.id for item in core._conversation]
+            if ids:
+                core.handle(cmd.DeleteItem(item_id=ids[value % len(ids)]))
+        else:
+            if op == "item":
+                command: cmd.Command = _user_item(value)
+                growth = sys.getsizeof(value)
+                refusal = ITEM_REFUSAL
+            else:
+                changes = (
+                    {"instructions": value}
+                    if op == "instructions"
+                    else {"tools": tuple(FunctionTool(f"f{i}", text) for i, text in enumerate(value))}
+                )
+                command = cmd.UpdateSession(**changes)
+                config = core.config
+                after = settings_text_bytes(
+                    changes.get("instructions", config.instructions), changes.get("tools", config.tools)
+                )
+                growth = after - settings_text_bytes(config.instructions, config.tools)
+                refusal = SETTINGS_REFUSAL
+            total, held, clients = budget.total, account.held, budget.clients
+            over = growth > 0 and total + growth > BUDGET and (held + growth) * clients > BUDGET
+            try:
+                core.handle(command)
+            except ResourceExhausted as err:
+                assert over and str(err) == refusal, (op, total, held, clients, growth)
+                assert budget.total == total and account.held == held  # refused: nothing changed
+            else:
+                assert not over, (op, total, held, clients, growth)
+        core.take_events()
+        core.take_actions()
+        assert budget.total == sessions.held()
+        clients_open = {c for c, _ in sessions.open}
+        assert budget.clients == len(clients_open)
+        for c in clients_open:
+            account = next(core._text_account for cc, core in sessions.open if cc == c)
+            assert account is not None and account.held == sessions.held(c)
+    for index in reversed(range(len(sessions.open))):
+        sessions.close(index)
+    assert (budget.total, budget.clients) == (0, 0)
+
+
+def test_emoji_cost_four_times_ascii_and_a_client_within_its_share_is_never_refused():
+    budget = TextBudget(400_000)
+    flooder = [SessionCore(f"f{i}", ROOMY, text_account=budget.join("flooder")) for i in range(8)]
+    neighbour = SessionCore("n", ROOMY, text_account=budget.join("neighbour"))
+    emoji = "\U0001f600" * 10_000  # 40 KB held, as many characters as 10 KB of ASCII
+    assert sys.getsizeof(emoji) > 4 * 10_000 > sys.getsizeof("a" * 10_000) * 3
+    refused = 0
+    for _ in range(5):
+        for core in flooder:
+            try:
+                core.handle(_user_item(emoji))
+            except ResourceExhausted as err:
+                assert str(err) == ITEM_REFUSAL
+                refused += 1
+    # The flooder may fill the budget (to within an item), not the 8 x 5 x 40 KB it asked for.
+    assert refused > 0 and 400_000 - sys.getsizeof(emoji) < budget.total <= 400_000
+    for _ in range(4):  # 160 KB: within its half, though the budget is over in all
+        neighbour.handle(_user_item(emoji))
+    assert neighbour._text_account is not None and neighbour._text_account.held > 160_000
+    # Settings count too: the flooder's instructions are refused, the neighbour's are not.
+    with pytest.raises(ResourceExhausted) as err:
+        flooder[0].handle(cmd.UpdateSession(instructions=emoji))
+    assert str(err.value) == SETTINGS_REFUSAL
+    neighbour.handle(cmd.UpdateSession(instructions="be brief"))
+    # Shrinking is never refused, over share or not.
+    flooder[0].handle(cmd.UpdateSession(tools=()))
+    for core in flooder:
+        core.release_budgets()
+    assert budget.clients == 1 and budget.total == neighbour._text_account.held
+
+
+def test_through_the_runtime_a_clients_sessions_share_one_share_of_the_text_budget():
+    async def main() -> None:
+        async with Runtime(ScriptedEngine(), config=ROOMY, text_budget_bytes=300_000) as rt:
+            assert rt.text_budget is not None
+            many = [rt.open_session_nowait(tenant="one-key") for _ in range(6)]
+            other = rt.open_session_nowait(tenant="another-key")
+            emoji = "\U0001f600" * 10_000
+            refused = 0
+            for _ in range(3):
+                for handle in many:
+                    try:
+                        await handle.ask(_user_item(emoji))
+                    except ResourceExhausted:
+                        refused += 1
+            # 18 items of ~40 KB asked: the key gets the budget (and one item) while it is the
+            # only one using it, not six sessions' worth.
+            assert refused > 0
+            assert rt.text_budget.total < 300_000 + sys.getsizeof(emoji)
+            await other.ask(_user_item(emoji))  # within its half: never refused
+            for handle in many:
+                await handle.close()
+            await anyio.sleep(0.05)
+            assert rt.text_budget.clients == 1
+            assert rt.text_budget.total == rt.text_budget._accounts["another-key"].held
+
+    anyio.run(main)
