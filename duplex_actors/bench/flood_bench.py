@@ -1001,6 +1001,26 @@ async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
             return report
 
 
+def _forwarded_for(i: int, addresses: int) -> dict[str, str]:
+    """Client ``i``'s headers: one of ``addresses`` client addresses, as a trusted proxy names
+    it (the per-address limits then count each client as the server would behind one)."""
+    return {"X-Forwarded-For": f"10.1.{i % addresses // 250}.{i % addresses % 250 + 1}"}
+
+
+def _behind_a_proxy(sessions: int, **options: Any) -> Any:
+    """An in-process server's config that trusts the clients' proxy (loopback), exempts none of
+    them from the per-address limits and lets an address hold ``sessions``."""
+    from ..server.app import ServerConfig
+
+    return ServerConfig(
+        port=0,
+        trusted_proxies=("127.0.0.1/32",),
+        exempt_networks=("192.0.2.0/24",),  # none of the clients: every limit counts them
+        max_sessions_per_address=sessions,
+        **options,
+    )
+
+
 async def _run_held_audio(
     sessions: int, addresses: int, budget_mb: int | None, transcribed: bool = False
 ) -> dict:
@@ -1016,7 +1036,7 @@ async def _run_held_audio(
 
     from ..actors.runtime import Runtime
     from ..engines.scripted import ScriptedEngine
-    from ..server.app import RealtimeServer, ServerConfig
+    from ..server.app import RealtimeServer
 
     budget = None if budget_mb is None else budget_mb << 20
     if transcribed:
@@ -1053,7 +1073,7 @@ async def _run_held_audio(
                         return
 
     async def open_one(i: int) -> Any:
-        headers = {"X-Forwarded-For": f"10.1.{i % addresses // 250}.{i % addresses % 250 + 1}"}
+        headers = _forwarded_for(i, addresses)
         ws = await connect(
             server.url, max_size=None, ping_interval=None, open_timeout=60, additional_headers=headers
         )
@@ -1074,13 +1094,7 @@ async def _run_held_audio(
     async with Runtime(
         ScriptedEngine(record=False), audio_budget_bytes=budget, transcriber=transcriber
     ) as rt:
-        config = ServerConfig(
-            port=0,
-            audio_intake_rate=None,
-            trusted_proxies=("127.0.0.1/32",),
-            exempt_networks=("192.0.2.0/24",),  # none of the clients: every limit counts them
-            max_sessions_per_address=sessions,
-        )
+        config = _behind_a_proxy(sessions, audio_intake_rate=None)
         async with RealtimeServer(rt, config) as server:
             rss_before = rss_mb()
             began = time.perf_counter()
@@ -1122,7 +1136,7 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
 
     from ..actors.runtime import Runtime
     from ..engines.scripted import ScriptedEngine
-    from ..server.app import RealtimeServer, ServerConfig
+    from ..server.app import RealtimeServer
 
     def as_json(event: dict) -> str:
         return json.dumps(event, ensure_ascii=False)  # emoji as themselves: 4 bytes each
@@ -1158,7 +1172,7 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
     refused: dict[str, int] = {}
 
     async def one(i: int) -> Any:
-        headers = {"X-Forwarded-For": f"10.2.{i % addresses // 250}.{i % addresses % 250 + 1}"}
+        headers = _forwarded_for(i, addresses)
         ws = await connect(
             server.url, max_size=None, ping_interval=None, open_timeout=120, additional_headers=headers
         )
@@ -1178,12 +1192,7 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
 
     budget = None if budget_mb is None else budget_mb << 20
     async with Runtime(ScriptedEngine(record=False), text_budget_bytes=budget) as rt:
-        config = ServerConfig(
-            port=0,
-            trusted_proxies=("127.0.0.1/32",),
-            exempt_networks=("192.0.2.0/24",),  # none of the clients: every limit counts them
-            max_sessions_per_address=sessions,
-        )
+        config = _behind_a_proxy(sessions)
         async with RealtimeServer(rt, config) as server:
             rss_before = rss_mb()
             began = time.perf_counter()

@@ -76,3 +76,30 @@ def resume(core: SessionCore, **kw) -> cmd.Resume:
         "key_digest": OWNER,
     }
     return cmd.Resume(**{**fields, **kw})
+
+
+class BudgetedSessions:
+    """Open session cores of a few clients, each joined to a runtime-wide budget (the audio or
+    the text one) under ``account`` (SessionCore's keyword for it), as a property test drives
+    them; ``measure(core)`` is what a session holds, read independently of the ledger."""
+
+    def __init__(self, budget, config: SessionConfig, account: str, measure) -> None:
+        self.budget = budget
+        self.config = config
+        self.account = account
+        self.measure = measure
+        self.open: list[tuple[str, SessionCore]] = []
+        self.count = 0
+
+    def add(self, client: str) -> None:
+        self.count += 1
+        core = SessionCore(f"s{self.count}", self.config, **{self.account: self.budget.join(client)})
+        self.open.append((client, core))
+
+    def close(self, index: int) -> None:
+        client, core = self.open.pop(index)
+        core.handle(cmd.Close())
+        core.release_budgets()
+
+    def held(self, client: str | None = None) -> int:
+        return sum(self.measure(core) for c, core in self.open if client in (None, c))

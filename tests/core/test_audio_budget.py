@@ -25,6 +25,8 @@ from duplex_actors.core.statechart import CHECKS
 from duplex_actors.engines.scripted import ScriptedEngine
 from duplex_actors.errors import Backpressure, DuplexError
 
+from .helpers import BudgetedSessions
+
 BUDGET = 40_000
 #: Own bounds far from the budget's, so what refuses here is the budget (or, rarely, these).
 CONFIG = SessionConfig(respond_on_commit=False, max_input_bytes=30_000, max_committed_bytes=30_000)
@@ -49,26 +51,8 @@ ops = st.lists(
 )
 
 
-class _Sessions:
-    def __init__(self, budget: AudioBudget) -> None:
-        self.budget = budget
-        self.open: list[tuple[str, SessionCore]] = []
-        self.count = 0
-
-    def add(self, client: str) -> None:
-        self.count += 1
-        core = SessionCore(f"s{self.count}", CONFIG, audio_account=self.budget.join(client))
-        self.open.append((client, core))
-
-    def close(self, index: int) -> None:
-        client, core = self.open.pop(index)
-        core.handle(cmd.Close())
-        core.release_budgets()
-
-    def held(self, client: str | None = None) -> int:
-        return sum(
-            core._input.nbytes + core._committed.nbytes for c, core in self.open if client in (None, c)
-        )
+def _audio_held(core: SessionCore) -> int:
+    return core._input.nbytes + core._committed.nbytes
 
 
 def _audio_item(n: int) -> cmd.CreateItem:
@@ -81,7 +65,7 @@ def _audio_item(n: int) -> cmd.CreateItem:
 @given(ops)
 def test_the_budget_counts_exactly_what_the_buffers_hold_and_refuses_only_over_share(operations):
     budget = AudioBudget(BUDGET)
-    sessions = _Sessions(budget)
+    sessions = BudgetedSessions(budget, CONFIG, "audio_account", _audio_held)
     for client in ("a", "b"):
         sessions.add(client)
     for op in operations:

@@ -30,6 +30,8 @@ from duplex_actors.core.text_budget import TextBudget, settings_text_bytes
 from duplex_actors.engines.scripted import ScriptedEngine
 from duplex_actors.errors import DuplexError, ResourceExhausted
 
+from .helpers import BudgetedSessions
+
 BUDGET = 60_000
 #: A conversation bound that forgets items often (each gives its bytes back).
 CONFIG = SessionConfig(max_conversation_chars=15_000, respond_on_commit=False)
@@ -63,29 +65,9 @@ def _user_item(text: str) -> cmd.CreateItem:
     return cmd.CreateItem(item=Item(id="", role="user", content=(ContentPart(type="input_text", text=text),)))
 
 
-class _Sessions:
-    def __init__(self, budget: TextBudget) -> None:
-        self.budget = budget
-        self.open: list[tuple[str, SessionCore]] = []
-        self.count = 0
-
-    def add(self, client: str) -> None:
-        self.count += 1
-        core = SessionCore(f"s{self.count}", CONFIG, text_account=self.budget.join(client))
-        self.open.append((client, core))
-
-    def close(self, index: int) -> None:
-        client, core = self.open.pop(index)
-        core.handle(cmd.Close())
-        core.release_budgets()
-
-    def held(self, client: str | None = None) -> int:
-        return sum(
-            sum(sys.getsizeof(text) for item in core._conversation for text in item.strings())
-            + settings_text_bytes(core.config.instructions, core.config.tools)
-            for c, core in self.open
-            if client in (None, c)
-        )
+def _text_held(core: SessionCore) -> int:
+    items = sum(sys.getsizeof(text) for item in core._conversation for text in item.strings())
+    return items + settings_text_bytes(core.config.instructions, core.config.tools)
 
 
 def _respond(core: SessionCore, words: str) -> None:
@@ -107,7 +89,7 @@ def test_the_budget_counts_exactly_what_conversations_and_settings_hold_and_refu
     operations,
 ):
     budget = TextBudget(BUDGET)
-    sessions = _Sessions(budget)
+    sessions = BudgetedSessions(budget, CONFIG, "text_account", _text_held)
     for client in ("a", "b"):
         sessions.add(client)
     for op, which, value in operations:
