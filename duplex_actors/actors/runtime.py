@@ -322,6 +322,8 @@ class Runtime:
         #: Each session's decode started at the quiet before its commit (InputSpeculator), and
         #: the one running, if any: at most one at a time, only while the recogniser is idle.
         self._speculations: dict[str, Speculation] = {}
+        #: Each session's speculator, whose kept audio counts in the audio budget.
+        self._speculators: dict[str, InputSpeculator] = {}
         self._speculating: Speculation | None = None
         self._transcript_ready: anyio.Event | None = None
         self._sessions: dict[str, SessionActor] = {}
@@ -524,6 +526,9 @@ class Runtime:
             self.closed += 1
             self._transcripts.forget(actor.session_id)  # nobody is left to tell
             self._discard_speculation(actor.session_id)
+            speculator = self._speculators.pop(actor.session_id, None)
+            if speculator is not None:
+                speculator.release()
             actor.core.release_budgets()  # a closed session is never resumed
             for listener in self._close_listeners:
                 try:
@@ -638,12 +643,20 @@ class Runtime:
         if actor is None or not getattr(self.transcriber, "speculative", False):
             return None
         core = actor.core
-        return InputSpeculator(
+        speculator = InputSpeculator(
             lambda prefix, speech: self._speculate(session_id, prefix, speech),
             lambda: self._discard_speculation(session_id),
             sample_rate=core.config.sample_rate,
             wanted=lambda: core.config.transcription is not None,
+            account=core.audio_account,
         )
+        # One a session (a new server VAD, after an update or a resume, makes a new one): the
+        # one it replaces gives its audio back, and so does the last when the session closes.
+        old = self._speculators.get(session_id)
+        if old is not None:
+            old.release()
+        self._speculators[session_id] = speculator
+        return speculator
 
     def _speculate(self, session_id: str, prefix: bytes, speech: bytes) -> None:
         """The user went quiet: decode the turn so far, if its session transcribes and the

@@ -325,6 +325,11 @@ class InputSpeculator:
     committed and its audio holds ``speech`` unchanged, that decode is the turn's transcript
     (Runtime.transcribe). Speech again before the commit calls ``discard()``: the decode is
     dropped unseen (or stopped) and the next quiet starts another; so does a new turn.
+
+    The turn's audio kept here is a copy (the session's input buffer holds the same audio), so
+    given the client's ``account`` in the runtime's audio budget it counts there while kept;
+    :meth:`release` gives it back (the runtime calls it when the session closes, or when a new
+    speculator replaces this one).
     """
 
     __slots__ = (
@@ -339,6 +344,7 @@ class InputSpeculator:
         "_quiet",
         "_started",
         "_unclaimed",
+        "account",
     )
 
     def __init__(
@@ -351,8 +357,10 @@ class InputSpeculator:
         prefix_ms: float = 300.0,
         max_s: float = 20.0,
         wanted: Callable[[], bool] = lambda: True,
+        account: AudioAccount | None = None,
     ) -> None:
         self.start = start
+        self.account = account
         self.discard = discard
         #: Asked as each turn begins: whether to follow it (the session transcribes). A turn
         #: not followed costs nothing: its audio is not copied.
@@ -376,11 +384,13 @@ class InputSpeculator:
             if isinstance(command, SpeechStartedSignal):
                 if self._unclaimed:
                     self.discard()  # the last turn's decode, if its commit never claimed it
+                self._forget_turn()
                 self._turn = bytearray() if self.wanted() else None
                 self._quiet, self._started, self._unclaimed = 0, False, False
             elif isinstance(command, SpeechStoppedSignal):
                 # The turn is being committed: its decode (if any) waits for the commit.
-                self._turn, self._started = None, False
+                self._forget_turn()
+                self._started = False
                 self._before.clear()
             elif isinstance(command, AppendAudio):
                 self._audio(command.pcm, speech)
@@ -391,7 +401,7 @@ class InputSpeculator:
             if self._started:
                 self._started = self._unclaimed = False
                 self.discard()
-            turn = self._turn = None
+            self._forget_turn()
             self._before.clear()
             return  # too long to guess: not followed until the next turn
         if turn is None:
@@ -401,6 +411,8 @@ class InputSpeculator:
                 del before[: len(before) - self.prefix_bytes]
             return
         turn += pcm
+        if self.account is not None:
+            self.account.add(len(pcm))
         if speech:
             if self._started:
                 self._started = self._unclaimed = False
@@ -411,3 +423,14 @@ class InputSpeculator:
         if not self._started and self._quiet >= self.after_bytes:
             self._started = self._unclaimed = True
             self.start(bytes(self._before), bytes(turn))
+
+    def _forget_turn(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None and self.account is not None:
+            self.account.add(-len(turn))
+
+    def release(self) -> None:
+        """Give the kept audio back to the account and stop counting (its session closed, or a
+        new speculator took over); what follows is followed uncounted."""
+        self._forget_turn()
+        self.account = None

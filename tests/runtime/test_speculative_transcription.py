@@ -17,6 +17,7 @@ from duplex_actors.audio.server_vad import ServerVad
 from duplex_actors.audio.turn_detection import TurnDetectionConfig
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.actions import TranscribeInput
+from duplex_actors.core.audio_budget import AudioBudget
 
 pytestmark = pytest.mark.anyio
 
@@ -143,6 +144,54 @@ def test_the_speculator_follows_only_wanted_turns_and_not_past_its_length():
     spec.heard([cmd.AppendAudio(pcm=QUIET)], False)  # 500 ms: past max_s
     spec.heard([cmd.AppendAudio(pcm=QUIET)], False)
     assert len(started) == 1  # a turn that long is left to the queue
+
+
+def test_the_turn_the_speculator_keeps_counts_in_the_audio_budget_until_it_lets_it_go():
+    # Its copy of the turn (the input buffer holds the same audio) was counted nowhere: up to
+    # max_s (20 s, 640 KB at 16 kHz) a session with server VAD and transcription on.
+    budget = AudioBudget(1 << 20)
+    account = budget.join("client")
+    spec = InputSpeculator(
+        lambda prefix, speech: None, lambda: None, sample_rate=16000, max_s=0.45, account=account
+    )
+    spec.heard([cmd.AppendAudio(pcm=QUIET)], False)
+    assert account.held == 0  # the quiet before a turn is not a copy kept for it
+    spec.heard([cmd.SpeechStartedSignal(audio_ms=100), cmd.AppendAudio(pcm=loud())], True)
+    spec.heard([cmd.AppendAudio(pcm=QUIET)], False)
+    assert account.held == budget.total == 2 * len(QUIET)
+    spec.heard([cmd.SpeechStoppedSignal(audio_ms=300)], False)  # committed: let go
+    assert account.held == 0
+    spec.heard([cmd.SpeechStartedSignal(audio_ms=1000), cmd.AppendAudio(pcm=loud())], True)
+    for _ in range(3):
+        spec.heard([cmd.AppendAudio(pcm=loud())], True)
+    assert account.held == 4 * len(QUIET)  # 400 ms
+    spec.heard([cmd.AppendAudio(pcm=loud())], True)  # 500 ms, past max_s: no longer followed
+    assert account.held == 0
+    spec.heard([cmd.SpeechStartedSignal(audio_ms=2000), cmd.AppendAudio(pcm=loud())], True)
+    assert account.held == len(QUIET)
+    spec.release()  # its session closed
+    assert account.held == 0
+    spec.heard([cmd.AppendAudio(pcm=loud())], True)
+    assert account.held == 0  # released: counted no more
+
+
+async def test_a_sessions_speculators_give_their_audio_back_when_replaced_and_at_close():
+    async with Runtime(ScriptedEngine(), transcriber=GuessingRecogniser()) as rt:
+        session = await rt.open_session(server_vad=True, transcription="any", auto_respond=False)
+        budget = rt.audio_budget
+        first = session.input_speculator()
+        assert first is not None and first.account is not None
+        first.heard([cmd.SpeechStartedSignal(audio_ms=0), cmd.AppendAudio(pcm=loud())], True)
+        assert budget.total == len(QUIET)
+        second = session.input_speculator()  # a new server VAD (an update, a resume)
+        assert budget.total == 0 and first.account is None
+        second.heard([cmd.SpeechStartedSignal(audio_ms=0), cmd.AppendAudio(pcm=loud())], True)
+        assert budget.total == len(QUIET)
+        await session.close()
+        with anyio.fail_after(5):
+            while budget.clients:
+                await anyio.sleep(0.01)
+        assert budget.total == 0
 
 
 def test_a_speculation_answers_only_a_committed_turn_that_holds_its_speech():
