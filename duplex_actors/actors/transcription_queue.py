@@ -27,8 +27,8 @@ So the queue is sans-IO and fair:
   its response), so it counts against the runtime's audio budget in its client's account
   (core/audio_budget.py) from the moment it is queued until the turn is answered or forgotten.
   A client over its share of a full budget has its turns refused like a full backlog: per
-  session, the backlog bound alone let many sessions of a client hold about 4 MB each here,
-  beside the buffers the budget already counted;
+  session, the backlog bound alone let many sessions of a client each hold a turn's copy
+  beside the buffers the budget already counted (docs/reliability.md);
 * a closed session's queued turns are forgotten: nobody is left to tell. Pieces already being
   decoded finish; a forgotten turn's words are dropped.
 """

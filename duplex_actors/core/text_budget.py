@@ -6,8 +6,8 @@ characters and its 128 tools as much as a frame holds (1 MiB). A client multipli
 opening sessions (an address may hold 256), many clients multiply it again, and
 permessage-deflate makes it cheap to send: a message may inflate to 2 MiB however small it was
 on the wire (server/inflate.py keeps that floor so that honest chunks of digital silence, which
-compress a thousandfold, are not refused), so an item of 65,536 emoji costs about 380 bytes.
-The figures are in docs/reliability.md.
+compress hundreds of times, are not refused), so an item of 65,536 emoji costs a few hundred bytes
+on the wire. The figures are in docs/reliability.md.
 
 With a budget (a :class:`~.client_budget.ClientBudget` counting the bytes Python holds the
 strings in), a created item (or function output) and a ``session.update`` that would add text

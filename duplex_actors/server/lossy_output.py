@@ -11,8 +11,8 @@ next write that gets through is preceded by a line saying how many were lost and
 
 The reader can also be there and not read: a pager or a terminal paused, a log shipper or a
 container runtime's logging driver that blocks while its own destination is slow. A write to
-a full pipe waits, and it was made on the event loop, so every session waited with it: 576
-refused connections' warning lines (64 KiB) froze ``serve`` with an open session unanswered.
+a full pipe waits, and it was made on the event loop, so every session waited with it: once a
+pipe nobody read was full, the next warning line froze ``serve`` (docs/reliability.md).
 So the lines are written by a thread of their own; the loop only queues them. Past
 ``max_waiting_bytes`` (1 MiB) waiting for a reader that does not keep up, the oldest lines
 are dropped, and counted as any other lost write. :meth:`LossyStream.drain` waits (bounded) for what is
