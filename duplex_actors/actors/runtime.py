@@ -601,15 +601,16 @@ class Runtime:
         if self._tg is None:  # not running (closing): still answer the turn, never drop it
             deliver(InputTranscript(action.item_id, error="the runtime is not running"))
             return
+        job = TranscriptionJob(session_id, action, deliver, tenant, account)
         speculation = self._speculations.pop(session_id, None)
         if speculation is not None:
-            if speculation.claim(TranscriptionJob(session_id, action, deliver, tenant, account)):
+            if speculation.claim(job):
                 log.debug("transcription.speculation_claimed", session_id=session_id, item_id=action.item_id)
                 if speculation.done:
                     self._answer_speculation(speculation)
                 return
             speculation.cancel()
-        self._queue_transcription(TranscriptionJob(session_id, action, deliver, tenant, account))
+        self._queue_transcription(job)
 
     def _queue_transcription(self, job: TranscriptionJob) -> None:
         assert self._tg is not None
