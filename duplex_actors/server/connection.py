@@ -29,7 +29,16 @@ So the connection:
    pongs in a second, much smaller one (``control_frames_per_s``); past either it reads the
    client's next bytes later (TCP pushes back), refusing nothing. Both are checked between
    pieces, so what a client gets past a budget is bounded by a piece, not a read;
-3. fails a message of more than ``MAX_FRAGMENTS`` fragments with 1009, as websockets 17 does.
+3. fails a message of more than ``MAX_FRAGMENTS`` fragments with 1009, as websockets 17 does;
+4. bounds what it holds of messages its reader has not read in bytes, not only in frames
+   (``READ_QUEUE_BYTES``), and lets go of each message's payload once it is read (:meth:`read_done`).
+
+The last point is about memory, not time. A message's payload is what it inflated to, up to the
+transport cap, from a few hundred bytes on the wire. websockets' read queue holds up to
+``max_queue`` frames of it while a paced reader waits, and its parser keeps the last frame it
+parsed until it has parsed a whole next one (ws_internals.py): one large message and then
+silence stayed in the server for the connection's life. A few hundred connections doing either
+held gigabytes (docs/reliability.md).
 
 A client held back past the keepalive's ping timeout cannot answer the server's ping either,
 and is dropped as any unresponsive peer is.
@@ -59,9 +68,12 @@ from .lingering import LINGERING
 from .opening_slots import OpeningSlots
 from .ws_internals import (
     drop_parser_traceback,
+    forget_payload,
     next_to_read,
+    queued_bytes,
     release_closed_connection,
     route_read_queue_flow,
+    whole_message_queued,
 )
 
 log = structlog.get_logger("duplex_actors.server")
@@ -76,6 +88,11 @@ CONTROL_FRAMES_PER_S = 5.0
 CONTROL_FRAMES_BURST = 50
 #: Fragments of one message (websockets 17's own limit; earlier versions have none).
 MAX_FRAGMENTS = 4096
+#: Payload bytes the read queue may hold for a reader before reading the socket waits (the
+#: queue's own bound is in frames: ``max_queue`` of up to the transport cap each). A whole
+#: message always gets in, whatever its size, so the reader is never left waiting for the rest
+#: of a message that the bound keeps out. Real-time audio frames are 1-3 KB.
+READ_QUEUE_BYTES = 256 << 10
 #: The request head a client may send (bytes, header lines): browsers send 0.5-4 KB and a
 #: dozen or two headers, a large cookie or token included.
 MAX_REQUEST_HEAD_BYTES = 32 << 10
@@ -89,6 +106,7 @@ FEED_BYTES = 4096
 FEED_SLICE_S = 0.002
 
 _CONTROL = (Opcode.PING, Opcode.PONG)
+_DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
 
 
 class PacedConnection(ServerConnection):
@@ -164,6 +182,10 @@ class PacedConnection(ServerConnection):
         self._feeding: asyncio.Handle | None = None
         self._fragments = 0
         self._released = False
+        #: The last data frame handed to the read queue: the parser holds it until it has parsed
+        #: another (ws_internals.forget_payload), so its payload is dropped once it is read.
+        self._unread: Frame | None = None
+        self._queued = 0  # payload bytes in the read queue (exact after each read_done)
         # The read queue's own flow control goes through the same gate.
         route_read_queue_flow(self, lambda: self._hold("queue"), lambda: self._release("queue"))
 
@@ -318,8 +340,15 @@ class PacedConnection(ServerConnection):
             return
         if self._too_many_fragments(event):
             return
-        if self.offer is None or not self._offered(event):
+        if self.offer is not None and self._offered(event):
+            forget_payload(event)  # handled as parsed: its message was made from a copy
+        else:
             super().process_event(event)
+            if event.opcode in _DATA:
+                self._unread = event
+                self._queued += len(event.data)
+                if event.fin and self._queued > READ_QUEUE_BYTES:
+                    self._hold("queued_bytes")  # a whole message is in: the reader can go on
         now = self.loop.time()
         self._charge("frame_count", now)
         if event.opcode in _CONTROL:
@@ -341,6 +370,21 @@ class PacedConnection(ServerConnection):
         else:
             return False
         return self.offer(message)
+
+    def read_done(self) -> None:
+        """The reader took a message from the read queue (``recv()`` returned): the payload the
+        parser still holds is dropped once nothing of it is left to read, and reading the socket
+        goes on once the queue holds no more than ``READ_QUEUE_BYTES``, or holds no whole
+        message (the reader then waits for the rest of one)."""
+        frame = self._unread
+        if frame is not None and next_to_read(self):
+            forget_payload(frame)
+            self._unread = None
+        self._queued = queued_bytes(self)
+        if "queued_bytes" in self._holds and (
+            self._queued <= READ_QUEUE_BYTES or not whole_message_queued(self)
+        ):
+            self._release("queued_bytes")
 
     def _too_many_fragments(self, frame: Frame) -> bool:
         if frame.opcode is Opcode.CONT:

@@ -141,14 +141,17 @@ class SessionReader:
         billed = handling is not None or loop_share is not None
         tenant = record.tenant
         now = self.server.runtime.clock.now
-        offers_to = self.ws if isinstance(self.ws, PacedConnection) else None
-        if offers_to is not None and self.server.config.handle_frames_as_parsed:
+        paced = self.ws if isinstance(self.ws, PacedConnection) else None
+        offers_to = paced if self.server.config.handle_frames_as_parsed else None
+        if offers_to is not None:
             offers_to.offer = self.offer
         try:
             while True:
                 self.awaiting_frame = True
                 frame = await self.ws.recv()
                 self.awaiting_frame = False
+                if paced is not None:
+                    paced.read_done()
                 if self.flooding:
                     # Put over the flood budget while the reader waited (a frame handled as it
                     # was parsed, or a VAD batch scored meanwhile): no frame after it is read.
@@ -193,6 +196,10 @@ class SessionReader:
                     slice_began = began  # the reader waited for this frame: a new slice
                 if not self._handle(frame, None, billed):
                     return ReaderStop.FLOOD
+                # Handled: not kept while the reader waits (for the pacers, for the client's
+                # next frame), which can be the connection's whole life. A frame is up to the
+                # transport cap, and four times that as a str when one character needs it.
+                frame = ""
                 done = clock()
                 if self.pace_wait:
                     wait, self.pace_wait = self.pace_wait, 0.0

@@ -33,6 +33,18 @@ And :func:`next_to_read`, for what a frame costs to reach its session: whether a
 now would be the next one ``recv()`` returns (the read queue holds no frame and is open), which
 decides whether connection.py may hand it to the session's reader as it is parsed.
 
+And two for what a connection holds of messages already read or not yet read:
+
+* the protocol's parser keeps the last frame it parsed (a local of its generator) until it has
+  parsed a whole next one. A client that sent one large message and went quiet left its
+  payload, up to ``max_size`` after inflation, in the server for as long as the connection
+  lived. :func:`forget_payload` drops the payload of a frame whose message has been read
+  (``Frame`` is a plain dataclass; nothing in websockets reads a frame's data after the read
+  queue handed its message out);
+* :func:`queued_bytes` adds up the payloads the read queue holds, and
+  :func:`whole_message_queued` says whether a ``recv()`` would return without more of the
+  client, so that connection.py can bound the queue in bytes as well as in frames.
+
 Everything else the server's session code knows of a connection comes through the documented
 API: how a client ended its side is read from the ``ConnectionClosed`` its reader got. The
 other module that works below that API is :mod:`.connection`, the ``ServerConnection``
@@ -50,6 +62,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
+from websockets.frames import Frame
 
 from . import frame_cost
 
@@ -81,6 +94,22 @@ def next_to_read(connection: Any) -> bool:
     """Whether a message parsed now would be the next one ``connection.recv()`` returns."""
     queue = connection.recv_messages
     return not queue.frames and not queue.closed
+
+
+def forget_payload(frame: Frame) -> None:
+    """Let go of ``frame``'s payload: its message has been read (module doc)."""
+    frame.data = b""
+
+
+def queued_bytes(connection: Any) -> int:
+    """The payload bytes of the frames ``connection``'s read queue holds, not yet read."""
+    return sum(len(frame.data) for frame in connection.recv_messages.frames.queue)
+
+
+def whole_message_queued(connection: Any) -> bool:
+    """Whether ``connection``'s read queue holds the last frame of a message: a ``recv()``
+    would return without waiting for more of the client."""
+    return any(frame.fin for frame in connection.recv_messages.frames.queue)
 
 
 def release_closed_connection(connection: Any) -> None:

@@ -4,7 +4,8 @@ it is asked, a real websockets protocol parsing real frames.
 What it must hold: reading resumes only when neither websockets' read queue nor a budget holds
 it; what a read returned is fed in pieces, the rest kept while a budget holds reading and fed,
 in order, once it lets go; every frame is counted, pings and pongs twice; a message of too many
-fragments fails the connection with 1009."""
+fragments fails the connection with 1009; the read queue is bounded in bytes, a whole message
+always gets in, and a message's payload is let go once it is read."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from duplex_actors.server import connection as connection_module
-from duplex_actors.server.connection import FEED_BYTES, MAX_FRAGMENTS, paced_connection
+from duplex_actors.server.connection import FEED_BYTES, MAX_FRAGMENTS, READ_QUEUE_BYTES, paced_connection
 
 pytestmark = pytest.mark.anyio
 
@@ -226,3 +227,65 @@ async def test_bytes_arriving_while_a_rest_waits_go_after_it_and_an_end_feeds_it
     conn.eof_received()
     assert not conn._rest
     assert _messages(conn) == [f"{i:05d}".encode() for i in range(2000)]
+
+
+def _parsers_last_frame(conn) -> Frame:
+    """The frame websockets' parser keeps as a local (its generator, and the one it delegates
+    to: ServerProtocol.parse runs Protocol.parse)."""
+    parser = conn.protocol.parser
+    while parser is not None:
+        if "frame" in parser.gi_frame.f_locals:
+            return parser.gi_frame.f_locals["frame"]
+        parser = parser.gi_yieldfrom
+    raise AssertionError("the parser keeps no frame: see ws_internals.forget_payload")
+
+
+def _read_one(conn) -> bytes:
+    """What ``recv()`` does for one unfragmented message, then what the session's reader tells
+    the connection after it."""
+    message = bytes(conn.recv_messages.frames.queue.popleft().data)
+    conn.read_done()
+    return message
+
+
+async def test_the_read_queue_is_bounded_in_bytes_and_a_whole_message_always_gets_in():
+    conn, transport, _ = _open(frames_per_s=None)
+    third = READ_QUEUE_BYTES // 3 + 1
+    conn.process_event(Frame(Opcode.TEXT, b"a" * third))
+    conn.process_event(Frame(Opcode.TEXT, b"b" * third))
+    assert transport.reading, "within the bound"
+    conn.process_event(Frame(Opcode.TEXT, b"c" * third))
+    assert not transport.reading, "past it, with whole messages queued: the reader goes first"
+    assert _read_one(conn) == b"a" * third
+    assert transport.reading, "back within the bound"
+
+    # One message larger than the bound, in fragments: reading goes on until its last fragment
+    # is in (the reader cannot take a part of it), then waits for the reader.
+    conn, transport, _ = _open(frames_per_s=None)
+    conn.process_event(Frame(Opcode.TEXT, b"x" * READ_QUEUE_BYTES, fin=False))
+    conn.process_event(Frame(Opcode.CONT, b"y" * READ_QUEUE_BYTES, fin=False))
+    assert transport.reading
+    conn.process_event(Frame(Opcode.CONT, b"z", fin=True))
+    assert not transport.reading
+    # The reader took that message; the next one's first fragment alone is over the bound, and
+    # no whole message is queued: reading goes on, or the reader would wait for ever.
+    queue = conn.recv_messages.frames.queue
+    for _ in range(3):
+        queue.popleft()
+    conn.process_event(Frame(Opcode.TEXT, b"w" * (2 * READ_QUEUE_BYTES), fin=False))
+    conn.read_done()
+    assert transport.reading
+
+
+async def test_a_messages_payload_is_let_go_once_it_is_read_not_when_the_next_is_parsed():
+    # websockets' parser keeps the last frame it parsed until it has parsed another: a client
+    # that sent one large message and went quiet had it kept for the connection's life.
+    conn, _, _ = _open(frames_per_s=None)
+    payload = b"p" * 100
+    conn.data_received(_frame(0x1, payload) + _frame(0x1, b"q" * 100))
+    parsed = _parsers_last_frame(conn)
+    assert parsed.data == b"q" * 100
+    assert _read_one(conn) == payload
+    assert parsed.data == b"q" * 100, "still queued: not read yet"
+    assert _read_one(conn) == b"q" * 100
+    assert parsed.data == b"", "read: the parser's reference holds nothing"

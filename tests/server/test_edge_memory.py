@@ -183,6 +183,77 @@ async def test_a_deflate_bomb_with_churn_is_closed_1009_and_leaves_no_memory_beh
         assert serve.rss() - serve.baseline <= 50, (serve.baseline, serve.rss())
 
 
+def _large_message(n: int) -> str:
+    """About 1 MB of ASCII and one emoji, as an event of a type the server does not know (it is
+    refused with an error). CPython keeps such a str in four bytes a character, and
+    permessage-deflate sends it in about a kilobyte."""
+    padding = chr(ord("a") + n % 26) * 999_000 + "\U0001f600"
+    return json.dumps({"type": "x.padding", "pad": padding}, ensure_ascii=False)
+
+
+async def _sessions(serve: _Serve, count: int) -> list:
+    clients = []
+    for _ in range(count):
+        ws = await connect(serve.url, max_size=None, ping_interval=None)
+        assert (await recv_json(ws, timeout=10))["type"] == "session.created"
+        clients.append(ws)
+    return clients
+
+
+@linux_only
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_large_message_is_let_go_once_read_not_kept_while_its_connection_is_quiet():
+    # Before: websockets' parser kept the last frame it parsed (the message inflated, ~1 MB)
+    # and the session's reader kept the last message it handled (a str of ~4 MB) until the
+    # next one arrived: 128 connections that each sent one such message, about 1 KB on the
+    # wire, and then nothing held +668 MiB for as long as they stayed.
+    async with _Serve() as serve:
+        clients = await _sessions(serve, 48)
+        try:
+            for i, ws in enumerate(clients):
+                await ws.send(_large_message(i))
+                error = (await recv_json(ws, timeout=10))["error"]
+                assert error["code"] == "unknown_event_type", error
+            await anyio.sleep(0.5)
+            grew = serve.rss() - serve.baseline
+            print(f"48 quiet connections after one large message each: RSS +{grew:.1f} MiB")
+            assert grew < 64, f"RSS grew {grew:.0f} MiB"
+        finally:
+            for ws in clients:
+                ws.transport.abort()
+
+
+@linux_only
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_what_a_paced_reader_has_not_read_is_bounded_in_bytes_not_only_in_frames():
+    # Each client sends 12 such messages at once. Past the frame pacer's 8 MB burst its reader
+    # takes one a second, and meanwhile websockets' read queue held up to 4 frames of ~1 MB
+    # (its bound is in frames), the parser one more, the reader the one in hand as a str: 8-9
+    # MiB a connection, +480-590 MiB for 64 of them.
+    async with _Serve() as serve:
+        clients = await _sessions(serve, 32)
+        peak = _Peak(serve)
+        sampler = asyncio.get_running_loop().create_task(peak.sample())
+        try:
+            for i, ws in enumerate(clients):
+                for k in range(12):
+                    await ws.send(_large_message(i + k))
+            await anyio.sleep(4)  # the readers are paced: 4 of their 12 messages are left
+            grew = peak.peak - serve.baseline
+            print(f"32 paced connections, 12 large messages each: RSS peak +{grew:.1f} MiB")
+            assert grew < 160, f"RSS grew {grew:.0f} MiB"
+            for ws in clients:  # and nothing was refused but the messages themselves
+                with anyio.fail_after(30):
+                    codes = [(await recv_json(ws, timeout=30))["error"]["code"] for _ in range(12)]
+                assert codes == ["unknown_event_type"] * 12
+        finally:
+            sampler.cancel()
+            for ws in clients:
+                ws.transport.abort()
+
+
 async def _flood_once(port: int, request: bytes) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:

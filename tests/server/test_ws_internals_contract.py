@@ -5,6 +5,7 @@ silently keeping closed connections' memory alive or sending events one write ea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 websockets = pytest.importorskip("websockets")
 
 from websockets.asyncio.server import ServerConnection, serve  # noqa: E402
+from websockets.frames import Frame, Opcode  # noqa: E402
 from websockets.protocol import Protocol  # noqa: E402
 
 from duplex_actors.server import ws_internals  # noqa: E402
@@ -58,3 +60,36 @@ def test_a_live_server_connection_has_the_attributes_the_server_reaches():
     seen, got = asyncio.run(asyncio.wait_for(main(), 10))
     assert seen == {name: True for name in seen} and len(seen) == 8, seen
     assert got == ['{"a":1}', '{"b":2}']
+
+
+def test_a_frames_payload_can_be_let_go_and_the_read_queue_added_up():
+    # Frame is a plain (mutable) dataclass whose payload is ``data``: forget_payload sets it.
+    assert dataclasses.is_dataclass(Frame) and not Frame.__dataclass_params__.frozen
+    frame = Frame(Opcode.TEXT, b"x" * 10)
+    ws_internals.forget_payload(frame)
+    assert frame.data == b""
+    # The parser keeps the last frame it parsed as a local named ``frame`` (the reason for
+    # forget_payload: tests/server/test_connection.py checks it through a real parse).
+    assert "frame = yield from Frame.parse(" in inspect.getsource(Protocol.parse)
+
+    async def main():
+        seen: dict[str, object] = {}
+
+        async def handler(ws: ServerConnection) -> None:
+            await ws.recv()  # the first message, then two more queued behind it
+            while len(ws.recv_messages.frames) < 2:
+                await asyncio.sleep(0.01)
+            seen["queued_bytes"] = ws_internals.queued_bytes(ws)
+            seen["whole"] = ws_internals.whole_message_queued(ws)
+            await ws.wait_closed()
+
+        async with serve(handler, "127.0.0.1", 0, compression=None) as server:
+            port = server.sockets[0].getsockname()[1]
+            async with websockets.connect(f"ws://127.0.0.1:{port}", compression=None) as client:
+                for text in ("a", "bb", "ccc"):
+                    await client.send(text)
+                while not seen:
+                    await asyncio.sleep(0.01)
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == {"queued_bytes": 5, "whole": True}
