@@ -43,6 +43,7 @@ class ResponseAssembly:
         "message_index",
         "heard_ms",
         "in_conversation",
+        "held_text",
     )
 
     def __init__(
@@ -59,6 +60,9 @@ class ResponseAssembly:
         #: False for an out-of-band response (GA response.conversation "none"): its items are
         #: the client's, never written into the session's conversation.
         self.in_conversation = in_conversation
+        #: The bytes of text the response holds of its own while it runs, counted in the
+        #: runtime's text budget until it is done (text_budget.response_text_bytes).
+        self.held_text = 0
         #: The assistant message's id (output item 0); function calls get their own.
         self.item_id = item_id
         #: The fence it was created under: its closing events carry this epoch, even when the

@@ -267,6 +267,10 @@ class ResponseEffects(SessionParts):
             epoch=r.epoch,
         )
         self._response = None
+        if r.held_text:  # what it held of its own (turn_effects._fx_submit_model_turn)
+            if self._text_account is not None:
+                self._text_account.add(-r.held_text)
+            r.held_text = 0
 
     def _ensure_begun(self, step: Step) -> None:
         # A RESPONSE turn that ends before any output still answers its request: the client

@@ -657,7 +657,9 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         text, self._text_account = self._text_account, None
         if text is not None:
             self._conversation.detach()
-            text.add(-self._settings_bytes)
+            response = self._response
+            held = self._settings_bytes + (0 if response is None else response.held_text)
+            text.add(-held)
             text.leave()
 
     @property

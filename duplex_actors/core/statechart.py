@@ -191,6 +191,11 @@ CHECKS: Mapping[str, Check] = {
         "the server holds all the conversation text it may, and this client more than its "
         "share: the new instructions and tools do not fit",
     ),
+    "response_text_within_budget": Check(
+        ResourceExhausted,
+        "the server holds all the conversation text it may, and this client more than its "
+        "share: the response's own input, instructions and tools do not fit",
+    ),
     # Refused as an id nobody opened is: telling the two apart tells a key which ids are live.
     "resume_key_matches": Check(UnknownSession, NO_SUCH_SESSION),
     "resume_generation_current": Check(
@@ -618,7 +623,7 @@ PRECONDITIONS: Mapping[str, tuple[str, ...]] = {
     # New settings' text fits the runtime's text budget (or this client is within its share).
     "update": (*FENCE_CHECKS, "settings_within_budget"),
     # A response over its own context (GA response.input) names items the session holds.
-    "create_response": (*FENCE_CHECKS, "input_items_known"),
+    "create_response": (*FENCE_CHECKS, "input_items_known", "response_text_within_budget"),
     # What the client played of a response never goes backwards.
     "playback_ack": (*FENCE_CHECKS, "played_ms_monotonic"),
 }

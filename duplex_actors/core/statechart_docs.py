@@ -95,6 +95,11 @@ GUARD_DOCS = {
         "the update adds no instructions or tools text, or the runtime's text budget has room for "
         "it, or this client holds no more than its share of it"
     ),
+    "response_text_within_budget": (
+        "the response holds no text of its own (its context's words, its own instructions and "
+        "tools), or the runtime's text budget has room for it, or this client holds no more than "
+        "its share of it"
+    ),
     "has_buffered_audio": "user audio is buffered (not yet committed)",
     "auto_respond": "server VAD's end of speech starts a response (turn_detection.create_response)",
     "server_vad": "server VAD decides the end of the user's turn",

@@ -18,8 +18,14 @@ bounds it. Nothing already accepted is dropped; a refused client deletes items, 
 sessions or sends less.
 
 What counts, per session: the text of every item its conversation holds (``Item.held_bytes``,
-conversation.py), and its settings' text (instructions and tools). The replay journal's copy of the same events has a budget of its
-own (journal.py).
+conversation.py), its settings' text (instructions and tools), and, while a response runs, the
+text it holds of its own (:func:`response_text_bytes`): the words of its context, which its
+engine request carries as one string, and the instructions and tools its ``response.create``
+set for it. Those were held uncounted: 256 sessions, each asking for one out-of-band response
+whose own instructions and input filled a frame, held ~1 GB while their responses waited for
+the engine (docs/reliability.md). A ``response.create`` is refused by the same rule. A
+response the server starts itself (a commit, server VAD) is counted and never refused. The
+replay journal's copy of the same events has a budget of its own (journal.py).
 """
 
 from __future__ import annotations
@@ -50,4 +56,14 @@ def settings_text_bytes(instructions: str | None, tools: Iterable[FunctionTool])
     return held
 
 
-__all__ = ["TextAccount", "TextBudget", "settings_text_bytes", "text_bytes"]
+def response_text_bytes(words: str, instructions: str | None, tools: Iterable[FunctionTool] | None) -> int:
+    """The bytes of the text a response holds of its own while it runs: ``words``, the text of
+    its context as its engine request carries it, and the ``instructions`` and ``tools`` its
+    ``response.create`` set for it (None: the session's, counted with its settings). The words
+    count even when they are the very string of a single item the conversation holds: counted
+    twice then, which a budget may do (it overestimates, never underestimates)."""
+    held = sys.getsizeof(words) if words else 0
+    return held + settings_text_bytes(instructions, tools or ())
+
+
+__all__ = ["TextAccount", "TextBudget", "response_text_bytes", "settings_text_bytes", "text_bytes"]

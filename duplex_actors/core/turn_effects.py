@@ -25,6 +25,7 @@ from .engine_io import (
 )
 from .session_parts import SessionParts
 from .step import Step
+from .text_budget import response_text_bytes
 
 
 class TurnEffects(SessionParts):
@@ -90,11 +91,9 @@ class TurnEffects(SessionParts):
         cmd = step.command
         asked = cmd if isinstance(cmd, CreateResponse) else None
         results: tuple = ()
-        if asked is not None and asked.input is not None:
-            # Its own context (GA response.input): the pending turn waits for its response.
-            audio, words = b"", self._context_words(asked.input)
-        else:
-            audio, words = bytes(self._committed), " ".join(self._pending_text.values())
+        words = self._response_words(asked)
+        # Its own context (GA response.input) has no audio: the pending turn waits for its response.
+        audio = b"" if asked is not None and asked.input is not None else bytes(self._committed)
         # Out of band, or on its own context, a response leaves the pending turn (read, not
         # taken) for the default conversation's next response.
         if asked is None or (asked.input is None and not asked.out_of_band):
@@ -115,6 +114,35 @@ class TurnEffects(SessionParts):
         # The response exists as soon as it is accepted (OpenAI sends response.created then,
         # not at the first token), so a cancel right after it still gets its created + done.
         self._fx_begin_response(step)
+        # What it holds of its own until it is done counts in the text budget (given back by
+        # _emit_response_done, the one place every response ends).
+        held = response_text_bytes(words, *self._own_settings(asked))
+        response = self._response
+        if held and response is not None:
+            response.held_text = held
+            if self._text_account is not None:
+                self._text_account.add(held)
+
+    def _response_words(self, asked: CreateResponse | None) -> str:
+        """The words of the response ``asked`` would start (None: one the server starts): its
+        own context's, or the pending turn's, as its engine request carries them."""
+        if asked is not None and asked.input is not None:
+            return self._context_words(asked.input)
+        return " ".join(self._pending_text.values())
+
+    @staticmethod
+    def _own_settings(asked: CreateResponse | None) -> tuple[str | None, tuple | None]:
+        """The instructions and tools a response.create set for its response alone."""
+        return (None, None) if asked is None else (asked.instructions, asked.tools)
+
+    def _g_response_text_within_budget(self, step: Step) -> bool:
+        # Total, as every guard: only a response.create starts a response that may be refused.
+        account = self._text_account
+        asked = step.command
+        if account is None or not isinstance(asked, CreateResponse):
+            return True
+        held = response_text_bytes(self._response_words(asked), *self._own_settings(asked))
+        return not held or account.budget.allows(account, held)
 
     def _fx_submit_unit(self, step: Step) -> None:
         unit_bytes = self.config.unit_samples * 2

@@ -2,12 +2,15 @@
 
 Sessions of a few clients create items (ASCII and emoji, which CPython holds in four bytes a
 character), delete them, answer function calls, change their instructions and tools, get
-responses that add assistant items, and close, in any order. What must hold after every step:
-the budget counts exactly what the open sessions' conversations and settings hold, each
-client's account what its own sessions hold, and the clients it splits by are those with a
-session open; a created item, a function output or a text-adding update is refused for the
-budget exactly when the total would pass the budget and the client would pass its share, and a
-refusal changes nothing; a client within its share is never refused.
+responses that add assistant items, ask for responses with their own instructions and input
+that run until the engine ends them, and close, in any order. What must hold after every step:
+the budget counts exactly what the open sessions' conversations and settings hold, and what
+their running responses hold of their own (the words of their context and their own
+instructions), each client's account what its own sessions hold, and the clients it splits by
+are those with a session open; a created item, a function output, a text-adding update or a
+response.create is refused for the budget exactly when the total would pass the budget and the
+client would pass its share, and a refusal changes nothing; a client within its share is never
+refused.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ CONFIG = SessionConfig(max_conversation_chars=15_000, respond_on_commit=False)
 ROOMY = SessionConfig(max_conversation_chars=60_000, respond_on_commit=False)
 ITEM_REFUSAL = CHECKS["item_text_within_budget"].message
 SETTINGS_REFUSAL = CHECKS["settings_within_budget"].message
+RESPONSE_REFUSAL = CHECKS["response_text_within_budget"].message
 
 _text = st.builds(
     lambda n, wide: ("\U0001f600" if wide else "a") * n,
@@ -54,6 +58,8 @@ ops = st.lists(
         st.tuples(st.just("instructions"), st.integers(0, 9), _text),
         st.tuples(st.just("tools"), st.integers(0, 9), st.lists(_text, max_size=3)),
         st.tuples(st.just("respond"), st.integers(0, 9), _text),
+        st.tuples(st.just("ask"), st.integers(0, 9), _text),
+        st.tuples(st.just("finish"), st.integers(0, 9), st.none()),
         st.tuples(st.just("close"), st.integers(0, 9), st.none()),
     ),
     min_size=10,
@@ -68,6 +74,12 @@ def _user_item(text: str) -> cmd.CreateItem:
 def _text_held(core: SessionCore) -> int:
     items = sum(sys.getsizeof(text) for item in core._conversation for text in item.strings())
     return items + settings_text_bytes(core.config.instructions, core.config.tools)
+
+
+def _asked(text: str) -> cmd.CreateResponse:
+    """An out-of-band response with its own instructions and its own input item, both ``text``."""
+    item = Item(id="", role="user", content=(ContentPart(type="input_text", text=text),))
+    return cmd.CreateResponse(instructions=text, out_of_band=True, input=(item,))
 
 
 def _respond(core: SessionCore, words: str) -> None:
@@ -89,7 +101,12 @@ def test_the_budget_counts_exactly_what_conversations_and_settings_hold_and_refu
     operations,
 ):
     budget = TextBudget(BUDGET)
-    sessions = BudgetedSessions(budget, CONFIG, "text_account", _text_held)
+    # Each session's running response (asked for by "ask"): its request id and the bytes of
+    # the strings the test gave it, its words and its instructions.
+    running: dict[int, tuple[str, int]] = {}
+    sessions = BudgetedSessions(
+        budget, CONFIG, "text_account", lambda core: _text_held(core) + running.get(id(core), ("", 0))[1]
+    )
     for client in ("a", "b"):
         sessions.add(client)
     for op, which, value in operations:
@@ -104,6 +121,24 @@ def test_the_budget_counts_exactly_what_conversations_and_settings_hold_and_refu
         assert account is not None
         if op == "close":
             sessions.close(index)
+            running.pop(id(core), None)
+        elif op == "finish":
+            if id(core) in running:
+                core.on_engine_output(TurnDone(running.pop(id(core))[0]))
+        elif op == "ask" and id(core) not in running:
+            growth = 2 * sys.getsizeof(value)  # the words of its input, and its instructions
+            total, held, clients = budget.total, account.held, budget.clients
+            over = total + growth > BUDGET and (held + growth) * clients > BUDGET
+            try:
+                core.handle(_asked(value))
+            except ResourceExhausted as err:
+                assert over and str(err) == RESPONSE_REFUSAL, (total, held, clients, growth)
+                assert budget.total == total and account.held == held
+            else:
+                assert not over, (total, held, clients, growth)
+                (submit,) = [a for a in core.take_actions() if hasattr(a, "request")]
+                assert submit.request.input_text == value and submit.request.instructions == value
+                running[id(core)] = (submit.request.request_id, growth)
         elif op == "respond":
             _respond(core, value)
         elif op == "delete":
