@@ -1221,6 +1221,192 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
             return report
 
 
+async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | None) -> dict:
+    """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
+    X-Forwarded-For) each ask for one out-of-band response with its own instructions (60,000
+    emoji) and its own input (three items of 60,000 emoji): a frame of ~960 KB, sent compressed.
+    The engine holds every response for two minutes, as a busy one keeps requests waiting, so
+    what a running response holds of its own is held by all of them at once."""
+    from websockets.asyncio.client import connect
+
+    from ..actors.runtime import Runtime
+    from ..engines.scripted import Script, ScriptedEngine
+    from ..server.app import RealtimeServer
+
+    def item(n: int) -> dict:
+        return {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": chr(0x1F600 + n) * 60_000}],
+        }
+
+    request = {
+        "conversation": "none",
+        "instructions": "\U0001f600" * 60_000,
+        "input": [item(1), item(2), item(3)],
+    }
+    message = json.dumps({"type": "response.create", "response": request}, ensure_ascii=False)
+    answers: dict[str, int] = {}
+
+    async def one(i: int) -> Any:
+        ws = await connect(
+            server.url,
+            max_size=None,
+            ping_interval=None,
+            open_timeout=120,
+            additional_headers=_forwarded_for(i, addresses),
+        )
+        await ws.recv()
+        await ws.send(message)
+        while True:
+            event = json.loads(await ws.recv())
+            if event["type"] in ("response.created", "error"):
+                answer = event["type"] if event["type"] != "error" else event["error"].get("code") or "?"
+                answers[answer] = answers.get(answer, 0) + 1
+                return ws
+
+    budget = None if budget_mb is None else budget_mb << 20
+    engine = ScriptedEngine(Script(first_latency_s=120), record=False)
+    async with Runtime(engine, text_budget_bytes=budget) as rt:
+        async with RealtimeServer(rt, _behind_a_proxy(sessions)) as server:
+            rss_before = rss_mb()
+            began = time.perf_counter()
+            clients: list = []
+            for start in range(0, sessions, 32):
+                clients += await asyncio.gather(*map(one, range(start, min(sessions, start + 32))))
+            import gc
+
+            gc.collect()
+            report = {
+                "sessions": sessions,
+                "addresses": addresses,
+                "budget_mb": budget_mb,
+                "frame_kb": len(message.encode()) / 1000,
+                "answers": answers,
+                "seconds": time.perf_counter() - began,
+                "counted_mb": None if rt.text_budget is None else rt.text_budget.total / 2**20,
+                "rss_before_mb": rss_before,
+                "rss_after_mb": rss_mb(),
+            }
+            for ws in clients:
+                ws.transport.abort()
+            return report
+
+
+def _large_messages_server(ready, sessions: int, loop: str) -> None:
+    """Child process: ``serve``'s assembly (GC policy and trimming included) with a scripted
+    engine, on ``loop``, behind a trusted proxy, letting an address hold ``sessions``."""
+
+    async def main() -> None:
+        import signal
+
+        import anyio
+
+        from ..engines.scripted import ScriptedEngine
+        from ..server.cli_commands import open_server
+
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with open_server(ScriptedEngine(record=False), _behind_a_proxy(sessions)) as server:
+                ready.send(server.port)
+                async for _ in signals:
+                    break
+
+    event_loop.run(main(), loop)
+
+
+def _rss_of(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+async def _run_large_messages(sessions: int, messages: int, addresses: int, loop: str) -> dict:
+    """``sessions`` sessions from ``addresses`` client addresses each send ``messages`` messages
+    of about 1 MB (ASCII and one emoji, so CPython holds them in four bytes a character) at once,
+    compressed by permessage-deflate to about a kilobyte each, of a type the server refuses; then
+    they stay, sending nothing. Past the frame pacer's burst (8 MiB) a session's reader takes
+    about one a second: what waits meanwhile (the peak), and what stays once all are answered,
+    is what the server keeps of messages it has not read yet or has read. The server runs in a
+    process of its own, so its RSS is its own."""
+    import multiprocessing
+    import zlib
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from .child_server import served_in_child
+
+    def large(n: int) -> str:
+        padding = chr(ord("a") + n % 26) * 999_000 + "\U0001f600"
+        return json.dumps({"type": "x.padding", "pad": padding}, ensure_ascii=False)
+
+    sample = large(0)
+    zipper = zlib.compressobj(6, zlib.DEFLATED, -12)
+    wire = len(zipper.compress(sample.encode()) + zipper.flush(zlib.Z_SYNC_FLUSH))
+
+    with served_in_child(_large_messages_server, sessions, loop, name="large-messages") as url:
+        (child,) = [p for p in multiprocessing.active_children() if p.name == "large-messages"]
+        pid = child.pid
+        assert pid is not None
+        clients = []
+        for i in range(sessions):
+            ws = await connect(
+                url, max_size=None, ping_interval=None, additional_headers=_forwarded_for(i, addresses)
+            )
+            await ws.recv()  # session.created
+            clients.append(ws)
+        await asyncio.sleep(0.5)
+        rss_before = peak = _rss_of(pid)
+        began = time.perf_counter()
+
+        dropped = 0
+
+        async def one(i: int, ws) -> int:
+            nonlocal dropped
+            refused = 0
+            try:
+                for k in range(messages):
+                    await ws.send(large(i + k))
+                for _ in range(messages):
+                    event = json.loads(await asyncio.wait_for(ws.recv(), 300))
+                    refused += event["type"] == "error"
+            except ConnectionClosed:  # held back past the keepalive's ping timeout, say
+                dropped += 1
+            return refused
+
+        async def sample_peak() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, _rss_of(pid))
+                await asyncio.sleep(0.1)
+
+        sampler = asyncio.get_running_loop().create_task(sample_peak())
+        try:
+            refused = sum(await asyncio.gather(*(one(i, ws) for i, ws in enumerate(clients))))
+        finally:
+            sampler.cancel()
+        answered = time.perf_counter() - began
+        await asyncio.sleep(1.0)
+        report = {
+            "sessions": sessions,
+            "messages": messages,
+            "addresses": addresses,
+            "wire_mb": wire * sessions * messages / 2**20,
+            "inflated_mb": len(sample.encode()) * sessions * messages / 2**20,
+            "refused": refused,
+            "dropped": dropped,
+            "answered_s": answered,
+            "rss_before_mb": rss_before,
+            "rss_peak_mb": peak,
+            "rss_after_mb": _rss_of(pid),
+        }
+        for ws in clients:
+            ws.transport.abort()
+        return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
@@ -1311,8 +1497,32 @@ def main(argv: list[str] | None = None) -> int:
         help="N sessions set the most text a session keeps, sent compressed (memory, against "
         "--text-budget-mb; --policy off: no budget)",
     )
-    ap.add_argument("--text-budget-mb", type=int, default=1024, help="--held-text: the runtime's budget")
-    ap.add_argument("--addresses", type=int, default=8, help="--held-audio, --held-text: client addresses")
+    ap.add_argument(
+        "--held-responses",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N sessions each ask for a response with ~960 KB of its own instructions and input, held "
+        "by the engine (memory, against --text-budget-mb; --policy off: no budget)",
+    )
+    ap.add_argument(
+        "--text-budget-mb", type=int, default=1024, help="--held-text, --held-responses: the runtime's budget"
+    )
+    ap.add_argument(
+        "--large-messages",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N sessions each send --messages refused messages of ~1 MB, compressed to ~1 KB, then stay "
+        "(memory: while their readers are paced, and once all are answered)",
+    )
+    ap.add_argument("--messages", type=int, default=1, help="--large-messages: messages a session sends")
+    ap.add_argument(
+        "--addresses",
+        type=int,
+        default=8,
+        help="--held-audio, --held-text, --held-responses, --large-messages: client addresses",
+    )
     ap.add_argument(
         "--transcribed",
         action="store_true",
@@ -1392,6 +1602,32 @@ def main(argv: list[str] | None = None) -> int:
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
             f"(counted); server RSS {j['rss_before_mb']:.1f} -> {j['rss_after_mb']:.1f} MiB "
             f"(+{j['rss_after_mb'] - j['rss_before_mb']:.1f}) in {j['seconds']:.1f} s",
+            flush=True,
+        )
+        return 0
+    if args.large_messages:
+        m = event_loop.run(
+            _run_large_messages(args.large_messages, args.messages, args.addresses, args.loop), "asyncio"
+        )
+        print(
+            f"{m['sessions']} sessions from {m['addresses']} addresses, {m['messages']} messages of ~1 MB "
+            f"each: about {m['wire_mb']:.1f} MiB sent compressed ({m['inflated_mb']:.0f} MiB inflated), "
+            f"{m['refused']} refused, {m['dropped']} connections dropped, done in {m['answered_s']:.1f} s; "
+            f"server RSS "
+            f"{m['rss_before_mb']:.1f} MiB, peak +{m['rss_peak_mb'] - m['rss_before_mb']:.1f}, after "
+            f"+{m['rss_after_mb'] - m['rss_before_mb']:.1f}",
+            flush=True,
+        )
+        return 0
+    if args.held_responses:
+        budget_mb = args.text_budget_mb if args.policy == "on" else None
+        r = event_loop.run(_run_held_responses(args.held_responses, args.addresses, budget_mb), args.loop)
+        counted = "uncounted" if r["counted_mb"] is None else f"{r['counted_mb']:.1f} MiB counted"
+        print(
+            f"{r['sessions']} sessions from {r['addresses']} addresses each asking for a response with "
+            f"{r['frame_kb']:.0f} KB of its own text, budget {'off' if budget_mb is None else f'{budget_mb} MiB'}: "
+            f"{r['answers']}; {counted}; process RSS {r['rss_before_mb']:.1f} -> {r['rss_after_mb']:.1f} MiB "
+            f"(+{r['rss_after_mb'] - r['rss_before_mb']:.1f}) in {r['seconds']:.1f} s",
             flush=True,
         )
         return 0

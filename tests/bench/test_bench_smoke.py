@@ -255,6 +255,35 @@ def test_flood_bench_held_text_tiny(capsys):
 
 
 @pytest.mark.slow
+def test_flood_bench_held_responses_tiny(capsys):
+    """The held-responses flood runs end to end over compressed frames: with a budget of 4 MiB,
+    responses with ~960 KB of their own text each are held to it (to within one), counted, and
+    the rest refused as resource_exhausted."""
+    from duplex_actors.bench import flood_bench
+
+    assert flood_bench.main(["--held-responses", "8", "--addresses", "2", "--text-budget-mb", "4"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("8 sessions from 2 addresses each asking for a response"), line
+    assert "'resource_exhausted'" in line and "'response.created'" in line, line
+    counted = float(line.split("; ")[1].split(" MiB counted")[0])
+    assert 2.5 <= counted <= 5.0, line
+
+
+@pytest.mark.slow
+def test_flood_bench_large_messages_tiny(capsys):
+    """The large-messages flood runs end to end against serve's assembly in its own process:
+    every message is answered (refused as an unknown type) and nothing of them stays."""
+    from duplex_actors.bench import flood_bench
+
+    assert flood_bench.main(["--large-messages", "4", "--messages", "2", "--addresses", "2"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("4 sessions from 2 addresses, 2 messages of ~1 MB each"), line
+    assert "8 refused, 0 connections dropped" in line, line
+    after = float(line.rsplit("after +", 1)[1])
+    assert after < 16, line
+
+
+@pytest.mark.slow
 def test_flood_bench_responses_tiny():
     """The response flood runs serve's engine end to end: the flooder's sessions got responses,
     and the neighbour was answered with speech both alone and during the flood."""
