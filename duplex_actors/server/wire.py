@@ -443,8 +443,9 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
     def voice():
         holder = out_fields if out_fields is not None and out_fields.has("voice") else s
         value = holder.obj.get("voice")
-        if isinstance(value, dict):  # GA: a custom voice by id
-            value = holder.object("voice").str("id", required=True)
+        if isinstance(value, dict):  # GA: a custom voice by id (as short as a voice's name: it is
+            # kept with the session's settings, which the text budget does not count)
+            value = holder.object("voice").str("id", required=True, max_len=128)
         elif value is not None:
             value = holder.str("voice", max_len=128)
         if value is not None:
