@@ -1007,6 +1007,30 @@ def _forwarded_for(i: int, addresses: int) -> dict[str, str]:
     return {"X-Forwarded-For": f"10.1.{i % addresses // 250}.{i % addresses % 250 + 1}"}
 
 
+async def _proxied_session(url: str, i: int, addresses: int) -> Any:
+    """Client ``i``'s connection, one of ``addresses`` behind a trusted proxy, once its
+    session.created has come."""
+    from websockets.asyncio.client import connect
+
+    ws = await connect(
+        url,
+        max_size=None,
+        ping_interval=None,
+        open_timeout=120,
+        additional_headers=_forwarded_for(i, addresses),
+    )
+    await ws.recv()  # session.created
+    return ws
+
+
+async def _in_batches(one: Callable[[int], Awaitable[Any]], count: int, batch: int = 32) -> list:
+    """``one(i)`` for every ``i`` below ``count``, ``batch`` at a time; what each returned."""
+    results: list = []
+    for start in range(0, count, batch):
+        results += await asyncio.gather(*map(one, range(start, min(count, start + batch))))
+    return results
+
+
 def _behind_a_proxy(sessions: int, **options: Any) -> Any:
     """An in-process server's config that trusts the clients' proxy (loopback), exempts none of
     them from the per-address limits and lets an address hold ``sessions``."""
@@ -1032,7 +1056,6 @@ async def _run_held_audio(
     ``transcribed``: the sessions ask for input transcription and the audio is loud noise, so
     each commit also queues its turn for the real recogniser, which lags far behind: what the
     turns waiting for it hold counts too."""
-    from websockets.asyncio.client import connect
 
     from ..actors.runtime import Runtime
     from ..engines.scripted import ScriptedEngine
@@ -1073,11 +1096,7 @@ async def _run_held_audio(
                         return
 
     async def open_one(i: int) -> Any:
-        headers = _forwarded_for(i, addresses)
-        ws = await connect(
-            server.url, max_size=None, ping_interval=None, open_timeout=60, additional_headers=headers
-        )
-        await ws.recv()
+        ws = await _proxied_session(server.url, i, addresses)
         await ws.send(update)
         while json.loads(await ws.recv())["type"] != "session.updated":
             pass
@@ -1132,8 +1151,6 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
     server holds is four bytes a character."""
     import zlib
 
-    from websockets.asyncio.client import connect
-
     from ..actors.runtime import Runtime
     from ..engines.scripted import ScriptedEngine
     from ..server.app import RealtimeServer
@@ -1172,11 +1189,7 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
     refused: dict[str, int] = {}
 
     async def one(i: int) -> Any:
-        headers = _forwarded_for(i, addresses)
-        ws = await connect(
-            server.url, max_size=None, ping_interval=None, open_timeout=120, additional_headers=headers
-        )
-        await ws.recv()
+        ws = await _proxied_session(server.url, i, addresses)
         for message in messages:
             await ws.send(message)
         answered = 0  # each message is answered by its event, or by an error
@@ -1196,9 +1209,7 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
         async with RealtimeServer(rt, config) as server:
             rss_before = rss_mb()
             began = time.perf_counter()
-            clients: list = []
-            for start in range(0, sessions, 32):
-                clients += await asyncio.gather(*map(one, range(start, min(sessions, start + 32))))
+            clients = await _in_batches(one, sessions)
             import gc
 
             gc.collect()
@@ -1227,7 +1238,6 @@ async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | No
     emoji) and its own input (three items of 60,000 emoji): a frame of ~960 KB, sent compressed.
     The engine holds every response for two minutes, as a busy one keeps requests waiting, so
     what a running response holds of its own is held by all of them at once."""
-    from websockets.asyncio.client import connect
 
     from ..actors.runtime import Runtime
     from ..engines.scripted import Script, ScriptedEngine
@@ -1249,14 +1259,7 @@ async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | No
     answers: dict[str, int] = {}
 
     async def one(i: int) -> Any:
-        ws = await connect(
-            server.url,
-            max_size=None,
-            ping_interval=None,
-            open_timeout=120,
-            additional_headers=_forwarded_for(i, addresses),
-        )
-        await ws.recv()
+        ws = await _proxied_session(server.url, i, addresses)
         await ws.send(message)
         while True:
             event = json.loads(await ws.recv())
@@ -1271,9 +1274,7 @@ async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | No
         async with RealtimeServer(rt, _behind_a_proxy(sessions)) as server:
             rss_before = rss_mb()
             began = time.perf_counter()
-            clients: list = []
-            for start in range(0, sessions, 32):
-                clients += await asyncio.gather(*map(one, range(start, min(sessions, start + 32))))
+            clients = await _in_batches(one, sessions)
             import gc
 
             gc.collect()
@@ -1333,7 +1334,6 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
     import multiprocessing
     import zlib
 
-    from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
     from .child_server import served_in_child
@@ -1350,13 +1350,7 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
         (child,) = [p for p in multiprocessing.active_children() if p.name == "large-messages"]
         pid = child.pid
         assert pid is not None
-        clients = []
-        for i in range(sessions):
-            ws = await connect(
-                url, max_size=None, ping_interval=None, additional_headers=_forwarded_for(i, addresses)
-            )
-            await ws.recv()  # session.created
-            clients.append(ws)
+        clients = [await _proxied_session(url, i, addresses) for i in range(sessions)]
         await asyncio.sleep(0.5)
         rss_before = peak = _rss_of(pid)
         began = time.perf_counter()

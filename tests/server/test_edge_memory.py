@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import struct
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -191,13 +193,19 @@ def _large_message(n: int) -> str:
     return json.dumps({"type": "x.padding", "pad": padding}, ensure_ascii=False)
 
 
-async def _sessions(serve: _Serve, count: int) -> list:
+@contextlib.asynccontextmanager
+async def _sessions(serve: _Serve, count: int) -> AsyncIterator[list]:
+    """``count`` clients with a session each, cut when the block ends."""
     clients = []
-    for _ in range(count):
-        ws = await connect(serve.url, max_size=None, ping_interval=None)
-        assert (await recv_json(ws, timeout=10))["type"] == "session.created"
-        clients.append(ws)
-    return clients
+    try:
+        for _ in range(count):
+            ws = await connect(serve.url, max_size=None, ping_interval=None)
+            clients.append(ws)
+            assert (await recv_json(ws, timeout=10))["type"] == "session.created"
+        yield clients
+    finally:
+        for ws in clients:
+            ws.transport.abort()
 
 
 @linux_only
@@ -208,20 +216,15 @@ async def test_a_large_message_is_let_go_once_read_not_kept_while_its_connection
     # and the session's reader kept the last message it handled (a str of ~4 MB) until the
     # next one arrived: 128 connections that each sent one such message, about 1 KB on the
     # wire, and then nothing held +668 MiB for as long as they stayed.
-    async with _Serve() as serve:
-        clients = await _sessions(serve, 48)
-        try:
-            for i, ws in enumerate(clients):
-                await ws.send(_large_message(i))
-                error = (await recv_json(ws, timeout=10))["error"]
-                assert error["code"] == "unknown_event_type", error
-            await anyio.sleep(0.5)
-            grew = serve.rss() - serve.baseline
-            print(f"48 quiet connections after one large message each: RSS +{grew:.1f} MiB")
-            assert grew < 64, f"RSS grew {grew:.0f} MiB"
-        finally:
-            for ws in clients:
-                ws.transport.abort()
+    async with _Serve() as serve, _sessions(serve, 48) as clients:
+        for i, ws in enumerate(clients):
+            await ws.send(_large_message(i))
+            error = (await recv_json(ws, timeout=10))["error"]
+            assert error["code"] == "unknown_event_type", error
+        await anyio.sleep(0.5)
+        grew = serve.rss() - serve.baseline
+        print(f"48 quiet connections after one large message each: RSS +{grew:.1f} MiB")
+        assert grew < 64, f"RSS grew {grew:.0f} MiB"
 
 
 @linux_only
@@ -232,8 +235,7 @@ async def test_what_a_paced_reader_has_not_read_is_bounded_in_bytes_not_only_in_
     # takes one a second, and meanwhile websockets' read queue held up to 4 frames of ~1 MB
     # (its bound is in frames), the parser one more, the reader the one in hand as a str: 8-9
     # MiB a connection, +480-590 MiB for 64 of them.
-    async with _Serve() as serve:
-        clients = await _sessions(serve, 32)
+    async with _Serve() as serve, _sessions(serve, 32) as clients:
         peak = _Peak(serve)
         sampler = asyncio.get_running_loop().create_task(peak.sample())
         try:
@@ -241,17 +243,14 @@ async def test_what_a_paced_reader_has_not_read_is_bounded_in_bytes_not_only_in_
                 for k in range(12):
                     await ws.send(_large_message(i + k))
             await anyio.sleep(4)  # the readers are paced: 4 of their 12 messages are left
-            grew = peak.peak - serve.baseline
-            print(f"32 paced connections, 12 large messages each: RSS peak +{grew:.1f} MiB")
-            assert grew < 160, f"RSS grew {grew:.0f} MiB"
-            for ws in clients:  # and nothing was refused but the messages themselves
-                with anyio.fail_after(30):
-                    codes = [(await recv_json(ws, timeout=30))["error"]["code"] for _ in range(12)]
-                assert codes == ["unknown_event_type"] * 12
         finally:
             sampler.cancel()
-            for ws in clients:
-                ws.transport.abort()
+        grew = peak.peak - serve.baseline
+        print(f"32 paced connections, 12 large messages each: RSS peak +{grew:.1f} MiB")
+        assert grew < 160, f"RSS grew {grew:.0f} MiB"
+        for ws in clients:  # and nothing was refused but the messages themselves
+            codes = [(await recv_json(ws, timeout=30))["error"]["code"] for _ in range(12)]
+            assert codes == ["unknown_event_type"] * 12
 
 
 async def _flood_once(port: int, request: bytes) -> bytes:
