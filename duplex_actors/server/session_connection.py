@@ -173,6 +173,9 @@ class SessionConnection:
                 # policy), so it never pins its connection and outbox forever.
                 async with fail_after(timeout):
                     cost += await ws_internals.send_burst(self.ws, frames)
+                # Sent: not kept while the writer waits for the next events, which can be the
+                # session's whole life. The last burst can be megabytes (a long item echoed).
+                frames, frame = [], b""
                 if loop_share is not None:
                     # What was sent is billed to the client too: encoding (and compressing) a
                     # response is most of the loop's time in a flood of responses, and billed
