@@ -23,7 +23,8 @@ where the reader never sees them:
 
 So the connection:
 
-1. feeds what a read returned to websockets in 4 KiB pieces and gives the event loop up after
+1. feeds what a read returned to websockets in 4 KiB pieces (smaller for a client whose
+   messages inflate many times: ``PIECE_INFLATION_BYTES``) and gives the event loop up after
    ``FEED_SLICE_S`` of them, keeping the rest (reading from the socket waits meanwhile);
 2. counts every frame the client sends in a token bucket (``frames_per_s``), and pings and
    pongs in a second, much smaller one (``control_frames_per_s``); past either it reads the
@@ -102,6 +103,17 @@ MAX_HANDSHAKES_PER_ADDRESS = 64
 MAX_HANDSHAKES = 4096
 #: What a read returned is fed to the parser this much at a time ...
 FEED_BYTES = 4096
+#: ... or less, for a client whose messages inflate many times (permessage-deflate): about this
+#: much inflated a piece, so that a hold set by one message (the read queue's bytes) stops the
+#: parser within about this much of it. A piece of 4 KiB of messages that each inflate a
+#: thousandfold put 4 MiB in the queue past the hold. Real-time audio inflates a few times
+#: (its pieces stay whole); digital silence about 485 times (pieces of ~540 bytes, each still
+#: several frames of it).
+PIECE_INFLATION_BYTES = 256 << 10
+#: The smallest piece, and a new connection's first ones, until its messages say how much they
+#: inflate.
+MIN_FEED_BYTES = 256
+FIRST_FEED_BYTES = 1024
 #: ... and the event loop is given up after this long of it.
 FEED_SLICE_S = 0.002
 
@@ -186,6 +198,9 @@ class PacedConnection(ServerConnection):
         #: another (ws_internals.forget_payload), so its payload is dropped once it is read.
         self._unread: Frame | None = None
         self._queued = 0  # payload bytes in the read queue (exact after each read_done)
+        self._piece = FIRST_FEED_BYTES  # what the parser is fed at a time (_next_piece)
+        self._fed = 0  # bytes fed since a piece last completed a data frame ...
+        self._inflated = 0  # ... and the payload bytes of the data frames it completed
         # The read queue's own flow control goes through the same gate.
         route_read_queue_flow(self, lambda: self._hold("queue"), lambda: self._release("queue"))
 
@@ -254,8 +269,10 @@ class PacedConnection(ServerConnection):
         end = len(data)
         offset = 0
         while offset < end:
-            super().data_received(data[offset : offset + FEED_BYTES])
-            offset += FEED_BYTES
+            piece = self._piece
+            super().data_received(data[offset : offset + piece])
+            self._next_piece(min(piece, end - offset))
+            offset += piece
             if self.protocol.parser_exc is not None:
                 self._release_refused()
             if offset < end and (self._holds or time.perf_counter() - began >= FEED_SLICE_S):
@@ -264,6 +281,16 @@ class PacedConnection(ServerConnection):
                 if not self._holds:
                     self._feeding = self.loop.call_soon(self._feed_rest)
                 return
+
+    def _next_piece(self, fed: int) -> None:
+        """Size the next piece from how much the data frames completed so far inflated, against
+        the bytes fed for them: ``PIECE_INFLATION_BYTES`` a piece, within ``MIN_FEED_BYTES``
+        and ``FEED_BYTES``."""
+        self._fed += fed
+        if self._inflated:
+            ratio = self._inflated / self._fed
+            self._fed = self._inflated = 0
+            self._piece = max(MIN_FEED_BYTES, min(FEED_BYTES, int(PIECE_INFLATION_BYTES / ratio)))
 
     def _feed_rest(self) -> None:
         self._feeding = None
@@ -340,6 +367,8 @@ class PacedConnection(ServerConnection):
             return
         if self._too_many_fragments(event):
             return
+        if event.opcode in _DATA:
+            self._inflated += len(event.data)
         if self.offer is not None and self._offered(event):
             forget_payload(event)  # handled as parsed: its message was made from a copy
         else:

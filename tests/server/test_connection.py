@@ -10,16 +10,24 @@ always gets in, and a message's payload is let go once it is read."""
 from __future__ import annotations
 
 import struct
+import zlib
 
 import anyio
 import anyio.lowlevel
 import pytest
+from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from duplex_actors.server import connection as connection_module
-from duplex_actors.server.connection import FEED_BYTES, MAX_FRAGMENTS, READ_QUEUE_BYTES, paced_connection
+from duplex_actors.server.connection import (
+    FEED_BYTES,
+    MAX_FRAGMENTS,
+    PIECE_INFLATION_BYTES,
+    READ_QUEUE_BYTES,
+    paced_connection,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -289,3 +297,40 @@ async def test_a_messages_payload_is_let_go_once_it_is_read_not_when_the_next_is
     assert parsed.data == b"q" * 100, "still queued: not read yet"
     assert _read_one(conn) == b"q" * 100
     assert parsed.data == b"", "read: the parser's reference holds nothing"
+
+
+def _deflated_frame(payload: bytes) -> bytes:
+    """One masked client text frame compressed as permessage-deflate sends it (no context
+    takeover, a 4 KiB window: what the test's extension takes)."""
+    zipper = zlib.compressobj(9, zlib.DEFLATED, -12)
+    data = (zipper.compress(payload) + zipper.flush(zlib.Z_SYNC_FLUSH))[:-4]
+    n = len(data)
+    head = bytes([0x80 | 0x40 | 0x1])  # fin, rsv1 (compressed), text
+    head += bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack("!H", n)
+    return head + b"\0\0\0\0" + data  # a zero mask leaves the bytes as they are
+
+
+async def test_a_read_of_messages_that_inflate_a_thousandfold_stops_within_a_piece_of_the_bound():
+    # Eight messages of 256 KiB of one letter, ~300 bytes each compressed: one 4 KiB piece held
+    # them all, so the hold the second one set came too late for the other six (2 MiB queued).
+    # Pieces are sized by how much the client's messages inflate.
+    conn, transport, _ = _open(frames_per_s=None)
+    conn.protocol.extensions = [PerMessageDeflate(True, True, 12, 12)]
+    message = b"a" * (256 << 10)
+    read = b"".join(_deflated_frame(message) for _ in range(8))
+    assert len(read) < FEED_BYTES
+    conn.data_received(read)
+    assert not transport.reading
+    queued = sum(len(frame.data) for frame in conn.recv_messages.frames.queue)
+    assert queued <= READ_QUEUE_BYTES + 2 * len(message), f"{queued} bytes queued"
+    # The reader takes them one by one, and the rest is fed in pieces small enough for the bound.
+    got = []
+    with anyio.fail_after(5):
+        while len(got) < 8:
+            if conn.recv_messages.frames.queue:
+                got.append(_read_one(conn))
+                queued = sum(len(frame.data) for frame in conn.recv_messages.frames.queue)
+                assert queued <= READ_QUEUE_BYTES + len(message) + PIECE_INFLATION_BYTES
+            else:
+                await anyio.sleep(0.001)
+    assert got == [message] * 8, "nothing lost, in order"

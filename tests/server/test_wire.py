@@ -319,7 +319,11 @@ def test_turn_detection_switches_server_vad_with_its_settings():
         ({"output_modalities": ["smell"]}, "session.output_modalities", "invalid_value"),
         ({"audio": {"output": {"speed": 2.0}}}, "session.audio.output.speed", "invalid_value"),
         ({"speed": "fast"}, "session.speed", "invalid_value"),
-        ({"audio": {"output": {"voice": {"id": "v" * 129}}}}, "session.audio.output.voice.id", "invalid_value"),
+        (
+            {"audio": {"output": {"voice": {"id": "v" * 129}}}},
+            "session.audio.output.voice.id",
+            "invalid_value",
+        ),
     ],
 )
 def test_one_refused_field_refuses_the_whole_update_and_names_its_param(session, param, code):
