@@ -1315,14 +1315,6 @@ def _large_messages_server(ready, sessions: int, loop: str) -> None:
     event_loop.run(main(), loop)
 
 
-def _rss_of(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
 async def _run_large_messages(sessions: int, messages: int, addresses: int, loop: str) -> dict:
     """``sessions`` sessions from ``addresses`` client addresses each send ``messages`` messages
     of about 1 MB (ASCII and one emoji, so CPython holds them in four bytes a character) at once,
@@ -1337,6 +1329,7 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
     from websockets.exceptions import ConnectionClosed
 
     from .child_server import served_in_child
+    from .wire_soak import server_rss_mb
 
     def large(n: int) -> str:
         padding = chr(ord("a") + n % 26) * 999_000 + "\U0001f600"
@@ -1352,7 +1345,7 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
         assert pid is not None
         clients = [await _proxied_session(url, i, addresses) for i in range(sessions)]
         await asyncio.sleep(0.5)
-        rss_before = peak = _rss_of(pid)
+        rss_before = peak = server_rss_mb(pid)
         began = time.perf_counter()
 
         dropped = 0
@@ -1373,7 +1366,7 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
         async def sample_peak() -> None:
             nonlocal peak
             while True:
-                peak = max(peak, _rss_of(pid))
+                peak = max(peak, server_rss_mb(pid))
                 await asyncio.sleep(0.1)
 
         sampler = asyncio.get_running_loop().create_task(sample_peak())
@@ -1394,7 +1387,7 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
             "answered_s": answered,
             "rss_before_mb": rss_before,
             "rss_peak_mb": peak,
-            "rss_after_mb": _rss_of(pid),
+            "rss_after_mb": server_rss_mb(pid),
         }
         for ws in clients:
             ws.transport.abort()

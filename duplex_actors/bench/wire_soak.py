@@ -63,7 +63,7 @@ PCM_100MS = b"\x01\x00" * 2400
 _EXPECTED_ERRORS = {"response_cancel_not_active", "conversation_already_has_active_response"}
 
 
-def _server_rss_mb(pid: int, tree: bool = False) -> float:
+def server_rss_mb(pid: int, tree: bool = False) -> float:
     """RSS of the server's process; with ``tree``, of it and every process under it (serve
     --workers' workers and engine process)."""
     return sum(_rss_mb(p) for p in {pid, *_descendants(pid)}) if tree else _rss_mb(pid)
@@ -544,7 +544,7 @@ async def _sample(
 ) -> None:
     while True:
         at = time.monotonic() - t0
-        samples.append((at, _server_rss_mb(pid, tree)))
+        samples.append((at, server_rss_mb(pid, tree)))
         inside.append((at, await asyncio.to_thread(_inside, http)))
         await asyncio.sleep(every)
 
@@ -658,7 +658,7 @@ async def _run(
             while progress is not None:
                 await asyncio.sleep(max(5.0, seconds / 20))
                 progress(
-                    f"t={time.monotonic() - t0:6.1f}s server_rss={_server_rss_mb(proc.pid, workers > 1):7.1f}MiB "
+                    f"t={time.monotonic() - t0:6.1f}s server_rss={server_rss_mb(proc.pid, workers > 1):7.1f}MiB "
                     f"events={stats['events']} lost={stats['lost']} dup={stats['duplicates']} "
                     f"resumes={stats['resumes']}"
                 )
@@ -703,7 +703,7 @@ async def _run(
                 break
             await asyncio.sleep(0.25)
         sampler.cancel()
-        samples.append((time.monotonic() - t0, _server_rss_mb(proc.pid, workers > 1)))
+        samples.append((time.monotonic() - t0, server_rss_mb(proc.pid, workers > 1)))
         # With every session gone, what the server still holds: tasks and records must be back
         # where they started (exact). Python blocks also count cyclic garbage that waits for
         # the next full collection (GcPolicy reclaims every 30 s; without it CPython's gen-2

@@ -103,3 +103,19 @@ class BudgetedSessions:
 
     def held(self, client: str | None = None) -> int:
         return sum(self.measure(core) for c, core in self.open if client in (None, c))
+
+    def assert_counted(self) -> None:
+        """The budget counts exactly what the open sessions hold, each client's account what its
+        own sessions hold, and it splits by the clients with a session open."""
+        assert self.budget.total == self.held()
+        clients = {c for c, _ in self.open}
+        assert self.budget.clients == len(clients)
+        for c in clients:
+            account = next(getattr(core, f"_{self.account}") for cc, core in self.open if cc == c)
+            assert account is not None and account.held == self.held(c)
+
+    def close_all(self) -> None:
+        """Close every open session: the budget is then empty, and splits by no client."""
+        for index in reversed(range(len(self.open))):
+            self.close(index)
+        assert (self.budget.total, self.budget.clients) == (0, 0)

@@ -104,17 +104,10 @@ def test_the_budget_counts_exactly_what_the_buffers_hold_and_refuses_only_over_s
                 core.handle(other[op[0]])
             except DuplexError:
                 pass  # e.g. a commit with nothing buffered, a response while one runs
-        assert budget.total == sessions.held()
+        sessions.assert_counted()
         # Those within their share hold at most the budget between them: twice it in all.
         assert budget.total <= 2 * BUDGET + 18_000
-        clients = {c for c, _ in sessions.open}
-        assert budget.clients == len(clients)
-        for c in clients:
-            account = next(core._audio_account for cc, core in sessions.open if cc == c)
-            assert account.held == sessions.held(c)
-    for index in reversed(range(len(sessions.open))):
-        sessions.close(index)
-    assert (budget.total, budget.clients) == (0, 0)
+    sessions.close_all()
 
 
 def test_a_client_within_its_share_is_never_refused_however_much_another_holds():

@@ -174,15 +174,8 @@ def test_the_budget_counts_exactly_what_conversations_and_settings_hold_and_refu
                 assert not over, (op, total, held, clients, growth)
         core.take_events()
         core.take_actions()
-        assert budget.total == sessions.held()
-        clients_open = {c for c, _ in sessions.open}
-        assert budget.clients == len(clients_open)
-        for c in clients_open:
-            account = next(core._text_account for cc, core in sessions.open if cc == c)
-            assert account is not None and account.held == sessions.held(c)
-    for index in reversed(range(len(sessions.open))):
-        sessions.close(index)
-    assert (budget.total, budget.clients) == (0, 0)
+        sessions.assert_counted()
+    sessions.close_all()
 
 
 def test_emoji_cost_four_times_ascii_and_a_client_within_its_share_is_never_refused():
