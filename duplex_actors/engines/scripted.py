@@ -58,6 +58,10 @@ class Script:
     #: waited after the previous output was taken, so every late wake-up of the event loop
     #: running this engine stretches the whole answer (what tests of slow consumers rely on).
     paced_from_start: bool = False
+    #: Each packet its own bytes, as a real engine's are. False: every packet of a length and
+    #: rate is one cached tone, so what a server holds of many packets does not show in its
+    #: memory (benches of held audio need this).
+    fresh_packets: bool = False
     #: For UNIT turns: speak or keep listening.
     speak: bool = True
     #: Fail the request after this many outputs: ``"output"`` yields EngineFailure, ``"raise"``
@@ -282,9 +286,10 @@ class ScriptedEngine:
                 if i < packets and budget_left():
                     await pause(script.packet_latency_s)
                     word = tokens[i] if i < len(tokens) else ""
+                    pcm = self._packet(script.packet_ms, rate)
                     yield AudioPacket(
                         rid,
-                        self._packet(script.packet_ms, rate),
+                        bytes(bytearray(pcm)) if script.fresh_packets else pcm,
                         rate,
                         transcript=word,
                         produced_at=time.perf_counter(),
