@@ -17,6 +17,11 @@ response's audio: its audio and transcript deltas are kept aside, not handed to 
 until the overlap policy decides. An interruption purges them (never heard), a backchannel
 releases them in order. Held events count against the capacity like queued ones, so a hold
 cannot grow memory past the bound either.
+
+The capacity counts events, and an audio delta may be of any size, so the outbox also keeps
+``audio_bytes``: the pcm it holds, queued and held. The session's shell makes the engine wait
+while that is high (actors/session_actor.py, ``listener_behind``): a response is not produced
+faster than its listener takes it, whether the client reads slowly or is away.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Outbox:
         "_held",
         "holding",
         "_held_kinds",
+        "audio_bytes",
     )
 
     def __init__(self, capacity: int = 1024, reserve: int = 16) -> None:
@@ -50,6 +56,8 @@ class Outbox:
         #: The response whose audio is held (None: nothing held), and which of its deltas.
         self.holding: str | None = None
         self._held_kinds: tuple[type, ...] = _AUDIO
+        #: Bytes of pcm in the audio deltas held here, queued or held.
+        self.audio_bytes = 0
 
     def push(self, event: ServerEvent) -> bool:
         if type(event) is ErrorEvent:
@@ -69,6 +77,8 @@ class Outbox:
             # The reserve is sized for a session's terminal events; past it something is badly
             # wrong, and keeping the terminal beats keeping an older delta.
             self._drop_oldest_nonterminal()
+        if type(event) is AudioDeltaEvent:
+            self.audio_bytes += len(event.pcm)
         if (
             self.holding is not None
             and isinstance(event, self._held_kinds)
@@ -102,6 +112,7 @@ class Outbox:
             for i, ev in enumerate(box):
                 if not ev.TERMINAL:
                     del box[i]
+                    self.audio_bytes -= _audio_bytes(ev)
                     return
 
     def purge_audio(self, response_id: str) -> int:
@@ -113,10 +124,13 @@ class Outbox:
         self._held = deque(ev for ev in self._held if getattr(ev, "response_id", None) != response_id)
         if self.holding == response_id:
             self.release()  # nothing of it is left to release; later audio is not held
+        self.audio_bytes = sum(map(_audio_bytes, self._q)) + sum(map(_audio_bytes, self._held))
         return before - len(self._q) - len(self._held)
 
     def popleft(self) -> ServerEvent:
-        return self._q.popleft()
+        event = self._q.popleft()
+        self.audio_bytes -= _audio_bytes(event)
+        return event
 
     def take(self, limit: int | None = None) -> list[ServerEvent]:
         """Hand over the queued events, oldest first (at most ``limit`` of them; held ones stay
@@ -126,8 +140,15 @@ class Outbox:
         if limit is None or limit >= len(q):
             taken = list(q)
             q.clear()
+            if self.audio_bytes:
+                # Whatever audio is left is held (nearly always none).
+                held = self._held
+                self.audio_bytes = sum(map(_audio_bytes, held)) if held else 0
             return taken
-        return [q.popleft() for _ in range(max(limit, 0))]
+        taken = [q.popleft() for _ in range(max(limit, 0))]
+        if self.audio_bytes:
+            self.audio_bytes -= sum(map(_audio_bytes, taken))
+        return taken
 
     def __len__(self) -> int:
         return len(self._q)
@@ -138,6 +159,10 @@ class Outbox:
 
 _AUDIO: tuple[type, ...] = (AudioDeltaEvent, TranscriptDeltaEvent)
 _AUDIO_AND_TEXT: tuple[type, ...] = (AudioDeltaEvent, TranscriptDeltaEvent, TextDeltaEvent)
+
+
+def _audio_bytes(event: ServerEvent) -> int:
+    return len(event.pcm) if type(event) is AudioDeltaEvent else 0
 
 
 def _is_audio_of(event: ServerEvent, response_id: str) -> bool:

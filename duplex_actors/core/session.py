@@ -683,6 +683,11 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
     def outbox_overflowed(self) -> bool:
         return self._outbox.overflowed
 
+    @property
+    def unsent_audio_bytes(self) -> int:
+        """Bytes of response audio in the outbox, queued or held, not yet taken by the client."""
+        return self._outbox.audio_bytes
+
     # ------------------------------------------------------------------ the chart
 
     def _fire(self, step: Step) -> None:

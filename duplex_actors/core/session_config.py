@@ -6,9 +6,14 @@ turn that was built from the old one never sees it change underneath.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import attrs
 
 from .engine_io import SPEED_RANGE, FunctionTool, SamplingOverrides
+
+_none_or_positive: Callable[[Any, Any, int | None], Any] = attrs.validators.optional(attrs.validators.gt(0))
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -92,6 +97,12 @@ class SessionConfig:
     max_committed_bytes: int = attrs.field(default=16000 * 2 * 120, validator=attrs.validators.ge(0))
     outbox_capacity: int = 2048
     outbox_reserve: int = 16
+    #: Bytes of a response's audio the session may hold unsent (in its outbox, and on its way
+    #: there from the engine) before the engine waits for the listener to take some: a client
+    #: that reads slowly, or has gone away for a resume, is not sent audio faster than it takes
+    #: it, and the server does not keep a whole answer's audio for it. The engine goes on once
+    #: half of it has been taken. 256 KiB is about 5 s of 24 kHz pcm16. None: never wait.
+    unsent_audio_bytes: int | None = attrs.field(default=256 << 10, validator=_none_or_positive)
     idle_ttl_s: float = 300.0
     disconnect_grace_s: float = 30.0
     journal_max_events: int = 4096
