@@ -6,6 +6,13 @@ registered its request id, and guarantees every request ends with exactly one te
 if a backend stream ends without one, raises, is aborted or the engine is restarted, the actor
 synthesises it (``Aborted`` or ``EngineFailure``).
 
+Flow control: a session may say its listener is behind (it holds as much unsent audio as it
+may, core/session_config.py ``unsent_audio_bytes``). The request's pump then waits for it
+before it takes the next output from the stream, so a response is produced no faster than its
+client takes it. A backend whose streams are pulled (the talker synthesises a phrase when it is
+asked for the next packet) does no work meanwhile; the watchdog does not count the wait as a
+stall.
+
 Supervision: a watchdog restarts the backend when an in-flight request has produced nothing for
 ``stall_timeout_s``; a restart fails every request in flight (sessions answer with
 ``response.done`` status failed) and the next turn works on the fresh backend.
@@ -17,6 +24,7 @@ import contextlib
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 import anyio.lowlevel
@@ -24,13 +32,33 @@ import attrs
 import structlog
 
 from ..core.clock import MONOTONIC, Clock
-from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
+from ..core.engine_io import (
+    Aborted,
+    AudioPacket,
+    EngineFailure,
+    EngineOutput,
+    ModelTurnRequest,
+    is_terminal,
+)
 from ..engines.base import EngineBackend, sync_abort
 from .loop_event import OneShotEvent, event_class
 
 log = structlog.get_logger("duplex_actors.engine")
 
 Deliver = Callable[[EngineOutput], None]
+
+
+class Listener(Protocol):
+    """Who takes a request's audio (its session), asked between two audio outputs."""
+
+    def listener_behind(self) -> bool:
+        """Whether the listener holds as much unsent audio as it may."""
+        ...
+
+    async def listener_caught_up(self) -> None:
+        """Return once the listener has taken enough to be sent more (or has gone for good)."""
+        ...
+
 
 #: Pump tasks kept parked for the next request once their stream ends; more than this exit.
 MAX_IDLE_PUMPS = 256
@@ -49,15 +77,30 @@ class EngineStatistics:
     pending_abort_retries: int
     #: Pump tasks waiting for the next request (at most MAX_IDLE_PUMPS): reused, not leaked.
     parked_pumps: int = 0
+    #: Requests in flight whose stream waits for its listener to take the audio it was sent.
+    waiting_for_listeners: int = 0
 
 
 class _Flight:
-    __slots__ = ("request", "scope", "last_output", "terminal_sent", "aborted", "failure")
+    __slots__ = (
+        "request",
+        "scope",
+        "listener",
+        "last_output",
+        "waiting",
+        "terminal_sent",
+        "aborted",
+        "failure",
+    )
 
-    def __init__(self, request: ModelTurnRequest, now: float, scope: anyio.CancelScope) -> None:
+    def __init__(
+        self, request: ModelTurnRequest, now: float, scope: anyio.CancelScope, listener: Listener | None
+    ) -> None:
         self.request = request
         self.scope = scope
+        self.listener = listener
         self.last_output = now
+        self.waiting = False  # for its listener to catch up: not a stall
         self.terminal_sent = False
         self.aborted = False
         self.failure: str | None = None
@@ -150,9 +193,11 @@ class EngineActor:
 
     # -- what sessions call (synchronously, from the dispatcher) ----------------------------
 
-    def submit(self, request: ModelTurnRequest, deliver: Deliver) -> None:
+    def submit(self, request: ModelTurnRequest, deliver: Deliver, listener: Listener | None = None) -> None:
+        """Start ``request``; its outputs go to ``deliver``, and between two audio outputs its
+        stream waits while ``listener`` (if any) is behind."""
         self._routes[request.request_id] = deliver
-        self._flights[request.request_id] = _Flight(request, self.clock.now(), self._new_scope())
+        self._flights[request.request_id] = _Flight(request, self.clock.now(), self._new_scope(), listener)
         self.submitted += 1
         if self._tg is not None:
             # Straight to a pump task (synchronously), not through the inbox: the actor loop's
@@ -258,6 +303,18 @@ class EngineActor:
                         self._route(output, terminal)
                         if terminal:
                             break
+                        listener = flight.listener
+                        if (
+                            listener is not None
+                            and type(output) is AudioPacket
+                            and listener.listener_behind()
+                        ):
+                            flight.waiting = True
+                            try:
+                                await listener.listener_caught_up()
+                            finally:
+                                flight.waiting = False
+                                flight.last_output = self.clock.now()
                 finally:
                     # aclose ends the backend's generator here, whichever way this block is
                     # left (contextlib.aclosing, written out: one object and two frames less
@@ -353,7 +410,9 @@ class EngineActor:
                 self._task_group().start_soon(self._backend_abort, rid)
             now = self.clock.now()
             stalled = [
-                f for f in self._flights.values() if now - f.last_output > (self.stall_timeout_s or math.inf)
+                f
+                for f in self._flights.values()
+                if not f.waiting and now - f.last_output > (self.stall_timeout_s or math.inf)
             ]
             if stalled:
                 await self.restart(f"engine stalled: no output for {self.stall_timeout_s}s")
@@ -377,4 +436,5 @@ class EngineActor:
             self.restarts,
             len(self._abort_retry),
             len(self._idle_pumps),
+            sum(1 for flight in self._flights.values() if flight.waiting),
         )

@@ -154,6 +154,13 @@ class SessionHandle:
         core = self._actor.core
         return core.last_seq + core.pending_events
 
+    @property
+    def unsent_audio_bytes(self) -> int:
+        """Response audio produced for this session and not yet taken by its reader: in its
+        outbox, and on its way there from the engine. The engine waits while this reaches the
+        config's ``unsent_audio_bytes``."""
+        return self._actor.unsent_audio()
+
     def mailbox_statistics(self) -> MailboxStatistics:
         return self._actor.mailbox.statistics()
 

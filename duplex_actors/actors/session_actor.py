@@ -129,6 +129,8 @@ class SessionActor:
         "_voiced_request",
         "_idle_timer",
         "_idle_at",
+        "_audio_on_its_way",
+        "_engine_waits",
         "__weakref__",
     )
 
@@ -148,6 +150,12 @@ class SessionActor:
         # sessions with server VAD's idle_timeout_ms ever have one.
         self._idle_timer: Timer | None = None
         self._idle_at: float | None = None
+        # Audio the engine delivered that the core has not yet put in its outbox: counted with
+        # the outbox's, since a stream that never yields to the loop delivers a whole answer
+        # before the dispatcher runs once.
+        self._audio_on_its_way = 0
+        # Set while a request's stream waits for the listener (listener_caught_up).
+        self._engine_waits: OneShotEvent | None = None
 
     @property
     def session_id(self) -> str:
@@ -234,6 +242,8 @@ class SessionActor:
 
     def deliver(self, output: EngineOutput) -> None:
         """Engine output for one of this session's requests (engine lane, never refused)."""
+        if type(output) is AudioPacket:
+            self._audio_on_its_way += len(output.pcm)
         self.mailbox.put(_ENGINE, output)
         if not self.scheduled:
             self.runtime._schedule(self)
@@ -321,16 +331,14 @@ class SessionActor:
                         core.on_transcript(message)
                         continue  # (nothing follows the try in this loop)
                     core.on_engine_output(message)
-                    if (
-                        type(message) is AudioPacket
-                        and message.request_id != self._voiced_request
-                        and self._waiter is not None
-                    ):
-                        # A response's first audio is what its listener waits for: the rest of
-                        # the batch (a phrase's later packets, or the response's end) waits one
-                        # dispatcher round, so the waiting writer sends the audio first.
-                        self._voiced_request = message.request_id
-                        break
+                    if type(message) is AudioPacket:
+                        self._audio_on_its_way -= len(message.pcm)  # now in the outbox, or dropped
+                        if message.request_id != self._voiced_request and self._waiter is not None:
+                            # A response's first audio is what its listener waits for: the rest
+                            # of the batch (a phrase's later packets, or the response's end)
+                            # waits one dispatcher round, so the waiting writer sends it first.
+                            self._voiced_request = message.request_id
+                            break
                 elif isinstance(message, _ReportError):
                     self._queued_errors -= 1
                     core.emit_error(message.error)
@@ -369,6 +377,8 @@ class SessionActor:
             self._finish()
         if self._waiter is not None and core.has_events():
             self._waiter.set()
+        if self._engine_waits is not None:  # a barge-in may have dropped the unsent audio
+            self._wake_engine()
 
     def _set_idle_timer(self, deadline: float | None) -> None:
         """Follow the core's idle deadline: one timer per session at most, moved when it moves."""
@@ -412,7 +422,7 @@ class SessionActor:
         engine = self.runtime.engine
         for action in actions:
             if isinstance(action, SubmitTurn):
-                engine.submit(action.request, self.deliver)
+                engine.submit(action.request, self.deliver, self)
             elif isinstance(action, AbortRequests):
                 engine.abort(action.request_ids)
             elif isinstance(action, TranscribeInput):
@@ -424,6 +434,7 @@ class SessionActor:
     def _finish(self) -> None:
         """The session closed: refuse what is still queued, exactly once each."""
         self._finished = True
+        self._audio_on_its_way = 0  # the engine's outputs still queued are consumed as stale
         for lane, message in self.mailbox.drain():
             if isinstance(message, _ReportError):
                 continue  # the session is closed: nobody is left to tell
@@ -458,6 +469,8 @@ class SessionActor:
                         self._unread = None  # an idle session keeps no empty deque
                 else:
                     batch = self.core.take_events()
+                    if self._engine_waits is not None:
+                        self._wake_engine()
                     if not batch:
                         break
                     if len(batch) == 1:
@@ -484,6 +497,8 @@ class SessionActor:
         while True:
             if not self._unread:
                 batch = self.core.take_events()
+                if self._engine_waits is not None:
+                    self._wake_engine()
                 if not batch:
                     return
                 self._unread = deque(batch)
@@ -491,6 +506,45 @@ class SessionActor:
             if not self._unread:
                 self._unread = None  # an idle session keeps no empty deque
             yield event
+
+    # -- output flow control (the engine actor asks: engine_actor.Listener) -----------------
+
+    def listener_behind(self) -> bool:
+        """Whether this session holds as much unsent audio as it may (``unsent_audio_bytes``):
+        the engine then waits for :meth:`listener_caught_up` before producing more for it."""
+        core = self.core
+        limit = core.config.unsent_audio_bytes
+        # Not while the runtime drains: the server takes no resume then, so a client that is
+        # away would be waited for until the drain's deadline, holding the shutdown up; its
+        # response runs to its end as before, and the drain ends with it.
+        return limit is not None and not self._finished and not core.draining and self.unsent_audio() >= limit
+
+    async def listener_caught_up(self) -> None:
+        """Return once half the allowance is free again (the client took the audio, or a
+        barge-in dropped it) or the session has finished. A client that is away for a resume
+        is waited for until it resumes or its grace runs out (the close aborts the request)."""
+        while not self._finished:
+            limit = self.core.config.unsent_audio_bytes
+            if limit is None or self.core.draining or self.unsent_audio() <= limit // 2:
+                return
+            waits = self._engine_waits
+            if waits is None:
+                waits = self._engine_waits = self.runtime.new_event()
+            await waits.wait()
+
+    def unsent_audio(self) -> int:
+        """Audio in the outbox and on its way there (SessionHandle.unsent_audio_bytes)."""
+        return self._audio_on_its_way + self.core.unsent_audio_bytes
+
+    def _wake_engine(self) -> None:
+        """Wake the waiting streams if they may go on (the wait asks again)."""
+        waits = self._engine_waits
+        limit = self.core.config.unsent_audio_bytes
+        if waits is not None and (
+            self._finished or limit is None or self.core.draining or self.unsent_audio() <= limit // 2
+        ):
+            self._engine_waits = None
+            waits.set()
 
     async def wait_events(self) -> bool:
         """Wait until an event is ready; False once none will come (closed and drained)."""

@@ -82,6 +82,12 @@ class _RuntimeCollector:
         yield GaugeMetricFamily(
             "duplex_engine_in_flight", "Engine requests in flight", value=engine.in_flight
         )
+        yield GaugeMetricFamily(
+            "duplex_engine_waiting_for_listeners",
+            "Of those, requests waiting for their client to take the audio already produced "
+            "(a slow reader, or a client away for a resume)",
+            value=engine.waiting_for_listeners,
+        )
         requests = GaugeMetricFamily(
             "duplex_engine_requests", "Engine requests since start, by outcome", labels=["outcome"]
         )

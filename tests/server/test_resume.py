@@ -413,3 +413,35 @@ async def test_a_replayed_response_created_does_not_reopen_the_response_at_the_f
         # Never reopened: the front has nothing of this session in flight at any point.
         assert ("started", rid) not in link.reports[2:], link.reports
         assert link.ledger._responses == {}
+
+
+async def test_a_dropped_clients_answer_waits_for_its_resume_and_the_resume_gets_all_of_it():
+    # An answer produced as fast as the engine can, for a client that dropped right after
+    # asking: the server holds the session's allowance of it, not the whole answer, until the
+    # client resumes and takes it; then the rest follows, every packet once, in order.
+    limit = 32 << 10
+    answer = Script(tokens=(), audio_packets=200, packet_ms=100, packet_latency_s=0.0, fresh_packets=True)
+    overrides = {"unsent_audio_bytes": limit, "disconnect_grace_s": 30.0}
+    async with running_server(answer, session_overrides=overrides) as server:
+        ws = await connect(server.url)
+        created = await recv_json(ws)
+        sid, token = created["session"]["id"], created["resume_token"]
+        await ws.send(json.dumps({"type": "response.create"}))
+        last_seq = (await recv_until(ws, "response.created"))[-1]["server_event_seq"]
+        ws.transport.abort()
+
+        handle = server.runtime.get(sid)
+        await wait_until(lambda: handle.detached and server.runtime.engine.statistics().waiting_for_listeners)
+        await anyio.sleep(0.3)
+        packet = 24000 * 2 // 10  # 100 ms at the GA default 24 kHz
+        assert limit <= handle.unsent_audio_bytes < limit + packet, "the allowance, not the whole answer"
+        assert server.runtime.engine.statistics().in_flight == 1
+
+        async with connect(f"{server.url}?session_id={sid}", max_size=None) as ws2:
+            await ws2.send(resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=last_seq))
+            events = await recv_until(ws2, "response.done", timeout=10)
+        seqs = [e["server_event_seq"] for e in events]  # session.resumed among them, numbered too
+        assert seqs == list(range(last_seq + 1, last_seq + 1 + len(seqs))), "every event once, in order"
+        audio = [e for e in events if e["type"] == "response.output_audio.delta"]
+        assert len(audio) == 200 and all(len(base64.b64decode(e["delta"])) == packet for e in audio)
+        assert events[-1]["response"]["status"] == "completed"
