@@ -91,6 +91,7 @@ from .soak import rss_mb
 
 if TYPE_CHECKING:
     from ..engines.base import EngineBackend
+    from ..engines.scripted import Script
 
 
 async def _turn(url: str, headers: dict | None = None, source: str | None = None) -> float:
@@ -1394,6 +1395,100 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
         return report
 
 
+def _long_spoken_answer() -> Script:
+    """``--unread-audio``'s answer: a minute of speech, produced ten times faster than real
+    time (as a GPU engine would), each packet its own bytes."""
+    from ..engines.scripted import Script
+
+    words = tuple(f" word{i}" for i in range(60))
+    return Script(tokens=words, audio_packets=375, packet_ms=160, packet_latency_s=0.016, fresh_packets=True)
+
+
+def _unread_audio_server(ready, sessions: int, waits: bool, loop: str) -> None:
+    """Child process: ``serve``'s assembly with a scripted engine speaking
+    ``_long_spoken_answer()``, behind a trusted proxy; ``waits=False`` lets the engine run ahead of
+    its listeners (``unsent_audio_bytes=None``)."""
+
+    async def main() -> None:
+        import signal
+
+        import anyio
+
+        from ..engines.scripted import ScriptedEngine
+        from ..server.cli_commands import open_server
+
+        engine = ScriptedEngine(_long_spoken_answer(), record=False)
+        overrides = None if waits else {"unsent_audio_bytes": None}
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with open_server(engine, _behind_a_proxy(sessions), overrides) as server:
+                ready.send(server.port)
+                async for _ in signals:
+                    break
+
+    event_loop.run(main(), loop)
+
+
+async def _run_unread_audio(sessions: int, addresses: int, waits: bool, seconds: float, loop: str) -> dict:
+    """``sessions`` sessions from ``addresses`` client addresses each ask for a spoken response
+    (a minute of 24 kHz speech, produced ten times faster than real time), then drop their
+    connections: each session waits ``disconnect_grace_s`` for a resume, and its response goes
+    on meanwhile. What the server holds for them, ``seconds`` after the last has dropped, is its
+    RSS (it runs in a process of its own).
+
+    (A client that stays and never reads is not this bench's: what it was sent waits in the
+    kernel's socket buffers, and in the replay journal, which the journal budget bounds.)"""
+    import multiprocessing
+
+    from .child_server import served_in_child
+    from .wire_soak import server_rss_mb
+
+    update = json.dumps(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "output_modalities": ["audio"],
+                "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}}},
+            },
+        }
+    )
+    ask = json.dumps({"type": "response.create"})
+    answer = _long_spoken_answer()
+
+    with served_in_child(_unread_audio_server, sessions, waits, loop, name="unread-audio") as url:
+        (child,) = [p for p in multiprocessing.active_children() if p.name == "unread-audio"]
+        pid = child.pid
+        assert pid is not None
+
+        async def one(i: int) -> Any:
+            ws = await _proxied_session(url, i, addresses)
+            await ws.send(update)
+            await ws.recv()  # session.updated
+            await ws.send(ask)
+            while json.loads(await ws.recv())["type"] != "response.created":
+                pass
+            ws.transport.abort()
+            return ws
+
+        rss_before = peak = server_rss_mb(pid)
+        await _in_batches(one, sessions)
+        began = time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            await asyncio.sleep(0.25)
+            peak = max(peak, server_rss_mb(pid))
+        report = {
+            "sessions": sessions,
+            "addresses": addresses,
+            "waits": waits,
+            "seconds": seconds,
+            "answer_mb": answer.audio_packets * answer.packet_ms * 48 / 2**20,  # 24 kHz pcm16
+            "rss_before_mb": rss_before,
+            "rss_peak_mb": peak,
+            "rss_after_mb": server_rss_mb(pid),
+        }
+        return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m duplex_actors.bench.flood_bench", description=__doc__.split("\n")[0]
@@ -1505,6 +1600,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--messages", type=int, default=1, help="--large-messages: messages a session sends")
     ap.add_argument(
+        "--unread-audio",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N sessions each ask for a minute of speech (produced 10x faster than real time), then "
+        "drop their connections (each waits for a resume); --policy off lets the engine run ahead of them",
+    )
+
+    ap.add_argument(
         "--addresses",
         type=int,
         default=8,
@@ -1589,6 +1693,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: journals hold {j['journal_mb']:.1f} MiB "
             f"(counted); server RSS {j['rss_before_mb']:.1f} -> {j['rss_after_mb']:.1f} MiB "
             f"(+{j['rss_after_mb'] - j['rss_before_mb']:.1f}) in {j['seconds']:.1f} s",
+            flush=True,
+        )
+        return 0
+    if args.unread_audio:
+        u = event_loop.run(
+            _run_unread_audio(
+                args.unread_audio, args.addresses, args.policy == "on", args.seconds, args.loop
+            ),
+            "asyncio",
+        )
+        print(
+            f"{u['sessions']} sessions from {u['addresses']} addresses each asking for "
+            f"{u['answer_mb']:.1f} MiB of speech, then dropping their connections (the engine "
+            f"{'waits for' if u['waits'] else 'runs ahead of'} its listeners): server RSS "
+            f"{u['rss_before_mb']:.1f} MiB, peak +{u['rss_peak_mb'] - u['rss_before_mb']:.1f}, after "
+            f"{u['seconds']:g} s +{u['rss_after_mb'] - u['rss_before_mb']:.1f}",
             flush=True,
         )
         return 0

@@ -254,6 +254,23 @@ async def test_what_a_paced_reader_has_not_read_is_bounded_in_bytes_not_only_in_
             assert codes == ["unknown_event_type"] * 12
 
 
+@linux_only
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_dropped_clients_answer_is_held_up_to_its_allowance_not_whole():
+    # 64 clients each ask for a minute of speech (2.7 MiB at 24 kHz), produced ten times faster
+    # than real time, and drop their connections: each session waits for a resume, and its
+    # response went on into its outbox meanwhile, counted nowhere: +202 MiB once the answers
+    # were done. The engine now waits once a session holds its allowance (256 KiB): +38.
+    from duplex_actors.bench.flood_bench import _run_unread_audio
+
+    report = await _run_unread_audio(64, 4, True, 7.0, "asyncio")
+    grew = report["rss_after_mb"] - report["rss_before_mb"]
+    print(f"64 dropped clients' answers: RSS +{grew:.1f} MiB")
+    assert grew < 96, f"RSS grew {grew:.0f} MiB"
+
+
 @pytest.mark.anyio
 async def test_nothing_the_writer_encoded_stays_once_it_is_sent():
     # The session's writer kept its last burst of encoded frames while it waited for the next
