@@ -15,6 +15,11 @@ between them, and the total stays under twice the budget (plus an append). Nothi
 accepted is dropped: a refused client commits, clears or waits for a response to take its
 committed audio, as with its own bound.
 
+A response takes the committed audio with it in its engine request (an out-of-band one takes a
+copy), which holds it until the engine is done with it: it counts in its client's account from
+the response's start until its ``response.done``, and is never refused for the budget, since it
+moves audio already counted (a client over its share is refused its next appends meanwhile).
+
 Turns waiting for the recogniser hold a copy of their audio of their own, so they count in
 the same account while they wait (actors/transcription_queue.py), and a turn that would take a
 client over its share of a full budget is refused there: the turn's transcription fails with

@@ -44,6 +44,7 @@ class ResponseAssembly:
         "heard_ms",
         "in_conversation",
         "held_text",
+        "held_audio",
     )
 
     def __init__(
@@ -63,6 +64,9 @@ class ResponseAssembly:
         #: The bytes of text the response holds of its own while it runs, counted in the
         #: runtime's text budget until it is done (text_budget.response_text_bytes).
         self.held_text = 0
+        #: The bytes of the user's audio its engine request carries (the committed turn it
+        #: took), counted in the runtime's audio budget until it is done.
+        self.held_audio = 0
         #: The assistant message's id (output item 0); function calls get their own.
         self.item_id = item_id
         #: The fence it was created under: its closing events carry this epoch, even when the

@@ -271,6 +271,10 @@ class ResponseEffects(SessionParts):
             if self._text_account is not None:
                 self._text_account.add(-r.held_text)
             r.held_text = 0
+        if r.held_audio:  # the audio its request carried (ditto)
+            if self._audio_account is not None:
+                self._audio_account.add(-r.held_audio)
+            r.held_audio = 0
 
     def _ensure_begun(self, step: Step) -> None:
         # A RESPONSE turn that ends before any output still answers its request: the client

@@ -122,6 +122,13 @@ class TurnEffects(SessionParts):
             response.held_text = held
             if self._text_account is not None:
                 self._text_account.add(held)
+        # And so does the audio its request carries, in the audio budget: the committed turn
+        # left the session's buffer (which counted it) for the request, which holds it until
+        # the engine is done with it; an out-of-band response's is a copy of the buffer's.
+        if audio and response is not None:
+            response.held_audio = len(audio)
+            if self._audio_account is not None:
+                self._audio_account.add(len(audio))
 
     def _response_words(self, asked: CreateResponse | None) -> str:
         """The words of the response ``asked`` would start (None: one the server starts): its

@@ -1,8 +1,10 @@
 """The runtime-wide audio budget (core/audio_budget.py) as a ledger over real session cores.
 
-Sessions of a few clients append, commit, clear, ask for responses, create items with audio
-and close, in any order. What must hold after every step: the budget counts exactly what the
-open sessions' buffers hold, each client's account what its own sessions hold, and the
+Sessions of a few clients append, commit, clear, ask for responses (which run until the engine
+ends them), create items with audio and close, in any order. What must hold after every step:
+the budget counts exactly what the open sessions hold (their buffers, and the committed audio
+a running response's engine request took), each client's account what its own sessions hold,
+and the
 clients it splits by are those with a session open; an append or an item is refused for the
 budget exactly when the total would pass the budget and the client would pass its share; a
 client within its share is never refused, whatever the others hold.
@@ -19,6 +21,7 @@ from duplex_actors.actors.runtime import Runtime
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.audio_budget import AudioBudget
 from duplex_actors.core.conversation import ContentPart, Item
+from duplex_actors.core.engine_io import TurnDone
 from duplex_actors.core.session import SessionCore
 from duplex_actors.core.session_config import SessionConfig
 from duplex_actors.core.statechart import CHECKS
@@ -44,6 +47,7 @@ ops = st.lists(
         st.tuples(st.just("commit"), st.integers(0, 9)),
         st.tuples(st.just("clear"), st.integers(0, 9)),
         st.tuples(st.just("respond"), st.integers(0, 9)),
+        st.tuples(st.just("finish"), st.integers(0, 9)),
         st.tuples(st.just("close"), st.integers(0, 9)),
     ),
     min_size=10,
@@ -65,7 +69,12 @@ def _audio_item(n: int) -> cmd.CreateItem:
 @given(ops)
 def test_the_budget_counts_exactly_what_the_buffers_hold_and_refuses_only_over_share(operations):
     budget = AudioBudget(BUDGET)
-    sessions = BudgetedSessions(budget, CONFIG, "audio_account", _audio_held)
+    # Each session's running response: its request id and the bytes of committed audio the
+    # session held when it was asked for (a response takes them all to the engine).
+    running: dict[int, tuple[str, int]] = {}
+    sessions = BudgetedSessions(
+        budget, CONFIG, "audio_account", lambda core: _audio_held(core) + running.get(id(core), ("", 0))[1]
+    )
     for client in ("a", "b"):
         sessions.add(client)
     for op in operations:
@@ -98,12 +107,23 @@ def test_the_budget_counts_exactly_what_the_buffers_hold_and_refuses_only_over_s
                 assert expected is None, (op, total, held, clients)
         elif op[0] == "close":
             sessions.close(index)
-        else:
-            other = {"commit": cmd.CommitInput(), "clear": cmd.ClearInput(), "respond": cmd.CreateResponse()}
+            running.pop(id(core), None)
+        elif op[0] == "finish":
+            if id(core) in running:
+                core.on_engine_output(TurnDone(running.pop(id(core))[0]))
+        elif op[0] == "respond" and id(core) not in running:
+            committed = core._committed.nbytes
+            core.handle(cmd.CreateResponse())  # never refused: it moves audio already counted
+            (submit,) = [a for a in core.take_actions() if hasattr(a, "request")]
+            assert len(submit.request.audio) == committed
+            running[id(core)] = (submit.request.request_id, committed)
+        elif op[0] in ("commit", "clear"):
+            other = {"commit": cmd.CommitInput(), "clear": cmd.ClearInput()}
             try:
                 core.handle(other[op[0]])
             except DuplexError:
-                pass  # e.g. a commit with nothing buffered, a response while one runs
+                pass  # e.g. a commit with nothing buffered
+        core.take_actions()
         sessions.assert_counted()
         # Those within their share hold at most the budget between them: twice it in all.
         assert budget.total <= 2 * BUDGET + 18_000
