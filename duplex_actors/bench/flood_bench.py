@@ -1047,7 +1047,7 @@ def _behind_a_proxy(sessions: int, **options: Any) -> Any:
 
 
 async def _run_held_audio(
-    sessions: int, addresses: int, budget_mb: int | None, transcribed: bool = False
+    sessions: int, addresses: int, budget_mb: int | None, transcribed: bool = False, responding: bool = False
 ) -> dict:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each fill their input audio with G.711 mu-law (1 s frames until refused),
@@ -1056,7 +1056,11 @@ async def _run_held_audio(
 
     ``transcribed``: the sessions ask for input transcription and the audio is loud noise, so
     each commit also queues its turn for the real recogniser, which lags far behind: what the
-    turns waiting for it hold counts too."""
+    turns waiting for it hold counts too.
+
+    ``responding``: after the first commit each session asks for a response, which takes the
+    committed audio with it to the engine; the engine holds every request for two minutes, as a
+    busy one keeps requests waiting. Then the session fills, commits and fills again."""
 
     from ..actors.runtime import Runtime
     from ..engines.scripted import ScriptedEngine
@@ -1103,17 +1107,28 @@ async def _run_held_audio(
             pass
         return ws
 
+    async def commit(ws) -> None:
+        # Answered by an error when nothing was buffered (every append refused).
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while json.loads(await ws.recv())["type"] not in ("input_audio_buffer.committed", "error"):
+            pass
+
     async def client(ws) -> Any:
         await fill(ws)
-        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        while json.loads(await ws.recv())["type"] != "input_audio_buffer.committed":
-            pass
+        await commit(ws)
+        if responding:
+            await ws.send(json.dumps({"type": "response.create"}))
+            while json.loads(await ws.recv())["type"] != "response.created":
+                pass
+            await fill(ws)
+            await commit(ws)
         await fill(ws)
         return ws
 
-    async with Runtime(
-        ScriptedEngine(record=False), audio_budget_bytes=budget, transcriber=transcriber
-    ) as rt:
+    from ..engines.scripted import Script
+
+    engine = ScriptedEngine(Script(first_latency_s=120) if responding else Script(), record=False)
+    async with Runtime(engine, audio_budget_bytes=budget, transcriber=transcriber) as rt:
         config = _behind_a_proxy(sessions, audio_intake_rate=None)
         async with RealtimeServer(rt, config) as server:
             rss_before = rss_mb()
@@ -1131,6 +1146,8 @@ async def _run_held_audio(
                 "sent_mb": sent / 2**20,
                 "held_mb": sum(h.core._input.nbytes + h.core._committed.nbytes for h in rt.sessions())
                 / 2**20,
+                # The requests in flight carry their turn's audio (len(bytes): no copy).
+                "requests_mb": sum(len(f.request.audio) for f in rt.engine._flights.values()) / 2**20,
                 "queued_mb": sum(
                     rt._transcripts.backlog_s(h.id) * 2 * h.core.config.sample_rate for h in rt.sessions()
                 )
@@ -1619,6 +1636,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--held-audio: loud noise with input transcription on (each commit waits for the recogniser)",
     )
+    ap.add_argument(
+        "--responding",
+        action="store_true",
+        help="--held-audio: each session also asks for a response after its first commit (the engine holds it)",
+    )
     ap.add_argument("--audio-budget-mb", type=int, default=1024, help="--held-audio: the runtime's budget")
     ap.add_argument("--churn", action="store_true", help="open and close sessions flat out (own key)")
     ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
@@ -1754,14 +1776,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_audio:
         budget_mb = args.audio_budget_mb if args.policy == "on" else None
         h = event_loop.run(
-            _run_held_audio(args.held_audio, args.addresses, budget_mb, args.transcribed), args.loop
+            _run_held_audio(args.held_audio, args.addresses, budget_mb, args.transcribed, args.responding),
+            args.loop,
         )
         counted = "" if h["counted_mb"] is None else f", {h['counted_mb']:.1f} MiB counted by the budget"
         print(
             f"{h['sessions']} sessions from {h['addresses']} addresses holding G.711 input audio"
-            f"{' (transcribed)' if args.transcribed else ''}, budget "
-            f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: {h['sent_mb']:.0f} MiB sent, the "
-            f"sessions hold {h['held_mb']:.1f} MiB of audio and {h['queued_mb']:.1f} MiB waits for the "
+            f"{' (transcribed)' if args.transcribed else ''}{' and asking for responses' if args.responding else ''}"
+            f", budget {'off' if budget_mb is None else f'{budget_mb} MiB'}: {h['sent_mb']:.0f} MiB sent, the "
+            f"sessions hold {h['held_mb']:.1f} MiB of audio, their responses' requests "
+            f"{h['requests_mb']:.1f} MiB, and {h['queued_mb']:.1f} MiB waits for the "
             f"recogniser{counted}; process RSS {h['rss_before_mb']:.1f} -> "
             f"{h['rss_after_mb']:.1f} MiB (+{h['rss_after_mb'] - h['rss_before_mb']:.1f}) in {h['seconds']:.1f} s",
             flush=True,

@@ -231,12 +231,42 @@ def test_flood_bench_held_audio_transcribed_tiny(capsys):
     assert flood_bench.main(argv) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "(transcribed), budget 48 MiB" in line, line
-    held = float(line.split("the sessions hold ")[1].split(" MiB")[0])
-    queued = float(line.split("audio and ")[1].split(" MiB")[0])
-    counted = float(line.split("recogniser, ")[1].split(" MiB")[0])
+    held, requests, queued, counted = _held_audio_figures(line)
     assert queued > 0, line  # some turns were taken, and their audio waits
+    assert requests == 0, line  # and no response asked for
     assert abs(counted - (held + queued)) < 0.1, line
     assert counted < 2 * 48, line
+
+
+def _held_audio_figures(line: str) -> tuple[float, ...]:
+    """``--held-audio``'s report: what the sessions hold, their responses' requests, the
+    recogniser's queue, and what the budget counts (MiB)."""
+
+    def after(words: str) -> float:
+        return float(line.split(words)[1].split(" MiB")[0])
+
+    return (
+        after("the sessions hold "),
+        after("responses' requests "),
+        after("MiB, and "),
+        after("recogniser, "),
+    )
+
+
+@pytest.mark.slow
+def test_flood_bench_held_audio_responding_tiny(capsys):
+    """A response's request carries the committed turn it took: the budget counts it beside
+    the buffers while the engine holds the request."""
+    from duplex_actors.bench import flood_bench
+
+    argv = ["--held-audio", "8", "--addresses", "2", "--audio-budget-mb", "16", "--responding"]
+    assert flood_bench.main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "and asking for responses, budget 16 MiB" in line, line
+    held, requests, queued, counted = _held_audio_figures(line)
+    assert requests > 0 and queued == 0, line
+    assert abs(counted - (held + requests)) < 0.1, line
+    assert counted < 2 * 16, line
 
 
 @pytest.mark.slow
