@@ -127,6 +127,12 @@ def register(app: typer.Typer) -> None:
             help="the event loop of every serve process: uvloop where installed (auto), or asyncio's own",
         ),
         journal_max_age_s: float = typer.Option(60.0, help="how long events stay replayable for a resume"),
+        unsent_audio_kb: int = typer.Option(
+            256,
+            min=0,
+            help="KiB of a response's audio a session may hold that its client has not taken (it reads "
+            "slowly, or is away for a resume) before the engine waits for it (0: never waits)",
+        ),
         journal_budget_mb: int = typer.Option(
             1024,
             min=0,
@@ -325,6 +331,7 @@ def register(app: typer.Typer) -> None:
             "disconnect_grace_s": disconnect_grace_s,
             "idle_ttl_s": idle_ttl_s,
             "journal_max_age_s": journal_max_age_s,
+            "unsent_audio_bytes": (unsent_audio_kb << 10) or None,
         }
         server_options: dict[str, Any] = {
             "write_timeout_s": write_timeout_s,

@@ -272,6 +272,30 @@ async def test_a_dropped_clients_answer_is_held_up_to_its_allowance_not_whole():
 
 
 @pytest.mark.anyio
+async def test_serve_passes_its_unsent_audio_allowance_to_the_sessions():
+    # serve's scripted engine speaks 12 packets of 160 ms, 92 KB at 24 kHz. With 16 KiB allowed,
+    # a client that drops right after asking has its answer wait for it, as /metrics says.
+    import urllib.request
+
+    def waiting(port: int) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        (line,) = [x for x in text.splitlines() if x.startswith("duplex_engine_waiting_for_listeners ")]
+        return float(line.split()[1])
+
+    async with _Serve("--unsent-audio-kb", "16") as serve:
+        ws = await connect(serve.url)
+        await recv_json(ws, timeout=10)
+        await ws.send(json.dumps({"type": "response.create"}))
+        while (await recv_json(ws, timeout=10))["type"] != "response.created":
+            pass
+        ws.transport.abort()
+        with anyio.fail_after(10):
+            while await anyio.to_thread.run_sync(waiting, serve.port) != 1:
+                await anyio.sleep(0.1)
+
+
+@pytest.mark.anyio
 async def test_nothing_the_writer_encoded_stays_once_it_is_sent():
     # The session's writer kept its last burst of encoded frames while it waited for the next
     # events, which for a quiet session is its whole life: after an item of 65,536 emoji was
