@@ -534,7 +534,7 @@ class SessionActor:
 
     def unsent_audio(self) -> int:
         """Audio in the outbox and on its way there (SessionHandle.unsent_audio_bytes)."""
-        return self._audio_on_its_way + self.core.unsent_audio_bytes
+        return self._audio_on_its_way + self.core.outbox_audio_bytes
 
     def _wake_engine(self) -> None:
         """Wake the waiting streams if they may go on (the wait asks again)."""

@@ -684,7 +684,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         return self._outbox.overflowed
 
     @property
-    def unsent_audio_bytes(self) -> int:
+    def outbox_audio_bytes(self) -> int:
         """Bytes of response audio in the outbox, queued or held, not yet taken by the client."""
         return self._outbox.audio_bytes
 
