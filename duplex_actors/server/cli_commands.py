@@ -79,6 +79,11 @@ def build_engine(engine: EngineChoice, model: str | None = None, *, scripted_pac
     return make_vllm_engine(model)
 
 
+def _worker_share(budget_mb: int, workers: int) -> int | None:
+    """Each of ``workers`` processes' equal part of a server-wide budget, in bytes (0: off)."""
+    return ((budget_mb << 20) // workers) or None
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
@@ -136,22 +141,24 @@ def register(app: typer.Typer) -> None:
         journal_budget_mb: int = typer.Option(
             1024,
             min=0,
-            help="MiB all sessions' replay journals may hold together (per --workers); past it the "
-            "sessions journaling the most keep less replay (0: each session's own 8 MiB bound only)",
+            help="MiB all sessions' replay journals may hold together (with --workers N, each worker "
+            "holds 1/N of it); past it the sessions journaling the most keep less replay (0: each "
+            "session's own 8 MiB bound only)",
         ),
         audio_budget_mb: int = typer.Option(
             1024,
             min=0,
-            help="MiB of input audio (buffered and committed) all sessions may hold together (per "
-            "--workers); past it a client holding more than its share gets input_backpressure "
-            "(0: each session's own bounds only)",
+            help="MiB of input audio (buffered and committed) all sessions may hold together (with "
+            "--workers N, each worker holds 1/N of it); past it a client holding more than its share "
+            "gets input_backpressure (0: each session's own bounds only)",
         ),
         text_budget_mb: int = typer.Option(
             1024,
             min=0,
             help="MiB of conversation text and settings (instructions, tools) all sessions may "
-            "hold together (per --workers); past it a client holding more than its share has its "
-            "items and session.updates refused with resource_exhausted (0: each session's own bounds)",
+            "hold together (with --workers N, each worker holds 1/N of it); past it a client holding "
+            "more than its share has its items and session.updates refused with resource_exhausted "
+            "(0: each session's own bounds)",
         ),
         stall_timeout_s: float = typer.Option(
             15.0,
@@ -407,9 +414,12 @@ def register(app: typer.Typer) -> None:
                         runtime_options={
                             "stall_timeout_s": stall_timeout_s or None,
                             "transcription_backlog_s": transcription_backlog_s,
-                            "journal_budget_bytes": (journal_budget_mb << 20) or None,
-                            "audio_budget_bytes": (audio_budget_mb << 20) or None,
-                            "text_budget_bytes": (text_budget_mb << 20) or None,
+                            # The server's budgets, shared out: a client's sessions land on
+                            # every worker (round-robin), and N whole budgets let it hold N
+                            # times what the flags say the server may.
+                            "journal_budget_bytes": _worker_share(journal_budget_mb, workers),
+                            "audio_budget_bytes": _worker_share(audio_budget_mb, workers),
+                            "text_budget_bytes": _worker_share(text_budget_mb, workers),
                         },
                         gc_reclaim_s=gc_reclaim_s,
                         transcription_workers=transcription_workers,

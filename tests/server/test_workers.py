@@ -865,6 +865,36 @@ def test_serve_flags_reach_the_workers_the_per_address_quota_counts_per_worker()
 
 
 @pytest.mark.slow
+def test_the_memory_budgets_are_the_servers_shared_out_among_its_workers():
+    # --text-budget-mb (and the audio and journal budgets) bounded each worker, so N workers
+    # let the server hold N times what the flag said. Now each worker holds 1/N: 512 KiB each
+    # here. One client's items of 60,000 emoji (240,000 bytes as Python holds them): two fit a
+    # worker's part, the third is refused (a whole 1 MiB took four before the fifth was).
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "\U0001f600" * 60_000}],
+    }
+    frame = json.dumps({"type": "conversation.item.create", "item": item}, ensure_ascii=False)
+    with serve_workers(2, "--text-budget-mb", "1") as s:
+
+        async def main() -> None:
+            async with connect(s.url, max_size=None) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                answers = []
+                for _ in range(3):
+                    await ws.send(frame)
+                    while True:
+                        event = json.loads(await ws.recv())
+                        if event["type"] in ("conversation.item.added", "error"):
+                            break
+                    answers.append(event["type"] if event["type"] != "error" else event["error"]["code"])
+                assert answers == ["conversation.item.added"] * 2 + ["resource_exhausted"], answers
+
+        run(main)
+
+
+@pytest.mark.slow
 def test_serve_workers_listens_on_an_ipv6_host_and_prints_a_url_clients_parse():
     # The front door's listener was IPv4 only (create_server's default family), and the URL it
     # printed, ws://::1:PORT/..., is one no client parses.
