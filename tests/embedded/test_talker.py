@@ -201,3 +201,53 @@ def test_an_unvaried_talker_says_a_phrase_the_same_way_every_time(talker):
     noise is off, so the same phrase gives the same samples."""
     first, again = (b"".join(talker.synthesize_packets("The train leaves at nine.")) for _ in range(2))
     assert first and first == again
+
+
+def test_the_talker_speaks_no_faster_than_its_session_is_read(talker):
+    """Through the runtime: a reader that does not read makes the real talker stop asking for
+    text and synthesising once its session holds its allowance of unsent audio; reading, it
+    gets every phrase, in order, and the response completes."""
+    import anyio
+
+    from duplex_actors import Runtime, SessionConfig
+
+    words = [w for n in range(12) for w in (f"sentence {n} has a few words in it", ".")]
+    text = _ScriptedText(" ".join(words).replace(" .", ".").split(" "))
+    pulled = 0
+    generate = text.generate
+
+    async def counting(req):
+        nonlocal pulled
+        async for out in generate(req):
+            pulled += isinstance(out, TextDelta)
+            yield out
+
+    text.generate = counting
+    allowance = 32 << 10  # one second at 16 kHz
+    config = SessionConfig(unsent_audio_bytes=allowance, modalities=("audio",))
+
+    async def main():
+        async with Runtime(SpeakingEngine(text, talker), config=config) as rt:
+            session = await rt.open_session()
+            await session.create_response()
+            with anyio.fail_after(30):
+                while not rt.engine.statistics().waiting_for_listeners:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.5)  # nothing more is made while it waits
+            held, asked = session.unsent_audio_bytes, pulled
+            assert rt.engine.statistics().waiting_for_listeners == 1
+            events = []
+            with anyio.fail_after(60):
+                async for event in session.events():
+                    events.append(event)
+                    if event.type == "response.done":
+                        break
+            return held, asked, events
+
+    held, asked, events = asyncio.run(main())
+    packet = 16000 * 2 * 160 // 1000
+    assert allowance <= held < allowance + packet, held
+    assert asked < len(text.words), "the talker stopped asking for text while it waited"
+    spoken = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
+    assert spoken.split() == " ".join(text.words).replace(" .", ".").split(), spoken
+    assert events[-1].status == "completed"
