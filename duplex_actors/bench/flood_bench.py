@@ -1312,9 +1312,12 @@ async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | No
             return report
 
 
-def _large_messages_server(ready, sessions: int, loop: str) -> None:
+def _scripted_server(
+    ready, sessions: int, loop: str, long_answer: bool = False, overrides: dict | None = None
+) -> None:
     """Child process: ``serve``'s assembly (GC policy and trimming included) with a scripted
-    engine, on ``loop``, behind a trusted proxy, letting an address hold ``sessions``."""
+    engine (speaking ``_long_spoken_answer()`` if ``long_answer``), on ``loop``, behind a trusted
+    proxy, letting an address hold ``sessions``; ``overrides``: the sessions' settings."""
 
     async def main() -> None:
         import signal
@@ -1324,8 +1327,13 @@ def _large_messages_server(ready, sessions: int, loop: str) -> None:
         from ..engines.scripted import ScriptedEngine
         from ..server.cli_commands import open_server
 
+        engine = (
+            ScriptedEngine(_long_spoken_answer(), record=False)
+            if long_answer
+            else ScriptedEngine(record=False)
+        )
         with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-            async with open_server(ScriptedEngine(record=False), _behind_a_proxy(sessions)) as server:
+            async with open_server(engine, _behind_a_proxy(sessions), overrides) as server:
                 ready.send(server.port)
                 async for _ in signals:
                     break
@@ -1357,7 +1365,7 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
     zipper = zlib.compressobj(6, zlib.DEFLATED, -12)
     wire = len(zipper.compress(sample.encode()) + zipper.flush(zlib.Z_SYNC_FLUSH))
 
-    with served_in_child(_large_messages_server, sessions, loop, name="large-messages") as url:
+    with served_in_child(_scripted_server, sessions, loop, name="large-messages") as url:
         (child,) = [p for p in multiprocessing.active_children() if p.name == "large-messages"]
         pid = child.pid
         assert pid is not None
@@ -1421,30 +1429,6 @@ def _long_spoken_answer() -> Script:
     return Script(tokens=words, audio_packets=375, packet_ms=160, packet_latency_s=0.016, fresh_packets=True)
 
 
-def _unread_audio_server(ready, sessions: int, waits: bool, loop: str) -> None:
-    """Child process: ``serve``'s assembly with a scripted engine speaking
-    ``_long_spoken_answer()``, behind a trusted proxy; ``waits=False`` lets the engine run ahead of
-    its listeners (``unsent_audio_bytes=None``)."""
-
-    async def main() -> None:
-        import signal
-
-        import anyio
-
-        from ..engines.scripted import ScriptedEngine
-        from ..server.cli_commands import open_server
-
-        engine = ScriptedEngine(_long_spoken_answer(), record=False)
-        overrides = None if waits else {"unsent_audio_bytes": None}
-        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-            async with open_server(engine, _behind_a_proxy(sessions), overrides) as server:
-                ready.send(server.port)
-                async for _ in signals:
-                    break
-
-    event_loop.run(main(), loop)
-
-
 async def _run_unread_audio(sessions: int, addresses: int, waits: bool, seconds: float, loop: str) -> dict:
     """``sessions`` sessions from ``addresses`` client addresses each ask for a spoken response
     (a minute of 24 kHz speech, produced ten times faster than real time), then drop their
@@ -1472,7 +1456,9 @@ async def _run_unread_audio(sessions: int, addresses: int, waits: bool, seconds:
     ask = json.dumps({"type": "response.create"})
     answer = _long_spoken_answer()
 
-    with served_in_child(_unread_audio_server, sessions, waits, loop, name="unread-audio") as url:
+    # waits=False: the engine runs ahead of its listeners (no allowance).
+    overrides = None if waits else {"unsent_audio_bytes": None}
+    with served_in_child(_scripted_server, sessions, loop, True, overrides, name="unread-audio") as url:
         (child,) = [p for p in multiprocessing.active_children() if p.name == "unread-audio"]
         pid = child.pid
         assert pid is not None

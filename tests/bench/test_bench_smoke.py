@@ -360,3 +360,15 @@ def test_flood_bench_audio_sessions_tiny():
     assert r["sessions"] == 3 and r["shared"] and r["during_turns"] >= 1
     assert 0 < r["during_s"] <= r["during_p90_s"] <= r["during_worst_s"]
     assert r["accepted_x_real_time"] > 0 and r["held_s"] >= 0
+
+
+@pytest.mark.slow
+def test_flood_bench_unread_audio_tiny(capsys):
+    """Dropped clients' long answers, end to end through the command line (the server in its
+    own process); what it holds is tested in tests/server/test_edge_memory.py."""
+    from duplex_actors.bench import flood_bench
+
+    assert flood_bench.main(["--unread-audio", "4", "--addresses", "2", "--seconds", "0.5"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("4 sessions from 2 addresses each asking for 2.7 MiB of speech"), line
+    assert "(the engine waits for its listeners): server RSS" in line, line
