@@ -9,6 +9,9 @@ dispatcher ran once, unless the session counts what is on its way as well as its
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import anyio
 import pytest
 
@@ -40,12 +43,28 @@ async def _read_until_done(session) -> list:
     return events
 
 
-async def test_the_engine_waits_for_a_reader_that_does_not_read_and_nothing_is_lost():
+async def _until(predicate, timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def _asked(limit: int | None = LIMIT, *, waiting: bool = True, **runtime) -> AsyncIterator[tuple]:
+    """A runtime on the scripted answer, and a session that asked for it and reads nothing;
+    ``waiting``: once the engine waits for that session's reader."""
     engine = ScriptedEngine(ANSWER)
-    config = SessionConfig(unsent_audio_bytes=LIMIT, modalities=("audio",))
-    async with Runtime(engine, config=config, stall_timeout_s=0.1) as rt:
+    config = SessionConfig(unsent_audio_bytes=limit, modalities=("audio",))
+    async with Runtime(engine, config=config, **runtime) as rt:
         session = await rt.open_session()
         await session.create_response()
+        if waiting:
+            await _until(lambda: rt.engine.statistics().waiting_for_listeners)
+        yield rt, engine, session
+
+
+async def test_the_engine_waits_for_a_reader_that_does_not_read_and_nothing_is_lost():
+    async with _asked(waiting=False, stall_timeout_s=0.1) as (rt, _, session):
         await anyio.sleep(0.6)  # six stall timeouts, reading nothing
 
         stats = rt.engine.statistics()
@@ -64,34 +83,19 @@ async def test_the_engine_waits_for_a_reader_that_does_not_read_and_nothing_is_l
 
 async def test_without_an_allowance_the_engine_runs_ahead_of_the_reader():
     # The same answer with the wait turned off: what the test above bounds is really held.
-    engine = ScriptedEngine(ANSWER)
-    config = SessionConfig(unsent_audio_bytes=None, modalities=("audio",))
-    async with Runtime(engine, config=config) as rt:
-        session = await rt.open_session()
-        await session.create_response()
-        with anyio.fail_after(5):
-            while rt.engine.statistics().in_flight:
-                await anyio.sleep(0.01)
+    async with _asked(None, waiting=False) as (rt, _, session):
+        await _until(lambda: not rt.engine.statistics().in_flight)
         assert session.unsent_audio_bytes == PACKETS * PACKET_BYTES
 
 
 @pytest.mark.parametrize("how", ["cancel", "barge_in"])
 async def test_a_waiting_response_ends_at_once_when_cancelled_or_talked_over(how):
-    engine = ScriptedEngine(ANSWER)
-    config = SessionConfig(unsent_audio_bytes=LIMIT, modalities=("audio",))
-    async with Runtime(engine, config=config) as rt:
-        session = await rt.open_session()
-        await session.create_response()
-        with anyio.fail_after(5):
-            while not rt.engine.statistics().waiting_for_listeners:
-                await anyio.sleep(0.01)
+    async with _asked() as (rt, engine, session):
         await (session.cancel() if how == "cancel" else session.barge_in())
         events = await _read_until_done(session)
         assert [e.type for e in events].count("response.done") == 1
         assert events[-1].status == "cancelled"
-        with anyio.fail_after(2):
-            while rt.engine.statistics().in_flight or engine.active:
-                await anyio.sleep(0.005)
+        await _until(lambda: not (rt.engine.statistics().in_flight or engine.active), 2)
         assert rt.engine.statistics().aborted == 1
         if how == "barge_in":
             assert session.unsent_audio_bytes == 0, "the talked-over audio that was never sent is dropped"
@@ -99,29 +103,16 @@ async def test_a_waiting_response_ends_at_once_when_cancelled_or_talked_over(how
 
 async def test_a_reader_that_keeps_up_never_makes_the_engine_wait_long():
     # Reading as it comes: every packet arrives, and the waits (if any) end as the reader takes.
-    engine = ScriptedEngine(ANSWER)
-    config = SessionConfig(unsent_audio_bytes=LIMIT, modalities=("audio",))
-    async with Runtime(engine, config=config) as rt:
-        session = await rt.open_session()
-        await session.create_response()
+    async with _asked(waiting=False) as (_, _, session):
         events = await _read_until_done(session)
     assert sum(e.type == "response.output_audio.delta" for e in events) == PACKETS
     assert events[-1].status == "completed"
 
 
 async def test_a_closed_session_leaves_no_stream_waiting():
-    engine = ScriptedEngine(ANSWER)
-    config = SessionConfig(unsent_audio_bytes=LIMIT, modalities=("audio",))
-    async with Runtime(engine, config=config) as rt:
-        session = await rt.open_session()
-        await session.create_response()
-        with anyio.fail_after(5):
-            while not rt.engine.statistics().waiting_for_listeners:
-                await anyio.sleep(0.01)
+    async with _asked() as (rt, engine, session):
         await session.close()
-        with anyio.fail_after(2):
-            while rt.engine.statistics().in_flight or engine.active:
-                await anyio.sleep(0.005)
+        await _until(lambda: not (rt.engine.statistics().in_flight or engine.active), 2)
         stats = rt.engine.statistics()
         assert stats.waiting_for_listeners == 0 and stats.aborted == 1
 
@@ -129,18 +120,9 @@ async def test_a_closed_session_leaves_no_stream_waiting():
 async def test_a_drain_does_not_wait_for_a_reader_that_is_away():
     # While the runtime drains, the server takes no resume: a response waiting for a client that
     # is away would hold the shutdown up until its deadline. It runs to its end instead.
-    engine = ScriptedEngine(ANSWER)
-    config = SessionConfig(unsent_audio_bytes=LIMIT, modalities=("audio",))
-    async with Runtime(engine, config=config) as rt:
-        session = await rt.open_session()
-        await session.create_response()
-        with anyio.fail_after(5):
-            while not rt.engine.statistics().waiting_for_listeners:
-                await anyio.sleep(0.01)
+    async with _asked() as (rt, _, session):
         rt.drain()
-        with anyio.fail_after(2):
-            while rt.responses_in_flight:
-                await anyio.sleep(0.005)
+        await _until(lambda: not rt.responses_in_flight, 2)
         assert rt.engine.statistics().completed == 1
         events = await _read_until_done(session)
         assert sum(e.type == "response.output_audio.delta" for e in events) == PACKETS
