@@ -6,10 +6,10 @@ registered its request id, and guarantees every request ends with exactly one te
 if a backend stream ends without one, raises, is aborted or the engine is restarted, the actor
 synthesises it (``Aborted`` or ``EngineFailure``).
 
-Flow control: a session may say its listener is behind (it holds as much unsent audio as it
-may, core/session_config.py ``unsent_audio_bytes``). The request's pump then waits for it
-before it takes the next output from the stream, so a response is produced no faster than its
-client takes it. A backend whose streams are pulled (the talker synthesises a phrase when it is
+Flow control: a session may say its listener is behind (it holds as much unsent output as it
+may: core/session_config.py ``unsent_audio_bytes`` of audio, or half its outbox in events). The
+request's pump then waits for it before it takes the next output from the stream, so a
+response is produced no faster than its client takes it. A backend whose streams are pulled (the talker synthesises a phrase when it is
 asked for the next packet) does no work meanwhile; the watchdog does not count the wait as a
 stall.
 
@@ -32,14 +32,7 @@ import attrs
 import structlog
 
 from ..core.clock import MONOTONIC, Clock
-from ..core.engine_io import (
-    Aborted,
-    AudioPacket,
-    EngineFailure,
-    EngineOutput,
-    ModelTurnRequest,
-    is_terminal,
-)
+from ..core.engine_io import Aborted, EngineFailure, EngineOutput, ModelTurnRequest, is_terminal
 from ..engines.base import EngineBackend, sync_abort
 from .loop_event import OneShotEvent, event_class
 
@@ -49,10 +42,10 @@ Deliver = Callable[[EngineOutput], None]
 
 
 class Listener(Protocol):
-    """Who takes a request's audio (its session), asked between two audio outputs."""
+    """Who takes a request's output (its session), asked between two outputs."""
 
     def listener_behind(self) -> bool:
-        """Whether the listener holds as much unsent audio as it may."""
+        """Whether the listener holds as much unsent output as it may."""
         ...
 
     async def listener_caught_up(self) -> None:
@@ -77,7 +70,7 @@ class EngineStatistics:
     pending_abort_retries: int
     #: Pump tasks waiting for the next request (at most MAX_IDLE_PUMPS): reused, not leaked.
     parked_pumps: int = 0
-    #: Requests in flight whose stream waits for its listener to take the audio it was sent.
+    #: Requests in flight whose stream waits for its listener to take what it was sent.
     waiting_for_listeners: int = 0
 
 
@@ -194,8 +187,8 @@ class EngineActor:
     # -- what sessions call (synchronously, from the dispatcher) ----------------------------
 
     def submit(self, request: ModelTurnRequest, deliver: Deliver, listener: Listener | None = None) -> None:
-        """Start ``request``; its outputs go to ``deliver``, and between two audio outputs its
-        stream waits while ``listener`` (if any) is behind."""
+        """Start ``request``; its outputs go to ``deliver``, and between two outputs its stream
+        waits while ``listener`` (if any) is behind."""
         self._routes[request.request_id] = deliver
         self._flights[request.request_id] = _Flight(request, self.clock.now(), self._new_scope(), listener)
         self.submitted += 1
@@ -304,11 +297,7 @@ class EngineActor:
                         if terminal:
                             break
                         listener = flight.listener
-                        if (
-                            listener is not None
-                            and type(output) is AudioPacket
-                            and listener.listener_behind()
-                        ):
+                        if listener is not None and listener.listener_behind():
                             flight.waiting = True
                             try:
                                 await listener.listener_caught_up()

@@ -510,39 +510,54 @@ class SessionActor:
     # -- output flow control (the engine actor asks: engine_actor.Listener) -----------------
 
     def listener_behind(self) -> bool:
-        """Whether this session holds as much unsent audio as it may (``unsent_audio_bytes``):
-        the engine then waits for :meth:`listener_caught_up` before producing more for it."""
+        """Whether this session holds as much unsent output as it may: ``unsent_audio_bytes`` of
+        audio, or half its outbox's capacity in events (at the capacity it would close as a slow
+        consumer). The engine then waits for :meth:`listener_caught_up` before producing more."""
         core = self.core
-        limit = core.config.unsent_audio_bytes
         # Not while the runtime drains: the server takes no resume then, so a client that is
         # away would be waited for until the drain's deadline, holding the shutdown up; its
         # response runs to its end as before, and the drain ends with it.
-        return limit is not None and not self._finished and not core.draining and self.unsent_audio() >= limit
+        if self._finished or core.draining:
+            return False
+        config = core.config
+        limit = config.unsent_audio_bytes
+        if limit is not None and self.unsent_audio() >= limit:
+            return True
+        return self._unsent_events() >= config.outbox_capacity // 2
 
     async def listener_caught_up(self) -> None:
-        """Return once half the allowance is free again (the client took the audio, or a
-        barge-in dropped it) or the session has finished. A client that is away for a resume
-        is waited for until it resumes or its grace runs out (the close aborts the request)."""
-        while not self._finished:
-            limit = self.core.config.unsent_audio_bytes
-            if limit is None or self.core.draining or self.unsent_audio() <= limit // 2:
-                return
+        """Return once half the audio allowance and three quarters of the outbox are free again
+        (the client took what it was sent, or a barge-in dropped it) or the session has
+        finished. A client that is away for a resume is waited for until it resumes or its
+        grace runs out (the close aborts the request)."""
+        while not self._caught_up():
             waits = self._engine_waits
             if waits is None:
                 waits = self._engine_waits = self.runtime.new_event()
             await waits.wait()
 
+    def _caught_up(self) -> bool:
+        core = self.core
+        if self._finished or core.draining:
+            return True
+        config = core.config
+        limit = config.unsent_audio_bytes
+        if limit is not None and self.unsent_audio() > limit // 2:
+            return False
+        return self._unsent_events() <= config.outbox_capacity // 4
+
     def unsent_audio(self) -> int:
         """Audio in the outbox and on its way there (SessionHandle.unsent_audio_bytes)."""
         return self._audio_on_its_way + self.core.outbox_audio_bytes
 
+    def _unsent_events(self) -> int:
+        # The outbox's events, queued and held, and the engine's outputs on their way to it.
+        return self.core.outbox_depth + self.mailbox.lane_depth(_ENGINE)
+
     def _wake_engine(self) -> None:
         """Wake the waiting streams if they may go on (the wait asks again)."""
         waits = self._engine_waits
-        limit = self.core.config.unsent_audio_bytes
-        if waits is not None and (
-            self._finished or limit is None or self.core.draining or self.unsent_audio() <= limit // 2
-        ):
+        if waits is not None and self._caught_up():
             self._engine_waits = None
             waits.set()
 

@@ -20,8 +20,9 @@ cannot grow memory past the bound either.
 
 The capacity counts events, and an audio delta may be of any size, so the outbox also keeps
 ``audio_bytes``: the pcm it holds, queued and held. The session's shell makes the engine wait
-while that is high (actors/session_actor.py, ``listener_behind``): a response is not produced
-faster than its listener takes it, whether the client reads slowly or is away.
+while either is high (actors/session_actor.py, ``listener_behind``): a response is not produced
+faster than its listener takes it, whether the client reads slowly or is away, and the engine's
+output alone never overflows the capacity; what the client asks for itself still can.
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ class Outbox:
     @property
     def held(self) -> int:
         return len(self._held)
+
+    @property
+    def depth(self) -> int:
+        """Events here, queued and held (what the capacity counts)."""
+        return len(self._q) + len(self._held)
 
     def _drop_oldest_nonterminal(self) -> None:
         for box in (self._held, self._q):  # held audio first: it may never be heard anyway

@@ -684,6 +684,11 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         return self._outbox.overflowed
 
     @property
+    def outbox_depth(self) -> int:
+        """Events in the outbox, queued or held, not yet taken by the client."""
+        return self._outbox.depth
+
+    @property
     def outbox_audio_bytes(self) -> int:
         """Bytes of response audio in the outbox, queued or held, not yet taken by the client."""
         return self._outbox.audio_bytes

@@ -95,13 +95,16 @@ class SessionConfig:
     #: newest is kept, as a conversation forgets its oldest items). A GA commit does not start
     #: a response, so a client committing and never asking for one held every commit's audio.
     max_committed_bytes: int = attrs.field(default=16000 * 2 * 120, validator=attrs.validators.ge(0))
+    #: Events the session holds for its client at most (core/outbox.py); the engine waits for
+    #: the client at half of it, and goes on once three quarters are free.
     outbox_capacity: int = 2048
     outbox_reserve: int = 16
     #: Bytes of a response's audio the session may hold unsent (in its outbox, and on its way
     #: there from the engine) before the engine waits for the listener to take some: a client
     #: that reads slowly, or has gone away for a resume, is not sent audio faster than it takes
     #: it, and the server does not keep a whole answer's audio for it. The engine goes on once
-    #: half of it has been taken. 256 KiB is about 5 s of 24 kHz pcm16. None: never wait.
+    #: half of it has been taken. 256 KiB is about 5 s of 24 kHz pcm16. None: no audio bound
+    #: (the outbox's half still applies).
     unsent_audio_bytes: int | None = attrs.field(default=256 << 10, validator=_none_or_positive)
     idle_ttl_s: float = 300.0
     disconnect_grace_s: float = 30.0

@@ -76,6 +76,9 @@ async def test_full_mailbox_refuses_with_mailbox_full_and_loses_nothing_accepted
 
 
 async def test_a_consumer_that_never_reads_hits_the_slow_consumer_policy():
+    # The engine's output waits for a reader at half the outbox (tests/runtime/test_listener_flow.py);
+    # what the client asks for itself does not: heartbeats it never reads the acks of fill the
+    # rest, mid-response.
     script = Script(tokens=tuple(f" t{i}" for i in range(400)), audio_packets=400, packet_ms=20)
     async with Runtime(ScriptedEngine(script), reaper_interval_s=0) as rt:
         s = await rt.open_session(outbox_capacity=64, outbox_reserve=8)
@@ -83,6 +86,11 @@ async def test_a_consumer_that_never_reads_hits_the_slow_consumer_policy():
         ro = Reader(other)
         s.append_audio(CHUNK * 5)
         await s.commit()
+        with anyio.fail_after(5):
+            while not rt.engine.statistics().waiting_for_listeners:
+                await anyio.sleep(0.005)
+        for _ in range(64):
+            s.tell(cmd.Heartbeat())
         with anyio.fail_after(5):
             while s.state != "closed":
                 await anyio.sleep(0.005)
@@ -100,14 +108,20 @@ async def test_a_consumer_that_never_reads_hits_the_slow_consumer_policy():
 
 
 async def test_terminal_events_always_fit_the_reserve():
-    # The non-reserved part (16 events) fills up mid-response, nobody reading: the response's
-    # response.done and the session.closed must still be there, in that order, and the
-    # buffer never holds more than its capacity.
+    # The non-reserved part (16 events) fills up mid-response, nobody reading (the engine's
+    # output waits at half of it; heartbeats the client sends fill the rest): the response's
+    # response.done and the session.closed must still be there, in that order, and the buffer
+    # never holds more than its capacity.
     script = Script(tokens=tuple(f" t{i}" for i in range(40)), audio_packets=0)
     async with Runtime(ScriptedEngine(script), reaper_interval_s=0) as rt:
         s = await rt.open_session(outbox_capacity=20, outbox_reserve=4)
         s.append_audio(CHUNK)
         await s.commit()
+        with anyio.fail_after(5):
+            while not rt.engine.statistics().waiting_for_listeners:
+                await anyio.sleep(0.005)
+        for _ in range(20):
+            s.tell(cmd.Heartbeat())
         with anyio.fail_after(5):
             while s.state != "closed":
                 await anyio.sleep(0.005)

@@ -127,3 +127,23 @@ async def test_a_drain_does_not_wait_for_a_reader_that_is_away():
         events = await _read_until_done(session)
         assert sum(e.type == "response.output_audio.delta" for e in events) == PACKETS
         assert events[-1].status == "completed"
+
+
+async def test_a_long_text_answer_waits_at_half_the_outbox_instead_of_closing_the_session():
+    # Small deltas fill the outbox's capacity in events long before any byte bound: a reader
+    # that did not keep up (or a client away for a resume) had its session closed as a slow
+    # consumer. The engine now waits at half the capacity, and the reader gets all of it.
+    script = Script(tokens=tuple(f" t{i}" for i in range(400)), audio_packets=0)
+    async with Runtime(ScriptedEngine(script)) as rt:
+        session = await rt.open_session(outbox_capacity=64, outbox_reserve=8, modalities=("text",))
+        await session.create_response()
+        await _until(lambda: rt.engine.statistics().waiting_for_listeners)
+        await anyio.sleep(0.2)
+        assert session.state != "closed"
+        # Half the capacity, and what the last output and the response's opening added.
+        assert 32 <= session.core.pending_events <= 36
+        events = await _read_until_done(session)
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "".join(
+        script.tokens
+    )
+    assert events[-1].status == "completed"
