@@ -514,16 +514,20 @@ class SessionActor:
         audio, or half its outbox's capacity in events (at the capacity it would close as a slow
         consumer). The engine then waits for :meth:`listener_caught_up` before producing more."""
         core = self.core
+        config = core.config
+        # The counts read directly, not through unsent_audio and _unsent_events: this is asked
+        # between every two outputs of every response.
+        outbox = core._outbox
+        lane = self.mailbox._lanes[_ENGINE]
+        limit = config.unsent_audio_bytes
+        if len(outbox._q) + len(outbox._held) + (len(lane) if lane else 0) < config.outbox_capacity >> 1 and (
+            limit is None or self._audio_on_its_way + outbox.audio_bytes < limit
+        ):
+            return False
         # Not while the runtime drains: the server takes no resume then, so a client that is
         # away would be waited for until the drain's deadline, holding the shutdown up; its
         # response runs to its end as before, and the drain ends with it.
-        if self._finished or core.draining:
-            return False
-        config = core.config
-        limit = config.unsent_audio_bytes
-        if limit is not None and self.unsent_audio() >= limit:
-            return True
-        return self._unsent_events() >= config.outbox_capacity // 2
+        return not self._finished and not core.draining
 
     async def listener_caught_up(self) -> None:
         """Return once half the audio allowance and three quarters of the outbox are free again
