@@ -136,7 +136,8 @@ def register(app: typer.Typer) -> None:
             256,
             min=0,
             help="KiB of a response's audio a session may hold that its client has not taken (it reads "
-            "slowly, or is away for a resume) before the engine waits for it (0: no audio bound; the engine still waits at half the outbox)",
+            "slowly, or is away for a resume) before the engine waits for it (0: no audio bound; "
+            "the engine still waits at half the outbox's events)",
         ),
         journal_budget_mb: int = typer.Option(
             1024,

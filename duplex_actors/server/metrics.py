@@ -84,7 +84,7 @@ class _RuntimeCollector:
         )
         yield GaugeMetricFamily(
             "duplex_engine_waiting_for_listeners",
-            "Of those, requests waiting for their client to take the audio already produced "
+            "Of those, requests waiting for their client to take what they already produced "
             "(a slow reader, or a client away for a resume)",
             value=engine.waiting_for_listeners,
         )
