@@ -36,6 +36,14 @@ conversation of emoji), every message compressed to a few hundred bytes; it repo
 sessions and their journals hold and the server's RSS. ``--policy off`` runs without the
 runtime's text budget.
 
+``--held-audio N [--addresses 8] [--audio-budget-mb 1024] [--transcribed] [--responding]`` fills
+every session's input audio with G.711 (``--transcribed``: loud noise with transcription on;
+``--responding``: each session also asks for a response, whose engine request carries the
+committed turn); ``--held-responses N`` asks for responses with large texts of their own;
+``--large-messages N [--messages K]`` sends refused messages of ~1 MB compressed to ~1 KB;
+``--unread-audio N`` asks for a minute of speech and drops the connection. Each reports what the
+server holds (``--policy off``: without the budget, or the allowance, in question).
+
 ``--journals N [--journal-budget-mb 1024]`` is about memory, not a neighbour: one client opens N
 sessions and fills each one's replay journal with distinct long items; it reports what the
 journals hold and the server's RSS. ``--policy off`` runs without the runtime's journal budget.
