@@ -1071,7 +1071,7 @@ async def _run_held_audio(
     busy one keeps requests waiting. Then the session fills, commits and fills again."""
 
     from ..actors.runtime import Runtime
-    from ..engines.scripted import ScriptedEngine
+    from ..engines.scripted import Script, ScriptedEngine
     from ..server.app import RealtimeServer
 
     budget = None if budget_mb is None else budget_mb << 20
@@ -1132,8 +1132,6 @@ async def _run_held_audio(
             await commit(ws)
         await fill(ws)
         return ws
-
-    from ..engines.scripted import Script
 
     engine = ScriptedEngine(Script(first_latency_s=120) if responding else Script(), record=False)
     async with Runtime(engine, audio_budget_bytes=budget, transcriber=transcriber) as rt:

@@ -33,7 +33,7 @@ from duplex_actors.server.app import ServerConfig
 from duplex_actors.server.guard import LOOPBACK_NETWORKS, PendingHandshakes, RequestHeadLimit, exempt_from
 from duplex_actors.server.inflate import BudgetedDeflate, InflateBudget
 
-from .conftest import recv_json, running_server, serve_help
+from .conftest import metric_sample, recv_json, running_server, serve_help
 from .test_cli import LAUNCH
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -279,9 +279,7 @@ async def test_serve_passes_its_unsent_audio_allowance_to_the_sessions():
 
     def waiting(port: int) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            text = reply.read().decode()
-        (line,) = [x for x in text.splitlines() if x.startswith("duplex_engine_waiting_for_listeners ")]
-        return float(line.split()[1])
+            return metric_sample(reply.read().decode(), "duplex_engine_waiting_for_listeners")
 
     async with _Serve("--unsent-audio-kb", "16") as serve:
         ws = await connect(serve.url)
