@@ -95,6 +95,7 @@ from .inflate import deflate_extensions
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
 from .opening_slots import OpeningSlots
+from .read_ahead import ReadAheadLedger
 from .session_connection import SessionConnection
 from .session_reader import frame_bytes
 from .session_record import SessionRecord
@@ -142,7 +143,18 @@ class RealtimeServer:
     def __init__(self, runtime: Runtime, config: ServerConfig = ServerConfig()) -> None:
         self.runtime = runtime
         self.config = config
-        self.metrics = ServerMetrics(runtime, records=lambda: len(self._records))
+        limit = config.read_ahead_bytes_per_client
+        #: What each client holds parsed and unhandled over its connections (read_ahead.py).
+        self.read_ahead = (
+            None
+            if limit is None
+            # At least a whole message and a piece: a fragmented message at the cap must be
+            # able to complete on its own, or its reader would wait for it for ever.
+            else ReadAheadLedger(max(limit, config.limits.transport_cap + edge.PIECE_INFLATION_BYTES))
+        )
+        self.metrics = ServerMetrics(
+            runtime, records=lambda: len(self._records), read_ahead=lambda: self.read_ahead
+        )
         self.console = ConsoleRoutes(self)
         self._ssl = server_ssl_context(config.tls_cert, config.tls_key)
         self._records: dict[str, SessionRecord] = {}
@@ -229,6 +241,8 @@ class RealtimeServer:
             trusted_proxies=(
                 guard.exempt_from(self.config.trusted_proxies) if self.config.trusted_proxies else None
             ),
+            read_ahead=self.read_ahead,
+            read_ahead_exempt=guard.exempt_from(self.config.exempt_networks),
         )
         # Under TLS the listener accepts plain TCP and each connection runs its TLS handshake
         # once it is counted among those opening (tls_first.py); adopted and relayed ones are
@@ -698,6 +712,9 @@ class RealtimeServer:
             frame = None
         if frame is None:
             raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
+        if isinstance(ws, edge.PacedConnection):
+            ws.read_done()  # the frame is in hand: it counts in the client's read-ahead ...
+            ws.handled()  # ... no longer than this frame's own handling (at most 4 KiB)
         limit = self.config.limits.max_resume_frame_bytes
         if frame_bytes(frame) > limit:
             # Refused unparsed: nothing paces this frame (no session, no budget yet), and a

@@ -253,6 +253,13 @@ def register(app: typer.Typer) -> None:
         handshake_timeout_s: float = typer.Option(
             10.0, min=0.001, help="a connection that has not opened its websocket after this long is closed"
         ),
+        read_ahead_mb_per_client: int = typer.Option(
+            8,
+            min=0,
+            help="MiB of messages one client address may have parsed and not yet handled over all its "
+            "connections; past it none of them is read until some are handled, TCP pushing back "
+            "(at least a whole message: 4x --max-frame-bytes; 0: off; --exempt-networks excepted)",
+        ),
         max_opening_connections: int = typer.Option(
             4,
             min=0,
@@ -357,6 +364,7 @@ def register(app: typer.Typer) -> None:
             "max_request_headers": max_request_headers,
             "max_handshakes_per_address": max_handshakes_per_address or None,
             "handshake_timeout_s": handshake_timeout_s,
+            "read_ahead_bytes_per_client": (read_ahead_mb_per_client << 20) or None,
             "max_opening_connections": max_opening_connections or None,
             "default_sessions_per_address": default_sessions_per_address or None,
             "exempt_networks": _networks("--exempt-networks", exempt_networks),

@@ -13,6 +13,7 @@ from . import connection as edge
 from . import guard, wire
 from .connection import CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_S, FRAMES_BURST, FRAMES_PER_S
 from .inflate import InflateBudget
+from .read_ahead import READ_AHEAD_BYTES_PER_CLIENT
 
 #: Close codes (4000-4999 are the application's range).
 CLOSE_SUPERSEDED = 4001  # another connection resumed this session
@@ -213,6 +214,14 @@ class ServerConfig:
     #: How far permessage-deflate may inflate what a client sends (inflate.py); past it, close
     #: 1009. None: websockets' own limit only (``max_size``, the transport cap, per message).
     inflate_budget: InflateBudget | None = InflateBudget()
+    #: What one client may hold parsed and not yet handled, over all its connections
+    #: (read_ahead.py): past it, none of its connections is read until its readers have handled
+    #: some of it. Never less than a whole message (the transport cap) and a piece
+    #: (``PIECE_INFLATION_BYTES``), whatever is set. ``exempt_networks`` excepted. None: no
+    #: bound over connections (each connection still bounds its own read queue).
+    read_ahead_bytes_per_client: int | None = attrs.field(
+        default=READ_AHEAD_BYTES_PER_CLIENT, validator=_none_or(attrs.validators.gt(0))
+    )
 
 
 #: How Realtime sessions differ from the runtime's embedder defaults: a commit only adds audio

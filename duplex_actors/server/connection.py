@@ -32,7 +32,10 @@ So the connection:
    pieces, so what a client gets past a budget is bounded by a piece, not a read;
 3. fails a message of more than ``MAX_FRAGMENTS`` fragments with 1009, as websockets 17 does;
 4. bounds what it holds of messages its reader has not read in bytes, not only in frames
-   (``READ_QUEUE_BYTES``), and lets go of each message's payload once it is read (:meth:`read_done`).
+   (``READ_QUEUE_BYTES``), and lets go of each message's payload once it is read (:meth:`read_done`);
+5. counts what it holds parsed and unhandled (its read queue, and the message its reader has
+   taken until :meth:`handled`) in its client's account (read_ahead.py), and feeds its parser
+   nothing more while that client, over all its connections, holds its limit.
 
 The last point is about memory, not time. A message's payload is what it inflated to, up to the
 transport cap, from a few hundred bytes on the wire. websockets' read queue holds up to
@@ -59,14 +62,15 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import PayloadTooBig
 from websockets.frames import CloseCode, Frame, Opcode
-from websockets.protocol import Event
+from websockets.protocol import Event, State
 
 from . import memory, raw_http
-from .client_address import forwarded_client, forwarded_for_in_head, peername_ip
+from .client_address import client_ip, forwarded_client, forwarded_for_in_head, peername_ip
 from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subject, count_refusal
 from .inflate import BudgetedDeflate
 from .lingering import LINGERING
 from .opening_slots import OpeningSlots
+from .read_ahead import ReadAheadLedger
 from .ws_internals import (
     drop_parser_traceback,
     forget_payload,
@@ -149,6 +153,10 @@ class PacedConnection(ServerConnection):
     #: to the queue for ``recv()``. Set by the session's reader (session_reader.py, "Frames
     #: handled as they are parsed").
     offer: Callable[[str | bytes], bool] | None = None
+    #: Each client's messages held parsed and unhandled, over all its connections (None: not
+    #: counted), and the addresses it does not count (``ServerConfig.exempt_networks``).
+    read_ahead: ReadAheadLedger | None = None
+    read_ahead_exempt: Callable[[str], bool] | None = None
 
     @property
     def remote_address(self) -> Any:
@@ -201,6 +209,14 @@ class PacedConnection(ServerConnection):
         self._piece = FIRST_FEED_BYTES  # what the parser is fed at a time (_next_piece)
         self._fed = 0  # bytes fed since a piece last completed a data frame ...
         self._inflated = 0  # ... and the payload bytes of the data frames it completed
+        #: This connection's client in the read-ahead ledger ("": not counted), known once the
+        #: websocket is open (a trusted proxy's client is read during the handshake); what it
+        #: has counted there; and the payload of the message its reader took and has not
+        #: handled yet.
+        self._ahead_client: str | None = None
+        self._ahead = 0
+        self._in_hand = 0
+        self._ahead_held_at = 0.0
         # The read queue's own flow control goes through the same gate.
         route_read_queue_flow(self, lambda: self._hold("queue"), lambda: self._release("queue"))
 
@@ -218,6 +234,13 @@ class PacedConnection(ServerConnection):
             self._feeding.cancel()
             self._feeding = None
         self._rest = b""
+        # Counted no more from here: recv() may still hand out what was queued before the end.
+        client, self._ahead_client = self._ahead_client, ""
+        if client:
+            assert self.read_ahead is not None
+            self.read_ahead.change(client, -self._ahead)
+            self._ahead = 0
+            self.read_ahead.forget(client, self)
         super().connection_lost(exc)
         self._release_refused()
         for extension in getattr(self.protocol, "extensions", ()):
@@ -269,6 +292,14 @@ class PacedConnection(ServerConnection):
         end = len(data)
         offset = 0
         while offset < end:
+            ahead = self.read_ahead
+            # All clients together under the limit (nearly always): none of them is over it.
+            if ahead is not None and ahead.total >= ahead.limit and self._client_holds_its_limit():
+                # Nothing more of this client is parsed until its readers have handled some of
+                # what it holds (read_ahead.py): the rest waits here, then in the kernel.
+                self._rest = data[offset:]
+                self._wait_for_client()
+                return
             piece = self._piece
             super().data_received(data[offset : offset + piece])
             self._next_piece(min(piece, end - offset))
@@ -281,6 +312,54 @@ class PacedConnection(ServerConnection):
                 if not self._holds:
                     self._feeding = self.loop.call_soon(self._feed_rest)
                 return
+
+    # -- what the client holds over all its connections (read_ahead.py) ------------------------
+
+    def _client_holds_its_limit(self) -> bool:
+        client = self._counted_as()
+        assert self.read_ahead is not None
+        return bool(client) and self.read_ahead.over(client)
+
+    def _counted_as(self) -> str:
+        """This connection's client in the read-ahead ledger ("": not counted, or not yet)."""
+        client = self._ahead_client
+        if client is None:
+            if self.read_ahead is None or self.protocol.state is not State.OPEN:
+                return ""  # still opening: its client may not be known yet (http_gate)
+            address = client_ip(self)
+            exempt = self.read_ahead_exempt
+            client = "" if exempt is not None and exempt(address) else client_subject(address)
+            self._ahead_client = client
+        return client
+
+    def _wait_for_client(self) -> None:
+        assert self.read_ahead is not None and self._ahead_client
+        if "read_ahead" not in self._holds:
+            self._ahead_held_at = self.loop.time()
+        self._hold("read_ahead")
+        self.read_ahead.wait(self._ahead_client, self, self._client_under_its_limit)
+
+    def _client_under_its_limit(self) -> None:
+        if self.on_paced is not None:
+            self.on_paced("read_ahead", self.loop.time() - self._ahead_held_at)
+        self._release("read_ahead")  # the rest is fed again, and the limit asked again first
+
+    def _count_ahead(self) -> None:
+        """Bring the client's account up to what this connection holds now."""
+        held = self._queued + self._in_hand
+        delta = held - self._ahead
+        if delta:
+            client = self._counted_as()
+            if client:
+                assert self.read_ahead is not None
+                self._ahead = held
+                self.read_ahead.change(client, delta)
+
+    def handled(self) -> None:
+        """The reader has handled the message it last took (:meth:`read_done`) and let go of it."""
+        if self._in_hand:
+            self._in_hand = 0
+            self._count_ahead()
 
     def _next_piece(self, fed: int) -> None:
         """Size the next piece from how much the data frames completed so far inflated, against
@@ -376,6 +455,8 @@ class PacedConnection(ServerConnection):
             if event.opcode in _DATA:
                 self._unread = event
                 self._queued += len(event.data)
+                if self.read_ahead is not None:
+                    self._count_ahead()
                 if event.fin and self._queued > READ_QUEUE_BYTES:
                     self._hold("queued_bytes")  # a whole message is in: the reader can go on
         now = self.loop.time()
@@ -409,7 +490,12 @@ class PacedConnection(ServerConnection):
         if frame is not None and next_to_read(self):
             forget_payload(frame)
             self._unread = None
-        self._queued = queued_bytes(self)
+        queued = queued_bytes(self)
+        # What left the queue is in the reader's hands until it says it handled it.
+        self._in_hand += max(self._queued - queued, 0)
+        self._queued = queued
+        if self.read_ahead is not None:
+            self._count_ahead()
         if "queued_bytes" in self._holds and (
             self._queued <= READ_QUEUE_BYTES or not whole_message_queued(self)
         ):
@@ -524,10 +610,13 @@ def with_edge_limits(
     handshakes: PendingHandshakes | None,
     opening_slots: OpeningSlots | None = None,
     trusted_proxies: Callable[[str], bool] | None = None,
+    read_ahead: ReadAheadLedger | None = None,
+    read_ahead_exempt: Callable[[str], bool] | None = None,
 ) -> type[ServerConnection]:
     """``connection_class`` (a :func:`paced_connection`) with the request head limits, the
     count of connections still in their handshake and the slots for opening ones (whose turns
-    go by the client a trusted proxy forwards)."""
+    go by the client a trusted proxy forwards), and each client's read-ahead over its
+    connections (not counting the addresses ``read_ahead_exempt`` says)."""
     assert issubclass(connection_class, PacedConnection)
     return type(
         connection_class.__name__,
@@ -539,5 +628,7 @@ def with_edge_limits(
             "opening_slots": opening_slots,
             # A function as a class attribute would be bound as a method: kept plain.
             "trusted_proxies": staticmethod(trusted_proxies) if trusted_proxies is not None else None,
+            "read_ahead": read_ahead,
+            "read_ahead_exempt": staticmethod(read_ahead_exempt) if read_ahead_exempt is not None else None,
         },
     )

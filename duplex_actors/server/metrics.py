@@ -27,6 +27,7 @@ from .lingering import LINGERING
 
 if TYPE_CHECKING:
     from ..actors.runtime import Runtime
+    from .read_ahead import ReadAheadLedger
 
 # Latency buckets in seconds, from a fast local engine (ms) up to a slow remote model (s).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
@@ -35,9 +36,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
 class _RuntimeCollector:
     """Reads the runtime's live state at scrape time."""
 
-    def __init__(self, runtime: Runtime, records: Callable[[], int]) -> None:
+    def __init__(
+        self, runtime: Runtime, records: Callable[[], int], read_ahead: Callable[[], ReadAheadLedger | None]
+    ) -> None:
         self._runtime = runtime
         self._records = records
+        self._read_ahead = read_ahead
 
     def describe(self):  # no samples at registration time (the runtime may not run yet)
         return []
@@ -129,6 +133,20 @@ class _RuntimeCollector:
                 "counted against the runtime's text budget",
                 value=text.total,
             )
+        read_ahead = self._read_ahead()
+        if read_ahead is not None:
+            yield GaugeMetricFamily(
+                "duplex_client_read_ahead_bytes",
+                "Client messages the server has parsed and not handled yet (read queues, and "
+                "messages readers hold), all clients together; each client is bounded on its own",
+                value=read_ahead.total,
+            )
+            yield CounterMetricFamily(
+                "duplex_client_read_ahead_holds",
+                "Times a connection stopped reading because its client held its read-ahead limit "
+                "over all its connections",
+                value=read_ahead.holds,
+            )
         yield GaugeMetricFamily(
             "duplex_server_session_records",
             "Sessions the websocket server keeps a record of (attached or awaiting resume)",
@@ -163,7 +181,12 @@ class _RuntimeCollector:
 
 
 class ServerMetrics:
-    def __init__(self, runtime: Runtime, records: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        records: Callable[[], int] = lambda: 0,
+        read_ahead: Callable[[], ReadAheadLedger | None] = lambda: None,
+    ) -> None:
         self.renders = 0
         self._last_render: tuple[float, bytes] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
@@ -284,7 +307,7 @@ class ServerMetrics:
             ["outcome"],
             registry=r,
         )
-        r.register(_RuntimeCollector(runtime, records))
+        r.register(_RuntimeCollector(runtime, records, read_ahead))
 
     def set_pool(self, news: dict) -> None:
         """The front's news of the worker pool (worker_link.py's ``m`` message)."""

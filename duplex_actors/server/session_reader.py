@@ -200,6 +200,8 @@ class SessionReader:
                 # next frame), which can be the connection's whole life. A frame is up to the
                 # transport cap, and four times that as a str when one character needs it.
                 frame = ""
+                if paced is not None:
+                    paced.handled()  # out of its client's read-ahead (read_ahead.py)
                 done = clock()
                 if self.pace_wait:
                     wait, self.pace_wait = self.pace_wait, 0.0

@@ -88,6 +88,21 @@ def test_the_vad_precision_reaches_the_servers_config(monkeypatch, given, precis
     assert other.exit_code == 2, other.output
 
 
+@pytest.mark.parametrize(
+    ("given", "limit"),
+    [
+        ((), 8 << 20),
+        (("--read-ahead-mb-per-client", "32"), 32 << 20),
+        (("--read-ahead-mb-per-client", "0"), None),
+    ],
+)
+def test_the_read_ahead_per_client_reaches_the_servers_config(monkeypatch, given, limit):
+    # What one client may hold parsed and unhandled over its connections (server/read_ahead.py).
+    assert _served_config(monkeypatch, *given).read_ahead_bytes_per_client == limit
+    negative = CliRunner().invoke(serve_app(), ["serve", "--read-ahead-mb-per-client", "-1"])
+    assert negative.exit_code != 0
+
+
 @pytest.mark.parametrize(("given", "pace"), [((), 1.0), (("--scripted-pace", "2.5"), 2.5)])
 def test_the_scripted_pace_stretches_the_scripted_engines_latencies(monkeypatch, given, pace):
     # A client's barge-in tests need a model that is still answering when the user cuts in.
