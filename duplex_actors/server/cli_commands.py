@@ -404,6 +404,9 @@ def register(app: typer.Typer) -> None:
 
                 server_options["tls_cert"] = os.path.abspath(tls_cert)
                 server_options["tls_key"] = os.path.abspath(str(tls_key))
+            # A client's read-ahead is the server's too, shared out as the memory budgets are
+            # (each worker still lets a whole message in: read_ahead.py).
+            server_options["read_ahead_bytes_per_client"] = _worker_share(read_ahead_mb_per_client, workers)
 
             with _cannot_listen_said_plainly(host, port):
                 serve_workers(

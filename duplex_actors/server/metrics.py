@@ -141,6 +141,11 @@ class _RuntimeCollector:
                 "messages readers hold), all clients together; each client is bounded on its own",
                 value=read_ahead.total,
             )
+            yield GaugeMetricFamily(
+                "duplex_client_read_ahead_limit_bytes",
+                "What one client may hold of those over all its connections (with --workers, in each worker)",
+                value=read_ahead.limit,
+            )
             yield CounterMetricFamily(
                 "duplex_client_read_ahead_holds",
                 "Times a connection stopped reading because its client held its read-ahead limit "

@@ -33,7 +33,7 @@ from duplex_actors.engines.engine_process import EngineProcessClient
 from duplex_actors.server.front_door import REPORT_BATCH_S, FrontDoor, _Worker, owner_of, worker_session_id
 from duplex_actors.server.worker_link import FrontLink
 
-from .conftest import CHUNK_100MS
+from .conftest import CHUNK_100MS, metric_sample
 
 pytestmark = [pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -892,6 +892,20 @@ def test_the_memory_budgets_are_the_servers_shared_out_among_its_workers():
                 assert answers == ["conversation.item.added"] * 2 + ["resource_exhausted"], answers
 
         run(main)
+
+
+@pytest.mark.slow
+def test_a_clients_read_ahead_is_the_servers_shared_out_among_its_workers():
+    # As the memory budgets: 16 MiB over two workers is 8 MiB each (never less than a whole
+    # message at the transport cap and a piece, which the default 1 MiB frames make 4.25 MiB).
+    with serve_workers(2, "--read-ahead-mb-per-client", "16") as s:
+        with urllib.request.urlopen(s.http + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert metric_sample(metrics, "duplex_client_read_ahead_limit_bytes") == 8 << 20
+    with serve_workers(2, "--read-ahead-mb-per-client", "2") as s:
+        with urllib.request.urlopen(s.http + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert metric_sample(metrics, "duplex_client_read_ahead_limit_bytes") == (4 << 20) + (256 << 10)
 
 
 @pytest.mark.slow
