@@ -173,25 +173,25 @@ class ItemEffects(SessionParts):
                 TranscribeInput(item_id, audio, self.config.sample_rate, self.config.transcription_language)
             )
 
-    def _pend_text(self, item_id: str, text: str) -> None:
-        """Keep ``text`` for the next response, within the conversation's bounds: a client that
-        creates items and never asks for a response held every one of their texts here, without
-        limit (100 items of 65,536 four-byte characters: +25 MiB, growing)."""
+    def _pend_text(self, item_id: str, texts: tuple[str, ...]) -> None:
+        """Keep an item's ``texts`` for the next response, within the conversation's bounds: a
+        client that creates items and never asks for a response held every one of their texts
+        here, without limit (100 items of 65,536 four-byte characters: +25 MiB, growing)."""
         pending = self._pending_text
-        pending[item_id] = text
-        self._pending_chars += len(text)
+        pending[item_id] = texts
+        self._pending_chars += _chars(texts)
         budget = self.config.max_conversation_chars
         while len(pending) > 1 and (
             len(pending) > self.config.max_items or (budget is not None and self._pending_chars > budget)
         ):
-            self._pending_chars -= len(pending.pop(next(iter(pending))))
+            self._pending_chars -= _chars(pending.pop(next(iter(pending))))
 
     def _forget_pending(self, item_ids: Iterable[str]) -> None:
         """The next response no longer reads these items (deleted, or already answered)."""
         pending = self._pending_text
         ids = set(item_ids)
         for item_id in ids & pending.keys():
-            self._pending_chars -= len(pending.pop(item_id))
+            self._pending_chars -= _chars(pending.pop(item_id))
         if self._calls is not None:
             self._calls.withdraw(ids)
 
@@ -254,8 +254,14 @@ def _answered_call(command: Command) -> str | None:
     return None
 
 
-def _words_of(item: Item) -> str:
-    """What an engine reads of an item: its text, else the transcripts its audio came with."""
-    return item.text or " ".join(
-        p.transcript for p in item.content if p.type == "input_audio" and p.transcript
+def _words_of(item: Item) -> tuple[str, ...]:
+    """What an engine reads of an item: its parts' texts, else the transcripts its audio came
+    with; the item's own strings, not a copy (joined when a response is asked for)."""
+    return tuple([p.text for p in item.content if p.text]) or tuple(
+        [p.transcript for p in item.content if p.type == "input_audio" and p.transcript]
     )
+
+
+def _chars(texts: tuple[str, ...]) -> int:
+    """The characters ``texts`` come to once joined one space apart."""
+    return sum(map(len, texts)) + len(texts) - 1 if texts else 0

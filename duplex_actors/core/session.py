@@ -302,8 +302,10 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         self._item_seq = 0
         self._next_input_item: str | None = None  # the item the buffered audio will become
         # User/system words not yet answered by a response, by item id: a deleted item's words,
-        # or words a replayed assistant item already answered, are forgotten by id.
-        self._pending_text: dict[str, str] = {}
+        # or words a replayed assistant item already answered, are forgotten by id. Each item's
+        # strings as the item holds them: joined here, an item of several parts kept a second
+        # copy of its words, which the text budget did not count.
+        self._pending_text: dict[str, tuple[str, ...]] = {}
         self._pending_chars = 0  # their length in all (bounded: see _pend_text)
         # Server VAD: the input window kept while no speech is open (None: keep everything),
         # whether speech is open, when the last response's audio finishes playing, and the

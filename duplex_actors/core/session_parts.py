@@ -94,7 +94,7 @@ class SessionParts:
     _conversation: Conversation
     _item_seq: int
     _next_input_item: str | None
-    _pending_text: dict[str, str]
+    _pending_text: dict[str, tuple[str, ...]]
     _pending_chars: int
     _pre_speech_bytes: int | None
     _speaking: bool

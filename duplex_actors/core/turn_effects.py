@@ -81,7 +81,7 @@ class TurnEffects(SessionParts):
             # The engine always writes the words: an audio response's transcript is its text.
             modalities=("text", "audio") if "audio" in shown else ("text",),
             submitted_at=step.now,
-            input_text=" ".join(self._pending_text.values()) if words is None else words,
+            input_text=self._pending_words() if words is None else words,
             tools=tools,
             tool_choice=tool_choice,
             tenant=self.tenant,
@@ -135,7 +135,11 @@ class TurnEffects(SessionParts):
         own context's, or the pending turn's, as its engine request carries them."""
         if asked is not None and asked.input is not None:
             return self._context_words(asked.input)
-        return " ".join(self._pending_text.values())
+        return self._pending_words()
+
+    def _pending_words(self) -> str:
+        """The words of every item the next response answers, in order, one space apart."""
+        return " ".join([text for texts in self._pending_text.values() for text in texts])
 
     @staticmethod
     def _own_settings(asked: CreateResponse | None) -> tuple[str | None, tuple | None]:

@@ -105,11 +105,34 @@ def test_words_waiting_for_a_response_stay_within_the_budget_and_the_newest_are_
             )
         )
     # Before: all 50 texts (3.3 M characters) waited for a response that never came.
-    assert core._pending_chars == sum(len(t) for t in core._pending_text.values()) <= 200_000
+    assert core._pending_chars == sum(len(" ".join(t)) for t in core._pending_text.values()) <= 200_000
     core.handle(cmd.CreateResponse())
     request = next(a.request for a in core.take_actions() if isinstance(a, SubmitTurn))
     assert request.input_text.startswith("47") and request.input_text.count("w" * 65_534) == 3
     assert core._pending_text == {} and core._pending_chars == 0
+
+
+def test_an_item_of_several_parts_waits_for_its_response_without_a_copy_of_its_words():
+    # Its words were joined into one string for the next response: an item of three parts of
+    # 65,000 emoji kept a second 780 KB of them, which the text budget did not count.
+    import tracemalloc
+
+    core = SessionCore("sess_parts", SessionConfig(), ManualClock(0.0))
+    parts = tuple(ContentPart(type="input_text", text=chr(0x1F600 + n) * 65_000) for n in range(3))
+    item = Item(id="", role="user", content=parts)
+    words = 3 * 65_000 * 4
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        core.handle(cmd.CreateItem(item=item))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < words // 4, f"{held} bytes held for {words} bytes of words"
+    # The response still reads every part, in order, one space apart.
+    core.handle(cmd.CreateResponse())
+    request = next(a.request for a in core.take_actions() if isinstance(a, SubmitTurn))
+    assert request.input_text == " ".join(p.text for p in parts)
 
 
 def test_function_outputs_waiting_for_a_turn_are_one_per_call_and_bounded():

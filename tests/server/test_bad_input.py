@@ -265,7 +265,7 @@ async def test_an_image_in_a_user_message_is_kept_as_a_marker_not_refused():
             (handle,) = server.runtime.sessions()
             core = handle.core
             assert core._conversation.chars == len("what is this?")  # the image is not kept
-            assert list(core._pending_text.values()) == ["what is this?"]  # nor read
+            assert core._pending_words() == "what is this?"  # nor read
             # Only a user may show one (GA): on a system message it is still refused.
             content = [{"type": "input_image", "image_url": image}]
             await ws.send(
