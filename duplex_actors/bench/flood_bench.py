@@ -30,9 +30,10 @@ off too.
 cut into 1-byte fragments (parsing costs per frame, which the byte and audio budgets do not see).
 ``--policy off`` turns the connection's frame-count and control-frame pacing off. The server's peak RSS during the flood is reported with every valid flood.
 
-``--held-text N [--addresses 8] [--text-budget-mb 1024]`` is about memory too: N sessions from
-that many client addresses each set the most text a session keeps (instructions, tools, a full
-conversation of emoji), every message compressed to a few hundred bytes; it reports what the
+``--held-text N [--addresses 8] [--text-budget-mb 1024] [--item-parts K]`` is about memory too: N
+sessions from that many client addresses each set the most text a session keeps (instructions,
+tools, a full conversation of emoji, each item in K parts), every message compressed to a few
+hundred bytes; it reports what the
 sessions and their journals hold and the server's RSS. ``--policy off`` runs without the
 runtime's text budget.
 
@@ -1167,12 +1168,12 @@ async def _run_held_audio(
             return report
 
 
-async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -> dict:
+async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None, parts: int = 1) -> dict:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each set the most text a session keeps: instructions of 65,536 emoji, 128
     tools of 1,900 emoji each, and four items of 65,536 emoji (the conversation's 262,144
-    characters). Every message is sent with permessage-deflate, in a few hundred bytes; what the
-    server holds is four bytes a character."""
+    characters), each item cut into ``parts`` content parts. Every message is sent with
+    permessage-deflate, in a few hundred bytes; what the server holds is four bytes a character."""
     import zlib
 
     from ..actors.runtime import Runtime
@@ -1197,7 +1198,8 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None) -
                     "item": {
                         "type": "message",
                         "role": "user",
-                        "content": [{"type": "input_text", "text": chr(0x1F600 + n) * 65_536}],
+                        "content": [{"type": "input_text", "text": chr(0x1F600 + n) * (65_536 // parts)}]
+                        * parts,
                     },
                 }
             )
@@ -1589,6 +1591,9 @@ def main(argv: list[str] | None = None) -> int:
         "--text-budget-mb; --policy off: no budget)",
     )
     ap.add_argument(
+        "--item-parts", type=int, default=1, metavar="K", help="--held-text: content parts of each item"
+    )
+    ap.add_argument(
         "--held-responses",
         type=int,
         default=0,
@@ -1754,7 +1759,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.held_text:
         budget_mb = args.text_budget_mb if args.policy == "on" else None
-        t = event_loop.run(_run_held_text(args.held_text, args.addresses, budget_mb), args.loop)
+        t = event_loop.run(
+            _run_held_text(args.held_text, args.addresses, budget_mb, args.item_parts), args.loop
+        )
         print(
             f"{t['sessions']} sessions from {t['addresses']} addresses holding text, budget "
             f"{'off' if budget_mb is None else f'{budget_mb} MiB'}: about {t['wire_mb']:.1f} MiB sent "

@@ -270,13 +270,16 @@ def test_flood_bench_held_audio_responding_tiny(capsys):
 
 
 @pytest.mark.slow
-def test_flood_bench_held_text_tiny(capsys):
+@pytest.mark.parametrize("parts", ["1", "4"])
+def test_flood_bench_held_text_tiny(capsys, parts):
     """The held-text flood runs end to end over compressed frames: with a budget of 8 MiB, 8
     sessions from 2 addresses hold the budget (to within a message), not the ~18 MiB of text
-    their own bounds allow, and the rest is refused as resource_exhausted."""
+    their own bounds allow, and the rest is refused as resource_exhausted; with items of one
+    part or of four."""
     from duplex_actors.bench import flood_bench
 
-    assert flood_bench.main(["--held-text", "8", "--addresses", "2", "--text-budget-mb", "8"]) == 0
+    given = ["--held-text", "8", "--addresses", "2", "--text-budget-mb", "8", "--item-parts", parts]
+    assert flood_bench.main(given) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("8 sessions from 2 addresses holding text, budget 8 MiB"), line
     assert "'resource_exhausted'" in line, line
