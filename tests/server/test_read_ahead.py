@@ -179,14 +179,23 @@ async def test_a_client_at_its_limit_has_none_of_its_connections_read_and_others
     assert ledger.total == 0
 
 
-async def test_a_message_a_reader_holds_unhandled_keeps_its_client_at_the_limit():
+def _one_client_at_its_limit():
+    """Two connections of one client: ``a`` holds the client's limit (100 bytes queued), and
+    what ``b`` was sent waits unparsed."""
     ledger = ReadAheadLedger(100)
     a, _, _ = _open_for(ledger, "10.0.0.1")
     b, b_transport, _ = _open_for(ledger, "10.0.0.1")
     a.data_received(_frame(b"x" * 100))
+    b.data_received(_frame(b"y"))
+    assert _queued(b) == [] and not b_transport.reading and ledger.waiting("10.0.0.1") == 1
+    return ledger, a, b, b_transport
+
+
+async def test_a_message_a_reader_holds_unhandled_keeps_its_client_at_the_limit():
+    ledger, a, b, b_transport = _one_client_at_its_limit()
     assert _read_one(a) == b"x" * 100  # taken, and waiting out a pacer before it is handled
     assert ledger.held("10.0.0.1") == 100
-    b.data_received(_frame(b"y"))
+    await _settle()
     assert _queued(b) == [] and not b_transport.reading
     a.handled()
     await _settle()
@@ -202,12 +211,7 @@ async def test_an_exempt_address_is_not_counted():
 
 
 async def test_a_lost_connection_that_waited_is_not_woken_and_leaves_nothing_counted():
-    ledger = ReadAheadLedger(100)
-    a, _, _ = _open_for(ledger, "10.0.0.1")
-    b, _, _ = _open_for(ledger, "10.0.0.1")
-    a.data_received(_frame(b"x" * 100))
-    b.data_received(_frame(b"y" * 10))
-    assert ledger.waiting("10.0.0.1") == 1
+    ledger, a, b, _ = _one_client_at_its_limit()
     b.connection_lost(None)
     assert ledger.waiting("10.0.0.1") == 0
     a.connection_lost(None)
