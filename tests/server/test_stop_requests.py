@@ -54,11 +54,21 @@ def test_real_signals_to_this_process_are_counted_not_left_to_their_default(sign
     assert asyncio.run(main()) == ["hurry"]
 
 
+def _hang_up_as_by_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_a_hang_up_ignored_at_start_nohup_stays_ignored_and_otherwise_is_a_stop_signal():
     program = "from duplex_actors.server.stop_requests import STOP_SIGNALS; print(sorted(STOP_SIGNALS))"
+    # Both children start with a hang-up as it is by default, then nohup ignores it for its own:
+    # a test run that was itself started under nohup would otherwise pass its ignore on to both.
     started = {
         how: subprocess.run(
-            [*prefix, sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+            [*prefix, sys.executable, "-c", program],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_hang_up_as_by_default,
         ).stdout.strip()
         for how, prefix in (("plain", []), ("nohup", ["nohup"]))
     }
