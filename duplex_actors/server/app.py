@@ -713,8 +713,10 @@ class RealtimeServer:
         if frame is None:
             raise wire.WireError(f"no session.resume within {self.config.resume_wait_s}s")
         if isinstance(ws, edge.PacedConnection):
-            ws.read_done()  # the frame is in hand: it counts in the client's read-ahead ...
-            ws.handled()  # ... no longer than this frame's own handling (at most 4 KiB)
+            # Taken from the read queue, and out of the client's read-ahead (read_ahead.py): it
+            # is decoded now, or refused unparsed just below.
+            ws.read_done()
+            ws.handled()
         limit = self.config.limits.max_resume_frame_bytes
         if frame_bytes(frame) > limit:
             # Refused unparsed: nothing paces this frame (no session, no budget yet), and a
