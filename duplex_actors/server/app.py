@@ -152,9 +152,7 @@ class RealtimeServer:
             # able to complete on its own, or its reader would wait for it for ever.
             else ReadAheadLedger(max(limit, config.limits.transport_cap + edge.PIECE_INFLATION_BYTES))
         )
-        self.metrics = ServerMetrics(
-            runtime, records=lambda: len(self._records), read_ahead=lambda: self.read_ahead
-        )
+        self.metrics = ServerMetrics(runtime, records=lambda: len(self._records), read_ahead=self.read_ahead)
         self.console = ConsoleRoutes(self)
         self._ssl = server_ssl_context(config.tls_cert, config.tls_key)
         self._records: dict[str, SessionRecord] = {}

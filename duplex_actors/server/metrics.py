@@ -37,7 +37,7 @@ class _RuntimeCollector:
     """Reads the runtime's live state at scrape time."""
 
     def __init__(
-        self, runtime: Runtime, records: Callable[[], int], read_ahead: Callable[[], ReadAheadLedger | None]
+        self, runtime: Runtime, records: Callable[[], int], read_ahead: ReadAheadLedger | None
     ) -> None:
         self._runtime = runtime
         self._records = records
@@ -133,7 +133,7 @@ class _RuntimeCollector:
                 "counted against the runtime's text budget",
                 value=text.total,
             )
-        read_ahead = self._read_ahead()
+        read_ahead = self._read_ahead
         if read_ahead is not None:
             yield GaugeMetricFamily(
                 "duplex_client_read_ahead_bytes",
@@ -190,7 +190,7 @@ class ServerMetrics:
         self,
         runtime: Runtime,
         records: Callable[[], int] = lambda: 0,
-        read_ahead: Callable[[], ReadAheadLedger | None] = lambda: None,
+        read_ahead: ReadAheadLedger | None = None,
     ) -> None:
         self.renders = 0
         self._last_render: tuple[float, bytes] | None = None
