@@ -192,16 +192,19 @@ async def test_a_microphones_appends_are_handled_as_parsed(monkeypatch):
 async def test_appends_a_paced_reader_holds_keep_their_place(monkeypatch, gap_s):
     # Each append owes 5 ms at 4x real time and comes 2-4 ms after the last: the reader often
     # waits out a pace with a frame in hand and the read queue empty, and a frame parsed then
-    # must not be handled before the one in hand.
+    # must not be handled before the one in hand. The sends keep to a schedule from the first
+    # (not a sleep after each), so a slow host's late wake-ups do not add up to more than the
+    # 5 ms each frame owes, which would leave the reader never paced.
     handled = _record_handled(monkeypatch)
     async with running_server(audio_intake_rate=4.0, audio_intake_burst_s=0.05) as server:
         async with connect(server.url) as ws:
             await recv_json(ws)
             await ws.send(json.dumps(AS_SENT))
             await recv_until(ws, "session.updated")
+            start = anyio.current_time()
             for k in range(60):
                 await ws.send(_frame("append", k))
-                await anyio.sleep(gap_s)
+                await anyio.sleep(max(0.0, start + (k + 1) * gap_s - anyio.current_time()))
             with anyio.fail_after(10):
                 while len(handled) < 60:
                     await anyio.sleep(0.01)
