@@ -8,6 +8,7 @@ primitive used is anyio's, so trio is expected to work but is not part of the te
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ from ..engines.base import EngineBackend
 from ..errors import NO_SUCH_SESSION, ResourceExhausted, RuntimeClosed, ServerDraining, UnknownSession
 from ..logconfig import ensure_configured
 from . import gc_policy as _gc
+from .async_library import name_async_library, unname_async_library
 from .deadline import fail_after
 from .engine_actor import EngineActor, EngineStatistics
 from .loop_event import OneShotEvent, event_class
@@ -354,6 +356,7 @@ class Runtime:
         #: (waiters, wake-ups); on asyncio it is the leaner LoopEvent (actors/loop_event.py).
         self.new_event: Callable[[], OneShotEvent] = anyio.Event
         self._tg: anyio.abc.TaskGroup | None = None
+        self._library_token: contextvars.Token | None = None
         self._running = False
         #: Set by drain(): no new session opens and no session starts a new response.
         self.draining = False
@@ -367,6 +370,9 @@ class Runtime:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> Runtime:
+        # Before anything is made under this context: its tasks and callbacks copy it
+        # (actors/async_library.py says why plain callbacks need the library named).
+        self._library_token = name_async_library()
         self.new_event = event_class()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -374,7 +380,10 @@ class Runtime:
             await self._tg.start(self.engine.run)
         except BaseException:
             self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
+            try:
+                await self._tg.__aexit__(None, None, None)
+            finally:
+                unname_async_library(self._library_token)
             raise
         self._tg.start_soon(self._dispatch)
         self._tg.start_soon(self.timers.run)
@@ -403,6 +412,7 @@ class Runtime:
             finally:
                 if self.gc_policy is not None:
                     _gc.stop()
+                unname_async_library(self._library_token)
 
     def drain(self) -> None:
         """Begin a graceful shutdown: every open session finishes the response it has in flight

@@ -41,6 +41,7 @@ journaled event after the client's ``last_seq``, in order, followed by ``session
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +59,7 @@ from websockets.extensions.permessage_deflate import enable_server_permessage_de
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
+from ..actors.async_library import name_async_library, unname_async_library
 from ..actors.deadline import fail_after
 from ..actors.runtime import Runtime
 from ..errors import WORKER_LOST as WORKER_LOST_MESSAGE
@@ -143,6 +145,7 @@ class RealtimeServer:
     def __init__(self, runtime: Runtime, config: ServerConfig = ServerConfig()) -> None:
         self.runtime = runtime
         self.config = config
+        self._library_token: contextvars.Token | None = None
         limit = config.read_ahead_bytes_per_client
         #: What each client holds parsed and unhandled over its connections (read_ahead.py).
         self.read_ahead = (
@@ -218,6 +221,9 @@ class RealtimeServer:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> RealtimeServer:
+        # Before the listener is made: every connection's callbacks copy this context, and an
+        # append handled in one may start engine work through anyio (actors/async_library.py).
+        self._library_token = name_async_library()
         # Kept for adopt(), which makes a connection from them as serve() makes one.
         self._extensions = self._negotiated_extensions()
         self._ws_connection = edge.with_edge_limits(
@@ -363,7 +369,10 @@ class RealtimeServer:
         )
 
     async def __aexit__(self, *exc) -> None:
-        await self.aclose()
+        try:
+            await self.aclose()
+        finally:
+            unname_async_library(self._library_token)
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Graceful stop (SIGTERM): stop accepting connections; let responses in flight finish
