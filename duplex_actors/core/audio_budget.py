@@ -19,6 +19,10 @@ A response takes the committed audio with it in its engine request (an out-of-ba
 copy), which holds it until the engine is done with it: it counts in its client's account from
 the response's start until its ``response.done``, and is never refused for the budget, since it
 moves audio already counted (a client over its share is refused its next appends meanwhile).
+A model-native session's units do the same with each unit of audio: one counts from its
+submission until the model has decided on it (or it failed, or was aborted); one promoted to
+the turn counts as its response's audio until that response is done. Without it, a client
+streaming faster than the engine decides had every unit waiting for a decision uncounted.
 
 Turns waiting for the recogniser hold a copy of their audio of their own, so they count in
 the same account while they wait (actors/transcription_queue.py), and a turn that would take a

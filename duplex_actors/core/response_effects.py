@@ -87,6 +87,10 @@ class ResponseEffects(SessionParts):
             in_conversation=not out_of_band,
         )
         r.max_output_tokens = self._response_options(step)[2].max_tokens
+        if self._promoted_unit_bytes:
+            # A promoted unit's request carries its audio until the response is done
+            # (turn_effects._fx_promote_unit): given back with the response's.
+            r.held_audio, self._promoted_unit_bytes = self._promoted_unit_bytes, 0
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
         self._emit(

@@ -204,6 +204,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         "_turn_request",
         "_turn_kind",
         "_units",
+        "_promoted_unit_bytes",
         "_unit_seq",
         "_aborting",
         "_response",
@@ -276,7 +277,11 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         self._windows: CumulativeWindow | None = None
         self._turn_request: str | None = None  # request id of the active model turn
         self._turn_kind = TurnKind.RESPONSE  # its kind (a promoted unit stays a UNIT request)
-        self._units: set[str] | None = None  # model-native unit requests in flight
+        #: Model-native unit requests in flight, each with the bytes of audio it carries
+        #: (counted in the audio budget until it ends).
+        self._units: dict[str, int] | None = None
+        #: A unit just promoted to the turn: its audio, counted as the response's once begun.
+        self._promoted_unit_bytes = 0
         self._unit_seq = 0
         self._aborting: dict[str, TurnKind] | None = None  # aborted, not yet confirmed ended
         self._response: ResponseAssembly | None = None

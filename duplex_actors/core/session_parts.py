@@ -79,7 +79,8 @@ class SessionParts:
     _windows: CumulativeWindow | None
     _turn_request: str | None
     _turn_kind: TurnKind
-    _units: set[str] | None
+    _units: dict[str, int] | None
+    _promoted_unit_bytes: int
     _unit_seq: int
     _aborting: dict[str, TurnKind] | None
     _response: ResponseAssembly | None

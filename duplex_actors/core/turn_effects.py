@@ -162,8 +162,14 @@ class TurnEffects(SessionParts):
         self._unit_seq += 1
         request = self._request(step, TurnKind.UNIT, audio, unit=self._unit_seq)
         if self._units is None:
-            self._units = set()
-        self._units.add(request.request_id)
+            self._units = {}
+        # The unit's audio left the buffer (which counted it) for its request, which holds it
+        # until the model has decided: it counts in the audio budget until then, as a
+        # response's request does. Without it a client streaming faster than the engine
+        # decides had every unit waiting in the engine uncounted.
+        self._units[request.request_id] = len(audio)
+        if self._audio_account is not None:
+            self._audio_account.add(len(audio))
         # While the turn is pending, the latest accepted unit owns the request start.
         self._timing.note_request_start(request.fence, step.now, self.epoch)
         self.lease.in_flight += 1
@@ -172,7 +178,8 @@ class TurnEffects(SessionParts):
     def _fx_promote_unit(self, step: Step) -> None:
         rid = cast(EngineOutput, step.output).request_id
         assert self._units is not None  # the chart promotes only a registered unit (model_native)
-        self._units.discard(rid)
+        # Its audio stays counted, now as the response's (begin_response, in the same row).
+        self._promoted_unit_bytes = self._units.pop(rid, 0)
         self._turn_request = rid
         self._turn_kind = TurnKind.UNIT
         # Other units still deciding would answer for a turn that has already begun; they no
@@ -186,9 +193,10 @@ class TurnEffects(SessionParts):
 
     def _fx_finish_unit(self, step: Step) -> None:
         rid = cast(EngineOutput, step.output).request_id
-        if self._units and rid in self._units:
-            self._units.discard(rid)
+        held = None if self._units is None else self._units.pop(rid, None)
+        if held is not None:
             self.lease.in_flight -= 1
+            self._give_back_unit_audio(held)
 
     def _fx_finish_turn(self, step: Step) -> None:
         if self._windows is not None and self._turn_request is not None:
@@ -236,10 +244,19 @@ class TurnEffects(SessionParts):
             return
         self._units = None
         self.lease.in_flight = max(self.lease.in_flight - len(units), 0)
+        self._give_back_unit_audio(sum(units.values()))
         self._abort(dict.fromkeys(units, TurnKind.UNIT), "superseded")
+
+    def _give_back_unit_audio(self, nbytes: int) -> None:
+        """Units that ended or were aborted no longer count their audio: an aborted one's
+        request lets it go as its stream stops, a moment later."""
+        if nbytes and self._audio_account is not None:
+            self._audio_account.add(-nbytes)
 
     def _fx_abort_engine_requests(self, step: Step) -> None:
         requests = dict.fromkeys(self._units or (), TurnKind.UNIT)
+        if self._units:
+            self._give_back_unit_audio(sum(self._units.values()))
         if self._held_end is not None:
             # The engine already ended this turn (its end waited on a held response): there is
             # nothing to abort, and no abort would ever be confirmed.

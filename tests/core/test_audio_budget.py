@@ -13,15 +13,17 @@ client within its share is never refused, whatever the others hold.
 from __future__ import annotations
 
 import anyio
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_actors.actors.runtime import Runtime
 from duplex_actors.core import commands as cmd
+from duplex_actors.core.actions import AbortRequests, SubmitTurn
 from duplex_actors.core.audio_budget import AudioBudget
 from duplex_actors.core.conversation import ContentPart, Item
-from duplex_actors.core.engine_io import TurnDone
+from duplex_actors.core.engine_io import Decision, EngineFailure, TurnDone, TurnKind
 from duplex_actors.core.session import SessionCore
 from duplex_actors.core.session_config import SessionConfig
 from duplex_actors.core.statechart import CHECKS
@@ -127,6 +129,87 @@ def test_the_budget_counts_exactly_what_the_buffers_hold_and_refuses_only_over_s
         sessions.assert_counted()
         # Those within their share hold at most the budget between them: twice it in all.
         assert budget.total <= 2 * BUDGET + 18_000
+    sessions.close_all()
+
+
+#: Model-native sessions: every 4,000 bytes buffered become a unit the engine decides on.
+NATIVE = attrs.evolve(CONFIG, model_native=True, unit_samples=2_000)
+native_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("open"), st.integers(0, 2)),
+        st.tuples(st.just("append"), st.integers(0, 9), st.integers(1, 4_000).map(lambda n: n * 2)),
+        st.tuples(st.just("append"), st.integers(0, 9), st.integers(1, 4_000).map(lambda n: n * 2)),
+        st.tuples(st.just("append"), st.integers(0, 9), st.integers(1, 4_000).map(lambda n: n * 2)),
+        st.tuples(st.sampled_from(["listen", "speak", "fail"]), st.integers(0, 9), st.integers(0, 7)),
+        st.tuples(st.just("finish"), st.integers(0, 9)),
+        st.tuples(st.just("clear"), st.integers(0, 9)),
+        st.tuples(st.just("close"), st.integers(0, 9)),
+    ),
+    min_size=10,
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(native_ops)
+def test_model_native_units_count_their_audio_until_decided_aborted_or_answered(operations):
+    """A unit's request carries its audio until the model decides on it: the budget counts it
+    from its submission until it is decided (listen), fails, is aborted, or, promoted to the
+    turn (speak), until its response is done."""
+    budget = AudioBudget(BUDGET)
+    # What the engine was handed, read from the sessions' actions, not their ledgers: each
+    # session's units in flight (request id: bytes of audio) and its promoted turn.
+    units: dict[int, dict[str, int]] = {}
+    turns: dict[int, tuple[str, int]] = {}
+
+    def measure(core: SessionCore) -> int:
+        turn = turns.get(id(core), ("", 0))[1]
+        return _audio_held(core) + sum(units.get(id(core), {}).values()) + turn
+
+    sessions = BudgetedSessions(budget, NATIVE, "audio_account", measure)
+    for client in ("a", "b"):
+        sessions.add(client)
+    for op in operations:
+        if op[0] == "open":
+            sessions.add("abc"[op[1]])
+            continue
+        if not sessions.open:
+            continue
+        index = op[1] % len(sessions.open)
+        _, core = sessions.open[index]
+        mine = units.setdefault(id(core), {})
+        if op[0] == "append":
+            try:
+                core.handle(cmd.AppendAudio(pcm=bytes(op[2]), sample_rate=NATIVE.sample_rate))
+            except Backpressure:
+                pass  # which appends are refused: the test above
+        elif op[0] in ("listen", "speak", "fail") and mine:
+            rid = sorted(mine)[op[2] % len(mine)]
+            if op[0] == "fail":
+                core.on_engine_output(EngineFailure(rid, "the engine failed"))
+            else:
+                core.on_engine_output(Decision(rid, speak=op[0] == "speak"))
+            held = mine.pop(rid)
+            if op[0] == "speak":
+                turns[id(core)] = (rid, held)
+        elif op[0] == "finish" and id(core) in turns:
+            core.on_engine_output(TurnDone(turns.pop(id(core))[0]))
+        elif op[0] == "clear":
+            core.handle(cmd.ClearInput())
+        elif op[0] == "close":
+            sessions.close(index)
+            units.pop(id(core), None)
+            turns.pop(id(core), None)
+            continue
+        for action in core.take_actions():
+            if isinstance(action, SubmitTurn) and action.request.kind is TurnKind.UNIT:
+                mine[action.request.request_id] = len(action.request.audio)
+            elif isinstance(action, AbortRequests):
+                for rid in action.request_ids:
+                    mine.pop(rid, None)
+                    if turns.get(id(core), ("",))[0] == rid:
+                        del turns[id(core)]
+        sessions.assert_counted()
     sessions.close_all()
 
 
