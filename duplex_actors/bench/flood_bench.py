@@ -37,10 +37,11 @@ hundred bytes; it reports what the
 sessions and their journals hold and the server's RSS. ``--policy off`` runs without the
 runtime's text budget.
 
-``--held-audio N [--addresses 8] [--audio-budget-mb 1024] [--transcribed] [--responding]`` fills
-every session's input audio with G.711 (``--transcribed``: loud noise with transcription on;
-``--responding``: each session also asks for a response, whose engine request carries the
-committed turn); ``--held-responses N`` asks for responses with large texts of their own;
+``--held-audio N [--addresses 8] [--audio-budget-mb 1024] [--transcribed] [--responding]
+[--model-native]`` fills every session's input audio with G.711 (``--transcribed``: loud noise
+with transcription on; ``--responding``: each session also asks for a response, whose engine
+request carries the committed turn; ``--model-native``: each second leaves as a unit the engine
+holds undecided); ``--held-responses N`` asks for responses with large texts of their own;
 ``--large-messages N [--messages K]`` sends refused messages of ~1 MB compressed to ~1 KB;
 ``--unread-audio N`` asks for a minute of speech and drops the connection. Each reports what the
 server holds (``--policy off``: without the budget, or the allowance, in question).
@@ -90,6 +91,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -1056,7 +1058,12 @@ def _behind_a_proxy(sessions: int, **options: Any) -> Any:
 
 
 async def _run_held_audio(
-    sessions: int, addresses: int, budget_mb: int | None, transcribed: bool = False, responding: bool = False
+    sessions: int,
+    addresses: int,
+    budget_mb: int | None,
+    transcribed: bool = False,
+    responding: bool = False,
+    model_native: bool = False,
 ) -> dict:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each fill their input audio with G.711 mu-law (1 s frames until refused),
@@ -1069,7 +1076,11 @@ async def _run_held_audio(
 
     ``responding``: after the first commit each session asks for a response, which takes the
     committed audio with it to the engine; the engine holds every request for two minutes, as a
-    busy one keeps requests waiting. Then the session fills, commits and fills again."""
+    busy one keeps requests waiting. Then the session fills, commits and fills again.
+
+    ``model_native``: the sessions are model-native, so every second buffered leaves as a unit
+    for the model to decide on, and the engine holds each for two minutes, as one that decides
+    slower than the client streams: the sessions only fill (a commit would abort the units)."""
 
     from ..actors.runtime import Runtime
     from ..engines.scripted import Script, ScriptedEngine
@@ -1089,15 +1100,19 @@ async def _run_held_audio(
         second = base64.b64encode(b"\xff" * 8000).decode()  # 1 s of mu-law quiet
     append = json.dumps({"type": "input_audio_buffer.append", "audio": second})
     options: dict[str, Any] = {"input_audio_format": "g711_ulaw", "turn_detection": None}
+    if model_native:
+        options["duplex"] = {"model_native": True}
     if transcribed:
         options["input_audio_transcription"] = {"model": "whisper-1"}
     update = json.dumps({"type": "session.update", "session": options})
     sent = 0
 
     async def fill(ws) -> None:
-        # Frames until the first refusal: each is answered by an error only when refused.
+        # Frames until the first refusal: each is answered by an error only when refused. A
+        # model-native session's buffer never fills (its units leave it), so without a budget
+        # counting them nothing refuses: it stops at two minutes of audio.
         nonlocal sent
-        while True:
+        for _ in range(120 if model_native else sys.maxsize):
             await ws.send(append)
             sent += len(append)
             with contextlib.suppress(TimeoutError):
@@ -1124,6 +1139,8 @@ async def _run_held_audio(
 
     async def client(ws) -> Any:
         await fill(ws)
+        if model_native:
+            return ws
         await commit(ws)
         if responding:
             await ws.send(json.dumps({"type": "response.create"}))
@@ -1134,7 +1151,8 @@ async def _run_held_audio(
         await fill(ws)
         return ws
 
-    engine = ScriptedEngine(Script(first_latency_s=120) if responding else Script(), record=False)
+    held = responding or model_native
+    engine = ScriptedEngine(Script(first_latency_s=120, speak=False) if held else Script(), record=False)
     async with Runtime(engine, audio_budget_bytes=budget, transcriber=transcriber) as rt:
         config = _behind_a_proxy(sessions, audio_intake_rate=None)
         async with RealtimeServer(rt, config) as server:
@@ -1153,7 +1171,7 @@ async def _run_held_audio(
                 "sent_mb": sent / 2**20,
                 "held_mb": sum(h.core._input.nbytes + h.core._committed.nbytes for h in rt.sessions())
                 / 2**20,
-                # The requests in flight carry their turn's audio (len(bytes): no copy).
+                # The requests in flight carry their turn's (or unit's) audio (len(bytes): no copy).
                 "requests_mb": sum(len(f.request.audio) for f in rt.engine._flights.values()) / 2**20,
                 "queued_mb": sum(
                     rt._transcripts.backlog_s(h.id) * 2 * h.core.config.sample_rate for h in rt.sessions()
@@ -1638,6 +1656,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--held-audio: each session also asks for a response after its first commit (the engine holds it)",
     )
+    ap.add_argument(
+        "--model-native",
+        action="store_true",
+        help="--held-audio: model-native sessions, each second a unit the engine holds undecided",
+    )
     ap.add_argument("--audio-budget-mb", type=int, default=1024, help="--held-audio: the runtime's budget")
     ap.add_argument("--churn", action="store_true", help="open and close sessions flat out (own key)")
     ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
@@ -1775,13 +1798,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_audio:
         budget_mb = args.audio_budget_mb if args.policy == "on" else None
         h = event_loop.run(
-            _run_held_audio(args.held_audio, args.addresses, budget_mb, args.transcribed, args.responding),
+            _run_held_audio(
+                args.held_audio,
+                args.addresses,
+                budget_mb,
+                args.transcribed,
+                args.responding,
+                args.model_native,
+            ),
             args.loop,
         )
         counted = "" if h["counted_mb"] is None else f", {h['counted_mb']:.1f} MiB counted by the budget"
         print(
             f"{h['sessions']} sessions from {h['addresses']} addresses holding G.711 input audio"
             f"{' (transcribed)' if args.transcribed else ''}{' and asking for responses' if args.responding else ''}"
+            f"{' (model-native: units the engine holds)' if args.model_native else ''}"
             f", budget {'off' if budget_mb is None else f'{budget_mb} MiB'}: {h['sent_mb']:.0f} MiB sent, the "
             f"sessions hold {h['held_mb']:.1f} MiB of audio, their responses' requests "
             f"{h['requests_mb']:.1f} MiB, and {h['queued_mb']:.1f} MiB waits for the "

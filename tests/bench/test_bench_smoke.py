@@ -270,6 +270,22 @@ def test_flood_bench_held_audio_responding_tiny(capsys):
 
 
 @pytest.mark.slow
+def test_flood_bench_held_audio_model_native_tiny(capsys):
+    """A model-native session's units carry its audio to the engine, which holds them
+    undecided: the budget counts them, and refuses the client more once they fill it."""
+    from duplex_actors.bench import flood_bench
+
+    argv = ["--held-audio", "8", "--addresses", "2", "--audio-budget-mb", "4", "--model-native"]
+    assert flood_bench.main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "(model-native: units the engine holds), budget 4 MiB" in line, line
+    held, requests, queued, counted = _held_audio_figures(line)
+    assert requests > 3.5 and queued == 0, line  # the units hold nearly all of it
+    assert abs(counted - (held + requests)) < 0.1, line
+    assert counted < 2 * 4, line  # not the 2 minutes (about 30 MiB) the sessions sent
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("parts", ["1", "4"])
 def test_flood_bench_held_text_tiny(capsys, parts):
     """The held-text flood runs end to end over compressed frames: with a budget of 8 MiB, 8
