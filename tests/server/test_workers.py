@@ -7,6 +7,7 @@ the server start their own."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import importlib.util
 import json
@@ -310,6 +311,38 @@ def test_binary_audio_at_16_khz_through_the_front_and_across_a_resume(served):
             await client.close()
 
     assert run(main) == (300, 1)
+
+
+def test_a_model_native_client_streaming_in_real_time_gets_its_units_decided_on_a_worker(served):
+    """A worker runs its loop under plain asyncio, and handles a real-time client's appends as
+    websockets parses them, in the connection's callbacks. The append that completes a unit
+    starts its engine request there; it failed with NoEventLoopError (an internal error for the
+    frame, the unit never decided) until the runtime named the async library."""
+
+    async def main():
+        ws, _ = await _raw_session_on(served.url, 0)
+        try:
+            native = {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}
+            update = {"audio": {"input": native}, "duplex": {"model_native": True}}
+            await ws.send(json.dumps({"type": "session.update", "session": update}))
+            while json.loads(await ws.recv())["type"] != "session.updated":
+                pass
+            chunk = base64.b64encode(b"\x01\x00" * 320).decode()  # 20 ms; a unit is 1 s
+            start = time.monotonic()
+            for k in range(60):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+                await asyncio.sleep(max(0.0, start + (k + 1) * 0.02 - time.monotonic()))
+            seen = []
+            with anyio.fail_after(20):
+                while not seen or seen[-1]["type"] not in ("response.done", "error"):
+                    seen.append(json.loads(await ws.recv()))
+            return [e["type"] for e in seen], [e for e in seen if e["type"] == "error"]
+        finally:
+            await ws.close()
+
+    types, errors = run(main)
+    assert errors == [], errors
+    assert "response.created" in types, types  # the scripted engine speaks on its first unit
 
 
 @pytest.mark.parametrize("worker", [0, 1])
