@@ -81,6 +81,7 @@ class LossyStream(io.TextIOBase):
         self._waiting_bytes = 0
         self._failed = 0  # lines the writer could not write since its last success
         self._writing = False  # the writer holds a line taken from the queue
+        self._in_hand_lost = 0  # while it does: the loss that line announces
         self._writer: threading.Thread | None = None
         self._why = ""  # the last loss's reason
 
@@ -88,7 +89,9 @@ class LossyStream(io.TextIOBase):
     def lost(self) -> int:
         """Lines dropped since the last one that got through (or waits to)."""
         with self._ready:
-            return self._failed + sum(line.dropped for line in self._lines)
+            # A line in the writer's hand still owes its notice: its loss counts until written.
+            before = self._in_hand_lost if self._writing else self._failed
+            return before + sum(line.dropped for line in self._lines)
 
     @property
     def encoding(self) -> str:  # type: ignore[override]  # TextIOBase declares it read-only
@@ -178,7 +181,7 @@ class LossyStream(io.TextIOBase):
                     ready.wait()
                 line = self._lines.popleft()
                 self._writing = True
-                lost = self._failed + line.dropped
+                lost = self._in_hand_lost = self._failed + line.dropped
                 why = self._why
             data = line.data
             if lost:
