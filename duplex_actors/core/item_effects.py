@@ -180,6 +180,7 @@ class ItemEffects(SessionParts):
         pending = self._pending_text
         pending[item_id] = texts
         self._pending_chars += _chars(texts)
+        self._withdraw_offered_words()
         budget = self.config.max_conversation_chars
         while len(pending) > 1 and (
             len(pending) > self.config.max_items or (budget is not None and self._pending_chars > budget)
@@ -192,6 +193,7 @@ class ItemEffects(SessionParts):
         ids = set(item_ids)
         for item_id in ids & pending.keys():
             self._pending_chars -= _chars(pending.pop(item_id))
+            self._withdraw_offered_words()
         if self._calls is not None:
             self._calls.withdraw(ids)
 

@@ -20,6 +20,7 @@ import attrs
 from .conversation import ContentPart, Item
 from .engine_io import InputUsage
 from .function_events import CallRecord
+from .unit_holds import SharedWords
 
 
 class ResponseAssembly:
@@ -45,6 +46,7 @@ class ResponseAssembly:
         "in_conversation",
         "held_text",
         "held_audio",
+        "held_words",
     )
 
     def __init__(
@@ -67,6 +69,8 @@ class ResponseAssembly:
         #: The bytes of the user's audio its engine request carries (the committed turn it
         #: took), counted in the runtime's audio budget until it is done.
         self.held_audio = 0
+        #: A promoted unit's words (unit_holds.SharedWords), carried until it is done.
+        self.held_words: SharedWords | None = None
         #: The assistant message's id (output item 0); function calls get their own.
         self.item_id = item_id
         #: The fence it was created under: its closing events carry this epoch, even when the

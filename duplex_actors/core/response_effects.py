@@ -87,10 +87,13 @@ class ResponseEffects(SessionParts):
             in_conversation=not out_of_band,
         )
         r.max_output_tokens = self._response_options(step)[2].max_tokens
-        if self._promoted_unit_bytes:
-            # A promoted unit's request carries its audio until the response is done
+        promoted = self._promoted_unit
+        if promoted is not None:
+            # A promoted unit's request carries its audio and words until the response is done
             # (turn_effects._fx_promote_unit): given back with the response's.
-            r.held_audio, self._promoted_unit_bytes = self._promoted_unit_bytes, 0
+            self._promoted_unit = None
+            r.held_audio = promoted.audio_bytes
+            r.held_words = promoted.words
         self._timing.bind(self.turn_id, rid, now)
         self.counters.responses += 1
         self._emit(
@@ -279,6 +282,9 @@ class ResponseEffects(SessionParts):
             if self._audio_account is not None:
                 self._audio_account.add(-r.held_audio)
             r.held_audio = 0
+        if r.held_words is not None:  # a promoted unit's words (unit_holds.py)
+            self._drop_carrier(r.held_words)
+            r.held_words = None
 
     def _ensure_begun(self, step: Step) -> None:
         # A RESPONSE turn that ends before any output still answers its request: the client

@@ -83,6 +83,7 @@ from .step import Step
 from .text_budget import TextAccount, settings_text_bytes
 from .timing import CumulativeWindow, TimingLedger
 from .turn_effects import TurnEffects
+from .unit_holds import SharedWords, UnitHold
 
 # Names that lived here before the split, re-exported so ``from duplex_actors.core.session
 # import X`` keeps working; new code imports them from their own modules.
@@ -204,7 +205,8 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         "_turn_request",
         "_turn_kind",
         "_units",
-        "_promoted_unit_bytes",
+        "_promoted_unit",
+        "_offered_words",
         "_unit_seq",
         "_aborting",
         "_response",
@@ -277,11 +279,13 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         self._windows: CumulativeWindow | None = None
         self._turn_request: str | None = None  # request id of the active model turn
         self._turn_kind = TurnKind.RESPONSE  # its kind (a promoted unit stays a UNIT request)
-        #: Model-native unit requests in flight, each with the bytes of audio it carries
-        #: (counted in the audio budget until it ends).
-        self._units: dict[str, int] | None = None
-        #: A unit just promoted to the turn: its audio, counted as the response's once begun.
-        self._promoted_unit_bytes = 0
+        #: Model-native unit requests in flight, each with what it carries (unit_holds.py:
+        #: counted in the budgets until it ends).
+        self._units: dict[str, UnitHold] | None = None
+        #: A unit just promoted to the turn: what it holds, counted as the response's once begun.
+        self._promoted_unit: UnitHold | None = None
+        #: The pending words joined for the units, offered to each until they change.
+        self._offered_words: SharedWords | None = None
         self._unit_seq = 0
         self._aborting: dict[str, TurnKind] | None = None  # aborted, not yet confirmed ended
         self._response: ResponseAssembly | None = None
@@ -858,6 +862,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         self._committed.clear()
         self._pending_text = {}
         self._pending_chars = 0
+        self._withdraw_offered_words()
         self._conversation.clear()
         if self._windows is not None:
             self._windows.clear()

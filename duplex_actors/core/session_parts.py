@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .step import Step
     from .text_budget import TextAccount
     from .timing import CumulativeWindow, TimingLedger
+    from .unit_holds import SharedWords, UnitHold
 
 
 class SessionParts:
@@ -79,8 +80,9 @@ class SessionParts:
     _windows: CumulativeWindow | None
     _turn_request: str | None
     _turn_kind: TurnKind
-    _units: dict[str, int] | None
-    _promoted_unit_bytes: int
+    _units: dict[str, UnitHold] | None
+    _promoted_unit: UnitHold | None
+    _offered_words: SharedWords | None
     _unit_seq: int
     _aborting: dict[str, TurnKind] | None
     _response: ResponseAssembly | None
@@ -113,6 +115,8 @@ class SessionParts:
             self, step: Step
         ) -> tuple[tuple[FunctionTool, ...], str, SamplingOverrides]: ...
         def _context_words(self, context: tuple[Item | str, ...]) -> str: ...
+        def _withdraw_offered_words(self) -> None: ...
+        def _drop_carrier(self, words: SharedWords) -> None: ...
 
     @property
     def fence(self) -> Fence:

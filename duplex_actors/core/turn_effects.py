@@ -8,6 +8,7 @@ through the core's action list.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import cast
 
 import attrs
@@ -26,6 +27,7 @@ from .engine_io import (
 from .session_parts import SessionParts
 from .step import Step
 from .text_budget import response_text_bytes
+from .unit_holds import SharedWords, UnitHold
 
 
 class TurnEffects(SessionParts):
@@ -101,6 +103,7 @@ class TurnEffects(SessionParts):
             results = () if self._calls is None else self._calls.take_results()
             self._pending_text = {}
             self._pending_chars = 0
+            self._withdraw_offered_words()
         request = self._request(step, TurnKind.RESPONSE, audio, words=words)
         if results:
             request = attrs.evolve(request, function_results=results)
@@ -160,14 +163,14 @@ class TurnEffects(SessionParts):
         audio = bytes(self._input[:unit_bytes])
         del self._input[:unit_bytes]
         self._unit_seq += 1
-        request = self._request(step, TurnKind.UNIT, audio, unit=self._unit_seq)
+        words = self._words_for_units()
+        request = self._request(step, TurnKind.UNIT, audio, unit=self._unit_seq, words=words.text)
         if self._units is None:
             self._units = {}
-        # The unit's audio left the buffer (which counted it) for its request, which holds it
-        # until the model has decided: it counts in the audio budget until then, as a
-        # response's request does. Without it a client streaming faster than the engine
-        # decides had every unit waiting in the engine uncounted.
-        self._units[request.request_id] = len(audio)
+        # What the request carries counts until the model has decided (unit_holds.py): its
+        # audio, which left the buffer that counted it, and its share of the words.
+        words.carriers += 1
+        self._units[request.request_id] = UnitHold(len(audio), words)
         if self._audio_account is not None:
             self._audio_account.add(len(audio))
         # While the turn is pending, the latest accepted unit owns the request start.
@@ -178,8 +181,8 @@ class TurnEffects(SessionParts):
     def _fx_promote_unit(self, step: Step) -> None:
         rid = cast(EngineOutput, step.output).request_id
         assert self._units is not None  # the chart promotes only a registered unit (model_native)
-        # Its audio stays counted, now as the response's (begin_response, in the same row).
-        self._promoted_unit_bytes = self._units.pop(rid, 0)
+        # What it holds stays counted, now as the response's (begin_response, in the same row).
+        self._promoted_unit = self._units.pop(rid, None)
         self._turn_request = rid
         self._turn_kind = TurnKind.UNIT
         # Other units still deciding would answer for a turn that has already begun; they no
@@ -196,7 +199,7 @@ class TurnEffects(SessionParts):
         held = None if self._units is None else self._units.pop(rid, None)
         if held is not None:
             self.lease.in_flight -= 1
-            self._give_back_unit_audio(held)
+            self._end_units((held,))
 
     def _fx_finish_turn(self, step: Step) -> None:
         if self._windows is not None and self._turn_request is not None:
@@ -244,19 +247,53 @@ class TurnEffects(SessionParts):
             return
         self._units = None
         self.lease.in_flight = max(self.lease.in_flight - len(units), 0)
-        self._give_back_unit_audio(sum(units.values()))
+        self._end_units(units.values())
         self._abort(dict.fromkeys(units, TurnKind.UNIT), "superseded")
 
-    def _give_back_unit_audio(self, nbytes: int) -> None:
-        """Units that ended or were aborted no longer count their audio: an aborted one's
+    # -- what units in flight hold (unit_holds.py) ---------------------------------------------
+
+    def _words_for_units(self) -> SharedWords:
+        """The pending words, joined once for every unit while they stay the same."""
+        words = self._offered_words
+        if words is None:
+            text = self._pending_words()
+            words = self._offered_words = SharedWords(text, response_text_bytes(text, None, None))
+            if self._text_account is not None:
+                self._text_account.add(words.nbytes)
+        return words
+
+    def _withdraw_offered_words(self) -> None:
+        """The pending words changed, or the session closed: the next unit joins them anew, and
+        the join offered so far counts only while something still carries it."""
+        words = self._offered_words
+        if words is not None:
+            self._offered_words = None
+            if not words.carriers:
+                self._give_back_words(words)
+
+    def _drop_carrier(self, words: SharedWords) -> None:
+        words.carriers -= 1
+        if not words.carriers and words is not self._offered_words:
+            self._give_back_words(words)
+
+    def _give_back_words(self, words: SharedWords) -> None:
+        if words.nbytes and self._text_account is not None:
+            self._text_account.add(-words.nbytes)
+
+    def _end_units(self, holds: Iterable[UnitHold]) -> None:
+        """Units that ended or were aborted give back what they counted: an aborted one's
         request lets it go as its stream stops, a moment later."""
-        if nbytes and self._audio_account is not None:
-            self._audio_account.add(-nbytes)
+        audio = 0
+        for hold in holds:
+            audio += hold.audio_bytes
+            self._drop_carrier(hold.words)
+        if audio and self._audio_account is not None:
+            self._audio_account.add(-audio)
 
     def _fx_abort_engine_requests(self, step: Step) -> None:
         requests = dict.fromkeys(self._units or (), TurnKind.UNIT)
         if self._units:
-            self._give_back_unit_audio(sum(self._units.values()))
+            self._end_units(self._units.values())
         if self._held_end is not None:
             # The engine already ended this turn (its end waited on a held response): there is
             # nothing to abort, and no abort would ever be confirmed.

@@ -15,17 +15,20 @@ refused.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import anyio
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_actors.actors.runtime import Runtime
 from duplex_actors.core import commands as cmd
+from duplex_actors.core.actions import AbortRequests, SubmitTurn
 from duplex_actors.core.conversation import ContentPart, Item
-from duplex_actors.core.engine_io import FunctionTool, TextDelta, TurnDone
+from duplex_actors.core.engine_io import Decision, EngineFailure, FunctionTool, TextDelta, TurnDone, TurnKind
 from duplex_actors.core.session import SessionCore
 from duplex_actors.core.session_config import SessionConfig
 from duplex_actors.core.statechart import CHECKS
@@ -176,6 +179,110 @@ def test_the_budget_counts_exactly_what_conversations_and_settings_hold_and_refu
         core.take_actions()
         sessions.assert_counted()
     sessions.close_all()
+
+
+#: Model-native sessions with room for several items: every 4,000 bytes of audio a unit.
+NATIVE = attrs.evolve(ROOMY, model_native=True, unit_samples=2_000)
+native_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("open"), st.integers(0, 2), st.none()),
+        st.tuples(st.just("item"), st.integers(0, 9), _text),
+        st.tuples(st.just("delete"), st.integers(0, 9), st.integers(0, 5)),
+        st.tuples(st.just("append"), st.integers(0, 9), st.integers(500, 6_000).map(lambda n: n * 2)),
+        st.tuples(st.just("append"), st.integers(0, 9), st.integers(500, 6_000).map(lambda n: n * 2)),
+        st.tuples(st.sampled_from(["listen", "speak", "fail"]), st.integers(0, 9), st.integers(0, 7)),
+        st.tuples(st.just("finish"), st.integers(0, 9), st.none()),
+        st.tuples(st.just("clear"), st.integers(0, 9), st.none()),
+        st.tuples(st.just("close"), st.integers(0, 9), st.none()),
+    ),
+    min_size=10,
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(native_ops)
+def test_model_native_units_share_one_join_of_the_pending_words_counted_once(operations):
+    """Every unit request carries the words of the items pending (core/unit_holds.py): the
+    units asked for while they stay the same carry one string, which counts once, from the
+    join until the session no longer offers it and no unit in flight, nor the response a unit
+    became, carries it. The measure reads the requests the engine was handed, not the ledger."""
+    budget = TextBudget(1 << 30)  # counting, not refusing, is what this checks
+    units: dict[int, dict[str, str]] = {}  # each session's units in flight: their words
+    turns: dict[int, tuple[str, str]] = {}  # a promoted unit: its request id and words
+
+    def measure(core: SessionCore) -> int:
+        carried = [*units.get(id(core), {}).values(), turns.get(id(core), ("", ""))[1]]
+        if core._offered_words is not None:  # the join the session keeps for its next unit
+            carried.append(core._offered_words.text)
+        distinct = {id(words): words for words in carried if words}
+        return _text_held(core) + sum(map(sys.getsizeof, distinct.values()))
+
+    sessions = BudgetedSessions(budget, NATIVE, "text_account", measure)
+    for client in ("a", "b"):
+        sessions.add(client)
+    for op, which, value in operations:
+        if op == "open":
+            sessions.add("abc"[which])
+            continue
+        if not sessions.open:
+            continue
+        index = which % len(sessions.open)
+        _, core = sessions.open[index]
+        mine = units.setdefault(id(core), {})
+        if op == "close":
+            sessions.close(index)
+            units.pop(id(core), None)
+            turns.pop(id(core), None)
+            continue
+        if op == "item":
+            core.handle(_user_item(value))
+        elif op == "delete":
+            ids = [item.id for item in core._conversation]
+            if ids:
+                core.handle(cmd.DeleteItem(item_id=ids[value % len(ids)]))
+        elif op == "append":
+            with contextlib.suppress(DuplexError):  # a full input buffer
+                core.handle(cmd.AppendAudio(pcm=bytes(value), sample_rate=NATIVE.sample_rate))
+        elif op in ("listen", "speak", "fail") and mine:
+            rid = sorted(mine)[value % len(mine)]
+            if op == "fail":
+                core.on_engine_output(EngineFailure(rid, "the engine failed"))
+            else:
+                core.on_engine_output(Decision(rid, speak=op == "speak"))
+            words = mine.pop(rid)
+            if op == "speak":
+                turns[id(core)] = (rid, words)
+        elif op == "finish" and id(core) in turns:
+            core.on_engine_output(TurnDone(turns.pop(id(core))[0]))
+        elif op == "clear":
+            core.handle(cmd.ClearInput())
+        for action in core.take_actions():
+            if isinstance(action, SubmitTurn) and action.request.kind is TurnKind.UNIT:
+                mine[action.request.request_id] = action.request.input_text
+            elif isinstance(action, AbortRequests):
+                for rid in action.request_ids:
+                    mine.pop(rid, None)
+                    if turns.get(id(core), ("",))[0] == rid:
+                        del turns[id(core)]
+        core.take_events()
+        sessions.assert_counted()
+    sessions.close_all()
+
+
+def test_units_asked_for_while_the_pending_words_stay_the_same_carry_one_string():
+    core = SessionCore("s", NATIVE, text_account=TextBudget(1 << 30).join("a"))
+    for text in ("\U0001f600" * 20_000, "\U0001f601" * 20_000):  # two items: their words are joined
+        core.handle(_user_item(text))
+    for _ in range(6):
+        core.handle(cmd.AppendAudio(pcm=bytes(4_000), sample_rate=NATIVE.sample_rate))
+    carried = [a.request.input_text for a in core.take_actions() if isinstance(a, SubmitTurn)]
+    assert len(carried) == 6 and len({id(words) for words in carried}) == 1
+    assert carried[0] == "\U0001f600" * 20_000 + " " + "\U0001f601" * 20_000
+    core.handle(_user_item("more"))  # the pending words change: the next unit joins them anew
+    core.handle(cmd.AppendAudio(pcm=bytes(4_000), sample_rate=NATIVE.sample_rate))
+    (later,) = [a.request.input_text for a in core.take_actions() if isinstance(a, SubmitTurn)]
+    assert later.endswith(" more") and later is not carried[0]
 
 
 def test_emoji_cost_four_times_ascii_and_a_client_within_its_share_is_never_refused():
