@@ -1064,6 +1064,7 @@ async def _run_held_audio(
     transcribed: bool = False,
     responding: bool = False,
     model_native: bool = False,
+    pending_words: bool = False,
 ) -> dict:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each fill their input audio with G.711 mu-law (1 s frames until refused),
@@ -1080,7 +1081,9 @@ async def _run_held_audio(
 
     ``model_native``: the sessions are model-native, so every second buffered leaves as a unit
     for the model to decide on, and the engine holds each for two minutes, as one that decides
-    slower than the client streams: the sessions only fill (a commit would abort the units)."""
+    slower than the client streams: the sessions only fill (a commit would abort the units).
+    ``pending_words``: each session first creates four items of 65,000 emoji (sent compressed),
+    whose words every unit's request carries."""
 
     from ..actors.runtime import Runtime
     from ..engines.scripted import Script, ScriptedEngine
@@ -1129,6 +1132,12 @@ async def _run_held_audio(
         await ws.send(update)
         while json.loads(await ws.recv())["type"] != "session.updated":
             pass
+        for k in range(4 if pending_words else 0):
+            text = chr(0x1F600 + k) * 65_000
+            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+            while json.loads(await ws.recv())["type"] not in ("conversation.item.added", "error"):
+                pass
         return ws
 
     async def commit(ws) -> None:
@@ -1163,6 +1172,7 @@ async def _run_held_audio(
             import gc
 
             gc.collect()
+            flights = list(rt.engine._flights.values())
             report = {
                 "sessions": sessions,
                 "addresses": addresses,
@@ -1178,6 +1188,13 @@ async def _run_held_audio(
                 )
                 / 2**20,
                 "counted_mb": None if rt.audio_budget is None else rt.audio_budget.total / 2**20,
+                # The words the requests in flight carry, each string once however many carry it.
+                "words_mb": sum(
+                    sys.getsizeof(words)
+                    for words in {id(f.request.input_text): f.request.input_text for f in flights}.values()
+                )
+                / 2**20,
+                "text_counted_mb": None if rt.text_budget is None else rt.text_budget.total / 2**20,
                 "rss_before_mb": rss_before,
                 "rss_after_mb": rss_mb(),
             }
@@ -1661,6 +1678,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--held-audio: model-native sessions, each second a unit the engine holds undecided",
     )
+    ap.add_argument(
+        "--pending-words",
+        action="store_true",
+        help="--held-audio --model-native: each session first creates four items of 65,000 emoji",
+    )
     ap.add_argument("--audio-budget-mb", type=int, default=1024, help="--held-audio: the runtime's budget")
     ap.add_argument("--churn", action="store_true", help="open and close sessions flat out (own key)")
     ap.add_argument("--connections", type=int, default=8, help="--churn: connections at once")
@@ -1805,10 +1827,17 @@ def main(argv: list[str] | None = None) -> int:
                 args.transcribed,
                 args.responding,
                 args.model_native,
+                args.pending_words,
             ),
             args.loop,
         )
         counted = "" if h["counted_mb"] is None else f", {h['counted_mb']:.1f} MiB counted by the budget"
+        words = (
+            f"; the requests carry {h['words_mb']:.1f} MiB of words, the text budget counts "
+            f"{h['text_counted_mb']:.1f} MiB"
+            if args.pending_words
+            else ""
+        )
         print(
             f"{h['sessions']} sessions from {h['addresses']} addresses holding G.711 input audio"
             f"{' (transcribed)' if args.transcribed else ''}{' and asking for responses' if args.responding else ''}"
@@ -1816,7 +1845,7 @@ def main(argv: list[str] | None = None) -> int:
             f", budget {'off' if budget_mb is None else f'{budget_mb} MiB'}: {h['sent_mb']:.0f} MiB sent, the "
             f"sessions hold {h['held_mb']:.1f} MiB of audio, their responses' requests "
             f"{h['requests_mb']:.1f} MiB, and {h['queued_mb']:.1f} MiB waits for the "
-            f"recogniser{counted}; process RSS {h['rss_before_mb']:.1f} -> "
+            f"recogniser{counted}{words}; process RSS {h['rss_before_mb']:.1f} -> "
             f"{h['rss_after_mb']:.1f} MiB (+{h['rss_after_mb'] - h['rss_before_mb']:.1f}) in {h['seconds']:.1f} s",
             flush=True,
         )

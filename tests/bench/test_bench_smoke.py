@@ -286,6 +286,25 @@ def test_flood_bench_held_audio_model_native_tiny(capsys):
 
 
 @pytest.mark.slow
+def test_flood_bench_held_audio_model_native_pending_words_tiny(capsys):
+    """Every unit's request carries the words of the items pending: the units of a session
+    carry one string between them (not one each), and the text budget counts it."""
+    from duplex_actors.bench import flood_bench
+
+    argv = ["--held-audio", "4", "--addresses", "2", "--audio-budget-mb", "4"]
+    assert flood_bench.main([*argv, "--model-native", "--pending-words"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    _, requests, _, _ = _held_audio_figures(line)
+    words = float(line.split("the requests carry ")[1].split(" MiB")[0])
+    text_counted = float(line.split("the text budget counts ")[1].split(" MiB")[0])
+    # Four items of 65,000 emoji a session: about 1 MiB of words each, joined once a session,
+    # where about 30 units a session wait (a megabyte each, before).
+    assert requests > 3.5, line
+    assert 3.5 < words < 4.5, line
+    assert text_counted > 2 * words - 0.2, line  # the items themselves, and the joins (to rounding)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("parts", ["1", "4"])
 def test_flood_bench_held_text_tiny(capsys, parts):
     """The held-text flood runs end to end over compressed frames: with a budget of 8 MiB, 8
