@@ -1,8 +1,11 @@
 """Drive a SessionCore into each statechart state, for table tests."""
 
+from collections.abc import Callable, Iterator
+
 from duplex_actors.core import commands as cmd
+from duplex_actors.core.actions import AbortRequests, SubmitTurn
 from duplex_actors.core.clock import ManualClock
-from duplex_actors.core.engine_io import Decision
+from duplex_actors.core.engine_io import Decision, EngineFailure, ModelTurnRequest, TurnDone, TurnKind
 from duplex_actors.core.session import SessionConfig, SessionCore
 from duplex_actors.core.statechart import CHART
 
@@ -101,6 +104,22 @@ class BudgetedSessions:
         core.handle(cmd.Close())
         core.release_budgets()
 
+    def driven(self, operations: list[tuple]) -> Iterator[tuple[tuple, int, str, SessionCore]]:
+        """Each operation with the open session its second field picks (modulo how many are
+        open): the operation, the session's index, its client and its core. Sessions of clients
+        a and b are opened first; ``("open", k, ...)`` opens one of client a, b or c itself, and
+        an operation with no session open is skipped."""
+        for client in ("a", "b"):
+            self.add(client)
+        for op in operations:
+            if op[0] == "open":
+                self.add("abc"[op[1]])
+                continue
+            if self.open:
+                index = op[1] % len(self.open)
+                client, core = self.open[index]
+                yield op, index, client, core
+
     def held(self, client: str | None = None) -> int:
         return sum(self.measure(core) for c, core in self.open if client in (None, c))
 
@@ -119,3 +138,57 @@ class BudgetedSessions:
         for index in reversed(range(len(self.open))):
             self.close(index)
         assert (self.budget.total, self.budget.clients) == (0, 0)
+
+
+class UnitsHanded:
+    """What the engine was handed for each session's model-native units, read from the
+    sessions' actions rather than their ledgers: each unit in flight, and the unit promoted to
+    the turn, with what ``carried(request)`` says its request carries."""
+
+    def __init__(self, carried: Callable[[ModelTurnRequest], object]) -> None:
+        self.carried = carried
+        self.units: dict[int, dict[str, object]] = {}
+        self.turns: dict[int, tuple[str, object]] = {}
+
+    def carried_by(self, core: SessionCore) -> list:
+        """What ``core``'s units in flight and its promoted turn carry."""
+        turn = self.turns.get(id(core))
+        return [*self.units.get(id(core), {}).values(), *([] if turn is None else [turn[1]])]
+
+    def decide(self, core: SessionCore, how: str, pick: int) -> None:
+        """The engine's answer to one of ``core``'s units: ``listen``, ``speak`` (the unit
+        becomes the turn) or ``fail``."""
+        mine = self.units.get(id(core))
+        if not mine:
+            return
+        rid = sorted(mine)[pick % len(mine)]
+        answer = (
+            EngineFailure(rid, "the engine failed") if how == "fail" else Decision(rid, speak=how == "speak")
+        )
+        core.on_engine_output(answer)
+        carried = mine.pop(rid)
+        if how == "speak":
+            self.turns[id(core)] = (rid, carried)
+
+    def finish(self, core: SessionCore) -> None:
+        """The promoted turn's response ends, if one is running."""
+        turn = self.turns.pop(id(core), None)
+        if turn is not None:
+            core.on_engine_output(TurnDone(turn[0]))
+
+    def read(self, core: SessionCore) -> None:
+        """Take ``core``'s actions: the units it submitted, and the requests it aborted."""
+        mine = self.units.setdefault(id(core), {})
+        for action in core.take_actions():
+            if isinstance(action, SubmitTurn) and action.request.kind is TurnKind.UNIT:
+                mine[action.request.request_id] = self.carried(action.request)
+            elif isinstance(action, AbortRequests):
+                for rid in action.request_ids:
+                    mine.pop(rid, None)
+                    if self.turns.get(id(core), ("",))[0] == rid:
+                        del self.turns[id(core)]
+
+    def forget(self, core: SessionCore) -> None:
+        """``core`` closed: nothing it held is in flight any more."""
+        self.units.pop(id(core), None)
+        self.turns.pop(id(core), None)

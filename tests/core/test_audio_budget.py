@@ -12,6 +12,8 @@ client within its share is never refused, whatever the others hold.
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import attrs
 import pytest
@@ -20,17 +22,16 @@ from hypothesis import strategies as st
 
 from duplex_actors.actors.runtime import Runtime
 from duplex_actors.core import commands as cmd
-from duplex_actors.core.actions import AbortRequests, SubmitTurn
 from duplex_actors.core.audio_budget import AudioBudget
 from duplex_actors.core.conversation import ContentPart, Item
-from duplex_actors.core.engine_io import Decision, EngineFailure, TurnDone, TurnKind
+from duplex_actors.core.engine_io import TurnDone
 from duplex_actors.core.session import SessionCore
 from duplex_actors.core.session_config import SessionConfig
 from duplex_actors.core.statechart import CHECKS
 from duplex_actors.engines.scripted import ScriptedEngine
 from duplex_actors.errors import Backpressure, DuplexError
 
-from .helpers import BudgetedSessions
+from .helpers import BudgetedSessions, UnitsHanded
 
 BUDGET = 40_000
 #: Own bounds far from the budget's, so what refuses here is the budget (or, rarely, these).
@@ -77,16 +78,7 @@ def test_the_budget_counts_exactly_what_the_buffers_hold_and_refuses_only_over_s
     sessions = BudgetedSessions(
         budget, CONFIG, "audio_account", lambda core: _audio_held(core) + running.get(id(core), ("", 0))[1]
     )
-    for client in ("a", "b"):
-        sessions.add(client)
-    for op in operations:
-        if op[0] == "open":
-            sessions.add("abc"[op[1]])
-            continue
-        if not sessions.open:
-            continue
-        index = op[1] % len(sessions.open)
-        client, core = sessions.open[index]
+    for op, index, _, core in sessions.driven(operations):
         account = core._audio_account
         if op[0] in ("append", "item"):
             n = op[2]
@@ -157,58 +149,25 @@ def test_model_native_units_count_their_audio_until_decided_aborted_or_answered(
     from its submission until it is decided (listen), fails, is aborted, or, promoted to the
     turn (speak), until its response is done."""
     budget = AudioBudget(BUDGET)
-    # What the engine was handed, read from the sessions' actions, not their ledgers: each
-    # session's units in flight (request id: bytes of audio) and its promoted turn.
-    units: dict[int, dict[str, int]] = {}
-    turns: dict[int, tuple[str, int]] = {}
-
-    def measure(core: SessionCore) -> int:
-        turn = turns.get(id(core), ("", 0))[1]
-        return _audio_held(core) + sum(units.get(id(core), {}).values()) + turn
-
-    sessions = BudgetedSessions(budget, NATIVE, "audio_account", measure)
-    for client in ("a", "b"):
-        sessions.add(client)
-    for op in operations:
-        if op[0] == "open":
-            sessions.add("abc"[op[1]])
-            continue
-        if not sessions.open:
-            continue
-        index = op[1] % len(sessions.open)
-        _, core = sessions.open[index]
-        mine = units.setdefault(id(core), {})
+    handed = UnitsHanded(lambda request: len(request.audio))
+    sessions = BudgetedSessions(
+        budget, NATIVE, "audio_account", lambda core: _audio_held(core) + sum(handed.carried_by(core))
+    )
+    for op, index, _, core in sessions.driven(operations):
         if op[0] == "append":
-            try:
+            with contextlib.suppress(Backpressure):  # which appends are refused: the test above
                 core.handle(cmd.AppendAudio(pcm=bytes(op[2]), sample_rate=NATIVE.sample_rate))
-            except Backpressure:
-                pass  # which appends are refused: the test above
-        elif op[0] in ("listen", "speak", "fail") and mine:
-            rid = sorted(mine)[op[2] % len(mine)]
-            if op[0] == "fail":
-                core.on_engine_output(EngineFailure(rid, "the engine failed"))
-            else:
-                core.on_engine_output(Decision(rid, speak=op[0] == "speak"))
-            held = mine.pop(rid)
-            if op[0] == "speak":
-                turns[id(core)] = (rid, held)
-        elif op[0] == "finish" and id(core) in turns:
-            core.on_engine_output(TurnDone(turns.pop(id(core))[0]))
+        elif op[0] in ("listen", "speak", "fail"):
+            handed.decide(core, op[0], op[2])
+        elif op[0] == "finish":
+            handed.finish(core)
         elif op[0] == "clear":
             core.handle(cmd.ClearInput())
         elif op[0] == "close":
             sessions.close(index)
-            units.pop(id(core), None)
-            turns.pop(id(core), None)
+            handed.forget(core)
             continue
-        for action in core.take_actions():
-            if isinstance(action, SubmitTurn) and action.request.kind is TurnKind.UNIT:
-                mine[action.request.request_id] = len(action.request.audio)
-            elif isinstance(action, AbortRequests):
-                for rid in action.request_ids:
-                    mine.pop(rid, None)
-                    if turns.get(id(core), ("",))[0] == rid:
-                        del turns[id(core)]
+        handed.read(core)
         sessions.assert_counted()
     sessions.close_all()
 

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from duplex_actors.actors.runtime import Runtime
 from duplex_actors.core import commands as cmd
-from duplex_actors.core.actions import AbortRequests, SubmitTurn
+from duplex_actors.core.actions import SubmitTurn
 from duplex_actors.core.conversation import ContentPart, Item
-from duplex_actors.core.engine_io import Decision, EngineFailure, FunctionTool, TextDelta, TurnDone, TurnKind
+from duplex_actors.core.engine_io import FunctionTool, TextDelta, TurnDone
 from duplex_actors.core.session import SessionCore
 from duplex_actors.core.session_config import SessionConfig
 from duplex_actors.core.statechart import CHECKS
@@ -36,7 +36,7 @@ from duplex_actors.core.text_budget import TextBudget, settings_text_bytes
 from duplex_actors.engines.scripted import ScriptedEngine
 from duplex_actors.errors import DuplexError, ResourceExhausted
 
-from .helpers import BudgetedSessions
+from .helpers import BudgetedSessions, UnitsHanded
 
 BUDGET = 60_000
 #: A conversation bound that forgets items often (each gives its bytes back).
@@ -110,16 +110,7 @@ def test_the_budget_counts_exactly_what_conversations_and_settings_hold_and_refu
     sessions = BudgetedSessions(
         budget, CONFIG, "text_account", lambda core: _text_held(core) + running.get(id(core), ("", 0))[1]
     )
-    for client in ("a", "b"):
-        sessions.add(client)
-    for op, which, value in operations:
-        if op == "open":
-            sessions.add("abc"[which])
-            continue
-        if not sessions.open:
-            continue
-        index = which % len(sessions.open)
-        client, core = sessions.open[index]
+    for (op, _, value), index, _, core in sessions.driven(operations):
         account = core._text_account
         assert account is not None
         if op == "close":
@@ -208,32 +199,20 @@ def test_model_native_units_share_one_join_of_the_pending_words_counted_once(ope
     join until the session no longer offers it and no unit in flight, nor the response a unit
     became, carries it. The measure reads the requests the engine was handed, not the ledger."""
     budget = TextBudget(1 << 30)  # counting, not refusing, is what this checks
-    units: dict[int, dict[str, str]] = {}  # each session's units in flight: their words
-    turns: dict[int, tuple[str, str]] = {}  # a promoted unit: its request id and words
+    handed = UnitsHanded(lambda request: request.input_text)
 
     def measure(core: SessionCore) -> int:
-        carried = [*units.get(id(core), {}).values(), turns.get(id(core), ("", ""))[1]]
+        carried = handed.carried_by(core)
         if core._offered_words is not None:  # the join the session keeps for its next unit
             carried.append(core._offered_words.text)
         distinct = {id(words): words for words in carried if words}
         return _text_held(core) + sum(map(sys.getsizeof, distinct.values()))
 
     sessions = BudgetedSessions(budget, NATIVE, "text_account", measure)
-    for client in ("a", "b"):
-        sessions.add(client)
-    for op, which, value in operations:
-        if op == "open":
-            sessions.add("abc"[which])
-            continue
-        if not sessions.open:
-            continue
-        index = which % len(sessions.open)
-        _, core = sessions.open[index]
-        mine = units.setdefault(id(core), {})
+    for (op, _, value), index, _, core in sessions.driven(operations):
         if op == "close":
             sessions.close(index)
-            units.pop(id(core), None)
-            turns.pop(id(core), None)
+            handed.forget(core)
             continue
         if op == "item":
             core.handle(_user_item(value))
@@ -244,27 +223,13 @@ def test_model_native_units_share_one_join_of_the_pending_words_counted_once(ope
         elif op == "append":
             with contextlib.suppress(DuplexError):  # a full input buffer
                 core.handle(cmd.AppendAudio(pcm=bytes(value), sample_rate=NATIVE.sample_rate))
-        elif op in ("listen", "speak", "fail") and mine:
-            rid = sorted(mine)[value % len(mine)]
-            if op == "fail":
-                core.on_engine_output(EngineFailure(rid, "the engine failed"))
-            else:
-                core.on_engine_output(Decision(rid, speak=op == "speak"))
-            words = mine.pop(rid)
-            if op == "speak":
-                turns[id(core)] = (rid, words)
-        elif op == "finish" and id(core) in turns:
-            core.on_engine_output(TurnDone(turns.pop(id(core))[0]))
+        elif op in ("listen", "speak", "fail"):
+            handed.decide(core, op, value)
+        elif op == "finish":
+            handed.finish(core)
         elif op == "clear":
             core.handle(cmd.ClearInput())
-        for action in core.take_actions():
-            if isinstance(action, SubmitTurn) and action.request.kind is TurnKind.UNIT:
-                mine[action.request.request_id] = action.request.input_text
-            elif isinstance(action, AbortRequests):
-                for rid in action.request_ids:
-                    mine.pop(rid, None)
-                    if turns.get(id(core), ("",))[0] == rid:
-                        del turns[id(core)]
+        handed.read(core)
         core.take_events()
         sessions.assert_counted()
     sessions.close_all()

@@ -51,6 +51,34 @@ async def server() -> AsyncIterator[RealtimeServer]:
         yield srv
 
 
+class OfferCount:
+    """The frames the server handled as websockets parsed them (``SessionReader.offer`` took
+    them) and those it left to the reader."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.left = 0
+
+
+def count_offers(monkeypatch) -> OfferCount:
+    """Count every offer of a frame to a session's reader from here on."""
+    from duplex_actors.server.session_reader import SessionReader
+
+    counts = OfferCount()
+    offer = SessionReader.offer
+
+    def counted(self, frame):
+        took = offer(self, frame)
+        if took:
+            counts.taken += 1
+        else:
+            counts.left += 1
+        return took
+
+    monkeypatch.setattr(SessionReader, "offer", counted)
+    return counts
+
+
 def user_text(text: str, **extra) -> dict:
     """A user message item for ``conversation.item.create``."""
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}], **extra}

@@ -20,7 +20,7 @@ from duplex_actors.core.session import SessionCore
 from duplex_actors.server.config import CLOSE_POLICY_VIOLATION
 from duplex_actors.server.session_reader import SessionReader
 
-from .conftest import recv_json, recv_until, running_server
+from .conftest import count_offers, recv_json, recv_until, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -111,16 +111,7 @@ async def test_the_session_gets_every_frame_in_the_order_sent_whichever_path_it_
     monkeypatch, as_parsed, seed, paced
 ):
     handled = _record_handled(monkeypatch)
-    taken = left = 0
-    offer = SessionReader.offer
-
-    def counted(self, frame):
-        nonlocal taken, left
-        took = offer(self, frame)
-        taken, left = taken + took, left + (not took)
-        return took
-
-    monkeypatch.setattr(SessionReader, "offer", counted)
+    offers = count_offers(monkeypatch)
     ops = _script(seed, 160)
     rng = random.Random(seed)
     # Paced: the audio budget runs out early, so the reader waits with a frame in hand.
@@ -154,24 +145,15 @@ async def test_the_session_gets_every_frame_in_the_order_sent_whichever_path_it_
     appends = sum(op == "append" for op, _ in ops)
     if as_parsed:
         # Both paths were taken: appends as parsed, and frames behind one left to the reader.
-        assert 0 < taken < appends and left > 0, (taken, left, appends)
+        assert 0 < offers.taken < appends and offers.left > 0, (offers.taken, offers.left, appends)
     else:
-        assert taken == left == 0
+        assert offers.taken == offers.left == 0
 
 
 async def test_a_microphones_appends_are_handled_as_parsed(monkeypatch):
     # A frame every few ms, each read on its own with the reader waiting: none goes through
     # the read queue but the first, which builds nothing here (no server VAD).
-    taken = 0
-    offer = SessionReader.offer
-
-    def counted(self, frame):
-        nonlocal taken
-        took = offer(self, frame)
-        taken += took
-        return took
-
-    monkeypatch.setattr(SessionReader, "offer", counted)
+    offers = count_offers(monkeypatch)
     async with running_server() as server:
         async with connect(server.url) as ws:
             created = await recv_json(ws)
@@ -185,7 +167,7 @@ async def test_a_microphones_appends_are_handled_as_parsed(monkeypatch):
                 while handle.core.buffered_input_bytes < 40 * 640:
                     await anyio.sleep(0.01)
             assert handle.core.buffered_input_bytes == 40 * 640
-    assert taken >= 36, taken  # a busy host may leave the odd one to the reader
+    assert offers.taken >= 36, offers.taken  # a busy host may leave the odd one to the reader
 
 
 @pytest.mark.parametrize("gap_s", [0.002, 0.004])

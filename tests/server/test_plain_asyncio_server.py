@@ -14,22 +14,12 @@ from websockets.asyncio.client import connect
 
 from duplex_actors import Script
 from duplex_actors.core.engine_io import TurnKind
-from duplex_actors.server.session_reader import SessionReader
 
-from .conftest import recv_json, recv_until, running_server
+from .conftest import count_offers, recv_json, recv_until, running_server
 
 
 def test_model_native_units_completed_by_appends_handled_as_parsed_reach_the_engine(monkeypatch):
-    taken = 0
-    offer = SessionReader.offer
-
-    def counted(self, frame):
-        nonlocal taken
-        took = offer(self, frame)
-        taken += took
-        return took
-
-    monkeypatch.setattr(SessionReader, "offer", counted)
+    offers = count_offers(monkeypatch)
     update = {
         "type": "session.update",
         "session": {
@@ -53,6 +43,6 @@ def test_model_native_units_completed_by_appends_handled_as_parsed_reach_the_eng
                     while sum(r.kind is TurnKind.UNIT for r in engine.submitted) < 3:
                         await anyio.sleep(0.01)
                 assert server.metrics.frames.labels("rejected")._value.get() == 0
-        assert taken >= 100, taken  # most appends were handled in the connection's callbacks
+        assert offers.taken >= 100, offers.taken  # most appends were handled in the connection's callbacks
 
     asyncio.run(main())
