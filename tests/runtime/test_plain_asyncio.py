@@ -25,8 +25,9 @@ class AsyncOnlyAbort(ScriptedEngine):
         await super().abort(request_id)
 
 
-def _from_a_callback(tell) -> None:
-    """Run ``tell`` as a plain loop callback (no task), as a protocol's data_received runs."""
+def _from_a_callback(tell) -> asyncio.Future[None]:
+    """Run ``tell`` as a plain loop callback (no task), as a protocol's data_received runs;
+    the future is done once it has."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
