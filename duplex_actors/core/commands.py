@@ -360,9 +360,6 @@ class Resume(Command):
     #: Digest of the API key the resuming client presented (set by the transport; the chart
     #: refuses a key other than the one that opened the session).
     key_digest: bytes | None = attrs.field(default=None, repr=False)
-    #: Set by the transport when another connection is still attached to the session: pushing
-    #: it out takes the current generation and token, never a replay of an earlier resume.
-    takeover: bool = False
 
 
 @attrs.frozen(slots=True, kw_only=True)

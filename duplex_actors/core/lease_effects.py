@@ -38,10 +38,6 @@ class LeaseEffects(SessionParts):
             c.control_id, c.generation, c.resume_token, c.last_seq, step.now
         )
 
-    def _g_no_takeover(self, step: Step) -> bool:
-        c = self._resume_command(step)
-        return c is not None and not c.takeover
-
     def _g_resume_generation_current(self, step: Step) -> bool:
         c = self._resume_command(step)
         return c is not None and c.generation == self.lease.generation

@@ -425,14 +425,17 @@ TRANSITIONS = [
     _row("detach", OPEN_STATES, SAME, ["detach_lease"]),
     # Resume: the API key first, then the credentials, then the journal, so a resume that
     # fails authentication learns nothing about the session. The same resume replayed (its
-    # answer was lost) gets the same answer; pushing out a transport that is still attached
-    # takes the current credentials, never a replay. The lease performs the compare-and-swap.
+    # answer was lost) gets the same answer, also while the connection that answer went to
+    # still looks attached: the answer is lost because that connection broke, which the server
+    # may not know for the keepalive's 40 s, well past the replay's window. A replay holds only
+    # until the client acts on its connection (replays_last_resume), so it never pushes out a
+    # client that has its answer. The lease performs the compare-and-swap.
     _row(
         "resume",
         OPEN_STATES,
         SAME,
         ["resume_lease"],
-        conditions=["resume_key_matches", "replays_last_resume", "no_takeover", "journal_holds_last_seq"],
+        conditions=["resume_key_matches", "replays_last_resume", "journal_holds_last_seq"],
     ),
     _row(
         "resume",

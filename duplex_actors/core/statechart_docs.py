@@ -126,7 +126,6 @@ GUARD_DOCS = {
         "that resume carried (a control id alone is no credential), asks for no earlier last_seq, "
         "and comes within REPLAY_WINDOW_S with no command or resume since (its answer was lost)"
     ),
-    "no_takeover": "the resume would not push out a transport that is still attached",
     "resume_generation_current": "the resume names the lease's current generation",
     "resume_token_matches": "the resume presents the lease's current token",
     "journal_holds_last_seq": "the replay journal still holds every event after the resume's last_seq",

@@ -658,8 +658,8 @@ class RealtimeServer:
                 handle = record.handle
                 old = record.attached
                 # The session's chart decides (API key, credentials, replay, journal); the
-                # server only says who is asking and whether another connection is attached.
-                resume = attrs.evolve(request.command, key_digest=conn.key, takeover=old is not None)
+                # server only says who is asking.
+                resume = attrs.evolve(request.command, key_digest=conn.key)
                 # Asked before the old connection is pushed out, which cannot be undone: it
                 # would otherwise stop reading for a resume the session then refuses.
                 handle.check(resume)

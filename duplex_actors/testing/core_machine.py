@@ -307,9 +307,8 @@ class SessionCoreMachine(RuleBasedStateMachine):
         key=st.sampled_from(("owner", "owner", "other", "none")),
         missed=st.sampled_from(("nothing", "some", "everything")),
         control_id=st.sampled_from((None, "ctl-1", "ctl-2")),
-        takeover=st.booleans(),
     )
-    def resume(self, credentials, key, missed, control_id, takeover):
+    def resume(self, credentials, key, missed, control_id):
         generation, token = self.core.lease.generation, self.model.token or "?"
         if credentials == "stale_generation":
             generation = max(generation - 1, 0) if generation else generation + 1
@@ -331,7 +330,6 @@ class SessionCoreMachine(RuleBasedStateMachine):
             last_seq=last_seq,
             control_id=control_id,
             key_digest={"owner": OWNER_KEY, "other": b"another key", "none": None}[key],
-            takeover=takeover,
             event_id=f"c{self.steps}",
         )
         lease_before = (self.core.lease.generation, self.core.lease.token)

@@ -265,7 +265,6 @@ class SessionModel:
             and (c.generation, c.resume_token) == last[1:3]
             and c.last_seq >= last[3]  # no more of the journal than the original asked for
             and (now is None or last[4] is None or now - last[4] <= REPLAY_WINDOW_S)
-            and not c.takeover  # pushing an attached connection out takes current credentials
         )
         if not replay and (c.generation != self.generation or c.resume_token != self.token):
             exp.error = ResumeConflict

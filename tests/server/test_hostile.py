@@ -20,6 +20,7 @@ from duplex_actors.server import guard, wire
 from duplex_actors.server.app import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_RESUME_CONFLICT,
+    CLOSE_SUPERSEDED,
     CLOSE_TRY_AGAIN,
     CLOSE_UNKNOWN_SESSION,
 )
@@ -200,11 +201,41 @@ async def test_a_resume_token_only_works_with_the_api_key_that_opened_the_sessio
             assert (await recv_json(ws))["type"] == "session.resumed"
 
 
-async def test_a_replayed_resume_cannot_push_out_a_connection_that_is_still_attached():
-    # The lost-answer retry is for a client whose connection is gone. While the one that
-    # resumed is still attached, a replay of its control_id with the old credentials (an
-    # eavesdropper's, say) is refused by the session's chart (no_takeover), and the attached
-    # client keeps its connection.
+async def test_a_retry_of_a_resume_whose_answer_was_lost_is_answered_though_its_connection_still_looks_attached():
+    # The answer to a resume is lost because the connection it went out on broke; the server
+    # learns that only when its keepalive gives up (40 s) or, after a reset, once it has
+    # handled the loss. The client retries the same resume on a new connection meanwhile: it
+    # must get the same answer, not a conflict that loses its session. (Before, the chart
+    # refused a replay that pushes out an attached connection: 4409, the session lost.)
+    async with running_server(session_overrides=GRACE) as server:
+        sid, token = await open_and_drop(server)
+        handle = server.runtime.get(sid)
+        first = resume_frame(session_id=sid, generation=0, resume_token=token, last_seq=1, control_id="ctl-1")
+        lost = await connect(f"{server.url}?session_id={sid}")
+        await lost.send(first)
+        await wait_until(lambda: handle.generation == 1 and not handle.core.lease.detached)
+        # Nothing read on it: as far as the client knows its resume was never answered, and as
+        # far as the server knows that connection is still there.
+        async with connect(f"{server.url}?session_id={sid}") as retry:
+            await retry.send(first)
+            answer = (await recv_until(retry, "session.resumed"))[-1]
+            assert (answer["generation"], answer["resume_token"]) == (1, handle.resume_token)
+            await retry.send(json.dumps({"type": "heartbeat", "event_id": "here"}))
+            # (The replay after last_seq 1 holds the first answer too: the same credentials.)
+            rest = await recv_until(retry, "heartbeat.ack")
+            assert {(e["generation"], e["resume_token"]) for e in rest if e["type"] == "session.resumed"} <= {
+                (1, handle.resume_token)
+            }
+        # The connection the first answer went to was pushed out as any superseded one is.
+        with anyio.fail_after(5), contextlib.suppress(ConnectionClosed):
+            while True:
+                await lost.recv()
+        assert lost.close_code == CLOSE_SUPERSEDED
+
+
+async def test_a_replayed_resume_cannot_push_out_a_client_that_has_acted_on_its_connection():
+    # Once the client acts on its resumed connection it has the answer: a replay of that
+    # resume (an eavesdropper's, say) is refused, and the client keeps its connection.
     async with running_server(session_overrides=GRACE) as server:
         sid, token = await open_and_drop(server)
         async with connect(f"{server.url}?session_id={sid}") as owner:
@@ -213,8 +244,10 @@ async def test_a_replayed_resume_cannot_push_out_a_connection_that_is_still_atta
             )
             await owner.send(first)
             resumed = (await recv_until(owner, "session.resumed"))[-1]
+            await owner.send(json.dumps({"type": "heartbeat", "event_id": "acting"}))
+            assert (await recv_until(owner, "heartbeat.ack"))[-1]["type"] == "heartbeat.ack"
             error, code, others = await resume_refused(
-                server, sid, generation=0, resume_token=token, last_seq=0, control_id="ctl-1"
+                server, sid, generation=0, resume_token=token, last_seq=1, control_id="ctl-1"
             )
             assert error["error"]["code"] == "resume_conflict" and code == CLOSE_RESUME_CONFLICT
             assert others == []
