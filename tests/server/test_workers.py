@@ -279,6 +279,16 @@ def test_new_sessions_land_on_both_workers_and_each_completes_a_turn(served):
     assert sorted(owners) == [0, 0, 1, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(300, 304))
+def test_a_random_walk_through_the_front_keeps_every_promise(served, seed):
+    """tests/server/test_wire_walk.py's client, through the front to a worker: its drops and
+    resumes (answers lost too) reach the session's owner, whichever connection they come on."""
+    from .test_wire_walk import assert_kept_its_promises, walk_speech, walk_to
+
+    assert_kept_its_promises(asyncio.run(walk_to(served.url, seed, 200, walk_speech())), seed)
+
+
 def test_health_through_the_front_answers(served):
     with urllib.request.urlopen(served.http + "/health", timeout=10) as response:
         body = json.loads(response.read())

@@ -9,6 +9,7 @@ and drain a relayed connection with SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import ssl
@@ -112,6 +113,22 @@ def test_under_tls_every_resume_reaches_its_session_whichever_worker_took_it(tls
         # each relay counted once out (where TLS ended) and once in (the owner).
         outs, ins = sum(r["out"] for r in relays), sum(r["in"] for r in relays)
         assert outs == ins and 1 <= outs <= 5, relays
+
+
+@pytest.mark.slow
+def test_under_tls_random_walks_keep_every_promise_whichever_worker_each_connection_lands_on(tls_pair):
+    """tests/server/test_wire_walk.py's client over TLS: each of its connections (a resume's lost
+    answers too) lands on whichever worker the front picks and is relayed to the owner."""
+    from .test_wire_walk import assert_kept_its_promises, walk_speech, walk_to
+
+    cert, key = tls_pair
+    trust = _trust(cert)
+    speech = walk_speech()
+    with serve_workers(2, "--tls-cert", str(cert), "--tls-key", str(key)) as s:
+        for seed in (400, 401, 402):
+            walked = anyio.run(functools.partial(walk_to, s.url, seed, 200, speech, ssl=trust))
+            assert_kept_its_promises(walked, seed)
+        assert sum(_relays(url, trust)["out"] for url in s.worker_urls) >= 1  # the relay was walked
 
 
 @pytest.mark.slow
