@@ -845,6 +845,10 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
             # New turn detection settings start a new detector (the server builds one per
             # update): any speech the old one had open is not going to close.
             self._speaking = False
+        if cmd.model_native is False:
+            # Units still deciding were asked in a mode the client has left: a "speak" of theirs
+            # now has no row (it was refused as the engine's fault) and a "listen" was reported.
+            self._fx_abort_units(step)
         if config.idle_timeout_ms is None or not config.server_vad:
             self._idle_deadline = None
         elif cmd.idle_timeout_ms and self.counters.responses:

@@ -356,11 +356,13 @@ TRANSITIONS = [
     # Committing while a response plays is allowed (GA): the audio waits for the next response.
     _row("commit", RESPONDING, SAME, ["abort_units", "commit_input"], conditions=["has_buffered_audio"]),
     # Draining (SIGTERM): the responses in flight finish, no new one starts (ServerDraining).
+    # Model-native units still deciding are fenced off as a commit fences them: their answer
+    # would be for a turn that has begun, and would stream into the response asked for.
     _row(
         "create_response",
         [IDLE, LISTENING, BARGE_IN],
         RESPONDING,
-        ["submit_model_turn"],
+        ["abort_units", "submit_model_turn"],
         conditions=["not_draining"],
     ),
     # --- conversation items -----------------------------------------------------------------

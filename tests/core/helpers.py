@@ -149,6 +149,8 @@ class UnitsHanded:
         self.carried = carried
         self.units: dict[int, dict[str, object]] = {}
         self.turns: dict[int, tuple[str, object]] = {}
+        #: A response the client asked for (response.create): its request carries no unit.
+        self.asked: dict[int, str] = {}
 
     def carried_by(self, core: SessionCore) -> list:
         """What ``core``'s units in flight and its promoted turn carry."""
@@ -171,10 +173,14 @@ class UnitsHanded:
             self.turns[id(core)] = (rid, carried)
 
     def finish(self, core: SessionCore) -> None:
-        """The promoted turn's response ends, if one is running."""
+        """The promoted turn's response ends, if one is running, and so does one the client
+        asked for."""
         turn = self.turns.pop(id(core), None)
         if turn is not None:
             core.on_engine_output(TurnDone(turn[0]))
+        asked = self.asked.pop(id(core), None)
+        if asked is not None:
+            core.on_engine_output(TurnDone(asked))
 
     def read(self, core: SessionCore) -> None:
         """Take ``core``'s actions: the units it submitted, and the requests it aborted."""
@@ -182,13 +188,18 @@ class UnitsHanded:
         for action in core.take_actions():
             if isinstance(action, SubmitTurn) and action.request.kind is TurnKind.UNIT:
                 mine[action.request.request_id] = self.carried(action.request)
+            elif isinstance(action, SubmitTurn):
+                self.asked[id(core)] = action.request.request_id
             elif isinstance(action, AbortRequests):
                 for rid in action.request_ids:
                     mine.pop(rid, None)
                     if self.turns.get(id(core), ("",))[0] == rid:
                         del self.turns[id(core)]
+                    if self.asked.get(id(core)) == rid:
+                        del self.asked[id(core)]
 
     def forget(self, core: SessionCore) -> None:
         """``core`` closed: nothing it held is in flight any more."""
         self.units.pop(id(core), None)
         self.turns.pop(id(core), None)
+        self.asked.pop(id(core), None)

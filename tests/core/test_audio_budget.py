@@ -50,6 +50,7 @@ ops = st.lists(
         st.tuples(st.just("commit"), st.integers(0, 9)),
         st.tuples(st.just("clear"), st.integers(0, 9)),
         st.tuples(st.just("respond"), st.integers(0, 9)),
+        st.tuples(st.just("native"), st.integers(0, 9), st.booleans()),
         st.tuples(st.just("finish"), st.integers(0, 9)),
         st.tuples(st.just("close"), st.integers(0, 9)),
     ),
@@ -135,6 +136,8 @@ native_ops = st.lists(
         st.tuples(st.sampled_from(["listen", "speak", "fail"]), st.integers(0, 9), st.integers(0, 7)),
         st.tuples(st.just("finish"), st.integers(0, 9)),
         st.tuples(st.just("clear"), st.integers(0, 9)),
+        st.tuples(st.just("respond"), st.integers(0, 9)),
+        st.tuples(st.just("native"), st.integers(0, 9), st.booleans()),
         st.tuples(st.just("close"), st.integers(0, 9)),
     ),
     min_size=10,
@@ -163,6 +166,11 @@ def test_model_native_units_count_their_audio_until_decided_aborted_or_answered(
             handed.finish(core)
         elif op[0] == "clear":
             core.handle(cmd.ClearInput())
+        elif op[0] == "respond":  # the client asks for a response while units are deciding
+            with contextlib.suppress(DuplexError):  # one is running already
+                core.handle(cmd.CreateResponse())
+        elif op[0] == "native":  # model-native turns off (or on again) while units decide
+            core.handle(cmd.UpdateSession(model_native=op[2]))
         elif op[0] == "close":
             sessions.close(index)
             handed.forget(core)
