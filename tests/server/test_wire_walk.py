@@ -16,27 +16,36 @@ What the walk holds the stream to, at every event (:class:`WalkedStream`):
   outside its response, and no response fails;
 * every ``error`` is the client's own mistake (a code in :data:`CLIENT_MISTAKES`), never an
   internal error;
-* every resume is answered, however its earlier answer was lost.
+* every resume is answered, however its earlier answer was lost;
+* the server, when it runs in this process, logs no warning and no error (an engine output
+  refused as illegal, a frame that failed).
 
-Walked first as a scratch explorer on 2026-12-07, it found one defect: a retry of a resume
+Walked first as a scratch explorer on 2026-12-07, it found two defects. A retry of a resume
 whose answer was lost, sent while the server had not yet handled the loss of the connection
 that answer went to, was refused (``resume_conflict``, 4409) and the session was lost, in 9 of
-30 walks under plain asyncio (tests/server/test_hostile.py holds the case alone).
+30 walks under plain asyncio (tests/server/test_hostile.py holds the case alone). And a
+``response.create`` left model-native units deciding: a unit's end was refused as an illegal
+engine output (logged), a unit that spoke streamed into the response asked for, and the unit
+held the lease and its audio until the close (tests/core/test_unit_fencing.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import random
 import time
 
 import anyio
+import attrs
 import pytest
+from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
 
 from duplex_actors import Script
+from duplex_actors.core.engine_io import ModelTurnRequest, TurnKind
 
 from .conftest import running_server
 
@@ -386,6 +395,10 @@ async def walk_to(url: str, seed: int, steps: int, speech: bytes, **connect_kw) 
     """One walk of ``steps`` against the server at ``url``; the stream it saw."""
     walker = Walker(url, seed, speech, **connect_kw)
     await walker.open()
+    if walker.rng.random() < 0.5:  # half the walks start with the model deciding every second
+        await walker.send(
+            {"type": "session.update", "session": {"type": "realtime", "duplex": {"model_native": True}}}
+        )
     for _ in range(steps):
         await walker.step()
         await asyncio.sleep(0)
@@ -397,12 +410,31 @@ async def walk_to(url: str, seed: int, steps: int, speech: bytes, **connect_kw) 
     return walker.stream
 
 
-async def walk(seed: int, steps: int, speech: bytes, transcriber=None) -> WalkedStream:
-    """One walk against a server of its own, in this process."""
-    script = Script(token_latency_s=0.002, packet_latency_s=0.003, packet_ms=60, speak=seed % 2 == 0)
+async def walk(seed: int, steps: int, speech: bytes, transcriber=None, clients: int = 1) -> WalkedStream:
+    """Walks of ``clients`` at once against a server of their own, in this process: the first
+    client's stream, with every other client's problems and what the server logged added."""
+    answer = Script(token_latency_s=0.002, packet_latency_s=0.003, packet_ms=60, speak=seed % 2 == 0)
+    # A model takes a moment to decide on a unit of audio: long enough that a client's own
+    # frames (a commit, a response.create, an update) come while units are still deciding.
+    deciding = attrs.evolve(answer, first_latency_s=0.08)
+
+    def script(request: ModelTurnRequest) -> Script:
+        return deciding if request.kind is TurnKind.UNIT else answer
+
     runtime_kw = {"transcriber": transcriber} if transcriber is not None else None
-    async with running_server(script, runtime_kw=runtime_kw, audio_intake_rate=None) as server:
-        return await walk_to(server.url, seed, steps, speech)
+    with capture_logs() as logs:
+        async with running_server(script, runtime_kw=runtime_kw, audio_intake_rate=None) as server:
+            first, *others = await asyncio.gather(
+                *(walk_to(server.url, seed * 10 + i, steps, speech) for i in range(clients))
+            )
+    for other in others:
+        first.problems.extend(f"client {other.session_id}: {problem}" for problem in other.problems)
+    first.problems.extend(
+        f"the server logged {line['log_level']} {line['event']}: {line}"
+        for line in logs
+        if line.get("log_level") in ("warning", "error", "critical")
+    )
+    return first
 
 
 def walk_speech() -> bytes:
@@ -432,6 +464,12 @@ def assert_kept_its_promises(stream: WalkedStream, seed: int) -> None:
 def test_a_random_walk_over_the_wire_keeps_every_promise(seed, speech):
     stream = anyio.run(walk, seed, 150, speech)
     assert_kept_its_promises(stream, seed)
+
+
+def test_four_random_walks_at_once_in_one_server_keep_every_promise(speech):
+    # One server's sessions share its engine, its VAD batches and its budgets.
+    stream = anyio.run(functools.partial(walk, 50, 150, speech, clients=4))
+    assert_kept_its_promises(stream, 50)
 
 
 @pytest.mark.parametrize("seed", range(100, 102))
