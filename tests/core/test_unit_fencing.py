@@ -26,9 +26,10 @@ def _native_core_with_unit_in_flight():
     return core, submit.request.request_id
 
 
-def test_commit_aborts_units_still_deciding_and_their_output_is_stale():
-    core, unit = _native_core_with_unit_in_flight()
-    core.handle(cmd.CommitInput())
+def _fenced_off_then_the_turn_answers(core, unit: str) -> None:
+    """``core`` just fenced ``unit`` off for a turn it submitted: the unit's abort went out, its
+    later output is stale (not refused, not delivered), and the turn's answer alone is the
+    response; nothing stays in flight."""
     actions = core.take_actions()
     aborts = [a for a in actions if isinstance(a, AbortRequests)]
     assert aborts and unit in aborts[0].request_ids
@@ -50,6 +51,12 @@ def test_commit_aborts_units_still_deciding_and_their_output_is_stale():
     assert deltas == ["answer"]
     assert core.state in ("idle", "listening") and core.lease.in_flight == 0
     assert not core.in_flight_requests and not core.aborting_requests
+
+
+def test_commit_aborts_units_still_deciding_and_their_output_is_stale():
+    core, unit = _native_core_with_unit_in_flight()
+    core.handle(cmd.CommitInput())
+    _fenced_off_then_the_turn_answers(core, unit)
 
 
 def test_clear_aborts_units_and_a_unit_that_speaks_later_is_not_reported_as_listen():
@@ -75,22 +82,7 @@ def test_a_response_the_client_asks_for_aborts_units_still_deciding_and_their_ou
     # it held the lease (idle expiry never came) and its audio in the budget until the close.
     core, unit = _native_core_with_unit_in_flight()
     core.handle(cmd.CreateResponse(out_of_band=out_of_band))
-    actions = core.take_actions()
-    aborts = [a for a in actions if isinstance(a, AbortRequests)]
-    assert aborts and unit in aborts[0].request_ids
-    turn = next(a.request.request_id for a in actions if isinstance(a, SubmitTurn))
-    assert core.in_flight_requests == {turn} and core.lease.in_flight == 1
-
-    core.on_engine_output(Decision(unit, True))
-    core.on_engine_output(TextDelta(unit, "unit words"))
-    core.on_engine_output(TurnDone(unit))
-    assert core.counters.invalid_outputs == 0
-
-    core.on_engine_output(TextDelta(turn, "answer"))
-    core.on_engine_output(TurnDone(turn))
-    deltas = [e.delta for e in core.take_events() if e.type == "response.output_text.delta"]
-    assert deltas == ["answer"]
-    assert core.lease.in_flight == 0 and not core.in_flight_requests and not core.aborting_requests
+    _fenced_off_then_the_turn_answers(core, unit)
 
 
 def test_turning_model_native_off_aborts_units_still_deciding():

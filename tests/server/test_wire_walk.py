@@ -437,8 +437,9 @@ async def walk(seed: int, steps: int, speech: bytes, transcriber=None, clients: 
     return first
 
 
+@functools.cache
 def walk_speech() -> bytes:
-    """Two seconds of real speech (piper) the walk sends as one utterance."""
+    """Two seconds of real speech (piper) the walk sends as one utterance (made once)."""
     pytest.importorskip("piper")
     from duplex_actors.audio.utterances import synthesize_utterance
 
