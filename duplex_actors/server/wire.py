@@ -84,6 +84,26 @@ except ImportError:  # both paths: tests/server/test_wire_accelerators.py
 # --- the decoder ----------------------------------------------------------------------------
 
 
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (_INFINITY, -_INFINITY):  # a literal past a double's range ("1e400")
+        raise ValueError(f"{text[:32]} is out of range for a JSON number")
+    return value
+
+
+_INFINITY = float("inf")
+# Python's json reads NaN and Infinity, which no JSON parser elsewhere does: held in a tool's
+# schema they came back in session.updated as bare `Infinity`, and a browser's JSON.parse threw
+# on the whole event. So a frame holding one (or a number that overflows to it) is refused as
+# invalid JSON here, and nothing the server echoes can hold one. Float literals are rare in
+# frames (none in an append), so the hook costs nothing on the hot path.
+_JSON = json.JSONDecoder(parse_float=_finite_float, parse_constant=_refuse_constant)
+
+
 def decode(
     frame: str | bytes,
     limits: WireLimits = WireLimits(),
@@ -118,7 +138,7 @@ def decode(
                 f"frame holds more than max_json_values={limits.max_json_values} JSON values"
             )
     try:
-        obj = json.loads(frame)
+        obj = _JSON.decode(frame)
     except RecursionError:
         raise InvalidJSON(f"JSON nests deeper than {limits.max_depth} levels") from None
     except ValueError as exc:

@@ -461,6 +461,37 @@ async def test_lone_surrogates_are_refused_at_decode_and_never_reach_the_journal
             assert replay[-1]["replayed"] == len(replay) - 1
 
 
+def strict_json(text: str):
+    """JSON as every other parser reads it (RFC 8259): no NaN, no Infinity."""
+
+    def refuse(constant: str):
+        raise AssertionError(f"the server sent {constant}, which no JSON parser but Python's reads")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+async def test_nan_and_infinity_are_refused_so_nothing_the_server_echoes_holds_them():
+    # A tool's schema is kept as the client wrote it and echoed in session.updated: one holding
+    # Infinity came back as a bare `Infinity`, and a browser's JSON.parse threw on the event.
+    async with running_server() as server, connect(server.url) as ws:
+        strict_json(await ws.recv())
+        for i, number in enumerate(["Infinity", "-Infinity", "NaN", "1e400"]):
+            tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "maximum": 0}}]
+            frame = json.dumps({"type": "session.update", "event_id": f"u{i}", "session": {"tools": tools}})
+            await ws.send(frame.replace('"maximum": 0', f'"maximum": {number}'))
+            error = strict_json(await ws.recv())
+            assert error["type"] == "error" and error["error"]["code"] == "invalid_json", error
+        await ws.send(
+            '{"type": "session.update", "event_id": "ok", "session": {"tools": [{"type": "function",'
+            ' "name": "f", "parameters": {"type": "object", "maximum": 1e308}}]}}'
+        )
+        updated = strict_json(await ws.recv())
+        assert updated["type"] == "session.updated"
+        assert updated["session"]["tools"][0]["parameters"]["maximum"] == 1e308
+        await ws.send(json.dumps({"type": "heartbeat"}))
+        assert strict_json(await ws.recv())["type"] == "heartbeat.ack"
+
+
 async def test_a_text_frame_that_is_not_utf8_closes_with_1007_and_the_session_can_resume():
     async with running_server(session_overrides=GRACE) as server:
         raw = await RawWebSocket.connect(server.url)

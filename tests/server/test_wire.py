@@ -188,6 +188,28 @@ def test_deep_nesting_is_refused_not_crashing():
     assert wire.decode(wide).TRIGGER == "heartbeat"
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1E+999"])
+def test_numbers_json_has_not_are_refused_wherever_they_sit(number):
+    # Python's json reads them; a browser's JSON.parse does not, and a tool's schema holding one
+    # came back to the client in session.updated as a bare `Infinity`.
+    tools = '[{"type": "function", "name": "f", "parameters": {"type": "object", "x": N}}]'
+    for text in (
+        '{"type": "session.update", "event_id": "x", "session": {"tools": TOOLS}}'.replace("TOOLS", tools),
+        '{"type": "heartbeat", "pad": [1, {"deep": N}]}',
+        '{"type": "session.update", "session": {"temperature": N}}',
+    ):
+        text = text.replace("N", number)
+        with pytest.raises(wire.InvalidJSON, match="not a JSON number|out of range"):
+            wire.decode(text)
+
+
+def test_large_finite_numbers_and_float_literals_still_decode():
+    text = '{"type": "session.update", "session": {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "maximum": 1.7976931348623157e308, "minimum": -1e-320, "multipleOf": 0.5}}]}}'
+    update = wire.decode(text)
+    schema = json.loads(update.command.tools[0].parameters)
+    assert schema["maximum"] == 1.7976931348623157e308 and schema["multipleOf"] == 0.5
+
+
 def _depth(value) -> int:
     if isinstance(value, dict):
         return 1 + max(map(_depth, value.values()), default=0)
