@@ -100,16 +100,26 @@ def example_arguments(parameters: str) -> str:
         schema = json.loads(parameters)
     except ValueError:
         return "{}"
-    props = schema.get("properties") or {} if isinstance(schema, dict) else {}
+    if not isinstance(schema, dict):
+        return "{}"
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = schema.get("required")
     args = {}
-    for name in schema.get("required") or () if isinstance(schema, dict) else ():
+    for name in required if isinstance(required, list) else ():
+        if not isinstance(name, str):
+            continue  # the client's schema, not JSON Schema: a required name is a string
         found = props.get(name)
         prop: dict = found if isinstance(found, dict) else {}
-        if prop.get("enum"):
-            args[name] = prop["enum"][0]
+        enum = prop.get("enum")
+        if isinstance(enum, list) and enum:
+            args[name] = enum[0]
         else:
+            # A schema is the client's: a type may be a list (its first name) or anything else.
             kind = prop.get("type", "string")
-            args[name] = _EXAMPLES.get(kind if isinstance(kind, str) else kind[0], "example")
+            if isinstance(kind, list):
+                kind = next((k for k in kind if isinstance(k, str)), "string")
+            args[name] = _EXAMPLES.get(kind, "example") if isinstance(kind, str) else "example"
     return json.dumps(args)
 
 

@@ -4,7 +4,7 @@ becomes its own output item with argument events, and a function output reaches 
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_actors.core import commands as cmd
@@ -47,6 +47,35 @@ def test_scripted_example_arguments_fill_required_parameters_from_the_schema():
         "alerts": True,
     }
     assert example_arguments("{}") == "{}" and example_arguments("not json") == "{}"
+
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    required=_ANY_JSON,
+    prop=_ANY_JSON,
+    kind=_ANY_JSON,
+    enum=_ANY_JSON,
+)
+def test_scripted_example_arguments_take_any_schema_a_client_sends(required, prop, kind, enum):
+    # The schema is the client's: whatever it holds, the scripted engine answers with an object
+    # (before, an enum that was an object, a type list that was empty or a number as `required`
+    # raised inside the engine, and the response failed as the engine's fault).
+    from duplex_actors.engines.scripted import example_arguments
+
+    for schema in (
+        {"type": "object", "required": required, "properties": prop},
+        {"type": "object", "required": ["a"], "properties": {"a": {"type": kind, "enum": enum}}},
+        {"type": "object", "required": ["a"], "properties": {"a": prop}},
+        required,
+    ):
+        assert isinstance(json.loads(example_arguments(json.dumps(schema))), dict)
 
 
 def _wire(events):

@@ -168,3 +168,54 @@ def test_over_the_wire_a_forced_call_is_the_whole_response_and_its_arguments_fit
     usage = response["usage"]
     assert usage["output_tokens"] >= 1 and usage["input_tokens"] >= 3
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+@pytest.mark.parametrize(
+    "parameter, said",
+    [
+        # Python's re backtracks over this pattern for about 0.2 s at 29 characters and sixteen
+        # times longer for every six more: with a 60-character minimum the engine's event loop,
+        # and every session on it, was held for days. Now searched with regex, time-bounded.
+        ({"type": "string", "minLength": 60, "pattern": r"^(\w+\s?)*[!?]$"}, "does not match"),
+        # Built in full before: a billion items on the engine's loop.
+        ({"type": "array", "minItems": 10**9, "items": {"type": "integer"}}, "may hold"),
+    ],
+    ids=["backtracking-pattern", "billion-items"],
+)
+def test_over_the_wire_a_hostile_schema_fails_its_own_response_and_holds_no_one_else(parameter, said):
+    pytest.importorskip("websockets")
+    from websockets.asyncio.client import connect
+
+    from duplex_actors import Runtime
+    from duplex_actors.server import RealtimeServer, ServerConfig
+
+    schema = {"type": "object", "properties": {"x": parameter}, "required": ["x"]}
+
+    async def main():
+        async with Runtime(small_engine()) as runtime:
+            async with RealtimeServer(runtime, ServerConfig(host="127.0.0.1", port=0)) as server:
+                async with connect(server.url) as ws, connect(server.url) as neighbour:
+                    json.loads(await ws.recv())
+                    json.loads(await neighbour.recv())
+                    tool = {"type": "function", "name": "f", "parameters": schema}
+                    session = {"output_modalities": ["text"], "tools": [tool], "tool_choice": "f"}
+                    await ws.send(json.dumps({"type": "session.update", "session": session}))
+                    await ws.send(json.dumps({"type": "response.create"}))
+                    events = []
+                    while not events or events[-1]["type"] != "response.done":
+                        events.append(json.loads(await ws.recv()))
+                    error = {"type": None}
+                    while error["type"] != "error":  # the failure's error follows its done
+                        error = json.loads(await ws.recv())
+                    await neighbour.send(json.dumps({"type": "heartbeat"}))
+                    acked = json.loads(await neighbour.recv())
+                    return events, error, acked
+
+    events, error, acked = run(main())
+    response = events[-1]["response"]
+    assert response["status"] == "failed", response
+    assert not any(item["type"] == "function_call" for item in response["output"])
+    # The response's error event says why (the engine's message names the tool).
+    assert error["type"] == "error" and error["error"]["code"] == "engine_error"
+    assert said in error["error"]["message"] and "'f'" in error["error"]["message"], error
+    assert acked["type"] == "heartbeat.ack"

@@ -41,7 +41,7 @@ from ...core.engine_io import (
 )
 from ...errors import EngineFailed, InvalidCommand
 from ..base import EngineCapabilities
-from ..schema_fill import TokenSource, conforms, fill_schema
+from ..schema_fill import TokenSource, UnfillableSchema, conforms, fill_arguments
 from .adapter import ModelAdapter, Prompt, WordThinkerAdapter
 from .model import Thinker, ThinkerConfig
 from .sampling import SamplingParams
@@ -324,9 +324,10 @@ class EmbeddedThinker:
         if isinstance(schema, dict) and "type" not in schema:
             schema = {"type": "object", **schema}  # a function's parameters are an object
         words = [self.vocab.render(t, first=True) for t in ids]
-        arguments = fill_schema(schema, TokenSource(words, ids))
+        # Off the event loop: the schema is the client's, and checking its patterns may take
+        # up to PATTERN_TIME_S (the filler's own work is bounded by its limits).
+        arguments, problem = await asyncio.to_thread(_arguments_for, schema, words, ids)
         now = time.perf_counter()
-        problem = conforms(arguments, schema)
         if problem is not None or not isinstance(arguments, dict):
             # Never a call the client's function would refuse: the response fails instead.
             why = problem or "the schema does not describe an object"
@@ -347,6 +348,16 @@ class EmbeddedThinker:
             token_count=len(ids),
         )
         yield TurnDone(rid, "completed", produced_at=time.perf_counter(), input=_read(built))
+
+
+def _arguments_for(schema: object, words: list[str], ids: list[int]) -> tuple[object, str | None]:
+    """A forced call's arguments from the model's words, and why they are not valid (None: they
+    are)."""
+    try:
+        arguments = fill_arguments(schema, TokenSource(words, ids))
+    except UnfillableSchema as exc:
+        return None, str(exc)
+    return arguments, conforms(arguments, schema)
 
 
 #: Tokens decoded for a forced call's arguments: enough words for a few string values.
