@@ -166,6 +166,9 @@ class IntakePacer:
         if tokens >= 0.0:
             return 0.0
         wait = -tokens / self.rate
+        if wait == 0.0:  # a debt too small for any wait (it underflows): none
+            self._tokens = 0.0
+            return 0.0
         self.waited_s += wait
         return wait
 
@@ -173,7 +176,12 @@ class IntakePacer:
         """Count ``amount`` the server spent on this client at ``now`` (what it sent back):
         nothing waits now, the debt is paid by the reader's next wait."""
         self._refill(now)
-        self._tokens -= amount
+        tokens = self._tokens - amount
+        if tokens < 0.0 and -tokens / self.rate == 0.0:
+            # A debt whose wait underflows to 0.0 (a subnormal amount) is none: otherwise
+            # level() would say "in debt" while due() asks no wait.
+            tokens = 0.0
+        self._tokens = tokens
 
     def level(self, now: float) -> float:
         """The tokens at ``now`` (below 0: in debt), counting no wait."""
