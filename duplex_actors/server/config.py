@@ -67,7 +67,8 @@ class ServerConfig:
     #: connection is closed with CLOSE_SLOW_CONSUMER (the session detaches, as for any drop).
     write_timeout_s: float = 10.0
     #: Flood policy: refused frames allowed per second (sustained) and at once (burst); past it
-    #: the session closes (reason invalid_frame_flood) and the connection with 1008.
+    #: the session closes (reason invalid_frame_flood, or backpressure_flood when the refusal
+    #: that put the client over was of a valid frame, for room) and the connection with 1008.
     invalid_frames_per_s: float = 20.0
     invalid_frames_burst: int = 100
     #: Audio pacing (guard.IntakePacer): each session's audio is accepted at up to this

@@ -10,7 +10,8 @@ so its policy is tested without a server and the server calls it in a line or tw
   leaked resume token alone does not let another tenant take a session over.
 * :class:`FloodGuard`: a token bucket over *refused* frames of one connection. Refusals cost
   the server a decode and an ``error`` event each; past the budget the connection is closed
-  with 1008 (policy violation) and its session closed with reason ``invalid_frame_flood``.
+  with 1008 (policy violation) and its session closed with reason ``invalid_frame_flood``
+  (``backpressure_flood`` when the refusal that put it over was a valid frame's, for room).
 * :class:`IntakePacer`: a token bucket over what a session's client sends: one over seconds of
   audio, one over bytes of frames (both the session's, so reconnecting does not refill them).
   Valid traffic costs the edge real work: audio is decoded, resampled and heard by Silero VAD;

@@ -102,12 +102,14 @@ class SessionConnection:
                 await self._release()
 
     async def _flood(self) -> None:
-        """Declared flood policy: the session closes (``invalid_frame_flood``), the client
+        """Declared flood policy: the session closes (``invalid_frame_flood``, or
+        ``backpressure_flood`` when the refused frames were valid ones refused for room), the client
         gets its session.closed, then close 1008. Frames after the budget are not read."""
         assert self.record is not None
         log.warning(
             "server.flood_closed",
             session_id=self.record.handle.id,
+            reason=self.reader.flood_reason,
             refused=self.reader.flood.refused,
             remote=describe_peer(self.ws),
         )
@@ -256,12 +258,15 @@ class SessionConnection:
             await self.writer_stopped.wait()
 
     async def _fx_choose_policy_close_code(self) -> None:
-        self.end_code = (CLOSE_POLICY_VIOLATION, "too many invalid frames")
+        if self.reader.flood_reason == "backpressure_flood":
+            self.end_code = (CLOSE_POLICY_VIOLATION, "too many frames sent after input_backpressure")
+        else:
+            self.end_code = (CLOSE_POLICY_VIOLATION, "too many invalid frames")
 
     async def _fx_force_close_session(self) -> None:
         assert self.record is not None
         # Forced: a flooder may have filled its control lane, and the policy must still hold.
-        self.server.runtime.force_close(self.record.handle.id, "invalid_frame_flood")
+        self.server.runtime.force_close(self.record.handle.id, self.reader.flood_reason)
 
     async def _fx_close_after_writer(self) -> None:
         # The client gets its session.closed first (the writer's last event), then the close.

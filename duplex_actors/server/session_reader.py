@@ -40,7 +40,7 @@ from websockets.exceptions import ConnectionClosed
 from ..actors.runtime import SessionHandle
 from ..core import commands as cmd
 from ..core.connection_chart import SUPERSEDED, ConnectionLifecycle
-from ..errors import DuplexError
+from ..errors import Backpressure, DuplexError, ResourceExhausted
 from . import frame_cost, guard, wire
 from .audio_format import InputConverter
 from .client_address import describe_peer
@@ -82,6 +82,7 @@ class SessionReader:
         "said_goodbye",
         "flood",
         "flooding",
+        "flood_reason",
         "pace_wait",
         "paced_at",
         "awaiting_frame",
@@ -106,6 +107,10 @@ class SessionReader:
             server.config.invalid_frames_per_s, server.config.invalid_frames_burst, server.runtime.clock.now()
         )
         self.flooding = False
+        #: Why the flood policy closes the session, once it does: what the refusal that put
+        #: the client over its budget refused (invalid_frame_flood, or backpressure_flood for
+        #: valid frames the client kept sending after being told to wait).
+        self.flood_reason = "invalid_frame_flood"
         self.pace_wait = 0.0  # set by _on_frame, waited out by run
         #: When a frame handled as it was parsed asked for ``pace_wait`` (perf_counter): the
         #: reader waits out what is left of it before the next frame (offer).
@@ -373,6 +378,10 @@ class SessionReader:
         assert self.record is not None
         _report(self.record.handle, err)
         self.flooding = self.flood.over_budget(self.server.runtime.clock.now())
+        if self.flooding and isinstance(err, (Backpressure, ResourceExhausted)):
+            # Valid frames, refused for room (the audio budget, a full lane): the client went
+            # on sending through its input_backpressure errors. Not an invalid frame flood.
+            self.flood_reason = "backpressure_flood"
 
     def _failed(self, exc: Exception) -> None:
         assert self.record is not None

@@ -15,6 +15,8 @@ class RawWebSocket:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        #: The reason text of the close frame :meth:`read_until_close` met ("" before then).
+        self.close_reason = ""
 
     @classmethod
     async def connect(
@@ -91,6 +93,7 @@ class RawWebSocket:
             except (asyncio.IncompleteReadError, ConnectionError):
                 return texts, None
             if opcode == 0x8:
+                self.close_reason = payload[2:].decode("utf-8", "replace")
                 return texts, struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
             if opcode == 0x1:
                 texts.append(payload)

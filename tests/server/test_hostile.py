@@ -311,6 +311,42 @@ async def test_a_client_flooding_bad_frames_is_closed_by_the_flood_policy_and_ne
         await wait_until(lambda: server.connection_count == 0)
 
 
+async def test_a_microphone_over_its_share_of_the_audio_budget_is_refused_not_closed():
+    # A microphone streaming on through input_backpressure (its client over its share of the
+    # audio budget) sends valid frames: each is refused in the session (the chart's guard), none
+    # counts toward the flood policy, and the session stays; once it frees audio (a clear), its
+    # appends are taken again.
+    manual = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
+    chunk = json.dumps(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x00" * 2400).decode()}
+    )
+    async with running_server(
+        runtime_kw={"audio_budget_bytes": 64_000}, invalid_frames_per_s=20.0, invalid_frames_burst=20
+    ) as server:
+        ws = await connect(server.url)
+        await recv_json(ws)
+        await ws.send(json.dumps(manual))
+        await recv_until(ws, "session.updated")
+        refused = 0
+        with anyio.fail_after(20):
+            for _ in range(300):  # 30 s of audio, past the budget's 2 s (at 16 kHz) many times
+                await ws.send(chunk)
+            await ws.send(json.dumps({"type": "heartbeat", "event_id": "after"}))
+            for event in await recv_until(ws, "heartbeat.ack", limit=1000):
+                if event["type"] == "error":
+                    assert event["error"]["code"] == "input_backpressure", event
+                    refused += 1
+            assert refused > 100 and ws.close_code is None
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            await recv_until(ws, "input_audio_buffer.cleared")
+            await ws.send(chunk)
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            committed = await recv_until(ws, "input_audio_buffer.committed")
+        assert not [e for e in committed if e["type"] == "error"]
+        assert server.metrics.disconnects.labels("flood")._value.get() == 0
+        await ws.close()
+
+
 async def test_errors_of_a_client_that_floods_and_never_reads_stay_bounded():
     # Flood policy off (a huge budget): the bound must hold on its own.
     overrides = {"outbox_capacity": 256, "outbox_reserve": 16}
@@ -631,7 +667,14 @@ async def test_the_flood_policy_holds_when_the_flooder_has_filled_its_control_la
         events = [json.loads(t) for t in texts]
         assert code == CLOSE_POLICY_VIOLATION
         assert server.metrics.frames.labels("rejected")._value.get() > 20  # the lane did refuse
-        assert events[-1]["type"] == "session.closed" and events[-1]["reason"] == "invalid_frame_flood"
+        # Valid frames refused for room (mailbox_full): the client went on through backpressure,
+        # which the reason says. Before, it read invalid_frame_flood, "too many invalid frames".
+        assert {e["error"]["code"] for e in events if e["type"] == "error"} <= {
+            "mailbox_full",
+            "response_cancel_not_active",
+        }
+        assert events[-1]["type"] == "session.closed" and events[-1]["reason"] == "backpressure_flood"
+        assert flooder.close_reason == "too many frames sent after input_backpressure"
 
 
 async def test_a_resume_queued_before_the_reaper_fires_is_not_closed_by_that_stale_expiry(monkeypatch):
