@@ -135,7 +135,7 @@ TRIGGERS = tuple(dict.fromkeys(row["trigger"] for row in TRANSITIONS))
 WHY: Mapping[str, str] = {
     "drain": "the server is shutting down (SIGTERM): the connection ends with 1001 once its session closes",
     "takeover": "a resume on a newer connection was accepted: this connection is pushed out with 4001",
-    "flood": "too many invalid frames: the declared policy closes the session, then the connection with 1008",
+    "flood": "too many refused frames (invalid ones, or valid ones sent on through backpressure): the declared policy closes the session, then the connection with 1008",
     "slow_consumer": "a send did not drain within the write timeout: the socket is cut, the session detaches",
     "session_closed": "the writer delivered session.closed: the connection closes with its code",
     "socket_lost": "the reader ended: a goodbye closes the session, any other loss detaches it",
@@ -150,7 +150,7 @@ STATE_DOCS: Mapping[str, str] = {
 }
 
 GUARD_DOCS: Mapping[str, str] = {
-    "policy_close_code": "a policy (the invalid-frame flood) chose the connection's close code",
+    "policy_close_code": "a policy (the refused-frame flood) chose the connection's close code",
     "session_closed": "the session is closed already (expiry, shutdown, a policy)",
     "client_said_goodbye": "the client started a clean close with code 1000 and the server answered it",
 }
