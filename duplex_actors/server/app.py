@@ -56,6 +56,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.extensions import ServerExtensionFactory
 from websockets.extensions.permessage_deflate import enable_server_permessage_deflate
+from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
@@ -261,6 +262,7 @@ class RealtimeServer:
             self.config.host,
             self.config.port,
             process_request=HttpGate(self),
+            process_response=self._answering,
             select_subprotocol=_select_subprotocol,
             max_size=self.config.limits.transport_cap,
             **self._connection_options(),
@@ -453,6 +455,17 @@ class RealtimeServer:
             lambda: self._adopted_connection(connection_class=self._accepted_connection), sock
         )
         self._track_handed(connection, handed_id)
+
+    def _answering(self, connection: ServerConnection, request: Request, response: Response) -> None:
+        """websockets' process_response: under ``serve --workers``, the front is told that a
+        handed connection's handshake is answered just before the answer goes out. Should this
+        worker die, the front then ends that client's connection in websocket frames, and one
+        still waiting for its answer with an HTTP 503 (front_ledger.py)."""
+        link = self.front_link
+        if link is not None and response.status_code == 101:
+            handed_id = self._handed.get(connection)
+            if handed_id is not None:
+                link.answering(handed_id)
 
     def _track_handed(self, connection: ServerConnection, handed_id: int | None) -> None:
         if handed_id is not None and self.front_link is not None:

@@ -339,6 +339,8 @@ class FrontDoor:
         ledger = self.ledger
         if kind == "a":
             ledger.attached(int(args[0]), str(args[1]))
+        elif kind == "h":
+            ledger.answering(int(args[0]))
         elif kind == "r":
             ledger.response_started(str(args[0]), str(args[1]))
         elif kind == "d":

@@ -27,6 +27,7 @@ import struct
 import attrs
 
 from .. import errors
+from . import raw_http
 from .config import CLOSE_UNKNOWN_SESSION
 from .wire import transport_error
 
@@ -43,6 +44,9 @@ class _Handed:
     session_id: str | None = None
     #: The session a resume asks for (its request line's ``session_id``), until one is attached.
     resuming: str | None = None
+    #: Whether the worker answered the websocket handshake (it reports it just before): until
+    #: then the client reads an HTTP response, not websocket frames.
+    answered: bool = False
 
 
 @attrs.define(slots=True)
@@ -61,9 +65,15 @@ class FrontLedger:
         self._connections[self._next_id] = _Handed(worker, resuming=resuming)
         return self._next_id
 
+    def answering(self, connection: int) -> None:
+        handed = self._connections.get(connection)
+        if handed is not None:
+            handed.answered = True
+
     def attached(self, connection: int, session_id: str) -> None:
         handed = self._connections.get(connection)
         if handed is not None:
+            handed.answered = True  # a session is attached only after the handshake
             handed.session_id = session_id
 
     def response_started(self, session_id: str, response_id: str) -> None:
@@ -102,18 +112,30 @@ class FrontLedger:
     def worker_lost(self, worker: int) -> dict[int, bytes]:
         """Every connection the dead ``worker`` held, with the frames that end it; the worker's
         connections and sessions are forgotten."""
+        handed_over = {connection: self._connections.pop(connection) for connection in self.of_worker(worker)}
+        # Each session's open responses, taken once for all its connections: a session may be
+        # on more than one (a dropped connection the worker has not yet released, beside the
+        # client's resumed one). Taken by the first, the responses' ends went to a connection
+        # whose client had left, and the client on the new one got session.closed alone.
+        sessions = {h.session_id or h.resuming for h in handed_over.values()}
+        responses = {sid: self._responses.pop(sid, []) for sid in sessions if sid is not None}
         farewells = {}
-        for connection in self.of_worker(worker):
-            handed = self._connections.pop(connection)
+        for connection, handed in handed_over.items():
             session_id = handed.session_id
+            if not handed.answered:
+                # Its client still waits for the handshake's HTTP answer: websocket frames would
+                # read as a broken HTTP response. A 503 says to try again, which reaches a living
+                # worker (a resume of the lost session is then refused as lost, as below).
+                farewells[connection] = raw_http.refusal(
+                    503, "Service Unavailable", "the worker serving this connection was lost; try again", 1
+                )
+                continue
             if session_id is None and handed.resuming is not None:
                 # A resume the worker had not answered: its session died with the worker, and
                 # the client gets what a resume sent a moment later gets from a living worker.
                 farewells[connection] = resume_refused_as_lost()
-                self._responses.pop(handed.resuming, None)
                 continue
-            responses = self._responses.pop(session_id, []) if session_id is not None else []
-            farewells[connection] = farewell(session_id, responses)
+            farewells[connection] = farewell(session_id, responses.get(session_id, []) if session_id else [])
         return farewells
 
 

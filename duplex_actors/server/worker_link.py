@@ -71,6 +71,11 @@ class FrontLink:
     def attached(self, connection: int, session_id: str) -> None:
         self._send(pack("a", connection, session_id))
 
+    def answering(self, connection: int) -> None:
+        """The connection's handshake is about to be answered (101): from here its client reads
+        websocket frames, not an HTTP response."""
+        self._send(pack("h", connection))
+
     def response_started(self, session_id: str, response_id: str) -> None:
         self._send(pack("r", session_id, response_id))
 

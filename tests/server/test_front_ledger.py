@@ -33,14 +33,16 @@ _reports = st.lists(
 )
 
 
-@given(_reports, st.booleans(), st.sampled_from([None, "sess_w0g0_x"]))
+@given(_reports, st.booleans(), st.booleans(), st.sampled_from([None, "sess_w0g0_x"]))
 def test_a_dead_workers_client_is_told_of_exactly_the_responses_started_and_not_ended(
-    reports, attached, resuming
+    reports, answered, attached, resuming
 ):
     ledger = FrontLedger()
     connection = ledger.handed(0, resuming=resuming)
     other = ledger.handed(1)  # another worker's connection: untouched by worker 0's death
     open_: list[str] = []  # the model: started and not ended, in order of start
+    if answered:
+        ledger.answering(connection)
     if attached:
         ledger.attached(connection, "sess_w0g0_x")
     for kind, rid in reports:
@@ -54,6 +56,14 @@ def test_a_dead_workers_client_is_told_of_exactly_the_responses_started_and_not_
                 open_.remove(rid)
     farewells = ledger.worker_lost(0)
     assert list(farewells) == [connection]
+    if not (answered or attached):
+        # Its client still waits for the handshake's answer: an HTTP one, saying to try again.
+        assert farewells[connection].startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+        assert b"Retry-After: 1\r\n" in farewells[connection]
+        if resuming is not None:
+            assert ledger._responses == {}  # nothing kept of a session that is gone
+        assert ledger.worker_lost(0) == {}
+        return
     events, code = _told(farewells[connection])
     if attached:
         assert [(e["type"], e.get("response", {}).get("id")) for e in events] == [
@@ -91,3 +101,43 @@ def test_a_connection_the_worker_released_gets_no_farewell():
     assert ledger.released(connection)
     assert not ledger.released(connection)
     assert ledger.worker_lost(0) == {}
+
+
+def test_every_connection_of_a_session_is_told_its_open_responses_not_only_the_oldest():
+    # Found by random walks through serve --workers 2 with a worker killed mid-walk: the client
+    # dropped its connection and resumed on a new one, the worker had not yet released the old
+    # one, and the old one (first in the ledger) took the session's open responses. The client,
+    # on the new connection, got session.closed with its response never ended.
+    ledger = FrontLedger()
+    old = ledger.handed(0)
+    ledger.attached(old, "sess_w0g0_x")
+    new = ledger.handed(0, resuming="sess_w0g0_x")
+    ledger.attached(new, "sess_w0g0_x")
+    ledger.response_started("sess_w0g0_x", "resp_a")
+    farewells = ledger.worker_lost(0)
+    for connection in (old, new):
+        events, code = _told(farewells[connection])
+        assert [(e["type"], e.get("response", {}).get("id")) for e in events] == [
+            ("response.done", "resp_a"),
+            ("session.closed", None),
+        ]
+        assert code == CLOSE_WORKER_LOST
+    assert ledger._responses == {}
+
+
+def test_a_client_still_waiting_for_its_handshakes_answer_gets_an_http_503_not_frames():
+    # Found by random walks with a worker killed mid-walk: a resume's connection handed to the
+    # worker just before it died got the session_lost frames while its client still read the
+    # HTTP status line ("stream ends after 301 bytes, before end of line").
+    ledger = FrontLedger()
+    fresh = ledger.handed(0)
+    resume = ledger.handed(0, resuming="sess_w0g0_x")
+    answered = ledger.handed(0, resuming="sess_w0g0_x")
+    ledger.answering(answered)
+    farewells = ledger.worker_lost(0)
+    for connection in (fresh, resume):
+        head, _, body = farewells[connection].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in head
+        assert b"try again" in body
+    events, code = _told(farewells[answered])
+    assert [e["error"]["code"] for e in events] == ["session_lost"] and code == 4404

@@ -289,6 +289,97 @@ def test_a_random_walk_through_the_front_keeps_every_promise(served, seed):
     assert_kept_its_promises(asyncio.run(walk_to(served.url, seed, 200, walk_speech())), seed)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("seed", [5, 21])
+def test_random_walks_keep_every_promise_while_a_worker_is_killed_by_its_pid(seed):
+    """Six walks through the front, one worker SIGKILLed while they run, then two more walks on
+    the worker started again. A lost session ends properly: one failed response.done
+    (worker_lost) per response it had running, then session.closed, or, for a resume the
+    dead worker never answered, session_lost; nothing after. Every other walk keeps every
+    promise of tests/server/test_wire_walk.py.
+
+    Explored first with 20 rounds (scratch): in one, a client that had dropped its connection
+    and resumed on a new one got session.closed with its response never ended, because the
+    worker had not yet released the old connection, and the old one took the session's open
+    responses (the front's ledger; tests/server/test_front_ledger.py holds the case alone)."""
+    from .test_wire_walk import WalkedStream, Walker, walk_speech
+
+    class LossAwareStream(WalkedStream):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lost = False
+
+        def take(self, event: dict) -> None:
+            kind = event["type"]
+            if self.lost:
+                self.problems.append(f"{kind} after the session was lost")
+            elif kind == "response.done" and event["server_event_seq"] is None:
+                error = event["response"]["status_details"]["error"]["code"]
+                rid = event["response"]["id"]
+                if error != "worker_lost" or rid not in self.open:
+                    self.problems.append(f"front's response.done for {rid} ({error}), not running")
+                self.open.discard(rid)
+                self.ended.add(rid)
+            elif kind == "session.closed" and event.get("reason") == "worker_lost":
+                if self.open:
+                    self.problems.append(f"session lost with responses never ended: {sorted(self.open)}")
+                self.lost = True
+            elif kind == "error" and event["error"].get("code") == "session_lost":
+                self.lost = True
+            else:
+                super().take(event)
+
+    class LossAwareWalker(Walker):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            self.stream = LossAwareStream()
+
+        async def _until(self, done, what: str, timeout: float = 30.0) -> None:
+            await super()._until(lambda: done() or self.stream.lost, what, timeout)
+
+    async def one(url: str, walk_seed: int, speech: bytes, after_s: float):
+        await asyncio.sleep(after_s)
+        walker = LossAwareWalker(url, walk_seed, speech)
+        await walker.open()
+        session_id = walker.stream.session_id
+        for _ in range(300):
+            if walker.stream.lost or walker.stream.problems:
+                break
+            try:
+                await walker.step()
+            except ConnectionClosed:
+                await asyncio.sleep(1.0)  # the farewell is read by then
+                if not walker.stream.lost:
+                    walker.stream.problems.append("the connection closed, not as a lost session")
+                break
+            await asyncio.sleep(0)
+        if not walker.stream.lost and not walker.stream.problems:
+            await walker.settle()
+        with contextlib.suppress(ConnectionClosed):
+            await walker.close()
+        return owner_of(session_id), walker.stream
+
+    async def main(url: str, victim: int, speech: bytes):
+        async def kill() -> None:
+            await asyncio.sleep(1.0 + seed % 3 * 0.5)
+            os.kill(victim, signal.SIGKILL)
+
+        walks = [one(url, seed * 100 + i, speech, 0.0) for i in range(6)]
+        walks += [one(url, seed * 100 + 50 + i, speech, 8.0) for i in range(2)]  # on the new worker
+        results, _ = await asyncio.gather(asyncio.gather(*walks), kill())
+        return results
+
+    with serve_workers(2) as s:
+        results = asyncio.run(main(s.url, s.worker_pids[1], walk_speech()))
+    problems = [(owner, stream.problems) for owner, stream in results if stream.problems]
+    assert not problems, problems
+    owners = [owner for owner, _ in results]
+    assert owners.count(1) >= 2, owners  # the dead worker held some of the walks
+    assert any(stream.lost for _, stream in results), "the kill cost no walk its session"
+    assert all(not stream.lost for owner, stream in results if owner == 0)
+
+
 def test_health_through_the_front_answers(served):
     with urllib.request.urlopen(served.http + "/health", timeout=10) as response:
         body = json.loads(response.read())
