@@ -3,8 +3,8 @@
 Each walk is one client of an in-process server (real websockets, real Silero VAD, the scripted
 engine speaking and calling a function), sending, in an order a seeded random number generator
 picks, everything a client may send: audio (quiet, noise, real speech), commits and clears,
-``session.update`` of turn detection, input format, transcription, instructions, tools and
-model-native turns, items created, deleted, retrieved and truncated, responses in and out of
+``session.update`` of turn detection, input format, transcription, instructions, tools,
+model-native turns and the binary-audio extension (its appends then go out as binary frames), items created, deleted, retrieved and truncated, responses in and out of
 the conversation, cancels, barge-ins, playback reports and heartbeats; and it drops its socket
 and resumes, sometimes losing the resume's answer too (it then sends the same resume again, on
 a new connection, as a client that never saw ``session.resumed`` does).
@@ -95,6 +95,7 @@ class WalkedStream:
         self.token = ""
         self.problems: list[str] = []
         self.kinds: dict[str, int] = {}
+        self.binary = False  # the session takes binary audio frames (duplex.binary_audio)
 
     def take(self, event: dict) -> None:
         kind = event["type"]
@@ -108,6 +109,8 @@ class WalkedStream:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if self.closed:
             self.problems.append(f"{kind} after session.closed")
+        if kind in ("session.created", "session.updated"):
+            self.binary = bool(event["session"].get("duplex", {}).get("binary_audio"))
         if kind == "session.created":
             self.session_id, self.token = event["session"]["id"], event["resume_token"]
         elif kind == "session.resumed":
@@ -160,6 +163,9 @@ class Walker:
         self.resume_frame: dict | None = None
         self.played: dict[str, int] = {}
         self.made = 0
+        #: What the walker last asked of the binary-audio extension (None: nothing): binary
+        #: frames go out only once the session said it takes them and nothing since asked off.
+        self.binary_asked: bool | None = None
 
     async def _read(self, ws) -> None:
         try:
@@ -226,17 +232,18 @@ class Walker:
         await self._until(lambda: stream.token != token or bool(stream.problems), "session.resumed")
 
     def _audio(self) -> str:
+        return base64.b64encode(self._pcm()).decode()
+
+    def _pcm(self) -> bytes:
         rng = self.rng
         samples = rng.choice([160, 480, 2400, 4800])
         if rng.random() < 0.5:
-            pcm = b"\x00\x00" * samples
-        else:
-            pcm = rng.randbytes(samples * 2)
-        return base64.b64encode(pcm).decode()
+            return b"\x00\x00" * samples
+        return rng.randbytes(samples * 2)
 
     def _update(self) -> dict:
         rng = self.rng
-        choice = rng.randrange(8)
+        choice = rng.randrange(9)
         if choice == 0:
             detection = rng.choice(
                 [
@@ -270,8 +277,11 @@ class Walker:
             }
         elif choice == 6:
             session = {"max_output_tokens": rng.choice([1, 2, "inf"])}
-        else:
+        elif choice == 7:
             session = {"duplex": {"model_native": rng.random() < 0.5}}
+        else:  # the binary-audio extension: appends as binary frames, in the input format
+            self.binary_asked = rng.random() < 0.7
+            session = {"duplex": {"binary_audio": self.binary_asked}}
         return {"type": "session.update", "session": {"type": "realtime", **session}}
 
     def _item(self) -> dict:
@@ -313,7 +323,11 @@ class Walker:
             + ["cancel", "barge", "playback", "heartbeat", "drop", "pause"]
         )
         if kind == "audio":
-            await self.send({"type": "input_audio_buffer.append", "audio": self._audio()})
+            if stream.binary and self.binary_asked and rng.random() < 0.7:
+                assert self.ws is not None
+                await self.ws.send(self._pcm())
+            else:
+                await self.send({"type": "input_audio_buffer.append", "audio": self._audio()})
         elif kind == "speech":
             piece = RATE // 10 * 2  # 100 ms
             for at in range(0, len(self.speech), piece):
