@@ -102,11 +102,13 @@ def fill_arguments(schema: Any, source: TokenSource) -> Any:
     within the limits can give is :class:`UnfillableSchema`, never another exception."""
     try:
         return fill_schema(schema, source)
-    except (ArithmeticError, ValueError, TypeError) as exc:  # UnfillableSchema included
-        if isinstance(exc, UnfillableSchema):
-            raise
+    except UnfillableSchema:
+        raise
+    except ArithmeticError as exc:
         # A bound or step no float reaches (multipleOf 1e-320, minimum 1e308 and up).
         raise UnfillableSchema(f"no value fits the schema's numbers: {exc}") from None
+    except (ValueError, TypeError) as exc:  # a keyword's value of a kind the filler cannot use
+        raise UnfillableSchema(f"the schema cannot be filled: {exc}") from None
 
 
 def fill_schema(schema: Any, source: TokenSource, depth: int = 0) -> Any:
@@ -166,6 +168,9 @@ def conforms(value: Any, schema: Any, pattern_time_s: float = PATTERN_TIME_S) ->
     patterns = _PatternClock(regex, pattern_time_s)
     try:
         base = jsonschema.validators.validator_for(schema)
+        # The validator trusts its schema: one that is not valid JSON Schema ({"type": null})
+        # raised inside its rules.
+        base.check_schema(schema)
         validator = jsonschema.validators.extend(base, patterns.keywords(jsonschema))(schema)
         error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     except jsonschema.exceptions.SchemaError as exc:
@@ -176,6 +181,8 @@ def conforms(value: Any, schema: Any, pattern_time_s: float = PATTERN_TIME_S) ->
         return f"the schema holds a pattern that is not a regular expression: {exc}"
     except RecursionError:
         return "the schema refers to itself without end"
+    except Exception as exc:  # the client's schema: its call fails, the engine does not
+        return f"the schema could not be checked: {type(exc).__name__}: {exc}"
     return None if error is None else error.message
 
 
