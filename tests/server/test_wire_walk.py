@@ -43,6 +43,7 @@ import attrs
 import pytest
 from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from duplex_actors import Script
 from duplex_actors.core.engine_io import ModelTurnRequest, TurnKind
@@ -188,8 +189,21 @@ class Walker:
         return f"{prefix}{self.made}"
 
     async def open(self) -> None:
-        await self._attach(await connect(self.url, **self.connect_kw))
+        await self._attach(await self._connect(self.url))
         await self._until(lambda: bool(self.stream.token), "session.created")
+
+    async def _connect(self, address: str):
+        """A websocket connection; a 503 (the server says to try again: serve --workers when the
+        worker handed the handshake died before answering it) is retried after its
+        Retry-After, as DuplexClient retries."""
+        for attempt in range(5):
+            try:
+                return await connect(address, **self.connect_kw)
+            except InvalidStatus as exc:
+                if exc.response.status_code != 503 or attempt == 4:
+                    raise
+                await asyncio.sleep(float(exc.response.headers.get("Retry-After", "1")))
+        raise AssertionError("unreachable")
 
     async def _until(self, done, what: str, timeout: float = 30.0) -> None:
         # Generous: against ``serve`` the client's frames wait behind its audio pacer (4x real
@@ -221,11 +235,11 @@ class Walker:
         frame = json.dumps(self.resume_frame)
         address = f"{self.url}?session_id={stream.session_id}"
         while rng.random() < 0.3:  # the answer lost: that connection breaks before it is read
-            lost = await connect(address, **self.connect_kw)
+            lost = await self._connect(address)
             await lost.send(frame)
             await asyncio.sleep(rng.choice([0.0, 0.002, 0.02]))
             lost.transport.abort()
-        await self._attach(await connect(address, **self.connect_kw))
+        await self._attach(await self._connect(address))
         await self.send(self.resume_frame)
         token = self.resume_frame["resume_token"]
         # A client waits for session.resumed before it sends on a resumed connection (lease.py).
