@@ -311,11 +311,14 @@ async def test_a_client_flooding_bad_frames_is_closed_by_the_flood_policy_and_ne
         await wait_until(lambda: server.connection_count == 0)
 
 
-async def test_a_microphone_over_its_share_of_the_audio_budget_is_refused_not_closed():
+async def test_a_microphone_over_its_share_of_the_audio_budget_without_server_vad_is_refused_not_closed():
     # A microphone streaming on through input_backpressure (its client over its share of the
-    # audio budget) sends valid frames: each is refused in the session (the chart's guard), none
-    # counts toward the flood policy, and the session stays; once it frees audio (a clear), its
-    # appends are taken again.
+    # audio budget), its turns its own (no server VAD), sends valid frames: each is refused in
+    # the session (the chart's guard), none counts toward the flood policy, and the session
+    # stays; once it frees audio (a clear), its appends are taken again. Under server VAD the
+    # chart is asked at the edge, before the VAD hears the audio, so there the refusals count
+    # and a microphone that streams on through them is closed as backpressure_flood
+    # (test_frames_as_parsed.py).
     manual = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
     chunk = json.dumps(
         {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x00" * 2400).decode()}
