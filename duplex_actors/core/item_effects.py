@@ -95,15 +95,29 @@ class ItemEffects(SessionParts):
 
     def _context_words(self, context: tuple[Item | str, ...]) -> str:
         """The words of a response's own context: its items, or the conversation's items by id
-        (the chart's ``input_items_known`` refused unknown ids), in order; an assistant's audio by its transcript."""
-        words = []
-        for entry in context:
+        (the chart's ``input_items_known`` refused unknown ids), in order; an assistant's audio by its transcript.
+
+        Within the conversation's bounds, as the pending turn's words are (``_pend_text``): the
+        newest entries that fit ``max_conversation_chars``, never fewer than the newest. A
+        reference costs its client a few bytes however long its item is: 64 references to an
+        item of 260,000 characters made a 64 MiB string from a 3 KB frame, which the engine
+        then split into millions of words, holding every session's turn while it did."""
+        budget = self.config.max_conversation_chars
+        kept: list[tuple[str, ...]] = []
+        chars = 0
+        for entry in reversed(context):
             item = self._conversation.get(entry) if isinstance(entry, str) else entry
             if item.type == "function_call_output":
-                words.append(item.output or "")
+                texts: tuple[str, ...] = (item.output,) if item.output else ()
             else:
-                words.extend(p.text or p.transcript or "" for p in item.content)
-        return " ".join(w for w in words if w)
+                texts = tuple(t for p in item.content if (t := p.text or p.transcript))
+            if not texts:
+                continue
+            chars += _chars(texts) + (1 if kept else 0)
+            if kept and budget is not None and chars > budget:
+                break
+            kept.append(texts)
+        return " ".join(text for texts in reversed(kept) for text in texts)
 
     def _fx_record_function_output(self, step: Step) -> None:
         cmd = cast(AddFunctionOutput, step.command)

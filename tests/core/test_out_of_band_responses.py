@@ -9,6 +9,8 @@ or ids of items already in the conversation.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.actions import SubmitTurn
@@ -124,3 +126,46 @@ def test_an_out_of_band_call_stays_out_of_the_conversation_and_its_output_is_sti
     core.handle(cmd.CreateItem(item=output))
     request, _ = respond(core, cmd.CreateResponse())
     assert [r.call_id for r in request.function_results] == ["c1"]
+
+
+def test_references_to_a_long_item_give_the_engine_the_conversations_bound_not_a_copy_each():
+    # 64 references cost the client a few bytes each; joined, they made one response's
+    # context 64 times its item (a 3 KB frame: 64 MiB, which the engine then split into words).
+    core = session()
+    part = "\U0001f600 " * 32_000  # 64,000 characters, four bytes each in memory
+    long_item = Item(
+        id="it_long", role="user", content=tuple(ContentPart(type="input_text", text=part) for _ in range(4))
+    )
+    core.handle(cmd.CreateItem(item=long_item))
+    core.handle(cmd.CreateItem(item=user_text("and the last word", "it_last")))
+    core.take_events()
+    budget = core.config.max_conversation_chars
+    request, events = respond(
+        core, cmd.CreateResponse(out_of_band=True, input=("it_long",) * 63 + ("it_last",))
+    )
+    assert events[-1].status == "completed"
+    # The newest entries that fit: the short item and one copy of the long one.
+    assert request.input_text == " ".join([part] * 4 + ["and the last word"])
+    assert len(request.input_text) <= budget
+    # Whole entries, the oldest left out first: the short item fits beside one copy, not two.
+    request, _ = respond(core, cmd.CreateResponse(out_of_band=True, input=("it_last", "it_long", "it_long")))
+    assert request.input_text == " ".join([part] * 4)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=12),
+    budget=st.integers(min_value=1, max_value=120),
+)
+def test_a_responses_own_context_is_the_newest_entries_within_the_conversations_bound(lengths, budget):
+    config = SessionConfig(respond_on_commit=False, modalities=("audio",), max_conversation_chars=budget)
+    core = SessionCore("sess_outofband001", config, ManualClock(0.0))
+    entries = tuple(user_text("x" * n) if n else Item(id="", role="user", content=()) for n in lengths)
+    request, _ = respond(core, cmd.CreateResponse(out_of_band=True, input=entries))
+    texts = ["x" * n for n in lengths if n]
+    # The longest run of the newest texts whose join fits; the newest alone when none does.
+    kept = texts[-1:]
+    while len(kept) < len(texts) and len(" ".join(texts[-len(kept) - 1 :])) <= budget:
+        kept = texts[-len(kept) - 1 :]
+    assert request.input_text == " ".join(kept)
+    assert len(request.input_text) <= budget or len(kept) == 1

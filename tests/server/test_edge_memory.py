@@ -33,7 +33,7 @@ from duplex_actors.server.app import ServerConfig
 from duplex_actors.server.guard import LOOPBACK_NETWORKS, PendingHandshakes, RequestHeadLimit, exempt_from
 from duplex_actors.server.inflate import BudgetedDeflate, InflateBudget
 
-from .conftest import metric_sample, recv_json, running_server, serve_help
+from .conftest import metric_sample, recv_json, recv_until, running_server, serve_help
 from .test_cli import LAUNCH
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -252,6 +252,46 @@ async def test_what_a_paced_reader_has_not_read_is_bounded_in_bytes_not_only_in_
         for ws in clients:  # and nothing was refused but the messages themselves
             codes = [(await recv_json(ws, timeout=30))["error"]["code"] for _ in range(12)]
             assert codes == ["unknown_event_type"] * 12
+
+
+@linux_only
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("engine", ["scripted", "embedded"])
+async def test_references_to_one_long_item_are_not_copied_into_a_response_once_each(engine):
+    # A response's own context (response.input) may name 64 items by reference, a few bytes
+    # each. Each session here creates one item of 256,000 characters (four bytes each in
+    # memory) and asks for a response naming it 64 times: the context was joined whole, 64
+    # MiB a response (twice: the budget's check, the request), and the engine split it into
+    # eight million words. Six such sessions: peak +1,045 MiB (scripted), +1,133 (embedded).
+    part = "\U0001f600 " * 32_000
+    item = {
+        "id": "it_long",
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": part}] * 4,
+    }
+    references = [{"type": "item_reference", "id": "it_long"}] * 64
+    ask = {"conversation": "none", "output_modalities": ["text"], "input": references}
+    async with _Serve("--engine", engine) as serve, _sessions(serve, 6) as clients:
+        for ws in clients:
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": item}, ensure_ascii=False))
+            await recv_until(ws, "conversation.item.done", timeout=20)
+        peak = _Peak(serve)
+        sampler = asyncio.get_running_loop().create_task(peak.sample())
+        try:
+            for ws in clients:
+                await ws.send(json.dumps({"type": "response.create", "response": ask}))
+            for ws in clients:
+                done = (await recv_until(ws, "response.done", timeout=60))[-1]
+                assert done["response"]["status"] == "completed", done
+        finally:
+            sampler.cancel()
+        grew = peak.peak - serve.baseline
+        print(
+            f"6 responses of 64 references to a 256,000-character item ({engine}): RSS peak +{grew:.1f} MiB"
+        )
+        assert grew < 96, f"RSS grew {grew:.0f} MiB"
 
 
 @linux_only

@@ -9,7 +9,9 @@ common and a stop or comma turns up every few words.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 import attrs
 
@@ -24,6 +26,10 @@ SPEAK = "<speak>"
 CONTROL_TOKENS = (PAD, BOS, EOS, RESPOND, UNIT, LISTEN, SPEAK)
 
 PUNCTUATION = (".", ",", "?", "!")
+#: A word of a text the thinker reads: what ``str.split()`` would give, one at a time.
+_WORD = re.compile(r"\S+")
+#: Words of a text read for each id wanted (``encode_known_words``); the rest are not read.
+WORDS_READ_PER_ID = 64
 #: Punctuation after which a spoken phrase may end.
 PHRASE_END = frozenset(PUNCTUATION)
 
@@ -510,10 +516,15 @@ class Vocabulary:
 
     def encode_known_words(self, text: str, limit: int) -> list[int]:
         """Ids of the words of ``text`` that the vocabulary knows (instructions, say); the
-        rest are dropped because the thinker has no sub-word units to spell them with."""
-        ids = []
-        for raw in text.lower().split():
-            word = raw.strip('.,?!;:"()')
+        rest are dropped because the thinker has no sub-word units to spell them with.
+
+        Word by word, and only the first ``limit * WORDS_READ_PER_ID`` words: the thinker
+        reads ``limit`` words at most, so the rest of a long text (a response's context may
+        be a megabyte) is never split into a list of every word, tens of bytes each, nor
+        searched in the engine's thread while every session's turn waits for it."""
+        ids: list[int] = []
+        for match in islice(_WORD.finditer(text), max(limit, 0) * WORDS_READ_PER_ID):
+            word = match.group().lower().strip('.,?!;:"()')
             if word in self.index and word not in CONTROL_TOKENS:
                 ids.append(self.index[word])
                 if len(ids) >= limit:
