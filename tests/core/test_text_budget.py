@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from duplex_actors.actors.runtime import Runtime
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.actions import SubmitTurn
-from duplex_actors.core.conversation import ContentPart, Item
+from duplex_actors.core.conversation import PART_BYTES, ContentPart, Item
 from duplex_actors.core.engine_io import FunctionTool, TextDelta, TurnDone
 from duplex_actors.core.session import SessionCore
 from duplex_actors.core.session_config import SessionConfig
@@ -76,6 +76,7 @@ def _user_item(text: str) -> cmd.CreateItem:
 
 def _text_held(core: SessionCore) -> int:
     items = sum(sys.getsizeof(text) for item in core._conversation for text in item.strings())
+    items += sum(len(item.content) for item in core._conversation) * PART_BYTES  # the parts themselves
     return items + settings_text_bytes(core.config.instructions, core.config.tools)
 
 

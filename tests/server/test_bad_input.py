@@ -10,7 +10,9 @@ import pytest
 from websockets.asyncio.client import connect
 
 from duplex_actors import Script
+from duplex_actors.core.conversation import PART_BYTES
 from duplex_actors.server.wire import WireLimits
+from duplex_actors.server.wire_items import MAX_CONTENT_PARTS
 
 from .conftest import CHUNK_100MS, recv_json, recv_until, running_server
 
@@ -278,3 +280,40 @@ async def test_an_image_in_a_user_message_is_kept_as_a_marker_not_refused():
             )
             error = (await recv_until(ws, "error"))[-1]["error"]
             assert (error["code"], error["param"]) == ("invalid_value", "item.content[0].type")
+
+
+async def test_an_item_of_more_parts_than_a_message_has_is_refused_and_what_its_parts_hold_is_counted():
+    # Parts that hold no text (an image's marker, an empty text) counted nowhere: an item of
+    # 9,990 image markers (230 KB, a kilobyte deflated) took ~0.7 MiB of the session's memory,
+    # and a conversation keeps 256 items.
+    async with running_server() as server:
+        async with connect(server.url) as ws:
+            assert (await recv_json(ws))["type"] == "session.created"
+            (handle,) = server.runtime.sessions()
+            for kind, part in (
+                ("image", {"type": "input_image"}),
+                ("empty", {"type": "input_text", "text": ""}),
+            ):
+                for where in ("conversation.item.create", "response.create"):
+                    item = {"type": "message", "role": "user", "content": [part] * (MAX_CONTENT_PARTS + 1)}
+                    if where == "conversation.item.create":
+                        frame, param = {"type": where, "item": item}, "item.content"
+                    else:
+                        frame = {"type": where, "response": {"conversation": "none", "input": [item]}}
+                        param = "response.input[0].content"
+                    await ws.send(json.dumps(frame))
+                    error = (await recv_until(ws, "error"))[-1]["error"]
+                    assert (error["code"], error["param"]) == ("invalid_value", param), (kind, error)
+                    assert f"more than {MAX_CONTENT_PARTS} parts" in error["message"]
+                assert len(handle.core._conversation) == 0
+            # As many as a message may have are taken, and the text budget counts each part.
+            item = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_image"}] * MAX_CONTENT_PARTS,
+            }
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+            added = (await recv_until(ws, "conversation.item.added"))[-1]["item"]
+            assert len(added["content"]) == MAX_CONTENT_PARTS
+            assert handle.core._conversation.held_bytes == MAX_CONTENT_PARTS * PART_BYTES
+            assert handle.core._text_account.held >= MAX_CONTENT_PARTS * PART_BYTES
