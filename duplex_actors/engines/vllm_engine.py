@@ -72,15 +72,22 @@ _DIGEST_BYTES = 64 * 1024
 
 
 def describe_turn(request: ModelTurnRequest) -> str:
-    """The default prompt: instructions plus what we can say about the audio without an encoder.
+    """The default prompt: the instructions, the words the turn brings (what the user typed,
+    a system message, a function's output: ``input_text``), and what we can say about the
+    audio without an encoder (for a turn without words, always).
 
-    The tiny test model is random, so the words do not matter to it; for a real text model this
-    is where an ASR transcript would go.
+    The words used to be left out, so a text model served by ``serve --engine vllm`` never
+    read what its user typed, only that there was no audio. The tiny test model is random, so
+    the words do not matter to it; for a real text model an ASR transcript would go here too.
     """
+    head = request.instructions.strip() + "\n" if request.instructions else ""
+    words = request.input_text.strip()
+    said = f"User: {words}\n" if words else ""
+    if words and not request.audio:
+        return f"{head}{said}Assistant:"
     seconds = len(request.audio) / 2 / request.sample_rate if request.sample_rate else 0.0
     digest = hashlib.blake2b(request.audio[:_DIGEST_BYTES], digest_size=4).hexdigest()
-    head = request.instructions.strip() + "\n" if request.instructions else ""
-    return f"{head}User audio: {seconds:.2f} s, fingerprint {digest}.\nAssistant:"
+    return f"{head}{said}User audio: {seconds:.2f} s, fingerprint {digest}.\nAssistant:"
 
 
 @attrs.frozen(slots=True)

@@ -51,6 +51,21 @@ def test_a_turn_reports_its_prompt_tokens(vllm):
     assert done.input.text_tokens == len(prompt["prompt_token_ids"]) and done.input.audio_tokens == 0
 
 
+def test_the_words_a_turn_brings_reach_the_model(vllm):
+    # The default prompt left out what the user typed: a text model never read it.
+    words = "please tell me about the weather in Oslo tomorrow morning"
+    plain = make_request(4)
+    typed = attrs.evolve(plain, input_text=words)
+    read = []
+    for request in (plain, typed):
+        done = vllm.run(collect(vllm.engine, request))[-1]
+        assert isinstance(done, TurnDone) and done.input is not None, done
+        read.append(done.input.text_tokens)
+    prompt = vllm.engine.render_prompt(vllm.engine._prompt_builder(typed))
+    assert read[1] == len(prompt["prompt_token_ids"])
+    assert read[1] > read[0] + len(words.split()) // 2, read  # the words, not only a line about audio
+
+
 @pytest.mark.parametrize(
     "parameter",
     [

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import types
 
+import attrs
+
 from duplex_actors.core.engine_io import ModelTurnRequest, TurnKind
 from duplex_actors.core.fence import Fence
 from duplex_actors.engines.vllm_engine import VllmEngine, _VllmTimings, describe_turn
@@ -78,3 +80,24 @@ def test_engine_args_carry_what_users_set():
     assert args["scheduling_policy"] == "priority"
     fcfs = VllmEngine("/models/x", scheduling_policy="fcfs")
     assert fcfs.config.engine_args()["scheduling_policy"] == "fcfs" and not fcfs._by_tenant
+
+
+def test_prompt_reads_the_words_the_turn_brings_and_describes_audio_only_when_there_is_some():
+    # A text model behind `serve --engine vllm` never read what its user typed: the prompt
+    # described the (absent) audio only.
+    fence = Fence("sess_a", 0, 0)
+    typed = ModelTurnRequest(
+        fence.request_id(),
+        fence,
+        TurnKind.RESPONSE,
+        b"",
+        instructions="Be kind.",
+        input_text="  what time is it?\n",
+    )
+    assert describe_turn(typed) == "Be kind.\nUser: what time is it?\nAssistant:"
+    spoken = attrs.evolve(typed, audio=b"\x01\x00" * 8000)
+    prompt = describe_turn(spoken)
+    assert prompt.startswith("Be kind.\nUser: what time is it?\nUser audio: 0.50 s, fingerprint ")
+    assert prompt.endswith(".\nAssistant:")
+    # Neither words nor audio: the audio line, as before.
+    assert "User audio: 0.00 s" in describe_turn(attrs.evolve(typed, input_text=" "))
