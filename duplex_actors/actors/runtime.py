@@ -68,6 +68,31 @@ TEXT_BUDGET_BYTES = 1 << 30
 REAP_SLICE = 500
 
 
+def _check_limits(
+    max_sessions: int,
+    mailbox_capacity: int,
+    dispatch_budget: int,
+    reaper_interval_s: float,
+    stall_timeout_s: float | None,
+) -> None:
+    """Refuse, naming it, a limit no runtime could run with. Each of these was taken and then
+    failed far from where it was given: a ``dispatch_budget`` of 0 dispatched nothing (every
+    ask timed out), a negative ``reaper_interval_s`` ended the runtime's task group, a negative
+    ``stall_timeout_s`` found every stream stalled, a ``mailbox_capacity`` of 0 failed each
+    session's opening, and a ``max_sessions`` of 0 refused every session as retryable. Both
+    intervals may be 0 (or None), which turns them off."""
+    for name, value in (
+        ("max_sessions", max_sessions),
+        ("mailbox_capacity", mailbox_capacity),
+        ("dispatch_budget", dispatch_budget),
+    ):
+        if not value >= 1:
+            raise ValueError(f"{name} must be at least 1, not {value!r}")
+    for name, seconds in (("reaper_interval_s", reaper_interval_s), ("stall_timeout_s", stall_timeout_s)):
+        if seconds is not None and not seconds >= 0:  # NaN is refused too
+            raise ValueError(f"{name} must be a number of seconds, 0 or more (0: off), not {seconds!r}")
+
+
 @attrs.frozen(slots=True)
 class RuntimeStatistics:
     """A snapshot of a runtime (``Runtime.statistics()``): sessions by state, opened and closed so far,
@@ -306,6 +331,7 @@ class Runtime:
 
             engine = ScriptedEngine()
         ensure_configured()
+        _check_limits(max_sessions, mailbox_capacity, dispatch_budget, reaper_interval_s, stall_timeout_s)
         self.config = config or SessionConfig()
         self.clock = clock
         self.max_sessions = max_sessions

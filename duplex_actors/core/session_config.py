@@ -14,6 +14,13 @@ import attrs
 from .engine_io import SPEED_RANGE, FunctionTool, SamplingOverrides
 
 _none_or_positive: Callable[[Any, Any, int | None], Any] = attrs.validators.optional(attrs.validators.gt(0))
+# A value that makes no sense is refused when the config is made, naming its field: before,
+# an embedder's sample_rate of 0 made every commit "buffer too small", an outbox_reserve of 0
+# failed the session's opening inside the runtime, and a negative grace or age went unnoticed.
+_positive = attrs.validators.gt(0)
+_not_negative = attrs.validators.ge(0)
+_not_negative_s = attrs.validators.ge(0.0)  # seconds (NaN is refused too)
+_none_or_not_negative: Callable[[Any, Any, int | None], Any] = attrs.validators.optional(_not_negative)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -46,19 +53,19 @@ class SessionConfig:
     #: Send a ``duplex.state`` event on every change of the statechart's state (extension,
     #: off by default: GA clients never see it).
     state_events: bool = False
-    sample_rate: int = 16000
+    sample_rate: int = attrs.field(default=16000, validator=_positive)
     #: The rate the client plays the session's audio at (None: ``sample_rate``). Model turns
     #: pass it to the engine (``ModelTurnRequest.output_sample_rate``) so a speaking engine
     #: synthesises at it and the edge need not convert.
-    output_sample_rate: int | None = None
+    output_sample_rate: int | None = attrs.field(default=None, validator=_none_or_positive)
     #: How fast the engine speaks, 1.0 being its natural pace (OpenAI's audio.output.speed,
     #: 0.25-1.5). Model turns pass it to the engine (``ModelTurnRequest.speed``).
     output_speed: float = attrs.field(
         default=1.0, validator=[attrs.validators.ge(SPEED_RANGE[0]), attrs.validators.le(SPEED_RANGE[1])]
     )
-    unit_samples: int = 16000
+    unit_samples: int = attrs.field(default=16000, validator=_positive)
     #: speech over a response longer than this (in audio) barges in; shorter is a backchannel.
-    min_interruption_ms: int = 500
+    min_interruption_ms: int = attrs.field(default=500, validator=_not_negative)
     #: Speech over a response may cancel it (OpenAI's turn_detection.interrupt_response). False:
     #: the response plays to its end, and under server VAD the speech is committed when it
     #: stops (no response is created for it while one plays, as OpenAI says it may not be).
@@ -84,13 +91,13 @@ class SessionConfig:
     #: hear it fails each turn's transcription (runtime.transcribe), the session goes on.
     transcription_language: str | None = None
     #: Items the conversation keeps (oldest forgotten first).
-    max_items: int = 256
+    max_items: int = attrs.field(default=256, validator=_positive)
     #: Characters of text the conversation keeps over all its items (oldest items forgotten
     #: first, never the newest): 256 K characters, about 64 K tokens, twice the context of
     #: OpenAI's realtime models. None: only ``max_items`` bounds it.
-    max_conversation_chars: int | None = 1 << 18
+    max_conversation_chars: int | None = attrs.field(default=1 << 18, validator=_none_or_not_negative)
     #: uncommitted user audio kept at most (bytes of pcm16); beyond it: input_backpressure.
-    max_input_bytes: int = 16000 * 2 * 120
+    max_input_bytes: int = attrs.field(default=16000 * 2 * 120, validator=_not_negative)
     #: committed user audio waiting for the next response, kept at most (bytes of pcm16; the
     #: newest is kept, as a conversation forgets its oldest items). A GA commit does not start
     #: a response, so a client committing and never asking for one held every commit's audio.
@@ -98,7 +105,8 @@ class SessionConfig:
     #: Events the session holds for its client at most (core/outbox.py); the engine waits for
     #: the client at half of it, and goes on once three quarters are free.
     outbox_capacity: int = 2048
-    outbox_reserve: int = 16
+    #: Of it, kept for terminal events only (at least 2, and less than the capacity).
+    outbox_reserve: int = attrs.field(default=16)
     #: Bytes of a response's audio the session may hold unsent (in its outbox, and on its way
     #: there from the engine) before the engine waits for the listener to take some: a client
     #: that reads slowly, or has gone away for a resume, is not sent audio faster than it takes
@@ -106,11 +114,18 @@ class SessionConfig:
     #: half of it has been taken. 256 KiB is about 5 s of 24 kHz pcm16. None: no audio bound
     #: (the outbox's half still applies).
     unsent_audio_bytes: int | None = attrs.field(default=256 << 10, validator=_none_or_positive)
-    idle_ttl_s: float = 300.0
-    disconnect_grace_s: float = 30.0
-    journal_max_events: int = 4096
-    journal_max_bytes: int = 8 << 20
-    journal_max_age_s: float = 60.0
+    idle_ttl_s: float = attrs.field(default=300.0, validator=_not_negative_s)
+    disconnect_grace_s: float = attrs.field(default=30.0, validator=_not_negative_s)
+    journal_max_events: int = attrs.field(default=4096, validator=_not_negative)
+    journal_max_bytes: int = attrs.field(default=8 << 20, validator=_not_negative)
+    journal_max_age_s: float = attrs.field(default=60.0, validator=_not_negative_s)
+
+    @outbox_reserve.validator
+    def _reserve_within_capacity(self, attribute: attrs.Attribute, reserve: int) -> None:
+        if not self.outbox_capacity > reserve >= 2:
+            raise ValueError(
+                f"outbox_reserve ({reserve}) must be at least 2 and less than outbox_capacity ({self.outbox_capacity})"
+            )
 
     def public(self) -> dict:
         return {

@@ -109,17 +109,20 @@ def register(app: typer.Typer) -> None:
             show_envvar=True,
             help="require this key (Authorization: Bearer <key>) on /v1/realtime",
         ),
-        max_frame_bytes: int = typer.Option(1 << 20, help="largest client text frame parsed"),
-        max_chunk_bytes: int = typer.Option(256 << 10, help="largest decoded audio chunk per append"),
-        max_sessions: int = typer.Option(10_000, help="open sessions at most (admission)"),
-        max_connections: int = typer.Option(10_000, help="open websocket connections at most"),
+        max_frame_bytes: int = typer.Option(1 << 20, min=1, help="largest client text frame parsed"),
+        max_chunk_bytes: int = typer.Option(256 << 10, min=1, help="largest decoded audio chunk per append"),
+        max_sessions: int = typer.Option(10_000, min=1, help="open sessions at most (admission)"),
+        max_connections: int = typer.Option(10_000, min=1, help="open websocket connections at most"),
         sample_rate: int = typer.Option(
             16000,
+            min=1,
             help="the sessions' own pcm16 rate (VAD, engine); clients "
             "declare their wire format (default audio/pcm 24 kHz)",
         ),
-        disconnect_grace_s: float = typer.Option(30.0, help="how long a dropped session waits for resume"),
-        idle_ttl_s: float = typer.Option(300.0, help="close sessions idle this long"),
+        disconnect_grace_s: float = typer.Option(
+            30.0, min=0.0, help="how long a dropped session waits for resume"
+        ),
+        idle_ttl_s: float = typer.Option(300.0, min=0.0, help="close sessions idle this long"),
         workers: int = typer.Option(
             1,
             min=1,
@@ -131,7 +134,9 @@ def register(app: typer.Typer) -> None:
             "--loop",
             help="the event loop of every serve process: uvloop where installed (auto), or asyncio's own",
         ),
-        journal_max_age_s: float = typer.Option(60.0, help="how long events stay replayable for a resume"),
+        journal_max_age_s: float = typer.Option(
+            60.0, min=0.0, help="how long events stay replayable for a resume"
+        ),
         unsent_audio_kb: int = typer.Option(
             256,
             min=0,
@@ -163,6 +168,7 @@ def register(app: typer.Typer) -> None:
         ),
         stall_timeout_s: float = typer.Option(
             15.0,
+            min=0.0,
             help="restart the engine when a request produced nothing this long (0: off); "
             "its responses end failed",
         ),

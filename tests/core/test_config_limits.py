@@ -1,0 +1,101 @@
+"""A limit no session or runtime could run with is refused where it is given, naming itself.
+
+Before, each of these was taken and failed far away: a session ``sample_rate`` of 0 made every
+commit "buffer too small", an ``outbox_reserve`` of 0 failed the session's opening inside the
+runtime's task group, a runtime ``dispatch_budget`` of 0 dispatched nothing (every ask timed
+out), a negative ``stall_timeout_s`` restarted the engine under every response that took longer
+than the watchdog's tick, and a negative ``reaper_interval_s`` ended the runtime."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from duplex_actors import Runtime, Script, ScriptedEngine
+from duplex_actors.core.session_config import SessionConfig
+
+# Each number a session config holds, and the least it may be (None: no value is refused).
+SESSION_FLOORS = {
+    "speech_prefix_ms": 0,
+    "sample_rate": 1,
+    "output_sample_rate": 1,
+    "unit_samples": 1,
+    "min_interruption_ms": 0,
+    "max_items": 1,
+    "max_conversation_chars": 0,
+    "max_input_bytes": 0,
+    "max_committed_bytes": 0,
+    "unsent_audio_bytes": 1,
+    "idle_ttl_s": 0,
+    "disconnect_grace_s": 0,
+    "journal_max_events": 0,
+    "journal_max_bytes": 0,
+    "journal_max_age_s": 0,
+}
+RUNTIME_FLOORS = {
+    "max_sessions": 1,
+    "mailbox_capacity": 1,
+    "dispatch_budget": 1,
+    "reaper_interval_s": 0,
+    "stall_timeout_s": 0,
+}
+
+
+@given(st.sampled_from(sorted(SESSION_FLOORS)), st.integers(min_value=-(10**6), max_value=10**6))
+def test_a_session_number_below_its_floor_is_refused_naming_it_and_any_other_is_taken(name, value):
+    if value < SESSION_FLOORS[name]:
+        with pytest.raises(ValueError, match=name):
+            SessionConfig(**{name: value})
+    else:
+        assert getattr(SessionConfig(**{name: value}), name) == value
+
+
+@pytest.mark.parametrize("name", ["idle_ttl_s", "disconnect_grace_s", "journal_max_age_s"])
+def test_seconds_that_are_not_a_number_are_refused(name):
+    with pytest.raises(ValueError, match=name):
+        SessionConfig(**{name: math.nan})
+
+
+@given(st.integers(min_value=-4, max_value=40), st.integers(min_value=-4, max_value=40))
+def test_the_outbox_reserve_is_at_least_two_and_less_than_the_capacity(capacity, reserve):
+    if capacity > reserve >= 2:
+        assert SessionConfig(outbox_capacity=capacity, outbox_reserve=reserve).outbox_reserve == reserve
+    else:
+        with pytest.raises(ValueError, match="outbox_reserve"):
+            SessionConfig(outbox_capacity=capacity, outbox_reserve=reserve)
+
+
+@given(st.sampled_from(sorted(RUNTIME_FLOORS)), st.one_of(st.integers(-100, 100), st.just(math.nan)))
+def test_a_runtime_limit_below_its_floor_is_refused_naming_it(name, value):
+    if isinstance(value, float) or value < RUNTIME_FLOORS[name]:
+        with pytest.raises(ValueError, match=name):
+            Runtime(ScriptedEngine(), **{name: value})
+    else:
+        Runtime(ScriptedEngine(), **{name: value})
+
+
+@pytest.mark.anyio
+async def test_a_runtime_at_every_floor_still_serves_a_turn():
+    # The least of each value is one a runtime runs with (0 turns the intervals off); the
+    # session's rate and input stay as a microphone's, so that a turn has audio to commit.
+    floors = {
+        name: floor
+        for name, floor in SESSION_FLOORS.items()
+        if name not in ("sample_rate", "max_input_bytes")
+    }
+    engine = ScriptedEngine(Script(first_latency_s=0.6))  # longer than the engine's watchdog tick
+    async with Runtime(engine, config=SessionConfig(**floors), **RUNTIME_FLOORS) as rt:
+        session = await rt.open_session()
+        session.append_audio(b"\x10\x00" * 3200)
+        await session.commit()
+        with anyio.fail_after(10):
+            async for event in session.events():
+                if event.type == "response.done":
+                    assert event.status == "completed"
+                    break
+        assert rt.statistics().engine.restarts == 0
+        await session.close()
