@@ -78,6 +78,42 @@ def _rate(instance, attribute, value):
         raise InvalidCommand(f"unsupported sample rate {value!r}")
 
 
+# What the wire's parser already refuses, refused again for a command an application builds
+# itself (``SessionHandle.update``, ``create_response``): an update taking instructions that
+# are not text was applied, and every later response failed inside the engine.
+def _optional_text(instance, attribute, value):
+    if value is not None and not isinstance(value, str):
+        raise InvalidCommand(f"{attribute.name} must be a string, not {type(value).__name__}")
+
+
+#: A response's output: text, audio (with its transcript), or both.
+MODALITIES = frozenset({"text", "audio"})
+
+
+def _optional_modalities(instance, attribute, value):
+    if value is not None and not (
+        isinstance(value, tuple) and value and set(value) <= MODALITIES and len(set(value)) == len(value)
+    ):
+        raise InvalidCommand(f"{attribute.name} must be a tuple of 'text' and/or 'audio', not {value!r}")
+
+
+def _sampling(value):
+    """A ``sampling`` given as a mapping of knobs (as ``open_session`` takes it) becomes
+    :class:`SamplingOverrides`; a mapping naming an unknown knob, or anything else that is not
+    one, is refused (a dict was taken, and the session failed at the update)."""
+    if value is None or isinstance(value, SamplingOverrides):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in attrs.fields(SamplingOverrides)}
+        unknown = sorted(map(str, set(value) - known))
+        if unknown:
+            raise InvalidCommand(f"sampling: unknown knob(s) {unknown}; known: {sorted(known)}")
+        return SamplingOverrides(**value)
+    raise InvalidCommand(
+        f"sampling must be SamplingOverrides or a dict of its knobs, not {type(value).__name__}"
+    )
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class AppendAudio(Command):
     """Client audio for the input buffer (GA ``input_audio_buffer.append``): pcm16 at the session's
@@ -168,15 +204,15 @@ class CreateResponse(Command):
     """
 
     TRIGGER = "create_response"
-    instructions: str | None = None
+    instructions: str | None = attrs.field(default=None, validator=_optional_text)
     #: Overrides the session's output modalities for this response (("text",) or ("audio",)).
-    modalities: tuple[str, ...] | None = None
+    modalities: tuple[str, ...] | None = attrs.field(default=None, validator=_optional_modalities)
     #: Echoed on response.created and response.done (OpenAI: up to 16 string pairs).
     metadata: dict[str, str] | None = attrs.field(default=None, eq=False, hash=False)
     #: This response's function tools and tool_choice, instead of the session's (None: the
     #: session's). OpenAI clients pass them to ask for, or rule out, a call in one reply.
     tools: tuple[FunctionTool, ...] | None = None
-    tool_choice: str | None = None
+    tool_choice: str | None = attrs.field(default=None, validator=_optional_text)
     #: This response's token limit, instead of the session's sampling.max_tokens: 0 lifts
     #: the session's for this response (GA ``"inf"``), None keeps it.
     max_tokens: int | None = attrs.field(default=None, validator=_optional_count)
@@ -211,7 +247,7 @@ class UpdateSession(Command):
     TRIGGER = "update"
     auto_respond: bool | None = None
     respond_on_commit: bool | None = None
-    modalities: tuple[str, ...] | None = None
+    modalities: tuple[str, ...] | None = attrs.field(default=None, validator=_optional_modalities)
     server_vad: bool | None = None
     #: Server VAD's pre-speech window (turn_detection.prefix_padding_ms); None leaves it.
     speech_prefix_ms: int | None = attrs.field(default=None, validator=_optional_count)
@@ -220,9 +256,9 @@ class UpdateSession(Command):
     model_native: bool | None = None
     #: duplex.state events on or off (extension); None leaves it.
     state_events: bool | None = None
-    instructions: str | None = None
+    instructions: str | None = attrs.field(default=None, validator=_optional_text)
     #: The knobs given (not None) replace the session's; the others are kept.
-    sampling: SamplingOverrides | None = None
+    sampling: SamplingOverrides | None = attrs.field(default=None, converter=_sampling)
     #: Knobs set back to the engine's default (GA ``max_output_tokens: "inf"``).
     reset_sampling: tuple[str, ...] = attrs.field(default=(), validator=_sampling_knobs)
     min_interruption_ms: int | None = None
@@ -230,11 +266,11 @@ class UpdateSession(Command):
     interrupt_response: bool | None = None
     #: Replaces the session's function tools as a whole (``()`` removes them all).
     tools: tuple[FunctionTool, ...] | None = None
-    tool_choice: str | None = None
+    tool_choice: str | None = attrs.field(default=None, validator=_optional_text)
     #: Input transcription: a model name turns it on, False turns it off, None leaves it.
     transcription: str | bool | None = None
     #: The language input transcription is asked to hear (ISO-639-1); None leaves it.
-    transcription_language: str | None = None
+    transcription_language: str | None = attrs.field(default=None, validator=_optional_text)
     #: How fast the engine speaks (OpenAI's audio.output.speed, 0.25-1.5); None leaves it.
     output_speed: float | None = attrs.field(default=None, validator=_optional_speed)
     #: The rate the client now plays audio at (its output format changed); None leaves it.

@@ -1,4 +1,5 @@
-"""A limit no session or runtime could run with is refused where it is given, naming itself.
+"""A limit no session or runtime could run with, or a value of the wrong kind handed to a
+session's calls, is refused where it is given, naming itself.
 
 Before, each of these was taken and failed far away: a session ``sample_rate`` of 0 made every
 commit "buffer too small", an ``outbox_reserve`` of 0 failed the session's opening inside the
@@ -16,7 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from duplex_actors import Runtime, Script, ScriptedEngine
+from duplex_actors.core.engine_io import SamplingOverrides
 from duplex_actors.core.session_config import SessionConfig
+from duplex_actors.errors import InvalidCommand, InvalidSampling
 
 # Each number a session config holds, and the least it may be (None: no value is refused).
 SESSION_FLOORS = {
@@ -99,3 +102,52 @@ async def test_a_runtime_at_every_floor_still_serves_a_turn():
                     break
         assert rt.statistics().engine.restarts == 0
         await session.close()
+
+
+# --- what an application hands a session's calls ------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("call", "refused"),
+    [
+        (lambda s: s.update(instructions=5), "instructions must be a string"),
+        (lambda s: s.update(modalities=("video",)), "modalities must be a tuple"),
+        (lambda s: s.update(modalities="text"), "modalities must be a tuple"),
+        (lambda s: s.update(modalities=("text", "text")), "modalities must be a tuple"),
+        (lambda s: s.update(sampling={"heat": 1}), "unknown knob"),
+        (lambda s: s.update(sampling=0.7), "sampling must be"),
+        (lambda s: s.update(tool_choice=3), "tool_choice must be a string"),
+        (lambda s: s.update(transcription_language=["en"]), "transcription_language must be a string"),
+        (lambda s: s.create_response(instructions=b"be brief"), "instructions must be a string"),
+        (lambda s: s.create_response(modalities=()), "modalities must be a tuple"),
+    ],
+)
+async def test_a_call_with_a_value_of_the_wrong_kind_is_refused_at_the_call_and_the_session_goes_on(
+    call, refused
+):
+    # Before: an update taking a dict for sampling failed the session (session_failed), and
+    # one taking instructions that were not text was applied, failing every later response
+    # inside the engine ("'int' object has no attribute 'split'").
+    async with Runtime(ScriptedEngine()) as rt:
+        session = await rt.open_session(modalities=("text",))
+        with pytest.raises(InvalidCommand, match=refused):
+            await call(session)
+        await session.create_response()
+        with anyio.fail_after(5):
+            async for event in session.events():
+                if event.type == "response.done":
+                    assert event.status == "completed"
+                    break
+        assert session.state != "closed"
+
+
+@pytest.mark.anyio
+async def test_sampling_given_as_a_dict_of_knobs_is_applied_as_open_session_takes_it():
+    async with Runtime(ScriptedEngine()) as rt:
+        session = await rt.open_session()
+        await session.update(sampling={"temperature": 0.3, "max_tokens": 7})
+        assert session.config.sampling == SamplingOverrides(temperature=0.3, max_tokens=7)
+        with pytest.raises(InvalidSampling):
+            await session.update(sampling={"temperature": 99})
+        assert session.config.sampling.temperature == 0.3 and session.state != "closed"
