@@ -88,7 +88,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
         host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
-        port: int = typer.Option(8765, help="TCP port; 0 picks a free one (printed at start)"),
+        port: int = typer.Option(
+            8765, min=0, max=65535, help="TCP port; 0 picks a free one (printed at start)"
+        ),
         engine: EngineChoice | None = typer.Option(
             None,
             help="engine backend (default: embedded when the 'embedded' extra is installed, else scripted)",
@@ -173,12 +175,16 @@ def register(app: typer.Typer) -> None:
             "its responses end failed",
         ),
         write_timeout_s: float = typer.Option(
-            10.0, help="close a connection whose sends do not drain this long (client stopped reading)"
+            10.0,
+            min=0.001,
+            help="close a connection whose sends do not drain this long (client stopped reading)",
         ),
-        max_sessions_per_key: int | None = typer.Option(None, help="open sessions per API key"),
-        max_sessions_per_address: int | None = typer.Option(None, help="open sessions per client address"),
+        max_sessions_per_key: int | None = typer.Option(None, min=1, help="open sessions per API key"),
+        max_sessions_per_address: int | None = typer.Option(
+            None, min=1, help="open sessions per client address"
+        ),
         max_detached_sessions: int | None = typer.Option(
-            None, help="sessions waiting for a resume, at most; beyond, new sessions are refused"
+            None, min=1, help="sessions waiting for a resume, at most; beyond, new sessions are refused"
         ),
         connect_rate_per_address: float = typer.Option(
             0.0,

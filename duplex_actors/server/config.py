@@ -47,30 +47,31 @@ def _networks(_instance: Any, attribute: attrs.Attribute[Any], value: tuple[str,
 @attrs.frozen(slots=True, kw_only=True)
 class ServerConfig:
     host: str = "127.0.0.1"
-    port: int = 8765  # 0 picks a free port (see RealtimeServer.port)
+    # 0 picks a free port (see RealtimeServer.port)
+    port: int = attrs.field(default=8765, validator=[attrs.validators.ge(0), attrs.validators.le(65535)])
     #: When set, every /v1/realtime connection must present it (Authorization: Bearer <key>,
     #: an ``api-key`` header, or the ``openai-insecure-api-key.<key>`` subprotocol).
     api_key: str | None = None
     limits: wire.WireLimits = wire.WireLimits()
     path: str = "/v1/realtime"
     #: How long a resuming connection may take to send its session.resume frame.
-    resume_wait_s: float = 10.0
-    max_connections: int = 10_000
+    resume_wait_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    max_connections: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
     #: Websocket keepalive; a peer that stops answering pings is treated as dropped (detach).
-    ping_interval_s: float | None = 20.0
-    ping_timeout_s: float | None = 20.0
+    ping_interval_s: float | None = attrs.field(default=20.0, validator=_none_or(attrs.validators.gt(0)))
+    ping_timeout_s: float | None = attrs.field(default=20.0, validator=_none_or(attrs.validators.gt(0)))
     #: permessage-deflate ("deflate") when a client offers it, or None: never compress.
     compression: str | None = "deflate"
     #: More accepted keys (each session is bound to the key that opened it; see guard.py).
     api_keys: tuple[str, ...] = ()
     #: A send that has not drained after this long means the client stopped reading: the
     #: connection is closed with CLOSE_SLOW_CONSUMER (the session detaches, as for any drop).
-    write_timeout_s: float = 10.0
+    write_timeout_s: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
     #: Flood policy: refused frames allowed per second (sustained) and at once (burst); past it
     #: the session closes (reason invalid_frame_flood, or backpressure_flood when the refusal
     #: that put the client over was of a valid frame, for room) and the connection with 1008.
-    invalid_frames_per_s: float = 20.0
-    invalid_frames_burst: int = 100
+    invalid_frames_per_s: float = attrs.field(default=20.0, validator=attrs.validators.gt(0))
+    invalid_frames_burst: int = attrs.field(default=100, validator=attrs.validators.ge(1))
     #: Audio pacing (guard.IntakePacer): each session's audio is accepted at up to this
     #: multiple of real time sustained, after a first ``audio_intake_burst_s`` seconds of audio
     #: at once; past it the server reads that connection's next frame later (TCP backpressure),
@@ -125,9 +126,11 @@ class ServerConfig:
     control_frames_burst: int = attrs.field(default=CONTROL_FRAMES_BURST, validator=attrs.validators.gt(0))
     #: Admission quotas (None: unlimited), refused with QuotaExceeded and close 1013. The two
     #: per-subject maxima also bound connections waiting to resume (guard.AdmissionQuotas).
-    max_sessions_per_key: int | None = None
-    max_sessions_per_address: int | None = None
-    max_detached_sessions: int | None = None
+    max_sessions_per_key: int | None = attrs.field(default=None, validator=_none_or(attrs.validators.ge(1)))
+    max_sessions_per_address: int | None = attrs.field(
+        default=None, validator=_none_or(attrs.validators.ge(1))
+    )
+    max_detached_sessions: int | None = attrs.field(default=None, validator=_none_or(attrs.validators.ge(1)))
     #: New connections to the realtime endpoint a second per client address and per API key
     #: (None: unlimited), after a first burst; past it the handshake is answered 429 with
     #: Retry-After, before any session exists (guard.ConnectRate). Off by default: behind a
@@ -167,7 +170,7 @@ class ServerConfig:
     vad_precision: str = attrs.field(default="float32", validator=attrs.validators.in_(("float32", "int8")))
     #: ``/metrics`` is rendered at most once in this long; scrapes in between get the last
     #: render (a render walks every session on the event loop, and the endpoint needs no key).
-    metrics_max_age_s: float = 1.0
+    metrics_max_age_s: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
     #: The ``model`` sessions report (clients may name any in ``?model=``; our engine answers).
     model_name: str = "duplex-actors"
     #: TLS (wss:// and https://): a PEM certificate chain and its private key. Both or neither.

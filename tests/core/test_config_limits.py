@@ -151,3 +151,38 @@ async def test_sampling_given_as_a_dict_of_knobs_is_applied_as_open_session_take
         with pytest.raises(InvalidSampling):
             await session.update(sampling={"temperature": 99})
         assert session.config.sampling.temperature == 0.3 and session.state != "closed"
+
+
+# --- the server's own settings, for an application that runs RealtimeServer itself ---------
+
+SERVER_FLOORS = {
+    "resume_wait_s": (0, False),  # (floor, whether the floor itself is allowed)
+    "max_connections": (1, True),
+    "ping_interval_s": (0, False),
+    "ping_timeout_s": (0, False),
+    "write_timeout_s": (0, False),
+    "invalid_frames_per_s": (0, False),
+    "invalid_frames_burst": (1, True),
+    "max_sessions_per_key": (1, True),
+    "max_sessions_per_address": (1, True),
+    "max_detached_sessions": (1, True),
+    "metrics_max_age_s": (0, True),
+    "port": (0, True),
+}
+
+
+@given(st.sampled_from(sorted(SERVER_FLOORS)), st.integers(min_value=-50, max_value=70_000))
+def test_a_server_setting_below_its_floor_is_refused_naming_it(name, value):
+    from duplex_actors.server.config import ServerConfig
+
+    floor, floor_allowed = SERVER_FLOORS[name]
+    allowed = value > floor or (floor_allowed and value == floor)
+    if name == "port":
+        allowed = allowed and value <= 65535
+    if allowed:
+        assert getattr(ServerConfig(**{name: value}), name) == value
+    else:
+        # Before: an invalid_frames_burst of 0 failed every connection with 1011 and a
+        # traceback; a max_detached_sessions of 0 refused every session as quota_exceeded.
+        with pytest.raises(ValueError, match=name):
+            ServerConfig(**{name: value})

@@ -303,3 +303,30 @@ def test_a_tls_file_that_cannot_be_loaded_is_a_usage_error_in_either_mode(tmp_pa
         done = _serve_once("--port", "0", "--workers", workers, *missing)
         assert done.returncode == 2, done.stderr[-2000:]
         assert "--tls-cert/--tls-key cannot be loaded" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ("--disconnect-grace-s", "-1"),
+        ("--idle-ttl-s", "-0.5"),
+        ("--journal-max-age-s", "-1"),
+        ("--stall-timeout-s", "-1"),
+        ("--max-sessions", "0"),
+        ("--max-connections", "0"),
+        ("--max-frame-bytes", "0"),
+        ("--max-chunk-bytes", "0"),
+        ("--sample-rate", "0"),
+        ("--port", "70000"),
+        ("--write-timeout-s", "0"),
+        ("--max-sessions-per-key", "0"),
+        ("--max-sessions-per-address", "0"),
+        ("--max-detached-sessions", "0"),
+    ],
+)
+def test_a_value_no_server_could_run_with_is_a_usage_error_not_a_start(given):
+    # Before, each started (a negative grace or stall timeout went unnoticed until it broke
+    # something; --max-detached-sessions 0 refused every session as quota_exceeded).
+    result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value" in result.output
