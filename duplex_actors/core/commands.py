@@ -97,6 +97,47 @@ def _optional_modalities(instance, attribute, value):
         raise InvalidCommand(f"{attribute.name} must be a tuple of 'text' and/or 'audio', not {value!r}")
 
 
+def _optional_tools(instance, attribute, value):
+    if value is not None and not (
+        isinstance(value, tuple) and all(isinstance(t, FunctionTool) for t in value)
+    ):
+        raise InvalidCommand(f"{attribute.name} must be a tuple of FunctionTool, not {value!r}"[:200])
+
+
+def _transcription(instance, attribute, value):
+    if value is not None and not isinstance(value, (str, bool)):
+        raise InvalidCommand(f"{attribute.name} must be a model name, False (off) or None, not {value!r}")
+
+
+def _optional_metadata(instance, attribute, value):
+    if value is not None and not (
+        isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    ):
+        raise InvalidCommand(f"{attribute.name} must be a dict of strings, not {value!r}"[:200])
+
+
+def _optional_context(instance, attribute, value):
+    if value is not None and not (
+        isinstance(value, tuple) and all(isinstance(e, (Item, str)) for e in value)
+    ):
+        raise InvalidCommand(f"{attribute.name} must be a tuple of items and item ids, not {value!r}"[:200])
+
+
+def _text(instance, attribute, value):
+    if not isinstance(value, str):
+        raise InvalidCommand(f"{attribute.name} must be a string, not {type(value).__name__}")
+
+
+def _item(instance, attribute, value):
+    if not isinstance(value, Item):
+        raise InvalidCommand(f"{attribute.name} must be an Item, not {type(value).__name__}")
+
+
+def _whole(instance, attribute, value):
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidCommand(f"{attribute.name} must be an integer, not {value!r}")
+
+
 def _sampling(value):
     """A ``sampling`` given as a mapping of knobs (as ``open_session`` takes it) becomes
     :class:`SamplingOverrides`; a mapping naming an unknown knob, or anything else that is not
@@ -208,10 +249,12 @@ class CreateResponse(Command):
     #: Overrides the session's output modalities for this response (("text",) or ("audio",)).
     modalities: tuple[str, ...] | None = attrs.field(default=None, validator=_optional_modalities)
     #: Echoed on response.created and response.done (OpenAI: up to 16 string pairs).
-    metadata: dict[str, str] | None = attrs.field(default=None, eq=False, hash=False)
+    metadata: dict[str, str] | None = attrs.field(
+        default=None, eq=False, hash=False, validator=_optional_metadata
+    )
     #: This response's function tools and tool_choice, instead of the session's (None: the
     #: session's). OpenAI clients pass them to ask for, or rule out, a call in one reply.
-    tools: tuple[FunctionTool, ...] | None = None
+    tools: tuple[FunctionTool, ...] | None = attrs.field(default=None, validator=_optional_tools)
     tool_choice: str | None = attrs.field(default=None, validator=_optional_text)
     #: This response's token limit, instead of the session's sampling.max_tokens: 0 lifts
     #: the session's for this response (GA ``"inf"``), None keeps it.
@@ -221,7 +264,7 @@ class CreateResponse(Command):
     out_of_band: bool = False
     #: GA ``response.input``: the context of this response instead of the pending turn, as
     #: items (written here) or ids of items in the conversation (str). None: the pending turn.
-    input: tuple[Item | str, ...] | None = None
+    input: tuple[Item | str, ...] | None = attrs.field(default=None, validator=_optional_context)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -261,14 +304,14 @@ class UpdateSession(Command):
     sampling: SamplingOverrides | None = attrs.field(default=None, converter=_sampling)
     #: Knobs set back to the engine's default (GA ``max_output_tokens: "inf"``).
     reset_sampling: tuple[str, ...] = attrs.field(default=(), validator=_sampling_knobs)
-    min_interruption_ms: int | None = None
+    min_interruption_ms: int | None = attrs.field(default=None, validator=_optional_count)
     #: Whether speech over a response may cancel it (turn_detection.interrupt_response).
     interrupt_response: bool | None = None
     #: Replaces the session's function tools as a whole (``()`` removes them all).
-    tools: tuple[FunctionTool, ...] | None = None
+    tools: tuple[FunctionTool, ...] | None = attrs.field(default=None, validator=_optional_tools)
     tool_choice: str | None = attrs.field(default=None, validator=_optional_text)
     #: Input transcription: a model name turns it on, False turns it off, None leaves it.
-    transcription: str | bool | None = None
+    transcription: str | bool | None = attrs.field(default=None, validator=_transcription)
     #: The language input transcription is asked to hear (ISO-639-1); None leaves it.
     transcription_language: str | None = attrs.field(default=None, validator=_optional_text)
     #: How fast the engine speaks (OpenAI's audio.output.speed, 0.25-1.5); None leaves it.
@@ -298,11 +341,11 @@ class CreateItem(Command):
 
     TRIGGER = "create_item"
     #: A ready item (its id may be empty: the session then allocates one).
-    item: Item
-    previous_item_id: str | None = None
+    item: Item = attrs.field(validator=_item)
+    previous_item_id: str | None = attrs.field(default=None, validator=_optional_text)
     #: A user message's input_audio, as pcm16 at the session's rate (the server converted it
     #: from the client's format): the next response hears it, as it hears committed audio.
-    audio: bytes = attrs.field(default=b"", repr=lambda b: f"<{len(b)} bytes>")
+    audio: bytes = attrs.field(default=b"", repr=lambda b: f"<{len(b)} bytes>", validator=_pcm16)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -310,7 +353,7 @@ class DeleteItem(Command):
     """Remove a conversation item (``conversation.item.delete``)."""
 
     TRIGGER = "delete_item"
-    item_id: str
+    item_id: str = attrs.field(validator=_text)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -318,7 +361,7 @@ class RetrieveItem(Command):
     """Send a conversation item back (``conversation.item.retrieve``)."""
 
     TRIGGER = "retrieve_item"
-    item_id: str
+    item_id: str = attrs.field(validator=_text)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -326,7 +369,7 @@ class TruncateItem(Command):
     """``conversation.item.truncate``: the user heard ``audio_end_ms`` of an assistant item."""
 
     TRIGGER = "truncate_item"
-    item_id: str
+    item_id: str = attrs.field(validator=_text)
     content_index: int = attrs.field(validator=attrs.validators.ge(0))
     audio_end_ms: int = attrs.field(validator=attrs.validators.ge(0))
 
@@ -368,7 +411,7 @@ class PlaybackAck(Command):
 
     LANE = Lane.CONTROL
     TRIGGER = "playback_ack"
-    response_id: str
+    response_id: str = attrs.field(validator=_text)
     played_ms: int = attrs.field(validator=attrs.validators.ge(0))
 
 
@@ -388,9 +431,10 @@ class Resume(Command):
 
     LANE = Lane.CONTROL
     TRIGGER = "resume"
-    generation: int
-    resume_token: str
-    last_seq: int = 0
+    # Any whole number: one that is not the lease's is the chart's to refuse (resume_conflict).
+    generation: int = attrs.field(validator=_whole)
+    resume_token: str = attrs.field(validator=_text)
+    last_seq: int = attrs.field(default=0, validator=_whole)
     #: Idempotency key: the same resume replayed gets the same answer.
     control_id: str | None = None
     #: Digest of the API key the resuming client presented (set by the transport; the chart

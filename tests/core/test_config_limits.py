@@ -12,14 +12,19 @@ from __future__ import annotations
 import math
 
 import anyio
+import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_actors import Runtime, Script, ScriptedEngine
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.clock import ManualClock
+from duplex_actors.core.conversation import ContentPart, Item
 from duplex_actors.core.engine_io import SamplingOverrides
+from duplex_actors.core.session import SessionCore
 from duplex_actors.core.session_config import SessionConfig
-from duplex_actors.errors import InvalidCommand, InvalidSampling
+from duplex_actors.errors import DuplexError, InvalidCommand, InvalidSampling
 
 # Each number a session config holds, and the least it may be (None: no value is refused).
 SESSION_FLOORS = {
@@ -186,3 +191,107 @@ def test_a_server_setting_below_its_floor_is_refused_naming_it(name, value):
         # traceback; a max_detached_sessions of 0 refused every session as quota_exceeded.
         with pytest.raises(ValueError, match=name):
             ServerConfig(**{name: value})
+
+
+_ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.tuples(st.sampled_from(["text", "audio", "video"])),
+    st.dictionaries(st.sampled_from(["temperature", "top_p", "heat"]), st.floats(-1, 3), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from([f.name for f in attrs.fields(cmd.UpdateSession) if f.name != "epoch"]),
+        _ANY,
+        max_size=4,
+    )
+)
+def test_no_update_an_application_builds_fails_its_session(changes):
+    # Any value in any field: refused with a typed error where the command is built or handled,
+    # or applied; never an exception inside the session that fails it. A SessionConfig floor
+    # the command did not check (min_interruption_ms) failed the session at the update.
+    core = SessionCore("sess_cfglimits00", SessionConfig(), ManualClock(0.0))
+    try:
+        update = cmd.UpdateSession(**changes)
+    except (InvalidCommand, InvalidSampling):
+        return
+    try:
+        core.handle(update)
+    except DuplexError:
+        pass
+    assert core.state != "closed"
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [f.name for f in attrs.fields(cmd.CreateResponse) if f.name not in ("epoch", "event_id")]
+        ),
+        _ANY,
+        max_size=4,
+    )
+)
+def test_no_response_an_application_asks_for_fails_its_session(changes):
+    core = SessionCore("sess_cfglimits01", SessionConfig(), ManualClock(0.0))
+    try:
+        ask = cmd.CreateResponse(**changes)
+    except (InvalidCommand, InvalidSampling):
+        return
+    try:
+        core.handle(ask)
+    except DuplexError:
+        pass
+    assert core.state != "closed"
+    core.take_events()
+
+
+# By name: a command class drawn as itself has hypothesis call its _repr_pretty_ unbound.
+_COMMANDS = {
+    c.__name__: c
+    for c in vars(cmd).values()
+    if isinstance(c, type) and issubclass(c, cmd.Command) and attrs.has(c)
+}
+_ANY_FIELD = st.one_of(
+    _ANY,
+    st.binary(max_size=6),
+    st.just(Item(id="it_x", role="user", content=(ContentPart(type="input_text", text="hi"),))),
+    st.builds(dict, a=st.just(1)),
+)
+
+
+def _fields_of(kind: type) -> st.SearchStrategy[dict]:
+    names = [f.name for f in attrs.fields(kind) if f.name != "epoch"]
+    return st.dictionaries(st.sampled_from(names), _ANY_FIELD, max_size=3) if names else st.just({})
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.sampled_from(sorted(_COMMANDS)).flatmap(
+        lambda name: st.tuples(st.just(name), _fields_of(_COMMANDS[name]))
+    )
+)
+def test_no_command_an_application_builds_fails_its_session(kind_and_fields):
+    # Values of any kind in any of the command's fields: refused where built (a typed error, or
+    # Python's own for a field left out or a value no bytes can be made of), or handled. Before, CreateItem(item=None),
+    # DeleteItem(item_id={...}), PlaybackAck(response_id={...}), Resume(resume_token=0.0) and
+    # CreateResponse(metadata=True) raised inside the session, which fails it.
+    name, changes = kind_and_fields
+    kind = _COMMANDS[name]
+    try:
+        command = kind(**changes)
+    except (DuplexError, TypeError, ValueError):
+        return
+    core = SessionCore("sess_cfglimits02", SessionConfig(), ManualClock(0.0))
+    core.handle(cmd.AppendAudio(pcm=b"\x01\x00" * 3200))
+    try:
+        core.handle(command)
+    except DuplexError:
+        pass
+    core.take_events()
