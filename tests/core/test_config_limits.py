@@ -86,6 +86,15 @@ def test_a_runtime_limit_below_its_floor_is_refused_naming_it(name, value):
         Runtime(ScriptedEngine(), **{name: value})
 
 
+async def _completes(session) -> None:
+    """The session's response in progress ends completed."""
+    with anyio.fail_after(10):
+        async for event in session.events():
+            if event.type == "response.done":
+                assert event.status == "completed"
+                return
+
+
 @pytest.mark.anyio
 async def test_a_runtime_at_every_floor_still_serves_a_turn():
     # The least of each value is one a runtime runs with (0 turns the intervals off); the
@@ -100,11 +109,7 @@ async def test_a_runtime_at_every_floor_still_serves_a_turn():
         session = await rt.open_session()
         session.append_audio(b"\x10\x00" * 3200)
         await session.commit()
-        with anyio.fail_after(10):
-            async for event in session.events():
-                if event.type == "response.done":
-                    assert event.status == "completed"
-                    break
+        await _completes(session)
         assert rt.statistics().engine.restarts == 0
         await session.close()
 
@@ -139,11 +144,7 @@ async def test_a_call_with_a_value_of_the_wrong_kind_is_refused_at_the_call_and_
         with pytest.raises(InvalidCommand, match=refused):
             await call(session)
         await session.create_response()
-        with anyio.fail_after(5):
-            async for event in session.events():
-                if event.type == "response.done":
-                    assert event.status == "completed"
-                    break
+        await _completes(session)
         assert session.state != "closed"
 
 
@@ -204,52 +205,41 @@ _ANY = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    st.dictionaries(
-        st.sampled_from([f.name for f in attrs.fields(cmd.UpdateSession) if f.name != "epoch"]),
-        _ANY,
-        max_size=4,
-    )
-)
-def test_no_update_an_application_builds_fails_its_session(changes):
-    # Any value in any field: refused with a typed error where the command is built or handled,
-    # or applied; never an exception inside the session that fails it. A SessionConfig floor
-    # the command did not check (min_interruption_ms) failed the session at the update.
+def _handled_without_failing(kind: type, changes: dict, refusals: tuple[type[Exception], ...]) -> None:
+    """Build ``kind`` from ``changes`` and hand it to a session: refused where it is built (one
+    of ``refusals``), or handled, a typed refusal at most; never an exception inside the
+    session, which fails it."""
+    try:
+        command = kind(**changes)
+    except refusals:
+        return
     core = SessionCore("sess_cfglimits00", SessionConfig(), ManualClock(0.0))
+    core.handle(cmd.AppendAudio(pcm=b"\x01\x00" * 3200))
     try:
-        update = cmd.UpdateSession(**changes)
-    except (InvalidCommand, InvalidSampling):
-        return
-    try:
-        core.handle(update)
+        core.handle(command)
     except DuplexError:
         pass
-    assert core.state != "closed"
+    assert core.state != "closed" or kind is cmd.Close  # a Close closes: the one that may
+    core.take_events()
+
+
+def _fields(kind: type, values: st.SearchStrategy, size: int) -> st.SearchStrategy[dict]:
+    names = [f.name for f in attrs.fields(kind) if f.name not in ("epoch", "event_id")]
+    return st.dictionaries(st.sampled_from(names), values, max_size=size) if names else st.just({})
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    st.dictionaries(
-        st.sampled_from(
-            [f.name for f in attrs.fields(cmd.CreateResponse) if f.name not in ("epoch", "event_id")]
-        ),
-        _ANY,
-        max_size=4,
-    )
-)
+@given(_fields(cmd.UpdateSession, _ANY, 4))
+def test_no_update_an_application_builds_fails_its_session(changes):
+    # A SessionConfig floor the command did not check (min_interruption_ms) failed the session.
+    _handled_without_failing(cmd.UpdateSession, changes, (InvalidCommand, InvalidSampling))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_fields(cmd.CreateResponse, _ANY, 4))
 def test_no_response_an_application_asks_for_fails_its_session(changes):
-    core = SessionCore("sess_cfglimits01", SessionConfig(), ManualClock(0.0))
-    try:
-        ask = cmd.CreateResponse(**changes)
-    except (InvalidCommand, InvalidSampling):
-        return
-    try:
-        core.handle(ask)
-    except DuplexError:
-        pass
-    assert core.state != "closed"
-    core.take_events()
+    # CreateResponse(metadata=True) raised inside the session.
+    _handled_without_failing(cmd.CreateResponse, changes, (InvalidCommand, InvalidSampling))
 
 
 # By name: a command class drawn as itself has hypothesis call its _repr_pretty_ unbound.
@@ -266,32 +256,16 @@ _ANY_FIELD = st.one_of(
 )
 
 
-def _fields_of(kind: type) -> st.SearchStrategy[dict]:
-    names = [f.name for f in attrs.fields(kind) if f.name != "epoch"]
-    return st.dictionaries(st.sampled_from(names), _ANY_FIELD, max_size=3) if names else st.just({})
-
-
 @settings(max_examples=2000, deadline=None)
 @given(
     st.sampled_from(sorted(_COMMANDS)).flatmap(
-        lambda name: st.tuples(st.just(name), _fields_of(_COMMANDS[name]))
+        lambda name: st.tuples(st.just(name), _fields(_COMMANDS[name], _ANY_FIELD, 3))
     )
 )
 def test_no_command_an_application_builds_fails_its_session(kind_and_fields):
     # Values of any kind in any of the command's fields: refused where built (a typed error, or
-    # Python's own for a field left out or a value no bytes can be made of), or handled. Before, CreateItem(item=None),
-    # DeleteItem(item_id={...}), PlaybackAck(response_id={...}), Resume(resume_token=0.0) and
-    # CreateResponse(metadata=True) raised inside the session, which fails it.
+    # Python's own for a field left out or a value no bytes can be made of), or handled. Before,
+    # CreateItem(item=None), DeleteItem(item_id={...}), PlaybackAck(response_id={...}) and
+    # Resume(resume_token=0.0) raised inside the session, which fails it.
     name, changes = kind_and_fields
-    kind = _COMMANDS[name]
-    try:
-        command = kind(**changes)
-    except (DuplexError, TypeError, ValueError):
-        return
-    core = SessionCore("sess_cfglimits02", SessionConfig(), ManualClock(0.0))
-    core.handle(cmd.AppendAudio(pcm=b"\x01\x00" * 3200))
-    try:
-        core.handle(command)
-    except DuplexError:
-        pass
-    core.take_events()
+    _handled_without_failing(_COMMANDS[name], changes, (DuplexError, TypeError, ValueError))
