@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -335,6 +336,12 @@ async def _one_session(
     stream.ws = ws
     opened = await _recv(ws)
     stream.take(opened)
+    if opened["type"] != "session.created":
+        # Its worker died after opening the session, before the client read session.created:
+        # the front's farewell (session.closed, worker_lost) came first, and told it.
+        if stream.worker_lost:
+            return None
+        raise AssertionError(f"a session began with {opened['type']!r}, not session.created: {opened}")
     stream.sid, stream.token = opened["session"]["id"], opened["resume_token"]
     stats["sessions_opened"] += 1
     await ws.send(_MANUAL_TURNS)
@@ -413,6 +420,9 @@ async def _hostile_round(url: str, rng: random.Random, stats: Counter) -> None:
     stats[f"hostile_{kind}"] += 1
     ws = await connect(url)
     created = await _recv(ws)
+    if created["type"] == "session.closed" and created.get("reason") == "worker_lost":
+        stats["hostile_cut_by_worker_loss"] += 1  # its worker died before session.created was read
+        return
     sid = created["session"]["id"]
     if kind == "flood":
         for i in range(400):
@@ -688,6 +698,10 @@ async def _run(
         failures = [r for r in results if isinstance(r, BaseException)]
         for failure in failures:
             stats[f"client_failed:{type(failure).__name__}"] += 1
+            # Where, so that a rare one (a race with a killed worker) can be read from the report.
+            frame = traceback.extract_tb(failure.__traceback__)[-1:] if failure.__traceback__ else []
+            where = f"{frame[0].name}:{frame[0].lineno}" if frame else "?"
+            stats[f"client_failed_at:{where}:{str(failure)[:60]}"] += 1
         # Every normal client closed its session; hostile leftovers expire after the grace.
         left = None
         zeros = 0
