@@ -27,16 +27,23 @@ class Lane(enum.IntEnum):
     DATA = 2
 
 
-def _optional_count(instance, attribute, value):
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise InvalidCommand(f"{attribute.name} must be a non-negative integer")
+# Validators raise InvalidCommand, not attrs' own TypeError/ValueError: an application that
+# builds a command wrongly gets the runtime's error for a refused command, whichever field it was.
+def _count(instance, attribute, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidCommand(f"{attribute.name} must be a non-negative integer, not {value!r}"[:200])
+
+
+_optional_count = attrs.validators.optional(_count)
+
+#: The knobs a session's sampling has (what ``reset_sampling`` and a ``sampling`` dict may name).
+SAMPLING_KNOBS = frozenset(f.name for f in attrs.fields(SamplingOverrides))
 
 
 def _sampling_knobs(instance, attribute, value):
-    known = {f.name for f in attrs.fields(SamplingOverrides)}
-    if not isinstance(value, tuple) or not set(value) <= known:
+    if not isinstance(value, tuple) or not set(value) <= SAMPLING_KNOBS:
         raise InvalidCommand(
-            f"{attribute.name} must be a tuple of sampling knobs ({', '.join(sorted(known))})"
+            f"{attribute.name} must be a tuple of sampling knobs ({', '.join(sorted(SAMPLING_KNOBS))})"
         )
 
 
@@ -62,9 +69,15 @@ class Command:
         printer.text(repr(self))
 
 
+def _buffer_bytes(value):
+    # Only a buffer is copied into bytes: bytes(4) is four zero bytes, and an int given as audio
+    # must be refused, not taken as that much silence.
+    return bytes(value) if isinstance(value, (bytearray, memoryview)) else value
+
+
 def _pcm16(instance, attribute, value):
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise InvalidCommand("audio must be bytes of pcm16")
+    if not isinstance(value, bytes):
+        raise InvalidCommand(f"audio must be bytes of pcm16, not {type(value).__name__}")
     if len(value) % 2:
         raise InvalidCommand("pcm16 audio must have an even number of bytes")
 
@@ -78,30 +91,44 @@ def _rate(instance, attribute, value):
         raise InvalidCommand(f"unsupported sample rate {value!r}")
 
 
+def _text(instance, attribute, value):
+    if not isinstance(value, str):
+        raise InvalidCommand(f"{attribute.name} must be a string, not {type(value).__name__}")
+
+
 # What the wire's parser already refuses, refused again for a command an application builds
 # itself (``SessionHandle.update``, ``create_response``): an update taking instructions that
 # are not text was applied, and every later response failed inside the engine.
-def _optional_text(instance, attribute, value):
-    if value is not None and not isinstance(value, str):
-        raise InvalidCommand(f"{attribute.name} must be a string, not {type(value).__name__}")
+_optional_text = attrs.validators.optional(_text)
+
+
+def _nonempty_text(instance, attribute, value):
+    _text(instance, attribute, value)
+    if not value:
+        raise InvalidCommand(f"{attribute.name} must not be empty")
 
 
 #: A response's output: text, audio (with its transcript), or both.
 MODALITIES = frozenset({"text", "audio"})
 
 
-def _optional_modalities(instance, attribute, value):
-    if value is not None and not (
+def _modalities(instance, attribute, value):
+    if not (
         isinstance(value, tuple) and value and set(value) <= MODALITIES and len(set(value)) == len(value)
     ):
-        raise InvalidCommand(f"{attribute.name} must be a tuple of 'text' and/or 'audio', not {value!r}")
+        raise InvalidCommand(
+            f"{attribute.name} must be a tuple of 'text' and/or 'audio', not {value!r}"[:200]
+        )
 
 
-def _optional_tools(instance, attribute, value):
-    if value is not None and not (
-        isinstance(value, tuple) and all(isinstance(t, FunctionTool) for t in value)
-    ):
-        raise InvalidCommand(f"{attribute.name} must be a tuple of FunctionTool, not {value!r}"[:200])
+def _tuple_of(kinds: type | tuple[type, ...], described: str):
+    """A validator for a tuple whose every element is one of ``kinds``."""
+
+    def check(instance, attribute, value):
+        if not (isinstance(value, tuple) and all(isinstance(e, kinds) for e in value)):
+            raise InvalidCommand(f"{attribute.name} must be a tuple of {described}, not {value!r}"[:200])
+
+    return check
 
 
 def _transcription(instance, attribute, value):
@@ -109,23 +136,11 @@ def _transcription(instance, attribute, value):
         raise InvalidCommand(f"{attribute.name} must be a model name, False (off) or None, not {value!r}")
 
 
-def _optional_metadata(instance, attribute, value):
-    if value is not None and not (
+def _metadata(instance, attribute, value):
+    if not (
         isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     ):
         raise InvalidCommand(f"{attribute.name} must be a dict of strings, not {value!r}"[:200])
-
-
-def _optional_context(instance, attribute, value):
-    if value is not None and not (
-        isinstance(value, tuple) and all(isinstance(e, (Item, str)) for e in value)
-    ):
-        raise InvalidCommand(f"{attribute.name} must be a tuple of items and item ids, not {value!r}"[:200])
-
-
-def _text(instance, attribute, value):
-    if not isinstance(value, str):
-        raise InvalidCommand(f"{attribute.name} must be a string, not {type(value).__name__}")
 
 
 def _item(instance, attribute, value):
@@ -138,6 +153,13 @@ def _whole(instance, attribute, value):
         raise InvalidCommand(f"{attribute.name} must be an integer, not {value!r}")
 
 
+_optional = attrs.validators.optional
+_optional_modalities = _optional(_modalities)
+_optional_metadata = _optional(_metadata)
+_optional_tools = _optional(_tuple_of(FunctionTool, "FunctionTool"))
+_optional_context = _optional(_tuple_of((Item, str), "items and item ids"))
+
+
 def _sampling(value):
     """A ``sampling`` given as a mapping of knobs (as ``open_session`` takes it) becomes
     :class:`SamplingOverrides`; a mapping naming an unknown knob, or anything else that is not
@@ -145,10 +167,9 @@ def _sampling(value):
     if value is None or isinstance(value, SamplingOverrides):
         return value
     if isinstance(value, dict):
-        known = {f.name for f in attrs.fields(SamplingOverrides)}
-        unknown = sorted(map(str, set(value) - known))
+        unknown = sorted(map(str, set(value) - SAMPLING_KNOBS))
         if unknown:
-            raise InvalidCommand(f"sampling: unknown knob(s) {unknown}; known: {sorted(known)}")
+            raise InvalidCommand(f"sampling: unknown knob(s) {unknown}; known: {sorted(SAMPLING_KNOBS)}")
         return SamplingOverrides(**value)
     raise InvalidCommand(
         f"sampling must be SamplingOverrides or a dict of its knobs, not {type(value).__name__}"
@@ -162,7 +183,7 @@ class AppendAudio(Command):
     """
 
     TRIGGER = "append"
-    pcm: bytes = attrs.field(validator=_pcm16, converter=bytes, repr=lambda b: f"<{len(b)} bytes>")
+    pcm: bytes = attrs.field(validator=_pcm16, converter=_buffer_bytes, repr=lambda b: f"<{len(b)} bytes>")
     sample_rate: int = attrs.field(default=16000, validator=_rate)
     #: A VAD's verdict on this chunk (None: unknown). Only speech counts towards an overlap, so
     #: the silence a VAD waits out before saying "stopped" never turns a backchannel into a
@@ -272,7 +293,7 @@ class SpeechStartedSignal(Command):
     """From server VAD (or a client that runs its own VAD)."""
 
     TRIGGER = "speech_started"
-    audio_ms: int = 0
+    audio_ms: int = attrs.field(default=0, validator=_count)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -280,7 +301,7 @@ class SpeechStoppedSignal(Command):
     """From server VAD (or a client that runs its own VAD): the user's speech ended."""
 
     TRIGGER = "speech_stopped"
-    audio_ms: int = 0
+    audio_ms: int = attrs.field(default=0, validator=_count)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -317,7 +338,7 @@ class UpdateSession(Command):
     #: How fast the engine speaks (OpenAI's audio.output.speed, 0.25-1.5); None leaves it.
     output_speed: float | None = attrs.field(default=None, validator=_optional_speed)
     #: The rate the client now plays audio at (its output format changed); None leaves it.
-    output_sample_rate: int | None = attrs.field(default=None, validator=attrs.validators.optional(_rate))
+    output_sample_rate: int | None = attrs.field(default=None, validator=_optional(_rate))
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -326,9 +347,9 @@ class AddFunctionOutput(Command):
     ``function_call_output`` item). Kept for the next model turn; no response starts."""
 
     TRIGGER = "function_output"
-    call_id: str = attrs.field(validator=attrs.validators.min_len(1))
-    output: str
-    item_id: str | None = None
+    call_id: str = attrs.field(validator=_nonempty_text)
+    output: str = attrs.field(validator=_text)
+    item_id: str | None = attrs.field(default=None, validator=_optional_text)
 
 
 # --- conversation items (data lane: ordered with the audio and commits around them) --------
@@ -345,7 +366,9 @@ class CreateItem(Command):
     previous_item_id: str | None = attrs.field(default=None, validator=_optional_text)
     #: A user message's input_audio, as pcm16 at the session's rate (the server converted it
     #: from the client's format): the next response hears it, as it hears committed audio.
-    audio: bytes = attrs.field(default=b"", repr=lambda b: f"<{len(b)} bytes>", validator=_pcm16)
+    audio: bytes = attrs.field(
+        default=b"", repr=lambda b: f"<{len(b)} bytes>", converter=_buffer_bytes, validator=_pcm16
+    )
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -370,8 +393,8 @@ class TruncateItem(Command):
 
     TRIGGER = "truncate_item"
     item_id: str = attrs.field(validator=_text)
-    content_index: int = attrs.field(validator=attrs.validators.ge(0))
-    audio_end_ms: int = attrs.field(validator=attrs.validators.ge(0))
+    content_index: int = attrs.field(validator=_count)
+    audio_end_ms: int = attrs.field(validator=_count)
 
 
 # --- control lane ---------------------------------------------------------------------------
@@ -383,7 +406,7 @@ class BargeIn(Command):
 
     LANE = Lane.CONTROL
     TRIGGER = "barge_in"
-    reason: str = "turn_detected"
+    reason: str = attrs.field(default="turn_detected", validator=_text)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -392,9 +415,9 @@ class CancelResponse(Command):
 
     LANE = Lane.CONTROL
     TRIGGER = "cancel"
-    reason: str = "client_cancelled"
+    reason: str = attrs.field(default="client_cancelled", validator=_text)
     #: When given, it must name the active response; otherwise nothing is cancelled.
-    response_id: str | None = None
+    response_id: str | None = attrs.field(default=None, validator=_optional_text)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -412,7 +435,7 @@ class PlaybackAck(Command):
     LANE = Lane.CONTROL
     TRIGGER = "playback_ack"
     response_id: str = attrs.field(validator=_text)
-    played_ms: int = attrs.field(validator=attrs.validators.ge(0))
+    played_ms: int = attrs.field(validator=_count)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -436,7 +459,7 @@ class Resume(Command):
     resume_token: str = attrs.field(validator=_text)
     last_seq: int = attrs.field(default=0, validator=_whole)
     #: Idempotency key: the same resume replayed gets the same answer.
-    control_id: str | None = None
+    control_id: str | None = attrs.field(default=None, validator=_optional_text)
     #: Digest of the API key the resuming client presented (set by the transport; the chart
     #: refuses a key other than the one that opened the session).
     key_digest: bytes | None = attrs.field(default=None, repr=False)
@@ -448,7 +471,7 @@ class Close(Command):
 
     LANE = Lane.CONTROL
     TRIGGER = "close"
-    reason: str = "client_closed"
+    reason: str = attrs.field(default="client_closed", validator=_text)
 
 
 MAILBOX_COMMANDS = (

@@ -250,7 +250,11 @@ def _append_of(
     return EncodedAudio(data=pcm, format=declared, event_id=event_id, epoch=epoch)
 
 
-_MODALITIES = {("audio",): ("audio",), ("text",): ("text",), ("audio", "text"): ("text", "audio")}
+# The wire's order for each set of modalities a command may hold (text first, as OpenAI lists them).
+_MODALITIES = {
+    tuple(sorted(chosen)): tuple(sorted(chosen, reverse=True))
+    for chosen in ({"audio"}, {"text"}, cmd.MODALITIES)
+}
 
 
 def _modalities(f: _Fields, key: str) -> tuple[str, ...] | None:

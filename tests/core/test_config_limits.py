@@ -263,9 +263,37 @@ _ANY_FIELD = st.one_of(
     )
 )
 def test_no_command_an_application_builds_fails_its_session(kind_and_fields):
-    # Values of any kind in any of the command's fields: refused where built (a typed error, or
-    # Python's own for a field left out or a value no bytes can be made of), or handled. Before,
+    # Values of any kind in any of the command's fields: refused where built with the runtime's
+    # own error (Python's TypeError only for a required field left out), or handled. Before,
     # CreateItem(item=None), DeleteItem(item_id={...}), PlaybackAck(response_id={...}) and
-    # Resume(resume_token=0.0) raised inside the session, which fails it.
+    # Resume(resume_token=0.0) raised inside the session, which fails it; PlaybackAck(played_ms=-1)
+    # raised attrs' ValueError, AppendAudio(pcm=-2) bytes' own, and AppendAudio(pcm=4) was taken
+    # as four bytes of silence.
     name, changes = kind_and_fields
-    _handled_without_failing(_COMMANDS[name], changes, (DuplexError, TypeError, ValueError))
+    try:
+        _handled_without_failing(_COMMANDS[name], changes, (InvalidCommand, InvalidSampling))
+    except TypeError as exc:
+        assert "required" in str(exc), exc
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields"),
+    [
+        (cmd.AppendAudio, {"pcm": 4}),
+        (cmd.AppendAudio, {"pcm": -2}),
+        (cmd.CreateItem, {"item": Item(id="", role="user", content=()), "audio": 6}),
+        (cmd.PlaybackAck, {"response_id": "resp_1", "played_ms": -1}),
+        (cmd.TruncateItem, {"item_id": "it_1", "content_index": 0, "audio_end_ms": -5}),
+        (cmd.TruncateItem, {"item_id": "it_1", "content_index": True, "audio_end_ms": 5}),
+        (cmd.SpeechStoppedSignal, {"audio_ms": -1}),
+        (cmd.Close, {"reason": 5}),
+        (cmd.BargeIn, {"reason": None}),
+        (cmd.CancelResponse, {"response_id": 7}),
+        (cmd.AddFunctionOutput, {"call_id": "", "output": "{}"}),
+        (cmd.AddFunctionOutput, {"call_id": "call_1", "output": {"ok": True}}),
+        (cmd.Resume, {"generation": 1, "resume_token": "t", "control_id": 3}),
+    ],
+)
+def test_a_command_field_of_the_wrong_kind_or_range_is_an_invalid_command(kind, fields):
+    with pytest.raises(InvalidCommand):
+        kind(**fields)
