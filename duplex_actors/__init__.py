@@ -5,7 +5,8 @@ Public names are re-exported here; the modules behind them are the implementatio
 
 from .actors.gc_policy import GcPolicy
 from .actors.mailbox import MailboxStatistics
-from .actors.runtime import Runtime, RuntimeStatistics, SessionHandle
+from .actors.runtime import Runtime, RuntimeStatistics
+from .actors.session_handle import SessionHandle
 from .core.clock import ManualClock, MonotonicClock
 from .core.commands import (
     AddFunctionOutput,

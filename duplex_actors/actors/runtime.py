@@ -1,8 +1,9 @@
 """The public entry point: ``async with Runtime(engine) as rt: session = await rt.open_session()``.
 
 The runtime owns three things: the session actors (and the dispatcher that runs their
-mailboxes), the one engine actor, and the lease reaper. Runs on asyncio through anyio; every
-primitive used is anyio's, so trio is expected to work but is not part of the test suite.
+mailboxes), the one engine actor, and the lease reaper. Runs on asyncio or trio through
+anyio (tests/runtime runs its end-to-end tests on both). What an application holds for each
+session is a :class:`~.session_handle.SessionHandle`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -24,7 +25,6 @@ from ..core.actions import InputTranscript, TranscribeInput
 from ..core.audio_budget import AudioAccount, AudioBudget
 from ..core.clock import MONOTONIC, Clock
 from ..core.engine_io import SamplingOverrides
-from ..core.events import ServerEvent
 from ..core.fence import new_session_id
 from ..core.journal import JournalBudget
 from ..core.session import SessionCore
@@ -35,11 +35,10 @@ from ..errors import NO_SUCH_SESSION, ResourceExhausted, RuntimeClosed, ServerDr
 from ..logconfig import ensure_configured
 from . import gc_policy as _gc
 from .async_library import name_async_library, unname_async_library
-from .deadline import fail_after
 from .engine_actor import EngineActor, EngineStatistics
 from .loop_event import OneShotEvent, event_class
-from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
+from .session_handle import SessionHandle
 from .timers import TimerQueue
 from .transcription_queue import InputSpeculator, Speculation, TranscriptionJob, TranscriptionQueue
 
@@ -48,7 +47,6 @@ if TYPE_CHECKING:  # the recogniser is an optional extra
 
 log = structlog.get_logger("duplex_actors.runtime")
 
-_append_of = cmd.AppendAudio.of
 
 #: What all sessions' replay journals may hold together by default (their counted bytes). A
 #: busy session journals up to ~3 MB a minute of output audio, so a thousand of them fit with
@@ -107,171 +105,6 @@ class RuntimeStatistics:
     engine: EngineStatistics
     #: closed sessions still holding an admission slot until engine cleanup succeeds
     draining: int = 0
-
-
-class SessionHandle:
-    """What an application holds for one session. Cheap; many handles may share a session."""
-
-    __slots__ = ("_actor",)
-
-    def __init__(self, actor: SessionActor) -> None:
-        self._actor = actor
-
-    @property
-    def id(self) -> str:
-        return self._actor.session_id
-
-    @property
-    def state(self) -> str:
-        return self._actor.core.state
-
-    @property
-    def epoch(self) -> int:
-        return self._actor.core.epoch
-
-    @property
-    def turn_id(self) -> int:
-        return self._actor.core.turn_id
-
-    @property
-    def core(self) -> SessionCore:
-        """The sans-IO core, for inspection (tests, metrics). Do not drive it directly."""
-        return self._actor.core
-
-    @property
-    def resume_token(self) -> str:
-        return self._actor.core.lease.token
-
-    @property
-    def generation(self) -> int:
-        return self._actor.core.lease.generation
-
-    # A read-only view for the server, so that it never reaches into the core.
-    @property
-    def config(self) -> SessionConfig:
-        """The session's settings now (frozen: an update replaces the whole value)."""
-        return self._actor.core.config
-
-    @property
-    def tenant(self) -> str:
-        """Whom the session's work is billed to at shared resources: its client (key, else
-        address), or the session itself when no client was named."""
-        return self._actor.core.share_tenant
-
-    @property
-    def detached(self) -> bool:
-        """Whether no transport is attached: the session waits out its disconnect grace."""
-        return self._actor.core.lease.detached
-
-    @property
-    def response_id(self) -> str | None:
-        """The response in flight, if any."""
-        return self._actor.core.response_id
-
-    @property
-    def journaled(self) -> tuple[int, int]:
-        """Events the session's journal holds for a resume, and its bytes (an estimate)."""
-        core = self._actor.core
-        return core.journaled_events, core.journaled_bytes
-
-    @property
-    def events_produced(self) -> int:
-        """How many events the session has produced so far, numbered or still waiting to be
-        (a detached session's events wait unnumbered until a writer takes them)."""
-        core = self._actor.core
-        return core.last_seq + core.pending_events
-
-    @property
-    def unsent_audio_bytes(self) -> int:
-        """Response audio produced for this session and not yet taken by its reader: in its
-        outbox, and on its way there from the engine. The engine waits while this reaches the
-        config's ``unsent_audio_bytes``."""
-        return self._actor.unsent_audio()
-
-    def mailbox_statistics(self) -> MailboxStatistics:
-        return self._actor.mailbox.statistics()
-
-    def input_speculator(self) -> InputSpeculator | None:
-        """What the session's server VAD tells its audio to, so the runtime can start the
-        turn's transcription before the commit (None: its recogniser does not speculate)."""
-        make = getattr(self._actor.runtime, "input_speculator", None)
-        return make(self.id) if make is not None else None
-
-    def mailbox_depth(self) -> int:
-        return self._actor.mailbox.depth()
-
-    # fire-and-forget: errors arrive as ``error`` events
-    def tell(self, command: cmd.Command) -> None:
-        self._actor.tell(command)
-
-    def check(self, command: cmd.Command) -> None:
-        """Raise the refusal the session's chart would answer ``command`` with now; changes
-        nothing (see SessionCore.check). ``ask`` the command afterwards to apply it."""
-        self._actor.core.check(command)
-
-    # request/reply: errors are raised here
-    async def ask(self, command: cmd.Command, timeout: float | None = 5.0) -> None:
-        await self._actor.ask(command, timeout)
-
-    async def barrier(self) -> None:
-        """Wait until the session has processed everything queued for it before this call."""
-        await self._actor.barrier()
-
-    def report_error(self, error) -> None:
-        """Queue an ``error`` event for this session's client (e.g. a frame that failed to
-        parse), so it arrives numbered and in order with the session's other events."""
-        self._actor.report_error(error)
-
-    def append_audio(self, pcm: bytes, *, sample_rate: int = 16000, event_id: str | None = None) -> None:
-        self._actor.tell_audio(_append_of(pcm, sample_rate, event_id=event_id))
-
-    async def commit(self, **kw) -> None:
-        await self.ask(cmd.CommitInput(**kw))
-
-    async def clear(self, **kw) -> None:
-        await self.ask(cmd.ClearInput(**kw))
-
-    async def create_response(self, instructions: str | None = None, **kw) -> None:
-        await self.ask(cmd.CreateResponse(instructions=instructions, **kw))
-
-    async def barge_in(self, reason: str = "turn_detected", **kw) -> None:
-        await self.ask(cmd.BargeIn(reason=reason, **kw))
-
-    async def cancel(self, **kw) -> None:
-        await self.ask(cmd.CancelResponse(**kw))
-
-    async def heartbeat(self, **kw) -> None:
-        await self.ask(cmd.Heartbeat(**kw))
-
-    async def update(self, **changes) -> None:
-        await self.ask(cmd.UpdateSession(**changes))
-
-    async def acknowledge_playback(self, response_id: str, played_ms: int) -> None:
-        await self.ask(cmd.PlaybackAck(response_id=response_id, played_ms=played_ms))
-
-    async def detach(self) -> None:
-        await self.ask(cmd.Detach())
-
-    async def close(self, reason: str = "client_closed") -> None:
-        await self.ask(cmd.Close(reason=reason))
-
-    def events(self) -> AsyncIterator[ServerEvent]:
-        return self._actor.events()
-
-    def ready_events(self) -> Iterator[ServerEvent]:
-        """The events ready now, without waiting (see :meth:`SessionActor.ready_events`)."""
-        return self._actor.ready_events()
-
-    async def wait_events(self) -> bool:
-        """Wait until an event is ready; False once none will come (closed and drained)."""
-        return await self._actor.wait_events()
-
-    async def next_event(self, timeout: float = 5.0) -> ServerEvent:
-        """The next event (for tests and simple clients)."""
-        async with fail_after(timeout):
-            async for event in self._actor.events():
-                return event
-        raise RuntimeClosed("the session has no more events")
 
 
 class Runtime:

@@ -24,7 +24,7 @@ from .turn_detection import SpeechStarted, TurnDetectionConfig, TurnDetector
 from .vad import SileroVad, VoiceActivityModel
 
 if TYPE_CHECKING:
-    from ..actors.runtime import SessionHandle
+    from ..actors.session_handle import SessionHandle
 
 
 class ServerVad:

@@ -37,7 +37,7 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from ..actors.runtime import SessionHandle
+from ..actors.session_handle import SessionHandle
 from ..core import commands as cmd
 from ..core.connection_chart import SUPERSEDED, ConnectionLifecycle
 from ..errors import Backpressure, DuplexError, ResourceExhausted

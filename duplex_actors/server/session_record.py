@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..actors.runtime import SessionHandle
+from ..actors.session_handle import SessionHandle
 from . import codec, guard, wire
 from .audio_format import InputConverter
 from .billing import Account

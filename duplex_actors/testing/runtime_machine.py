@@ -16,7 +16,8 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ..actors.runtime import Runtime, SessionHandle
+from ..actors.runtime import Runtime
+from ..actors.session_handle import SessionHandle
 from ..core import commands as cmd
 from ..core.actions import SubmitTurn
 from ..core.commands import Lane

@@ -348,7 +348,7 @@ async def test_a_resume_refused_after_the_old_connection_was_held_leaves_it_read
 @contextlib.contextmanager
 def _before_each_resume_check(hook):
     """Run ``hook(handle, command)`` before the server asks the chart about each resume."""
-    from duplex_actors.actors.runtime import SessionHandle
+    from duplex_actors.actors.session_handle import SessionHandle
 
     real_check = SessionHandle.check
 
