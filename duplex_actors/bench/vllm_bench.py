@@ -242,6 +242,8 @@ class _ReplayLLM:
             for i in range(tokens)
         ]
         self.errored = False
+        # The engine reads the window a prompt must fit (its prompts here are a few tokens).
+        self.model_config = NS(max_model_len=1024)
 
     async def generate(self, prompt, params, request_id, **options):
         # ``options`` (VllmEngine's tenant ``priority``) are taken as AsyncLLM takes them.
@@ -253,7 +255,7 @@ class _ReplayLLM:
 async def _wrapper_cost(engine, tokens: int, repeats: int) -> dict[str, Any]:
     replay = _ReplayLLM(tokens)
     real, engine._llm = engine._llm, replay
-    real_render, engine.render_prompt = engine.render_prompt, (lambda text: text)
+    real_render, engine.render_prompt = engine.render_prompt, (lambda text, token_ids=None: text)
     bare_s, ours_s = [], []
     try:
         for _ in range(repeats):

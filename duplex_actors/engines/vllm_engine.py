@@ -15,6 +15,9 @@ What this module owns, and what it does not:
 * It has no audio encoder: the prompt is text built from the turn's instructions and a short
   description of the user's audio (see :func:`describe_turn`). A speech-native model would
   replace the prompt builder, not this class.
+* A prompt longer than the model's window, with room for the reply, has the words its turn
+  brings cut from their start until it fits, as OpenAI's default truncation does; the
+  instructions are kept (:mod:`.prompt_window`).
 
 vLLM is imported only inside :meth:`VllmEngine.start`, so importing this module costs nothing
 where vLLM is not installed.
@@ -29,7 +32,7 @@ import importlib.util
 import json
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,7 @@ from ..core.fence import Fence
 from ..errors import EngineFailed
 from ..orphan_guard import OrphanGuard
 from .base import EngineCapabilities
+from .prompt_window import fit_prompt, prompt_budget
 
 log = structlog.get_logger(__name__)
 
@@ -191,6 +195,7 @@ class VllmEngine:
         self._guard: OrphanGuard | None = None
         self._vllm: Any = None  # the lazily imported names, see _import_vllm()
         self._fast_encode: Callable[[str], list[int]] | None = None
+        self._fast_decode: Callable[[Sequence[int]], str] | None = None
         self._inflight: set[str] = set()
         #: Requests in flight per tenant: a new request's priority (lower goes first).
         self._tenant_load: dict[str, int] = {}
@@ -354,8 +359,9 @@ class VllmEngine:
 
         return self._vllm.SamplingParams(output_kind=self._vllm.DELTA, **fields)
 
-    def render_prompt(self, text: str) -> Any:
-        """The prompt as vLLM's engine input (token ids), tokenized the way vLLM would.
+    def render_prompt(self, text: str, token_ids: Sequence[int] | None = None) -> Any:
+        """The prompt as vLLM's engine input (token ids), tokenized the way vLLM would
+        (``token_ids``: the fast tokenizer's ids of ``text``, when they were already made).
 
         vLLM's own text path costs a few hundred microseconds per prompt in Python wrappers;
         when a private copy of the raw ``tokenizers`` tokenizer was checked at start to give the
@@ -366,15 +372,54 @@ class VllmEngine:
         if parse is None:  # older vLLM without the renderer API: hand it the text
             return text
         if self._fast_encode is not None:
-            prompt = parse(llm.model_config, {"prompt_token_ids": self._fast_encode(text)})
+            ids = list(token_ids) if token_ids is not None else self._fast_encode(text)
+            prompt = parse(llm.model_config, {"prompt_token_ids": ids})
         else:
             prompt = parse(llm.model_config, text)
         (engine_input,) = llm.renderer.render_cmpl([prompt])
         return engine_input
 
+    async def prompt_for(self, request: ModelTurnRequest) -> tuple[Any, int]:
+        """``request``'s prompt as vLLM's engine input, fitted to the model's window (the words
+        the turn brings cut from their start: prompt_window.py), and how many characters of
+        those words were left out. A prompt that must be measured is measured in a thread:
+        tokenizing tens of thousands of characters a few times would hold every session's
+        stream on the event loop."""
+        text = self._prompt_builder(request)
+        window = getattr(self._llm.model_config, "max_model_len", None)
+        if not window:
+            return self.render_prompt(text), 0
+        budget = prompt_budget(
+            window, request.sampling.max_tokens or self._sampling_defaults.get("max_tokens")
+        )
+        # No more tokens than UTF-8 bytes (4 at most a character) and a few special ones: a
+        # prompt this short fits without being measured.
+        if 4 * len(text) + 8 <= budget or not request.input_text:
+            return self.render_prompt(text), 0
+        encode, decode = self._fast_encode, self._fast_decode
+        if encode is None or decode is None:
+            tokenizer = self._llm.get_tokenizer()
+            encode = tokenizer.encode
+
+            def decode(ids: Sequence[int]) -> str:
+                return tokenizer.decode(ids, skip_special_tokens=True)
+
+        fitted = await asyncio.to_thread(fit_prompt, request, self._prompt_builder, encode, decode, budget)
+        if fitted.dropped_chars:
+            self._log.info(
+                "vllm.prompt_cut",
+                request_id=request.request_id,
+                dropped_chars=fitted.dropped_chars,
+                kept_chars=len(fitted.request.input_text),
+                prompt_tokens=len(fitted.token_ids),
+                window=window,
+            )
+        ids = fitted.token_ids if self._fast_encode is not None else None
+        return self.render_prompt(fitted.text, ids), fitted.dropped_chars
+
     def _check_fast_encoder(self) -> None:
         """Enable the raw-tokenizer fast path only if it agrees with vLLM on probe prompts."""
-        self._fast_encode = None
+        self._fast_encode = self._fast_decode = None
         parse = self._vllm.parse_model_prompt
         if parse is None:
             return
@@ -395,6 +440,7 @@ class VllmEngine:
             self._log.info("vllm.fast_tokenizer_off", reason=str(exc))
             return
         self._fast_encode = encode
+        self._fast_decode = backend.decode
 
     async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
@@ -429,7 +475,7 @@ class VllmEngine:
             schema = parsed if isinstance(parsed, dict) and parsed else {"type": "object"}
         try:
             params = self.sampling_params(request.sampling, schema)
-            prompt = self.render_prompt(self._prompt_builder(request))
+            prompt, _ = await self.prompt_for(request)
         except Exception as exc:  # bad sampling values, prompt too long, ...: the request's fault
             yield EngineFailure(
                 rid, f"invalid request for vLLM: {exc}", retryable=False, produced_at=time.perf_counter()

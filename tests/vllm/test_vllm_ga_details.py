@@ -66,6 +66,42 @@ def test_the_words_a_turn_brings_reach_the_model(vllm):
     assert read[1] > read[0] + len(words.split()) // 2, read  # the words, not only a line about audio
 
 
+@pytest.mark.parametrize("tokenizer", ["fast", "vllm's"])
+def test_words_longer_than_the_window_are_cut_from_their_start_and_the_turn_is_answered(vllm, tokenizer):
+    # A pasted document and a question after it: 1,024 tokens of window, far more words. The
+    # prompt was refused ("longer than the maximum model length") and the response failed.
+    engine = vllm.engine
+    window = engine._llm.model_config.max_model_len
+    words = " ".join(f"line{i} of the pasted text." for i in range(3000)) + " So what about Oslo?"
+    request = attrs.evolve(make_request(4), input_text=words)
+    fast = engine._fast_encode, engine._fast_decode
+    if tokenizer != "fast":
+        engine._fast_encode = engine._fast_decode = None  # vLLM's own tokenizer measures the cut
+    try:
+        prompt, dropped = vllm.run(engine.prompt_for(request))
+        outputs = vllm.run(collect(engine, request), timeout=60)
+    finally:
+        engine._fast_encode, engine._fast_decode = fast
+    kept = len(words) - dropped
+    assert 0 < dropped < len(words)
+    done = outputs[-1]
+    assert isinstance(done, TurnDone) and done.input is not None, outputs[-1:]
+    assert done.input.text_tokens == len(prompt["prompt_token_ids"]) <= window - 4
+    assert done.input.text_tokens > window - 4 - 16  # the window filled, not a token-for-char guess
+    text = engine._llm.get_tokenizer().decode(prompt["prompt_token_ids"])
+    assert "So what about Oslo?" in text and text.startswith(("<s>", "Answer briefly.")), text[:40]
+    lines = [int(n) for n in re.findall(r"\bline(\d+) of", text)]
+    assert lines == list(range(lines[0], 3000)) and lines[0] > 0  # the oldest lines went first
+    assert kept <= len(words) - lines[0] * len("line0 of the pasted text. ")
+
+
+def test_instructions_longer_than_the_window_still_fail_that_request_alone(vllm):
+    request = attrs.evolve(make_request(4), instructions="word " * 4000, input_text="hello")
+    outputs = vllm.run(collect(vllm.engine, request), timeout=60)
+    assert [type(o) for o in outputs] == [EngineFailure] and not outputs[0].retryable, outputs
+    assert isinstance(vllm.run(collect(vllm.engine, make_request(4)), timeout=60)[-1], TurnDone)
+
+
 @pytest.mark.parametrize(
     "parameter",
     [
