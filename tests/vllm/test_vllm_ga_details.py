@@ -128,3 +128,53 @@ def test_a_hostile_schema_ends_its_own_request_and_the_engine_serves_the_next(vl
         assert not outputs[0].retryable and "'f'" in outputs[0].message
     after = vllm.run(collect(vllm.engine, make_request(4)), timeout=60)
     assert isinstance(after[-1], TurnDone)
+
+
+class _Lent:
+    """The shared engine lent to one runtime: starting and closing it stay the fixture's."""
+
+    name = "vllm-lent"
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.capabilities = engine.capabilities
+
+    async def start(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+    def generate(self, request):
+        return self._engine.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+
+def test_a_pasted_document_longer_than_the_window_is_answered_through_the_runtime(vllm):
+    # As an application would: a user message of 86 k characters, then a response. The
+    # session keeps the words (within max_conversation_chars); the engine fits them.
+    from duplex_actors import Runtime
+    from duplex_actors.core import commands as cmd
+    from duplex_actors.core.conversation import ContentPart, Item
+
+    text = " ".join(f"line{i} of the pasted text." for i in range(3000)) + " So what about Oslo?"
+
+    async def converse():
+        async with Runtime(_Lent(vllm.engine)) as runtime:
+            session = await runtime.open_session(modalities=("text",))
+            item = Item(id="", role="user", content=(ContentPart(type="input_text", text=text),))
+            await session.ask(cmd.CreateItem(item=item))
+            await session.create_response(max_tokens=4)
+            while (event := await session.next_event(timeout=60)).type != "response.done":
+                pass
+            await session.close()
+            return event
+
+    done = vllm.run(converse())
+    # The fixture's engine ignores EOS: an answer always runs to its 4 tokens (failed before).
+    assert (done.status, done.reason) == ("incomplete", "max_output_tokens")
+    window = vllm.engine._llm.model_config.max_model_len
+    assert done.input_usage is not None and window - 24 < done.input_usage.text_tokens <= window - 4
+    assert done.output_tokens == 4
