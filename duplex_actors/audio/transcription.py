@@ -31,11 +31,14 @@ import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import structlog
 
 from ..parent_death import end_with_parent
+
+if TYPE_CHECKING:  # onnxruntime is imported only when the ONNX backend loads
+    from .moonshine_onnx import MoonshineOnnx
 
 log = structlog.get_logger("duplex_actors.transcription")
 
@@ -269,7 +272,7 @@ class MoonshineTranscriber:
             if not (self._model_dir / name).is_file():
                 raise FileNotFoundError(f"moonshine-cpp's packaged model lacks {name} in {self._model_dir}")
         self._handle: int | None = None
-        self._model = None  # MoonshineOnnx, once loaded
+        self._model: MoonshineOnnx | None = None  # once loaded
         self._lock = threading.Lock()
 
     def supports_language(self, language: str | None) -> bool:

@@ -413,7 +413,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
             if _HAS_SERVER_VAD:
                 changes["server_vad"] = False
             return
-        td_fields = holders[0].object("turn_detection")
+        td_fields = holders[0].object("turn_detection", required=True)  # not None: read above
         kind = td_fields.str("type", required=True)
         if kind not in ("server_vad", "semantic_vad"):
             raise td_fields.fail("type", f"must be 'server_vad' or 'semantic_vad', not {kind!r}")
@@ -428,7 +428,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         silence = td_fields.int("silence_duration_ms", minimum=1, maximum=60_000)
         if kind == "semantic_vad" and silence is None:
             silence = EAGERNESS_SILENCE_MS[eagerness or "auto"]
-        settings = {
+        settings: dict[str, Any] = {
             "type": kind,
             # Only semantic_vad has an eagerness (GA); server_vad's is not echoed.
             "eagerness": (eagerness or "auto") if kind == "semantic_vad" else None,
@@ -469,7 +469,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         value = holder.obj.get("voice")
         if isinstance(value, dict):  # GA: a custom voice by id (as short as a voice's name: it is
             # kept with the session's settings, which the text budget does not count)
-            value = holder.object("voice").str("id", required=True, max_len=128)
+            value = holder.object("voice", required=True).str("id", required=True, max_len=128)
         elif value is not None:
             value = holder.str("voice", max_len=128)
         if value is not None:
@@ -534,13 +534,13 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         sp = block.object("sampling")
         if sp is not None:
             for key in ("temperature", "top_p"):
-                value = sp.number(key, minimum=0.0)
-                if value is not None:
-                    sampling[key] = (value, sp._name(key))
+                number = sp.number(key, minimum=0.0)
+                if number is not None:
+                    sampling[key] = (number, sp._name(key))
             for key, minimum in (("top_k", 0), ("max_tokens", 1), ("seed", None)):
-                value = sp.int(key, minimum=minimum)
-                if value is not None:
-                    sampling[key] = (value, sp._name(key))
+                whole = sp.int(key, minimum=minimum)
+                if whole is not None:
+                    sampling[key] = (whole, sp._name(key))
 
     def tools():
         changes.update(_tools_field(s))
