@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import structlog
@@ -23,7 +24,7 @@ import structlog
 from . import raw_http
 from .client_address import peername_ip
 from .front_ledger import FrontLedger
-from .guard import PendingHandshakes
+from .guard import PendingHandshakes, client_subject, count_refusal
 from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
 from .worker_liveness import PING_INTERVAL_S, Liveness, time_away
@@ -114,6 +115,26 @@ class _Worker:
         return self.draining and self.process is not None and self.process.exitcode == 0
 
 
+@attrs.frozen(slots=True)
+class SessionQuota:
+    """The sessions one client address may open through the front, over every worker together.
+
+    Each worker counts a client's sessions as a single-process server does, so with N workers,
+    new sessions going round-robin, a client held N times its quota. The front counts each
+    client's connections for a new session (a websocket request to ``path`` naming no session
+    to resume) from hand-off until their worker releases them, and answers 429 past ``limit``:
+    a client's live sessions are bounded server-wide. Detached ones, waiting for a resume
+    without a connection, are still counted by their worker alone. Not under TLS, whose
+    request line the front cannot read.
+    """
+
+    limit: int
+    path: str
+    #: Addresses not counted here: trusted proxies (their workers count the clients they
+    #: forward), and the exempt networks when the limit is the default one, as a worker does.
+    exempt: Callable[[str], bool]
+
+
 class FrontDoor:
     """Owns the public port; hands each accepted connection to the worker that must serve it,
     keeps a duplicate of it, and ends it for the client if that worker dies (module docstring)."""
@@ -126,8 +147,12 @@ class FrontDoor:
         tls: bool = False,
         clock: Callable[[], float] = time.monotonic,
         handshakes: PendingHandshakes | None = None,
+        session_quota: SessionQuota | None = None,
     ) -> None:
         self.workers = workers
+        self.session_quota = session_quota
+        #: New sessions refused for their client's quota (session_quota).
+        self.quota_refused = 0
         #: Connections the front holds while it reads their request line, counted per client
         #: address as a worker counts those in their handshake (past the limits: 503, as a
         #: single-process server answers). Without it one address held as many as the front's
@@ -234,6 +259,18 @@ class FrontDoor:
                 if found is None:
                     return
                 line = found
+                client = self._new_session_client(conn, line)
+                quota = self.session_quota
+                if (
+                    client is not None
+                    and quota is not None
+                    and self.ledger.sessions_of(client) >= quota.limit
+                ):
+                    self.quota_refused += 1
+                    text = f"this address already holds {quota.limit} sessions; close one or retry later"
+                    count_refusal("front_address_sessions", client, text)
+                    conn.send(raw_http.refusal(429, "Too Many Requests", text, retry_after=5))
+                    return
             held = await self._hand_over(conn, line)
         except (TimeoutError, OSError, ValueError) as exc:
             log.info("front.connection_dropped", error=repr(exc))
@@ -249,8 +286,9 @@ class FrontDoor:
         loop = asyncio.get_running_loop()
         worker = self.choose(line)
         resuming = session_id_in(line)
+        client = self._new_session_client(conn, line)
         while worker is not None and worker.handoff is not None:
-            handed = self.ledger.handed(worker.index, resuming)
+            handed = self.ledger.handed(worker.index, resuming, client)
             self._held[handed] = conn
             if line:
                 self._lines[handed] = line
@@ -271,6 +309,18 @@ class FrontDoor:
         with contextlib.suppress(OSError):
             conn.send(raw_http.refusal(503, "Service Unavailable", text, retry_after=1))
         return False
+
+    def _new_session_client(self, conn: socket.socket, line: bytes) -> str | None:
+        """Whom ``conn`` counts for in the session quota: its client, when its request line
+        asks for a new session and its address is not exempt; None otherwise."""
+        quota = self.session_quota
+        if quota is None or not line or session_id_in(line) is not None:
+            return None
+        parts = line.split(b" ")
+        if len(parts) < 2 or urlsplit(parts[1].decode("latin-1")).path != quota.path:
+            return None  # /health, /metrics, the console: not a session
+        address = peername_ip(conn.getpeername())
+        return None if quota.exempt(address) else client_subject(address)
 
     # -- what the workers report ------------------------------------------------------------
 

@@ -47,23 +47,44 @@ class _Handed:
     #: Whether the worker answered the websocket handshake (it reports it just before): until
     #: then the client reads an HTTP response, not websocket frames.
     answered: bool = False
+    #: The client it counts for among the new sessions by client (None: not counted).
+    client: str | None = None
 
 
 @attrs.define(slots=True)
 class FrontLedger:
     """Connections handed to each worker, the session on each, and each session's responses
-    that started and have not ended, as the workers reported them."""
+    that started and have not ended, as the workers reported them; and how many connections
+    for a new session each client has with the workers, all of them together."""
 
     _connections: dict[int, _Handed] = attrs.field(factory=dict)
     _responses: dict[str, list[str]] = attrs.field(factory=dict)
     _next_id: int = 0
+    _by_client: dict[str, int] = attrs.field(factory=dict)
 
-    def handed(self, worker: int, resuming: str | None = None) -> int:
+    def handed(self, worker: int, resuming: str | None = None, client: str | None = None) -> int:
         """A connection goes to ``worker`` (``resuming``: the session its request line asks to
-        resume): its id, which the worker's reports name."""
+        resume; ``client``: whom it counts for, a new session's): its id, which the worker's
+        reports name."""
         self._next_id += 1
-        self._connections[self._next_id] = _Handed(worker, resuming=resuming)
+        self._connections[self._next_id] = _Handed(worker, resuming=resuming, client=client)
+        if client is not None:
+            self._by_client[client] = self._by_client.get(client, 0) + 1
         return self._next_id
+
+    def sessions_of(self, client: str) -> int:
+        """Connections for a new session ``client`` has with the workers now (handed, not
+        yet released by their worker)."""
+        return self._by_client.get(client, 0)
+
+    def _forget(self, handed: _Handed) -> None:
+        client = handed.client
+        if client is not None:
+            left = self._by_client[client] - 1
+            if left:
+                self._by_client[client] = left
+            else:
+                del self._by_client[client]
 
     def answering(self, connection: int) -> None:
         handed = self._connections.get(connection)
@@ -93,7 +114,11 @@ class FrontLedger:
 
     def released(self, connection: int) -> bool:
         """The worker is done with the connection; whether the front still held it."""
-        return self._connections.pop(connection, None) is not None
+        handed = self._connections.pop(connection, None)
+        if handed is None:
+            return False
+        self._forget(handed)
+        return True
 
     def held(self) -> int:
         return len(self._connections)
@@ -113,6 +138,8 @@ class FrontLedger:
         """Every connection the dead ``worker`` held, with the frames that end it; the worker's
         connections and sessions are forgotten."""
         handed_over = {connection: self._connections.pop(connection) for connection in self.of_worker(worker)}
+        for handed in handed_over.values():
+            self._forget(handed)
         # Each session's open responses, taken once for all its connections: a session may be
         # on more than one (a dropped connection the worker has not yet released, beside the
         # client's resumed one). Taken by the first, the responses' ends went to a connection

@@ -82,6 +82,7 @@ from .front_door import (
     FAREWELL_WAIT_S,
     PING_PASS_S,
     FrontDoor,
+    SessionQuota,
     _wait_io,
     _Worker,
     minted_by,
@@ -450,6 +451,18 @@ async def _adopt(server, sock: socket.socket, handed_id: int | None) -> None:
 # --------------------------------------------------------------------------- the parent
 
 
+def _session_quota(edge: ServerConfig) -> SessionQuota | None:
+    """The quota the front keeps over every worker: the one a worker keeps, the explicit
+    ``max_sessions_per_address`` (exempt networks counted, as a worker counts them) or else the
+    default one (not counting them); None when neither is set."""
+    if edge.max_sessions_per_address is not None:
+        return SessionQuota(edge.max_sessions_per_address, edge.path, exempt_from(edge.trusted_proxies))
+    if edge.default_sessions_per_address is not None:
+        exempt = exempt_from(edge.exempt_networks + edge.trusted_proxies)
+        return SessionQuota(edge.default_sessions_per_address, edge.path, exempt)
+    return None
+
+
 def serve_workers(
     workers: int,
     host: str,
@@ -510,6 +523,7 @@ async def _run_front(
             total=edge.max_handshakes,
             exempt=exempt_from(edge.exempt_networks + edge.trusted_proxies),
         ),
+        session_quota=_session_quota(edge),
     )
     for worker in pool:
         front.listen_to(worker)

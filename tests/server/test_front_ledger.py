@@ -141,3 +141,35 @@ def test_a_client_still_waiting_for_its_handshakes_answer_gets_an_http_503_not_f
         assert b"try again" in body
     events, code = _told(farewells[answered])
     assert [e["error"]["code"] for e in events] == ["session_lost"] and code == 4404
+
+
+# What happens to connections: handed to a worker (counting for a client, or not), released by
+# their worker, or lost with it.
+_lives = st.lists(
+    st.one_of(
+        st.tuples(st.just("hand"), st.integers(0, 2), st.sampled_from([None, "10.0.0.1", "10.0.0.2"])),
+        st.tuples(st.just("release"), st.integers(1, 12), st.none()),
+        st.tuples(st.just("lose"), st.integers(0, 2), st.none()),
+    ),
+    max_size=40,
+)
+
+
+@given(_lives)
+def test_a_clients_sessions_are_its_connections_handed_and_not_yet_released_or_lost(lives):
+    # The session quota the front keeps over every worker (front_door.SessionQuota) reads
+    # sessions_of: each connection counts from its hand-off until its worker releases it or
+    # dies, once, whatever order the reports come in.
+    ledger = FrontLedger()
+    live: dict[int, tuple[int, str | None]] = {}
+    for op, number, client in lives:
+        if op == "hand":
+            live[ledger.handed(number, None, client)] = (number, client)
+        elif op == "release":
+            assert ledger.released(number) == (live.pop(number, None) is not None)
+        else:
+            ledger.worker_lost(number)
+            live = {c: held for c, held in live.items() if held[0] != number}
+        for client_ in ("10.0.0.1", "10.0.0.2"):
+            assert ledger.sessions_of(client_) == sum(1 for _, c in live.values() if c == client_)
+    assert not ledger._by_client or all(ledger._by_client.values())  # no zero left behind

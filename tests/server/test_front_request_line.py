@@ -63,3 +63,29 @@ async def test_a_client_gone_mid_line_ends_the_wait(pair):
     await asyncio.sleep(0.1)
     client.close()
     assert await asyncio.wait_for(task, 5) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "exempt", "counted"),
+    [
+        (b"GET /v1/realtime?model=gpt-realtime HTTP/1.1", False, True),
+        (b"GET /v1/realtime HTTP/1.1", False, True),
+        (b"GET /v1/realtime?session_id=sess_w0g0_ab HTTP/1.1", False, False),  # a resume
+        (b"GET /health HTTP/1.1", False, False),
+        (b"GET /metrics HTTP/1.1", False, False),
+        (b"GET /v1/realtime/../health HTTP/1.1", False, False),
+        (b"GARBAGE", False, False),
+        (b"GET /v1/realtime HTTP/1.1", True, False),  # an exempt (or trusted proxy's) address
+    ],
+)
+def test_only_a_new_session_from_an_address_not_exempt_counts_in_the_session_quota(line, exempt, counted):
+    from duplex_actors.server.front_door import FrontDoor, SessionQuota
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname()):
+            conn, _ = listener.accept()
+            with conn:
+                quota = SessionQuota(2, "/v1/realtime", lambda address: exempt)
+                front = FrontDoor([], listener, session_quota=quota)
+                assert front._new_session_client(conn, line) == ("127.0.0.1" if counted else None)
+                assert FrontDoor([], listener)._new_session_client(conn, line) is None  # no quota

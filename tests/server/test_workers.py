@@ -27,7 +27,7 @@ import urllib.request
 import anyio
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from duplex_actors.client import ClientConnectionError, DuplexClient, SessionLost
 from duplex_actors.engines.engine_process import EngineProcessClient
@@ -981,12 +981,13 @@ def test_a_hung_engine_process_is_stopped_and_started_again_and_turns_complete_a
 
 
 @pytest.mark.slow
-def test_serve_flags_reach_the_workers_the_per_address_quota_counts_per_worker():
+def test_serve_flags_reach_the_workers_and_the_per_address_quota_is_the_servers_over_all_of_them():
     # serve's admission and connection flags used to stop at the front: a worker built its
     # ServerConfig from four of them, so --max-sessions-per-address was silently unlimited
-    # with --workers. The quota is each worker's own (round-robin gives a client one slot on
-    # each), so with 2 workers and a quota of 1, the third session is the first refused.
-    with serve_workers(2, "--max-sessions-per-address", "1", "--no-compression") as s:
+    # with --workers. Then each worker counted a client's sessions on its own, and new sessions
+    # go round-robin: with 2 workers a quota of 2 let one client hold 4. The front now counts
+    # them over every worker and answers the next 429, as a worker answers past its default.
+    with serve_workers(2, "--max-sessions-per-address", "2", "--no-compression") as s:
 
         async def main() -> None:
             opened = []
@@ -995,17 +996,31 @@ def test_serve_flags_reach_the_workers_the_per_address_quota_counts_per_worker()
                 assert json.loads(await ws.recv())["type"] == "session.created"
                 assert ws.protocol.extensions == []  # --no-compression reached the worker
                 opened.append(ws)
-            async with connect(s.url) as third:
-                error = json.loads(await third.recv())
-                assert error["type"] == "error" and error["error"]["code"] == "quota_exceeded", error
-                with anyio.fail_after(10):
-                    with contextlib.suppress(Exception):
-                        await third.recv()
-                assert third.close_code == 1013
+            with urllib.request.urlopen(s.http + "/health", timeout=10) as response:
+                assert response.status == 200  # not a session: never counted, never refused
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(s.url)
+            assert refused.value.response.status_code == 429
+            assert b"already holds 2 sessions" in refused.value.response.body
+            assert refused.value.response.headers["Retry-After"] == "5"
+            # One closed: once its worker's report reaches the front (a batch at most), the
+            # client may open another, on either worker.
+            await opened.pop().close()
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        ws = await connect(s.url)
+                        break
+                    except InvalidStatus:
+                        await anyio.sleep(REPORT_BATCH_S)
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            opened.append(ws)
             for ws in opened:
                 await ws.close()
 
         run(main)
+        errors = s.stderr()
+        assert "what=front_address_sessions" in errors and "refused=1" in errors, errors[-3000:]
 
 
 @pytest.mark.slow
