@@ -74,14 +74,14 @@ def test_words_longer_than_the_window_are_cut_from_their_start_and_the_turn_is_a
     window = engine._llm.model_config.max_model_len
     words = " ".join(f"line{i} of the pasted text." for i in range(3000)) + " So what about Oslo?"
     request = attrs.evolve(make_request(4), input_text=words)
-    fast = engine._fast_encode, engine._fast_decode
+    fast = engine._fast_encode, engine._fit_tokenizer
     if tokenizer != "fast":
-        engine._fast_encode = engine._fast_decode = None  # vLLM's own tokenizer measures the cut
+        engine._fast_encode = engine._fit_tokenizer = None  # vLLM's own tokenizer measures the cut
     try:
         prompt, dropped = vllm.run(engine.prompt_for(request))
         outputs = vllm.run(collect(engine, request), timeout=60)
     finally:
-        engine._fast_encode, engine._fast_decode = fast
+        engine._fast_encode, engine._fit_tokenizer = fast
     kept = len(words) - dropped
     assert 0 < dropped < len(words)
     done = outputs[-1]
