@@ -38,6 +38,10 @@ _OWNED_ID = re.compile(r"^sess_w(\d{1,4})g(\d{1,6})_[0-9a-f]+$")
 FAREWELL_WAIT_S = 2.0
 #: How long a worker's reports may wait in the hand-off socket before the front reads them.
 REPORT_BATCH_S = 0.05
+#: How long a new session at its client's quota waits for a release the workers may have sent
+#: and the front not yet read, before it is refused: a client that closes a session and opens
+#: another at once is at its quota for that long (the release follows the close handshake).
+QUOTA_SETTLE_S = 0.25
 #: How often the front's pinger runs (FrontDoor.ping): twice per ping interval.
 PING_PASS_S = PING_INTERVAL_S / 2
 #: While accepting fails (out of descriptors), how often the front logs it.
@@ -153,6 +157,9 @@ class FrontDoor:
         self.session_quota = session_quota
         #: New sessions refused for their client's quota (session_quota).
         self.quota_refused = 0
+        #: Set (and dropped) when a worker releases a connection: what a new session at its
+        #: client's quota waits on (_quota_allows).
+        self._released: asyncio.Event | None = None
         #: Connections the front holds while it reads their request line, counted per client
         #: address as a worker counts those in their handshake (past the limits: 503, as a
         #: single-process server answers). Without it one address held as many as the front's
@@ -264,7 +271,7 @@ class FrontDoor:
                 if (
                     client is not None
                     and quota is not None
-                    and self.ledger.sessions_of(client) >= quota.limit
+                    and not await self._quota_allows(client, quota.limit)
                 ):
                     self.quota_refused += 1
                     text = f"this address already holds {quota.limit} sessions; close one or retry later"
@@ -309,6 +316,38 @@ class FrontDoor:
         with contextlib.suppress(OSError):
             conn.send(raw_http.refusal(503, "Service Unavailable", text, retry_after=1))
         return False
+
+    async def _quota_allows(self, client: str, limit: int) -> bool:
+        """Whether ``client`` may open another session now. At its quota, the releases the
+        workers have sent are read at once, then waited for up to QUOTA_SETTLE_S: a client that
+        closed a session and opened another at once was refused for a release its worker had
+        sent and the front had not yet read (it reads reports in batches). The caller hands
+        the connection over in the same step as a True answer, so one freed place admits one."""
+        ledger = self.ledger
+        if ledger.sessions_of(client) < limit:
+            return True
+        for worker in self.workers:
+            if worker.alive and worker.handoff is not None:
+                self._read_reports(worker)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + QUOTA_SETTLE_S
+        while ledger.sessions_of(client) >= limit:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            if self._released is None:
+                self._released = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._released.wait()
+        return True
+
+    def _note_release(self) -> None:
+        """A connection was released (or lost with its worker): wake what waits on a quota."""
+        released = self._released
+        if released is not None:
+            self._released = None
+            released.set()
 
     def _new_session_client(self, conn: socket.socket, line: bytes) -> str | None:
         """Whom ``conn`` counts for in the session quota: its client, when its request line
@@ -398,7 +437,8 @@ class FrontDoor:
         elif kind == "e":
             ledger.session_ended(str(args[0]))
         elif kind == "x":
-            ledger.released(int(args[0]))
+            if ledger.released(int(args[0])):
+                self._note_release()
             self._lines.pop(int(args[0]), None)
             sock = self._held.pop(int(args[0]), None)
             if sock is not None:
@@ -429,6 +469,7 @@ class FrontDoor:
                 del self._held[handed], self._lines[handed]
                 self.rerouted += 1
                 self._spawn(self._hand_over_or_close(sock, line), lasting=True)
+        self._note_release()
         ended = 0
         for handed, frames in self.ledger.worker_lost(worker.index).items():
             self._lines.pop(handed, None)

@@ -89,3 +89,31 @@ def test_only_a_new_session_from_an_address_not_exempt_counts_in_the_session_quo
                 front = FrontDoor([], listener, session_quota=quota)
                 assert front._new_session_client(conn, line) == ("127.0.0.1" if counted else None)
                 assert FrontDoor([], listener)._new_session_client(conn, line) is None  # no quota
+
+
+async def test_a_new_session_at_its_quota_waits_for_a_release_then_takes_its_place_once():
+    from duplex_actors.server.front_door import QUOTA_SETTLE_S, FrontDoor
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        front = FrontDoor([], listener)
+        first = front.ledger.handed(0, None, "10.0.0.1")
+        front.ledger.handed(0, None, "10.0.0.1")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        assert not await front._quota_allows("10.0.0.1", 2)  # nothing released: refused
+        assert QUOTA_SETTLE_S <= loop.time() - began < QUOTA_SETTLE_S + 0.2
+        assert await front._quota_allows("10.0.0.2", 2)  # another client: at once
+        # Two wait; one place frees: one of them takes it (its hand-off counts at once), the
+        # other is refused when its wait ends.
+        waiting = [asyncio.create_task(_take_when_allowed(front)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        front._apply("x", [first])
+        assert sorted(await asyncio.gather(*waiting)) == [False, True]
+        assert front.ledger.sessions_of("10.0.0.1") == 2
+
+
+async def _take_when_allowed(front) -> bool:
+    allowed = await front._quota_allows("10.0.0.1", 2)
+    if allowed:
+        front.ledger.handed(0, None, "10.0.0.1")  # as _route hands it over, in the same step
+    return allowed
