@@ -93,3 +93,20 @@ def test_typed_user_text_reaches_the_prompt_as_words():
     typed = adapter.build_prompt(attrs.evolve(request("s"), input_text=" ".join(known) + " zzzqx"))
     assert typed.prefix_ids[: len(plain.prefix_ids)] == plain.prefix_ids
     assert typed.prefix_ids[len(plain.prefix_ids) :] == tuple(vocab.index[w] for w in known)
+
+
+def test_typed_text_longer_than_the_prompt_gives_its_newest_words():
+    # A pasted text and a question after it: the thinker reads the question, as a text model's
+    # prompt keeps the newest words (engines/prompt_window.py). It read the first words.
+    adapter = _adapter()
+    vocab = adapter.vocab
+    room = adapter.cfg.max_prefix_tokens - 1
+    filler, *question = [w for w in ("the", "how", "are", "you", "what", "is", "this") if w in vocab.index][
+        :4
+    ]
+    assert len(question) == 3, "the test needs words the vocabulary knows"
+    pasted = " ".join([filler] * 200)
+    prompt = adapter.build_prompt(attrs.evolve(request("s"), input_text=f"{pasted} {' '.join(question)}?"))
+    words = prompt.prefix_ids[1:]
+    assert len(words) == room
+    assert words[-3:] == tuple(vocab.index[w] for w in question)

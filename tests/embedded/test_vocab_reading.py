@@ -8,7 +8,12 @@ import tracemalloc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duplex_actors.engines.embedded.vocab import CONTROL_TOKENS, WORDS_READ_PER_ID, default_vocabulary
+from duplex_actors.engines.embedded.vocab import (
+    CHARS_PER_WORD_READ,
+    CONTROL_TOKENS,
+    WORDS_READ_PER_ID,
+    default_vocabulary,
+)
 
 VOCAB = default_vocabulary()
 KNOWN = sorted(w for w in VOCAB.index if w not in CONTROL_TOKENS and w.isalpha())[:40]
@@ -61,3 +66,51 @@ def test_a_long_text_is_read_only_within_its_window_and_never_split_whole():
     # Within the window they are read: two places left in it, two known words read.
     two_left = "zzqx " * (window - 2) + " ".join(KNOWN)
     assert VOCAB.encode_known_words(two_left, limit) == [VOCAB.index[w] for w in KNOWN[:2]]
+
+
+def newest_split_reading(text: str, limit: int) -> list[int]:
+    """The last ``limit`` known words of a whole split of the text."""
+    return split_reading(text, 10**9)[-limit:] if limit else []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(words, separators), max_size=60), st.integers(min_value=0, max_value=20))
+def test_within_its_window_the_newest_reading_is_the_last_known_words_a_split_gives(pairs, limit):
+    # What a user typed last (a question after a pasted text) is what the thinker reads, as a
+    # text model's prompt keeps the newest words (engines/prompt_window.py).
+    text = "".join(w + s for w, s in pairs)
+    if len(text) <= limit * WORDS_READ_PER_ID * CHARS_PER_WORD_READ:
+        assert VOCAB.encode_known_words(text, limit, newest=True) == newest_split_reading(text, limit)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(words, separators), max_size=40), st.integers(0, 3), st.integers(1, 3))
+def test_the_newest_reading_of_a_long_text_does_not_read_the_word_its_window_cuts(pairs, cut, limit):
+    # The window of characters begins inside "there" (its last letters "here", or "ere"...):
+    # that word is not read, though its tail may be a word the vocabulary knows.
+    tail = " " + "".join(w + s for w, s in pairs)
+    window = limit * WORDS_READ_PER_ID * CHARS_PER_WORD_READ
+    cut_into = "there"[cut + 1 :]  # what of "there" the window holds: "here", "ere", "re" or "e"
+    after = tail + " " * (window - len(cut_into) - len(tail))  # spaces read as nothing
+    text = "zzqx " * 3 + "there" + after
+    assert text[-window:] == cut_into + after
+    ids = VOCAB.encode_known_words(text, limit, newest=True)
+    assert ids == newest_split_reading(tail, limit)
+    # A window that begins where "there" begins reads it whole.
+    whole = "zzqx there" + tail + " " * (window - len("there") - len(tail))
+    assert whole[-window:].startswith("there ")
+    assert VOCAB.encode_known_words(whole, limit, newest=True) == newest_split_reading("there" + tail, limit)
+
+
+def test_a_long_texts_newest_words_are_read_and_its_start_is_never_split():
+    limit = 15
+    known = " ".join(KNOWN[:3])
+    text = known + " " + "\U0001f600 " * 500_000 + "zzqx " * 10 + known  # ~4 MiB in memory
+    tracemalloc.start()
+    try:
+        ids = VOCAB.encode_known_words(text, limit, newest=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ids == [VOCAB.index[w] for w in KNOWN[:3]]  # the ones at the end, once
+    assert peak < 64 * 1024

@@ -156,7 +156,8 @@ class WordThinkerAdapter:
         if request.input_text:  # typed user input (conversation.item.create) is read like words
             room = self.cfg.max_prefix_tokens - len(prefix)
             if room > 0:
-                prefix += v.encode_known_words(request.input_text, room)
+                # The newest words, as a text model's prompt keeps them (prompt_window.py).
+                prefix += v.encode_known_words(request.input_text, room, newest=True)
         unit = request.kind is TurnKind.UNIT
         suffix = (v.unit,) if unit else (v.respond,)
         return Prompt(tuple(prefix), features, suffix, budget, decide_first=unit)

@@ -10,6 +10,7 @@ common and a stop or comma turns up every few words.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
 
@@ -30,6 +31,9 @@ PUNCTUATION = (".", ",", "?", "!")
 _WORD = re.compile(r"\S+")
 #: Words of a text read for each id wanted (``encode_known_words``); the rest are not read.
 WORDS_READ_PER_ID = 64
+#: Reading a text's newest words, its last this many characters per word of the window are
+#: read (a window of words is found from the end without splitting what comes before it).
+CHARS_PER_WORD_READ = 16
 #: Punctuation after which a spoken phrase may end.
 PHRASE_END = frozenset(PUNCTUATION)
 
@@ -514,22 +518,45 @@ class Vocabulary:
     def punctuation_ids(self) -> frozenset[int]:
         return frozenset(self.index[t] for t in PUNCTUATION)
 
-    def encode_known_words(self, text: str, limit: int) -> list[int]:
+    def encode_known_words(self, text: str, limit: int, *, newest: bool = False) -> list[int]:
         """Ids of the words of ``text`` that the vocabulary knows (instructions, say); the
         rest are dropped because the thinker has no sub-word units to spell them with.
+        ``newest``: the last ``limit`` of them (what a user typed last: a question after a
+        pasted text), as a text model's prompt keeps the newest words (prompt_window.py);
+        otherwise the first.
 
-        Word by word, and only the first ``limit * WORDS_READ_PER_ID`` words: the thinker
-        reads ``limit`` words at most, so the rest of a long text (a response's context may
-        be a megabyte) is never split into a list of every word, tens of bytes each, nor
-        searched in the engine's thread while every session's turn waits for it."""
-        ids: list[int] = []
-        for match in islice(_WORD.finditer(text), max(limit, 0) * WORDS_READ_PER_ID):
-            word = match.group().lower().strip('.,?!;:"()')
-            if word in self.index and word not in CONTROL_TOKENS:
-                ids.append(self.index[word])
-                if len(ids) >= limit:
-                    break
-        return ids
+        Word by word, and only within a window (the first ``limit * WORDS_READ_PER_ID`` words,
+        or the last ``CHARS_PER_WORD_READ`` characters for each of them): the thinker reads
+        ``limit`` words at most, so the rest of a long text (a response's context may be a
+        megabyte) is never split into a list of every word, tens of bytes each, nor searched
+        in the engine's thread while every session's turn waits for it."""
+        limit = max(limit, 0)
+        window = limit * WORDS_READ_PER_ID
+        if not newest:
+            ids: list[int] = []
+            for word in islice(_WORD.finditer(text), window):
+                known = self._known(word.group())
+                if known is not None:
+                    ids.append(known)
+                    if len(ids) >= limit:
+                        break
+            return ids
+        start = max(0, len(text) - window * CHARS_PER_WORD_READ)
+        words = _WORD.finditer(text, start)
+        if 0 < start < len(text) and not text[start - 1].isspace() and not text[start].isspace():
+            next(words, None)  # the window begins inside a word: not that word
+        last: deque[int] = deque(maxlen=limit)
+        for word in words:
+            known = self._known(word.group())
+            if known is not None:
+                last.append(known)
+        return list(last)
+
+    def _known(self, raw: str) -> int | None:
+        """The id of a word as a text has it (any case, punctuation around it), if the
+        thinker may read it."""
+        word = raw.lower().strip('.,?!;:"()')
+        return self.index[word] if word in self.index and word not in CONTROL_TOKENS else None
 
     def render(self, token_id: int, *, first: bool) -> str:
         """The text a token adds to the running response: words get a leading space except
