@@ -114,3 +114,13 @@ def test_a_long_texts_newest_words_are_read_and_its_start_is_never_split():
         tracemalloc.stop()
     assert ids == [VOCAB.index[w] for w in KNOWN[:3]]  # the ones at the end, once
     assert peak < 64 * 1024
+
+
+def test_the_newest_reading_reads_no_more_words_than_the_first_reading_does():
+    limit = 2
+    unknown = "zzqx " * (limit * WORDS_READ_PER_ID)  # a whole window's words, none known
+    assert VOCAB.encode_known_words(" ".join(KNOWN[:2]) + " " + unknown, limit, newest=True) == []
+    one_less = "zzqx " * (limit * WORDS_READ_PER_ID - 1)
+    assert VOCAB.encode_known_words(" ".join(KNOWN[:2]) + " " + one_less, limit, newest=True) == [
+        VOCAB.index[KNOWN[1]]
+    ]

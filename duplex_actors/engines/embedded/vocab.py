@@ -10,7 +10,6 @@ common and a stop or comma turns up every few words.
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
 
@@ -34,6 +33,8 @@ WORDS_READ_PER_ID = 64
 #: Reading a text's newest words, its last this many characters per word of the window are
 #: read (a window of words is found from the end without splitting what comes before it).
 CHARS_PER_WORD_READ = 16
+#: The newest words are looked for this many characters at a time, from the end.
+NEWEST_CHUNK_CHARS = 256
 #: Punctuation after which a spoken phrase may end.
 PHRASE_END = frozenset(PUNCTUATION)
 
@@ -526,7 +527,7 @@ class Vocabulary:
         otherwise the first.
 
         Word by word, and only within a window (the first ``limit * WORDS_READ_PER_ID`` words,
-        or the last ``CHARS_PER_WORD_READ`` characters for each of them): the thinker reads
+        or as many of the last, within ``CHARS_PER_WORD_READ`` characters for each): the thinker reads
         ``limit`` words at most, so the rest of a long text (a response's context may be a
         megabyte) is never split into a list of every word, tens of bytes each, nor searched
         in the engine's thread while every session's turn waits for it."""
@@ -541,16 +542,45 @@ class Vocabulary:
                     if len(ids) >= limit:
                         break
             return ids
-        start = max(0, len(text) - window * CHARS_PER_WORD_READ)
-        words = _WORD.finditer(text, start)
-        if 0 < start < len(text) and not text[start - 1].isspace() and not text[start].isspace():
-            next(words, None)  # the window begins inside a word: not that word
-        last: deque[int] = deque(maxlen=limit)
-        for word in words:
-            known = self._known(word.group())
-            if known is not None:
-                last.append(known)
-        return list(last)
+        return self._newest_known(text, limit, max(0, len(text) - window * CHARS_PER_WORD_READ))
+
+    def _newest_known(self, text: str, limit: int, floor: int) -> list[int]:
+        """The last ``limit`` known words of ``text[floor:]`` (a word the floor cuts is not
+        read), found from the end a chunk at a time: reading the window forwards cost a few
+        milliseconds of the engine's thread a turn for a long text, most of it for words older
+        than the ones it keeps."""
+        found: list[int] = []  # newest first
+        end, size = len(text), NEWEST_CHUNK_CHARS
+        unread = limit * WORDS_READ_PER_ID  # and no more words than the first reading reads
+        while end > floor and len(found) < limit and unread > 0:
+            start = max(floor, end - size)
+            words = _WORD.findall(text, start, end)
+            if words and start and not text[start - 1].isspace() and not text[start].isspace():
+                # The chunk begins inside a word: it is read whole with the next chunk (or not
+                # at all, where the window begins inside it).
+                if start == floor:
+                    words = words[1:]
+                    next_end = start
+                elif len(words) == 1:
+                    size *= 2  # one word longer than the chunk: a longer chunk
+                    continue
+                else:
+                    next_end = start + len(words[0])
+                    words = words[1:]
+            else:
+                next_end = start
+            for raw in reversed(words):
+                unread -= 1
+                if unread < 0:
+                    break
+                known = self._known(raw)
+                if known is not None:
+                    found.append(known)
+                    if len(found) >= limit:
+                        break
+            end = next_end
+        found.reverse()
+        return found
 
     def _known(self, raw: str) -> int | None:
         """The id of a word as a text has it (any case, punctuation around it), if the
