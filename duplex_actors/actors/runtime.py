@@ -353,6 +353,8 @@ class Runtime:
             journal_budget=self.journal_budget,
             audio_account=None if budget is None else budget.join(client),
             text_account=None if text_budget is None else text_budget.join(client),
+            # Known once the engine started (an engine process says in its hello).
+            history=getattr(self.engine.backend.capabilities, "reads_history", False),
         )
         actor = SessionActor(core, self, self.mailbox_capacity)
         self._sessions[core.session_id] = actor

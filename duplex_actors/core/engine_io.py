@@ -14,6 +14,7 @@ from typing import Union
 import attrs
 
 from ..errors import InvalidSampling
+from .conversation import Item
 from .fence import Fence
 
 
@@ -135,6 +136,11 @@ class ModelTurnRequest:
     #: Words the user (or a system/developer message, or a tool's output) added to the
     #: conversation since the last response, in order: conversation.item.create's text input.
     input_text: str = ""
+    #: The conversation before those words, oldest first: earlier user and assistant messages,
+    #: function calls and their outputs (frozen items, shared with the conversation, not
+    #: copied). Only for an engine that reads it (``EngineCapabilities.reads_history``), and
+    #: only for a response on the conversation (one on its own ``response.input`` has none).
+    history: tuple[Item, ...] = attrs.field(default=(), repr=lambda h: f"<{len(h)} items>")
     #: Whom this request's work counts against when a backend shares a resource between
     #: requests (decode slots, the speech synthesiser): an API key's digest or a client
     #: address, set by the transport. None: the request's session is a tenant of its own.

@@ -181,6 +181,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
     __slots__ = (
         "session_id",
         "tenant",
+        "sends_history",
         "config",
         "clock",
         "chart",
@@ -245,8 +246,12 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         journal_budget: JournalBudget | None = None,
         audio_account: AudioAccount | None = None,
         text_account: TextAccount | None = None,
+        history: bool = False,
     ) -> None:
         self.session_id = session_id
+        #: Whether its responses' requests carry the conversation's earlier items (the engine
+        #: reads them: EngineCapabilities.reads_history).
+        self.sends_history = history
         #: Whom the session's work counts against at shared resources (the engine's slots,
         #: the synthesiser, the recogniser); None: the session alone (core/fair_share.py).
         self.tenant = tenant

@@ -57,6 +57,7 @@ class SessionParts:
 
     session_id: str
     tenant: str | None
+    sends_history: bool
     config: SessionConfig
     clock: Clock
     chart: CompiledChart

@@ -18,6 +18,7 @@ from .actions import AbortRequests, SubmitTurn
 from .commands import (
     CreateResponse,
 )
+from .conversation import Item
 from .engine_io import (
     Decision,
     EngineOutput,
@@ -61,7 +62,13 @@ class TurnEffects(SessionParts):
         return output is not None and len(aborting) == 1 and output.request_id in aborting
 
     def _request(
-        self, step: Step, kind: TurnKind, audio: bytes, unit: int | None = None, words: str | None = None
+        self,
+        step: Step,
+        kind: TurnKind,
+        audio: bytes,
+        unit: int | None = None,
+        words: str | None = None,
+        history: tuple[Item, ...] = (),
     ) -> ModelTurnRequest:
         """A model request under the session's current fence (``unit``: a model-native unit's
         number, which its request id carries)."""
@@ -84,6 +91,7 @@ class TurnEffects(SessionParts):
             modalities=("text", "audio") if "audio" in shown else ("text",),
             submitted_at=step.now,
             input_text=self._pending_words() if words is None else words,
+            history=history,
             tools=tools,
             tool_choice=tool_choice,
             tenant=self.tenant,
@@ -94,6 +102,8 @@ class TurnEffects(SessionParts):
         asked = cmd if isinstance(cmd, CreateResponse) else None
         results: tuple = ()
         words = self._response_words(asked)
+        # Read before the pending words are taken: what the conversation held before them.
+        history = self._history() if self.sends_history and (asked is None or asked.input is None) else ()
         # Its own context (GA response.input) has no audio: the pending turn waits for its response.
         audio = b"" if asked is not None and asked.input is not None else bytes(self._committed)
         # Out of band, or on its own context, a response leaves the pending turn (read, not
@@ -104,7 +114,7 @@ class TurnEffects(SessionParts):
             self._pending_text = {}
             self._pending_chars = 0
             self._withdraw_offered_words()
-        request = self._request(step, TurnKind.RESPONSE, audio, words=words)
+        request = self._request(step, TurnKind.RESPONSE, audio, words=words, history=history)
         if results:
             request = attrs.evolve(request, function_results=results)
         self._turn_request = request.request_id
@@ -139,6 +149,22 @@ class TurnEffects(SessionParts):
         if asked is not None and asked.input is not None:
             return self._context_words(asked.input)
         return self._pending_words()
+
+    def _history(self) -> tuple[Item, ...]:
+        """The conversation's items a response reads before the pending words: all of them but
+        those whose words are pending (they are the request's ``input_text``). The pending ones
+        are nearly always the newest, at the end: only a client that inserted one earlier
+        (previous_item_id) costs a pass over every item."""
+        items = tuple(self._conversation)
+        pending = self._pending_text
+        if not pending:
+            return items
+        end = len(items)
+        while end and items[end - 1].id in pending:
+            end -= 1
+        if len(items) - end == len(pending):
+            return items[:end]
+        return tuple(item for item in items if item.id not in pending)
 
     def _pending_words(self) -> str:
         """The words of every item the next response answers, in order, one space apart."""

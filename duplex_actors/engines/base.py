@@ -42,6 +42,10 @@ class EngineCapabilities:
     max_output_tokens: int | None = None
     #: The most tokens any request may ask for (a larger limit is cut to it); None: no ceiling.
     max_output_tokens_limit: int | None = None
+    #: Reads the conversation's earlier items (``ModelTurnRequest.history``): a text model that
+    #: answers from a transcript. Off, requests carry no history (nothing to copy to an engine
+    #: process for an engine that would not read it).
+    reads_history: bool = False
 
 
 @runtime_checkable

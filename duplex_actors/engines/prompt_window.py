@@ -4,9 +4,10 @@ A session keeps up to ``max_conversation_chars`` of words pending for the next r
 pasted document, a long system message, function outputs). A model's window is usually far
 smaller: a 2,048-token model refused every such prompt, and the response ended failed. OpenAI's
 Realtime API truncates by default ("auto": the oldest input goes first, the instructions stay),
-and so does this: the words the turn brings are cut from their start until the prompt, with
-room left for the reply, fits the window. The instructions are never cut; a prompt whose
-instructions alone overflow is still the model's to refuse, as before.
+and so does this: the conversation's oldest items go first (``history``), then the words the
+turn brings are cut from their start, until the prompt, with room left for the reply, fits the
+window. The instructions are never cut; a prompt whose instructions alone overflow is still the
+model's to refuse, as before.
 
 Pure: the prompt builder, the tokenizer's encode and decode are passed in, so the rule is
 tested without a model, and with vLLM's own tokenizer where vLLM runs.
@@ -41,6 +42,8 @@ class FittedPrompt:
     request: ModelTurnRequest
     #: Characters left out from the start of the turn's words (0: all of them fit).
     dropped_chars: int = 0
+    #: The conversation's oldest items left out (0: all of them fit).
+    dropped_items: int = 0
 
 
 def prompt_budget(window: int, max_tokens: int | None) -> int:
@@ -56,12 +59,17 @@ def fit_prompt(
     decode: Callable[[Sequence[int]], str],
     budget: int,
 ) -> FittedPrompt:
-    """The prompt ``build`` makes of ``request``, its words cut from the start until it is at
-    most ``budget`` tokens (or no words are left: the instructions alone may still be longer)."""
+    """The prompt ``build`` makes of ``request``, its oldest history items left out, then its
+    words cut from the start, until it is at most ``budget`` tokens (or nothing is left to
+    cut: the instructions alone may still be longer)."""
     words = request.input_text
     ceiling = budget * CHARS_PER_TOKEN_CEILING
     if len(words) > ceiling:
         request = attrs.evolve(request, input_text=words[-ceiling:])
+    history = request.history
+    request, dropped_items = _drop_oldest_items(
+        request, build, encode, budget, ceiling - len(request.input_text)
+    )
     text = build(request)
     ids = encode(text)
     specials = None  # the tokens an encode adds to any text (a BOS): not the words' own
@@ -80,7 +88,43 @@ def fit_prompt(
         request = attrs.evolve(request, input_text=cut)
         text = build(request)
         ids = encode(text)
-    return FittedPrompt(text, ids, request, len(words) - len(request.input_text))
+    return FittedPrompt(
+        text, ids, request, len(words) - len(request.input_text), len(history) - len(request.history)
+    )
+
+
+def _drop_oldest_items(
+    request: ModelTurnRequest,
+    build: Callable[[ModelTurnRequest], str],
+    encode: Callable[[str], Sequence[int]],
+    budget: int,
+    room_chars: int,
+) -> tuple[ModelTurnRequest, int]:
+    """``request`` with the fewest of its oldest history items left out for its prompt to fit
+    ``budget`` (all of them, when even that does not), and how many. Items beyond what
+    ``room_chars`` characters hold are left out before any is tokenized."""
+    history = request.history
+    if not history:
+        return request, 0
+    first, chars = len(history), 0  # the oldest item that may be kept
+    for item in reversed(history):  # newest first: what the characters' room holds
+        chars += item.chars
+        if chars > max(room_chars, 0):
+            break
+        first -= 1
+    if first == 0 and len(encode(build(request))) <= budget:
+        return request, 0
+    # The fewest left out that fit: a binary search over how many, each probe one tokenizing.
+    low, high = max(first, 1), len(history)
+    if len(encode(build(attrs.evolve(request, history=())))) > budget:
+        low = high  # even none of them fits: the words are cut next
+    while low < high:
+        middle = (low + high) // 2
+        if len(encode(build(attrs.evolve(request, history=history[middle:])))) <= budget:
+            high = middle
+        else:
+            low = middle + 1
+    return attrs.evolve(request, history=history[low:]), low
 
 
 __all__ = ["CHARS_PER_TOKEN_CEILING", "DEFAULT_REPLY_TOKENS", "FittedPrompt", "fit_prompt", "prompt_budget"]

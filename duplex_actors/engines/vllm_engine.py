@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 import structlog
 
+from ..core.conversation import Item
 from ..core.engine_io import (
     Aborted,
     Decision,
@@ -76,15 +77,20 @@ _DIGEST_BYTES = 64 * 1024
 
 
 def describe_turn(request: ModelTurnRequest) -> str:
-    """The default prompt: the instructions, the words the turn brings (what the user typed,
-    a system message, a function's output: ``input_text``), and what we can say about the
-    audio without an encoder (for a turn without words, always).
+    """The default prompt: the instructions, the conversation so far (``history``: a line per
+    message, function call and function output), the words the turn brings (what the user
+    typed, a system message: ``input_text``), and what we can say about the audio without an
+    encoder (for a turn without words, always).
 
     The words used to be left out, so a text model served by ``serve --engine vllm`` never
-    read what its user typed, only that there was no audio. The tiny test model is random, so
-    the words do not matter to it; for a real text model an ASR transcript would go here too.
+    read what its user typed, only that there was no audio; and so did the history, so it
+    never read an earlier turn, its own answers, or what a function it called returned. The
+    tiny test model is random, so the words do not matter to it; for a real text model an ASR
+    transcript would go here too.
     """
     head = request.instructions.strip() + "\n" if request.instructions else ""
+    history = "".join(line + "\n" for item in request.history if (line := describe_item(item)))
+    head += history
     words = request.input_text.strip()
     said = f"User: {words}\n" if words else ""
     if words and not request.audio:
@@ -92,6 +98,20 @@ def describe_turn(request: ModelTurnRequest) -> str:
     seconds = len(request.audio) / 2 / request.sample_rate if request.sample_rate else 0.0
     digest = hashlib.blake2b(request.audio[:_DIGEST_BYTES], digest_size=4).hexdigest()
     return f"{head}{said}User audio: {seconds:.2f} s, fingerprint {digest}.\nAssistant:"
+
+
+_SPEAKERS = {"user": "User", "assistant": "Assistant", "system": "System", "developer": "System"}
+
+
+def describe_item(item: Item) -> str:
+    """One conversation item as a line of the prompt's transcript ("" for one with no words:
+    audio whose transcript has not arrived, an image)."""
+    if item.type == "function_call":
+        return f"Assistant called {item.name}({item.arguments or ''})"
+    if item.type == "function_call_output":
+        return f"Function returned: {item.output}" if item.output else ""
+    said = " ".join(t.strip() for p in item.content if (t := p.text or p.transcript) and t.strip())
+    return f"{_SPEAKERS.get(item.role or 'user', 'User')}: {said}" if said else ""
 
 
 @attrs.frozen(slots=True)
@@ -189,6 +209,8 @@ class VllmEngine:
             # A request naming no limit runs under the default; one naming a larger limit gets
             # it (the model's length permitting), so there is no ceiling to echo.
             max_output_tokens=self._sampling_defaults.get("max_tokens"),
+            # A text model answers from the transcript: earlier turns are its memory.
+            reads_history=True,
         )
         self._prompt_builder = prompt_builder
         self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started

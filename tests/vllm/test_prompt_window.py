@@ -8,6 +8,7 @@ import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from duplex_actors.core.conversation import ContentPart, Item
 from duplex_actors.core.engine_io import ModelTurnRequest, TurnKind
 from duplex_actors.core.fence import Fence
 from duplex_actors.engines.prompt_window import (
@@ -98,3 +99,48 @@ def test_the_reply_gets_its_max_tokens_or_a_default_never_more_than_half_the_win
     assert prompt_budget(2048, None) == 2048 - DEFAULT_REPLY_TOKENS
     assert prompt_budget(2048, 0) == 2048 - DEFAULT_REPLY_TOKENS
     assert prompt_budget(1024, 4096) == 512
+
+
+def _said(text: str, role: str = "user") -> Item:
+    part = "input_text" if role == "user" else "output_text"
+    return Item(id=f"it_{abs(hash((text, role)))}", role=role, content=(ContentPart(type=part, text=text),))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.text(min_size=1, max_size=60), st.sampled_from(["user", "assistant"])), max_size=12
+    ),
+    st.text(max_size=200),
+    st.integers(30, 400),
+)
+def test_the_oldest_history_goes_first_then_the_words_are_cut(turns, words, budget):
+    history = tuple(_said(text, role) for text, role in turns)
+    request = attrs.evolve(_request(words), history=history)
+    fitted = fit_prompt(request, describe_turn, byte_encode, byte_decode, budget)
+    kept = fitted.request.history
+    assert history[len(history) - len(kept) :] == kept and fitted.dropped_items == len(history) - len(kept)
+    if fitted.dropped_chars:
+        assert kept == ()  # words are cut only once no history is left
+    if len(byte_encode(describe_turn(attrs.evolve(request, history=(), input_text="")))) <= budget:
+        assert len(fitted.token_ids) <= budget
+        if fitted.dropped_items and not fitted.dropped_chars:
+            # The fewest left out: one more of them kept and it would not fit.
+            one_more = attrs.evolve(fitted.request, history=history[len(history) - len(kept) - 1 :])
+            assert len(byte_encode(describe_turn(one_more))) > budget
+
+
+def test_a_long_history_is_cut_by_characters_before_any_of_it_is_tokenized():
+    seen: list[int] = []
+
+    def encode(text: str) -> list[int]:
+        seen.append(len(text))
+        return byte_encode(text)
+
+    history = tuple(_said(f"turn {i} " + "x" * 500) for i in range(500))  # 250,000 characters
+    fitted = fit_prompt(
+        attrs.evolve(_request("and now?"), history=history), describe_turn, encode, byte_decode, 300
+    )
+    assert max(seen) <= 300 * CHARS_PER_TOKEN_CEILING + 600
+    assert fitted.request.input_text == "and now?" and len(fitted.token_ids) <= 300
+    assert fitted.dropped_items >= 499

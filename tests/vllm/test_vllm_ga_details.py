@@ -178,3 +178,30 @@ def test_a_pasted_document_longer_than_the_window_is_answered_through_the_runtim
     window = vllm.engine._llm.model_config.max_model_len
     assert done.input_usage is not None and window - 24 < done.input_usage.text_tokens <= window - 4
     assert done.output_tokens == 4
+
+
+def test_a_later_turn_reads_the_earlier_ones_through_the_runtime(vllm):
+    # A text model behind vLLM read only the newest words: no earlier turn, not its own
+    # answers. Now the conversation is in the prompt, and what the model read grows with it.
+    from duplex_actors import Runtime
+    from duplex_actors.core import commands as cmd
+    from duplex_actors.core.conversation import ContentPart, Item
+
+    async def converse():
+        read = []
+        async with Runtime(_Lent(vllm.engine)) as runtime:
+            session = await runtime.open_session(modalities=("text",))
+            for words in ("my name is Ada and I live in Oslo", "what is my name?"):
+                item = Item(id="", role="user", content=(ContentPart(type="input_text", text=words),))
+                await session.ask(cmd.CreateItem(item=item))
+                await session.create_response(max_tokens=4)
+                while (event := await session.next_event(timeout=60)).type != "response.done":
+                    pass
+                read.append(event.input_usage.text_tokens)
+            await session.close()
+        return read
+
+    first, second = vllm.run(converse())
+    tokenizer = vllm.engine._llm.get_tokenizer()
+    earlier = len(tokenizer.encode("User: my name is Ada and I live in Oslo\n", add_special_tokens=False))
+    assert second >= first + earlier, (first, second, earlier)  # the first exchange, and more

@@ -101,3 +101,35 @@ def test_prompt_reads_the_words_the_turn_brings_and_describes_audio_only_when_th
     assert prompt.endswith(".\nAssistant:")
     # Neither words nor audio: the audio line, as before.
     assert "User audio: 0.00 s" in describe_turn(attrs.evolve(typed, input_text=" "))
+
+
+def test_prompt_reads_the_conversation_so_far_a_line_per_item():
+    from duplex_actors.core.conversation import ContentPart, Item
+    from duplex_actors.engines.vllm_engine import describe_item
+
+    def said(role, part, text, **kw):
+        return Item(id="it", role=role, content=(ContentPart(type=part, **{kw.get("key", "text"): text}),))
+
+    history = (
+        said("system", "input_text", "Speak French."),
+        said("user", "input_text", "my name is Ada"),
+        said("assistant", "output_audio", "bonjour Ada", key="transcript"),
+        Item(id="fc", type="function_call", call_id="c1", name="weather", arguments='{"city":"Oslo"}'),
+        Item(id="fo", type="function_call_output", call_id="c1", output='{"c": 4}'),
+        said("user", "input_audio", None),  # audio whose transcript has not come: no line
+    )
+    fence = Fence("sess_h", 0, 1)
+    request = ModelTurnRequest(
+        fence.request_id(), fence, TurnKind.RESPONSE, b"", history=history, input_text="what is my name"
+    )
+    assert describe_turn(request).splitlines() == [
+        "System: Speak French.",
+        "User: my name is Ada",
+        "Assistant: bonjour Ada",
+        'Assistant called weather({"city":"Oslo"})',
+        'Function returned: {"c": 4}',
+        "User: what is my name",
+        "Assistant:",
+    ]
+    assert describe_item(history[-1]) == ""
+    assert VllmEngine("/nowhere").capabilities.reads_history

@@ -1,0 +1,98 @@
+"""The conversation a response's request carries for an engine that reads it
+(``ModelTurnRequest.history``, ``EngineCapabilities.reads_history``): the items before the
+pending words, oldest first; none for an engine that does not read it, nor for a response on
+its own ``response.input``."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from duplex_actors.core import commands as cmd
+from duplex_actors.core.actions import SubmitTurn
+from duplex_actors.core.clock import ManualClock
+from duplex_actors.core.conversation import ContentPart, Item
+from duplex_actors.core.engine_io import FunctionCall, TextDelta, TurnDone
+from duplex_actors.core.session import SessionConfig, SessionCore
+
+
+def session(history: bool = True) -> SessionCore:
+    config = SessionConfig(respond_on_commit=False, modalities=("text",))
+    core = SessionCore("sess_history00000", config, ManualClock(0.0), history=history)
+    core.take_events()
+    return core
+
+
+def user_text(text: str) -> Item:
+    return Item(id="", role="user", content=(ContentPart(type="input_text", text=text),))
+
+
+def respond(core: SessionCore, command: cmd.CreateResponse, *outputs):
+    """Run one response to its end; the request the engine got."""
+    core.handle(command)
+    (submit,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
+    rid = submit.request.request_id
+    for out in outputs:
+        core.on_engine_output(out(rid))
+    core.on_engine_output(TurnDone(rid))
+    core.take_events()
+    core.take_actions()
+    return submit.request
+
+
+def said(items) -> list[tuple[str | None, str]]:
+    return [(item.role or item.type, item.text or item.output or item.name or "") for item in items]
+
+
+def test_a_response_carries_the_earlier_turns_and_its_own_words_apart():
+    core = session()
+    core.handle(cmd.CreateItem(item=user_text("my name is Ada")))
+    first = respond(core, cmd.CreateResponse(), lambda rid: TextDelta(rid, "hello Ada", 2))
+    assert first.history == () and first.input_text == "my name is Ada"
+    core.handle(cmd.CreateItem(item=user_text("what is my name")))
+    second = respond(core, cmd.CreateResponse())
+    assert second.input_text == "what is my name"
+    assert [item.role for item in second.history] == ["user", "assistant"]
+    assert second.history[0].text == "my name is Ada"
+    assert second.history[1].content[0].text == "hello Ada"  # its own answer
+
+
+def test_a_function_call_and_its_output_are_in_the_history_the_next_response_reads():
+    core = session()
+    core.handle(cmd.CreateItem(item=user_text("weather in Oslo?")))
+    respond(core, cmd.CreateResponse(), lambda rid: FunctionCall(rid, "call_1", "weather", '{"city":"Oslo"}'))
+    core.handle(cmd.AddFunctionOutput(call_id="call_1", output='{"c": 4}'))
+    after = respond(core, cmd.CreateResponse())
+    kinds = [item.type for item in after.history]
+    assert kinds[-2:] == ["function_call", "function_call_output"], kinds
+    assert after.history[-1].output == '{"c": 4}' and after.history[-2].name == "weather"
+
+
+def test_no_history_for_an_engine_that_does_not_read_it_nor_for_a_responses_own_input():
+    for history in (False, True):
+        core = session(history)
+        core.handle(cmd.CreateItem(item=user_text("one")))
+        respond(core, cmd.CreateResponse(), lambda rid: TextDelta(rid, "two", 1))
+        own = respond(core, cmd.CreateResponse(input=(user_text("only this"),), out_of_band=True))
+        assert own.history == () and own.input_text == "only this"
+        core.handle(cmd.CreateItem(item=user_text("three")))
+        plain = respond(core, cmd.CreateResponse())
+        assert (len(plain.history) > 0) is history
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=5), st.booleans(), st.booleans()), max_size=12))
+def test_the_history_is_the_conversation_less_the_pending_words_in_order(steps):
+    # Items created at the end or after the first item (previous_item_id), some answered by a
+    # response: the history is every conversation item whose words are not the request's.
+    core = session()
+    for text, earlier, answer in steps:
+        first = next(iter(core._conversation), None)
+        previous = first.id if earlier and first is not None else None
+        core.handle(cmd.CreateItem(item=user_text(text), previous_item_id=previous))
+        if answer:
+            before, pending = list(core._conversation), dict(core._pending_text)
+            request = respond(core, cmd.CreateResponse(), lambda rid: TextDelta(rid, "ok", 1))
+            assert request.history == tuple(item for item in before if item.id not in pending)
+            # The pending words, as they were added (the history holds the rest, in order).
+            assert request.input_text == " ".join(t for texts in pending.values() for t in texts)
