@@ -5,6 +5,7 @@ from collections.abc import Callable, Iterator
 from duplex_actors.core import commands as cmd
 from duplex_actors.core.actions import AbortRequests, SubmitTurn
 from duplex_actors.core.clock import ManualClock
+from duplex_actors.core.conversation import ContentPart, Item
 from duplex_actors.core.engine_io import Decision, EngineFailure, ModelTurnRequest, TurnDone, TurnKind
 from duplex_actors.core.session import SessionConfig, SessionCore
 from duplex_actors.core.statechart import CHART
@@ -203,3 +204,20 @@ class UnitsHanded:
         self.units.pop(id(core), None)
         self.turns.pop(id(core), None)
         self.asked.pop(id(core), None)
+
+
+def user_text(text: str, item_id: str = "") -> Item:
+    """A user message of ``text`` (its id allocated by the session when empty)."""
+    return Item(id=item_id, role="user", content=(ContentPart(type="input_text", text=text),))
+
+
+def respond(core: SessionCore, command: cmd.CreateResponse, *outputs) -> tuple:
+    """Run one response to its end: (the request the engine got, the events the client got).
+    ``outputs``: functions of the request id making each engine output before its TurnDone."""
+    core.handle(command)
+    (submit,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
+    rid = submit.request.request_id
+    for out in outputs:
+        core.on_engine_output(out(rid))
+    core.on_engine_output(TurnDone(rid))
+    return submit.request, core.take_events()

@@ -13,12 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from duplex_actors.core import commands as cmd
-from duplex_actors.core.actions import SubmitTurn
 from duplex_actors.core.clock import ManualClock
 from duplex_actors.core.conversation import ContentPart, Item
-from duplex_actors.core.engine_io import AudioPacket, FunctionCall, TextDelta, TurnDone
+from duplex_actors.core.engine_io import AudioPacket, FunctionCall, TextDelta
 from duplex_actors.core.session import SessionConfig, SessionCore
 from duplex_actors.errors import ItemNotFound
+
+from .helpers import respond, user_text
 
 AUDIO = b"\x05\x00" * 3200  # 200 ms
 
@@ -29,21 +30,6 @@ def session() -> SessionCore:
     core = SessionCore("sess_outofband000", config, ManualClock(0.0))
     core.take_events()
     return core
-
-
-def user_text(text: str, item_id: str = "") -> Item:
-    return Item(id=item_id, role="user", content=(ContentPart(type="input_text", text=text),))
-
-
-def respond(core: SessionCore, command: cmd.CreateResponse, *outputs) -> tuple:
-    """Run one response to its end: (the request the engine got, the events the client got)."""
-    core.handle(command)
-    (submit,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
-    rid = submit.request.request_id
-    for out in outputs:
-        core.on_engine_output(out(rid))
-    core.on_engine_output(TurnDone(rid))
-    return submit.request, core.take_events()
 
 
 def pending_turn(core: SessionCore) -> None:

@@ -9,11 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duplex_actors.core import commands as cmd
-from duplex_actors.core.actions import SubmitTurn
 from duplex_actors.core.clock import ManualClock
-from duplex_actors.core.conversation import ContentPart, Item
-from duplex_actors.core.engine_io import FunctionCall, TextDelta, TurnDone
+from duplex_actors.core.engine_io import FunctionCall, TextDelta
 from duplex_actors.core.session import SessionConfig, SessionCore
+
+from .helpers import respond as run_response
+from .helpers import user_text
 
 
 def session(history: bool = True) -> SessionCore:
@@ -23,25 +24,11 @@ def session(history: bool = True) -> SessionCore:
     return core
 
 
-def user_text(text: str) -> Item:
-    return Item(id="", role="user", content=(ContentPart(type="input_text", text=text),))
-
-
 def respond(core: SessionCore, command: cmd.CreateResponse, *outputs):
-    """Run one response to its end; the request the engine got."""
-    core.handle(command)
-    (submit,) = [a for a in core.take_actions() if isinstance(a, SubmitTurn)]
-    rid = submit.request.request_id
-    for out in outputs:
-        core.on_engine_output(out(rid))
-    core.on_engine_output(TurnDone(rid))
-    core.take_events()
+    """The request one response to its end gave the engine (the events and actions taken)."""
+    request, _ = run_response(core, command, *outputs)
     core.take_actions()
-    return submit.request
-
-
-def said(items) -> list[tuple[str | None, str]]:
-    return [(item.role or item.type, item.text or item.output or item.name or "") for item in items]
+    return request
 
 
 def test_a_response_carries_the_earlier_turns_and_its_own_words_apart():
