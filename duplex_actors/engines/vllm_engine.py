@@ -15,9 +15,9 @@ What this module owns, and what it does not:
 * It has no audio encoder: the prompt is text built from the turn's instructions and a short
   description of the user's audio (see :func:`describe_turn`). A speech-native model would
   replace the prompt builder, not this class.
-* A prompt longer than the model's window, with room for the reply, has the words its turn
-  brings cut from their start until it fits, as OpenAI's default truncation does; the
-  instructions are kept (:mod:`.prompt_window`).
+* A prompt longer than the model's window, with room for the reply, loses the conversation's
+  oldest items, then the words its turn brings are cut from their start, until it fits, as
+  OpenAI's default truncation does; the instructions are kept (:mod:`.prompt_window`).
 
 vLLM is imported only inside :meth:`VllmEngine.start`, so importing this module costs nothing
 where vLLM is not installed.
@@ -407,9 +407,9 @@ class VllmEngine:
         return engine_input
 
     async def prompt_for(self, request: ModelTurnRequest) -> tuple[Any, int]:
-        """``request``'s prompt as vLLM's engine input, fitted to the model's window (the words
-        the turn brings cut from their start: prompt_window.py), and how many characters of
-        those words were left out. A prompt that must be measured is measured in a thread:
+        """``request``'s prompt as vLLM's engine input, fitted to the model's window (the oldest
+        history left out, then the words the turn brings cut from their start: prompt_window.py),
+        and how many characters of those words were left out. A prompt that must be measured is measured in a thread:
         tokenizing tens of thousands of characters a few times would hold every session's
         stream on the event loop."""
         text = self._prompt_builder(request)
@@ -421,7 +421,7 @@ class VllmEngine:
         )
         # No more tokens than UTF-8 bytes (4 at most a character) and a few special ones: a
         # prompt this short fits without being measured.
-        if 4 * len(text) + 8 <= budget or not request.input_text:
+        if 4 * len(text) + 8 <= budget or not (request.input_text or request.history):
             return self.render_prompt(text), 0
         if self._fit_tokenizer is not None:
             encode, decode = self._fit_tokenizer
@@ -433,10 +433,11 @@ class VllmEngine:
                 return tokenizer.decode(ids, skip_special_tokens=True)
 
         fitted = await asyncio.to_thread(fit_prompt, request, self._prompt_builder, encode, decode, budget)
-        if fitted.dropped_chars:
+        if fitted.dropped_chars or fitted.dropped_items:
             self._log.info(
                 "vllm.prompt_cut",
                 request_id=request.request_id,
+                dropped_items=fitted.dropped_items,
                 dropped_chars=fitted.dropped_chars,
                 kept_chars=len(fitted.request.input_text),
                 prompt_tokens=len(fitted.token_ids),

@@ -205,3 +205,22 @@ def test_a_later_turn_reads_the_earlier_ones_through_the_runtime(vllm):
     tokenizer = vllm.engine._llm.get_tokenizer()
     earlier = len(tokenizer.encode("User: my name is Ada and I live in Oslo\n", add_special_tokens=False))
     assert second >= first + earlier, (first, second, earlier)  # the first exchange, and more
+
+
+def test_a_history_longer_than_the_window_loses_its_oldest_items_with_no_words_pending(vllm):
+    # A turn of committed audio alone (no typed words) after a long conversation: the prompt's
+    # length is all history, which must be fitted as the words are.
+    from duplex_actors.core.conversation import ContentPart, Item
+
+    history = tuple(
+        Item(id=f"it_{i}", role="user", content=(ContentPart(type="input_text", text=f"line{i} " * 40),))
+        for i in range(60)
+    )
+    request = attrs.evolve(make_request(4), history=history)
+    prompt, dropped = vllm.run(vllm.engine.prompt_for(request))
+    window = vllm.engine._llm.model_config.max_model_len
+    assert dropped == 0 and len(prompt["prompt_token_ids"]) <= window - 4
+    text = vllm.engine._llm.get_tokenizer().decode(prompt["prompt_token_ids"])
+    assert "line59 " in text and "line0 " not in text and "User audio:" in text
+    done = vllm.run(collect(vllm.engine, request), timeout=60)[-1]
+    assert isinstance(done, TurnDone), done
