@@ -119,6 +119,7 @@ class _Stream:
         "stats",
         "last",
         "open",
+        "ended",
         "closed",
         "sid",
         "generation",
@@ -133,6 +134,7 @@ class _Stream:
         self.stats = stats
         self.last = 0
         self.open: set[str] = set()
+        self.ended: set[str] = set()  # to tell a second response.done from an unseen one's
         self.closed = False
         self.sid = ""
         self.generation = 0
@@ -170,6 +172,7 @@ class _Stream:
             if rid not in self.open:
                 stats["terminal_violations"] += 1  # a second done, or one without created
             self.open.discard(rid)
+            self.ended.add(rid)
             self.dones += 1
             stats[f"responses_{event['response']['status']}"] += 1
         elif kind == "session.closed":
@@ -190,9 +193,15 @@ class _Stream:
             and event["response"]["status_details"].get("duplex_reason") == "worker_lost"
         ):
             rid = event["response"]["id"]
-            if rid not in self.open:
-                self.stats["terminal_violations"] += 1
-            self.open.discard(rid)
+            if rid in self.open:
+                self.open.discard(rid)
+            elif rid in self.ended:
+                self.stats["terminal_violations"] += 1  # a second done for one that ended
+            else:
+                # Its response.created never came: the worker told the front of it and was
+                # killed before writing it (docs/protocol.md). Ended, never seen started.
+                self.stats["responses_ended_unseen"] += 1
+            self.ended.add(rid)
             self.dones += 1
             self.stats["responses_ended_by_worker_loss"] += 1
         elif kind == "session.closed" and event.get("reason") == "worker_lost":

@@ -128,6 +128,7 @@ class SessionConnection:
         now = self.server.runtime.clock.now
         link = self.server.front_link
         ended = False
+        to_report: list[ev.ServerEvent] = []  # what the front must hear before this burst goes
         try:
             while not ended and await handle.wait_events():
                 cost_mark = frame_cost.mark() if loop_share is not None else None
@@ -155,7 +156,7 @@ class SessionConnection:
                     # response that had ended, and a worker killed before the replay reached
                     # its response.done left the front to send that client a second one.
                     if link is not None and (first_time or type(event) is not ev.ResponseCreated):
-                        _report_to_front(link, event)
+                        to_report.append(event)
                     if isinstance(event, ev.SessionClosedEvent):
                         ended = True
                         break
@@ -171,6 +172,17 @@ class SessionConnection:
                     pacer.spend(owed, now())
                 # Measured before the send, which may wait for the socket while others run.
                 cost = 0.0 if cost_mark is None else frame_cost.billed_since(cost_mark)
+                # The front hears of a response just before its frames are written (send_burst
+                # writes before it first waits), never after: a worker killed between the two
+                # leaves the front to end a response the client did not see start
+                # (protocol.md says how to read that), never one the client saw start with
+                # nobody left to end it. Told as each event was encoded, the window was the
+                # rest of the burst's encoding wide.
+                if to_report:
+                    assert link is not None  # listed only for a worker's connection
+                    for event in to_report:
+                        _report_to_front(link, event)
+                    to_report.clear()
                 # A client that stops reading is closed after write_timeout_s (guard.py's
                 # policy), so it never pins its connection and outbox forever.
                 async with fail_after(timeout):

@@ -415,6 +415,50 @@ async def test_a_replayed_response_created_does_not_reopen_the_response_at_the_f
         assert link.ledger._responses == {}
 
 
+async def test_the_front_hears_of_a_response_right_before_its_frames_are_written(monkeypatch):
+    # serve --workers: the worker told the front of a response.created as it encoded it, then
+    # encoded the rest of the burst, then wrote it. A worker killed in between left the front to
+    # end, with worker_lost, a response its client never saw start (clean-ci met it). A kill
+    # can always land between the report and the write (two sockets); what is kept small is
+    # that window: nothing is encoded in it.
+    from duplex_actors.server import codec, session_connection, ws_internals
+
+    log: list[str] = []
+    encode = codec.encode
+
+    def logged_encode(event, wire):
+        log.append("encode")
+        return encode(event, wire)
+
+    send_burst = ws_internals.send_burst
+
+    async def logged_send_burst(ws, frames):
+        log.append("write")  # send_burst writes before it first waits
+        cost = await send_burst(ws, frames)
+        await anyio.sleep(0.05)  # a socket slow to drain: the next events pile up meanwhile
+        return cost
+
+    monkeypatch.setattr(session_connection.codec, "encode", logged_encode)
+    monkeypatch.setattr(session_connection.ws_internals, "send_burst", logged_send_burst)
+    answer = Script(tokens=("a", "b"), audio_packets=3, packet_latency_s=0.0)
+    async with running_server(answer) as server:
+        link = _RecordingFrontLink()
+        report = link.response_started
+        link.response_started = lambda sid, rid: (log.append("report"), report(sid, rid))  # type: ignore[method-assign]
+        server.front_link = link  # type: ignore[assignment]
+        async with connect(server.url) as ws:
+            await recv_json(ws)  # session.created
+            # The session.updated burst is still "draining" when the response starts: the
+            # response.created then goes out in a burst with what follows it.
+            await ws.send(json.dumps({"type": "session.update", "session": {"instructions": "Be brief."}}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            await recv_until(ws, "response.done")
+    at = log.index("report")
+    assert log[at + 1] == "write", log
+    # The burst the report went with was encoded before it (more than the created alone).
+    assert log[at - 2 : at] == ["encode", "encode"], log
+
+
 async def test_a_dropped_clients_answer_waits_for_its_resume_and_the_resume_gets_all_of_it():
     # An answer produced as fast as the engine can, for a client that dropped right after
     # asking: the server holds the session's allowance of it, not the whole answer, until the
