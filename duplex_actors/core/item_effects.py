@@ -193,6 +193,16 @@ class ItemEffects(SessionParts):
         here, without limit (100 items of 65,536 four-byte characters: +25 MiB, growing)."""
         pending = self._pending_text
         pending[item_id] = texts
+        if len(pending) > 1 and self._conversation.last_id != item_id:
+            # Inserted before the end (previous_item_id): the words are read in the
+            # conversation's order, as the history is, not in the order they came. The insert
+            # itself already cost the conversation a pass over its items.
+            ordered = {item.id: pending[item.id] for item in self._conversation if item.id in pending}
+            if len(ordered) < len(pending):
+                # Words of items the conversation's own bounds let go are still pending: the
+                # oldest, so first.
+                ordered = {**{k: v for k, v in pending.items() if k not in ordered}, **ordered}
+            pending = self._pending_text = ordered
         self._pending_chars += _chars(texts)
         self._withdraw_offered_words()
         budget = self.config.max_conversation_chars

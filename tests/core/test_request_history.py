@@ -81,5 +81,50 @@ def test_the_history_is_the_conversation_less_the_pending_words_in_order(steps):
             before, pending = list(core._conversation), dict(core._pending_text)
             request = respond(core, cmd.CreateResponse(), lambda rid: TextDelta(rid, "ok", 1))
             assert request.history == tuple(item for item in before if item.id not in pending)
-            # The pending words, as they were added (the history holds the rest, in order).
-            assert request.input_text == " ".join(t for texts in pending.values() for t in texts)
+            # The pending words in the conversation's order, as the history is (they were read
+            # in the order they were added: an item inserted early came last).
+            in_order = [item.id for item in before if item.id in pending]
+            assert request.input_text == " ".join(t for i in in_order for t in pending[i])
+
+
+def test_words_inserted_early_are_read_in_the_conversations_order():
+    core = session()
+    core.handle(cmd.CreateItem(item=user_text("then this")))
+    core.handle(cmd.CreateItem(item=user_text("first this"), previous_item_id="root"))
+    request = respond(core, cmd.CreateResponse())
+    assert request.input_text == "first this then this"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(2, 4),
+    st.sampled_from([None, 8, 20]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["end", "root", "after"]),
+            st.integers(0, 5),
+            st.text("ab", min_size=1, max_size=6),
+        ),
+        max_size=14,
+    ),
+)
+def test_pending_words_keep_the_conversations_order_and_their_count_under_its_bounds(
+    max_items, max_chars, steps
+):
+    # The conversation's own bounds let go of its oldest items, some of whose words may still be
+    # pending; inserting early reorders what is pending. The character count stays exact, the
+    # words of held items follow the conversation, and those let go come first (the oldest).
+    config = SessionConfig(
+        respond_on_commit=False, modalities=("text",), max_items=max_items, max_conversation_chars=max_chars
+    )
+    core = SessionCore("sess_history00001", config, ManualClock(0.0), history=True)
+    for where, at, text in steps:
+        ids = [item.id for item in core._conversation]
+        previous = None if where == "end" or not ids else "root" if where == "root" else ids[at % len(ids)]
+        core.handle(cmd.CreateItem(item=user_text(text), previous_item_id=previous))
+        pending = core._pending_text
+        assert core._pending_chars == sum(sum(map(len, t)) + len(t) - 1 for t in pending.values())
+        held = [item.id for item in core._conversation if item.id in pending]
+        let_go = [i for i in pending if i not in core._conversation]
+        assert list(pending) == let_go + held
+        assert len(pending) <= max_items
