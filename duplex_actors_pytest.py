@@ -33,9 +33,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pytest
+
+if TYPE_CHECKING:  # loading the plugin imports nothing of duplex_actors (module docstring)
+    from duplex_actors import ManualClock, ScriptedEngine, SessionHandle
 
 T = TypeVar("T")
 
@@ -121,10 +124,10 @@ class RuntimeDriver:
 
     def call(self, func: Callable[..., Awaitable[T] | T], *args: Any) -> T:
         """Run ``func(*args)`` on the runtime's loop (awaiting it if async) and return its value."""
-        return self.portal.call(func, *args)
+        return cast(T, self.portal.call(func, *args))
 
-    def open_session(self, **overrides: Any):
-        return self.portal.call(lambda: self.runtime.open_session_nowait(**overrides))
+    def open_session(self, **overrides: Any) -> SessionHandle:
+        return cast("SessionHandle", self.portal.call(lambda: self.runtime.open_session_nowait(**overrides)))
 
     def sleep(self, seconds: float) -> None:
         import anyio
@@ -133,7 +136,7 @@ class RuntimeDriver:
 
 
 @pytest.fixture
-def manual_clock():
+def manual_clock() -> ManualClock:
     """A :class:`~duplex_actors.ManualClock` at t=0 that the test moves by hand."""
     from duplex_actors import ManualClock
 
@@ -141,19 +144,19 @@ def manual_clock():
 
 
 @pytest.fixture
-def scripted_engine():
+def scripted_engine() -> ScriptedEngine:
     """A fresh :class:`~duplex_actors.ScriptedEngine` with a fast default script."""
     return _fast_scripted_engine()
 
 
 @pytest.fixture
-def duplex_runtime(scripted_engine) -> Iterator[RuntimeDriver]:
+def duplex_runtime(scripted_engine: ScriptedEngine) -> Iterator[RuntimeDriver]:
     """A started Runtime on ``scripted_engine``, for synchronous tests (see RuntimeDriver)."""
     with start_runtime_driver(scripted_engine) as driver:
         yield driver
 
 
-def _fast_scripted_engine(script: Any = None):
+def _fast_scripted_engine(script: Any = None) -> ScriptedEngine:
     from duplex_actors import Script, ScriptedEngine
 
     return ScriptedEngine(

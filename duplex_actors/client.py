@@ -43,7 +43,7 @@ import secrets
 import ssl as ssl_module
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
@@ -126,10 +126,11 @@ class DuplexClient:
         self._connected = asyncio.Event()
         # Unbounded so the end marker always fits; the pump stops reading at queue_size
         # (backpressure reaches the server through TCP) until the consumer catches up.
-        self._queue: asyncio.Queue = asyncio.Queue()
+        # Server events (dict[str, Any]), then the _END marker.
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._queue_size = queue_size
         self._drained = asyncio.Event()
-        self._pump_task: asyncio.Task | None = None
+        self._pump_task: asyncio.Task[None] | None = None
         self._closing = False
         self._failure: BaseException | None = None
         self._resume_control: tuple[int, str, str] | None = None  # generation, token, control_id
@@ -154,7 +155,7 @@ class DuplexClient:
             await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def _open(self, resume_session: str | None = None) -> ClientConnection:
@@ -264,7 +265,7 @@ class DuplexClient:
             self._drained.clear()
             await self._drained.wait()
 
-    def _take(self, item: Any) -> Any:
+    def _take(self, item: object) -> object:
         if self._queue.qsize() <= self._queue_size // 2:
             self._drained.set()
         return item
@@ -312,7 +313,7 @@ class DuplexClient:
         )
         return False
 
-    async def events(self) -> AsyncIterator[dict]:
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
         """Every server event, in order, once; ends after ``session.closed`` or a lost session."""
         while True:
             item = self._take(await self._queue.get())
@@ -321,20 +322,22 @@ class DuplexClient:
                 if self._failure is not None and not self.session_closed:
                     raise self._failure
                 return
-            yield item
+            yield cast("dict[str, Any]", item)
 
-    async def recv(self, timeout: float = 5.0) -> dict:
+    async def recv(self, timeout: float = 5.0) -> dict[str, Any]:
         """The next event (raises TimeoutError, or SessionLost when the stream ended)."""
         with anyio.fail_after(timeout):
             item = self._take(await self._queue.get())
         if item is _END:
             self._queue.put_nowait(_END)
             raise self._failure or SessionLost("the session ended")
-        return item
+        return cast("dict[str, Any]", item)
 
-    async def wait_for(self, event_type: str, timeout: float = 5.0) -> tuple[dict, list[dict]]:
+    async def wait_for(
+        self, event_type: str, timeout: float = 5.0
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Receive until an event of ``event_type``; returns it and everything before it."""
-        seen: list[dict] = []
+        seen: list[dict[str, Any]] = []
         with anyio.fail_after(timeout):
             while True:
                 event = await self.recv(timeout)
@@ -347,10 +350,10 @@ class DuplexClient:
     def _next_id(self) -> str:
         return f"c_{self._id_prefix}_{next(self._ids)}"
 
-    async def send(self, event: dict) -> str:
+    async def send(self, event: dict[str, Any]) -> str:
         """Send one client event (an ``event_id`` is added if missing); returns the event_id."""
         event = dict(event)
-        event_id = event.setdefault("event_id", self._next_id())
+        event_id: str = event.setdefault("event_id", self._next_id())
         frame = json.dumps(event, separators=(",", ":"))
         if event.get("type") != "session.update":
             await self._send_frame(frame)
@@ -434,7 +437,7 @@ class DuplexClient:
             {"type": "duplex.playback_ack", "response_id": response_id, "played_ms": played_ms}
         )
 
-    async def update_session(self, session: dict) -> str:
+    async def update_session(self, session: dict[str, Any]) -> str:
         return await self.send({"type": "session.update", "session": session})
 
     # -- ending -----------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class IllegalTransition(ClientError):
 
     code = "illegal_in_state"
 
-    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw: str | None) -> None:
         super().__init__(message or f"{trigger!r} is not allowed in state {state!r}", **kw)
         self.state = state
         self.trigger = trigger
@@ -71,7 +71,9 @@ class SessionClosed(IllegalTransition):
 
     code = "session_closed"
 
-    def __init__(self, state: str = "closed", trigger: str = "?", message: str | None = None, **kw):
+    def __init__(
+        self, state: str = "closed", trigger: str = "?", message: str | None = None, **kw: str | None
+    ) -> None:
         super().__init__(state, trigger, message or f"session is closed; {trigger!r} refused", **kw)
 
 
@@ -82,7 +84,7 @@ class InputBufferEmpty(IllegalTransition):
 
     # OpenAI's words (some clients match "buffer too small" to let this race pass quietly).
     # OpenAI also refuses a commit of less than 100 ms; this server commits any audio.
-    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw: str | None) -> None:
         super().__init__(
             state,
             trigger,
@@ -99,7 +101,7 @@ class ResponseInProgress(IllegalTransition):
     code = "conversation_already_has_active_response"
 
     # OpenAI's words: clients match on them (pipecat's xAI service ignores this race by them).
-    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw: str | None) -> None:
         super().__init__(
             state, trigger, message or "Conversation already has an active response in progress", **kw
         )
@@ -113,7 +115,7 @@ class NoActiveResponse(IllegalTransition):
     # OpenAI's words, which clients match on: livekit treats an error starting "Cancellation
     # failed" as the harmless race of a cancel with response.done, and logs anything else as
     # an error (its interrupt() sends cancels that meet an ended response all the time).
-    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw: str | None) -> None:
         super().__init__(state, trigger, message or "Cancellation failed: no active response found", **kw)
 
 
@@ -145,7 +147,7 @@ class InvalidItem(ClientError):
 
     code = "invalid_value"
 
-    def __init__(self, param: str, message: str, **kw) -> None:
+    def __init__(self, param: str, message: str, **kw: str | None) -> None:
         super().__init__(f"{param}: {message}", **kw)
         self.param = param
 
@@ -155,7 +157,7 @@ class ResponseNotFound(IllegalTransition):
 
     code = "response_not_found"
 
-    def __init__(self, state: str, trigger: str, message: str | None = None, **kw) -> None:
+    def __init__(self, state: str, trigger: str, message: str | None = None, **kw: str | None) -> None:
         super().__init__(
             state,
             trigger,
@@ -182,7 +184,7 @@ class InvalidSampling(InvalidCommand):
 
     code = "invalid_value"
 
-    def __init__(self, param: str, message: str, **kw) -> None:
+    def __init__(self, param: str, message: str, **kw: str | None) -> None:
         super().__init__(f"{param}: {message}", **kw)
         self.param = param
 

@@ -29,7 +29,7 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def configure(level: str = "info", *, json: bool = False, stream=None) -> None:
+def configure(level: str = "info", *, json: bool = False, stream: TextIO | None = None) -> None:
     """Configure structlog for duplex_actors' events: ``level`` and up, rendered as JSON lines
     or for the console, to ``stream`` (stderr, as it is at each write, by default)."""
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)

@@ -38,7 +38,7 @@ _WATCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "orphan_watc
 class OrphanGuard:
     """One watcher process over ``pids``, owned by this process (see the module docstring)."""
 
-    def __init__(self, process: subprocess.Popen, pids: tuple[int, ...], label: str) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], pids: tuple[int, ...], label: str) -> None:
         self._process = process
         self.pids = pids
         self.label = label

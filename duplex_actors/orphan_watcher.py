@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 
 def _wait_for_exit(owner_pid: int) -> None:
@@ -54,7 +58,7 @@ def _watch(owner_pid: int, pids: list[int], grace_s: float, label: str) -> int:
     _wait_for_exit(owner_pid)
     # Their children are found while the guarded processes still live: once a parent is gone,
     # its children are no longer anyone's to find.
-    tree: list = []
+    tree: list[psutil.Process] = []
     for process in guarded:
         try:
             if process.is_running():
@@ -83,7 +87,7 @@ def _watch(owner_pid: int, pids: list[int], grace_s: float, label: str) -> int:
     return 0
 
 
-def _wait_gone(processes: list, timeout_s: float) -> list:
+def _wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """Those of ``processes`` still running after ``timeout_s``. A zombie counts as gone: it
     has ended and only waits for its parent to read its status (psutil's own wait would take
     it for a live process, as it cannot reap a process it did not start)."""
@@ -106,7 +110,7 @@ def _wait_gone(processes: list, timeout_s: float) -> list:
         time.sleep(0.05)
 
 
-def _named(processes: list) -> str:
+def _named(processes: list[psutil.Process]) -> str:
     import psutil
 
     names = []

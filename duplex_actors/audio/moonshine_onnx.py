@@ -27,7 +27,11 @@ import importlib.util
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # numpy is imported where it is used
+    import numpy as np
+    import numpy.typing as npt
 
 #: Moonshine's special tokens (tokenizer.bin's first three pieces).
 BOS, EOS = 1, 2
@@ -262,7 +266,7 @@ class MoonshineOnnx:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3
 
-        def session(name: str):
+        def session(name: str) -> ort.InferenceSession:
             return ort.InferenceSession(
                 ort_to_onnx(directory / name), options, providers=["CPUExecutionProvider"]
             )
@@ -275,7 +279,7 @@ class MoonshineOnnx:
         self._past_shape = {i.name: i.shape for i in inputs if i.name.startswith("past_key_values.")}
         self._outputs = [o.name for o in self.decoder.get_outputs()]
 
-    def tokens(self, audio, stop: Callable[[], bool] | None = None) -> list[int]:
+    def tokens(self, audio: npt.NDArray[np.float32], stop: Callable[[], bool] | None = None) -> list[int]:
         """Greedy token ids for ``audio`` (float32, 16 kHz, at least 0.1 s), without BOS/EOS.
         ``stop`` is asked before each decoder step: True raises DecodeStopped (a decode started
         early that is no longer wanted frees the recogniser within one decoder step)."""
@@ -314,5 +318,5 @@ class MoonshineOnnx:
         data = b"".join(pieces[t] for t in tokens if 2 < t < len(pieces))
         return data.decode("utf-8", "replace").replace("\u2581", " ").strip()
 
-    def transcribe(self, audio, stop: Callable[[], bool] | None = None) -> str:
+    def transcribe(self, audio: npt.NDArray[np.float32], stop: Callable[[], bool] | None = None) -> str:
         return self.text(self.tokens(audio, stop))

@@ -31,13 +31,17 @@ import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import structlog
 
 from ..parent_death import end_with_parent
 
 if TYPE_CHECKING:  # onnxruntime is imported only when the ONNX backend loads
+    import numpy as np
+    import numpy.typing as npt
+    from pocketsphinx import Decoder
+
     from .moonshine_onnx import MoonshineOnnx
 
 log = structlog.get_logger("duplex_actors.transcription")
@@ -56,11 +60,11 @@ class Transcriber(Protocol):
 
 
 # One decoder per process (the serving process for blocking use, each pool worker for its own).
-_decoder = None
+_decoder: Decoder | None = None
 _decoder_lock = threading.Lock()
 
 
-def _load_decoder():
+def _load_decoder() -> Decoder:
     # Slow, but once per process; in a pool worker the event loop never waits for it.
     global _decoder
     if _decoder is None:
@@ -117,7 +121,7 @@ class PocketsphinxTranscriber:
 
         self.max_concurrent = max_concurrent
         self._pool: ProcessPoolExecutor | None = None
-        self._stop_pool: weakref.finalize | None = None
+        self._stop_pool: weakref.finalize[..., PocketsphinxTranscriber] | None = None
         self._broken_in_a_row = 0
 
     def supports_language(self, language: str | None) -> bool:
@@ -187,7 +191,9 @@ def english(language: str | None) -> bool:
     return language in (None, "", "en") or language.lower().startswith("en-")
 
 
-def trim_quiet(audio, rate: int, *, margin_s: float = 0.15, share: float = 0.1):
+def trim_quiet(
+    audio: npt.NDArray[np.float32], rate: int, *, margin_s: float = 0.15, share: float = 0.1
+) -> npt.NDArray[np.float32]:
     """``audio`` (float32) without the quiet before and after its sound, keeping ``margin_s``
     on each side. A server VAD turn carries ~0.3 s of prefix and ~0.5 s of the silence that
     ended it; a recogniser whose cost grows with the audio's length (Moonshine's encoder)
@@ -278,7 +284,7 @@ class MoonshineTranscriber:
     def supports_language(self, language: str | None) -> bool:
         return english(language)
 
-    def _load(self):
+    def _load(self) -> MoonshineOnnx | int:
         # Once, under the lock; by path, so nothing is ever downloaded.
         if self.backend == "onnx":
             if self._model is None:
@@ -299,7 +305,7 @@ class MoonshineTranscriber:
             self._handle = handle
         return self._handle
 
-    def prepare(self, pcm: bytes, sample_rate: int):
+    def prepare(self, pcm: bytes, sample_rate: int) -> npt.NDArray[np.float32] | None:
         """The float32 16 kHz audio the model hears for this pcm16 turn (trimmed), or None
         when under 100 ms are left: nothing a word fits in (and the model's minimum input)."""
         import numpy as np
@@ -328,10 +334,12 @@ class MoonshineTranscriber:
         with self._lock:  # one decode per model at a time
             model = self._load()
             if self.backend == "onnx":
-                return model.transcribe(audio, None if cancelled is None else cancelled.is_set)
-            return self._transcribe_cpp(model, audio)
+                return cast("MoonshineOnnx", model).transcribe(
+                    audio, None if cancelled is None else cancelled.is_set
+                )
+            return self._transcribe_cpp(cast(int, model), audio)
 
-    def _transcribe_cpp(self, handle: int, audio) -> str:
+    def _transcribe_cpp(self, handle: int, audio: npt.NDArray[np.float32]) -> str:
         import ctypes
 
         text = ctypes.c_char_p()

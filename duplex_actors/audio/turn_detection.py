@@ -34,7 +34,7 @@ class TurnDetectionConfig:
     hysteresis: float = 0.15
 
     @threshold.validator
-    def _check_threshold(self, _attribute, value: float) -> None:
+    def _check_threshold(self, _attribute: attrs.Attribute[float], value: float) -> None:
         if not 0.0 < value < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {value}")
 

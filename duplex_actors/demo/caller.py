@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
@@ -18,6 +20,10 @@ import attrs
 from ..audio.server_vad import ServerVad
 from ..core.events import AudioDeltaEvent, ResponseCreated, ResponseDone, ServerEvent
 from ..errors import MailboxFull, SessionClosed
+
+if TYPE_CHECKING:
+    from ..actors.session_handle import SessionHandle
+    from ..audio.vad import VoiceActivityModel
 
 CHUNK_MS = 20
 SAMPLE_RATE = 16000
@@ -61,11 +67,11 @@ class Caller:
     def __init__(
         self,
         index: int,
-        session,
-        vad_factory,
+        session: SessionHandle,
+        vad_factory: Callable[[], VoiceActivityModel],
         speech: dict[str, bytes],
-        turns,
-        backchannels,
+        turns: Iterable[str],
+        backchannels: Iterable[str],
         rng: random.Random,
         behaviour: Behaviour = Behaviour(),
     ) -> None:
@@ -79,7 +85,7 @@ class Caller:
         self.behaviour = behaviour
         self.stats = CallerStats()
         self.timeline = Timeline()
-        self.metrics: list[dict] = []
+        self.metrics: list[dict[str, Any]] = []
         self._mic: deque[tuple[bytes, str]] = deque()
         self._speaking_until = 0.0
         self._t0 = time.perf_counter()
@@ -87,7 +93,7 @@ class Caller:
         self._response_active = False
         self._cancelled_responses: set[str] = set()
         self._current_audio_end = 0.0
-        self._pending: list = []
+        self._pending: list[tuple[float, Callable[[], None]]] = []
         self.dropped_chunks = 0
 
     def now(self) -> float:
@@ -198,7 +204,7 @@ class Caller:
     def _queue_turn_after(self, delay: float) -> None:
         self._later(delay, self._speak_next_turn)
 
-    def _later(self, delay: float, action) -> None:
+    def _later(self, delay: float, action: Callable[[], None]) -> None:
         self._pending.append((time.perf_counter() + delay, action))
 
     async def scheduler(self, deadline: float) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .caller import Timeline
 
 
-def plot_timeline(timeline, path: Path, title: str = "") -> None:
+def plot_timeline(timeline: Timeline, path: Path, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")

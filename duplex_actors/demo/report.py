@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from rich.console import Console
 from rich.table import Table
 
 
-def _fmt(v, digits=2):
+def _fmt(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def print_report(console, report: dict) -> None:
+def print_report(console: Console, report: dict[str, Any]) -> None:
     table = Table(title="per-response metrics (nearest-rank percentiles)")
     for col in ("metric", "count", "p50", "p90", "p99", "mean", "source"):
         table.add_column(col, justify="right")

@@ -7,8 +7,9 @@ import json
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
@@ -18,6 +19,8 @@ from ..core.timing import Summary
 from .caller import Behaviour, Caller
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..engines.base import EngineBackend
     from ..engines.pacing import PacedEngine
 
@@ -74,7 +77,7 @@ _SPEECH: dict[str, bytes] = {}
 SPEECH_FILE_ENV = "DUPLEX_DEMO_SPEECH"
 
 
-def synthesize_speech(texts) -> dict[str, bytes]:
+def synthesize_speech(texts: Sequence[str]) -> dict[str, bytes]:
     """The callers' speech, synthesised once per process (Piper is deterministic), or read from
     the file $DUPLEX_DEMO_SPEECH names where it holds the texts."""
     missing = [t for t in texts if t not in _SPEECH]
@@ -106,7 +109,7 @@ def load_speech(path: Path) -> dict[str, bytes]:
     return {text: base64.b64decode(b64) for text, b64 in json.loads(path.read_text()).items()}
 
 
-async def run_demo(options: DemoOptions, *, console=None) -> dict:
+async def run_demo(options: DemoOptions, *, console: Console | None = None) -> dict[str, Any]:
     from ..audio.utterances import load_utterances
     from ..audio.vad import SileroVad
 
@@ -160,8 +163,13 @@ async def run_demo(options: DemoOptions, *, console=None) -> dict:
 
 
 def summarize(
-    callers, options: DemoOptions, wall_s: float, cpu_s: float, synth_s: float, engine_stats: dict
-) -> dict:
+    callers: Sequence[Caller],
+    options: DemoOptions,
+    wall_s: float,
+    cpu_s: float,
+    synth_s: float,
+    engine_stats: dict[str, Any],
+) -> dict[str, Any]:
     all_metrics = [m for c in callers for m in c.metrics]
     table = {}
     for name in METRICS:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import anyio
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from ..actors.runtime import Runtime
+    from .caller import Caller
 
-def _table(callers, runtime, remaining: float) -> Table:
+
+def _table(callers: Sequence[Caller], runtime: Runtime, remaining: float) -> Table:
     stats = runtime.engine.statistics()
     table = Table(
         title=f"duplex_actors demo — {remaining:4.0f} s left — engine in flight "
@@ -35,7 +42,7 @@ def _table(callers, runtime, remaining: float) -> Table:
     return table
 
 
-async def live_view(console, callers, runtime, deadline: float) -> None:
+async def live_view(console: Console, callers: Sequence[Caller], runtime: Runtime, deadline: float) -> None:
     with Live(
         _table(callers, runtime, deadline - time.perf_counter()),
         console=console,

@@ -39,7 +39,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
@@ -48,6 +48,9 @@ from ..engines.base import EngineBackend, EngineCapabilities
 from ..errors import UnknownSession
 
 if TYPE_CHECKING:
+    from ray.serve import Application
+    from starlette.requests import Request
+
     from ..actors.runtime import Runtime
 
 log = structlog.get_logger(__name__)
@@ -114,7 +117,9 @@ class SessionDirectory:
         return {token: (url, sessions) for token, (url, sessions, _) in self.replicas.items()}
 
 
-def _directory():
+def _directory() -> Any:
+    # A Ray ActorHandle: its methods are looked up at run time (ray types them Never, which
+    # would make mypy skip every line after a call as unreachable).
     import ray
 
     return ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
@@ -128,7 +133,7 @@ class EngineReplica:
 
     def __init__(self, factory: Callable[[], EngineBackend]) -> None:
         self.backend = factory()
-        self._started: asyncio.Task | None = None
+        self._started: asyncio.Task[None] | None = None
 
     async def _ensure_started(self) -> None:
         if self._started is None:
@@ -148,7 +153,7 @@ class EngineReplica:
         gets one output per item (no added wait); a burst shares one Serve item, which is
         where this path's cost is (one streamed item costs far more than one output)."""
         await self._ensure_started()
-        ready: asyncio.Queue = asyncio.Queue()
+        ready: asyncio.Queue[object] = asyncio.Queue()  # EngineOutputs, then `end`
         end = object()
 
         async def pump() -> None:
@@ -176,7 +181,7 @@ class EngineReplica:
                 if finished:
                     batch.pop()
                 if batch:
-                    yield batch
+                    yield cast("list[EngineOutput]", batch)
                 if finished:
                     return
         finally:
@@ -256,7 +261,7 @@ class SessionReplica:
         engine_handle: Any,
         host: str | None = None,
         port: int = 0,
-        session_overrides: dict | None = None,
+        session_overrides: dict[str, Any] | None = None,
         max_sessions: int = 10_000,
         api_key: str | None = None,
         report_interval_s: float = 1.0,
@@ -289,7 +294,8 @@ class SessionReplica:
         from ..server.app import RealtimeServer, ServerConfig
 
         try:
-            host = self.host or ray.util.get_node_ip_address()
+            # ray's helper is unannotated (only --strict flags the call, hence unused-ignore too)
+            host = self.host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call, unused-ignore]
             backend = ServeEngine(self.engine_handle)
             config = ServerConfig(host=host, port=self.port, api_key=self.api_key)
             # As single-process serve: input transcription when the replica has the extra.
@@ -322,7 +328,7 @@ class SessionReplica:
         if self._failure is not None:
             raise RuntimeError(f"session replica failed to start: {self._failure!r}")
 
-    async def describe(self) -> dict:
+    async def describe(self) -> dict[str, Any]:
         await self._wait_ready()
         assert self._runtime is not None, "ready without a failure: the runtime is up"
         return {"token": self.token, "url": self.url, "sessions": self._runtime.session_count}
@@ -347,7 +353,7 @@ class SessionRouter:
         directory = _directory()
         if session_id is not None:
             token = replica_of(session_id)
-            url = None if token is None else await directory.owner.remote(token)
+            url: str | None = None if token is None else await directory.owner.remote(token)
             if url is None:
                 raise UnknownSession(f"no session replica owns {session_id!r}")
             return f"{url}?session_id={session_id}"
@@ -356,7 +362,7 @@ class SessionRouter:
             url = (await self.sessions_handle.describe.remote())["url"]
         return url
 
-    async def __call__(self, request) -> Any:  # GET /route?session_id=... through Serve's proxy
+    async def __call__(self, request: Request) -> Any:  # GET /route?session_id=... through Serve's proxy
         from starlette.responses import JSONResponse
 
         try:
@@ -372,14 +378,14 @@ def build_app(
     engine_factory: Callable[[], EngineBackend],
     *,
     session_replicas: int = 1,
-    engine_autoscaling: dict | None = None,
+    engine_autoscaling: dict[str, Any] | None = None,
     host: str | None = None,
-    session_overrides: dict | None = None,
+    session_overrides: dict[str, Any] | None = None,
     api_key: str | None = None,
-    session_actor_options: dict | None = None,
-    engine_actor_options: dict | None = None,
+    session_actor_options: dict[str, Any] | None = None,
+    engine_actor_options: dict[str, Any] | None = None,
     report_interval_s: float = 1.0,
-):
+) -> Application:
     """The Serve application: ``serve.run(build_app(...))`` returns the router's handle.
 
     ``engine_autoscaling`` is Serve's ``autoscaling_config`` for the engine deployment

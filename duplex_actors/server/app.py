@@ -45,7 +45,7 @@ import contextvars
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -108,6 +108,9 @@ from .tls_relay import RelayedStream, RequestLineSniffer
 from .vad_batch import VadBatcher
 from .worker_link import FrontLink
 
+if TYPE_CHECKING:
+    from ..audio.vad import VoiceActivityModel
+
 log = structlog.get_logger("duplex_actors.server")
 
 
@@ -146,7 +149,7 @@ class RealtimeServer:
     def __init__(self, runtime: Runtime, config: ServerConfig = ServerConfig()) -> None:
         self.runtime = runtime
         self.config = config
-        self._library_token: contextvars.Token | None = None
+        self._library_token: contextvars.Token[str | None] | None = None
         limit = config.read_ahead_bytes_per_client
         #: What each client holds parsed and unhandled over its connections (read_ahead.py).
         self.read_ahead = (
@@ -201,7 +204,7 @@ class RealtimeServer:
         self.billing = LoopBilling()
         #: How long a connection pushed out by a resume may take to answer its close frame.
         self.takeover_close_wait_s = TAKEOVER_CLOSE_WAIT_S
-        self._charging: asyncio.Task | None = None
+        self._charging: asyncio.Task[None] | None = None
         self.vad_batcher = (
             None if config.vad_batch_window_s is None else VadBatcher(config.vad_batch_window_s)
         )
@@ -334,7 +337,9 @@ class RealtimeServer:
         }
 
     def _adopted_connection(
-        self, relayed_peer: tuple | None = None, connection_class: type[ServerConnection] | None = None
+        self,
+        relayed_peer: tuple[str, int] | None = None,
+        connection_class: type[ServerConnection] | None = None,
     ) -> ServerConnection:
         """The websocket connection for a socket accepted elsewhere, made from websockets'
         public pieces as its serve() makes one for a socket it accepted: the same protocol
@@ -370,7 +375,7 @@ class RealtimeServer:
             on_paced=lambda what, wait: self.metrics.paced.labels(what).inc(wait),
         )
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         try:
             await self.aclose()
         finally:
@@ -524,7 +529,7 @@ class RealtimeServer:
             raise
 
     def _connection_on(
-        self, transport: asyncio.Transport, read: bytes, relayed_peer: tuple | None = None
+        self, transport: asyncio.Transport, read: bytes, relayed_peer: tuple[str, int] | None = None
     ) -> ServerConnection:
         """A websocket connection takes over ``transport``, from a protocol that has already
         ``read`` the start of its request (tls_relay.py)."""
@@ -538,7 +543,7 @@ class RealtimeServer:
     async def serve_relays(self, path: str) -> None:
         """Listen on ``path`` for connections other workers relay here (tls_relay.py)."""
 
-        def serve_relayed(transport: asyncio.Transport, rest: bytes, peer: tuple) -> None:
+        def serve_relayed(transport: asyncio.Transport, rest: bytes, peer: tuple[str, int]) -> None:
             self.metrics.relays.labels("in").inc()
             self._connection_on(transport, rest, relayed_peer=peer)
 
@@ -558,7 +563,8 @@ class RealtimeServer:
     @property
     def port(self) -> int:
         assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]  # getsockname() is typed Any
+        return port
 
     @property
     def url(self) -> str:
@@ -765,7 +771,7 @@ class RealtimeServer:
                 self._vad_ok = False
         return self._vad_ok
 
-    def _vad_model(self, sample_rate: int):
+    def _vad_model(self, sample_rate: int) -> VoiceActivityModel:
         try:
             from ..audio.vad import SileroVad
 

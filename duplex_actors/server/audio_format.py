@@ -61,7 +61,7 @@ class AudioFormat:
     def bytes_per_sample(self) -> int:
         return 2 if self.type == PCM else 1
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, str | int]:
         """The GA ``format`` object (pcmu/pcma carry no rate: it is always 8 kHz)."""
         if self.type == PCM:
             return {"type": PCM, "rate": self.rate}
@@ -95,7 +95,8 @@ def _resample(pcm: bytes, rate_in: int, rate_out: int) -> bytes:
     # replayed event must encode to the bytes it did the first time.
     samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
     out = soxr.resample(samples, rate_in, rate_out)
-    return np.clip(np.rint(out), -32768, 32767).astype("<i2").tobytes()
+    resampled: bytes = np.clip(np.rint(out), -32768, 32767).astype("<i2").tobytes()  # ufuncs are typed Any
+    return resampled
 
 
 class InputConverter:

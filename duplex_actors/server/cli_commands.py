@@ -7,7 +7,7 @@ import enum
 import ipaddress
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -16,7 +16,9 @@ from .event_loop import EventLoopChoice, EventLoopUnavailable, resolve
 from .worker_liveness import ENGINE_HUNG_AFTER_S, HUNG_AFTER_S
 
 if TYPE_CHECKING:
+    from ..engines.base import EngineBackend
     from .app import RealtimeServer
+    from .config import ServerConfig
 
 
 class VadPrecision(str, enum.Enum):
@@ -41,7 +43,9 @@ def default_engine() -> EngineChoice:
     return EngineChoice.embedded if installed else EngineChoice.scripted
 
 
-def build_engine(engine: EngineChoice, model: str | None = None, *, scripted_pace: float = 1.0):
+def build_engine(
+    engine: EngineChoice, model: str | None = None, *, scripted_pace: float = 1.0
+) -> EngineBackend:
     """The engine backend for ``--engine``; a missing extra is a clear error, not a traceback.
     ``scripted_pace`` stretches the scripted engine's latencies (``serve --scripted-pace``)."""
     if engine is EngineChoice.scripted:
@@ -76,7 +80,8 @@ def build_engine(engine: EngineChoice, model: str | None = None, *, scripted_pac
         from ..engines.vllm_engine import make_vllm_engine
     except ImportError as exc:
         raise typer.BadParameter(f"the vllm engine is not available: {exc}") from None
-    return make_vllm_engine(model)
+    engine_backend: EngineBackend = make_vllm_engine(model)  # its return type is not annotated
+    return engine_backend
 
 
 def _worker_share(budget_mb: int, workers: int) -> int | None:
@@ -493,7 +498,7 @@ def register(app: typer.Typer) -> None:
 
 
 @contextlib.contextmanager
-def _cannot_listen_said_plainly(host: str, port: int):
+def _cannot_listen_said_plainly(host: str, port: int) -> Iterator[None]:
     """A port in use (or an address this machine does not have) ends ``serve`` with one line on
     stderr and exit status 1, not a traceback of a screen and more."""
     try:
@@ -550,13 +555,13 @@ def _networks(option: str, text: str) -> tuple[str, ...]:
 
 @contextlib.asynccontextmanager
 async def open_server(
-    backend,
-    config,
-    overrides: dict | None = None,
+    backend: EngineBackend,
+    config: ServerConfig,
+    overrides: dict[str, Any] | None = None,
     *,
     gc_reclaim_s: float = 30.0,
     transcription_workers: int = 1,
-    **runtime_options,
+    **runtime_options: Any,
 ) -> AsyncIterator[RealtimeServer]:
     """The runtime and Realtime server ``serve`` runs, open until the block ends.
 
@@ -604,10 +609,10 @@ async def open_server(
 
 
 async def _serve(
-    backend,
-    config,
-    overrides: dict,
-    runtime_options: dict,
+    backend: EngineBackend,
+    config: ServerConfig,
+    overrides: dict[str, Any],
+    runtime_options: dict[str, Any],
     engine_name: str,
     drain_timeout_s: float,
     loop_name: str = "asyncio",

@@ -31,6 +31,7 @@ from ..core import events as ev
 from ..core import function_events as fev
 from ..core import transcription_events as tev
 from ..core.conversation import Item
+from ..core.timing import ResponseMetrics
 from .audio_format import GA_DEFAULT, AudioFormat, encode_output
 
 #: GA's status_details.reason values; our other reasons travel as ``duplex_reason``.
@@ -46,7 +47,7 @@ class WireSession:
     input_format: AudioFormat = GA_DEFAULT
     output_format: AudioFormat = GA_DEFAULT
     #: The GA turn_detection object in force (None: manual turns).
-    turn_detection: dict | None = None
+    turn_detection: dict[str, Any] | None = None
     #: The engine's token limits (EngineCapabilities): the one a response runs under when it
     #: names none, and the most any may ask for; None where the engine has none. With them
     #: ``max_output_tokens`` echoes the limit that really applies, never an "inf" that is not.
@@ -67,7 +68,7 @@ class WireSession:
         return "inf" if limit is None else limit
 
 
-def encode(event: ev.ServerEvent, wire: WireSession) -> list[dict]:
+def encode(event: ev.ServerEvent, wire: WireSession) -> list[dict[str, Any]]:
     """The JSON objects one event becomes, in the order they go out."""
     out = {
         "type": event.TYPE,
@@ -90,7 +91,7 @@ def event_id(event: ev.ServerEvent) -> str:
 # --- shared shapes ---------------------------------------------------------------------------
 
 
-def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
+def session_object(session_id: str, config: dict[str, Any], wire: WireSession) -> dict[str, Any]:
     """GA ``session`` (type "realtime"), plus our settings under the extension key ``duplex``."""
     modalities = config.get("modalities") or ["audio"]
     return {
@@ -145,7 +146,7 @@ def session_object(session_id: str, config: dict, wire: WireSession) -> dict:
     }
 
 
-def item_object(item: Item) -> dict:
+def item_object(item: Item) -> dict[str, Any]:
     if item.type == "function_call":
         return {
             "id": item.id,
@@ -198,10 +199,10 @@ def _response_object(
     wire: WireSession,
     *,
     status: str,
-    details: dict | None,
-    output: list,
-    usage: dict | None,
-) -> dict:
+    details: dict[str, Any] | None,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+) -> dict[str, Any]:
     return {
         "id": e.response_id,
         "object": "realtime.response",
@@ -220,7 +221,7 @@ def _response_object(
     }
 
 
-def _in_response(e: ev.ResponseEvent) -> dict:
+def _in_response(e: ev.ResponseEvent) -> dict[str, Any]:
     return {
         "response_id": e.response_id,
         "item_id": e.item_id,
@@ -229,13 +230,13 @@ def _in_response(e: ev.ResponseEvent) -> dict:
     }
 
 
-def _with_metrics(body: dict, metrics) -> dict:
+def _with_metrics(body: dict[str, Any], metrics: ResponseMetrics | None) -> dict[str, Any]:
     if metrics is not None:
         body["metrics"] = metrics.to_wire()
     return body
 
 
-def _rate_limits(done: ev.ResponseDone) -> dict:
+def _rate_limits(done: ev.ResponseDone) -> dict[str, Any]:
     # This server enforces no request or token quota per client: the list of limits that apply
     # is empty, rather than invented figures a client could read as "nothing left".
     return {
@@ -250,22 +251,22 @@ def _rate_limits(done: ev.ResponseDone) -> dict:
 # --- one body per event type -----------------------------------------------------------------
 
 
-def _tool_choice(choice: str):
+def _tool_choice(choice: str) -> str | dict[str, str]:
     """GA's spelling: a mode as a string, a named function as an object."""
     if choice in ("auto", "none", "required"):
         return choice
     return {"type": "function", "name": choice}
 
 
-def _session_created(e: ev.SessionCreated, wire):
+def _session_created(e: ev.SessionCreated, wire: WireSession) -> dict[str, Any]:
     return {"session": session_object(e.session_id, e.config, wire), "resume_token": e.resume_token}
 
 
-def _session_updated(e: ev.SessionUpdated, wire):
+def _session_updated(e: ev.SessionUpdated, wire: WireSession) -> dict[str, Any]:
     return {"session": session_object(e.session_id, e.config, wire)}
 
 
-def _error(e: ev.ErrorEvent, wire):
+def _error(e: ev.ErrorEvent, wire: WireSession) -> dict[str, Any]:
     return {
         "error": {
             "type": e.error_type,
@@ -277,11 +278,11 @@ def _error(e: ev.ErrorEvent, wire):
     }
 
 
-def _response_created(e: ev.ResponseCreated, wire):
+def _response_created(e: ev.ResponseCreated, wire: WireSession) -> dict[str, Any]:
     return {"response": _response_object(e, wire, status="in_progress", details=None, output=[], usage=None)}
 
 
-def _response_done(e: ev.ResponseDone, wire):
+def _response_done(e: ev.ResponseDone, wire: WireSession) -> dict[str, Any]:
     details: dict[str, Any] | None = None
     if e.status != "completed":
         details = {"type": e.status}
@@ -303,7 +304,7 @@ def _response_done(e: ev.ResponseDone, wire):
     }
 
 
-def _usage(e: ev.ResponseDone) -> dict:
+def _usage(e: ev.ResponseDone) -> dict[str, Any]:
     """GA usage. Output tokens are the thinker's text tokens (speech is synthesised from them:
     no audio tokens). Input is what the engine says its model read for the response; a
     response the engine never finished (cancelled, failed) has no such report, and its input
@@ -329,13 +330,13 @@ def _usage(e: ev.ResponseDone) -> dict:
     return usage
 
 
-def _part(part_type: str, words: str | None) -> dict:
+def _part(part_type: str, words: str | None) -> dict[str, str]:
     if part_type == "audio":
         return {"type": "audio", "transcript": words or ""}
     return {"type": "text", "text": words or ""}
 
 
-def _call_ids(e: fev.FunctionArgumentsDelta | fev.FunctionArgumentsDone) -> dict:
+def _call_ids(e: fev.FunctionArgumentsDelta | fev.FunctionArgumentsDone) -> dict[str, Any]:
     return {
         "response_id": e.response_id,
         "item_id": e.call.item_id,
@@ -344,14 +345,14 @@ def _call_ids(e: fev.FunctionArgumentsDelta | fev.FunctionArgumentsDone) -> dict
     }
 
 
-def _audio_delta(e: ev.AudioDeltaEvent, wire):
+def _audio_delta(e: ev.AudioDeltaEvent, wire: WireSession) -> dict[str, Any]:
     fmt = wire.output_format
     data = encode_output(e.pcm, e.sample_rate, fmt)
     body = {**_in_response(e), "delta": base64.b64encode(data).decode("ascii"), "sample_rate": fmt.rate}
     return _with_metrics(body, e.metrics)
 
 
-_BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
+_BODIES: dict[type[ev.ServerEvent], Callable[[Any, WireSession], dict[str, Any]]] = {
     ev.SessionCreated: _session_created,
     ev.SessionUpdated: _session_updated,
     ev.SessionResumed: lambda e, w: {
@@ -444,7 +445,8 @@ _BODIES: dict[type, Callable[[Any, WireSession], dict]] = {
 
 def event_classes() -> list[type[ev.ServerEvent]]:
     """Every concrete session event type (what the codec must be able to encode)."""
-    out, todo = [], [ev.ServerEvent]
+    out: list[type[ev.ServerEvent]] = []
+    todo: list[type[ev.ServerEvent]] = [ev.ServerEvent]
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -14,6 +14,9 @@ from . import guard, wire
 from .connection import CONTROL_FRAMES_BURST, CONTROL_FRAMES_PER_S, FRAMES_BURST, FRAMES_PER_S
 from .inflate import InflateBudget
 from .read_ahead import READ_AHEAD_BYTES_PER_CLIENT
+
+if TYPE_CHECKING:
+    from ..audio.vad import VoiceActivityModel
 
 #: Close codes (4000-4999 are the application's range).
 CLOSE_SUPERSEDED = 4001  # another connection resumed this session
@@ -142,10 +145,10 @@ class ServerConfig:
     connect_rate_per_key: float | None = attrs.field(default=None, validator=_none_or(attrs.validators.gt(0)))
     connect_burst_per_key: int = attrs.field(default=20, validator=attrs.validators.ge(1))
     #: SessionConfig overrides applied to every new session (e.g. disconnect_grace_s).
-    session_overrides: dict = attrs.field(factory=dict)
+    session_overrides: dict[str, Any] = attrs.field(factory=dict)
     #: Builds the voice activity model for server VAD, given the session's sample rate
     #: (None: Silero, which needs the 'embedded' extra). Tests plug a deterministic one in.
-    vad_factory: Callable[[int], Any] | None = None
+    vad_factory: Callable[[int], VoiceActivityModel] | None = None
     #: New sessions start as OpenAI's GA sessions do: server VAD on (when a VAD model can be
     #: loaded) with create_response. False: manual turns until a session.update turns it on.
     server_vad_by_default: bool = True

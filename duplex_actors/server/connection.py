@@ -147,7 +147,7 @@ class PacedConnection(ServerConnection):
     trusted_proxies: Callable[[str], bool] | None = None
     #: The client of a connection another worker relays here (tls_relay.py): its socket's peer
     #: is that worker's relay, so the address is passed along and counted instead.
-    relayed_peer: tuple | None = None
+    relayed_peer: tuple[str, int] | None = None
     #: Offered each whole message (one unfragmented frame) as the parser hands it over, while
     #: the read queue is empty; it returns whether it took the message, which otherwise goes
     #: to the queue for ``recv()``. Set by the session's reader (session_reader.py, "Frames

@@ -16,7 +16,7 @@ import json
 import time
 from http import HTTPStatus
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
@@ -116,13 +116,13 @@ class ConsoleRoutes:
         return _response(200, cached[1], "application/json", {"Cache-Control": "no-store"})
 
 
-def operator_snapshot(server: RealtimeServer, lag: LoopLagProbe | None = None) -> dict:
+def operator_snapshot(server: RealtimeServer, lag: LoopLagProbe | None = None) -> dict[str, Any]:
     """Live sessions by state, the engine's load, queue depths and the event loop's lag."""
     runtime = server.runtime
     stats = runtime.statistics()
     engine = stats.engine
     depth_total = depth_max = detached = 0
-    sessions: list[dict] = []
+    sessions: list[dict[str, Any]] = []
     for handle in runtime.sessions():
         depth = handle.mailbox_depth()
         depth_total += depth
@@ -171,7 +171,7 @@ class LoopLagProbe:
         self.interval_s = interval_s
         self._window = window
         self._samples: list[float] = []
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -190,7 +190,7 @@ class LoopLagProbe:
             self._samples.append(max(0.0, late) * 1000.0)
             del self._samples[: -self._window]
 
-    def snapshot(self) -> dict | None:
+    def snapshot(self) -> dict[str, Any] | None:
         if not self._samples:
             return None
         return {

@@ -14,7 +14,7 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -188,8 +188,8 @@ class FrontDoor:
         self.rerouted = 0
         #: When the pinger last ran (ping).
         self._pinged_at: float | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._lasting: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lasting: set[asyncio.Task[None]] = set()
 
     def choose(self, request_line: bytes, now: float | None = None) -> _Worker | None:
         """The owner for a resume, while the process that minted the id lives; else the next
@@ -237,7 +237,7 @@ class FrontDoor:
                 continue
             self._spawn(self._route(conn))
 
-    def _spawn(self, coroutine, *, lasting: bool = False) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], *, lasting: bool = False) -> None:
         """Run ``coroutine`` as a task of the front's; ``lasting``: one that shutting down
         waits for (settle), as a dead worker's farewells."""
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -424,7 +424,7 @@ class FrontDoor:
             except (ValueError, TypeError) as exc:  # a bug in a report costs only that report
                 log.error("front.bad_report", worker=worker.index, error=repr(exc))
 
-    def _apply(self, kind: str, args: list) -> None:
+    def _apply(self, kind: str, args: list[Any]) -> None:
         ledger = self.ledger
         if kind == "a":
             ledger.attached(int(args[0]), str(args[1]))

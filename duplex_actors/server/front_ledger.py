@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import secrets
 import struct
+from typing import Any
 
 import attrs
 
@@ -183,7 +184,7 @@ def resume_refused_as_lost() -> bytes:
     return _text_frame(refusal) + _close_frame(CLOSE_UNKNOWN_SESSION, refusal["error"]["code"])
 
 
-def _event(kind: str, **body) -> dict:
+def _event(kind: str, **body: Any) -> dict[str, Any]:
     # Not part of the session's numbered stream (the worker that numbered it is gone): no seq,
     # as for every event sent outside a session's stream.
     return {
@@ -195,7 +196,7 @@ def _event(kind: str, **body) -> dict:
     }
 
 
-def _response_failed(session_id: str | None, response_id: str) -> dict:
+def _response_failed(session_id: str | None, response_id: str) -> dict[str, Any]:
     return _event(
         "response.done",
         response={
@@ -214,7 +215,7 @@ def _response_failed(session_id: str | None, response_id: str) -> dict:
     )
 
 
-def _text_frame(event: dict) -> bytes:
+def _text_frame(event: dict[str, Any]) -> bytes:
     return _frame(0x1, json.dumps(event, separators=(",", ":")).encode())
 
 

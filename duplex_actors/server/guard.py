@@ -45,6 +45,7 @@ import ipaddress
 import secrets
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from websockets.datastructures import Headers
@@ -286,13 +287,13 @@ class AdmissionQuotas:
         self.max_per_address = max_per_address
         self.max_detached = max_detached
         self._owner: dict[str, tuple[bytes | None, str]] = {}
-        self._by_key: Counter = Counter()
-        self._by_address: Counter = Counter()
+        self._by_key: Counter[bytes | None] = Counter()
+        self._by_address: Counter[str] = Counter()
         self._detached: set[str] = set()
-        self._resuming_by_key: Counter = Counter()
-        self._resuming_by_address: Counter = Counter()
+        self._resuming_by_key: Counter[bytes] = Counter()
+        self._resuming_by_address: Counter[str] = Counter()
 
-    def check(self, key: bytes | None, address: str, sweep=None) -> None:
+    def check(self, key: bytes | None, address: str, sweep: Callable[[], None] | None = None) -> None:
         reason = self._refusal(key, address)
         if reason is not None and sweep is not None:
             sweep()
@@ -333,6 +334,7 @@ class AdmissionQuotas:
 
     def resume_read(self, key: bytes | None, address: str) -> None:
         """The waiting connection's first frame was read, or it gave up."""
+        name: Any  # each counter's own key: the first is keyed by bytes, the second by str
         for counter, name in ((self._resuming_by_key, key), (self._resuming_by_address, address)):
             if name is None or name not in counter:
                 continue
@@ -369,6 +371,7 @@ class AdmissionQuotas:
         if owner is None:
             return
         self._detached.discard(session_id)
+        name: Any  # each counter's own key: the first is keyed by bytes, the second by str
         for counter, name in ((self._by_key, owner[0]), (self._by_address, owner[1])):
             counter[name] -= 1
             if counter[name] <= 0:
@@ -462,11 +465,13 @@ class PendingHandshakes:
 
     __slots__ = ("per_address", "total", "exempt", "_by_subject", "_count", "refused")
 
-    def __init__(self, *, per_address: int | None, total: int | None, exempt=None) -> None:
+    def __init__(
+        self, *, per_address: int | None, total: int | None, exempt: Callable[[str], bool] | None = None
+    ) -> None:
         self.per_address = per_address
         self.total = total
         self.exempt = exempt
-        self._by_subject: Counter = Counter()
+        self._by_subject: Counter[str] = Counter()
         self._count = 0
         self.refused = 0
 

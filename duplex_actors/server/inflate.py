@@ -19,7 +19,7 @@ connection object is collected.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -49,7 +49,9 @@ class InflateBudget:
 class BudgetedDeflate(PerMessageDeflate):
     """A connection's permessage-deflate, inflating only within its :class:`InflateBudget`."""
 
-    def __init__(self, negotiated: PerMessageDeflate, budget: InflateBudget, clock) -> None:
+    def __init__(
+        self, negotiated: PerMessageDeflate, budget: InflateBudget, clock: Callable[[], float]
+    ) -> None:
         super().__init__(
             negotiated.remote_no_context_takeover,
             negotiated.local_no_context_takeover,
@@ -120,7 +122,7 @@ class BudgetedDeflate(PerMessageDeflate):
 class BudgetedDeflateFactory(ServerPerMessageDeflateFactory):
     """websockets' server-side factory, with its defaults, building :class:`BudgetedDeflate`."""
 
-    def __init__(self, budget: InflateBudget, clock, **kwargs: Any) -> None:
+    def __init__(self, budget: InflateBudget, clock: Callable[[], float], **kwargs: Any) -> None:
         # websockets' own defaults for servers (enable_server_permessage_deflate): a 4 KiB
         # window both ways and memLevel 5, ~40 KiB of zlib state a connection.
         kwargs.setdefault("server_max_window_bits", 12)
@@ -137,7 +139,9 @@ class BudgetedDeflateFactory(ServerPerMessageDeflateFactory):
         return response, BudgetedDeflate(negotiated, self.budget, self.clock)
 
 
-def deflate_extensions(budget: InflateBudget, max_frame_bytes: int, clock) -> list[BudgetedDeflateFactory]:
+def deflate_extensions(
+    budget: InflateBudget, max_frame_bytes: int, clock: Callable[[], float]
+) -> list[BudgetedDeflateFactory]:
     """What ``serve(extensions=...)`` takes for budgeted permessage-deflate (with
     ``compression="deflate"`` websockets keeps this factory and adds none of its own)."""
     if budget.floor is None:

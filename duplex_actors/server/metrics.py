@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -43,7 +43,7 @@ class _RuntimeCollector:
         self._records = records
         self._read_ahead = read_ahead
 
-    def describe(self):  # no samples at registration time (the runtime may not run yet)
+    def describe(self) -> list[Metric]:  # no samples at registration time (the runtime may not run yet)
         return []
 
     def collect(self) -> Iterator[Metric]:
@@ -314,7 +314,7 @@ class ServerMetrics:
         )
         r.register(_RuntimeCollector(runtime, records, read_ahead))
 
-    def set_pool(self, news: dict) -> None:
+    def set_pool(self, news: dict[str, Any]) -> None:
         """The front's news of the worker pool (worker_link.py's ``m`` message)."""
         self.pool_alive.set(int(news.get("alive", 0)))
         for worker, restarts in dict(news.get("restarts", {})).items():

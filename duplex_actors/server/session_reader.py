@@ -48,6 +48,8 @@ from .connection import PacedConnection
 from .vad_batch import VadJob
 
 if TYPE_CHECKING:
+    from ..audio.server_vad import ServerVad
+    from ..audio.vad import VoiceActivityModel
     from .app import RealtimeServer
     from .session_record import SessionRecord
 
@@ -531,7 +533,9 @@ def _item_audio(event: wire.AudioItemCreate, session_rate: int) -> cmd.CreateIte
     return attrs.evolve(event.command, audio=pcm)
 
 
-def _build_server_vad(handle: SessionHandle, settings: wire.TurnDetection, model):
+def _build_server_vad(
+    handle: SessionHandle, settings: wire.TurnDetection, model: VoiceActivityModel
+) -> ServerVad:
     from ..audio.server_vad import ServerVad
     from ..audio.turn_detection import TurnDetectionConfig
 

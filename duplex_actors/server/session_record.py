@@ -5,16 +5,17 @@ until the session is forgotten (:class:`.app.RealtimeServer`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ..actors.session_handle import SessionHandle
 from . import codec, guard, wire
-from .audio_format import InputConverter
+from .audio_format import AudioFormat, InputConverter
 from .billing import Account
 
 if TYPE_CHECKING:
+    from ..audio.server_vad import ServerVad
     from .session_connection import SessionConnection
 
 
@@ -61,14 +62,14 @@ class SessionRecord(Account):
         # at the first append (loading a Silero model is slow; a session that never streams
         # audio, or turns VAD off first, never pays it).
         self.vad_settings: wire.TurnDetection | None = None
-        self.vad = None
+        self.vad: ServerVad | None = None
         self.wire = codec.WireSession(model=model)  # what the client declared about the wire
         # The engine's token limits, so max_output_tokens echoes the one that really applies.
         self.wire.engine_max_output_tokens = getattr(caps, "max_output_tokens", None)
         self.wire.engine_max_output_tokens_limit = getattr(caps, "max_output_tokens_limit", None)
         self.converter = InputConverter(self.wire.input_format, self.session_rate)
 
-    def declare_input(self, fmt) -> None:
+    def declare_input(self, fmt: AudioFormat) -> None:
         """The client declared the format of the audio it sends (session.update)."""
         self.wire.input_format = fmt
         self.converter = InputConverter(fmt, self.session_rate)
@@ -92,7 +93,7 @@ class SessionRecord(Account):
 
 def _turn_detection_object(
     settings: wire.TurnDetection, create_response: bool, interrupt_response: bool
-) -> dict:
+) -> dict[str, Any]:
     """The GA turn_detection object in force, of the type the client asked for. semantic_vad
     runs the same detector, its eagerness set as the silence that ends a turn."""
     if settings.type == "semantic_vad":

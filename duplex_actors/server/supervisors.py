@@ -23,6 +23,9 @@ from .front_door import PING_PASS_S, FrontDoor, _Worker
 from .worker_liveness import ENGINE_HUNG_AFTER_S, PING_INTERVAL_S, Liveness, time_away
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import SpawnContext
+
     from .workers import WorkerSettings
 
 log = structlog.get_logger("duplex_actors.server.workers")
@@ -40,7 +43,13 @@ class _EngineSupervisor:
     their next turn; the turns that were in flight end as failed)."""
 
     def __init__(
-        self, ctx, settings: WorkerSettings, path: str, startup_timeout_s: float, *, main: Callable[..., None]
+        self,
+        ctx: SpawnContext,
+        settings: WorkerSettings,
+        path: str,
+        startup_timeout_s: float,
+        *,
+        main: Callable[..., None],
     ) -> None:
         self.ctx = ctx
         #: The engine process's entry point: ``main(settings, path, ready)``.
@@ -53,7 +62,7 @@ class _EngineSupervisor:
         #: Times it was stopped for answering none of the front's pings (--engine-timeout-s).
         self.hangs = 0
 
-    def spawn(self):
+    def spawn(self) -> Connection[Any, int]:
         """Start the process; returns the pipe its pid arrives on once its socket accepts.
         Call from the front's main thread: the child's parent-death signal is tied to the
         thread that started it."""
@@ -64,7 +73,7 @@ class _EngineSupervisor:
         self.process.start()
         return ready
 
-    def wait_ready(self, ready) -> int:
+    def wait_ready(self, ready: Connection[Any, int]) -> int:
         if not ready.poll(self.startup_timeout_s):
             raise RuntimeError("the engine process did not start in time")
         return ready.recv()
@@ -79,7 +88,7 @@ class _WorkerSupervisor:
 
     def __init__(
         self,
-        ctx,
+        ctx: SpawnContext,
         settings: WorkerSettings,
         engine_path: str,
         folder: str,
@@ -99,7 +108,7 @@ class _WorkerSupervisor:
         self.restarts: list[int] = []
         self.stopping = False
 
-    def spawn(self, worker: _Worker):
+    def spawn(self, worker: _Worker) -> tuple[Connection[Any, tuple[int, int]], str]:
         """Start ``worker``'s process (from the main thread, as _EngineSupervisor.spawn says);
         returns the pipe its (pid, port) arrives on and its hand-off socket's path."""
         path = os.path.join(self.folder, f"worker{worker.index}g{worker.generation}.sock")
@@ -113,7 +122,7 @@ class _WorkerSupervisor:
         worker.started_at = time.monotonic()
         return receive, path
 
-    def wait_ready(self, worker: _Worker, receive, path: str) -> None:
+    def wait_ready(self, worker: _Worker, receive: Connection[Any, tuple[int, int]], path: str) -> None:
         """Block until the worker's server runs, then connect its hand-off socket."""
         if not receive.poll(self.startup_timeout_s):
             raise RuntimeError(f"worker {worker.index} did not start in time")
@@ -142,7 +151,9 @@ class _WorkerSupervisor:
             worker.quick_deaths = 0
             return 0.0
         worker.quick_deaths += 1
-        return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_MIN_S * 2 ** (worker.quick_deaths - 1))
+        # int ** int is typed Any (a negative exponent gives a float)
+        delay: float = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_MIN_S * 2 ** (worker.quick_deaths - 1))
+        return delay
 
     async def restart(self, worker: _Worker, front: FrontDoor) -> bool:
         """Start ``worker`` again after its backoff; whether it runs (False: stopping, or it did
@@ -213,7 +224,7 @@ class _EngineProbe:
         self.clock = clock
         self.liveness: Liveness | None = None
         self._process: Any = None
-        self._asking: asyncio.Task | None = None
+        self._asking: asyncio.Task[None] | None = None
         self._last_pass: float | None = None
 
     def hung(self, process: Any) -> bool:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import cast
+from collections.abc import Coroutine
+from typing import Any, cast
 
 import structlog
 from websockets.asyncio.server import ServerConnection
@@ -70,7 +71,12 @@ class TlsAfterCounting(PacedConnection):
         )
 
     async def _finish_tls(
-        self, starting, waiting_on, transport: asyncio.Transport, address: str, holder
+        self,
+        starting: Coroutine[Any, Any, asyncio.Transport | None],
+        waiting_on: asyncio.Future[Any],
+        transport: asyncio.Transport,
+        address: str,
+        holder: _Holder,
     ) -> None:
         """Run the rest of ``starting`` (a start_tls begun in connection_made), as a task would
         have run it, then make the websocket connection on the encrypted transport."""

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import struct
 from collections.abc import Callable
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
@@ -52,7 +53,7 @@ def session_id_in(request_line: bytes) -> str | None:
     return found[0] if found else None
 
 
-def preamble(peer: tuple) -> bytes:
+def preamble(peer: tuple[Any, ...]) -> bytes:
     """What a relayed stream starts with: the client's (host, port), length-prefixed."""
     text = f"{peer[0]} {peer[1]}".encode()
     return _LENGTH.pack(len(text)) + text
@@ -108,9 +109,11 @@ class RequestLineSniffer(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._pipe: asyncio.Transport | None = None  # the relay socket, once connected
         self._relaying = False
-        self._connecting: asyncio.Task | None = None  # held: the loop keeps only a weak one
+        self._connecting: asyncio.Task[None] | None = None  # held: the loop keeps only a weak one
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream's protocol: its transport is a Transport (typed as the base, as for any protocol).
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(REQUEST_LINE_TIMEOUT_S, transport.abort)
@@ -253,13 +256,13 @@ class RelayedStream(asyncio.Protocol):
     """The relay socket's end in the owner: reads the preamble, then hands the transport to a
     websocket connection that counts the client the preamble names (``serve_here``)."""
 
-    def __init__(self, serve_here: Callable[[asyncio.Transport, bytes, tuple], None]) -> None:
+    def __init__(self, serve_here: Callable[[asyncio.Transport, bytes, tuple[str, int]], None]) -> None:
         self._serve_here = serve_here
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport) -> None:
-        self._transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a stream's protocol: a Transport
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data

@@ -29,7 +29,7 @@ import binascii
 import json
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from ..core import commands as cmd
 from ..core.conversation import Item
@@ -182,10 +182,11 @@ def decode(
 
 _Parser = Callable[[_Fields, "str | None", "int | None", WireLimits, "tuple[int, AudioFormat]"], ClientEvent]
 _PARSERS: dict[str, _Parser] = {}
+_ParserT = TypeVar("_ParserT", bound=_Parser)
 
 
-def _parser(*names: str):
-    def register(fn: _Parser) -> _Parser:
+def _parser(*names: str) -> Callable[[_ParserT], _ParserT]:
+    def register(fn: _ParserT) -> _ParserT:
         for name in names:
             _PARSERS[name] = fn
         return fn
@@ -199,7 +200,9 @@ def accepted_types() -> tuple[str, ...]:
 
 
 @_parser("input_audio_buffer.append")
-def _append(f: _Fields, event_id, epoch, limits: WireLimits, rates):
+def _append(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> ClientEvent:
     sample_rate, declared = rates
     audio = f.obj.get("audio", _MISSING)
     if audio is _MISSING or audio is None:
@@ -270,7 +273,9 @@ def _modalities(f: _Fields, key: str) -> tuple[str, ...] | None:
 
 
 @_parser("response.create")
-def _response_create(f: _Fields, event_id, epoch, limits, rates):
+def _response_create(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> cmd.CreateResponse:
     response = f.object("response")
     instructions = modalities = metadata = None
     options: dict[str, Any] = {}
@@ -343,7 +348,9 @@ def _response_input(response: _Fields) -> tuple[Item | str, ...] | None:
 
 
 @_parser("response.cancel")
-def _response_cancel(f: _Fields, event_id, epoch, limits, rates):
+def _response_cancel(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> cmd.CancelResponse:
     # Without response_id the active response is cancelled; with one, it must be the active one.
     return cmd.CancelResponse(response_id=f.str("response_id", max_len=256), event_id=event_id, epoch=epoch)
 
@@ -384,7 +391,9 @@ def _legacy_format(s: _Fields, key: str) -> AudioFormat | None:
 
 
 @_parser("session.update")
-def _session_update(f: _Fields, event_id, epoch, limits, rates):
+def _session_update(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> SessionUpdate:
     sample_rate, _ = rates
     s = f.object("session", required=True)
     kind = s.obj.get("type")
@@ -399,7 +408,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
     in_fields = audio.object("input") if audio is not None else None
     out_fields = audio.object("output") if audio is not None else None
 
-    def turn_detection():
+    def turn_detection() -> None:
         # GA nests it under audio.input, the beta API had it at the top level.
         holders = [h for h in (in_fields, s) if h is not None and h.has("turn_detection")]
         if not holders:
@@ -452,19 +461,19 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         if _HAS_SERVER_VAD:
             changes["server_vad"] = True
 
-    def input_format():
+    def input_format() -> None:
         fmt = _format(in_fields, "format", sample_rate) if in_fields is not None else None
         fmt = fmt or _legacy_format(s, "input_audio_format")
         if fmt is not None:
             found["input_format"] = fmt
 
-    def output_format():
+    def output_format() -> None:
         fmt = _format(out_fields, "format", sample_rate) if out_fields is not None else None
         fmt = fmt or _legacy_format(s, "output_audio_format")
         if fmt is not None:
             found["output_format"] = fmt
 
-    def voice():
+    def voice() -> None:
         holder = out_fields if out_fields is not None and out_fields.has("voice") else s
         value = holder.obj.get("voice")
         if isinstance(value, dict):  # GA: a custom voice by id (as short as a voice's name: it is
@@ -475,19 +484,19 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
         if value is not None:
             found["voice"] = value
 
-    def speed():
+    def speed() -> None:
         # GA audio.output.speed; the beta API had it at the top level.
         holder = out_fields if out_fields is not None and out_fields.has("speed") else s
         value = holder.number("speed", minimum=SPEED_RANGE[0], maximum=SPEED_RANGE[1])
         if value is not None:
             changes["output_speed"] = value
 
-    def instructions():
+    def instructions() -> None:
         value = s.str("instructions")
         if value is not None:
             changes["instructions"] = value
 
-    def modalities():
+    def modalities() -> None:
         value = _modalities(s, "output_modalities") or _modalities(s, "modalities")
         if value is not None:
             changes["modalities"] = value
@@ -495,12 +504,12 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
     # knob -> (value, the dotted param it came from), range-checked knob by knob below.
     sampling: dict[str, tuple[Any, str]] = {}
 
-    def temperature():
+    def temperature() -> None:
         value = s.number("temperature", minimum=0.0)
         if value is not None:
             sampling["temperature"] = (value, s._name("temperature"))
 
-    def max_tokens():
+    def max_tokens() -> None:
         for key in ("max_output_tokens", "max_response_output_tokens"):
             if s.has(key) and s.obj[key] == "inf":
                 # No limit: the session's earlier one goes (it was kept, and echoed).
@@ -510,7 +519,7 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
             if limit is not None:
                 sampling["max_tokens"] = (limit, s._name(key))
 
-    def duplex():
+    def duplex() -> None:
         # Our extension block: {"duplex": {"model_native", "min_interruption_ms", "sampling"}}.
         block = s.object("duplex")
         if block is None:
@@ -542,16 +551,16 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
                 if whole is not None:
                     sampling[key] = (whole, sp._name(key))
 
-    def tools():
+    def tools() -> None:
         changes.update(_tools_field(s))
 
-    def tool_choice():
+    def tool_choice() -> None:
         # openai-agents lets a user set tool_choice to a bare tool name: one the same update
         # declares is read as that function (refusing it would refuse the agent's whole setup).
         named = tuple(t.name for t in changes.get("tools") or ())
         changes.update(_tool_choice_field(s, named))
 
-    def transcription():
+    def transcription() -> None:
         changes.update(_session_transcription(s, in_fields))
 
     for reader in (
@@ -589,7 +598,9 @@ def _session_update(f: _Fields, event_id, epoch, limits, rates):
 
 
 @_parser("conversation.item.create")
-def _item_create(f: _Fields, event_id, epoch, limits, rates):
+def _item_create(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> cmd.CreateItem | AudioItemCreate:
     audio: list[bytes] = []
     value = _item_value(f.object("item", required=True), audio)
     previous = f.str("previous_item_id", max_len=256)
@@ -604,14 +615,18 @@ def _item_create(f: _Fields, event_id, epoch, limits, rates):
 
 
 @_parser("conversation.item.delete")
-def _item_delete(f: _Fields, event_id, epoch, limits, rates):
+def _item_delete(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> cmd.DeleteItem:
     return cmd.DeleteItem(
         item_id=f.str("item_id", required=True, max_len=256), event_id=event_id, epoch=epoch
     )
 
 
 @_parser("conversation.item.retrieve")
-def _item_retrieve(f: _Fields, event_id, epoch, limits, rates):
+def _item_retrieve(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> cmd.RetrieveItem:
     return cmd.RetrieveItem(
         item_id=f.str("item_id", required=True, max_len=256), event_id=event_id, epoch=epoch
     )
@@ -621,7 +636,9 @@ def _item_retrieve(f: _Fields, event_id, epoch, limits, rates):
 
 
 @_parser("conversation.item.truncate")
-def _item_truncate(f: _Fields, event_id, epoch, limits, rates):
+def _item_truncate(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> cmd.TruncateItem:
     return cmd.TruncateItem(
         item_id=f.str("item_id", required=True, max_len=256),
         content_index=f.int("content_index", required=True),
@@ -632,7 +649,9 @@ def _item_truncate(f: _Fields, event_id, epoch, limits, rates):
 
 
 @_parser("output_audio_buffer.clear", "transcription_session.update")
-def _not_supported(f: _Fields, event_id, epoch, limits, rates):
+def _not_supported(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> NoReturn:
     raise NotSupported(f"{f.obj['type']} is not supported by this server")
 
 
@@ -640,7 +659,9 @@ def _not_supported(f: _Fields, event_id, epoch, limits, rates):
 
 
 @_parser("duplex.playback_ack")
-def _playback_ack(f: _Fields, event_id, epoch, limits, rates):
+def _playback_ack(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> cmd.PlaybackAck:
     return cmd.PlaybackAck(
         response_id=f.str("response_id", required=True, max_len=256),
         played_ms=f.int("played_ms", required=True),
@@ -650,7 +671,9 @@ def _playback_ack(f: _Fields, event_id, epoch, limits, rates):
 
 
 @_parser("session.resume")
-def _session_resume(f: _Fields, event_id, epoch, limits, rates):
+def _session_resume(
+    f: _Fields, event_id: str | None, epoch: int | None, limits: WireLimits, rates: tuple[int, AudioFormat]
+) -> ResumeRequest:
     command = cmd.Resume(
         generation=f.int("generation", required=True),
         resume_token=f.str("resume_token", required=True, max_len=256),
@@ -664,12 +687,12 @@ def _session_resume(f: _Fields, event_id, epoch, limits, rates):
 # --- server-side framing --------------------------------------------------------------------
 
 
-def encode(wire: dict) -> str:
+def encode(wire: dict[str, Any]) -> str:
     """Serialise one server event (as :mod:`.codec` shapes it) as a compact JSON text frame."""
     return json.dumps(wire, separators=(",", ":"), ensure_ascii=False)
 
 
-def transport_error(err: DuplexError) -> dict:
+def transport_error(err: DuplexError) -> dict[str, Any]:
     """An ``error`` event for a connection that has no session (a failed resume, admission).
 
     It carries ``server_event_seq: null``: it is not part of any session's replayable stream.
@@ -690,8 +713,14 @@ def transport_error(err: DuplexError) -> dict:
 
 
 # Events with no fields of their own beyond event_id and the fence: one parser shape for all.
-def _fieldless(command_class):
-    def parse(f, event_id, epoch, limits, rates):
+def _fieldless(command_class: type[cmd.Command]) -> _Parser:
+    def parse(
+        f: _Fields,
+        event_id: str | None,
+        epoch: int | None,
+        limits: WireLimits,
+        rates: tuple[int, AudioFormat],
+    ) -> cmd.Command:
         return command_class(event_id=event_id, epoch=epoch)
 
     return parse

@@ -79,7 +79,7 @@ class InvalidField(WireError):
 
     code = "invalid_value"
 
-    def __init__(self, param: str, message: str, **kw) -> None:
+    def __init__(self, param: str, message: str, **kw: str | None) -> None:
         super().__init__(f"{param}: {message}", **kw)
         self.param = param
 
@@ -203,7 +203,7 @@ class _Fields:
 
     __slots__ = ("obj", "prefix", "event_id")
 
-    def __init__(self, obj: dict, prefix: str, event_id: str | None) -> None:
+    def __init__(self, obj: dict[str, Any], prefix: str, event_id: str | None) -> None:
         self.obj = obj
         self.prefix = prefix
         self.event_id = event_id

@@ -48,7 +48,7 @@ def pack(*message: Any) -> bytes:
     return _encode(message).encode()
 
 
-def unpack(packet: bytes) -> list:
+def unpack(packet: bytes) -> list[Any]:
     message = json.loads(packet)
     if not isinstance(message, list) or not message or not isinstance(message[0], str):
         raise ValueError(f"not a hand-off message: {packet[:80]!r}")

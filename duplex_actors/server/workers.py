@@ -68,7 +68,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
@@ -101,6 +101,12 @@ from .supervisors import (
 )
 from .worker_link import FrontLink, pack, unpack
 from .worker_liveness import ENGINE_HUNG_AFTER_S, HUNG_AFTER_S
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from ..engines.base import EngineBackend
+    from .app import RealtimeServer
 
 log = structlog.get_logger("duplex_actors.server.workers")
 
@@ -159,17 +165,17 @@ class WorkerSettings:
     scripted_pace: float = 1.0
     api_key: str | None = None
     limits: Any = None  # wire.WireLimits; Any so this module imports without the server extra
-    session_overrides: dict = attrs.field(factory=dict)
+    session_overrides: dict[str, Any] = attrs.field(factory=dict)
     max_sessions: int = 10_000  # per worker
     max_connections: int = 10_000  # per worker
     #: Builds the backend in the engine process instead of ``engine``/``model`` (picklable: a
     #: module-level function). The benchmark uses it for an unpaced engine.
-    engine_factory: Callable[[], Any] | None = None
+    engine_factory: Callable[[], EngineBackend] | None = None
     #: More ServerConfig fields for every worker (write timeout, admission quotas,
     #: compression...), as ``serve`` would set them in one process. Quotas count per worker.
-    server_options: dict = attrs.field(factory=dict)
+    server_options: dict[str, Any] = attrs.field(factory=dict)
     #: More Runtime options (e.g. stall_timeout_s).
-    runtime_options: dict = attrs.field(factory=dict)
+    runtime_options: dict[str, Any] = attrs.field(factory=dict)
     #: GcPolicy's reclaim interval, as ``serve --gc-reclaim-s`` (0: CPython's own collector).
     gc_reclaim_s: float = 30.0
     #: Recogniser processes per worker, as ``serve --transcription-workers``.
@@ -197,7 +203,7 @@ class WorkerSettings:
         """Whether the workers serve TLS (each terminates it itself: tls_relay.py)."""
         return self.server_options.get("tls_cert") is not None
 
-    def build_engine(self):
+    def build_engine(self) -> EngineBackend:
         if self.engine_factory is not None:
             return self.engine_factory()
         from .cli_commands import EngineChoice, build_engine
@@ -238,7 +244,7 @@ def _become_child(name: str) -> None:
     faulthandler.enable()
 
 
-def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
+def _engine_main(settings: WorkerSettings, path: str, ready: Connection[int, Any]) -> None:
     _become_child("dx-engine")
     ensure_configured()  # a process of its own: its logging is set up as the front's is
     from ..engines.engine_process import serve_engine
@@ -266,7 +272,12 @@ def _engine_main(settings: WorkerSettings, path: str, ready) -> None:
 
 
 def _worker_main(
-    index: int, generation: int, settings: WorkerSettings, engine_path: str, handoff_path: str, ready
+    index: int,
+    generation: int,
+    settings: WorkerSettings,
+    engine_path: str,
+    handoff_path: str,
+    ready: Connection[tuple[int, int], Any],
 ) -> None:
     _become_child(f"dx-worker{index}")
     ensure_configured()  # a process of its own: its logging is set up as the front's is
@@ -274,7 +285,12 @@ def _worker_main(
 
 
 async def _run_worker(
-    index: int, generation: int, settings: WorkerSettings, engine_path: str, handoff_path: str, ready
+    index: int,
+    generation: int,
+    settings: WorkerSettings,
+    engine_path: str,
+    handoff_path: str,
+    ready: Connection[tuple[int, int], Any],
 ) -> None:
     from ..actors.runtime import Runtime
     from ..core.session_config import SessionConfig
@@ -314,7 +330,7 @@ async def _run_worker(
     listener.listen(1)
     listener.setblocking(False)
     folder = os.path.dirname(handoff_path)
-    receiving: asyncio.Task | None = None
+    receiving: asyncio.Task[None] | None = None
     try:
         async with Runtime(
             backend,
@@ -401,13 +417,13 @@ def _ignore_stop_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-async def _receive_connections(front: socket.socket, server, stop: asyncio.Event) -> None:
+async def _receive_connections(front: socket.socket, server: RealtimeServer, stop: asyncio.Event) -> None:
     """Adopt every socket the front passes, and take its news of the pool and its word to
     drain (``["d"]``: ``stop``) or to cut the drain short (``["h"]``), until the front goes
     away. Each socket is adopted by a task of its own: under TLS adopting one waits for its
     client's TLS handshake, which must not hold up the connections handed over after it."""
     loop = asyncio.get_running_loop()
-    adopting: set[asyncio.Task] = set()
+    adopting: set[asyncio.Task[None]] = set()
     while True:
         try:
             message, fds, _flags, _addr = socket.recv_fds(front, 4096, 1)
@@ -438,7 +454,7 @@ async def _receive_connections(front: socket.socket, server, stop: asyncio.Event
             task.add_done_callback(adopting.discard)
 
 
-async def _adopt(server, sock: socket.socket, handed_id: int | None) -> None:
+async def _adopt(server: RealtimeServer, sock: socket.socket, handed_id: int | None) -> None:
     try:
         await server.adopt(sock, handed_id)
     except Exception as exc:  # a connection that died in transit (or in its TLS handshake)

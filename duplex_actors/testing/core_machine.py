@@ -8,14 +8,14 @@ accounting) and the configuration both machines run are here too. Overview and u
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ..core import commands as cmd
-from ..core.actions import AbortRequests, SubmitTurn
+from ..core.actions import AbortRequests, EngineAction, SubmitTurn
 from ..core.clock import ManualClock
 from ..core.engine_io import EngineOutput, TurnKind
 from ..core.session import SessionCore
@@ -74,7 +74,7 @@ _COMMAND_KINDS = (
 _BURST_KINDS = tuple(kind for kind in dst.COMMAND_KINDS if kind != "close")
 
 
-def _check_actions(actions: list, exp: Expectation, where: str) -> None:
+def _check_actions(actions: list[EngineAction], exp: Expectation, where: str) -> None:
     submits = [(a.request.request_id, len(a.request.audio)) for a in actions if isinstance(a, SubmitTurn)]
     aborts = [tuple(a.request_ids) for a in actions if isinstance(a, AbortRequests)]
     assert submits == exp.submits, f"{where}: engine submissions {submits}, expected {exp.submits}"
@@ -96,7 +96,7 @@ def check_lease_accounting(core: SessionCore, where: str = "") -> None:
     )
 
 
-def _snapshot(core: SessionCore) -> tuple:
+def _snapshot(core: SessionCore) -> tuple[object, ...]:
     """Everything an illegal command must leave untouched."""
     counters = attrs.asdict(core.counters)
     counters.pop("commands"), counters.pop("rejected")
@@ -226,7 +226,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
     # -- rules: commands --------------------------------------------------------------------
 
     @rule(pcm=dst.pcm16_chunks(), fence=dst.fences(), rate=st.sampled_from((16000, 16000, 16000, 8000)))
-    def append(self, pcm, fence, rate):
+    def append(self, pcm: bytes, fence: dst.FenceChoice, rate: int) -> None:
         epoch = fence.resolve(self.core.epoch)
         self.send(cmd.AppendAudio(pcm=pcm, sample_rate=rate, epoch=epoch, event_id=f"c{self.steps}"))
 
@@ -236,14 +236,14 @@ class SessionCoreMachine(RuleBasedStateMachine):
         audio_ms=st.integers(0, 10_000),
         item=st.integers(0, len(dst.ITEM_IDS) - 1),
     )
-    def command(self, kind, fence, audio_ms, item):
+    def command(self, kind: str, fence: dst.FenceChoice, audio_ms: int, item: int) -> None:
         epoch = fence.resolve(self.core.epoch)
         self.send(
             dst.make_command(kind, audio_ms=audio_ms, item=item, epoch=epoch, event_id=f"c{self.steps}")
         )
 
     @rule(pcm=dst.pcm16_chunks(60, 200))
-    def user_turn(self, pcm):
+    def user_turn(self, pcm: bytes) -> None:
         """The common conversation step: speak, then commit."""
         self.send(cmd.AppendAudio(pcm=pcm, event_id=f"c{self.steps}"))
         self.send(cmd.CommitInput(event_id=f"c{self.steps}"))
@@ -252,23 +252,23 @@ class SessionCoreMachine(RuleBasedStateMachine):
         fence=dst.fences(stale=True, ahead=True),
         reason=st.sampled_from(("turn_detected", "client_cancelled")),
     )
-    def barge_in_with_reason(self, fence, reason):
+    def barge_in_with_reason(self, fence: dst.FenceChoice, reason: str) -> None:
         self.send(cmd.BargeIn(reason=reason, epoch=fence.resolve(self.core.epoch)))
 
     # -- rules: engine outputs --------------------------------------------------------------
 
     @precondition(lambda self: self.model.turn_request is not None)
     @rule(data=st.data())
-    def engine_output(self, data):
+    def engine_output(self, data: st.DataObject) -> None:
         """Output of the live request (current fence)."""
-        rid = self.model.turn_request
+        rid = cast(str, self.model.turn_request)  # the precondition: not None
         self.feed(data.draw(_ANY_OUTPUT, label="output")(rid))
 
     @precondition(lambda self: self.model.turn_request is not None)
     @rule(data=st.data())
-    def engine_streams(self, data):
+    def engine_streams(self, data: st.DataObject) -> None:
         """A typical stream: several deltas, sometimes a terminal."""
-        rid = self.model.turn_request
+        rid = cast(str, self.model.turn_request)  # the precondition: not None
         for spec in data.draw(_STREAM, label="stream"):
             self.clock.advance(0.01)
             self.feed(spec(rid))
@@ -276,7 +276,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
             self.feed(data.draw(_TERMINAL_OUTPUT, label="terminal")(rid))
 
     @rule(data=st.data(), which=st.sampled_from(("issued", "aborting", "unknown")))
-    def stale_engine_output(self, data, which):
+    def stale_engine_output(self, data: st.DataObject, which: str) -> None:
         """Output of a request that is not (or no longer) the live one."""
         pool = {
             "issued": [r for r in self.model.issued if r != self.model.turn_request],
@@ -289,7 +289,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
     # -- rules: the lease -------------------------------------------------------------------
 
     @rule()
-    def detach(self):
+    def detach(self) -> None:
         self.send(cmd.Detach(event_id=f"c{self.steps}"))
 
     @rule(
@@ -308,7 +308,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
         missed=st.sampled_from(("nothing", "some", "everything")),
         control_id=st.sampled_from((None, "ctl-1", "ctl-2")),
     )
-    def resume(self, credentials, key, missed, control_id):
+    def resume(self, credentials: str, key: str, missed: str, control_id: str | None) -> None:
         generation, token = self.core.lease.generation, self.model.token or "?"
         if credentials == "stale_generation":
             generation = max(generation - 1, 0) if generation else generation + 1
@@ -350,7 +350,7 @@ class SessionCoreMachine(RuleBasedStateMachine):
         self.owed_replay = exp.replay_seqs
 
     @rule()
-    def reaper(self):
+    def reaper(self) -> None:
         """The reaper's expiry is processed now: only a lease that has run out closes."""
         core = self.core
         where = f"expiry in state {core.state}"
@@ -366,37 +366,37 @@ class SessionCoreMachine(RuleBasedStateMachine):
     # -- rules: time and the client ---------------------------------------------------------
 
     @rule(dt=st.sampled_from((0.0, 0.001, 0.02, 0.25, 1.5, 12.0)))
-    def advance_clock(self, dt):
+    def advance_clock(self, dt: float) -> None:
         self.clock.advance(dt)
 
     @rule(reading=st.booleans())
-    def client_reads(self, reading):
+    def client_reads(self, reading: bool) -> None:
         self.reading = reading
 
     # -- invariants -------------------------------------------------------------------------
 
     @invariant()
-    def matches_model(self):
+    def matches_model(self) -> None:
         problems = self.model.mismatches(self.core)
         assert not problems, "session differs from the model:\n  " + "\n  ".join(problems)
 
     @invariant()
-    def in_flight_count_matches_registered_requests(self):
+    def in_flight_count_matches_registered_requests(self) -> None:
         check_lease_accounting(self.core, f"after step {self.steps}")
 
     @invariant()
-    def epoch_never_decreases(self):
+    def epoch_never_decreases(self) -> None:
         assert self.core.epoch >= self.last_epoch, f"epoch went back {self.last_epoch} -> {self.core.epoch}"
         self.last_epoch = self.core.epoch
 
     @invariant()
-    def closed_is_absorbing(self):
+    def closed_is_absorbing(self) -> None:
         if self.closed_seen:
             assert self.core.state == CLOSED, f"left closed for {self.core.state}"
         self.closed_seen = self.core.state == CLOSED
 
     @invariant()
-    def event_stream(self):
+    def event_stream(self) -> None:
         if not self.reading:
             return
         events = self.core.take_events()

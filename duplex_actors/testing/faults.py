@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Callable
+from typing import TypedDict, Unpack
 
 import anyio
 import attrs
@@ -46,6 +47,22 @@ class Garbage:
     request_id: str
 
 
+class _FaultOptions(TypedDict, total=False):
+    """The keywords a ``Fault.*_after`` constructor passes on to :class:`Fault`."""
+
+    delay_s: float
+    times: int | None
+    match: Callable[[ModelTurnRequest], bool] | None
+
+
+class _SlowFaultOptions(TypedDict, total=False):
+    """The keywords :meth:`Fault.slow` passes on to :class:`Fault`."""
+
+    after: int
+    times: int | None
+    match: Callable[[ModelTurnRequest], bool] | None
+
+
 @attrs.define(slots=True)
 class Fault:
     kind: str  # "raise" | "hang" | "truncate" | "garbage" | "slow"
@@ -55,23 +72,23 @@ class Fault:
     match: Callable[[ModelTurnRequest], bool] | None = None
 
     @classmethod
-    def raise_after(cls, n: int = 1, **kw) -> Fault:
+    def raise_after(cls, n: int = 1, **kw: Unpack[_FaultOptions]) -> Fault:
         return cls("raise", after=n, **kw)
 
     @classmethod
-    def hang_after(cls, n: int = 1, **kw) -> Fault:
+    def hang_after(cls, n: int = 1, **kw: Unpack[_FaultOptions]) -> Fault:
         return cls("hang", after=n, **kw)
 
     @classmethod
-    def truncate_after(cls, n: int = 1, **kw) -> Fault:
+    def truncate_after(cls, n: int = 1, **kw: Unpack[_FaultOptions]) -> Fault:
         return cls("truncate", after=n, **kw)
 
     @classmethod
-    def garbage_after(cls, n: int = 1, **kw) -> Fault:
+    def garbage_after(cls, n: int = 1, **kw: Unpack[_FaultOptions]) -> Fault:
         return cls("garbage", after=n, **kw)
 
     @classmethod
-    def slow(cls, delay_s: float, **kw) -> Fault:
+    def slow(cls, delay_s: float, **kw: Unpack[_SlowFaultOptions]) -> Fault:
         kw.setdefault("times", None)
         return cls("slow", delay_s=delay_s, **kw)
 

@@ -24,9 +24,11 @@ needs no model, so it also checks streams recorded from real deployments.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import attrs
 
+from ..core import commands as cmd
 from ..core import events as ev
 from ..core.commands import Command
 from ..core.engine_io import (
@@ -41,7 +43,7 @@ from ..core.engine_io import (
 )
 from ..core.lease import REPLAY_WINDOW_S
 from ..core.session_config import SessionConfig
-from ..core.timing import SERVER
+from ..core.timing import SERVER, ResponseMetrics
 from ..errors import (
     Backpressure,
     DuplexError,
@@ -60,6 +62,9 @@ from ..errors import (
     UnknownSession,
 )
 
+if TYPE_CHECKING:
+    from ..core.session import SessionCore
+
 IDLE, LISTENING, RESPONDING, BARGE_IN, CLOSED = "idle", "listening", "responding", "barge_in", "closed"
 
 
@@ -75,7 +80,7 @@ class Expectation:
     aborts: list[tuple[str, ...]] = attrs.Factory(list)
     epoch_moved: bool = False
     #: response.created / response.done (status, reason) / session.closed, in order.
-    terminals: list[tuple] = attrs.Factory(list)
+    terminals: list[tuple[str | None, ...]] = attrs.Factory(list)
     #: the output was consumed as stale (or refused as invalid) and changed nothing visible.
     stale: bool = False
     invalid: bool = False
@@ -146,7 +151,7 @@ class SessionModel:
         self.stale_outputs = 0
         self.invalid_outputs = 0
         self.issued: list[str] = []  # every request id ever submitted, in order
-        self.terminals: list[tuple] = []  # every terminal ever expected, in order
+        self.terminals: list[tuple[str | None, ...]] = []  # every terminal ever expected, in order
         self.close_issued_at: int | None = None  # len(issued) when the session closed
         #: The conversation's item ids in order (items the session names itself are placeholders:
         #: only their count matters, for the oldest-first eviction at ``config.max_items``). The
@@ -228,7 +233,7 @@ class SessionModel:
             self.terminals.extend(exp.terminals)
         return exp
 
-    def journaled(self, events, now: float) -> None:
+    def journaled(self, events: Iterable[ev.ServerEvent], now: float) -> None:
         """The client was handed ``events`` at ``now``: each is journaled, the oldest forgotten
         past ``journal_max_events`` / ``journal_max_bytes`` (128 bytes plus its audio each)."""
         for e in events:
@@ -249,11 +254,11 @@ class SessionModel:
         """The client read its new resume token from session.resumed."""
         self.token = token
 
-    def _c_detach(self, c, exp, now) -> None:
+    def _c_detach(self, c: cmd.Detach, exp: Expectation, now: float | None) -> None:
         if self.detached_at is None:
             self.detached_at = now
 
-    def _c_resume(self, c, exp, now) -> None:
+    def _c_resume(self, c: cmd.Resume, exp: Expectation, now: float | None) -> None:
         # Authentication first (the key, then the credentials), then the journal.
         if self.owner is not None and c.key_digest != self.owner:
             exp.error = UnknownSession  # as an id nobody opened: no oracle for other keys
@@ -269,7 +274,7 @@ class SessionModel:
         if not replay and (c.generation != self.generation or c.resume_token != self.token):
             exp.error = ResumeConflict
             return
-        self._age_journal(now)
+        self._age_journal(cast(float, now))  # resumes are modelled with a clock (see journaled)
         if c.last_seq < self.evicted_through:
             exp.error = ResyncRequired
             return
@@ -285,7 +290,7 @@ class SessionModel:
             self.token = None  # rotated: the client learns it from session.resumed
         self.detached_at = None
 
-    def _c_append(self, c, exp, now) -> None:
+    def _c_append(self, c: cmd.AppendAudio, exp: Expectation, now: float | None) -> None:
         if c.sample_rate != self.config.sample_rate:
             exp.error = InvalidCommand
             return
@@ -302,7 +307,7 @@ class SessionModel:
             if self.overlap_ms >= self.config.min_interruption_ms:
                 self._cancel(exp, "turn_detected")
 
-    def _c_commit(self, c, exp, now) -> None:
+    def _c_commit(self, c: cmd.CommitInput, exp: Expectation, now: float | None) -> None:
         if self.state == IDLE or self.buffered == 0:
             exp.error = InputBufferEmpty
             return
@@ -318,22 +323,22 @@ class SessionModel:
         else:
             self.state = IDLE
 
-    def _c_create_response(self, c, exp, now) -> None:
+    def _c_create_response(self, c: cmd.CreateResponse, exp: Expectation, now: float | None) -> None:
         if self.state == RESPONDING:
             exp.error = ResponseInProgress
             return
         self._submit(exp, now)
 
-    def _c_clear(self, c, exp, now) -> None:
+    def _c_clear(self, c: cmd.ClearInput, exp: Expectation, now: float | None) -> None:
         self.buffered = 0
         if self.state in (IDLE, LISTENING):
             self.state = IDLE
 
-    def _c_barge_in(self, c, exp, now) -> None:
+    def _c_barge_in(self, c: cmd.BargeIn, exp: Expectation, now: float | None) -> None:
         if self.state == RESPONDING:
             self._cancel(exp, c.reason)
 
-    def _c_cancel(self, c, exp, now) -> None:
+    def _c_cancel(self, c: cmd.CancelResponse, exp: Expectation, now: float | None) -> None:
         if self.state != RESPONDING:
             exp.error = NoActiveResponse
             return
@@ -344,11 +349,11 @@ class SessionModel:
             return
         self._cancel(exp, c.reason)
 
-    def _c_heartbeat(self, c, exp, now) -> None:
+    def _c_heartbeat(self, c: cmd.Heartbeat, exp: Expectation, now: float | None) -> None:
         pass
 
     # Conversation items never move the state; unknown ids and duplicates are refused.
-    def _c_create_item(self, c, exp, now) -> None:
+    def _c_create_item(self, c: cmd.CreateItem, exp: Expectation, now: float | None) -> None:
         if c.item.id in self.items or (
             c.previous_item_id not in (None, "root") and c.previous_item_id not in self.items
         ):
@@ -356,13 +361,13 @@ class SessionModel:
             return
         self._add_item(c.item.id)
 
-    def _c_delete_item(self, c, exp, now) -> None:
+    def _c_delete_item(self, c: cmd.DeleteItem, exp: Expectation, now: float | None) -> None:
         if c.item_id not in self.items:
             exp.error = ItemNotFound
             return
         self.items.remove(c.item_id)
 
-    def _c_retrieve_item(self, c, exp, now) -> None:
+    def _c_retrieve_item(self, c: cmd.RetrieveItem, exp: Expectation, now: float | None) -> None:
         if c.item_id not in self.items:
             exp.error = ItemNotFound
 
@@ -374,7 +379,7 @@ class SessionModel:
         self._auto_items += 1
         self._add_item(f"<auto {self._auto_items}>")
 
-    def _c_speech_started(self, c, exp, now) -> None:
+    def _c_speech_started(self, c: cmd.SpeechStartedSignal, exp: Expectation, now: float | None) -> None:
         if self.state == IDLE:
             self.state = LISTENING
         elif self.state == RESPONDING:
@@ -383,7 +388,7 @@ class SessionModel:
             if config.interrupt_response and config.hold_audio_on_speech and "audio" in config.modalities:
                 self.held = True
 
-    def _c_speech_stopped(self, c, exp, now) -> None:
+    def _c_speech_stopped(self, c: cmd.SpeechStoppedSignal, exp: Expectation, now: float | None) -> None:
         if self.state == RESPONDING:
             self.overlap_ms = None
             # A backchannel: the held audio goes on, and an end that waited for it comes now.
@@ -392,7 +397,7 @@ class SessionModel:
                 status, reason = self.held_end
                 self._end(exp, now, status, reason)
 
-    def _c_close(self, c, exp, now) -> None:
+    def _c_close(self, c: cmd.Close, exp: Expectation, now: float | None) -> None:
         self._close(exp, c.reason)
 
     def close(self, reason: str) -> Expectation:
@@ -461,7 +466,7 @@ class SessionModel:
 
     # -- shared paths -----------------------------------------------------------------------
 
-    def _submit(self, exp: Expectation, now) -> None:
+    def _submit(self, exp: Expectation, now: float | None) -> None:
         rid = f"{self.session_id}/e{self.epoch}/t{self.turn_id}"
         exp.submits.append((rid, self.committed))
         self.issued.append(rid)
@@ -472,7 +477,7 @@ class SessionModel:
         self.state = RESPONDING
         self._begin(exp, now)  # response.created goes out when the turn is accepted
 
-    def _begin(self, exp: Expectation, now) -> None:
+    def _begin(self, exp: Expectation, now: float | None) -> None:
         if self.response is not None:
             return
         rid = f"resp_{self.session_id[-6:]}_{self.epoch}_{self.turn_id}"
@@ -486,7 +491,7 @@ class SessionModel:
             exp.terminals.append(("response.done", self.response.response_id, status, reason))
             self.response = None
 
-    def _end(self, exp: Expectation, now, status: str, reason: str | None) -> None:
+    def _end(self, exp: Expectation, now: float | None, status: str, reason: str | None) -> None:
         self._begin(exp, now)  # a turn that ends before any output still answers with a pair
         self._finish_response(exp, status, reason)
         self.turn_request = None
@@ -531,11 +536,11 @@ class SessionModel:
 
     # -- comparing with a real core ---------------------------------------------------------
 
-    def mismatches(self, core) -> list[str]:
+    def mismatches(self, core: SessionCore) -> list[str]:
         """Every observable way ``core`` (a SessionCore) differs from the model; [] if none."""
         out = []
 
-        def same(name, real, want):
+        def same(name: str, real: object, want: object) -> None:
             if real != want:
                 out.append(f"{name}: session has {real!r}, model expects {want!r}")
 
@@ -600,7 +605,9 @@ class EventStreamChecker:
         self.ttft: dict[str, float] = {}
         self.ttfp: dict[str, float] = {}
         self.cancelled_epoch: int | None = None  # epoch of the last cancelled response.done
-        self.terminals: list[tuple] = []  # created / done / closed, as SessionModel lists them
+        self.terminals: list[
+            tuple[str | None, ...]
+        ] = []  # created / done / closed, as SessionModel lists them
 
     def feed(self, events: Iterable[ev.ServerEvent]) -> None:
         for event in events:
@@ -667,7 +674,9 @@ class EventStreamChecker:
             f"{where}: epoch {e.epoch} inside a response created at epoch {self.open.epoch}"
         )
 
-    def _metrics(self, where: str, e, m, *, fresh: bool = False) -> None:
+    def _metrics(
+        self, where: str, e: ev.ResponseEvent, m: ResponseMetrics | None, *, fresh: bool = False
+    ) -> None:
         if m is None:
             return
         assert m.response_id == e.response_id, f"{where}: metrics of {m.response_id} leaked in"

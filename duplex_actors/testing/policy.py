@@ -17,6 +17,7 @@ built, not as a confusing state machine failure many steps later::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from ..core.session import SessionCore
 from ..core.statechart import CompiledChart, build_machine, compile_chart
@@ -30,7 +31,7 @@ class UnknownChartName(ValueError):
         self.missing = missing
 
 
-def policy_chart(rows: Iterable[dict], core: type = SessionCore) -> CompiledChart:
+def policy_chart(rows: Iterable[dict[str, Any]], core: type = SessionCore) -> CompiledChart:
     """Compile ``rows`` into the frozen table a :class:`SessionCore` takes as ``chart=``."""
     chart = compile_chart(build_machine(list(rows)))
     names = {f"_g_{name}" for branches in chart.table.values() for b in branches for name, _ in b.guards}

@@ -20,7 +20,7 @@ class RawWebSocket:
 
     @classmethod
     async def connect(
-        cls, url: str, *, rcvbuf: int | None = None, headers: dict | None = None
+        cls, url: str, *, rcvbuf: int | None = None, headers: dict[str, str] | None = None
     ) -> RawWebSocket:
         parts = urlsplit(url)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import attrs
@@ -19,9 +20,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from ..actors.runtime import Runtime
 from ..actors.session_handle import SessionHandle
 from ..core import commands as cmd
-from ..core.actions import SubmitTurn
+from ..core.actions import EngineAction, SubmitTurn
+from ..core.clock import Clock
 from ..core.commands import Lane
-from ..core.engine_io import ModelTurnRequest, TurnKind, is_terminal
+from ..core.engine_io import EngineOutput, ModelTurnRequest, TurnKind, is_terminal
+from ..core.events import ServerEvent
 from ..core.session import SessionCore
 from ..core.session_config import SessionConfig
 from ..engines.base import EngineBackend
@@ -38,6 +41,8 @@ from .core_machine import (
 )
 from .model import CLOSED, EventStreamChecker, SessionModel
 
+T = TypeVar("T")
+
 # =============================================================================================
 # The real runtime
 # =============================================================================================
@@ -49,11 +54,11 @@ class TraceEntry:
     kind: str  # command | output | expire | fail
     item: Any  # the command, the output, or the reason
     error: BaseException | None = None
-    actions: list = attrs.Factory(list)
+    actions: list[EngineAction] = attrs.Factory(list)
 
 
 class _Trace:
-    def __init__(self, tick) -> None:
+    def __init__(self, tick: Iterator[int]) -> None:
         self.tick = tick
         self.entries: list[TraceEntry] = []
         self.by_event_id: dict[str, TraceEntry] = {}
@@ -75,13 +80,13 @@ class _TracingCore(SessionCore):
 
     __slots__ = ("trace",)
 
-    def __init__(self, session_id, config, clock, trace: _Trace) -> None:
+    def __init__(self, session_id: str, config: SessionConfig, clock: Clock, trace: _Trace) -> None:
         super().__init__(session_id, config, clock)
         self.trace = trace
 
-    def _record(self, kind, item, run):
+    def _record(self, kind: str, item: object, run: Callable[[], T]) -> T:
         n = len(self._actions)
-        error = None
+        error: BaseException | None = None
         try:
             return run()
         except BaseException as exc:
@@ -90,20 +95,20 @@ class _TracingCore(SessionCore):
         finally:
             self.trace.add(TraceEntry(next(self.trace.tick), kind, item, error, list(self._actions[n:])))
 
-    def handle(self, command, *, received_at=None):
+    def handle(self, command: cmd.Command, *, received_at: float | None = None) -> None:
         return self._record(
             "command", command, lambda: SessionCore.handle(self, command, received_at=received_at)
         )
 
-    def on_engine_output(self, output):
+    def on_engine_output(self, output: EngineOutput) -> None:
         return self._record("output", output, lambda: SessionCore.on_engine_output(self, output))
 
-    def expire(self):
+    def expire(self) -> None:
         # Recorded with what the lease said when the expiry ran: the model closes only then.
         verdict = self.lease.expiry(self.clock.now())
         return self._record("expire", verdict, lambda: SessionCore.expire(self))
 
-    def fail(self, reason="session_failed"):
+    def fail(self, reason: str = "session_failed") -> None:
         return self._record("fail", reason, lambda: SessionCore.fail(self, reason))
 
 
@@ -126,7 +131,7 @@ class RecordingBackend:
     ``violations``; nothing is raised inside the engine.
     """
 
-    def __init__(self, inner: EngineBackend, tick=None) -> None:
+    def __init__(self, inner: EngineBackend, tick: Iterator[int] | None = None) -> None:
         self.inner = inner
         self.name = getattr(inner, "name", type(inner).__name__)
         self.capabilities = inner.capabilities
@@ -145,14 +150,16 @@ class RecordingBackend:
         self.aborted_at.setdefault(request_id, next(self.tick))
         await self.inner.abort(request_id)
 
-    def generate(self, request: ModelTurnRequest):
+    def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         if rid in self.streams:
             self.violations.append(f"{rid}: generate() called twice for one request")
         record = self.streams[rid] = StreamRecord(rid, next(self.tick))
         return self._stream(request, record)
 
-    async def _stream(self, request: ModelTurnRequest, record: StreamRecord):
+    async def _stream(
+        self, request: ModelTurnRequest, record: StreamRecord
+    ) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         inner = self.inner.generate(request)
         try:
@@ -217,7 +224,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.tick = itertools.count(1)
         self.trace = _Trace(self.tick)
         self.book = dst.ScriptBook(default=self.default_script)
-        self.received: list = []
+        self.received: list[ServerEvent] = []
         self.fed = 0
         self.replayed = 0
         self.sent: dict[Lane, list[str]] = {Lane.CONTROL: [], Lane.DATA: []}
@@ -260,7 +267,7 @@ class RuntimeMachine(RuleBasedStateMachine):
     def session_config(self) -> SessionConfig:
         return TEST_CONFIG
 
-    def runtime_options(self) -> dict:
+    def runtime_options(self) -> dict[str, Any]:
         """Extra keyword arguments for :class:`~duplex_actors.Runtime`."""
         return {}
 
@@ -360,7 +367,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             f"mailbox above its bound: {stats}"
         )
 
-    def _burst(self, program) -> None:
+    def _burst(self, program: Iterable[dst.FencedCommand]) -> None:
         for step in program:  # no await in between: the mailbox fills
             self._tell(step)
 
@@ -383,10 +390,10 @@ class RuntimeMachine(RuleBasedStateMachine):
     # Each rule is one round trip to the loop: its action, then the full check, so the state
     # is checked after every step without paying a second thread hand-off per step.
 
-    def step(self, func, *args) -> None:
+    def step(self, func: Callable[..., object], *args: object) -> None:
         """Run ``func(*args)`` (sync or async) on the machine's loop, then check everything."""
 
-        async def run():
+        async def run() -> None:
             result = func(*args)
             if hasattr(result, "__await__"):
                 await result
@@ -402,7 +409,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             self._tell(step)
 
     @rule(pcm=dst.pcm16_chunks(), fence=dst.fences(), ask=st.booleans())
-    def append(self, pcm, fence, ask):
+    def append(self, pcm: bytes, fence: dst.FenceChoice, ask: bool) -> None:
         self.step(self._send, dst.FencedCommand("append", fence, pcm), ask)
 
     @rule(
@@ -411,7 +418,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         ask=st.booleans(),
         item=st.integers(0, len(dst.ITEM_IDS) - 1),
     )
-    def command(self, kind, fence, ask, item):
+    def command(self, kind: str, fence: dst.FenceChoice, ask: bool, item: int) -> None:
         self.step(self._send, dst.FencedCommand(kind, fence, item=item), ask)
 
     @rule(
@@ -419,10 +426,10 @@ class RuntimeMachine(RuleBasedStateMachine):
         interrupt=st.sampled_from((None, "barge_in", "cancel", "close")),
         ms=st.sampled_from((0, 1, 3, 8)),
     )
-    def user_turn(self, pcm, interrupt, ms):
+    def user_turn(self, pcm: bytes, interrupt: str | None, ms: int) -> None:
         """The common conversation step: speak, commit (asked), maybe interrupt after ``ms``."""
 
-        async def turn():
+        async def turn() -> None:
             self._tell(dst.FencedCommand("append", pcm=pcm))
             await self._ask(dst.FencedCommand("commit"))
             if interrupt is not None:
@@ -432,20 +439,20 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.step(turn)
 
     @rule(program=dst.command_programs(_BURST_KINDS, max_size=12, audio=dst.pcm16_chunks(20, 60)))
-    def burst(self, program):
+    def burst(self, program: list[dst.FencedCommand]) -> None:
         """Many commands told back to back, with no chance for the session to run between."""
         self.step(self._burst, program)
 
     @rule(script=dst.engine_scripts())
-    def next_script(self, script):
+    def next_script(self, script: Script) -> None:
         self.book.push(script)
 
     @rule(ms=st.sampled_from((0, 1, 2, 5, 15)))
-    def wait(self, ms):
+    def wait(self, ms: int) -> None:
         self.step(anyio.sleep, ms / 1000)
 
     @rule(which=st.sampled_from(("issued", "unknown")), index=st.integers(0, 50), spec=_ANY_OUTPUT)
-    def inject_engine_output(self, which, index, spec):
+    def inject_engine_output(self, which: str, index: int, spec: dst.OutputSpec) -> None:
         """Output routed as if the engine sent it: for an earlier request (stale, or an aborted
         one whose stream is still open), or for a request no session registered."""
         self.step(self._inject, which, index, spec)
@@ -504,7 +511,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             assert rid in self.trace.submitted, f"the engine got {rid}, which the session never submitted"
 
     @invariant()
-    def runtime_matches_model(self):
+    def runtime_matches_model(self) -> None:
         # Rules check on the loop as part of their step (see ``step``); this covers the
         # initial state and rules a subclass adds without using ``step``.
         if self._checked_in_step:
@@ -562,7 +569,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             late = [rid for rid, tick in self.trace.submitted.items() if tick > close_tick]
             assert not late, f"requests submitted after close: {late}"
 
-    def teardown(self):
+    def teardown(self) -> None:
         try:
             self.portal.call(self._settle)
             self.portal.call(self._final_checks)

@@ -27,6 +27,7 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TypedDict, Unpack
 
 import attrs
 from hypothesis import strategies as st
@@ -162,7 +163,10 @@ class FencedCommand:
 
     def bind(self, epoch: int, event_id: str | None = None) -> cmd.Command:
         """The concrete command for a session whose current epoch is ``epoch``."""
-        fields = {"epoch": self.fence.resolve(epoch, back=self.stale_by), "event_id": event_id}
+        fields: _CommandFields = {
+            "epoch": self.fence.resolve(epoch, back=self.stale_by),
+            "event_id": event_id,
+        }
         return make_command(self.kind, pcm=self.pcm, audio_ms=self.audio_ms, item=self.item, **fields)
 
     @property
@@ -188,7 +192,16 @@ _COMMAND_TYPES: dict[str, type[cmd.Command]] = {
 }
 
 
-def make_command(kind: str, *, pcm: bytes = b"", audio_ms: int = 0, item: int = 0, **fields) -> cmd.Command:
+class _CommandFields(TypedDict, total=False):
+    """The fields every command has (:class:`~duplex_actors.core.commands.Command`)."""
+
+    event_id: str | None
+    epoch: int | None
+
+
+def make_command(
+    kind: str, *, pcm: bytes = b"", audio_ms: int = 0, item: int = 0, **fields: Unpack[_CommandFields]
+) -> cmd.Command:
     """Build the command of ``kind`` (one of :data:`COMMAND_KINDS`) with common fields."""
     item_id = ITEM_IDS[item % len(ITEM_IDS)]
     if kind == "create_item":
@@ -251,8 +264,19 @@ def fenced_commands(
     ).map(lambda c: c if c.kind == "append" else attrs.evolve(c, pcm=b""))
 
 
+class _FencedCommandOptions(TypedDict, total=False):
+    """The keywords :func:`command_programs` passes on to :func:`fenced_commands`."""
+
+    audio: st.SearchStrategy[bytes] | None
+    fence: st.SearchStrategy[FenceChoice] | None
+
+
 def command_programs(
-    kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS), *, min_size: int = 0, max_size: int = 30, **kw
+    kinds: Sequence[str] = tuple(_DEFAULT_WEIGHTS),
+    *,
+    min_size: int = 0,
+    max_size: int = 30,
+    **kw: Unpack[_FencedCommandOptions],
 ) -> st.SearchStrategy[list[FencedCommand]]:
     """Programs (lists) of fenced commands; bind each step to the live epoch when sending."""
     return st.lists(fenced_commands(kinds, **kw), min_size=min_size, max_size=max_size)
@@ -339,7 +363,20 @@ class ScriptBook:
         return f"ScriptBook({list(self._queue)!r}, default={self.default!r})"
 
 
-def script_books(min_size: int = 0, max_size: int = 8, **kw) -> st.SearchStrategy[ScriptBook]:
+class _ScriptOptions(TypedDict, total=False):
+    """The keywords :func:`script_books` passes on to :func:`engine_scripts`."""
+
+    max_latency_s: float
+    max_tokens: int
+    max_packets: int
+    failures: bool
+    hangs: bool
+    decisions: bool
+
+
+def script_books(
+    min_size: int = 0, max_size: int = 8, **kw: Unpack[_ScriptOptions]
+) -> st.SearchStrategy[ScriptBook]:
     """A :class:`ScriptBook` of drawn scripts (``kw`` go to :func:`engine_scripts`)."""
     return st.builds(ScriptBook, st.lists(engine_scripts(**kw), min_size=min_size, max_size=max_size))
 

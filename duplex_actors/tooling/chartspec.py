@@ -17,6 +17,9 @@ from collections.abc import Iterable, Mapping
 import attrs
 from transitions import Machine
 
+#: One branch of a (state, trigger) in :meth:`ChartSpec.table`: (dest, guards, effects).
+Branch = tuple[str, tuple[tuple[str, bool], ...], tuple[str, ...]]
+
 
 @attrs.frozen(slots=True)
 class Edge:
@@ -140,9 +143,9 @@ class ChartSpec:
                     out.append((edge.guards[:i], name, self.guard_refusals[name]))
         return out
 
-    def table(self) -> dict[tuple[str, str], tuple[tuple[str, tuple, tuple], ...]]:
+    def table(self) -> dict[tuple[str, str], tuple[Branch, ...]]:
         """``{(state, trigger): ((dest, guards, effects), ...)}`` in priority order."""
-        out: dict[tuple[str, str], list] = {}
+        out: dict[tuple[str, str], list[Branch]] = {}
         for edge in self.edges:
             out.setdefault((edge.source, edge.trigger), []).append((edge.dest, edge.guards, edge.effects))
         return {key: tuple(value) for key, value in out.items()}

@@ -21,13 +21,14 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
+from typing import cast
 
 from ..core import connection_chart
 from ..core import statechart as session_chart
 from . import lifecycles
-from .chartspec import ChartSpec, spec_from_machine
+from .chartspec import Branch, ChartSpec, spec_from_machine
 from .scxml import to_scxml
 
 FORMATS = ("mermaid", "dot", "svg", "scxml", "json")
@@ -143,11 +144,12 @@ def merged_external_edges(chart: ChartSpec, *, effects: bool = True) -> list[tup
     """``(source, target, label)`` for the arrows: external edges that differ only in their
     trigger (close, expire and fail all close the session the same way) share one arrow,
     labelled ``close | expire | fail / effects`` (without ``/ effects`` when not ``effects``)."""
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[str, str, str, tuple[str, ...]], list[str]] = {}
     for edge in chart.edges:
         if not edge.internal:
             # Keyed by the guard as written, so an "else" branch never shares a first one's arrow.
-            key = (edge.source, edge.target, edge.guard_text(), edge.effects if effects else ())
+            # (an external edge has a target)
+            key = (edge.source, cast(str, edge.target), edge.guard_text(), edge.effects if effects else ())
             groups.setdefault(key, []).append(edge.trigger)
     arrows = []
     for (source, target, guard, effect_names), triggers in groups.items():
@@ -165,7 +167,7 @@ def merged_external_edges(chart: ChartSpec, *, effects: bool = True) -> list[tup
 SPLIT = frozenset({"session"})
 
 
-def _mermaid_head(title: str, states, direction: str = "LR") -> list[str]:
+def _mermaid_head(title: str, states: Iterable[str], direction: str = "LR") -> list[str]:
     # Every state is declared by name first: Mermaid titles a box with the first description
     # it meets, so a box whose first line were a self-transition would be titled with it.
     lines = ["---", f"title: {title}", "---", "stateDiagram-v2", f"    direction {direction}"]
@@ -173,7 +175,7 @@ def _mermaid_head(title: str, states, direction: str = "LR") -> list[str]:
     return lines
 
 
-def _mermaid_arrows(chart: ChartSpec, sources) -> list[str]:
+def _mermaid_arrows(chart: ChartSpec, sources: Collection[str]) -> list[str]:
     return [
         f"    {_mermaid_id(source)} --> {_mermaid_id(target)} : {label}"
         for source, target, label in merged_external_edges(chart)
@@ -224,7 +226,7 @@ def view_states(chart: ChartSpec) -> tuple[str, ...]:
 def mermaid_view(chart: ChartSpec, state: str) -> str:
     """One state of a large chart: its in-state transitions in its box, and every arrow out of
     it to the states it leads to (small enough to read at Mermaid's default scale)."""
-    targets = [e.target for e in chart.edges_from(state) if not e.internal]
+    targets = [cast(str, e.target) for e in chart.edges_from(state) if not e.internal]
     shown = [state, *dict.fromkeys(t for t in targets if t != state)]
     # Top to bottom, the arrows leave under the box, never beside one of its lines; and the
     # title has no colon, which would break its YAML.
@@ -376,10 +378,10 @@ def to_json(chart: ChartSpec) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
-def table_from_json(text: str) -> dict[tuple[str, str], tuple]:
+def table_from_json(text: str) -> dict[tuple[str, str], tuple[Branch, ...]]:
     """The ``{(state, trigger): ((dest, guards, effects), ...)}`` table a JSON export describes."""
     data = json.loads(text)
-    table: dict[tuple[str, str], list] = {}
+    table: dict[tuple[str, str], list[Branch]] = {}
     for t in sorted(data["transitions"], key=lambda t: t["priority"]):
         dest = t["source"] if t["target"] is None else t["target"]
         guards = tuple((g["name"], g["required"]) for g in t["guards"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
+from typing import Any
 
 import attrs
 
@@ -73,7 +74,7 @@ class Step:
         return "+".join((self.trigger, *self.mixed)) + (f" ×{self.count}" if self.count > 1 else "")
 
 
-def read_records(lines: Iterable[str]) -> Iterator[dict]:
+def read_records(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
     """JSON objects from JSON-lines text; other lines (console logs, blanks) are skipped."""
     for line in lines:
         line = line.strip()
@@ -87,7 +88,7 @@ def read_records(lines: Iterable[str]) -> Iterator[dict]:
             yield record
 
 
-def _timestamp(value) -> datetime | None:
+def _timestamp(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
@@ -96,7 +97,7 @@ def _timestamp(value) -> datetime | None:
         return None
 
 
-def session_steps(records: Iterable[Mapping], session_id: str) -> list[Step]:
+def session_steps(records: Iterable[Mapping[str, Any]], session_id: str) -> list[Step]:
     """The session's transition events in log order, runs of identical internal steps merged."""
     steps: list[Step] = []
     for r in records:
@@ -126,7 +127,7 @@ def session_steps(records: Iterable[Mapping], session_id: str) -> list[Step]:
     return steps
 
 
-def sessions_in(records: Iterable[Mapping]) -> list[str]:
+def sessions_in(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return list(
         dict.fromkeys(
             r["session_id"] for r in records if r.get("event") == "transition" and "session_id" in r
@@ -197,7 +198,7 @@ def to_timeline(steps: list[Step], session_id: str, chart: CompiledChart = CHART
     return "\n".join(lines) + "\n"
 
 
-def render_trace(records: Iterable[Mapping], session_id: str, fmt: str = "mermaid-sequence") -> str:
+def render_trace(records: Iterable[Mapping[str, Any]], session_id: str, fmt: str = "mermaid-sequence") -> str:
     """Text for one session's trace; raises LookupError if the log holds no step of it."""
     records = list(records)
     steps = session_steps(records, session_id)
