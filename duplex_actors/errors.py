@@ -119,6 +119,13 @@ class NoActiveResponse(IllegalTransition):
         super().__init__(state, trigger, message or "Cancellation failed: no active response found", **kw)
 
 
+class ResponsesNotOffered(InvalidCommand):
+    """response.create in a session that makes no responses: a transcription session (GA
+    ``session.type: "transcription"``, ``SessionConfig.responses`` off)."""
+
+    code = "responses_not_offered"
+
+
 class ItemNotFound(ClientError):
     """A conversation item id the session does not hold (never existed, deleted, evicted)."""
 
@@ -323,6 +330,7 @@ __all__ = [
     "ItemNotFound",
     "InvalidItem",
     "ResponseNotFound",
+    "ResponsesNotOffered",
     "StaleFence",
     "FenceAhead",
     "InvalidSampling",

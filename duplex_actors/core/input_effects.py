@@ -139,6 +139,7 @@ class InputEffects(SessionParts):
         if (
             timeout is None
             or not config.server_vad
+            or not config.responses  # the timer's end starts a response
             or self._speaking
             or self._turn_request is not None
             or self.lease.detached  # nobody to prompt: the timer starts again on resume

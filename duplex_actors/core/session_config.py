@@ -34,6 +34,12 @@ class SessionConfig:
     #: reply); the Realtime server turns it off, because in OpenAI's GA contract a client commit
     #: only adds the audio to the conversation and a response needs response.create.
     respond_on_commit: bool = True
+    #: The session makes responses. False: a transcription session (GA ``session.type:
+    #: "transcription"``): its committed audio is transcribed and nothing answers it;
+    #: response.create is refused (ResponsesNotOffered), and nothing starts a response on the
+    #: session's own (auto_respond, respond_on_commit, model_native and the idle timeout are
+    #: read as off, whatever they say).
+    responses: bool = True
     #: server VAD: speech_stopped ends the user's turn (commit) instead of a client commit.
     server_vad: bool = False
     #: Under server VAD, the audio kept from before the user starts speaking (OpenAI's
@@ -131,6 +137,7 @@ class SessionConfig:
         return {
             "auto_respond": self.auto_respond,
             "respond_on_commit": self.respond_on_commit,
+            "responses": self.responses,
             "model_native": self.model_native,
             "state_events": self.state_events,
             "server_vad": self.server_vad,

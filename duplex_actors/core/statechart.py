@@ -63,6 +63,7 @@ from ..errors import (
     ResourceExhausted,
     ResponseInProgress,
     ResponseNotFound,
+    ResponsesNotOffered,
     ResumeConflict,
     ResyncRequired,
     ServerDraining,
@@ -219,6 +220,10 @@ CHECKS: Mapping[str, Check] = {
         ItemNotFound, "no item {item_id!r} in this conversation", param="response.input[{index}].id"
     ),
     "played_ms_monotonic": Check(InvalidCommand, "played_ms cannot go backwards"),
+    "responses_offered": Check(
+        ResponsesNotOffered,
+        "this is a transcription session: it transcribes the audio and makes no responses",
+    ),
 }
 
 APPEND_CHECKS = ["audio_at_session_rate", "input_fits", "within_audio_budget"]
@@ -628,7 +633,13 @@ PRECONDITIONS: Mapping[str, tuple[str, ...]] = {
     # New settings' text fits the runtime's text budget (or this client is within its share).
     "update": (*FENCE_CHECKS, "settings_within_budget"),
     # A response over its own context (GA response.input) names items the session holds.
-    "create_response": (*FENCE_CHECKS, "input_items_known", "response_text_within_budget"),
+    # A transcription session makes none (SessionConfig.responses).
+    "create_response": (
+        *FENCE_CHECKS,
+        "responses_offered",
+        "input_items_known",
+        "response_text_within_budget",
+    ),
     # What the client played of a response never goes backwards.
     "playback_ack": (*FENCE_CHECKS, "played_ms_monotonic"),
 }

@@ -101,10 +101,19 @@ GUARD_DOCS = {
         "its share of it"
     ),
     "has_buffered_audio": "user audio is buffered (not yet committed)",
-    "auto_respond": "server VAD's end of speech starts a response (turn_detection.create_response)",
+    "auto_respond": (
+        "server VAD's end of speech starts a response (turn_detection.create_response), in a "
+        "session that makes responses"
+    ),
     "server_vad": "server VAD decides the end of the user's turn",
-    "model_native": "model-native duplex: the model decides listen or speak per audio unit",
-    "respond_on_commit": "a client commit starts a response too (embedders; off for Realtime clients)",
+    "model_native": (
+        "model-native duplex: the model decides listen or speak per audio unit (never in a "
+        "session that makes no responses)"
+    ),
+    "respond_on_commit": (
+        "a client commit starts a response too (embedders; off for Realtime clients and in a "
+        "session that makes no responses)"
+    ),
     "names_active_response": "the cancel names no response, or the active one",
     "response_begun": "response.created went out for the active turn",
     "aborts_settled": "no aborted request is outstanding besides the one whose end is confirmed",
@@ -135,6 +144,7 @@ GUARD_DOCS = {
     "answers_known_call": ("the command answers no function call, or one this session made or was told of"),
     "input_items_known": "every item id the response's own input names is in the conversation",
     "played_ms_monotonic": "the playback report does not go back on what it said the client played",
+    "responses_offered": "the session makes responses (a transcription session makes none)",
     "idle_deadline_passed": (
         "server VAD's idle timer is set (no speech, no turn since it was) and its deadline has passed"
     ),

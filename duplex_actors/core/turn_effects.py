@@ -37,17 +37,25 @@ class TurnEffects(SessionParts):
 
     __slots__ = ()
 
+    # A session without responses (transcription) starts none on its own, whatever its
+    # turn-taking settings say: these guards are where the chart asks.
     def _g_auto_respond(self, step: Step) -> bool:
-        return self.config.auto_respond
+        config = self.config
+        return config.auto_respond and config.responses
+
+    def _g_responses_offered(self, step: Step) -> bool:
+        return self.config.responses
 
     def _g_not_draining(self, step: Step) -> bool:
         return not self.draining
 
     def _g_model_native(self, step: Step) -> bool:
-        return self.config.model_native
+        config = self.config
+        return config.model_native and config.responses
 
     def _g_respond_on_commit(self, step: Step) -> bool:
-        return self.config.respond_on_commit
+        config = self.config
+        return config.respond_on_commit and config.responses
 
     def _g_names_active_response(self, step: Step) -> bool:
         wanted = getattr(step.command, "response_id", None)
