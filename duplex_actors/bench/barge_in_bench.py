@@ -27,15 +27,21 @@ Two parts, both against a baseline measured in the same run:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import signal
 import time
-from typing import Any
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
 from .child_server import served_in_child
+
+if TYPE_CHECKING:
+    from ..audio.server_vad import ServerVad
 
 RATE = 16000
 PACKET_MS = 20
@@ -62,7 +68,7 @@ SPEEDS = (0.85, 1.0, 1.2)
 # --- wire ----------------------------------------------------------------------------------
 
 
-def _server_main(ready, hold: bool, packets: int = 500) -> None:
+def _server_main(ready: Connection[int, Any], hold: bool, packets: int = 500) -> None:
     """Child process: ``serve``'s assembly with a paced scripted engine, on a free port."""
 
     async def main() -> None:
@@ -86,7 +92,7 @@ def _server_main(ready, hold: bool, packets: int = 500) -> None:
     anyio.run(main)
 
 
-def _server_process(hold: bool, packets: int = 500):
+def _server_process(hold: bool, packets: int = 500) -> contextlib.AbstractContextManager[str]:
     return served_in_child(_server_main, hold, packets, name="barge-in-bench")
 
 
@@ -96,9 +102,10 @@ async def _round(url: str, speech: bytes, speak_after_s: float = SPEAK_AFTER_S) 
 
     async with websockets.connect(url, max_size=None) as ws:
 
-        async def recv() -> dict:
+        async def recv() -> dict[str, Any]:
             with anyio.fail_after(20):
-                return json.loads(await ws.recv())
+                event: dict[str, Any] = json.loads(await ws.recv())
+                return event
 
         while (await recv())["type"] != "session.created":
             pass
@@ -198,7 +205,8 @@ def cough(rng: np.random.Generator, ms: int = 250) -> np.ndarray:
     # a crude band-pass (300 Hz - 3 kHz) by differencing and smoothing
     smoothed = np.convolve(np.diff(noise, prepend=0.0), np.ones(4) / 4, mode="same")
     envelope = np.exp(-np.linspace(0, 6, n)) * np.minimum(1.0, np.linspace(0, 20, n))
-    return (smoothed * envelope * 0.5).astype(np.float32)
+    burst: np.ndarray = (smoothed * envelope * 0.5).astype(np.float32)
+    return burst
 
 
 def noise_burst(rng: np.random.Generator, ms: int = 200) -> np.ndarray:
@@ -207,7 +215,8 @@ def noise_burst(rng: np.random.Generator, ms: int = 200) -> np.ndarray:
 
 
 def _pcm(samples: np.ndarray) -> bytes:
-    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+    pcm: bytes = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+    return pcm
 
 
 def _float(pcm: bytes) -> np.ndarray:
@@ -244,7 +253,9 @@ def build_corpus(seed: int = 7, snr_db: float | None = None) -> list[tuple[str, 
     return out
 
 
-def judge_clip(samples: np.ndarray, min_interruption_ms: float, vad, vad_rate: int = RATE) -> dict[str, Any]:
+def judge_clip(
+    samples: np.ndarray, min_interruption_ms: float, vad: ServerVad, vad_rate: int = RATE
+) -> dict[str, Any]:
     """Run one clip (spoken over a response) through server VAD and the overlap rule.
 
     ``vad_rate``: the rate ``vad`` hears (its Silero model's); the clip's 20 ms chunks are
@@ -276,7 +287,10 @@ def judge_clip(samples: np.ndarray, min_interruption_ms: float, vad, vad_rate: i
 
 
 def bench_corpus(
-    thresholds=(300, 400, 500, 700), snrs=(None, 10.0), vad_rate: int = RATE, precision: str = "float32"
+    thresholds: Sequence[int] = (300, 400, 500, 700),
+    snrs: Sequence[float | None] = (None, 10.0),
+    vad_rate: int = RATE,
+    precision: str = "float32",
 ) -> dict[str, Any]:
     """The corpus part, with Silero at ``vad_rate`` (16 kHz, the session's rate, or 8 kHz) and
     ``precision`` (float32, or int8: ``serve --vad-precision int8``)."""

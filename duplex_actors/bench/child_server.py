@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 SERVER_START_TIMEOUT_S = 120.0
 
@@ -15,7 +16,7 @@ SERVER_START_TIMEOUT_S = 120.0
 @contextlib.contextmanager
 def served_in_child(
     target: Callable[..., None],
-    *args,
+    *args: Any,
     name: str,
     daemon: bool = True,
     timeout_s: float = SERVER_START_TIMEOUT_S,

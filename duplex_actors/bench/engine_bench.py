@@ -43,7 +43,9 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import structlog
@@ -67,6 +69,9 @@ CONCURRENCY = (1, 16, 64)
 #: Each arm decodes at least this many requests per round (one after another below this
 #: concurrency), so one hiccup of the host is a small share of the measured time.
 PASS_REQUESTS = 16
+#: One round's figures: engine and bare tokens/s by concurrency, sequential tokens/s, and the
+#: eager bare loop's tokens/s by concurrency (empty unless compare_eager).
+_Round = tuple[dict[int, float], dict[int, float], float, dict[int, float]]
 
 
 def _audio(seconds: float = 1.0) -> bytes:
@@ -97,7 +102,7 @@ async def _engine_run(engine: EmbeddedThinker, n: int, audio: bytes) -> tuple[fl
 
 
 def _bare_run(
-    model: Thinker, prompt, n: int, max_tokens: int, host_tokens: bool = False
+    model: Thinker, prompt: Prompt, n: int, max_tokens: int, host_tokens: bool = False
 ) -> tuple[float, int]:
     began = time.perf_counter()
     # The same batched prefill the engine's scheduler runs for requests that join together.
@@ -149,7 +154,7 @@ def run(
     ttft_samples: int | None = None,
     compare_eager: bool | None = None,
     serve_gc: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     device = resolve_device(device)
     concurrency = tuple(sorted(concurrency))
@@ -171,7 +176,7 @@ def run(
     # is descheduled stalls at every barrier. Same setting for engine and baselines.
     torch.set_num_threads(threads)
 
-    async def measure() -> tuple[list, EmbeddedThinker, Thinker, Prompt, list[tuple[float, float]]]:
+    async def measure() -> tuple[list[_Round], EmbeddedThinker, Thinker, Prompt, list[tuple[float, float]]]:
         # float32_dense: the figures without low-precision dense layers in batched steps.
         top = max(concurrency)
         config = ThinkerConfig(
@@ -222,11 +227,11 @@ def run(
             # the same machine: this one is shared and its speed drifts by a quarter within
             # seconds, which swamps best-of comparisons across rounds. The pair's order
             # alternates so drift within a pair favours neither arm.
-            rounds_taken = []
+            rounds_taken: list[_Round] = []
             for r in range(rounds):
-                engine_tps: dict = {}
-                bare_tps: dict = {}
-                eager_tps: dict = {}
+                engine_tps: dict[int, float] = {}
+                bare_tps: dict[int, float] = {}
+                eager_tps: dict[int, float] = {}
                 for n in concurrency:
                     # At least 16 requests' worth of tokens per arm and round: one request alone
                     # is ~70 ms, and a hiccup of this host swung single-request rounds from
@@ -271,7 +276,8 @@ def run(
     # Per concurrency, the round with the median engine/bare ratio; for the batching gain, the
     # round with the median engine-at-64 / sequential ratio. Each reported pair is one real
     # round, so its two figures divide to the reported ratio.
-    def median_round(ratio):
+    # (Callable[..., float]: a lambda with a default, n=n, does not fit Callable[[_Round], float])
+    def median_round(ratio: Callable[..., float]) -> _Round:
         return sorted(rounds_taken, key=ratio)[len(rounds_taken) // 2]
 
     engine_tps, bare_tps = {}, {}
@@ -340,7 +346,7 @@ def run(
     }
 
 
-def _print(report: dict) -> None:
+def _print(report: dict[str, Any]) -> None:
     m = report["model"]
     low = m["dense_low_precision"]
     dense = "float32 dense layers" if low is None else f"{low[0]} dense layers in steps of >= {low[1]} rows"

@@ -94,18 +94,28 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..server import event_loop
 from ..server.event_loop import EventLoopChoice
 from .soak import rss_mb
 
 if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+    from ..actors.runtime import Runtime
     from ..engines.base import EngineBackend
     from ..engines.scripted import Script
 
+    #: A valid flooder's reports: its session's id once connected, then (sent, bytes received).
+    _FloodReport = Connection[str | tuple[int, int], Any]
 
-async def _turn(url: str, headers: dict | None = None, source: str | None = None) -> float:
+_T = TypeVar("_T")
+
+
+async def _turn(url: str, headers: dict[str, str] | None = None, source: str | None = None) -> float:
     """One GA turn on a new connection (``source``: the local address to connect from)."""
     from websockets.asyncio.client import connect
 
@@ -166,7 +176,7 @@ async def _transcribed_turn(url: str) -> float:
                 raise RuntimeError(f"the neighbour's transcription failed: {event['error']['message']}")
 
 
-async def _run(frames: int, policy: bool) -> dict:
+async def _run(frames: int, policy: bool) -> dict[str, Any]:
     from ..actors.runtime import Runtime
     from ..engines.scripted import Script, ScriptedEngine
     from ..server.app import RealtimeServer, ServerConfig
@@ -303,7 +313,7 @@ def _setup_and_frames(kind: str, frame_ms: int) -> tuple[list[str], tuple[str, .
     raise ValueError(kind)
 
 
-def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -> None:
+def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report: _FloodReport) -> None:
     """The flooding client (``kind``: one of VALID_FLOODS),
     in its own process as a hostile client would be: in the server's process its sends would
     take that loop itself (a websocket send only yields once the socket's buffers are full, and
@@ -364,7 +374,7 @@ def _valid_flooder(url: str, seconds: float, kind: str, frame_ms: int, report) -
     asyncio.run(main())
 
 
-async def _resume_in_a_loop(url: str, seconds: float, report) -> int:
+async def _resume_in_a_loop(url: str, seconds: float, report: _FloodReport) -> int:
     """Fill the replay journal with long items, then reconnect and resume naming an early
     ``last_seq`` in a loop: each resume replays every event after it (~3 MB here)."""
     from websockets.asyncio.client import connect
@@ -413,7 +423,7 @@ async def _resume_in_a_loop(url: str, seconds: float, report) -> int:
     return resumes
 
 
-async def _ping_flat_out(url: str, seconds: float, report) -> int:
+async def _ping_flat_out(url: str, seconds: float, report: _FloodReport) -> int:
     """Send pings as fast as the socket takes them, on a 4 KiB receive buffer never read: each
     one the server reads, it answers with a pong that waits in its write buffer."""
     from ..testing.raw_websocket import RawWebSocket
@@ -437,7 +447,7 @@ async def _ping_flat_out(url: str, seconds: float, report) -> int:
     return sent
 
 
-async def _fragments_flat_out(url: str, seconds: float, report) -> int:
+async def _fragments_flat_out(url: str, seconds: float, report: _FloodReport) -> int:
     """Send 10 ms appends of silence, each cut into 1-byte fragments, as fast as the socket
     takes them (a clear after every 5 s of audio, within the input buffer's limit)."""
     from ..testing.raw_websocket import RawWebSocket, fragmented
@@ -472,7 +482,7 @@ async def _fragments_flat_out(url: str, seconds: float, report) -> int:
     return sent
 
 
-async def _flooder_says(pipe, flooder) -> None:
+async def _flooder_says(pipe: Connection[Any, Any], flooder: BaseProcess) -> None:
     """Wait for the flooder's next report; a flooder that died without one (the server closed
     it, say 1009 for a frame over its cap) fails the run instead of hanging it."""
     while not pipe.poll():
@@ -483,7 +493,9 @@ async def _flooder_says(pipe, flooder) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5) -> dict:
+async def _run_valid(
+    kind: str, seconds: float, policy: bool, frame_ms: int = 100, turns: int = 5
+) -> dict[str, Any]:
     import multiprocessing
     import statistics
 
@@ -558,7 +570,7 @@ async def _run_valid(kind: str, seconds: float, policy: bool, frame_ms: int = 10
             }
 
 
-async def _run_long_turn(turn_s: float, turns: int = 3) -> dict:
+async def _run_long_turn(turn_s: float, turns: int = 3) -> dict[str, Any]:
     import statistics
 
     from websockets.asyncio.client import connect
@@ -619,7 +631,7 @@ async def _run_long_turn(turn_s: float, turns: int = 3) -> dict:
 CHURN_KEYS = ("flood-key", "neighbour-key")
 
 
-def _flood_script():
+def _flood_script() -> Script:
     """The scripted engine's response in the floods: 24 tokens 2 ms apart, 12 audio packets."""
     from ..engines.scripted import Script
 
@@ -641,7 +653,7 @@ ASK_FOR_SPEECH = (
 )
 
 
-async def _spoken_response(url: str, headers: dict) -> tuple[float, float]:
+async def _spoken_response(url: str, headers: dict[str, str]) -> tuple[float, float]:
     """A text turn answered with speech: seconds to its first audio and to response.done."""
     from websockets.asyncio.client import connect
 
@@ -669,7 +681,12 @@ FLOOD_HOW = ("items", "one-frame", "reconnect", "drop")
 
 
 def _response_flooder(
-    url: str, sessions: int, seconds: float, cancel_after: float | None, how: str, report
+    url: str,
+    sessions: int,
+    seconds: float,
+    cancel_after: float | None,
+    how: str,
+    report: Connection[int, Any],
 ) -> None:
     """``sessions`` sessions of one key, each asking for the next response as soon as the last
     is done, for ``seconds``, as ``how`` says (FLOOD_HOW); reports how many responses were
@@ -716,7 +733,7 @@ def _response_flooder(
     asyncio.run(main())
 
 
-async def _cancel_after(ws, seconds: float) -> None:
+async def _cancel_after(ws: ClientConnection, seconds: float) -> None:
     """Read a response's events; ``seconds`` after it was asked for, cancel it (unless it was
     done by then); return at its response.done."""
     deadline = time.perf_counter() + seconds
@@ -731,7 +748,7 @@ async def _cancel_after(ws, seconds: float) -> None:
             return
 
 
-def _audio_sessions_flooder(url: str, sessions: int, seconds: float, report) -> None:
+def _audio_sessions_flooder(url: str, sessions: int, seconds: float, report: Connection[int, Any]) -> None:
     """``sessions`` sessions of one key, each sending 100 ms appends as fast as the server
     reads them, for ``seconds``; reports the frames sent."""
 
@@ -769,7 +786,14 @@ def _audio_sessions_flooder(url: str, sessions: int, seconds: float, report) -> 
     asyncio.run(main())
 
 
-async def _during_flood(rt, target, args: tuple, sessions: int, measure, on_start=None) -> tuple:
+async def _during_flood(
+    rt: Runtime,
+    target: Callable[..., None],
+    args: tuple[object, ...],
+    sessions: int,
+    measure: Callable[[], Awaitable[_T]],
+    on_start: Callable[[], Any] | None = None,
+) -> tuple[list[_T], Any, Any, float]:
     """Run the flooder ``target(*args, pipe)`` in its own process; once its ``sessions`` are
     open, call ``on_start()`` (if given), then ``measure()`` again and again until the flooder
     reports. Returns the measurements, its report, ``on_start``'s result and the seconds from
@@ -793,7 +817,7 @@ async def _during_flood(rt, target, args: tuple, sessions: int, measure, on_star
     return during, report, started, elapsed
 
 
-async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns: int = 5) -> dict:
+async def _run_audio_sessions(sessions: int, seconds: float, shared: bool, turns: int = 5) -> dict[str, Any]:
     import statistics
 
     from ..actors.runtime import Runtime
@@ -842,7 +866,7 @@ async def _run_responses(
     turns: int = 5,
     cancel_after: float | None = None,
     how: str = "items",
-) -> dict:
+) -> dict[str, Any]:
     import statistics
 
     from ..actors.runtime import Runtime
@@ -892,7 +916,9 @@ async def _run_responses(
     }
 
 
-def _churn_flooder(url: str, seconds: float, connections: int, report) -> None:
+def _churn_flooder(
+    url: str, seconds: float, connections: int, report: Connection[tuple[int, int], Any]
+) -> None:
     """Open a session, read its session.created, close it; again, from ``connections``
     connections at once, for ``seconds``. A 429 is retried at once (a hostile client)."""
 
@@ -920,7 +946,9 @@ def _churn_flooder(url: str, seconds: float, connections: int, report) -> None:
     asyncio.run(main())
 
 
-async def _run_churn(seconds: float, connections: int, connect_rate: float | None, turns: int = 5) -> dict:
+async def _run_churn(
+    seconds: float, connections: int, connect_rate: float | None, turns: int = 5
+) -> dict[str, Any]:
     import multiprocessing
     import statistics
 
@@ -964,7 +992,7 @@ async def _run_churn(seconds: float, connections: int, connect_rate: float | Non
             }
 
 
-async def _run_journals(sessions: int, budget_mb: int | None) -> dict:
+async def _run_journals(sessions: int, budget_mb: int | None) -> dict[str, Any]:
     """One client opens ``sessions`` sessions and fills each one's replay journal: 30 distinct
     items of 60,000 characters (the conversation keeps the last few, the journal all of their
     added/done events, ~3.6 MB counted a session)."""
@@ -1035,9 +1063,9 @@ async def _proxied_session(url: str, i: int, addresses: int) -> Any:
     return ws
 
 
-async def _in_batches(one: Callable[[int], Awaitable[Any]], count: int, batch: int = 32) -> list:
+async def _in_batches(one: Callable[[int], Awaitable[Any]], count: int, batch: int = 32) -> list[Any]:
     """``one(i)`` for every ``i`` below ``count``, ``batch`` at a time; what each returned."""
-    results: list = []
+    results: list[Any] = []
     for start in range(0, count, batch):
         results += await asyncio.gather(*map(one, range(start, min(count, start + batch))))
     return results
@@ -1065,7 +1093,7 @@ async def _run_held_audio(
     responding: bool = False,
     model_native: bool = False,
     pending_words: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each fill their input audio with G.711 mu-law (1 s frames until refused),
     commit it, and fill it again: what sessions hold when clients never ask for a response.
@@ -1110,7 +1138,7 @@ async def _run_held_audio(
     update = json.dumps({"type": "session.update", "session": options})
     sent = 0
 
-    async def fill(ws) -> None:
+    async def fill(ws: ClientConnection) -> None:
         # Frames until the first refusal: each is answered by an error only when refused. A
         # model-native session's buffer never fills (its units leave it), so without a budget
         # counting them nothing refuses: it stops at two minutes of audio.
@@ -1140,13 +1168,13 @@ async def _run_held_audio(
                 pass
         return ws
 
-    async def commit(ws) -> None:
+    async def commit(ws: ClientConnection) -> None:
         # Answered by an error when nothing was buffered (every append refused).
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         while json.loads(await ws.recv())["type"] not in ("input_audio_buffer.committed", "error"):
             pass
 
-    async def client(ws) -> Any:
+    async def client(ws: ClientConnection) -> Any:
         await fill(ws)
         if model_native:
             return ws
@@ -1203,7 +1231,9 @@ async def _run_held_audio(
             return report
 
 
-async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None, parts: int = 1) -> dict:
+async def _run_held_text(
+    sessions: int, addresses: int, budget_mb: int | None, parts: int = 1
+) -> dict[str, Any]:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each set the most text a session keeps: instructions of 65,536 emoji, 128
     tools of 1,900 emoji each, and four items of 65,536 emoji (the conversation's 262,144
@@ -1215,7 +1245,7 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None, p
     from ..engines.scripted import ScriptedEngine
     from ..server.app import RealtimeServer
 
-    def as_json(event: dict) -> str:
+    def as_json(event: dict[str, Any]) -> str:
         return json.dumps(event, ensure_ascii=False)  # emoji as themselves: 4 bytes each
 
     emoji = "\U0001f600"
@@ -1293,7 +1323,7 @@ async def _run_held_text(sessions: int, addresses: int, budget_mb: int | None, p
             return report
 
 
-async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | None) -> dict:
+async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | None) -> dict[str, Any]:
     """``sessions`` sessions from ``addresses`` client addresses (named by a trusted proxy's
     X-Forwarded-For) each ask for one out-of-band response with its own instructions (60,000
     emoji) and its own input (three items of 60,000 emoji): a frame of ~960 KB, sent compressed.
@@ -1304,7 +1334,7 @@ async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | No
     from ..engines.scripted import Script, ScriptedEngine
     from ..server.app import RealtimeServer
 
-    def item(n: int) -> dict:
+    def item(n: int) -> dict[str, Any]:
         return {
             "type": "message",
             "role": "user",
@@ -1356,7 +1386,11 @@ async def _run_held_responses(sessions: int, addresses: int, budget_mb: int | No
 
 
 def _scripted_server(
-    ready, sessions: int, loop: str, long_answer: bool = False, overrides: dict | None = None
+    ready: Connection[int, Any],
+    sessions: int,
+    loop: str,
+    long_answer: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> None:
     """Child process: ``serve``'s assembly (GC policy and trimming included) with a scripted
     engine (speaking ``_long_spoken_answer()`` if ``long_answer``), on ``loop``, behind a trusted
@@ -1384,7 +1418,7 @@ def _scripted_server(
     event_loop.run(main(), loop)
 
 
-async def _run_large_messages(sessions: int, messages: int, addresses: int, loop: str) -> dict:
+async def _run_large_messages(sessions: int, messages: int, addresses: int, loop: str) -> dict[str, Any]:
     """``sessions`` sessions from ``addresses`` client addresses each send ``messages`` messages
     of about 1 MB (ASCII and one emoji, so CPython holds them in four bytes a character) at once,
     compressed by permessage-deflate to about a kilobyte each, of a type the server refuses; then
@@ -1419,7 +1453,7 @@ async def _run_large_messages(sessions: int, messages: int, addresses: int, loop
 
         dropped = 0
 
-        async def one(i: int, ws) -> int:
+        async def one(i: int, ws: ClientConnection) -> int:
             nonlocal dropped
             refused = 0
             try:
@@ -1472,7 +1506,9 @@ def _long_spoken_answer() -> Script:
     return Script(tokens=words, audio_packets=375, packet_ms=160, packet_latency_s=0.016, fresh_packets=True)
 
 
-async def _run_unread_audio(sessions: int, addresses: int, waits: bool, seconds: float, loop: str) -> dict:
+async def _run_unread_audio(
+    sessions: int, addresses: int, waits: bool, seconds: float, loop: str
+) -> dict[str, Any]:
     """``sessions`` sessions from ``addresses`` client addresses each ask for a spoken response
     (a minute of 24 kHz speech, produced ten times faster than real time), then drop their
     connections: each session waits ``disconnect_grace_s`` for a resume, and its response goes

@@ -23,11 +23,13 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
 from ..actors.runtime import Runtime
+from ..actors.session_handle import SessionHandle
+from ..core.events import ResponseDone
 from ..engines.base import EngineBackend
 from ..engines.scripted import Script, ScriptedEngine
 
@@ -64,14 +66,15 @@ def figure(
     }
 
 
-async def _turn(session) -> float:
+async def _turn(session: SessionHandle) -> float:
     t0 = now()
     session.append_audio(CHUNK * 5)
     await session.commit()
     async for event in session.events():
         if event.type == "response.done":
-            if event.status != "completed":
-                raise RuntimeError(f"bench turn ended {event.status}")
+            done = cast(ResponseDone, event)  # the wire name says which event class it is
+            if done.status != "completed":
+                raise RuntimeError(f"bench turn ended {done.status}")
             return now() - t0
     raise RuntimeError("event stream ended before response.done")
 
@@ -88,7 +91,7 @@ async def _measure(
 
         many = [await rt.open_session() for _ in range(sessions)]
 
-        async def drive(s) -> None:
+        async def drive(s: SessionHandle) -> None:
             for _ in range(turns_each):
                 await _turn(s)
 

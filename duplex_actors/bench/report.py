@@ -14,7 +14,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Echo = Callable[[str], None]
 
@@ -197,7 +201,7 @@ def write_pngs(results: list[dict[str, Any]], out: Path, echo: Echo = print) -> 
     return written
 
 
-def _save(fig, path: Path, plt) -> Path:
+def _save(fig: Figure, path: Path, plt: ModuleType) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -26,17 +26,22 @@ import sys
 import time
 import tracemalloc
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 
 from ..core import commands as cmd
-from ..core.engine_io import AudioPacket, Decision, ModelTurnRequest, TextDelta, TurnDone
+from ..core.engine_io import AudioPacket, Decision, EngineOutput, ModelTurnRequest, TextDelta, TurnDone
+from ..core.events import AudioDeltaEvent, ResponseDone, TextDeltaEvent
 from ..core.session import SessionCore
 from ..engines.base import EngineCapabilities
 from ..engines.scripted import Script, ScriptedEngine
+
+if TYPE_CHECKING:
+    from ..actors.session_handle import SessionHandle
 
 CHUNK_MS = 20
 CHUNK = b"\0\0" * (16000 * CHUNK_MS // 1000)  # 20 ms of pcm16 at 16 kHz: 640 bytes
@@ -102,7 +107,7 @@ def cdf_points(samples: list[float], points: int = 200) -> list[tuple[float, flo
 
 async def _bare_put_get(n: int) -> float:
     """asyncio.Queue put_nowait + get with one consumer task: messages per second."""
-    q: asyncio.Queue = asyncio.Queue()
+    q: asyncio.Queue[int] = asyncio.Queue()
     done = asyncio.Event()
 
     async def consumer() -> None:
@@ -122,8 +127,8 @@ async def _bare_put_get(n: int) -> float:
 
 async def _bare_ping_pong(n: int) -> float:
     """Request + reply through two asyncio queues: seconds per round trip."""
-    req: asyncio.Queue = asyncio.Queue()
-    rep: asyncio.Queue = asyncio.Queue()
+    req: asyncio.Queue[int | None] = asyncio.Queue()
+    rep: asyncio.Queue[int] = asyncio.Queue()
 
     async def server() -> None:
         while True:
@@ -167,11 +172,11 @@ async def _bare_turns(engine: Any, sessions: int, appends: int, turns: int) -> f
     done_count = 0
     round_done = asyncio.Event()
 
-    async def pump(request: ModelTurnRequest, inbox: asyncio.Queue) -> None:
+    async def pump(request: ModelTurnRequest, inbox: asyncio.Queue[Any]) -> None:
         async for output in engine.generate(request):
             inbox.put_nowait(output)
 
-    async def session(i: int, inbox: asyncio.Queue, outbox: asyncio.Queue) -> None:
+    async def session(i: int, inbox: asyncio.Queue[Any], outbox: asyncio.Queue[tuple[str, Any]]) -> None:
         turn = 0
         audio: list[bytes] = []
         while True:
@@ -193,7 +198,7 @@ async def _bare_turns(engine: Any, sessions: int, appends: int, turns: int) -> f
                     outbox.put_nowait((kind, message))
                 outbox.put_nowait(("response.done" if kind == "done" else kind, message))
 
-    async def consume(outbox: asyncio.Queue) -> None:
+    async def consume(outbox: asyncio.Queue[tuple[str, Any]]) -> None:
         nonlocal done_count
         while True:
             kind, _ = await outbox.get()
@@ -202,8 +207,9 @@ async def _bare_turns(engine: Any, sessions: int, appends: int, turns: int) -> f
                 if done_count == sessions:
                     round_done.set()
 
-    inboxes: list[asyncio.Queue] = [asyncio.Queue() for _ in range(sessions)]
-    outboxes: list[asyncio.Queue] = [asyncio.Queue() for _ in range(sessions)]
+    # An inbox holds audio chunks, "commit" and the engine's outputs, as they come.
+    inboxes: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in range(sessions)]
+    outboxes: list[asyncio.Queue[tuple[str, Any]]] = [asyncio.Queue() for _ in range(sessions)]
     tasks = [loop.create_task(session(i, inboxes[i], outboxes[i])) for i in range(sessions)]
     tasks += [loop.create_task(consume(q)) for q in outboxes]
     await asyncio.sleep(0)
@@ -261,7 +267,7 @@ class StampingEngine:
     def abort_nowait(self, request_id: str) -> None:
         self.abort_called.setdefault(request_id, now())
 
-    async def generate(self, request: ModelTurnRequest):
+    async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:
         rid = request.request_id
         if self.on_request is not None:
             self.on_request(request, now())
@@ -341,7 +347,7 @@ async def _throughput(
             round_done = anyio.Event()
             events_seen = 0
 
-            async def consume(h) -> None:
+            async def consume(h: SessionHandle) -> None:
                 nonlocal done_count, events_seen
                 async for e in h.events():
                     events_seen += 1
@@ -482,7 +488,7 @@ def _rss_bytes() -> int:
 def _scale_child(kind: str, steps: list[int]) -> None:
     """Runs in a fresh interpreter (clean RSS): opens sessions in steps, prints JSON."""
 
-    async def bare_worker(q: asyncio.Queue) -> None:
+    async def bare_worker(q: asyncio.Queue[object]) -> None:
         while True:
             await q.get()
 
@@ -498,8 +504,8 @@ def _scale_child(kind: str, steps: list[int]) -> None:
             open_one: Callable[[], Any] = rt.open_session_nowait
         else:
 
-            def open_one() -> tuple[asyncio.Queue, asyncio.Task]:
-                q: asyncio.Queue = asyncio.Queue()
+            def open_one() -> tuple[asyncio.Queue[object], asyncio.Task[None]]:
+                q: asyncio.Queue[object] = asyncio.Queue()
                 return q, asyncio.create_task(bare_worker(q))
 
         # warm up code paths and allocator
@@ -541,7 +547,8 @@ def _run_scale_child(kind: str, steps: list[int]) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"scale child {kind} failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 def bench_scale(quick: bool = True, sessions: int = 10_000) -> dict[str, Any]:
@@ -604,7 +611,7 @@ class _GcPauses:
         self.recording = False
         self._t = self._c = 0.0
 
-    def _cb(self, phase: str, info: dict) -> None:
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._t = now()
             self._c = time.thread_time()
@@ -616,7 +623,7 @@ class _GcPauses:
         gc.callbacks.append(self._cb)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self._cb)
 
     def summary(self) -> dict[str, float]:
@@ -637,7 +644,7 @@ class _Probe:
     """
 
     def __init__(self) -> None:
-        self.due: dict[str, deque] = {}
+        self.due: dict[str, deque[float]] = {}
         self.from_due: list[float] = []
         self.from_tell: list[float] = []
         self.recording = False
@@ -647,7 +654,7 @@ class _Probe:
         orig = self._orig = SessionCore.handle
         probe = self
 
-        def handle(core, command, *, received_at=None):
+        def handle(core: SessionCore, command: cmd.Command, *, received_at: float | None = None) -> None:
             orig(core, command, received_at=received_at)
             if command.TRIGGER == "append":
                 t = now()
@@ -657,10 +664,11 @@ class _Probe:
                     if received_at is not None:
                         probe.from_tell.append(t - received_at)
 
-        SessionCore.handle = handle  # type: ignore[method-assign]
+        # assignment: the wrapper names its first parameter core, where the method has self
+        SessionCore.handle = handle  # type: ignore[method-assign, assignment]
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         assert self._orig is not None
         SessionCore.handle = self._orig  # type: ignore[method-assign]
 
@@ -758,14 +766,14 @@ async def _realtime_runtime(
             # stagger commits: session i commits at its own phase of turn_s
             next_commit = {h: i * turn_s / n for i, h in enumerate(handles)}
 
-            async def consume(h) -> None:
+            async def consume(h: SessionHandle) -> None:
                 nonlocal errors
                 async for e in h.events():
                     t = now()
                     typ = e.type
                     if typ == "response.output_text.delta":
                         if recording:
-                            delivery.append(t - float(e.delta))
+                            delivery.append(t - float(cast(TextDeltaEvent, e).delta))
                     elif typ == "error":
                         errors += 1
 
@@ -816,13 +824,13 @@ async def _realtime_bare(n: int, seconds: float, warmup: float) -> dict[str, Any
     samples: list[float] = []
     recording = False
 
-    async def worker(q: asyncio.Queue) -> None:
+    async def worker(q: asyncio.Queue[tuple[float, bytes]]) -> None:
         while True:
             due, _chunk = await q.get()
             if recording:
                 samples.append(now() - due)
 
-    queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(n)]
+    queues: list[asyncio.Queue[tuple[float, bytes]]] = [asyncio.Queue() for _ in range(n)]
     tasks = [asyncio.create_task(worker(q)) for q in queues]
     slots_n = 20
     slots = [queues[i::slots_n] for i in range(slots_n)]
@@ -879,11 +887,13 @@ async def _realtime_bare_turns(n: int, seconds: float, warmup: float, turn_s: fl
     delivery: list[float] = []
     recording = False
 
-    async def pump(request: ModelTurnRequest, q: asyncio.Queue) -> None:
+    async def pump(request: ModelTurnRequest, q: asyncio.Queue[tuple[float | None, Any]]) -> None:
         async for output in engine.generate(request):
             q.put_nowait((None, output))
 
-    async def worker(i: int, q: asyncio.Queue, out: asyncio.Queue) -> None:
+    async def worker(
+        i: int, q: asyncio.Queue[tuple[float | None, Any]], out: asyncio.Queue[tuple[str, Any]]
+    ) -> None:
         audio: list[bytes] = []
         turn = 0
         texts = 0
@@ -914,15 +924,16 @@ async def _realtime_bare_turns(n: int, seconds: float, warmup: float, turn_s: fl
                 out.put_nowait(("event", message))
             out.put_nowait((kind, message))
 
-    async def consume(out: asyncio.Queue) -> None:
+    async def consume(out: asyncio.Queue[tuple[str, Any]]) -> None:
         while True:
             kind, message = await out.get()
             t = now()
             if kind in ("first_text", "TextDelta") and recording:
                 delivery.append(t - float(message.text))
 
-    queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(n)]
-    outs: list[asyncio.Queue] = [asyncio.Queue() for _ in range(n)]
+    # A session's queue: (due, chunk), or (None, "commit" or an engine output).
+    queues: list[asyncio.Queue[tuple[float | None, Any]]] = [asyncio.Queue() for _ in range(n)]
+    outs: list[asyncio.Queue[tuple[str, Any]]] = [asyncio.Queue() for _ in range(n)]
     tasks = [asyncio.create_task(worker(i, queues[i], outs[i])) for i in range(n)]
     tasks += [asyncio.create_task(consume(o)) for o in outs]
     slots_n = 20
@@ -988,14 +999,14 @@ def bench_realtime(
             if "bare_turns" in got:
                 turn_rounds.append({"runtime": got["runtime"], "bare_turns": got["bare_turns"]})
 
-        def p99_ratio(pair) -> float:
+        def p99_ratio(pair: tuple[dict[str, Any], dict[str, Any]]) -> float:
             rq, bq = percentiles(pair[0]["from_due"])["p99"], percentiles(pair[1]["from_due"])["p99"]
             return math.inf if rq is None or not bq else rq / bq
 
         r, b = sorted(pairs, key=p99_ratio)[len(pairs) // 2]
 
         def chunk_cpu(res: dict[str, Any]) -> float:
-            return res["cpu_s"] / max(len(res["from_due"]), 1)
+            return cast(float, res["cpu_s"]) / max(len(res["from_due"]), 1)
 
         by_round = [
             {
@@ -1267,16 +1278,16 @@ async def _barge_in(
     actions: list[tuple[float, int, str, Any]] = []  # (when, seq, kind, handle)
     seq = 0
 
-    def schedule(when: float, kind: str, h) -> None:
+    def schedule(when: float, kind: str, h: SessionHandle) -> None:
         nonlocal seq
         seq += 1
         heapq.heappush(actions, (when, seq, kind, h))
 
-    shadows: dict[str, tuple[anyio.CancelScope, list]] = {}
+    shadows: dict[str, tuple[anyio.CancelScope, list[Any]]] = {}
 
     shadow_by_rid: dict[str, float] = {}
 
-    async def shadow_task(scope: anyio.CancelScope, t_box: list) -> None:
+    async def shadow_task(scope: anyio.CancelScope, t_box: list[Any]) -> None:
         # The bare baseline: a parked task cancelled at the moment of the barge-in, under the
         # same load; how long until its cancellation runs is one loop hop, nothing more.
         with scope:
@@ -1292,7 +1303,7 @@ async def _barge_in(
             slots = [handles[i::slots_n] for i in range(slots_n)]
             current: dict[str, str] = {}  # session id -> request id of the playing response
 
-            async def consume(h, tg) -> None:
+            async def consume(h: SessionHandle, tg: anyio.abc.TaskGroup) -> None:
                 nonlocal stale_after_done
                 cancelled: set[str] = set()
                 audio_seen = 0
@@ -1300,7 +1311,7 @@ async def _barge_in(
                     t = now()
                     typ = e.type
                     if typ == "response.output_audio.delta":
-                        if e.response_id in cancelled:
+                        if cast(AudioDeltaEvent, e).response_id in cancelled:
                             stale_after_done += 1
                         audio_seen += 1
                         if audio_seen == 3:
@@ -1312,6 +1323,7 @@ async def _barge_in(
                     elif typ == "response.created":
                         audio_seen = 0
                     elif typ == "response.done":
+                        e = cast(ResponseDone, e)
                         if e.status == "cancelled":
                             cancelled.add(e.response_id)
                             rid = current.pop(h.id, None)

@@ -24,14 +24,15 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from multiprocessing.context import SpawnContext
+from typing import Any, cast
 
 from .ray_bench import _ray_up, _remove_when_quiet
 from .workers_bench import _bare_main, _tree_cpu_s, run_load, unpaced_engine
 
 
 def _serve_arm(
-    ctx, replicas: int, *, sessions: int, clients: int, warmup_s: float, duration_s: float
+    ctx: SpawnContext, replicas: int, *, sessions: int, clients: int, warmup_s: float, duration_s: float
 ) -> dict[str, float]:
     import ray
     from ray import serve
@@ -73,7 +74,9 @@ def _serve_arm(
         shutdown_app("bench")
 
 
-def _bare_arm(ctx, *, sessions: int, clients: int, warmup_s: float, duration_s: float) -> dict[str, float]:
+def _bare_arm(
+    ctx: SpawnContext, *, sessions: int, clients: int, warmup_s: float, duration_s: float
+) -> dict[str, float]:
     import signal
 
     ready_recv, ready_send = ctx.Pipe(duplex=False)
@@ -89,10 +92,10 @@ def _bare_arm(ctx, *, sessions: int, clients: int, warmup_s: float, duration_s: 
             clients=clients,
             warmup_s=warmup_s,
             duration_s=duration_s,
-            cpu_of=lambda: _tree_cpu_s(server.pid),
+            cpu_of=lambda: _tree_cpu_s(cast(int, server.pid)),  # set by start()
         )
     finally:
-        os.kill(server.pid, signal.SIGTERM)
+        os.kill(cast(int, server.pid), signal.SIGTERM)
         server.join(30)
 
 
@@ -112,7 +115,7 @@ def run(
     started_here, temp_dir = _ray_up()
     from ray import serve
 
-    per_round: list[dict[str, dict]] = []
+    per_round: list[dict[str, dict[str, float]]] = []
     try:
         serve.start(proxy_location="Disabled")
         arms = ["bare", *(f"replicas={n}" for n in replicas)]
@@ -129,7 +132,8 @@ def run(
                     _bare_arm(ctx, **kw) if arm == "bare" else _serve_arm(ctx, int(arm.split("=")[1]), **kw)
                 )
             per_round.append(figures)
-        serve.shutdown()
+        # ray's serve.shutdown is unannotated (unused-ignore: only --strict reports untyped calls)
+        serve.shutdown()  # type: ignore[no-untyped-call, unused-ignore]
     finally:
         if started_here:
             import ray

@@ -29,15 +29,28 @@ import os
 import random
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 
 from ..actors.runtime import Runtime
+from ..actors.session_handle import SessionHandle
 from ..core.clock import MONOTONIC
+from ..core.events import (
+    ResponseCreated,
+    ResponseDone,
+    ServerEvent,
+    SessionClosedEvent,
+    SessionCreated,
+    SessionResumed,
+)
 from ..engines.scripted import Script, ScriptedEngine
 from ..errors import DuplexError, ResumeConflict, ResyncRequired, SessionClosed, UnknownSession
+
+if TYPE_CHECKING:
+    import typer
 
 CHUNK = b"\x01\x00" * 1600  # 100 ms of 16 kHz pcm16
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -102,7 +115,7 @@ class _Stream:
         if len(self.trail) > 12:
             del self.trail[0]
 
-    def keep(self, event, stats: _Stats) -> None:
+    def keep(self, event: ServerEvent, stats: _Stats) -> None:
         seq = event.seq
         if seq <= self.last:
             stats.add("replay_duplicates_dropped")
@@ -117,20 +130,25 @@ class _Stream:
         self.note(f"{seq}:{event.type}")
         stats.add("events")
         t = event.type
+        # Each branch reads the event as the class its wire name stands for.
         if t == "response.created":
+            event = cast(ResponseCreated, event)
             if event.response_id in self.created:
                 stats.add("duplicate_response_created")
             self.created.add(event.response_id)
             self.in_response = True
         elif t == "response.done":
+            event = cast(ResponseDone, event)
             if event.response_id in self.done:
                 stats.add("duplicate_response_done")
             self.done.add(event.response_id)
             self.in_response = False
             stats.add("responses_" + event.status)
         elif t == "session.created":
+            event = cast(SessionCreated, event)
             self.token = event.resume_token
         elif t == "session.resumed":
+            event = cast(SessionResumed, event)
             # Answers can arrive late (a duplicate resume's answer, queued before the next
             # disconnect): only a newer generation counts, and only the answer to the resume
             # in hand (its generation + 1) settles it.
@@ -139,6 +157,7 @@ class _Stream:
             if self.pending_resume is not None and event.generation == self.pending_resume[0] + 1:
                 self.pending_resume = None
         elif t == "session.closed":
+            event = cast(SessionClosedEvent, event)
             self.closed += 1
             stats.add("closed_" + event.reason)
 
@@ -204,21 +223,21 @@ async def _client(
 
 
 async def _converse(
-    rt,
-    handle,
+    rt: Runtime,
+    handle: SessionHandle,
     stream: _Stream,
     rng: random.Random,
     deadline: float,
     stats: _Stats,
-    p_barge,
-    p_detach,
-    p_churn,
-    think,
+    p_barge: float,
+    p_detach: float,
+    p_churn: float,
+    think: tuple[float, float],
 ) -> None:
     # The connection: a reader task; "on the wire" = events read but not yet kept.
-    wire: list = []
+    wire: list[ServerEvent] = []
 
-    async def reader(task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def reader(task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async for event in handle.events():
             wire.append(event)
@@ -580,7 +599,7 @@ def summary(report: dict[str, Any]) -> str:
     )
 
 
-def register_soak(app) -> None:
+def register_soak(app: typer.Typer) -> None:
     """Add a ``soak`` command to a typer app (the CLI wires it as ``bench soak``)."""
     import typer
 

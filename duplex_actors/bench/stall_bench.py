@@ -36,7 +36,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+    from websockets.asyncio.server import ServerConnection
+
+    from ..server.app import RealtimeServer
 
 PROBE_SLEEP_S = 0.005
 #: Resumes the storm's client starts per pass of its own loop (``--resume-slice``).
@@ -61,7 +68,7 @@ class LagProbe:
     def __init__(self) -> None:
         self.lags: list[float] = []
         self.cpu: list[float] = []
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
@@ -74,7 +81,7 @@ class LagProbe:
         self.lags, self.cpu = [], []
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> dict:
+    async def stop(self) -> dict[str, float]:
         assert self._task is not None
         self._task.cancel()
         try:
@@ -84,7 +91,7 @@ class LagProbe:
         return {**lag_summary(self.lags), "max_cpu_ms": round(max(self.cpu, default=0.0) * 1e3, 2)}
 
 
-def lag_summary(lags: list[float]) -> dict:
+def lag_summary(lags: list[float]) -> dict[str, float]:
     if not lags:
         return {"samples": 0, "max_ms": 0.0, "p99_ms": 0.0, "p50_ms": 0.0}
     ordered = sorted(lags)
@@ -104,7 +111,7 @@ class CollectionTimer:
         self.count = 0
         self._began = 0.0
 
-    def __call__(self, phase: str, info: dict) -> None:
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._began = time.perf_counter()
         else:
@@ -117,10 +124,10 @@ class CollectionTimer:
         gc.callbacks.append(self)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, float]:
         return {f"gen{g}_longest_ms": round(t * 1e3, 2) for g, t in sorted(self.longest.items())}
 
 
@@ -138,7 +145,7 @@ CLIENT_HEADER = "X-Stall-Bench-Client"
 ADDRESS_READERS = ("app", "http_gate")
 
 
-def _address_readers() -> list:
+def _address_readers() -> list[Any]:  # modules, whose _address is read and patched
     import importlib
 
     return [importlib.import_module(f"duplex_actors.server.{name}") for name in ADDRESS_READERS]
@@ -151,7 +158,7 @@ def _simulate_addresses() -> None:
 
     real = http_gate._address
 
-    def address(ws) -> str:
+    def address(ws: ServerConnection) -> str:
         request = getattr(ws, "request", None)
         client = request.headers.get(CLIENT_HEADER) if request is not None else None
         return f"bench-client-{client}" if client is not None else real(ws)
@@ -161,12 +168,17 @@ def _simulate_addresses() -> None:
 
 
 def _client_process(
-    url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = RESUME_SLICE
+    url: str,
+    sessions: int,
+    clients: int,
+    resume: bool,
+    pipe: Connection[tuple[str, Any], str],
+    resume_slice: int = RESUME_SLICE,
 ) -> None:
     asyncio.run(_client_main(url, sessions, clients, resume, pipe, resume_slice))
 
 
-def _raw_process(host: str, port: int, count: int, pipe) -> None:
+def _raw_process(host: str, port: int, count: int, pipe: Connection[tuple[str, int], str]) -> None:
     """Hold ``count`` TCP connections that never send a byte, opened as fast as they go."""
     import socket
 
@@ -183,12 +195,17 @@ def _raw_process(host: str, port: int, count: int, pipe) -> None:
 
 
 async def _client_main(
-    url: str, sessions: int, clients: int, resume: bool, pipe, resume_slice: int = RESUME_SLICE
+    url: str,
+    sessions: int,
+    clients: int,
+    resume: bool,
+    pipe: Connection[tuple[str, Any], str],
+    resume_slice: int = RESUME_SLICE,
 ) -> None:
     from websockets.asyncio.client import connect
 
     loop = asyncio.get_running_loop()
-    opened: list[tuple[object, dict]] = []
+    opened: list[tuple[ClientConnection, dict[str, Any]]] = []
     gate = asyncio.Semaphore(100)
 
     async def one(i: int) -> None:
@@ -222,10 +239,10 @@ async def _client_main(
             # A blip: the old connections go silent (no close, no RST, no pong), as a client
             # whose network changed under it; the server learns of it from its keepalive or
             # from the resume that takes the session over.
-            ws.transport.pause_reading()  # type: ignore[attr-defined]
+            ws.transport.pause_reading()
         began = time.monotonic()
         grace = 30.0  # SessionConfig.disconnect_grace_s, serve's default
-        kept: list = []
+        kept: list[ClientConnection] = []
         # This process's own loop: one process drives every storm client, so a try can time
         # out on its own side (its 101 waiting here behind thousands of others), not only
         # on the server's.
@@ -267,13 +284,15 @@ async def _client_main(
         for ws in kept:
             ws.transport.abort()
     for ws, _ in opened:
-        ws.transport.abort()  # type: ignore[attr-defined]
+        ws.transport.abort()
 
 
 FAILURES: dict[str, int] = {}  # every failed try, by reason (the client process's)
 
 
-async def _resume_one(url: str, state: dict, deadline: float, kept: list) -> tuple[str, int]:
+async def _resume_one(
+    url: str, state: dict[str, Any], deadline: float, kept: list[ClientConnection]
+) -> tuple[str, int]:
     """Resume one session until it works, a refusal that is final, or ``deadline``; a resumed
     connection is kept open (in ``kept``), as its client would keep it. Each try waits up to
     10 s for its handshake and 10 s for its answer, as websockets' clients do by default."""
@@ -363,11 +382,11 @@ class _Neighbour:
         json.dumps({"type": "response.create"}),
     )
 
-    def __init__(self, ws) -> None:
+    def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         #: where the slowest turn's time went: until response.created, and the longest wait
         #: between two of its events after that (ms)
-        self.slowest: dict = {}
+        self.slowest: dict[str, float] = {}
 
     async def turn(self) -> float:
         began = time.perf_counter()
@@ -401,7 +420,7 @@ async def _users_alone(neighbour: _Neighbour, url: str) -> tuple[float, float]:
     return alone, statistics.median([await _newcomer_turn(url) for _ in range(5)])
 
 
-async def _users_during(neighbour: _Neighbour, url: str, until: asyncio.Future) -> dict:
+async def _users_during(neighbour: _Neighbour, url: str, until: asyncio.Future[Any]) -> dict[str, Any]:
     """Both users take turns, one after another each, until ``until`` is done."""
     turns: list[float] = []
     newcomer_turns: list[float] = []
@@ -439,14 +458,14 @@ async def _users_during(neighbour: _Neighbour, url: str, until: asyncio.Future) 
     }
 
 
-def _users_process(url: str, pipe) -> None:
+def _users_process(url: str, pipe: Connection[tuple[float, float] | dict[str, Any], str]) -> None:
     """The neighbour and the newcomer in a process of their own, as real users are: on the
     server's loop, their own sends, receives and JSON waited behind the storm too, so their
     turns measured the storm twice (once per side of the socket)."""
     asyncio.run(_users_main(url, pipe))
 
 
-async def _users_main(url: str, pipe) -> None:
+async def _users_main(url: str, pipe: Connection[tuple[float, float] | dict[str, Any], str]) -> None:
     from websockets.asyncio.client import connect
 
     loop = asyncio.get_running_loop()
@@ -460,7 +479,7 @@ async def _users_main(url: str, pipe) -> None:
     await ws.close()
 
 
-def _counts(server) -> dict:
+def _counts(server: RealtimeServer) -> dict[str, float]:
     """The server's resume outcomes, pacing and disconnects so far (its /metrics)."""
     counts = {}
     for family in server.metrics.registry.collect():
@@ -485,13 +504,13 @@ def _max_ms(samples: list[float]) -> float | None:
     return round(max(samples) * 1e3, 1) if samples else None
 
 
-def _timed_ms(work) -> float:
+def _timed_ms(work: Callable[[], object]) -> float:
     began = time.perf_counter()
     work()
     return round((time.perf_counter() - began) * 1e3, 2)
 
 
-async def run(*args, **kwargs) -> dict:
+async def run(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """The bench (arguments as ``_run``); what it patches for the run is put back after it."""
     from ..actors import gc_policy
 
@@ -516,11 +535,11 @@ async def _run(
     growth_only: bool = False,
     raw: bool = False,
     max_connections: int | None = None,
-    config_overrides: dict | None = None,
+    config_overrides: dict[str, Any] | None = None,
     users_in_loop: bool = False,
     resume_slice: int = RESUME_SLICE,
     engine_pace: str = "from-start",
-) -> dict:
+) -> dict[str, Any]:
     from ..actors import gc_policy
     from ..engines.scripted import Script, ScriptedEngine
     from ..server.app import ServerConfig
@@ -540,7 +559,12 @@ async def _run(
         paced_from_start=engine_pace == "from-start",
     )
     mode = "resume" if resume else "raw" if raw else "idle"
-    report: dict = {"sessions": sessions, "reclaim_s": reclaim_s, "mode": mode, "engine_pace": engine_pace}
+    report: dict[str, Any] = {
+        "sessions": sessions,
+        "reclaim_s": reclaim_s,
+        "mode": mode,
+        "engine_pace": engine_pace,
+    }
     if growth_only:
         report["growth_only"] = True
         # The policy before serve estimated the garbage: memory growth alone decides.
@@ -550,7 +574,7 @@ async def _run(
         report["reclaim_on_clock"] = True
         # The policy before reclaims were due on growth: every interval, whatever memory did.
         gc_policy.reclaim_due = lambda *_: True
-    reclaims: list[dict] = []
+    reclaims: list[dict[str, Any]] = []
     real_reclaim = gc_policy.reclaim
 
     def logged_reclaim() -> int:
@@ -719,7 +743,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from ..server import app
 
-        app.serve = functools.partial(app.serve, backlog=args.backlog)
+        # app's own name for websockets' serve, patched (unused-ignore: only --strict, which
+        # wants explicit re-exports, reports it)
+        app.serve = functools.partial(app.serve, backlog=args.backlog)  # type: ignore[attr-defined, unused-ignore]
     if args.takeover_close_wait is not None:
         from ..server import app
 

@@ -30,10 +30,14 @@ import statistics
 import subprocess
 import tempfile
 import time
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 from .report import print_and_save
 from .workers_bench import CLEAR, STREAM, _tree_cpu_by_name, unpaced_engine
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 #: Appends between two clears: the input buffer's byte limit is never met.
 CLEAR_EVERY = 500
@@ -57,7 +61,7 @@ def _certificate(folder: str) -> tuple[str, str]:
     return cert, key
 
 
-def _served_main(cert: str, key: str, ready) -> None:
+def _served_main(cert: str, key: str, ready: Connection[tuple[int, str], Any]) -> None:
     from ..server.workers import WorkerSettings, serve_workers
 
     banner = io.StringIO()
@@ -79,13 +83,13 @@ def _served_main(cert: str, key: str, ready) -> None:
 class _Session:
     """The one session the rounds resume, and what resuming it needs."""
 
-    def __init__(self, created: dict) -> None:
+    def __init__(self, created: dict[str, Any]) -> None:
         self.id = created["session"]["id"]
         self.token = created["resume_token"]
         self.generation = created.get("generation", 0)
         self.last_seq = created.get("server_event_seq", 0)
 
-    def saw(self, event: dict) -> None:
+    def saw(self, event: dict[str, Any]) -> None:
         seq = event.get("server_event_seq")
         if isinstance(seq, int):
             self.last_seq = max(self.last_seq, seq)
@@ -94,9 +98,9 @@ class _Session:
             self.token = event.get("resume_token", self.token)
 
 
-async def _until(ws, kind: str, session: _Session) -> dict:
+async def _until(ws: ClientConnection, kind: str, session: _Session) -> dict[str, Any]:
     while True:
-        event = json.loads(await ws.recv())
+        event: dict[str, Any] = json.loads(await ws.recv())
         session.saw(event)
         if event["type"] == kind:
             return event
@@ -125,7 +129,7 @@ async def _relays_now(worker_url: str, trust: ssl.SSLContext) -> float:
 
 async def _rounds(
     url: str, worker_urls: list[str], trust: ssl.SSLContext, pid: int, frames: int, rounds: int
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     from websockets.asyncio.client import connect
 
     ws = await connect(url, ssl=trust, max_size=None)

@@ -29,12 +29,17 @@ import json
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Iterable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
 from .child_server import served_in_child
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 RATE = 16000
 SENTENCES = (
@@ -61,7 +66,7 @@ ARMS = {
 }
 
 
-def _server_main(ready, arm: str) -> None:
+def _server_main(ready: Connection[int, Any], arm: str) -> None:
     recogniser, speculate = ARMS[arm]
     os.environ["DUPLEX_TRANSCRIBER"] = recogniser
     os.environ["DUPLEX_TRANSCRIBER_SPECULATE"] = "1" if speculate else "0"
@@ -82,12 +87,12 @@ def _server_main(ready, arm: str) -> None:
     anyio.run(main)
 
 
-def _server_process(recogniser: str):
+def _server_process(recogniser: str) -> contextlib.AbstractContextManager[str]:
     # Not a daemon: PocketSphinx decodes in a process pool of the server's own.
     return served_in_child(_server_main, recogniser, name=f"{recogniser} transcription", daemon=False)
 
 
-async def _session(url: str, language: str | None = None):
+async def _session(url: str, language: str | None = None) -> ClientConnection:
     import websockets
 
     ws = await websockets.connect(url, max_size=None)
@@ -120,7 +125,7 @@ async def _session(url: str, language: str | None = None):
             raise RuntimeError(event)
 
 
-async def _turn(ws, pcm: bytes, send_rate: float = SEND_RATE) -> dict[str, Any]:
+async def _turn(ws: ClientConnection, pcm: bytes, send_rate: float = SEND_RATE) -> dict[str, Any]:
     """Send one utterance; the transcript and its timings as received. Events are read while
     the audio is still being sent, each timed as it arrives (read only after the last chunk,
     ``speech_stopped``, which comes during the trailing quiet, was timed late: the time to
@@ -242,7 +247,7 @@ def _summary(rows: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decode_times(recognisers, items: list[tuple[str, bytes]]) -> dict[str, Any]:
+def decode_times(recognisers: Iterable[str], items: list[tuple[str, bytes]]) -> dict[str, Any]:
     """Each recogniser's pure decode of each clean sentence in this process, taking turns
     sentence by sentence (seconds), after one untimed decode that loads its model."""
     from ..audio.transcription import MoonshineTranscriber, PocketsphinxTranscriber, word_error_rate
@@ -285,8 +290,8 @@ def decode_times(recognisers, items: list[tuple[str, bytes]]) -> dict[str, Any]:
 
 
 def bench(
-    recognisers=("moonshine", "moonshine-at-commit", "moonshine-cpp", "pocketsphinx"),
-    snrs=(None, 10.0),
+    recognisers: tuple[str, ...] = ("moonshine", "moonshine-at-commit", "moonshine-cpp", "pocketsphinx"),
+    snrs: tuple[float | None, ...] = (None, 10.0),
     sentences: int | None = None,
     decode: bool = False,
     send_rate: float = SEND_RATE,

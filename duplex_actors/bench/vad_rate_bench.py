@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -70,10 +71,11 @@ def _with_noise(speech: np.ndarray, snr_db: float | None, seed: int) -> np.ndarr
     loud = np.abs(speech) > 1e-4
     speech_rms = float(np.sqrt(np.mean(speech[loud] ** 2)))
     noise = np.random.default_rng(seed).standard_normal(len(speech)).astype(np.float32)
-    return speech + noise * (speech_rms / 10 ** (snr_db / 20))
+    noisy: np.ndarray = speech + noise * (speech_rms / 10 ** (snr_db / 20))
+    return noisy
 
 
-def chunks_at(audio: np.ndarray, rate: int):
+def chunks_at(audio: np.ndarray, rate: int) -> Iterator[np.ndarray]:
     """``audio`` (float, at the session's rate) in 20 ms chunks as Silero at ``rate`` hears it.
     Below the session's rate each chunk goes through one streaming resampler first, as a server
     would run one per session. In float: soxr dithers int16 output with a seed of its own, and

@@ -32,12 +32,16 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from ..core.engine_io import ModelTurnRequest, SamplingOverrides, TextDelta, TurnKind
 from ..core.fence import Fence, new_session_id
+
+if TYPE_CHECKING:
+    from ..engines.vllm_engine import VllmEngine
 
 now = time.perf_counter
 
@@ -47,7 +51,15 @@ ADDED_TTFT_TARGET_MS = 1.0
 
 
 def _figure(
-    metric, value, unit, baseline=None, baseline_label="", *, target=None, met=None, higher_is_better=False
+    metric: str,
+    value: float | None,
+    unit: str,
+    baseline: float | None = None,
+    baseline_label: str = "",
+    *,
+    target: str | None = None,
+    met: bool | None = None,
+    higher_is_better: bool = False,
 ) -> dict[str, Any]:
     ratio = value / baseline if value is not None and baseline else None
     return {
@@ -101,7 +113,9 @@ class _TimedLLM:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._llm, name)
 
-    async def generate(self, prompt, params, request_id, **options):
+    async def generate(
+        self, prompt: Any, params: Any, request_id: str, **options: Any
+    ) -> AsyncGenerator[Any, None]:
         # ``options``: whatever else VllmEngine passes (its tenant ``priority``), unchanged.
         self.called_at[request_id] = now()
         inner = self._llm.generate(prompt, params, request_id, **options)
@@ -116,7 +130,7 @@ class _TimedLLM:
             await inner.aclose()
 
 
-async def _bare_round(engine, n: int, tokens: int) -> tuple[int, float, float]:
+async def _bare_round(engine: VllmEngine, n: int, tokens: int) -> tuple[int, float, float]:
     """n bare AsyncLLM streams; the prompts are rendered before the clock starts, as ours are
     not, so any prompt cost counts against the backend."""
     llm = engine.async_llm
@@ -124,7 +138,7 @@ async def _bare_round(engine, n: int, tokens: int) -> tuple[int, float, float]:
     requests = [_request(tokens) for _ in range(n)]
     prompts = [engine.render_prompt(engine._prompt_builder(r)) for r in requests]
 
-    async def one(prompt, rid) -> int:
+    async def one(prompt: Any, rid: str) -> int:
         count = 0
         async for out in llm.generate(prompt, params, rid):
             count += len(out.outputs[0].token_ids)
@@ -137,10 +151,10 @@ async def _bare_round(engine, n: int, tokens: int) -> tuple[int, float, float]:
     return sum(counts), now() - started, time.process_time() - cpu
 
 
-async def _ours_round(engine, n: int, tokens: int) -> tuple[int, float, float]:
+async def _ours_round(engine: VllmEngine, n: int, tokens: int) -> tuple[int, float, float]:
     requests = [_request(tokens) for _ in range(n)]
 
-    async def one(request) -> int:
+    async def one(request: ModelTurnRequest) -> int:
         count = 0
         async for out in engine.generate(request):
             if isinstance(out, TextDelta):
@@ -152,7 +166,7 @@ async def _ours_round(engine, n: int, tokens: int) -> tuple[int, float, float]:
     return sum(counts), now() - started, time.process_time() - cpu
 
 
-async def _throughput(engine, n: int, tokens: int, rounds: int) -> dict[str, Any]:
+async def _throughput(engine: VllmEngine, n: int, tokens: int, rounds: int) -> dict[str, Any]:
     """``rounds`` back-to-back pairs of (bare, ours) rounds, the order alternating per pair.
 
     On a shared machine a single round can run 2x faster or slower than its neighbours, so
@@ -190,7 +204,7 @@ async def _throughput(engine, n: int, tokens: int, rounds: int) -> dict[str, Any
     }
 
 
-async def _ttft(engine, samples: int) -> dict[str, Any]:
+async def _ttft(engine: VllmEngine, samples: int) -> dict[str, Any]:
     timed = _TimedLLM(engine.async_llm)
     real, engine._llm = engine._llm, timed  # the bench's proxy; restored below
     added, ours_ttft, bare_ttft = [], [], []
@@ -210,7 +224,7 @@ async def _ttft(engine, samples: int) -> dict[str, Any]:
             assert first.request_id == rid
     finally:
         engine._llm = real
-    ms = lambda xs: [x * 1e3 for x in xs]  # noqa: E731
+    ms: Callable[[list[float]], list[float]] = lambda xs: [x * 1e3 for x in xs]  # noqa: E731
     added, ours_ttft, bare_ttft = ms(added), ms(ours_ttft), ms(bare_ttft)
     return {
         "samples": samples,
@@ -245,17 +259,20 @@ class _ReplayLLM:
         # The engine reads the window a prompt must fit (its prompts here are a few tokens).
         self.model_config = NS(max_model_len=1024)
 
-    async def generate(self, prompt, params, request_id, **options):
+    async def generate(
+        self, prompt: str, params: Any, request_id: str, **options: Any
+    ) -> AsyncGenerator[SimpleNamespace, None]:
         # ``options`` (VllmEngine's tenant ``priority``) are taken as AsyncLLM takes them.
         self.options = options
         for out in self._outs:
             yield out
 
 
-async def _wrapper_cost(engine, tokens: int, repeats: int) -> dict[str, Any]:
+async def _wrapper_cost(engine: VllmEngine, tokens: int, repeats: int) -> dict[str, Any]:
     replay = _ReplayLLM(tokens)
     real, engine._llm = engine._llm, replay
-    real_render, engine.render_prompt = engine.render_prompt, (lambda text, token_ids=None: text)
+    # the replayed outputs need no rendered prompt: a stand-in renderer, restored below
+    real_render, engine.render_prompt = engine.render_prompt, (lambda text, token_ids=None: text)  # type: ignore[method-assign]
     bare_s, ours_s = [], []
     try:
         for _ in range(repeats):
@@ -271,7 +288,7 @@ async def _wrapper_cost(engine, tokens: int, repeats: int) -> dict[str, Any]:
             ours_s.append(now() - t0)
     finally:
         engine._llm = real
-        engine.render_prompt = real_render
+        engine.render_prompt = real_render  # type: ignore[method-assign]
     bare, ours = min(bare_s), min(ours_s)
     return {
         "tokens": tokens,
@@ -290,7 +307,9 @@ SIZES = {
 }
 
 
-async def measure(engine, size: str = "quick", concurrency=CONCURRENCY) -> dict[str, Any]:
+async def measure(
+    engine: VllmEngine, size: str = "quick", concurrency: Iterable[int] = CONCURRENCY
+) -> dict[str, Any]:
     """Every figure's raw numbers, on an already started ``engine`` (a VllmEngine built with
     ``ignore_eos`` and room for ``max(concurrency)`` sequences)."""
     tokens, rounds, ttft_samples, replayed, repeats = SIZES[size]

@@ -46,17 +46,26 @@ pacing's wait. A microphone, at 1x, is never paced.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
 from .child_server import served_in_child
 from .runtime_bench import figure, percentiles
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+    from websockets.asyncio.server import ServerConnection
+
+    from ..engines.scripted import Script, ScriptedEngine
 
 #: A fast engine: first output 20 ms after the request, one short text token then one packet.
 FIRST_LATENCY_S = 0.02
@@ -66,7 +75,7 @@ TARGET_ADDED_P99_MS = 2.0
 VAD_CLIENT_RATE = 3.0
 
 
-def _script():
+def _script() -> Script:
     from ..engines.scripted import Script
 
     return Script(tokens=("Hi",), audio_packets=1, packet_ms=20, first_latency_s=FIRST_LATENCY_S)
@@ -94,13 +103,13 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(left)
 
 
-def _engine():
+def _engine() -> ScriptedEngine:
     from ..engines.scripted import ScriptedEngine
 
     return ScriptedEngine(_script(), record=False, sleep=_engine_sleep)
 
 
-def _server_main(ready) -> None:
+def _server_main(ready: Connection[int, Any]) -> None:
     """The child process: ``serve``'s runtime and server with the bench's engine, on a free
     loopback port (sent back through ``ready``), until SIGTERM."""
 
@@ -118,7 +127,7 @@ def _server_main(ready) -> None:
     anyio.run(main)
 
 
-def _floor_server_main(ready) -> None:
+def _floor_server_main(ready: Connection[int, Any]) -> None:
     """The child process of the floor arm: a bare websockets server with the bench's engine."""
     import asyncio
 
@@ -129,7 +138,7 @@ def _floor_server_main(ready) -> None:
 
     engine = _engine()
 
-    async def respond(ws, n: int) -> None:
+    async def respond(ws: ServerConnection, n: int) -> None:
         request = ModelTurnRequest(f"sess_floor/e0/t{n}", Fence("sess_floor", 0, n), TurnKind.RESPONSE, b"")
         words = ""
         async for output in engine.generate(request):
@@ -154,9 +163,9 @@ def _floor_server_main(ready) -> None:
             elif isinstance(output, TurnDone):
                 await ws.send(json.dumps({"type": "response.done", "response": {"id": f"resp_{n}"}}))
 
-    async def handler(ws) -> None:
+    async def handler(ws: ServerConnection) -> None:
         await ws.send(json.dumps({"type": "session.created"}))
-        responses: set[asyncio.Task] = set()
+        responses: set[asyncio.Task[None]] = set()
         async for frame in ws:
             event = json.loads(frame)
             kind = event["type"]
@@ -179,12 +188,14 @@ def _floor_server_main(ready) -> None:
     asyncio.run(main())
 
 
-def _server_process(target=_server_main):
+def _server_process(
+    target: Callable[[Connection[int, Any]], None] = _server_main,
+) -> contextlib.AbstractContextManager[str]:
     """A bench server (``target``) in a child process; yields its websocket URL."""
     return served_in_child(target, name="wire-bench")
 
 
-async def _bare_first_audio(engine, n: int) -> float:
+async def _bare_first_audio(engine: ScriptedEngine, n: int) -> float:
     """Seconds from ``generate()`` to the first AudioPacket, the engine alone."""
     from ..core.engine_io import AudioPacket, ModelTurnRequest, TurnKind
     from ..core.fence import Fence
@@ -202,10 +213,10 @@ async def _bare_first_audio(engine, n: int) -> float:
     return first
 
 
-async def _recv_until(ws, kind: str) -> tuple[dict, float]:
+async def _recv_until(ws: ClientConnection, kind: str) -> tuple[dict[str, Any], float]:
     with anyio.fail_after(10):
         while True:
-            event = json.loads(await ws.recv())
+            event: dict[str, Any] = json.loads(await ws.recv())
             if event["type"] == kind:
                 return event, time.perf_counter()
 

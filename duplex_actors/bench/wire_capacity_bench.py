@@ -88,12 +88,25 @@ import threading
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .child_server import served_in_child
 from .runtime_bench import figure
+
+if TYPE_CHECKING:
+    from websockets.asyncio.server import ServerConnection
+
+    from ..core.commands import Command
+    from ..core.session import SessionCore
+    from ..server.wire_types import ClientEvent
+
+    #: A server child's end of the control pipe: its pid, then the stamps on each "take".
+    _ChildControl = Connection[int | tuple[int, bytes, bytes], str]
+
+_T = TypeVar("_T")
 
 RATE = 24_000
 FRAME_S = 0.02
@@ -170,7 +183,7 @@ class _Stamps:
         return self.frames, lat.tobytes(), read.tobytes()
 
 
-def _serve_control(control, stamps: _Stamps) -> None:
+def _serve_control(control: _ChildControl, stamps: _Stamps) -> None:
     """The child's side of the control pipe: its pid first, then the stamps on each 'take'."""
     control.send(os.getpid())
 
@@ -242,7 +255,7 @@ _CONFIG_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _bare_main(ready, control, options: dict[str, Any]) -> None:
+def _bare_main(ready: Connection[int, Any], control: _ChildControl, options: dict[str, Any]) -> None:
     """A bare websockets server: it parses each frame (JSON, then the audio's base64) and
     does nothing else; probes are stamped once parsed."""
     from websockets.asyncio.server import serve
@@ -280,7 +293,7 @@ def _bare_main(ready, control, options: dict[str, Any]) -> None:
         if event_id and event_id[0] == "p":
             lat.lat.append(now() - int(event_id[1:]))
 
-    async def handler(ws) -> None:
+    async def handler(ws: ServerConnection) -> None:
         with contextlib.suppress(ConnectionClosed):
             if options["direct"]:
                 await ws.send('{"type":"session.created"}')
@@ -288,7 +301,7 @@ def _bare_main(ready, control, options: dict[str, Any]) -> None:
                 return
             await receive(ws)
 
-    async def receive(ws) -> None:
+    async def receive(ws: ServerConnection) -> None:
         await ws.send('{"type":"session.created"}')
         async for frame in ws:
             parse(frame)
@@ -300,7 +313,9 @@ def _bare_main(ready, control, options: dict[str, Any]) -> None:
         """The ``direct`` arm: a whole data frame is parsed as websockets' parser hands it
         over, with no message queue and no reader task to wake."""
 
-        def process_event(self, event) -> None:
+        # event: websockets' Event, a Frame once the handshake's request is in (Any: narrowing
+        # it would cost this bare arm a check per frame)
+        def process_event(self, event: Any) -> None:
             if self.request is None:  # the handshake's request
                 super().process_event(event)
             elif event.fin and event.opcode is Opcode.TEXT:
@@ -329,7 +344,7 @@ def _bare_main(ready, control, options: dict[str, Any]) -> None:
         asyncio.run(main())
 
 
-def _serve_main(ready, control, options: dict[str, Any]) -> None:
+def _serve_main(ready: Connection[int, Any], control: _ChildControl, options: dict[str, Any]) -> None:
     """``serve``'s assembly (open_server: runtime, GC policy, server VAD, pacers), the scripted
     engine, one process; probes stamped as the session core receives them."""
     import anyio
@@ -343,7 +358,7 @@ def _serve_main(ready, control, options: dict[str, Any]) -> None:
     handle = SessionCore.handle
     now = time.perf_counter_ns
 
-    def stamped(self, command, *args, **kwargs):
+    def stamped(self: SessionCore, command: Command, *args: Any, **kwargs: Any) -> None:
         event_id = command.event_id
         if event_id is not None and event_id[:1] == "p":
             stamps.lat.append(now() - int(event_id[1:]))
@@ -356,7 +371,7 @@ def _serve_main(ready, control, options: dict[str, Any]) -> None:
 
     decode = wire.decode
 
-    def counted(*args, **kwargs):
+    def counted(*args: Any, **kwargs: Any) -> ClientEvent:
         stamps.frames += 1
         event = decode(*args, **kwargs)
         event_id = getattr(event, "event_id", None)
@@ -511,7 +526,8 @@ class _Client(asyncio.Protocol):
         self.sent = 0
         self.closed = False
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # a socket's
         self.transport = transport
         key = base64.b64encode(os.urandom(16)).decode()
         path = self.load.path
@@ -658,17 +674,17 @@ def _proc_cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _pct(samples_ns: array, q: float) -> float | None:
+def _pct(samples_ns: array[int], q: float) -> float | None:
     if not samples_ns:
         return None
     s = sorted(samples_ns)
     return s[min(len(s) - 1, int(q * len(s)))] / 1e6
 
 
-async def _window(load: _Load, control, pid: int, seconds: float) -> dict[str, Any]:
+async def _window(load: _Load, control: Connection[str, Any], pid: int, seconds: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
 
-    def take() -> tuple[int, array, array]:
+    def take() -> tuple[int, array[int], array[int]]:
         control.send("take")
         handled, raw, raw_read = control.recv()
         out, read = array("q"), array("q")
@@ -715,7 +731,7 @@ async def _window(load: _Load, control, pid: int, seconds: float) -> dict[str, A
 
 async def _sweep(
     url: str,
-    control,
+    control: Connection[str, Any],
     pid: int,
     frames: _Frames,
     sessions: tuple[int, ...],
@@ -788,7 +804,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _run_loop(coro):
+def _run_loop(coro: Coroutine[Any, Any, _T]) -> _T:
     try:
         import uvloop
 
@@ -815,7 +831,7 @@ def _available(arm: str) -> str | None:
     return None
 
 
-def _py_spy_window(pid: int, seconds: float) -> asyncio.Future | None:
+def _py_spy_window(pid: int, seconds: float) -> asyncio.Future[dict[str, Any]] | None:
     """Sample ``pid`` with py-spy for ``seconds`` (collapsed stacks); None without py-spy."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
@@ -886,7 +902,7 @@ def run_arm(
         if server_nice is not None:
             os.setpriority(os.PRIO_PROCESS, pid, server_nice)  # the loop's thread (pid = its tid)
 
-        def on_window(n: int):
+        def on_window(n: int) -> asyncio.Future[dict[str, Any]] | None:
             return _py_spy_window(pid, window_s) if profile_at == n else None
 
         result = _run_loop(_sweep(url, mine, pid, frames, sessions, warm_s, window_s, echo, arm, on_window))

@@ -57,7 +57,10 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 # 100 ms of quiet pcm16 at 24 kHz, the GA wire rate (the server resamples it at the edge).
 PCM_100MS = b"\x01\x00" * 2400
@@ -130,7 +133,7 @@ class _Stream:
         "ws",
     )
 
-    def __init__(self, stats: Counter) -> None:
+    def __init__(self, stats: Counter[str]) -> None:
         self.stats = stats
         self.last = 0
         self.open: set[str] = set()
@@ -144,7 +147,7 @@ class _Stream:
         self.worker_lost = False  # told its worker died (serve --workers)
         self.ws: Any = None  # the connection the session is on now
 
-    def take(self, event: dict) -> bool:
+    def take(self, event: dict[str, Any]) -> bool:
         """Account one event; False for a duplicate the client drops."""
         seq = event.get("server_event_seq")
         stats = self.stats
@@ -184,7 +187,7 @@ class _Stream:
                 stats[f"error:{code}"] += 1
         return True
 
-    def _take_from_the_front(self, event: dict) -> None:
+    def _take_from_the_front(self, event: dict[str, Any]) -> None:
         """The front's farewell when this session's worker died: no seq (the worker that
         numbered the stream is gone), but each response in flight must end here, once."""
         kind = event["type"]
@@ -218,8 +221,9 @@ class _Stream:
             self.open.clear()
 
 
-async def _recv(ws, timeout: float = 20.0) -> dict:
-    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+async def _recv(ws: ClientConnection, timeout: float = 20.0) -> dict[str, Any]:
+    event: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+    return event
 
 
 def _append() -> str:
@@ -233,7 +237,7 @@ _MANUAL_TURNS = json.dumps(
 )
 
 
-async def _connect(url: str, stats: Counter, attempts: int = 1):
+async def _connect(url: str, stats: Counter[str], attempts: int = 1) -> ClientConnection:
     """A websocket, retried (``attempts``) when the handshake fails: a handshake caught by the
     death of the worker it was handed to fails without a session (serve --workers runs)."""
     from websockets.asyncio.client import connect
@@ -250,7 +254,9 @@ async def _connect(url: str, stats: Counter, attempts: int = 1):
     raise AssertionError("unreachable")
 
 
-async def _resume(url: str, stream: _Stream, stats: Counter, control_id: str, attempts: int = 1):
+async def _resume(
+    url: str, stream: _Stream, stats: Counter[str], control_id: str, attempts: int = 1
+) -> ClientConnection | None:
     ws = stream.ws = await _connect(f"{url}?session_id={stream.sid}", stats, attempts)
     await ws.send(
         json.dumps(
@@ -283,7 +289,7 @@ async def _normal_client(
     url: str,
     rng: random.Random,
     deadline: float,
-    stats: Counter,
+    stats: Counter[str],
     p_barge: float,
     p_drop: float,
     p_churn: float,
@@ -295,7 +301,7 @@ async def _normal_client(
     attempts = 5 if killing else 1
     while time.monotonic() < deadline:
         stream = _Stream(stats)
-        ws = await _connect(url, stats, attempts)
+        ws: ClientConnection | None = await _connect(url, stats, attempts)
         try:
             ws = await _one_session(url, ws, stream, rng, deadline, stats, p_barge, p_drop, p_churn, attempts)
         except ConnectionClosed as closed:
@@ -318,7 +324,7 @@ async def _normal_client(
             stats["responses_left_open"] += len(stream.open)
 
 
-async def _read_what_is_left(ws, stream: _Stream) -> None:
+async def _read_what_is_left(ws: ClientConnection, stream: _Stream) -> None:
     from websockets.exceptions import ConnectionClosed
 
     try:
@@ -330,18 +336,19 @@ async def _read_what_is_left(ws, stream: _Stream) -> None:
 
 async def _one_session(
     url: str,
-    ws,
+    ws: ClientConnection | None,
     stream: _Stream,
     rng: random.Random,
     deadline: float,
-    stats: Counter,
+    stats: Counter[str],
     p_barge: float,
     p_drop: float,
     p_churn: float,
     attempts: int = 1,
-):
+) -> ClientConnection | None:
     """One session, from its session.created to a churn or the deadline; returns the socket
     still to close (None: the session ended without one)."""
+    assert ws is not None  # the caller's new connection (``ws`` is None only after a failed resume)
     stream.ws = ws
     opened = await _recv(ws)
     stream.take(opened)
@@ -399,7 +406,7 @@ async def _one_session(
 
 
 async def _hostile_client(
-    url: str, rng: random.Random, deadline: float, stats: Counter, killing: bool = False
+    url: str, rng: random.Random, deadline: float, stats: Counter[str], killing: bool = False
 ) -> None:
     from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
@@ -415,12 +422,12 @@ async def _hostile_client(
         await asyncio.sleep(rng.uniform(0.5, 2.0))
 
 
-def _lost_with_worker(ws) -> bool:
+def _lost_with_worker(ws: ClientConnection) -> bool:
     """Whether the front closed ``ws`` because its worker died (serve --workers)."""
     return ws.close_code == 1011 and (ws.close_reason or "").startswith("worker lost")
 
 
-async def _hostile_round(url: str, rng: random.Random, stats: Counter) -> None:
+async def _hostile_round(url: str, rng: random.Random, stats: Counter[str]) -> None:
     """One hostile try: a flood, a forged resume or out-of-range values."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
@@ -559,7 +566,13 @@ def _inside(http: str) -> dict[str, float]:
 
 
 async def _sample(
-    pid: int, http: str, t0: float, samples: list, inside: list, every: float, tree: bool = False
+    pid: int,
+    http: str,
+    t0: float,
+    samples: list[tuple[float, float]],
+    inside: list[tuple[float, dict[str, float]]],
+    every: float,
+    tree: bool = False,
 ) -> None:
     while True:
         at = time.monotonic() - t0
@@ -568,7 +581,9 @@ async def _sample(
         await asyncio.sleep(every)
 
 
-def _inside_report(inside: list[tuple[float, dict]], warmup_s: float, seconds: float) -> dict[str, Any]:
+def _inside_report(
+    inside: list[tuple[float, dict[str, float]]], warmup_s: float, seconds: float
+) -> dict[str, Any]:
     """The server's gauges after warm-up and at the last sample while clients ran, and how much
     each moved between (the idle read-out after the run is reported apart)."""
     after = [(t, v) for t, v in inside if v and warmup_s <= t <= seconds]
@@ -583,11 +598,12 @@ def _inside_report(inside: list[tuple[float, dict]], warmup_s: float, seconds: f
     }
 
 
-async def _health(http: str) -> dict:
+async def _health(http: str) -> dict[str, Any]:
     import urllib.request
 
-    def get() -> dict:
-        return json.loads(urllib.request.urlopen(http + "/health", timeout=5).read())
+    def get() -> dict[str, Any]:
+        health: dict[str, Any] = json.loads(urllib.request.urlopen(http + "/health", timeout=5).read())
+        return health
 
     return await asyncio.to_thread(get)
 
@@ -642,9 +658,9 @@ async def _run(
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=dict(os.environ))
     assert proc.stdout is not None  # stdout=PIPE
     stdout = proc.stdout
-    stats: Counter = Counter()
+    stats: Counter[str] = Counter()
     samples: list[tuple[float, float]] = []
-    inside: list[tuple[float, dict]] = []
+    inside: list[tuple[float, dict[str, float]]] = []
     report: dict[str, Any] = {}
     try:
         line = await asyncio.wait_for(asyncio.to_thread(stdout.readline), 60)

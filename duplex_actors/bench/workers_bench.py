@@ -66,9 +66,15 @@ import signal
 import statistics
 import sys
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import TYPE_CHECKING, Any, cast
 
 from ..engines.scripted import Script, ScriptedEngine
+
+if TYPE_CHECKING:
+    from ..testing.raw_websocket import RawWebSocket
 
 #: 12 tokens and 4 audio packets, no pacing: ~50 server events per turn.
 SCRIPT = Script(
@@ -129,7 +135,7 @@ def unpaced_engine() -> ScriptedEngine:  # module level: picklable into the engi
 # --------------------------------------------------------------------------- the servers
 
 
-def _bare_main(ready) -> None:
+def _bare_main(ready: Connection[int, Any]) -> None:
     """``serve`` in one process: the same assembly (open_server, GcPolicy included)."""
 
     async def main() -> None:
@@ -146,7 +152,7 @@ def _bare_main(ready) -> None:
     asyncio.run(main())
 
 
-def _bare_pair_main(ready) -> None:
+def _bare_pair_main(ready: Connection[str, Any]) -> None:
     """Two independent ``serve`` processes (the ``bare x2`` arm): what two processes on this
     host keep per core when nothing joins them, the reference for two workers' per-core ratio."""
     ctx = multiprocessing.get_context("spawn")
@@ -169,7 +175,7 @@ def _bare_pair_main(ready) -> None:
             child.join(30)
 
 
-def _workers_main(workers: int, ready) -> None:
+def _workers_main(workers: int, ready: Connection[int, Any]) -> None:
     import contextlib
     import io
 
@@ -205,7 +211,7 @@ def _masked_frame(text: str) -> bytes:
     return header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
-async def _read_until(ws, marker: bytes, tail: bytes) -> bytes:
+async def _read_until(ws: RawWebSocket, marker: bytes, tail: bytes) -> bytes:
     """Read raw bytes until ``marker`` appears; returns what followed it (the next search's
     start). No frame parsing: the server's frames are unmasked text, so a substring test over
     the byte stream finds an event type; ``tail`` carries a marker split across two reads."""
@@ -236,7 +242,9 @@ async def _session(url: str, stop_at: float, counts: list[int], frames: dict[str
         ws.abort()
 
 
-def _client_main(urls: list[str], warmup_s: float, duration_s: float, result) -> None:
+def _client_main(
+    urls: list[str], warmup_s: float, duration_s: float, result: Connection[tuple[int, float, float], Any]
+) -> None:
     """One load process: a session per URL in ``urls``."""
 
     async def main() -> None:
@@ -266,7 +274,7 @@ class _LiveSession:
 
     __slots__ = ("ws", "probes", "rtts", "errors", "turns", "tail")
 
-    def __init__(self, ws) -> None:
+    def __init__(self, ws: RawWebSocket) -> None:
         self.ws = ws
         self.probes: list[float] = []  # send times of clears not yet answered, oldest first
         self.rtts: list[float] = []
@@ -307,7 +315,9 @@ async def _listen(live: _LiveSession, counting_from: list[float]) -> None:
         live.turns += count(_SPEECH)
 
 
-def _realtime_client_main(urls: list[str], warmup_s: float, duration_s: float, result) -> None:
+def _realtime_client_main(
+    urls: list[str], warmup_s: float, duration_s: float, result: Connection[dict[str, Any], Any]
+) -> None:
     """One load process: a real-time session per URL (see the module docstring)."""
 
     async def main() -> None:
@@ -379,7 +389,11 @@ def _realtime_client_main(urls: list[str], warmup_s: float, duration_s: float, r
 
 
 def _front_client_main(
-    urls: list[str], chunk_every_s: float, turn_every_s: float, duration_s: float, link
+    urls: list[str],
+    chunk_every_s: float,
+    turn_every_s: float,
+    duration_s: float,
+    link: Connection[str | dict[str, Any], str],
 ) -> None:
     """One load process of the --front mode: opens a session per URL, says so on ``link``,
     waits for the go, then keeps them live for ``duration_s`` (see the module docstring)."""
@@ -392,7 +406,7 @@ def _front_client_main(
         gate = asyncio.Semaphore(16)
         done = [0]
 
-        async def open_one(url: str):
+        async def open_one(url: str) -> RawWebSocket:
             async with gate:
                 ws = await RawWebSocket.connect(url)
                 rest = await _read_until(ws, b'"session.created"', b"")
@@ -400,7 +414,7 @@ def _front_client_main(
                 await _read_until(ws, b'"session.updated"', rest)
                 return ws
 
-        async def listen(ws) -> None:
+        async def listen(ws: RawWebSocket) -> None:
             tail = b""
             marker = b'"response.done"'
             while data := await ws.reader.read(1 << 16):
@@ -458,6 +472,7 @@ def run_front(
     """The front's CPU with ``sessions`` live sessions on ``--workers`` (module docstring)."""
     ctx = multiprocessing.get_context("spawn")
     with _served(ctx, _workers_main, (workers,)) as (server, url):
+        assert server.pid is not None  # started by _served
         time.sleep(1.0)  # the pool's start-up is not the front's steady cost
         links, procs = [], []
         roles0 = _tree_cpu_by_name(server.pid)
@@ -528,12 +543,15 @@ def run_front(
 
 
 @contextlib.contextmanager
-def _served(ctx, target, args):
+def _served(
+    ctx: SpawnContext, target: Callable[..., None], args: tuple[object, ...]
+) -> Iterator[tuple[SpawnProcess, str]]:
     """A fresh server (``target(*args, ready)``) in its own process: yields (process, URL),
     and SIGTERMs it (then kills it) on the way out."""
     ready_recv, ready_send = ctx.Pipe(duplex=False)
     server = ctx.Process(target=target, args=(*args, ready_send))
     server.start()
+    assert server.pid is not None  # set by start()
     try:
         if not ready_recv.poll(120):
             raise RuntimeError(f"{target.__name__} did not start")
@@ -546,9 +564,19 @@ def _served(ctx, target, args):
             server.join(5)
 
 
-def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float):
+def _measure_realtime(
+    ctx: SpawnContext,
+    target: Callable[..., None],
+    args: tuple[object, ...],
+    *,
+    sessions: int,
+    clients: int,
+    warmup_s: float,
+    duration_s: float,
+) -> dict[str, Any]:
     """N real-time sessions against a fresh server: did it keep up, and at what cost."""
     with _served(ctx, target, args) as (server, url):
+        assert server.pid is not None  # started by _served
         pipes, procs = [], []
         urls = [url] * sessions
         for i in range(clients):
@@ -596,13 +624,20 @@ def _measure_realtime(ctx, target, args, *, sessions: int, clients: int, warmup_
 
 
 def _measure(
-    ctx, target, args, *, sessions: int, clients: int, warmup_s: float, duration_s: float
+    ctx: SpawnContext,
+    target: Callable[..., None],
+    args: tuple[object, ...],
+    *,
+    sessions: int,
+    clients: int,
+    warmup_s: float,
+    duration_s: float,
 ) -> dict[str, Any]:
     with _served(ctx, target, args) as (server, url):
         roles0: dict[str, float] = {}
 
         def cpu_of() -> float:  # the first call is the start of the window
-            roles = _tree_cpu_by_name(server.pid)
+            roles = _tree_cpu_by_name(cast(int, server.pid))  # started by _served
             if not roles0:
                 roles0.update(roles)
             roles1.update(roles)
@@ -633,7 +668,13 @@ def _measure(
 
 
 def run_load(
-    ctx, urls: list[str], *, clients: int, warmup_s: float, duration_s: float, cpu_of
+    ctx: SpawnContext,
+    urls: list[str],
+    *,
+    clients: int,
+    warmup_s: float,
+    duration_s: float,
+    cpu_of: Callable[[], float],
 ) -> dict[str, float]:
     """Keep a session per URL busy from ``clients`` processes; turns/s and cores used
     (``cpu_of()`` reads the server side's CPU seconds so far)."""
@@ -714,7 +755,11 @@ def run(
     ctx = multiprocessing.get_context("spawn")
     rounds = rounds or (2 if quick else 3)
     duration_s = duration_s or (3.0 if quick else 6.0)
-    arms = {"bare": (_bare_main, ()), "workers=1": (_workers_main, (1,)), "workers=2": (_workers_main, (2,))}
+    arms: dict[str, tuple[Callable[..., None], tuple[object, ...]]] = {
+        "bare": (_bare_main, ()),
+        "workers=1": (_workers_main, (1,)),
+        "workers=2": (_workers_main, (2,)),
+    }
     if pair:
         arms["bare x2"] = (_bare_pair_main, ())
     per_round: list[dict[str, dict[str, Any]]] = []
@@ -735,14 +780,19 @@ def run(
         per_round.append(figures)
 
     def median_ratio(arm: str, base: str) -> float:
-        return statistics.median(f[arm]["turns_per_s"] / f[base]["turns_per_s"] for f in per_round)
+        return cast(
+            float, statistics.median(f[arm]["turns_per_s"] / f[base]["turns_per_s"] for f in per_round)
+        )
 
     def per_core_ratio(arm: str, base: str) -> float:
         return round(
-            statistics.median(
-                (f[arm]["turns_per_s"] / f[arm]["server_cores"])
-                / (f[base]["turns_per_s"] / f[base]["server_cores"])
-                for f in per_round
+            cast(
+                float,
+                statistics.median(
+                    (f[arm]["turns_per_s"] / f[arm]["server_cores"])
+                    / (f[base]["turns_per_s"] / f[base]["server_cores"])
+                    for f in per_round
+                ),
             ),
             3,
         )
@@ -808,18 +858,24 @@ def run_realtime(
     ``realtime_start`` until the server falls behind."""
     ctx = multiprocessing.get_context("spawn")
     duration_s = duration_s or (3.0 if quick else 5.0)
-    arms = {"bare": (_bare_main, ()), "workers=1": (_workers_main, (1,)), "workers=2": (_workers_main, (2,))}
+    arms: dict[str, tuple[Callable[..., None], tuple[object, ...]]] = {
+        "bare": (_bare_main, ()),
+        "workers=1": (_workers_main, (1,)),
+        "workers=2": (_workers_main, (2,)),
+    }
     steps: dict[str, list[dict[str, Any]]] = {}
     capacity: dict[str, int] = {}
     for name, (target, args) in arms.items():
         steps[name] = []
 
-        def kept_up(n: int, name: str = name, target=target, args=args) -> bool:
+        def kept_up(
+            n: int, name: str = name, target: Callable[..., None] = target, args: tuple[object, ...] = args
+        ) -> bool:
             step = _measure_realtime(
                 ctx, target, args, sessions=n, clients=clients, warmup_s=warmup_s, duration_s=duration_s
             )
             steps[name].append(step)
-            return step["kept_up"]
+            return cast(bool, step["kept_up"])
 
         # Down by halves while the start is too many, then up by REALTIME_STEP until a step
         # falls behind, then halve the gap twice: the capacity is known to within ~5%.
