@@ -106,6 +106,7 @@ from .tls import server_ssl_context
 from .tls_first import tls_after_counting
 from .tls_relay import RelayedStream, RequestLineSniffer
 from .vad_batch import VadBatcher
+from .wire_items import DEFAULT_TRANSCRIPTION_MODEL
 from .worker_link import FrontLink
 
 if TYPE_CHECKING:
@@ -618,6 +619,11 @@ class RealtimeServer:
             self.metrics.connections.dec()
 
     async def _open(self, conn: SessionConnection) -> SessionRecord | None:
+        try:
+            intent = _intent(conn.ws)
+        except DuplexError as err:
+            await conn.refuse(err, CLOSE_POLICY_VIOLATION)
+            return None
         self._opened += 1
         now = self.runtime.clock.now()
         # Sessions that expired while detached are only found by a sweep: often enough that a
@@ -627,6 +633,11 @@ class RealtimeServer:
             self._sweep()
         vad = self.config.server_vad_by_default and self._vad_available()
         overrides = {**GA_SESSION, "server_vad": vad, "auto_respond": vad, **self.config.session_overrides}
+        if intent == "transcription":
+            # GA's transcription session: its committed turns are transcribed and nothing
+            # answers them (the chart refuses response.create: SessionConfig.responses).
+            overrides["responses"] = False
+            overrides["transcription"] = overrides.get("transcription") or DEFAULT_TRANSCRIPTION_MODEL
         address = _address(conn.ws)
         try:
             self.quotas.check(conn.key, address, sweep=self._sweep)
@@ -851,6 +862,21 @@ class RealtimeServer:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _intent(ws: ServerConnection) -> str | None:
+    """What a new session's connection asks to be (its ``intent`` query parameter, as OpenAI
+    reads it): None for a realtime session, "transcription" for a transcription session."""
+    assert ws.request is not None, "websockets calls the handler after the handshake"
+    intents = parse_qs(urlsplit(ws.request.path).query).get("intent")
+    if not intents or intents[-1] in ("conversation", "realtime"):
+        return None
+    if intents[-1] == "transcription":
+        return "transcription"
+    raise wire.NotSupported(
+        f"intent {intents[-1][:64]!r} is not supported: intent=transcription, or none for a realtime session",
+        param="intent",
+    )
 
 
 def _select_subprotocol(

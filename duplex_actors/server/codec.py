@@ -31,6 +31,7 @@ from ..core import events as ev
 from ..core import function_events as fev
 from ..core import transcription_events as tev
 from ..core.conversation import Item
+from ..core.session_config import SessionConfig
 from ..core.timing import ResponseMetrics
 from .audio_format import GA_DEFAULT, AudioFormat, encode_output
 
@@ -91,8 +92,16 @@ def event_id(event: ev.ServerEvent) -> str:
 # --- shared shapes ---------------------------------------------------------------------------
 
 
+def session_type(config: SessionConfig) -> str:
+    """The GA ``session.type`` of a session: "transcription" for one that makes no responses."""
+    return "realtime" if config.responses else "transcription"
+
+
 def session_object(session_id: str, config: dict[str, Any], wire: WireSession) -> dict[str, Any]:
-    """GA ``session`` (type "realtime"), plus our settings under the extension key ``duplex``."""
+    """GA ``session`` (type "realtime", or "transcription": :func:`transcription_session_object`),
+    plus our settings under the extension key ``duplex``."""
+    if not config.get("responses", True):
+        return transcription_session_object(session_id, config, wire)
     modalities = config.get("modalities") or ["audio"]
     return {
         "type": "realtime",
@@ -105,16 +114,7 @@ def session_object(session_id: str, config: dict[str, Any], wire: WireSession) -
             "input": {
                 "format": wire.input_format.to_wire(),
                 "turn_detection": wire.turn_detection,
-                "transcription": (
-                    # as the client said it (unsaid: English, what the recogniser hears); a
-                    # language it cannot hear fails each turn's transcription, not this echo
-                    {
-                        "model": config["transcription"],
-                        "language": config.get("transcription_language") or "en",
-                    }
-                    if config.get("transcription")
-                    else None
-                ),
+                "transcription": _transcription_object(config),
                 "noise_reduction": None,
             },
             "output": {
@@ -144,6 +144,41 @@ def session_object(session_id: str, config: dict[str, Any], wire: WireSession) -
         }
         | ({"binary_audio": True} if wire.binary_audio else {}),
     }
+
+
+def transcription_session_object(
+    session_id: str, config: dict[str, Any], wire: WireSession
+) -> dict[str, Any]:
+    """GA's transcription session: its audio input alone (nothing answers it, so it has no
+    output, instructions or tools), and its turn detection without the two settings that only
+    concern responses."""
+    detection = wire.turn_detection
+    if detection is not None:
+        detection = {k: v for k, v in detection.items() if k not in ("create_response", "interrupt_response")}
+    return {
+        "type": "transcription",
+        "object": "realtime.session",
+        "id": session_id,
+        "audio": {
+            "input": {
+                "format": wire.input_format.to_wire(),
+                "turn_detection": detection,
+                "transcription": _transcription_object(config),
+                "noise_reduction": None,
+            },
+        },
+        "include": None,
+        "duplex": {k: config[k] for k in ("server_vad", "sample_rate") if k in config}
+        | ({"binary_audio": True} if wire.binary_audio else {}),
+    }
+
+
+def _transcription_object(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The input transcription as the client said it (unsaid: English, what the recogniser
+    hears); a language it cannot hear fails each turn's transcription, not this echo."""
+    if not config.get("transcription"):
+        return None
+    return {"model": config["transcription"], "language": config.get("transcription_language") or "en"}
 
 
 def item_object(item: Item) -> dict[str, Any]:

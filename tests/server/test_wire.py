@@ -81,7 +81,7 @@ def test_append_in_a_declared_format_is_left_for_the_server_to_convert():
         ),
         (frame(type="session.update", event_id="x"), wire.InvalidField, "invalid_value"),
         (
-            frame(type="session.update", session={"type": "transcription"}, event_id="x"),
+            frame(type="session.update", session={"type": "translation"}, event_id="x"),
             wire.NotSupported,
             "not_supported",
         ),
