@@ -219,10 +219,15 @@ class InputEffects(SessionParts):
         nbytes = buffered.nbytes
         # Only a transcription needs the audio as one piece; the chunks move as they are.
         audio = bytes(buffered) if self.config.transcription is not None else b""
-        committed = self._committed
-        buffered.move_into(committed)
-        if len(committed) > self.config.max_committed_bytes:
-            committed.keep_last(self.config.max_committed_bytes - self.config.max_committed_bytes % 2)
+        if self.config.responses:
+            committed = self._committed
+            buffered.move_into(committed)
+            if len(committed) > self.config.max_committed_bytes:
+                committed.keep_last(self.config.max_committed_bytes - self.config.max_committed_bytes % 2)
+        else:
+            # No response will hear it (a transcription session): kept, a captioning session
+            # held its newest max_committed_bytes of audio for nothing, counted in the budget.
+            buffered.clear()
         ms = int(nbytes / 2 / self.config.sample_rate * 1000)
         item = Item(
             id=self._input_item_id(), role="user", content=(ContentPart(type="input_audio", audio_ms=ms),)

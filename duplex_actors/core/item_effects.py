@@ -177,11 +177,13 @@ class ItemEffects(SessionParts):
 
     def _hear_item_audio(self, item_id: str, audio: bytes) -> None:
         """A created item's audio joins the committed audio the next response hears (within
-        max_committed_bytes, the newest kept), and is transcribed as a commit is."""
-        committed = self._committed
-        committed += audio
-        if len(committed) > self.config.max_committed_bytes:
-            committed.keep_last(self.config.max_committed_bytes - self.config.max_committed_bytes % 2)
+        max_committed_bytes, the newest kept), and is transcribed as a commit is (in a session
+        that makes no responses, only transcribed)."""
+        if self.config.responses:
+            committed = self._committed
+            committed += audio
+            if len(committed) > self.config.max_committed_bytes:
+                committed.keep_last(self.config.max_committed_bytes - self.config.max_committed_bytes % 2)
         if self.config.transcription is not None:
             self._actions.append(
                 TranscribeInput(item_id, audio, self.config.sample_rate, self.config.transcription_language)

@@ -14,6 +14,7 @@ from duplex_actors.core import commands as cmd
 from duplex_actors.core import events as ev
 from duplex_actors.core.actions import InputTranscript, SubmitTurn, TranscribeInput
 from duplex_actors.core.clock import ManualClock
+from duplex_actors.core.conversation import ContentPart, Item
 from duplex_actors.core.session import SessionConfig, SessionCore
 from duplex_actors.core.statechart import RESPONDING
 from duplex_actors.errors import DuplexError, ResponsesNotOffered
@@ -116,3 +117,20 @@ def test_no_command_sequence_starts_a_response(steps):
         assert not [a for a in core.take_actions() if isinstance(a, SubmitTurn)], command
         assert core.state != RESPONDING
         assert not [e for e in core.take_events() if isinstance(e, ev.ResponseCreated)]
+
+
+def test_committed_audio_is_not_kept_for_a_response_that_never_comes():
+    # A captioning session runs for hours: each turn's audio goes to the recogniser and is let
+    # go. Kept as a realtime session keeps it for its next response, it held its newest
+    # max_committed_bytes (120 s) for nothing, counted in the runtime's audio budget.
+    core = transcribing(server_vad=False)
+    turn = CHUNK * 50  # 5 s
+    for _ in range(30):
+        for i in range(0, len(turn), len(CHUNK)):
+            core.handle(cmd.AppendAudio(pcm=turn[i : i + len(CHUNK)]))
+        core.handle(cmd.CommitInput())
+        spoken = Item(id="", role="user", content=(ContentPart(type="input_audio"),))
+        core.handle(cmd.CreateItem(item=spoken, audio=turn))
+    assert core._committed.nbytes == 0 and core._input.nbytes == 0
+    heard = [a for a in core.take_actions() if isinstance(a, TranscribeInput)]
+    assert len(heard) == 60 and all(len(a.audio) == len(turn) for a in heard)
