@@ -25,7 +25,7 @@ except ImportError:  # anyio then asks asyncio for a running loop, which callbac
     sniffio = None  # type: ignore[assignment]
 
 
-def name_async_library() -> contextvars.Token | None:
+def name_async_library() -> contextvars.Token[str | None] | None:
     """Name the running library in the current context; the token undoes it (None: nothing
     to undo)."""
     if sniffio is None:
@@ -33,7 +33,7 @@ def name_async_library() -> contextvars.Token | None:
     return sniffio.current_async_library_cvar.set(sniffio.current_async_library())
 
 
-def unname_async_library(token: contextvars.Token | None) -> None:
+def unname_async_library(token: contextvars.Token[str | None] | None) -> None:
     """Undo :func:`name_async_library`, when it is undone in the context it was done in."""
     if token is None or sniffio is None:
         return

@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -124,7 +124,8 @@ class EngineActor:
         self.watchdog_interval_s = watchdog_interval_s
         self._routes: dict[str, Deliver] = {}
         self._flights: dict[str, _Flight] = {}
-        self._inbox: deque = deque()
+        #: ("submit", ModelTurnRequest) or ("abort", request id), waiting for the task group.
+        self._inbox: deque[tuple[str, Any]] = deque()
         #: Pump tasks waiting for a request (see submit).
         self._idle_pumps: list[_Parked] = []
         self._new_event: Callable[[], OneShotEvent] = anyio.Event
@@ -139,7 +140,7 @@ class EngineActor:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.start()
         # The backend's one-shot event and CancelScope classes, made directly: anyio.Event()
         # and anyio.CancelScope() look the backend up each time (a scope is made per request);
@@ -212,7 +213,7 @@ class EngineActor:
         self._inbox.append(("submit", request))
         self._poke()
 
-    def abort(self, request_ids) -> None:
+    def abort(self, request_ids: Iterable[str]) -> None:
         if self._tg is not None:
             # Straight away, not through the inbox: a barge-in's stop should not wait a loop
             # iteration for the engine task to wake (one hop less; docs/benchmarks.md). The
@@ -406,7 +407,7 @@ class EngineActor:
             if stalled:
                 await self.restart(f"engine stalled: no output for {self.stall_timeout_s}s")
 
-    def cleanup_pending(self, request_ids) -> bool:
+    def cleanup_pending(self, request_ids: Iterable[str]) -> bool:
         """Whether any of these requests still holds engine resources: a live stream, a route
         waiting for its terminal, or a backend abort that failed and is being retried."""
         return any(

@@ -16,6 +16,7 @@ Deques are created on first use so an idle session's mailbox costs a few dozen b
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -53,7 +54,7 @@ class Mailbox:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity  # per client lane
-        self._lanes: list[deque | None] = [None, None, None]
+        self._lanes: list[deque[Any] | None] = [None, None, None]
         self.accepted = 0
         self.refused = 0
         self.high_water = 0
@@ -94,7 +95,7 @@ class Mailbox:
     def __bool__(self) -> bool:
         return any(self._lanes)
 
-    def holds(self, lane: Lane, predicate) -> bool:
+    def holds(self, lane: Lane, predicate: Callable[[Any], object]) -> bool:
         """Whether a message queued on ``lane`` satisfies ``predicate`` (a linear scan)."""
         q = self._lanes[lane]
         return q is not None and any(predicate(message) for message in q)

@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -98,7 +98,7 @@ class RuntimeStatistics:
     """
 
     sessions: int
-    sessions_by_state: dict
+    sessions_by_state: dict[str, int]
     opened: int
     closed: int
     ready: int
@@ -215,7 +215,7 @@ class Runtime:
         #: (waiters, wake-ups); on asyncio it is the leaner LoopEvent (actors/loop_event.py).
         self.new_event: Callable[[], OneShotEvent] = anyio.Event
         self._tg: anyio.abc.TaskGroup | None = None
-        self._library_token: contextvars.Token | None = None
+        self._library_token: contextvars.Token[str | None] | None = None
         self._running = False
         #: Set by drain(): no new session opens and no session starts a new response.
         self.draining = False
@@ -254,7 +254,7 @@ class Runtime:
         self._running = True
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: Any) -> None:
         self._running = False
         try:
             with anyio.CancelScope(shield=True):
@@ -311,7 +311,7 @@ class Runtime:
         *,
         owner: bytes | None = None,
         tenant: str | None = None,
-        **overrides,
+        **overrides: Any,
     ) -> SessionHandle:
         return self.open_session_nowait(config, owner=owner, tenant=tenant, **overrides)
 
@@ -321,7 +321,7 @@ class Runtime:
         *,
         owner: bytes | None = None,
         tenant: str | None = None,
-        **overrides,
+        **overrides: Any,
     ) -> SessionHandle:
         """Open a session. ``owner``: digest of the API key that opened it (a transport's
         business); every resume must then present it (the chart's ``resume_key_matches``).
@@ -446,7 +446,7 @@ class Runtime:
     def transcribe(
         self,
         action: TranscribeInput,
-        deliver,
+        deliver: Callable[[InputTranscript], None],
         session_id: str,
         tenant: str | None = None,
         account: AudioAccount | None = None,

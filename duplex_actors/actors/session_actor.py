@@ -29,7 +29,7 @@ from .mailbox import Mailbox
 from .timers import Timer, TimerQueue
 
 
-def _starts_a_response(message) -> bool:
+def _starts_a_response(message: object) -> bool:
     command = message[0] if isinstance(message, tuple) else message
     return isinstance(command, (CreateResponse, CommitInput))
 
@@ -63,7 +63,7 @@ class SessionHost(Protocol):
     def transcribe(
         self,
         action: TranscribeInput,
-        deliver,
+        deliver: Callable[[InputTranscript], None],
         session_id: str,
         tenant: str | None = None,
         account: AudioAccount | None = None,

@@ -9,12 +9,13 @@ session; a handle holds nothing of its own.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from ..core import commands as cmd
 from ..core.events import ServerEvent
 from ..core.session import SessionCore
 from ..core.session_config import SessionConfig
-from ..errors import RuntimeClosed
+from ..errors import DuplexError, RuntimeClosed
 from .deadline import fail_after
 from .mailbox import MailboxStatistics
 from .session_actor import SessionActor
@@ -131,7 +132,7 @@ class SessionHandle:
         """Wait until the session has processed everything queued for it before this call."""
         await self._actor.barrier()
 
-    def report_error(self, error) -> None:
+    def report_error(self, error: DuplexError) -> None:
         """Queue an ``error`` event for this session's client (e.g. a frame that failed to
         parse), so it arrives numbered and in order with the session's other events."""
         self._actor.report_error(error)
@@ -139,25 +140,25 @@ class SessionHandle:
     def append_audio(self, pcm: bytes, *, sample_rate: int = 16000, event_id: str | None = None) -> None:
         self._actor.tell_audio(_append_of(pcm, sample_rate, event_id=event_id))
 
-    async def commit(self, **kw) -> None:
+    async def commit(self, **kw: Any) -> None:
         await self.ask(cmd.CommitInput(**kw))
 
-    async def clear(self, **kw) -> None:
+    async def clear(self, **kw: Any) -> None:
         await self.ask(cmd.ClearInput(**kw))
 
-    async def create_response(self, instructions: str | None = None, **kw) -> None:
+    async def create_response(self, instructions: str | None = None, **kw: Any) -> None:
         await self.ask(cmd.CreateResponse(instructions=instructions, **kw))
 
-    async def barge_in(self, reason: str = "turn_detected", **kw) -> None:
+    async def barge_in(self, reason: str = "turn_detected", **kw: Any) -> None:
         await self.ask(cmd.BargeIn(reason=reason, **kw))
 
-    async def cancel(self, **kw) -> None:
+    async def cancel(self, **kw: Any) -> None:
         await self.ask(cmd.CancelResponse(**kw))
 
-    async def heartbeat(self, **kw) -> None:
+    async def heartbeat(self, **kw: Any) -> None:
         await self.ask(cmd.Heartbeat(**kw))
 
-    async def update(self, **changes) -> None:
+    async def update(self, **changes: Any) -> None:
         await self.ask(cmd.UpdateSession(**changes))
 
     async def acknowledge_playback(self, response_id: str, played_ms: int) -> None:

@@ -44,7 +44,7 @@ import attrs
 from ..audio.turn_pieces import MAX_PIECE_S, next_cut
 from ..core.actions import InputTranscript, TranscribeInput
 from ..core.audio_budget import AudioAccount
-from ..core.commands import AppendAudio, SpeechStartedSignal, SpeechStoppedSignal
+from ..core.commands import AppendAudio, Command, SpeechStartedSignal, SpeechStoppedSignal
 from ..core.fair_share import FairShare
 
 
@@ -376,7 +376,7 @@ class InputSpeculator:
         self._started = False  # a decode of this quiet was started (and not discarded)
         self._unclaimed = False  # a decode of the last turn may still wait for its commit
 
-    def heard(self, commands: list, speech: bool) -> None:
+    def heard(self, commands: list[Command], speech: bool) -> None:
         """ServerVad's commands for one chunk, in order; ``speech``: one of its VAD frames
         was speech (a probability at or above the detector's release level), so the quiet,
         if any, is over."""

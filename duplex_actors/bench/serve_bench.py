@@ -132,8 +132,8 @@ def run(
                     _bare_arm(ctx, **kw) if arm == "bare" else _serve_arm(ctx, int(arm.split("=")[1]), **kw)
                 )
             per_round.append(figures)
-        # ray's serve.shutdown is unannotated (unused-ignore: only --strict reports untyped calls)
-        serve.shutdown()  # type: ignore[no-untyped-call, unused-ignore]
+        # ray's serve.shutdown is unannotated
+        serve.shutdown()  # type: ignore[no-untyped-call]
     finally:
         if started_here:
             import ray

@@ -743,9 +743,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from ..server import app
 
-        # app's own name for websockets' serve, patched (unused-ignore: only --strict, which
-        # wants explicit re-exports, reports it)
-        app.serve = functools.partial(app.serve, backlog=args.backlog)  # type: ignore[attr-defined, unused-ignore]
+        # app's own name for websockets' serve, patched (strict mypy wants re-exports explicit)
+        app.serve = functools.partial(app.serve, backlog=args.backlog)  # type: ignore[attr-defined]
     if args.takeover_close_wait is not None:
         from ..server import app
 

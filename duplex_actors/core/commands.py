@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
@@ -27,9 +27,13 @@ class Lane(enum.IntEnum):
     DATA = 2
 
 
+#: An attrs validator: it refuses a value with InvalidCommand and returns nothing.
+_Validator = Callable[[object, "attrs.Attribute[Any]", object], None]
+
+
 # Validators raise InvalidCommand, not attrs' own TypeError/ValueError: an application that
 # builds a command wrongly gets the runtime's error for a refused command, whichever field it was.
-def _count(instance, attribute, value):
+def _count(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidCommand(f"{attribute.name} must be a non-negative integer, not {value!r}"[:200])
 
@@ -40,14 +44,14 @@ _optional_count = attrs.validators.optional(_count)
 SAMPLING_KNOBS = frozenset(f.name for f in attrs.fields(SamplingOverrides))
 
 
-def _sampling_knobs(instance, attribute, value):
+def _sampling_knobs(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, tuple) or not set(value) <= SAMPLING_KNOBS:
         raise InvalidCommand(
             f"{attribute.name} must be a tuple of sampling knobs ({', '.join(sorted(SAMPLING_KNOBS))})"
         )
 
 
-def _optional_speed(instance, attribute, value):
+def _optional_speed(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
@@ -63,19 +67,19 @@ class Command:
     event_id: str | None = None
     epoch: int | None = attrs.field(default=None, validator=_optional_count)
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         # hypothesis (and IPython) print a failing example with this: the short repr (audio
         # as its length) rather than every byte of it.
         printer.text(repr(self))
 
 
-def _buffer_bytes(value):
+def _buffer_bytes(value: object) -> object:
     # Only a buffer is copied into bytes: bytes(4) is four zero bytes, and an int given as audio
     # must be refused, not taken as that much silence.
     return bytes(value) if isinstance(value, (bytearray, memoryview)) else value
 
 
-def _pcm16(instance, attribute, value):
+def _pcm16(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, bytes):
         raise InvalidCommand(f"audio must be bytes of pcm16, not {type(value).__name__}")
     if len(value) % 2:
@@ -86,12 +90,12 @@ SAMPLE_RATES = (8000, 16000, 24000, 48000)
 _SAMPLE_RATES = frozenset(SAMPLE_RATES)
 
 
-def _rate(instance, attribute, value):
+def _rate(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value not in SAMPLE_RATES:
         raise InvalidCommand(f"unsupported sample rate {value!r}")
 
 
-def _text(instance, attribute, value):
+def _text(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, str):
         raise InvalidCommand(f"{attribute.name} must be a string, not {type(value).__name__}")
 
@@ -102,7 +106,7 @@ def _text(instance, attribute, value):
 _optional_text = attrs.validators.optional(_text)
 
 
-def _nonempty_text(instance, attribute, value):
+def _nonempty_text(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     _text(instance, attribute, value)
     if not value:
         raise InvalidCommand(f"{attribute.name} must not be empty")
@@ -112,7 +116,7 @@ def _nonempty_text(instance, attribute, value):
 MODALITIES = frozenset({"text", "audio"})
 
 
-def _modalities(instance, attribute, value):
+def _modalities(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not (
         isinstance(value, tuple) and value and set(value) <= MODALITIES and len(set(value)) == len(value)
     ):
@@ -121,34 +125,34 @@ def _modalities(instance, attribute, value):
         )
 
 
-def _tuple_of(kinds: type | tuple[type, ...], described: str):
+def _tuple_of(kinds: type | tuple[type, ...], described: str) -> _Validator:
     """A validator for a tuple whose every element is one of ``kinds``."""
 
-    def check(instance, attribute, value):
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if not (isinstance(value, tuple) and all(isinstance(e, kinds) for e in value)):
             raise InvalidCommand(f"{attribute.name} must be a tuple of {described}, not {value!r}"[:200])
 
     return check
 
 
-def _transcription(instance, attribute, value):
+def _transcription(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, (str, bool)):
         raise InvalidCommand(f"{attribute.name} must be a model name, False (off) or None, not {value!r}")
 
 
-def _metadata(instance, attribute, value):
+def _metadata(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not (
         isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     ):
         raise InvalidCommand(f"{attribute.name} must be a dict of strings, not {value!r}"[:200])
 
 
-def _item(instance, attribute, value):
+def _item(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, Item):
         raise InvalidCommand(f"{attribute.name} must be an Item, not {type(value).__name__}")
 
 
-def _whole(instance, attribute, value):
+def _whole(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidCommand(f"{attribute.name} must be an integer, not {value!r}")
 
@@ -160,7 +164,7 @@ _optional_tools = _optional(_tuple_of(FunctionTool, "FunctionTool"))
 _optional_context = _optional(_tuple_of((Item, str), "items and item ids"))
 
 
-def _sampling(value):
+def _sampling(value: object) -> SamplingOverrides | None:
     """A ``sampling`` given as a mapping of knobs (as ``open_session`` takes it) becomes
     :class:`SamplingOverrides`; a mapping naming an unknown knob, or anything else that is not
     one, is refused (a dict was taken, and the session failed at the update)."""
@@ -236,7 +240,8 @@ def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
     for klass in cls.__mro__:
         descriptor = vars(klass).get(name)
         if descriptor is not None:
-            return descriptor.__set__
+            setter: Callable[[object, object], None] = descriptor.__set__
+            return setter
     raise AttributeError(f"{cls.__name__} has no slot {name!r}")
 
 

@@ -34,7 +34,8 @@ States
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 from transitions import Machine
@@ -61,7 +62,14 @@ CARRYING = (ATTACHED, DRAINING)
 SAME = None  # an internal transition: state unchanged
 
 
-def _row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
+def _row(
+    trigger: str,
+    source: str | list[str],
+    dest: str | None,
+    effects: Iterable[str] = (),
+    conditions: Iterable[str] = (),
+    unless: Iterable[str] = (),
+) -> dict[str, Any]:
     return {
         "trigger": trigger,
         "source": source,
@@ -197,7 +205,7 @@ class Step:
 def _compile(
     machine: Machine,
 ) -> dict[tuple[str, str], tuple[tuple[tuple[tuple[str, bool], ...], Step], ...]]:
-    table: dict[tuple[str, str], list] = {}
+    table: dict[tuple[str, str], list[tuple[tuple[tuple[str, bool], ...], Step]]] = {}
     for trigger, event in machine.events.items():
         for source, transitions in event.transitions.items():
             for t in transitions:

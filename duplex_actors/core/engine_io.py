@@ -9,7 +9,7 @@ engine actor guarantees that even when a backend forgets (it synthesises the ter
 from __future__ import annotations
 
 import enum
-from typing import Union
+from typing import Any, Union
 
 import attrs
 
@@ -27,7 +27,7 @@ class TurnKind(enum.Enum):
     UNIT = "unit"
 
 
-def _short_pretty(self, printer, cycle) -> None:
+def _short_pretty(self: object, printer: Any, cycle: bool) -> None:
     # hypothesis (and IPython) print a failing example with this: the short repr (audio as its
     # length) rather than every byte of it.
     printer.text(repr(self))
@@ -50,7 +50,7 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
 SPEED_RANGE = (0.25, 1.5)
 
 
-def _in_range(instance, attribute, value) -> None:
+def _in_range(instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is None:
         return
     name = attribute.name
@@ -228,7 +228,7 @@ class EngineMetrics:
     inter_token_s: tuple[float, ...] = ()
 
 
-def _count(instance, attribute, value) -> None:
+def _count(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{attribute.name} must be a count (an int >= 0), got {value!r}")
 

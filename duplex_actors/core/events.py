@@ -9,7 +9,7 @@ converting audio to the client's declared format on the way.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
@@ -35,7 +35,7 @@ class ServerEvent:
     epoch: int
     session_id: str
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.type = cls.TYPE
 
@@ -55,14 +55,14 @@ class ResponseEvent(ServerEvent):
 @attrs.frozen(slots=True, kw_only=True)
 class SessionCreated(ServerEvent):
     TYPE = "session.created"
-    config: dict = attrs.field(factory=dict)
+    config: dict[str, Any] = attrs.field(factory=dict)
     resume_token: str = ""
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class SessionUpdated(ServerEvent):
     TYPE = "session.updated"
-    config: dict = attrs.field(factory=dict)
+    config: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -210,7 +210,7 @@ class ResponseCreated(ResponseEvent):
     turn_id: int
     metrics: ResponseMetrics | None = None
     modalities: tuple[str, ...] = ("audio",)
-    metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
+    metadata: dict[str, str] | None = attrs.field(default=None, eq=False, hash=False)
     #: The token limit the response runs under (None: the engine's own).
     max_output_tokens: int | None = None
     #: Outside the conversation (GA conversation "none": conversation_id null on the wire).
@@ -293,7 +293,7 @@ class ResponseDone(ResponseEvent):
     turn_id: int
     metrics: ResponseMetrics | None = None
     modalities: tuple[str, ...] = ("audio",)
-    metadata: dict | None = attrs.field(default=None, eq=False, hash=False)
+    metadata: dict[str, str] | None = attrs.field(default=None, eq=False, hash=False)
     #: The response's output items (one assistant message, or none if it never began).
     output: tuple[Item, ...] = ()
     #: Tokens the response generated (text deltas' token counts).

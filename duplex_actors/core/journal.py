@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..errors import ResyncRequired
 from . import events as ev
@@ -44,7 +45,7 @@ def _config_bytes(event: ev.SessionCreated | ev.SessionUpdated) -> int:
     return _str_bytes(json.dumps(event.config, ensure_ascii=False, default=str))
 
 
-def _metadata_bytes(metadata: dict | None) -> int:
+def _metadata_bytes(metadata: Mapping[str, object] | None) -> int:
     # A response's metadata (16 pairs of up to 64 + 512 characters) rides on its created and
     # done events: uncounted, sessions creating and cancelling responses with long metadata
     # held several times what the journal counted.
@@ -56,7 +57,7 @@ def _metadata_bytes(metadata: dict | None) -> int:
 #: The payload each event class holds beyond its fixed fields. Only pcm used to be counted, so
 #: a client that filled its conversation with long texts (or repeated a session.update carrying
 #: large tool schemas) had them journaled at 128 bytes an event, far under what they held.
-_PAYLOAD: dict[type, Callable] = {
+_PAYLOAD: dict[type[ServerEvent], Callable[[Any], int]] = {
     ev.AudioDeltaEvent: lambda e: len(e.pcm),
     ev.ItemAdded: lambda e: _item_bytes(e.item),
     ev.ItemDone: lambda e: _item_bytes(e.item),

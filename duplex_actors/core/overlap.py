@@ -37,7 +37,7 @@ class OverlapPolicy:
     min_interruption_ms: float = attrs.field(default=500.0)
 
     @min_interruption_ms.validator
-    def _check(self, _attribute, value: float) -> None:
+    def _check(self, _attribute: attrs.Attribute[float], value: float) -> None:
         if value < 0:
             raise ValueError("min_interruption_ms must be >= 0")
 

@@ -56,7 +56,7 @@ class ResponseAssembly:
         epoch: int,
         turn_id: int,
         modalities: tuple[str, ...],
-        metadata: dict | None,
+        metadata: dict[str, str] | None,
         in_conversation: bool = True,
     ) -> None:
         self.response_id = response_id

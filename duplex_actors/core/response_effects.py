@@ -59,7 +59,7 @@ class ResponseEffects(SessionParts):
         return tools, tool_choice, sampling
 
     def _response_modalities(self, step: Step) -> tuple[str, ...]:
-        override = getattr(step.command, "modalities", None)
+        override: tuple[str, ...] | None = getattr(step.command, "modalities", None)
         if isinstance(step.command, CreateResponse) and override:
             return override
         return self.config.modalities

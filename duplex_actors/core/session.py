@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import attrs
 import structlog
@@ -100,33 +100,39 @@ __all__ = [
 
 log = structlog.get_logger("duplex_actors.session")
 
+#: The function type a _FunctionTuples holds (an effect's or a check's).
+_F = TypeVar("_F")
 
-class _FunctionTuples(dict):
+
+class _FunctionTuples(dict[tuple[str, ...], tuple[_F, ...]]):
     """Tuples of names as tuples of SessionCore functions, looked up once per distinct tuple
     instead of name by name on every step. Keyed by the tuple's value, never by object
     identity: charts built by tests come and go, and a recycled id() would hand one branch
     another's functions."""
 
-    def __init__(self, function_of: Callable[[str], Callable]) -> None:
+    def __init__(self, function_of: Callable[[str], _F]) -> None:
         super().__init__()
         self._function_of = function_of
 
-    def __missing__(self, names: tuple[str, ...]) -> tuple:
+    def __missing__(self, names: tuple[str, ...]) -> tuple[_F, ...]:
         functions = self[names] = tuple(self._function_of(name) for name in names)
         return functions
 
 
 #: A chart branch's effects (Resolution.effects) as functions.
-_EFFECT_FUNCTIONS = _FunctionTuples(lambda name: getattr(SessionCore, "_fx_" + name))
+_EFFECT_FUNCTIONS: _FunctionTuples[Callable[[SessionCore, Step], None]] = _FunctionTuples(
+    lambda name: getattr(SessionCore, "_fx_" + name)
+)
 
 
-class _GuardFunctions(dict):
+class _GuardFunctions(dict[str, Callable[["SessionCore", Step], bool]]):
     """Guard names as SessionCore functions, looked up once each, for the same reason, and one
     more: getattr with a name built per call leaves each new string in CPython's type attribute
     cache (up to 4096 of them), which a memory trace of a long run shows as slow growth (3.11;
     bounded, but noise). The chart calls them directly (resolve_on): one call per guard."""
 
     def __missing__(self, name: str) -> Callable[[SessionCore, Step], bool]:
+        function: Callable[[SessionCore, Step], bool]
         function = self[name] = getattr(SessionCore, "_g_" + name)
         return function
 
@@ -163,7 +169,7 @@ def _debug_logging() -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _debug_enabled(wrapper_class) -> bool:
+def _debug_enabled(wrapper_class: type) -> bool:
     # structlog's filtering loggers replace methods below their level with a no-op.
     debug = getattr(wrapper_class, "debug", None)
     return debug is None or getattr(debug, "__name__", "") != "_nop"
@@ -339,7 +345,7 @@ class SessionCore(InputEffects, TurnEffects, ResponseEffects, ItemEffects, Lease
         self._emit(ev.SessionCreated, config=self.config.public(), resume_token=self.lease.token)
 
     @property
-    def _logger(self):
+    def _logger(self) -> Any:  # structlog's get_logger() is typed Any: its class is the configuration's
         logger = self._log
         if logger is None:
             logger = self._log = log.bind(session_id=self.session_id)

@@ -127,13 +127,13 @@ class SessionConfig:
     journal_max_age_s: float = attrs.field(default=60.0, validator=_not_negative_s)
 
     @outbox_reserve.validator
-    def _reserve_within_capacity(self, attribute: attrs.Attribute, reserve: int) -> None:
+    def _reserve_within_capacity(self, attribute: attrs.Attribute[int], reserve: int) -> None:
         if not self.outbox_capacity > reserve >= 2:
             raise ValueError(
                 f"outbox_reserve ({reserve}) must be at least 2 and less than outbox_capacity ({self.outbox_capacity})"
             )
 
-    def public(self) -> dict:
+    def public(self) -> dict[str, Any]:
         return {
             "auto_respond": self.auto_respond,
             "respond_on_commit": self.respond_on_commit,

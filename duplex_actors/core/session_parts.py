@@ -129,7 +129,7 @@ class SessionParts:
         """The id of the response the client is being sent, if one has begun."""
         return None if self._response is None else self._response.response_id
 
-    def _emit(self, cls, epoch: int | None = None, **fields) -> None:
+    def _emit(self, cls: type[ev.ServerEvent], epoch: int | None = None, **fields: Any) -> None:
         """Queue an event of ``cls`` for the client, under ``epoch`` (None: the session's now;
         a response's closing events carry the epoch it was created under)."""
         event = cls(seq=0, epoch=self.epoch if epoch is None else epoch, session_id=self.session_id, **fields)

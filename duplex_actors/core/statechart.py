@@ -44,7 +44,7 @@ everything else is left untouched: guards are pure predicates over the session c
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -122,7 +122,14 @@ END_TURN_FAILED = [
 ]
 
 
-def row(trigger, source, dest, effects=(), conditions=(), unless=()) -> dict:
+def row(
+    trigger: str,
+    source: str | list[str],
+    dest: str | None,
+    effects: Iterable[str] = (),
+    conditions: Iterable[str] = (),
+    unless: Iterable[str] = (),
+) -> dict[str, Any]:
     """One transition: ``trigger`` from ``source`` (a state or a list) to ``dest`` (``SAME``
     for an internal transition), taken when every guard in ``conditions`` holds and none in
     ``unless`` does, performing ``effects`` in order. Guards and effects are names of the
@@ -649,7 +656,7 @@ from .statechart_docs import GUARD_DOCS as GUARD_DOCS  # noqa: E402
 from .statechart_docs import WHY as WHY  # noqa: E402
 
 
-def with_preconditions(transition: dict) -> dict:
+def with_preconditions(transition: dict[str, Any]) -> dict[str, Any]:
     """``transition`` with its trigger's :data:`PRECONDITIONS` in front of its guards (open
     states only: a row from closed keeps its own)."""
     checks = PRECONDITIONS.get(transition["trigger"])
@@ -661,7 +668,7 @@ def with_preconditions(transition: dict) -> dict:
     return {**transition, "conditions": [*checks, *transition["conditions"]]}
 
 
-def build_machine(transitions) -> Machine:
+def build_machine(transitions: Iterable[dict[str, Any]]) -> Machine:
     """The transitions Machine of a table of rows (the shipped chart's, or a policy's), each
     row given its trigger's preconditions."""
     return Machine(
@@ -710,7 +717,12 @@ class CompiledChart:
 
     __slots__ = ("table", "states", "triggers", "_resolved", "fixed_steps", "append_buffers_in")
 
-    def __init__(self, table: Mapping[tuple[str, str], tuple[Branch, ...]], states, triggers):
+    def __init__(
+        self,
+        table: Mapping[tuple[str, str], tuple[Branch, ...]],
+        states: Iterable[str],
+        triggers: Iterable[str],
+    ) -> None:
         self.table = dict(table)
         self.states = tuple(states)
         self.triggers = tuple(triggers)
@@ -803,7 +815,7 @@ class CompiledChart:
         return PRECONDITIONS.get(trigger, ())
 
 
-class _AskByName(dict):
+class _AskByName(dict[str, Callable[[Callable[[str], bool], None], bool]]):
     """``resolve``'s guards as functions of the guard callable (and of no step):
     ``self[name](guard, None) == guard(name)``."""
 
@@ -820,7 +832,7 @@ def refusal(state: str, trigger: str) -> IllegalTransition:
     return REFUSALS.get((state, trigger), IllegalTransition)(state, trigger)
 
 
-def first_failing_check(branches, guard: Callable[[str], bool]) -> str | None:
+def first_failing_check(branches: Iterable[Branch], guard: Callable[[str], bool]) -> str | None:
     """The checking guard that names the refusal when none of ``branches`` holds, or None."""
     for branch in branches:
         for name, want in branch.guards:

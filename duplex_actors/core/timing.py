@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -54,7 +55,7 @@ class ResponseMetrics:
     engine_ttft_ms: float | None = None
     engine_tpot_ms: float | None = None
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         # Spelled out: attrs.asdict walks the fields generically, many times slower (a first
         # delta and every response.done carry metrics). The test in
         # tests/core/test_timing_ledger.py keeps this in step with the fields.

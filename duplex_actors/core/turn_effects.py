@@ -22,6 +22,8 @@ from .conversation import Item
 from .engine_io import (
     Decision,
     EngineOutput,
+    FunctionResult,
+    FunctionTool,
     ModelTurnRequest,
     TurnKind,
 )
@@ -108,7 +110,7 @@ class TurnEffects(SessionParts):
     def _fx_submit_model_turn(self, step: Step) -> None:
         cmd = step.command
         asked = cmd if isinstance(cmd, CreateResponse) else None
-        results: tuple = ()
+        results: tuple[FunctionResult, ...] = ()
         words = self._response_words(asked)
         # Read before the pending words are taken: what the conversation held before them.
         history = self._history() if self.sends_history and (asked is None or asked.input is None) else ()
@@ -179,7 +181,7 @@ class TurnEffects(SessionParts):
         return " ".join([text for texts in self._pending_text.values() for text in texts])
 
     @staticmethod
-    def _own_settings(asked: CreateResponse | None) -> tuple[str | None, tuple | None]:
+    def _own_settings(asked: CreateResponse | None) -> tuple[str | None, tuple[FunctionTool, ...] | None]:
         """The instructions and tools a response.create set for its response alone."""
         return (None, None) if asked is None else (asked.instructions, asked.tools)
 

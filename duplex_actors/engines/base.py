@@ -76,7 +76,7 @@ class EngineBackend(Protocol):
         instead of starting a task for ``abort``, one event-loop iteration sooner."""
 
 
-def sync_abort(backend) -> Callable[[str], None] | None:
+def sync_abort(backend: EngineBackend) -> Callable[[str], None] | None:
     """The backend's ``abort_nowait``, if the class that defines its ``abort`` defines it too:
     a subclass that overrides ``abort`` alone (to count or fail aborts) must still be called
     through it. Wrappers delegate with this, so the rule holds through them as well."""
@@ -88,7 +88,7 @@ def sync_abort(backend) -> Callable[[str], None] | None:
     return getattr(backend, "abort_nowait", None)
 
 
-def delegated_sync_abort(inner) -> Callable[[str], None]:
+def delegated_sync_abort(inner: EngineBackend) -> Callable[[str], None]:
     """For a wrapper's ``abort_nowait`` property: the inner backend's, or AttributeError."""
     nowait = sync_abort(inner)
     if nowait is None:

@@ -42,6 +42,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 import structlog
 
@@ -56,15 +57,16 @@ _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 << 20
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> tuple:
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...]:
     header = await reader.readexactly(_HEADER.size)
     (size,) = _HEADER.unpack(header)
     if size > MAX_FRAME_BYTES:
         raise EngineFailed(f"engine channel frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
-    return pickle.loads(await reader.readexactly(size))
+    message: tuple[Any, ...] = pickle.loads(await reader.readexactly(size))
+    return message
 
 
-def _frame(message: tuple) -> bytes:
+def _frame(message: tuple[Any, ...]) -> bytes:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
 
@@ -78,7 +80,7 @@ class _HostConnection:
     def __init__(self, host: EngineHostServer, writer: asyncio.StreamWriter) -> None:
         self.host = host
         self.writer = writer
-        self.pumps: dict[str, asyncio.Task] = {}
+        self.pumps: dict[str, asyncio.Task[None]] = {}
         self.batch: list[tuple[str, EngineOutput]] = []
         self.flush_scheduled = False
 
@@ -129,7 +131,7 @@ class _HostConnection:
                     ),
                 )
 
-    def forget(self, request_id: str, task: asyncio.Task) -> None:
+    def forget(self, request_id: str, task: asyncio.Task[None]) -> None:
         if self.pumps.get(request_id) is task:
             del self.pumps[request_id]
 
@@ -159,7 +161,7 @@ class EngineHostServer:
         #: workers means the backend saw both workers' sessions at once (and could batch them).
         self.max_runtimes_in_flight = 0
         self._server: asyncio.AbstractServer | None = None
-        self._serving: set[asyncio.Task] = set()
+        self._serving: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> EngineHostServer:
         await self.backend.start()
@@ -168,7 +170,7 @@ class EngineHostServer:
         log.info("engine_host.listening", path=self.path, backend=self.backend.name, pid=os.getpid())
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(OSError):
@@ -191,7 +193,7 @@ class EngineHostServer:
     def stream_ended(self) -> None:
         self.in_flight -= 1
 
-    def statistics(self) -> dict:
+    def statistics(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
             "connections": len(self.connections),
@@ -292,9 +294,9 @@ class EngineProcessClient:
         self.name = "engine-process"
         self.capabilities = EngineCapabilities()
         self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
+        self._reader_task: asyncio.Task[None] | None = None
         self._streams: dict[str, _Stream] = {}
-        self._stats_waiters: dict[int, asyncio.Future] = {}
+        self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._stats_token = 0
         self._connect_lock: asyncio.Lock | None = None
         self.disconnects = 0
@@ -380,7 +382,7 @@ class EngineProcessClient:
             stream.outputs.append(EngineFailure(rid, reason, retryable=True, produced_at=time.perf_counter()))
             stream.wake.set()
 
-    def _send(self, writer: asyncio.StreamWriter, message: tuple) -> None:
+    def _send(self, writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
         """Queue a frame for ``writer``; the pass's frames go out together at its end."""
         if not self._outbox:
             asyncio.get_running_loop().call_soon(self._flush)
@@ -428,12 +430,13 @@ class EngineProcessClient:
         # The host answers with Aborted on the request's stream, which ends it normally.
         self._send_abort(request_id)
 
-    async def remote_statistics(self, timeout_s: float = 5.0) -> dict:
+    async def remote_statistics(self, timeout_s: float = 5.0) -> dict[str, Any]:
         """The engine host's counters (connections, streams, the most requests in flight at
         once across every connected runtime)."""
         writer = await self._ensure_connected()
         self._stats_token += 1
         token = self._stats_token
+        waiter: asyncio.Future[dict[str, Any]]
         waiter = self._stats_waiters[token] = asyncio.get_running_loop().create_future()
         self._send(writer, ("stats", token))
         async with asyncio.timeout(timeout_s):

@@ -30,7 +30,7 @@ from ..core.fair_share import FairShare
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[..., Any], tuple, "asyncio.Future[Any]"]
+_Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
 
 
 class FairPool:
@@ -116,7 +116,7 @@ class FairPool:
             self._busy += 1
             done.add_done_callback(functools.partial(self._finished_threadsafe, future=future))
 
-    def _finished_threadsafe(self, done: concurrent.futures.Future, future: asyncio.Future) -> None:
+    def _finished_threadsafe(self, done: concurrent.futures.Future[Any], future: asyncio.Future[Any]) -> None:
         loop = self._loop
         assert loop is not None
         try:
@@ -124,7 +124,7 @@ class FairPool:
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
-    def _finished(self, done: concurrent.futures.Future, future: asyncio.Future) -> None:
+    def _finished(self, done: concurrent.futures.Future[Any], future: asyncio.Future[Any]) -> None:
         self._busy -= 1
         if done.cancelled():  # shut down before it started
             future.cancel()

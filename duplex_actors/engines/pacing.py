@@ -12,7 +12,7 @@ while its audio is still to be played, so barge-in and cancel can stop it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import anyio
 
@@ -39,7 +39,7 @@ class PacedEngine:
         await self.backend.abort(request_id)
 
     @property
-    def abort_nowait(self):
+    def abort_nowait(self) -> Callable[[str], None]:
         return delegated_sync_abort(self.backend)
 
     async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:

@@ -105,7 +105,7 @@ class EngineHost:
         (a burst of audio packets, a fast scripted engine) shares one Ray item among many
         outputs instead of paying a cross-process report for each.
         """
-        ready: asyncio.Queue = asyncio.Queue()
+        ready: asyncio.Queue[Any] = asyncio.Queue()  # outputs, then a _Raised or _END
 
         async def feed() -> None:
             # aclosing: when this task is cancelled, the hosted stream is closed here, so the

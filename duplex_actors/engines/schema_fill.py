@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 #: Strings in a format a validator (or the client) may check, whatever the words.
@@ -201,17 +201,17 @@ class _PatternClock:
         # event loop, when this runs off it) go on meanwhile.
         return self._regex.search(pattern, text, timeout=left, concurrent=True) is not None
 
-    def keywords(self, jsonschema: Any) -> dict:
+    def keywords(self, jsonschema: Any) -> dict[str, Callable[[Any, Any, Any, Any], Iterator[Any]]]:
         """``pattern``, ``patternProperties`` and ``additionalProperties`` as jsonschema's own
         rules have them, searching with :meth:`search`."""
         ValidationError = jsonschema.exceptions.ValidationError
         search = self.search
 
-        def pattern(validator, wanted, instance, schema):
+        def pattern(validator: Any, wanted: Any, instance: Any, schema: Any) -> Iterator[Any]:
             if validator.is_type(instance, "string") and not search(wanted, instance):
                 yield ValidationError(f"{instance!r} does not match {wanted!r}")
 
-        def pattern_properties(validator, by_pattern, instance, schema):
+        def pattern_properties(validator: Any, by_pattern: Any, instance: Any, schema: Any) -> Iterator[Any]:
             if not validator.is_type(instance, "object"):
                 return
             for wanted, subschema in by_pattern.items():
@@ -219,7 +219,7 @@ class _PatternClock:
                     if search(wanted, key):
                         yield from validator.descend(item, subschema, path=key, schema_path=wanted)
 
-        def additional_properties(validator, allowed, instance, schema):
+        def additional_properties(validator: Any, allowed: Any, instance: Any, schema: Any) -> Iterator[Any]:
             if not validator.is_type(instance, "object"):
                 return
             extras = sorted(_additional(instance, schema, search), key=str)
@@ -236,7 +236,7 @@ class _PatternClock:
         }
 
 
-def _additional(instance: dict, schema: dict, search: Any) -> Iterator[str]:
+def _additional(instance: dict[str, Any], schema: dict[str, Any], search: Any) -> Iterator[str]:
     """The keys of ``instance`` neither ``properties`` nor ``patternProperties`` names."""
     named = schema.get("properties", {})
     patterns = list(schema.get("patternProperties", {}))
@@ -270,7 +270,7 @@ def _kind(schema: Any) -> str:
     return "string"
 
 
-def _merge(a: dict, b: dict) -> dict:
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     out = {**a, **b}
     if isinstance(a.get("properties"), dict) and isinstance(b.get("properties"), dict):
         out["properties"] = {**a["properties"], **b["properties"]}
@@ -279,7 +279,7 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def _object(schema: dict, source: TokenSource, depth: int) -> dict:
+def _object(schema: dict[str, Any], source: TokenSource, depth: int) -> dict[str, Any]:
     props = schema.get("properties")
     if not isinstance(props, dict):
         props = {}
@@ -298,7 +298,7 @@ def _object(schema: dict, source: TokenSource, depth: int) -> dict:
     return {n: fill_schema(props.get(n, {}), source, depth + 1) for n in names}
 
 
-def _array(schema: dict, source: TokenSource, depth: int) -> list:
+def _array(schema: dict[str, Any], source: TokenSource, depth: int) -> list[Any]:
     items = schema.get("items", {})
     prefix = schema.get("prefixItems")
     if isinstance(items, list):  # draft 4-7 tuple form
@@ -313,7 +313,7 @@ def _array(schema: dict, source: TokenSource, depth: int) -> list:
     if depth >= _MAX_DEPTH:
         source.spend(low)
         return [_smallest(prefix[i] if i < len(prefix) else items) for i in range(low)]
-    out: list = []
+    out: list[Any] = []
     tries = 0
     while len(out) < count and tries < count * 8:
         tries += 1
@@ -331,7 +331,7 @@ def _array(schema: dict, source: TokenSource, depth: int) -> list:
     return out
 
 
-def _number(schema: dict, source: TokenSource, *, integer: bool) -> int | float:
+def _number(schema: dict[str, Any], source: TokenSource, *, integer: bool) -> int | float:
     low = _bound(schema, "minimum", "exclusiveMinimum", up=True, integer=integer)
     high = _bound(schema, "maximum", "exclusiveMaximum", up=False, integer=integer)
     pick = source.number()
@@ -355,7 +355,9 @@ def _number(schema: dict, source: TokenSource, *, integer: bool) -> int | float:
     return int(value) if integer else value
 
 
-def _bound(schema: dict, inclusive: str, exclusive: str, *, up: bool, integer: bool) -> float | None:
+def _bound(
+    schema: dict[str, Any], inclusive: str, exclusive: str, *, up: bool, integer: bool
+) -> float | None:
     """The inclusive bound a value may take (an integer one where it can be)."""
     value = schema.get(inclusive)
     ex = schema.get(exclusive)
@@ -372,7 +374,7 @@ def _bound(schema: dict, inclusive: str, exclusive: str, *, up: bool, integer: b
     return max(candidates) if up else min(candidates)
 
 
-def _string(schema: dict, source: TokenSource) -> str:
+def _string(schema: dict[str, Any], source: TokenSource) -> str:
     fmt = schema.get("format")
     if isinstance(fmt, str) and fmt in _FORMATS:
         return _FORMATS[fmt]
@@ -391,7 +393,7 @@ def _string(schema: dict, source: TokenSource) -> str:
     return text
 
 
-def _count(schema: dict, key: str) -> int:
+def _count(schema: dict[str, Any], key: str) -> int:
     """A count keyword (``minItems``, ``minLength``, ``minProperties``) as the filler reads it:
     a number, else 0 (the validator then says what is wrong with the schema)."""
     value = schema.get(key)

@@ -17,7 +17,7 @@ import json
 import math
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Union
+from typing import Any, Union
 
 import anyio
 import attrs
@@ -110,7 +110,7 @@ def example_arguments(parameters: str) -> str:
         if not isinstance(name, str):
             continue  # the client's schema, not JSON Schema: a required name is a string
         found = props.get(name)
-        prop: dict = found if isinstance(found, dict) else {}
+        prop: dict[str, Any] = found if isinstance(found, dict) else {}
         enum = prop.get("enum")
         if isinstance(enum, list) and enum:
             args[name] = enum[0]

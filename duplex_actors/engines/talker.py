@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Hashable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable
+from typing import Any
 
 import attrs
 import structlog
@@ -85,7 +86,8 @@ class PhraseSplitter:
 class Talker:
     """Phrase -> pcm16 packets, with Piper. Load once, share across sessions."""
 
-    def __init__(self, tts=None, config: TalkerConfig = TalkerConfig()) -> None:
+    # ``tts``: any voice with PiperTTS's synthesize_pcm16 (duck-typed; see synthesize_packets).
+    def __init__(self, tts: Any = None, config: TalkerConfig = TalkerConfig()) -> None:
         self.config = config
         self._tts = tts
         self._pool = FairPool(config.workers, thread_name_prefix="talker")
@@ -169,7 +171,7 @@ class SpeakingEngine:
         await self.thinker.abort(request_id)
 
     @property
-    def abort_nowait(self):
+    def abort_nowait(self) -> Callable[[str], None]:
         return delegated_sync_abort(self.thinker)
 
     async def generate(self, request: ModelTurnRequest) -> AsyncGenerator[EngineOutput, None]:

@@ -22,8 +22,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -149,7 +153,7 @@ def _training_corpus(repeats: int = 40, pseudo_words: int = 6000) -> list[str]:
     return lines
 
 
-def train_tokenizer(vocab_size: int = 2048):
+def train_tokenizer(vocab_size: int = 2048) -> Tokenizer:
     """Train a byte-level BPE tokenizer on the built-in text; returns a ``tokenizers.Tokenizer``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

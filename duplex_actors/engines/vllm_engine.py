@@ -34,7 +34,7 @@ import os
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
@@ -60,6 +60,9 @@ from ..errors import EngineFailed
 from ..orphan_guard import OrphanGuard
 from .base import EngineCapabilities
 from .prompt_window import fit_prompt, prompt_budget
+
+if TYPE_CHECKING:
+    from .talker import SpeakingEngine
 
 log = structlog.get_logger(__name__)
 
@@ -371,7 +374,7 @@ class VllmEngine:
         procs = getattr(manager, "processes", ())
         return tuple(p.pid for p in procs if p.pid is not None)
 
-    def sampling_params(self, overrides: SamplingOverrides, json_schema: dict | None = None) -> Any:
+    def sampling_params(self, overrides: SamplingOverrides, json_schema: dict[str, Any] | None = None) -> Any:
         """Engine defaults, then the session's overrides (``None`` keeps the default).
         ``json_schema``: the output must be a JSON value valid for it (vLLM's structured
         outputs: the decode is constrained token by token)."""
@@ -430,7 +433,8 @@ class VllmEngine:
             encode = tokenizer.encode
 
             def decode(ids: Sequence[int]) -> str:
-                return tokenizer.decode(ids, skip_special_tokens=True)
+                text: str = tokenizer.decode(ids, skip_special_tokens=True)
+                return text
 
         fitted = await asyncio.to_thread(fit_prompt, request, self._prompt_builder, encode, decode, budget)
         if fitted.dropped_chars or fitted.dropped_items:
@@ -456,7 +460,7 @@ class VllmEngine:
         llm = self._llm
         try:
             backend = copy.deepcopy(llm.get_tokenizer().backend_tokenizer)
-            encode = lambda text: backend.encode(text).ids  # noqa: E731
+            encode: Callable[[str], list[int]] = lambda text: backend.encode(text).ids  # noqa: E731
             probes = [
                 "Hello there.\nUser audio: 1.25 s, fingerprint 3fa2c1d0.\nAssistant:",
                 describe_turn(ModelTurnRequest("p/e0/t0", Fence("p", 0, 0), TurnKind.RESPONSE, b"")),
@@ -500,7 +504,7 @@ class VllmEngine:
             )
             return
         tool = forced_tool(request)
-        schema: dict | None = None
+        schema: dict[str, Any] | None = None
         if tool is not None:
             # A forced call (tool_choice "required" or a function's name): the model writes
             # the arguments under the tool's JSON schema, so they are valid for it.
@@ -627,7 +631,13 @@ class VllmEngine:
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0) -> None:
+            def record(
+                self,
+                scheduler_stats: Any,
+                iteration_stats: Any,
+                mm_cache_stats: Any = None,
+                engine_idx: int = 0,
+            ) -> None:
                 if scheduler_stats is not None:
                     engine._load = SchedulerLoad(
                         running=scheduler_stats.num_running_reqs,
@@ -738,7 +748,9 @@ def _import_vllm() -> _VllmNames:
     return _NAMES
 
 
-def make_vllm_engine(model_path: str | os.PathLike[str], speak: bool = True, **engine_args: Any):
+def make_vllm_engine(
+    model_path: str | os.PathLike[str], speak: bool = True, **engine_args: Any
+) -> VllmEngine | SpeakingEngine:
     """A vLLM thinker, wrapped with the embedded talker when ``speak`` and the talker exists.
 
     Returns the text-only :class:`VllmEngine` when ``speak`` is false or the talker module (or

@@ -294,8 +294,8 @@ class SessionReplica:
         from ..server.app import RealtimeServer, ServerConfig
 
         try:
-            # ray's helper is unannotated (only --strict flags the call, hence unused-ignore too)
-            host = self.host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call, unused-ignore]
+            # ray's helper is unannotated
+            host = self.host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
             backend = ServeEngine(self.engine_handle)
             config = ServerConfig(host=host, port=self.port, api_key=self.api_key)
             # As single-process serve: input transcription when the replica has the extra.

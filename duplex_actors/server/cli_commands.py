@@ -80,8 +80,7 @@ def build_engine(
         from ..engines.vllm_engine import make_vllm_engine
     except ImportError as exc:
         raise typer.BadParameter(f"the vllm engine is not available: {exc}") from None
-    engine_backend: EngineBackend = make_vllm_engine(model)  # its return type is not annotated
-    return engine_backend
+    return make_vllm_engine(model)
 
 
 def _worker_share(budget_mb: int, workers: int) -> int | None:

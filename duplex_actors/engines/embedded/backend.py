@@ -8,15 +8,17 @@ packets; others get text only. Model-native mode (TurnKind.UNIT) is always avail
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import attrs
 
 from ...core.engine_io import EngineOutput, ModelTurnRequest
 from ..base import EngineCapabilities, delegated_sync_abort
 from ..talker import SpeakingEngine, Talker, TalkerConfig
+from .adapter import ModelAdapter
 from .model import ThinkerConfig, resolve_device
 from .sampling import SamplingParams
+from .scheduler import BatchScheduler
 from .thinker_backend import EmbeddedThinker
 from .vocab import default_vocabulary
 
@@ -32,12 +34,12 @@ class EmbeddedEngine:
         )
 
     @property
-    def scheduler(self):
+    def scheduler(self) -> BatchScheduler | None:
         """The thinker's batch scheduler (stats, observers); None before start()."""
         return self.thinker.scheduler
 
     @property
-    def adapter(self):
+    def adapter(self) -> ModelAdapter:
         return self.thinker.adapter
 
     async def start(self) -> None:
@@ -53,7 +55,7 @@ class EmbeddedEngine:
         await self._front.abort(request_id)
 
     @property
-    def abort_nowait(self):
+    def abort_nowait(self) -> Callable[[str], None]:
         return delegated_sync_abort(self._front)
 
 

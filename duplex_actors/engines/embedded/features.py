@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
@@ -133,7 +133,14 @@ def log_mel_tokens_of_pcm(
     return _batched(fitted, n_tokens, n_mels, frames_per_token, device, scale=1.0 / 32768.0)
 
 
-def _batched(fitted, n_tokens, n_mels, frames_per_token, device, scale=None) -> list[torch.Tensor]:
+def _batched(
+    fitted: Callable[[list[int], int], torch.Tensor],
+    n_tokens: Sequence[int],
+    n_mels: int,
+    frames_per_token: int,
+    device: torch.device | str | None,
+    scale: float | None = None,
+) -> list[torch.Tensor]:
     """The tokens of each piece, grouped by token count: ``fitted(where, n)`` gives the
     pieces ``where`` as one (k, samples) batch; ``scale`` (for integer samples) makes them
     floats where the transform runs."""

@@ -32,6 +32,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -110,12 +111,12 @@ class ThinkerConfig:
     cuda_graphs: bool = False
 
     @device.validator
-    def _known_device(self, attribute, value: str) -> None:
+    def _known_device(self, attribute: attrs.Attribute[str], value: str) -> None:
         if value != "cpu" and not (value == "cuda" or value.startswith("cuda:")):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
 
     @n_kv_heads.validator
-    def _kv_heads_divide_heads(self, attribute, value: int) -> None:
+    def _kv_heads_divide_heads(self, attribute: attrs.Attribute[int], value: int) -> None:
         if value < 1 or self.n_heads % value:
             raise ValueError(f"n_kv_heads={value} must divide n_heads={self.n_heads}")
 
@@ -185,7 +186,7 @@ class _Dense(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _pack_int8(weight_t: torch.Tensor, bias: torch.Tensor | None):
+def _pack_int8(weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:
     """Quantise an (in, out) float32 weight to int8, symmetric per output channel, and pack it
     for ``quantized.linear_dynamic`` (which quantises each call's activations per tensor,
     multiplies in int8 with int32 sums, and returns float32)."""
@@ -198,7 +199,8 @@ def _pack_int8(weight_t: torch.Tensor, bias: torch.Tensor | None):
         quantized = torch.quantize_per_channel(
             weight, scales, torch.zeros(weight.shape[0], dtype=torch.long), 0, torch.qint8
         )
-    return torch.ops.quantized.linear_prepack(quantized, bias)
+    packed: torch.ScriptObject = torch.ops.quantized.linear_prepack(quantized, bias)
+    return packed
 
 
 class _Block(nn.Module):
@@ -228,7 +230,8 @@ class _BlockParts:
         self.fc1, self.fc2 = block.fc1, block.fc2
 
 
-def _norm_args(norm: nn.LayerNorm) -> tuple:
+def _norm_args(norm: nn.LayerNorm) -> tuple[Any, torch.Tensor, torch.Tensor, float]:
+    # The shape is a tuple, which F.layer_norm takes though its annotation says list[int].
     return (tuple(norm.normalized_shape), norm.weight, norm.bias, norm.eps)
 
 
@@ -376,7 +379,11 @@ class Thinker(nn.Module):
         return self.head.forward(F.layer_norm(x, *self._final_norm)) * LOGIT_SCALE + self.out_bias
 
     def _prompt_embeddings(
-        self, prefix_ids, audio_features: torch.Tensor, suffix_ids, projected: torch.Tensor | None = None
+        self,
+        prefix_ids: Sequence[int],
+        audio_features: torch.Tensor,
+        suffix_ids: Sequence[int],
+        projected: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Input vectors of every prompt position except the last token, (length, d_model).
         ``projected``: ``audio_proj`` of the features, computed already (:meth:`embed_prompts`)."""
@@ -414,13 +421,19 @@ class Thinker(nn.Module):
         that token occupies."""
         return self.prefill_many(slot, [self._prompt_embeddings(prefix_ids, audio_features, suffix_ids)])[0]
 
-    def embed_prompt(self, prefix_ids, audio_features: torch.Tensor, suffix_ids) -> torch.Tensor:
+    def embed_prompt(
+        self, prefix_ids: Sequence[int], audio_features: torch.Tensor, suffix_ids: Sequence[int]
+    ) -> torch.Tensor:
         """Validate one prompt and compute its input vectors (for :meth:`prefill_many`).
         Raises ValueError for a prompt that cannot run (empty suffix, too long)."""
         with torch.inference_mode():
             return self._prompt_embeddings(prefix_ids, audio_features, suffix_ids)
 
-    def embed_prompts(self, prompts: Sequence[tuple[Sequence[int], torch.Tensor, Sequence[int]]]) -> list:
+    # Each element is a Tensor or a ValueError; list[Any] lets a caller whose prompts are all
+    # valid (a bench) hand the list to prefill_many as it is.
+    def embed_prompts(
+        self, prompts: Sequence[tuple[Sequence[int], torch.Tensor, Sequence[int]]]
+    ) -> list[Any]:
         """:meth:`embed_prompt` of several (prefix_ids, audio_features, suffix_ids), in order.
         Their token ids cross to the device in one copy and are looked up in one gather, and
         their audio features in one copy and one projection: one of each per prompt cost a
@@ -512,7 +525,7 @@ class Thinker(nn.Module):
         slots = slice(first_slot, first_slot + count)
         for layer, parts in enumerate(self._parts):
             qkv = self._dense(parts.qkv, F.layer_norm(x, *parts.norm1).view(rows, cfg.d_model), rows)
-            q, k, v = qkv.view(count, longest, H + 2 * K, D).transpose(1, 2).split((H, K, K), dim=1)
+            q, k, v = qkv.view(count, longest, H + 2 * K, D).transpose(1, 2).split((H, K, K), dim=1)  # type: ignore[no-untyped-call]  # torch: untyped
             self.k_cache[layer, slots, :, :longest] = k  # (cast to the cache's dtype)
             self.v_cache[layer, slots, :, :longest] = v
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=K != H)
@@ -566,7 +579,7 @@ class Thinker(nn.Module):
         x = self.tok_emb[tokens] + self.pos_emb[positions]
         for layer, parts in enumerate(self._parts):
             qkv = self._dense(parts.qkv, F.layer_norm(x, *parts.norm1), n)
-            q, k, v = qkv.view(n, H + 2 * K, D).split((H, K, K), dim=1)
+            q, k, v = qkv.view(n, H + 2 * K, D).split((H, K, K), dim=1)  # type: ignore[no-untyped-call]  # torch: untyped
             self.k_cache[layer, rows, :, positions] = k.to(kv_dtype)
             self.v_cache[layer, rows, :, positions] = v.to(kv_dtype)
             # Slots 0 .. n-1 over the whole axis: one contiguous block, so plain batched matmuls,
@@ -658,7 +671,7 @@ class _DecodeGraphs:
         width = cfg.max_len
         pool = None
         with torch.inference_mode():
-            stream = torch.cuda.Stream(device)
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # torch: untyped __new__
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for bucket in self.buckets:  # warm-up: lazy inits happen outside capture

@@ -9,12 +9,13 @@ different knobs, with one tensor pass instead of a Python loop per row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
 
 
-def _non_negative(_inst, attribute, value) -> None:
+def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and value < 0:
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
@@ -35,7 +36,7 @@ class SamplingParams:
     seed: int | None = None
 
     @top_p.validator
-    def _check_top_p(self, _attribute, value) -> None:
+    def _check_top_p(self, _attribute: attrs.Attribute[float], value: float) -> None:
         if not 0.0 < value <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {value}")
 

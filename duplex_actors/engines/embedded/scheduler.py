@@ -120,6 +120,8 @@ class SequenceEnded:
 SchedulerEvent = Union[TokenRun, SequenceEnded]
 Sink = Callable[[SchedulerEvent], None]
 Dispatch = Callable[[list[tuple[Sink, SchedulerEvent]]], None]
+#: Where a step collects its events for the next dispatch.
+_Outbox = list[tuple[Sink, SchedulerEvent]]
 #: Builds the prompts of the jobs admitted together, in order, an exception in the place of a
 #: job whose prompt cannot be built (the engine shares the audio front end's work across them).
 PromptBuilder = Callable[[Sequence[DecodeJob]], Sequence["Prompt | Exception"]]
@@ -174,6 +176,9 @@ class SchedulerStats:
 
 
 Observer = Callable[[StepRecord | SlotReleased], None]
+#: A step's tokens on their way to the host: the tensor itself, or (on a GPU) a pinned copy and
+#: the event that marks it done.
+_HostCopy = Union[torch.Tensor, tuple[torch.Tensor, torch.cuda.Event]]
 
 # Mask rows indexed by a sequence's phase (see _build_masks).
 _DECIDE, _AFTER_WORD, _AFTER_PUNCT_EARLY, _AFTER_PUNCT = 0, 1, 2, 3
@@ -199,7 +204,13 @@ class _Live:
     )
 
     def __init__(
-        self, job: DecodeJob, prompt: Prompt, sink: Sink, slot: int, position: int, generator
+        self,
+        job: DecodeJob,
+        prompt: Prompt,
+        sink: Sink,
+        slot: int,
+        position: int,
+        generator: torch.Generator | None,
     ) -> None:
         self.job = job
         self.sink = sink
@@ -217,7 +228,7 @@ class _Live:
         self.held_at: list[float] = []
         self.held_from = 0  # the step of held[0]
 
-    def flush(self, outbox: list) -> None:
+    def flush(self, outbox: _Outbox) -> None:
         """Hand what this row holds to ``outbox``, as one :class:`TokenRun`."""
         if self.held:
             outbox.append((self.sink, TokenRun(self.job.request_id, self.held, self.held_from, self.held_at)))
@@ -415,7 +426,7 @@ class BatchScheduler:
         # Jobs already queued will take free slots first; only the rest is really free.
         return max(0, self.max_concurrency - self._live_count - len(self._pending))
 
-    def _notify(self, record) -> None:
+    def _notify(self, record: StepRecord | SlotReleased) -> None:
         for observer in list(self._observers):
             try:
                 observer(record)
@@ -491,7 +502,7 @@ class BatchScheduler:
             else:
                 del self._queued_of[tenant]
 
-    def _release_cancelled(self, cancelled: set[str], outbox) -> None:
+    def _release_cancelled(self, cancelled: set[str], outbox: _Outbox) -> None:
         if not cancelled:
             return
         gone = [live for live in self._live if live.job.request_id in cancelled]
@@ -502,7 +513,7 @@ class BatchScheduler:
             )
         self._release(gone, "aborted")
 
-    def _admit(self, admits, outbox) -> tuple[str, ...]:
+    def _admit(self, admits: list[tuple[DecodeJob, Sink]], outbox: _Outbox) -> tuple[str, ...]:
         # A prompt that cannot run fails alone; the rest are prefilled together in one pass
         # (a burst of joiners costs about what a few single prefills do).
         ready: list[tuple[DecodeJob, Sink, Prompt, torch.Tensor, torch.Generator | None]] = []
@@ -550,13 +561,13 @@ class BatchScheduler:
             self._sampling_rows += self._live[-1].samples
         return tuple(entry[0].request_id for entry in ready)
 
-    def _fail_admission(self, job: DecodeJob, sink: Sink, exc: Exception, outbox) -> None:
+    def _fail_admission(self, job: DecodeJob, sink: Sink, exc: Exception, outbox: _Outbox) -> None:
         log.warning("scheduler.prefill_failed", request_id=job.request_id, error=repr(exc))
         outbox.append(
             (sink, SequenceEnded(job.request_id, "failed", self._steps, time.perf_counter(), repr(exc)))
         )
 
-    def _step(self, admitted: tuple[str, ...], outbox) -> None:
+    def _step(self, admitted: tuple[str, ...], outbox: _Outbox) -> None:
         began = time.perf_counter()
         live = self._live
         tokens = torch.tensor([s.next_input for s in live])
@@ -585,7 +596,7 @@ class BatchScheduler:
             return False
         return not any(s.deciding for s in self._live)
 
-    def _chain(self, logits: torch.Tensor, positions: torch.Tensor, began: float, outbox) -> None:
+    def _chain(self, logits: torch.Tensor, positions: torch.Tensor, began: float, outbox: _Outbox) -> None:
         """Decode steps run ahead: step k+1 is launched on the device from step k's tokens
         (still on the device) before the host reads them, so the device computes while the
         host does step k's bookkeeping, instead of waiting for it. What the host would feed
@@ -655,7 +666,7 @@ class BatchScheduler:
         for record in records:
             self._notify(record)
 
-    def _host_copy(self, tokens: torch.Tensor):
+    def _host_copy(self, tokens: torch.Tensor) -> _HostCopy:
         """Start copying a step's tokens to the host; :meth:`_host_values` waits for them. On
         a GPU, into pinned memory with an event, so that waiting for this copy does not also
         wait for a step launched after it."""
@@ -665,12 +676,12 @@ class BatchScheduler:
             self._pinned = torch.empty(self._model.cfg.max_slots, dtype=tokens.dtype, pin_memory=True)
         buffer = self._pinned[: tokens.shape[0]]
         buffer.copy_(tokens, non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch: untyped __new__
         done.record()
         return buffer, done
 
     @staticmethod
-    def _host_values(copy) -> list[int]:
+    def _host_values(copy: _HostCopy) -> list[int]:
         if isinstance(copy, tuple):
             buffer, done = copy
             done.synchronize()
@@ -681,10 +692,10 @@ class BatchScheduler:
         self,
         live: list[_Live],
         picks: Sequence[int | None],
-        sampling_errors: dict,
+        sampling_errors: dict[str, Exception],
         admitted: tuple[str, ...],
         began: float,
-        outbox,
+        outbox: _Outbox,
     ) -> tuple[list[_Live], list[str], StepRecord | None]:
         """One step's tokens (``picks[i]`` for ``live[i]``, None where sampling failed) into
         events and row state; the rows that ended and why, and the step's record (if anyone
@@ -754,7 +765,9 @@ class BatchScheduler:
         )
         return finished, reasons, record
 
-    def _sample(self, logits: torch.Tensor, live: list[_Live]) -> tuple[list[int | None], dict]:
+    def _sample(
+        self, logits: torch.Tensor, live: list[_Live]
+    ) -> tuple[list[int | None], dict[str, Exception]]:
         """One token per live sequence. Should the batched sampler fail (one request's knobs it
         cannot take), each row is sampled alone and only the rows that still fail end
         ``failed``: one request's parameters never fail its batch neighbours."""
@@ -797,7 +810,7 @@ class BatchScheduler:
             self._sampling_rows -= seq.samples
             self._notify(SlotReleased(seq.job.request_id, why[id(seq)], self._steps))
 
-    def _fail_all(self, message: str, outbox) -> None:
+    def _fail_all(self, message: str, outbox: _Outbox) -> None:
         now = time.perf_counter()
         for seq in self._live:
             seq.flush(outbox)

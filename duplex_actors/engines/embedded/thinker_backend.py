@@ -54,14 +54,14 @@ from .scheduler import (
     TokenRun,
     build_each,
 )
-from .vocab import default_vocabulary
+from .vocab import Vocabulary, default_vocabulary
 
 log = structlog.get_logger("duplex_actors.engines.embedded")
 
 _TURN_DONE_REASON = {"eos": "completed", "length": "length", "listen": "listen"}
 
 
-def output_prior(vocab) -> torch.Tensor:
+def output_prior(vocab: Vocabulary) -> torch.Tensor:
     """Log-prior of the output bias: Zipf over word rank, a stop or comma every ~7 words, the
     end token at about one sentence end in four. It only shapes *rates*; which word comes out
     is the random network's doing."""
@@ -429,7 +429,7 @@ class _Inbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.events: collections.deque[SchedulerEvent] = collections.deque()
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._loop = loop
 
     def put(self, event: SchedulerEvent) -> None:
@@ -440,7 +440,7 @@ class _Inbox:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def wait(self) -> asyncio.Future:
+    def wait(self) -> asyncio.Future[None]:
         """A future the next :meth:`put` completes; await it only while ``events`` is empty.
 
         A future rather than a coroutine: awaiting it directly saves a coroutine object and

@@ -472,7 +472,7 @@ class Vocabulary:
     """Id <-> token mapping plus the ids the scheduler and adapter need by name."""
 
     tokens: tuple[str, ...]
-    index: dict = attrs.field(init=False, eq=False, repr=False)
+    index: dict[str, int] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "index", {t: i for i, t in enumerate(self.tokens)})
