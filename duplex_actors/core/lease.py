@@ -111,7 +111,9 @@ class Lease:
         self.last_resume = None
 
     def token_matches(self, token: str) -> bool:
-        return secrets.compare_digest(token, self.token)
+        # As bytes: compare_digest refuses a str with a character past ASCII (TypeError), and
+        # a client's token may hold any (ours are URL-safe base64, so such a token never matches).
+        return secrets.compare_digest(token.encode("utf-8", "surrogatepass"), self.token.encode("ascii"))
 
     # --- the ledger ---------------------------------------------------------------------------
 
