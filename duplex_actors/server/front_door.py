@@ -20,11 +20,12 @@ from urllib.parse import urlsplit
 
 import attrs
 import structlog
+from websockets.datastructures import Headers
 
 from . import raw_http
 from .client_address import peername_ip
 from .front_ledger import FrontLedger
-from .guard import PendingHandshakes, client_subject, count_refusal
+from .guard import PendingHandshakes, accepted_key, client_subject, count_refusal, key_digest
 from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
 from .worker_liveness import PING_INTERVAL_S, Liveness, time_away
@@ -121,22 +122,28 @@ class _Worker:
 
 @attrs.frozen(slots=True)
 class SessionQuota:
-    """The sessions one client address may open through the front, over every worker together.
+    """The sessions one client address, and one API key, may open through the front, over
+    every worker together.
 
     Each worker counts a client's sessions as a single-process server does, so with N workers,
     new sessions going round-robin, a client held N times its quota. The front counts each
     client's connections for a new session (a websocket request to ``path`` naming no session
     to resume) from hand-off until their worker releases them, and answers 429 past ``limit``:
-    a client's live sessions are bounded server-wide. Detached ones, waiting for a resume
-    without a connection, are still counted by their worker alone. Not under TLS, whose
-    request line the front cannot read.
+    a client's live sessions are bounded server-wide. With ``per_key``, the same for each of
+    ``keys`` (the key a request presents, read from its head as a worker reads it). Detached
+    sessions, waiting for a resume without a connection, are still counted by their worker
+    alone. Not under TLS, whose request the front cannot read.
     """
 
-    limit: int
+    #: Sessions per client address (None: counted by the workers alone).
+    limit: int | None
     path: str
     #: Addresses not counted here: trusted proxies (their workers count the clients they
     #: forward), and the exempt networks when the limit is the default one, as a worker does.
     exempt: Callable[[str], bool]
+    #: Sessions per API key (``--max-sessions-per-key``), and the keys the server accepts.
+    per_key: int | None = None
+    keys: tuple[str, ...] = ()
 
 
 class FrontDoor:
@@ -266,18 +273,16 @@ class FrontDoor:
                 if found is None:
                     return
                 line = found
-                client = self._new_session_client(conn, line)
-                quota = self.session_quota
-                if (
-                    client is not None
-                    and quota is not None
-                    and not await self._quota_allows(client, quota.limit)
-                ):
-                    self.quota_refused += 1
-                    text = f"this address already holds {quota.limit} sessions; close one or retry later"
-                    count_refusal("front_address_sessions", client, text)
-                    conn.send(raw_http.refusal(429, "Too Many Requests", text, retry_after=5))
-                    return
+                counts = await self._new_session_counts(loop, conn, line)
+                for subject, limit, what in counts:
+                    if not await self._quota_allows(subject, limit):
+                        self.quota_refused += 1
+                        text = f"this {what} already holds {limit} sessions; close one or retry later"
+                        count_refusal(f"front_{what.replace(' ', '_')}_sessions", subject, text)
+                        conn.send(raw_http.refusal(429, "Too Many Requests", text, retry_after=5))
+                        return
+                held = await self._hand_over(conn, line, tuple(subject for subject, _, _ in counts))
+                return
             held = await self._hand_over(conn, line)
         except (TimeoutError, OSError, ValueError) as exc:
             log.info("front.connection_dropped", error=repr(exc))
@@ -287,15 +292,20 @@ class FrontDoor:
             if not held:
                 conn.close()
 
-    async def _hand_over(self, conn: socket.socket, line: bytes) -> bool:
-        """Pass ``conn`` to the worker chosen for ``line`` (the next, if one turns out gone);
-        False, with a 503 written, when no worker lives."""
+    async def _hand_over(
+        self, conn: socket.socket, line: bytes, clients: tuple[str, ...] | None = None
+    ) -> bool:
+        """Pass ``conn`` to the worker chosen for ``line`` (the next, if one turns out gone),
+        counted for ``clients`` (None: its address's subject, if the quota counts it); False,
+        with a 503 written, when no worker lives."""
         loop = asyncio.get_running_loop()
         worker = self.choose(line)
         resuming = session_id_in(line)
-        client = self._new_session_client(conn, line)
+        if clients is None:
+            client = self._new_session_client(conn, line)
+            clients = () if client is None else (client,)
         while worker is not None and worker.handoff is not None:
-            handed = self.ledger.handed(worker.index, resuming, client)
+            handed = self.ledger.handed(worker.index, resuming, *clients)
             self._held[handed] = conn
             if line:
                 self._lines[handed] = line
@@ -350,16 +360,36 @@ class FrontDoor:
             released.set()
 
     def _new_session_client(self, conn: socket.socket, line: bytes) -> str | None:
-        """Whom ``conn`` counts for in the session quota: its client, when its request line
-        asks for a new session and its address is not exempt; None otherwise."""
+        """Whom ``conn`` counts for in the per-address session quota: its client, when its
+        request line asks for a new session and its address is not exempt; None otherwise."""
         quota = self.session_quota
-        if quota is None or not line or session_id_in(line) is not None:
+        if quota is None or quota.limit is None or not _asks_for_a_session(quota, line):
             return None
-        parts = line.split(b" ")
-        if len(parts) < 2 or urlsplit(parts[1].decode("latin-1")).path != quota.path:
-            return None  # /health, /metrics, the console: not a session
         address = peername_ip(conn.getpeername())
         return None if quota.exempt(address) else client_subject(address)
+
+    async def _new_session_counts(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, line: bytes
+    ) -> list[tuple[str, int, str]]:
+        """Each quota ``conn`` counts in, as (subject, limit, what it counts): its address's,
+        and its API key's (read from the request's head, which is peeked for it)."""
+        quota = self.session_quota
+        counts: list[tuple[str, int, str]] = []
+        client = self._new_session_client(conn, line)
+        if client is not None and quota is not None and quota.limit is not None:
+            counts.append((client, quota.limit, "address"))
+        if quota is None or quota.per_key is None or not quota.keys or not _asks_for_a_session(quota, line):
+            return counts
+        async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
+            head = await _peek_until(loop, conn, b"\r\n\r\n", MAX_HEAD)
+        if head is None:
+            raise ValueError("the client closed before the end of its request's head")
+        key = accepted_key(_head_fields(head), quota.keys)
+        if key is not None:  # none: the worker refuses it (401)
+            digest = key_digest(key)
+            assert digest is not None
+            counts.append(("key:" + digest.hex(), quota.per_key, "API key"))
+        return counts
 
     # -- what the workers report ------------------------------------------------------------
 
@@ -465,10 +495,11 @@ class FrontDoor:
             sock = self._held.get(handed)
             line = self._lines.get(handed)
             if sock is not None and line is not None and _unread(sock, line):
+                clients = self.ledger.clients_of(handed)  # counted again where it goes
                 self.ledger.released(handed)
                 del self._held[handed], self._lines[handed]
                 self.rerouted += 1
-                self._spawn(self._hand_over_or_close(sock, line), lasting=True)
+                self._spawn(self._hand_over_or_close(sock, line, clients), lasting=True)
         self._note_release()
         ended = 0
         for handed, frames in self.ledger.worker_lost(worker.index).items():
@@ -484,9 +515,11 @@ class FrontDoor:
                 sock.close()
         return ended
 
-    async def _hand_over_or_close(self, conn: socket.socket, line: bytes) -> None:
+    async def _hand_over_or_close(
+        self, conn: socket.socket, line: bytes, clients: tuple[str, ...] | None = None
+    ) -> None:
         try:
-            if await self._hand_over(conn, line):
+            if await self._hand_over(conn, line, clients):
                 return
         except OSError as exc:
             log.info("front.connection_dropped", error=repr(exc))
@@ -596,21 +629,30 @@ def _unread(sock: socket.socket, line: bytes) -> bool:
 
 async def _peek_request_line(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes | None:
     """The HTTP request line, read with MSG_PEEK so the worker still receives every byte."""
+    return await _peek_until(loop, conn, b"\r\n", MAX_REQUEST_LINE)
+
+
+async def _peek_until(
+    loop: asyncio.AbstractEventLoop, conn: socket.socket, end_mark: bytes, limit: int
+) -> bytes | None:
+    """What the client sent up to ``end_mark`` (the request line's end, the head's), read with
+    MSG_PEEK so the worker still receives every byte; None if it closed first; ValueError past
+    ``limit`` bytes."""
     seen = -1  # bytes buffered at the last peek that waited for more
     try:
         while True:
             try:
-                data = conn.recv(MAX_REQUEST_LINE, socket.MSG_PEEK)
+                data = conn.recv(limit, socket.MSG_PEEK)
             except BlockingIOError:
                 await _wait_io(loop, conn, readable=True)
                 continue
             if not data:
                 return None  # closed before sending anything
-            end = data.find(b"\r\n")
+            end = data.find(end_mark)
             if end >= 0:
                 return data[:end]
-            if len(data) >= MAX_REQUEST_LINE:
-                raise ValueError("request line too long")
+            if len(data) >= limit:
+                raise ValueError(f"no {end_mark!r} in the first {limit} bytes")
             if len(data) == seen:
                 return None  # readable with nothing new: the client closed mid-line
             seen = len(data)
@@ -626,6 +668,32 @@ async def _peek_request_line(loop: asyncio.AbstractEventLoop, conn: socket.socke
             with contextlib.suppress(OSError):
                 # The worker gets the same socket: it must see each byte as it comes.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+
+
+#: The most of a request's head the front reads for its API key (a websocket handshake's is a
+#: few hundred bytes; nginx's default buffers take 32 KiB). A longer one is dropped when the
+#: per-key quota is on: read by the worker alone, it would escape the front's count.
+MAX_HEAD = 32 << 10
+
+
+def _asks_for_a_session(quota: SessionQuota, line: bytes) -> bool:
+    """Whether a request line asks for a new session: the realtime path, naming none to resume
+    (not /health, /metrics or the console)."""
+    if not line or session_id_in(line) is not None:
+        return False
+    parts = line.split(b" ")
+    return len(parts) >= 2 and urlsplit(parts[1].decode("latin-1")).path == quota.path
+
+
+def _head_fields(head: bytes) -> Headers:
+    """A request head's header fields (the request line skipped), as the worker's websockets
+    parses them for the key: a field per line, its name before the first colon."""
+    fields = Headers()
+    for raw in head.split(b"\r\n")[1:]:
+        name, colon, value = raw.partition(b":")
+        if colon:
+            fields[name.decode("latin-1").strip()] = value.decode("latin-1").strip()
+    return fields
 
 
 async def _send_fd(

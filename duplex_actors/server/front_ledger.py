@@ -48,8 +48,9 @@ class _Handed:
     #: Whether the worker answered the websocket handshake (it reports it just before): until
     #: then the client reads an HTTP response, not websocket frames.
     answered: bool = False
-    #: The client it counts for among the new sessions by client (None: not counted).
-    client: str | None = None
+    #: Whom it counts for among the new sessions (its client's address subject, its API key's
+    #: subject): none for a resume or a request that is not for a session.
+    clients: tuple[str, ...] = ()
 
 
 @attrs.define(slots=True)
@@ -63,15 +64,21 @@ class FrontLedger:
     _next_id: int = 0
     _by_client: dict[str, int] = attrs.field(factory=dict)
 
-    def handed(self, worker: int, resuming: str | None = None, client: str | None = None) -> int:
+    def handed(self, worker: int, resuming: str | None = None, *clients: str) -> int:
         """A connection goes to ``worker`` (``resuming``: the session its request line asks to
-        resume; ``client``: whom it counts for, a new session's): its id, which the worker's
+        resume; ``clients``: whom it counts for, a new session's): its id, which the worker's
         reports name."""
         self._next_id += 1
-        self._connections[self._next_id] = _Handed(worker, resuming=resuming, client=client)
-        if client is not None:
-            self._by_client[client] = self._by_client.get(client, 0) + 1
+        self._connections[self._next_id] = _Handed(worker, resuming=resuming, clients=clients)
+        by_client = self._by_client
+        for client in clients:
+            by_client[client] = by_client.get(client, 0) + 1
         return self._next_id
+
+    def clients_of(self, connection: int) -> tuple[str, ...]:
+        """Whom a held connection counts for (none once released)."""
+        handed = self._connections.get(connection)
+        return () if handed is None else handed.clients
 
     def sessions_of(self, client: str) -> int:
         """Connections for a new session ``client`` has with the workers now (handed, not
@@ -79,13 +86,13 @@ class FrontLedger:
         return self._by_client.get(client, 0)
 
     def _forget(self, handed: _Handed) -> None:
-        client = handed.client
-        if client is not None:
-            left = self._by_client[client] - 1
+        by_client = self._by_client
+        for client in handed.clients:
+            left = by_client[client] - 1
             if left:
-                self._by_client[client] = left
+                by_client[client] = left
             else:
-                del self._by_client[client]
+                del by_client[client]
 
     def answering(self, connection: int) -> None:
         handed = self._connections.get(connection)

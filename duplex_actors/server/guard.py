@@ -80,13 +80,15 @@ def client_subject(address: str) -> str:
 
 
 def presented_keys(headers: Headers) -> list[str]:
+    """Every key a handshake presents, in any of the places a client may put one. A header
+    given twice gives both (``Headers.get`` raised on it: a request with two Authorization
+    headers got an HTTP 500 and a traceback in the log)."""
     offered: list[str] = []
-    auth = headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        offered.append(token.strip())
-    if headers.get("api-key"):
-        offered.append(headers["api-key"].strip())
+    for auth in headers.get_all("Authorization"):
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            offered.append(token.strip())
+    offered.extend(value.strip() for value in headers.get_all("api-key") if value.strip())
     for value in headers.get_all("Sec-WebSocket-Protocol"):
         for proto in value.split(","):
             proto = proto.strip()

@@ -467,16 +467,21 @@ async def _adopt(server: RealtimeServer, sock: socket.socket, handed_id: int | N
 # --------------------------------------------------------------------------- the parent
 
 
-def _session_quota(edge: ServerConfig) -> SessionQuota | None:
-    """The quota the front keeps over every worker: the one a worker keeps, the explicit
-    ``max_sessions_per_address`` (exempt networks counted, as a worker counts them) or else the
-    default one (not counting them); None when neither is set."""
+def _session_quota(edge: ServerConfig, keys: tuple[str, ...]) -> SessionQuota | None:
+    """The quotas the front keeps over every worker, as a worker keeps them: per address, the
+    explicit ``max_sessions_per_address`` (exempt networks counted, as a worker counts them) or
+    else the default one (not counting them); per API key (of ``keys``),
+    ``max_sessions_per_key``. None when none is set."""
+    per_key = edge.max_sessions_per_key if keys else None
     if edge.max_sessions_per_address is not None:
-        return SessionQuota(edge.max_sessions_per_address, edge.path, exempt_from(edge.trusted_proxies))
-    if edge.default_sessions_per_address is not None:
+        limit: int | None = edge.max_sessions_per_address
+        exempt = exempt_from(edge.trusted_proxies)
+    else:
+        limit = edge.default_sessions_per_address
         exempt = exempt_from(edge.exempt_networks + edge.trusted_proxies)
-        return SessionQuota(edge.default_sessions_per_address, edge.path, exempt)
-    return None
+    if limit is None and per_key is None:
+        return None
+    return SessionQuota(limit, edge.path, exempt, per_key=per_key, keys=keys)
 
 
 def serve_workers(
@@ -539,7 +544,7 @@ async def _run_front(
             total=edge.max_handshakes,
             exempt=exempt_from(edge.exempt_networks + edge.trusted_proxies),
         ),
-        session_quota=_session_quota(edge),
+        session_quota=_session_quota(edge, ((settings.api_key,) if settings.api_key else ()) + edge.api_keys),
     )
     for worker in pool:
         front.listen_to(worker)

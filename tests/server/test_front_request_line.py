@@ -117,3 +117,87 @@ async def _take_when_allowed(front) -> bool:
     if allowed:
         front.ledger.handed(0, None, "10.0.0.1")  # as _route hands it over, in the same step
     return allowed
+
+
+@pytest.mark.parametrize(
+    ("head", "counted_for"),
+    [
+        (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-one\r\n\r\n", "sk-one"),
+        (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\napi-key: sk-two\r\n\r\n", "sk-two"),
+        (
+            b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n"
+            b"Sec-WebSocket-Protocol: realtime, openai-insecure-api-key.sk-one\r\n\r\n",
+            "sk-one",
+        ),
+        (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\n\r\n", None),
+        (b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n\r\n", None),  # no key: the worker says 401
+        # Given twice, as the worker reads it: any one that is a key counts.
+        (
+            b"GET /v1/realtime HTTP/1.1\r\nAuthorization: Bearer x\r\nAuthorization: Bearer sk-two\r\n\r\n",
+            "sk-two",
+        ),
+        # A resume, or a request for no session, counts for nothing (and is not read further).
+        (b"GET /v1/realtime?session_id=sess_w0g0_ab HTTP/1.1\r\nAuthorization: Bearer sk-one\r\n\r\n", None),
+        (b"GET /health HTTP/1.1\r\nAuthorization: Bearer sk-one\r\n\r\n", None),
+    ],
+)
+async def test_a_new_sessions_api_key_is_read_from_its_head_and_counted_by_digest(head, counted_for):
+    # serve --workers: each worker counted a key's sessions alone, so a key held its
+    # --max-sessions-per-key on every worker. The front reads the key where a worker does.
+    from duplex_actors.server.front_door import FrontDoor, SessionQuota
+    from duplex_actors.server.guard import key_digest
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname()) as client:
+            conn, _ = listener.accept()
+            with conn:
+                conn.setblocking(False)
+                client.sendall(head)
+                quota = SessionQuota(
+                    None, "/v1/realtime", lambda _: False, per_key=2, keys=("sk-one", "sk-two")
+                )
+                front = FrontDoor([], listener, session_quota=quota)
+                line = head.split(b"\r\n", 1)[0]
+                counts = await front._new_session_counts(asyncio.get_running_loop(), conn, line)
+                digest = key_digest(counted_for)
+                expected = [] if digest is None else [("key:" + digest.hex(), 2, "API key")]
+                assert counts == expected
+                assert conn.recv(1 << 16) == head  # nothing was consumed: the worker reads it all
+
+
+async def test_a_head_too_long_to_read_for_its_key_is_dropped_not_passed_uncounted():
+    from duplex_actors.server.front_door import MAX_HEAD, FrontDoor, SessionQuota
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname()) as client:
+            conn, _ = listener.accept()
+            with conn:
+                conn.setblocking(False)
+                padding = b"X-Pad: " + b"a" * MAX_HEAD + b"\r\n"
+                client.sendall(
+                    b"GET /v1/realtime HTTP/1.1\r\n" + padding + b"Authorization: Bearer k\r\n\r\n"
+                )
+                quota = SessionQuota(None, "/v1/realtime", lambda _: False, per_key=2, keys=("k",))
+                front = FrontDoor([], listener, session_quota=quota)
+                with pytest.raises(ValueError):
+                    await front._new_session_counts(
+                        asyncio.get_running_loop(), conn, b"GET /v1/realtime HTTP/1.1"
+                    )
+
+
+async def test_a_session_counts_for_its_address_and_its_key_each_against_its_own_limit():
+    from duplex_actors.server.front_door import FrontDoor, SessionQuota
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname()) as client:
+            conn, _ = listener.accept()
+            with conn:
+                conn.setblocking(False)
+                client.sendall(b"GET /v1/realtime HTTP/1.1\r\nAuthorization: Bearer k\r\n\r\n")
+                quota = SessionQuota(5, "/v1/realtime", lambda _: False, per_key=2, keys=("k",))
+                front = FrontDoor([], listener, session_quota=quota)
+                counts = await front._new_session_counts(
+                    asyncio.get_running_loop(), conn, b"GET /v1/realtime HTTP/1.1"
+                )
+                assert [(limit, what) for _, limit, what in counts] == [(5, "address"), (2, "API key")]
+                assert counts[0][0] == "127.0.0.1"

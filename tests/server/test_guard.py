@@ -3,6 +3,7 @@ quotas, key match."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -158,6 +159,31 @@ def test_accepted_key_finds_the_configured_key_in_any_of_the_three_places():
     )
     assert guard.accepted_key(Headers({"Authorization": "Bearer nope"}), keys) is None
     assert guard.key_digest("k1") != guard.key_digest("k2") and guard.key_digest(None) is None
+
+
+def test_a_header_given_twice_is_read_whole_not_raised_on():
+    # Headers.get raises on a repeated field: a handshake with two Authorization headers got
+    # an HTTP 500 and a traceback (and, at serve --workers' front, failed its routing task).
+    keys = ("k1",)
+    twice = Headers([("Authorization", "Bearer nope"), ("Authorization", "Bearer k1")])
+    assert guard.accepted_key(twice, keys) == "k1"
+    assert guard.accepted_key(Headers([("api-key", "x"), ("api-key", "y")]), keys) is None
+
+
+@pytest.mark.anyio
+async def test_a_handshake_with_two_authorization_headers_is_answered_not_failed():
+    from .conftest import running_server
+
+    async with running_server(api_key="k1") as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(
+            b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            b"Authorization: Bearer wrong\r\nAuthorization: Bearer k1\r\n\r\n"
+        )
+        status = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 101"), status  # was 500
 
 
 # --- connect rate -------------------------------------------------------------------------------

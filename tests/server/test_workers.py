@@ -1023,6 +1023,45 @@ def test_serve_flags_reach_the_workers_and_the_per_address_quota_is_the_servers_
 
 
 @pytest.mark.slow
+def test_the_per_key_quota_is_the_servers_over_all_of_its_workers():
+    # As the per-address quota: each worker counted a key's sessions alone, so with 2 workers
+    # --max-sessions-per-key 2 let one key hold 4 (on the tree before, the third opened). The
+    # front reads the key from the request's head and counts it over every
+    # worker; another key, and a key's own quota freed by a close, are served at once.
+    with serve_workers(2, "--api-key", "sk-a", "--max-sessions-per-key", "2") as s:
+
+        async def main() -> None:
+            opened = []
+            for _ in range(2):
+                ws = await connect(s.url, additional_headers={"Authorization": "Bearer sk-a"})
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                opened.append(ws)
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(s.url, additional_headers={"Authorization": "Bearer sk-a"})
+            assert refused.value.response.status_code == 429
+            assert b"this API key already holds 2 sessions" in refused.value.response.body
+            # The key in the subprotocol, as browsers send it: the same key, the same count.
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(s.url, subprotocols=["realtime", "openai-insecure-api-key.sk-a"])
+            assert refused.value.response.status_code == 429
+            # A wrong key is the worker's to refuse (401), not counted here.
+            with pytest.raises(InvalidStatus) as wrong:
+                await connect(s.url, additional_headers={"Authorization": "Bearer sk-b"})
+            assert wrong.value.response.status_code == 401
+            for _ in range(4):
+                await opened.pop(0).close()
+                ws = await connect(s.url, additional_headers={"Authorization": "Bearer sk-a"})
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                opened.append(ws)
+            for ws in opened:
+                await ws.close()
+
+        run(main)
+        errors = s.stderr()
+        assert "what=front_API_key_sessions" in errors, errors[-3000:]
+
+
+@pytest.mark.slow
 def test_the_memory_budgets_are_the_servers_shared_out_among_its_workers():
     # --text-budget-mb (and the audio and journal budgets) bounded each worker, so N workers
     # let the server hold N times what the flag said. Now each worker holds 1/N: 512 KiB each
