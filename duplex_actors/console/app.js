@@ -11,6 +11,7 @@ const stats = {
   connected: false,
   url: null,
   sessionId: null,
+  sessionType: null, // "realtime", or "transcription" (captions only)
   state: null,
   transitions: [], // {from, to, trigger, at}
   highlights: [], // {node, edge}: what the chart highlighted, each time it changed
@@ -77,7 +78,10 @@ async function connect() {
     stats.audio.outputRate = e.data.rate;
   };
   const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-  ws = new WebSocket(scheme + location.host + "/v1/realtime", keyProtocols());
+  // Captions only: OpenAI's transcription session (its type is chosen when it opens).
+  const captions = $("captions").checked;
+  const intent = captions ? "?intent=transcription" : "";
+  ws = new WebSocket(scheme + location.host + "/v1/realtime" + intent, keyProtocols());
   stats.url = ws.url;
   ws.onopen = () => {
     stats.connected = true;
@@ -85,18 +89,16 @@ async function connect() {
     $("hangup").disabled = false;
     $("mute").disabled = false;
     $("connect").disabled = true;
+    const input = {
+      format: { type: "audio/pcm", rate: RATE },
+      turn_detection: { type: "server_vad" },
+      transcription: captions || $("transcribe").checked ? { model: "default" } : null,
+    };
     send({
       type: "session.update",
       session: {
-        type: "realtime",
-        audio: {
-          input: {
-            format: { type: "audio/pcm", rate: RATE },
-            turn_detection: { type: "server_vad" },
-            transcription: $("transcribe").checked ? { model: "default" } : null,
-          },
-          output: { format: { type: "audio/pcm", rate: RATE } },
-        },
+        type: captions ? "transcription" : "realtime",
+        audio: captions ? { input } : { input, output: { format: { type: "audio/pcm", rate: RATE } } },
         // Extensions: duplex.state events drive the live chart; binary audio frames.
         duplex: { state_events: true, binary_audio: true },
       },
@@ -196,7 +198,8 @@ function onEvent(ev) {
   switch (ev.type) {
     case "session.created":
       stats.sessionId = ev.session.id;
-      setStatus("session " + ev.session.id, "live");
+      stats.sessionType = ev.session.type;
+      setStatus((ev.session.type === "transcription" ? "captions " : "session ") + ev.session.id, "live");
       break;
     case "session.updated":
       // The page sends one update, so its answer is the state it asked for.
@@ -588,7 +591,7 @@ window.addEventListener("DOMContentLoaded", () => {
     const text = $("text-input").value.trim();
     if (!text || !ws) return;
     send({ type: "conversation.item.create", item: { type: "message", role: "user", content: [{ type: "input_text", text }] } });
-    send({ type: "response.create" });
+    if (stats.sessionType !== "transcription") send({ type: "response.create" }); // captions: nothing answers
     turnEndAt = performance.now();
     $("text-input").value = "";
   });

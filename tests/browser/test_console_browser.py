@@ -234,6 +234,55 @@ async def _converse(page, tmp_path: Path, console_log: list[str]) -> None:
     assert all(r["waitMs"] >= r["ttfpMs"] for r in done), done
 
 
+async def test_captions_only_writes_down_what_the_microphone_says_and_nothing_answers(tmp_path):
+    """ "captions only" opens a transcription session (?intent=transcription): the question and
+    the interruption of the main test's microphone are written down in the conversation, each
+    its own turn (server VAD ends each), and nothing answers: no response, no audio, the engine
+    never asked."""
+    wav = await anyio.to_thread.run_sync(_microphone_wav, tmp_path / "mic.wav")
+    engine = ScriptedEngine(ANSWER)  # record=True: what it was asked is kept
+    async with open_server(engine, ServerConfig(port=0, api_key=API_KEY)) as server:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(
+                executable_path=CHROMIUM,
+                headless=True,
+                args=[*CHROME_ARGS, f"--use-file-for-fake-audio-capture={wav}%noloop"],
+            )
+            try:
+                page = await browser.new_page(viewport={"width": 1600, "height": 1000})
+                console_log: list[str] = []
+                page.on("pageerror", lambda e: console_log.append(f"pageerror: {e}"))
+                await page.goto(server.http_url + "/")
+                await page.fill("#api-key", API_KEY)
+                await page.check("#captions")
+                await page.click("#connect")
+                s = "window.duplexConsole"
+                await page.wait_for_function(f"() => {s}.userTranscripts.length >= 2", timeout=60_000)
+                await anyio.sleep(1.0)  # an answer nobody asked for would have begun by now
+                await _shot(page, tmp_path, "console-captions")
+                seen = await page.evaluate(
+                    f"""() => ({{
+                    url: {s}.url, type: {s}.sessionType, userTranscripts: {s}.userTranscripts,
+                    shownUser: [...document.querySelectorAll('.turn.user .text')].map(e => e.textContent),
+                    responses: {s}.responses, audio: {s}.audio, errors: {s}.errors,
+                    rows: document.querySelectorAll('#responses tbody tr').length,
+                    frames: {s}.audioFrames,
+                }})"""
+                )
+            finally:
+                await browser.close()
+    print("console saw:", seen)
+    assert seen["url"].endswith("/v1/realtime?intent=transcription") and seen["type"] == "transcription", seen
+    assert seen["errors"] == [] and console_log == [], (seen["errors"], console_log)
+    first, second = (t.lower() for t in seen["userTranscripts"][:2])
+    assert "weather" in first or "paris" in first, seen["userTranscripts"]
+    assert "train" in second or "london" in second, seen["userTranscripts"]
+    assert all(t in seen["shownUser"] for t in seen["userTranscripts"][:2]), seen["shownUser"]
+    assert seen["responses"] == {} and seen["rows"] == 0 and seen["audio"]["receivedSamples"] == 0, seen
+    assert seen["frames"]["binary"] > 10, seen["frames"]  # the binary-audio extension held here too
+    assert engine.submitted == []
+
+
 async def test_the_console_over_tls_uses_https_and_wss(tmp_path):
     """serve --tls-cert/--tls-key: the page loads over https and talks over wss (a browser
     refuses ws:// from an https page). The certificate is self-signed, so this browser context
