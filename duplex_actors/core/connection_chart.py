@@ -34,13 +34,13 @@ States
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import attrs
 from transitions import Machine
 
 from ..errors import IllegalTransition
+from .chart_rows import row as _row
 
 
 class ConnectionState(str, enum.Enum):
@@ -60,24 +60,6 @@ ATTACHED, DRAINING, SUPERSEDED, DETACHED, CLOSED = (s.value for s in ConnectionS
 #: The states in which the connection carries its session (at most one connection per session).
 CARRYING = (ATTACHED, DRAINING)
 SAME = None  # an internal transition: state unchanged
-
-
-def _row(
-    trigger: str,
-    source: str | list[str],
-    dest: str | None,
-    effects: Iterable[str] = (),
-    conditions: Iterable[str] = (),
-    unless: Iterable[str] = (),
-) -> dict[str, Any]:
-    return {
-        "trigger": trigger,
-        "source": source,
-        "dest": dest,
-        "after": list(effects),
-        "conditions": list(conditions),
-        "unless": list(unless),
-    }
 
 
 CARRYING_ROWS = list(CARRYING)

@@ -72,6 +72,7 @@ from ..errors import (
     UnknownFunctionCall,
     UnknownSession,
 )
+from .chart_rows import row as row
 
 
 class State(str, enum.Enum):
@@ -120,29 +121,6 @@ END_TURN_FAILED = [
     "reset_timing",
     "start_idle_timer",
 ]
-
-
-def row(
-    trigger: str,
-    source: str | list[str],
-    dest: str | None,
-    effects: Iterable[str] = (),
-    conditions: Iterable[str] = (),
-    unless: Iterable[str] = (),
-) -> dict[str, Any]:
-    """One transition: ``trigger`` from ``source`` (a state or a list) to ``dest`` (``SAME``
-    for an internal transition), taken when every guard in ``conditions`` holds and none in
-    ``unless`` does, performing ``effects`` in order. Guards and effects are names of the
-    session core's ``_g_<name>`` and ``_fx_<name>`` methods, each called with the trigger's
-    :class:`~duplex_actors.core.step.Step`."""
-    return {
-        "trigger": trigger,
-        "source": source,
-        "dest": dest,
-        "after": list(effects),
-        "conditions": list(conditions),
-        "unless": list(unless),
-    }
 
 
 _row = row  # short, for the table below

@@ -14,29 +14,9 @@ fail until this file (and then ``statecharts/``) is brought along.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 from transitions import Machine
 
-
-def _row(
-    trigger: str,
-    source: str | list[str],
-    dest: str | None,
-    effects: Iterable[str] = (),
-    conditions: Iterable[str] = (),
-    unless: Iterable[str] = (),
-) -> dict[str, Any]:
-    return {
-        "trigger": trigger,
-        "source": source,
-        "dest": dest,
-        "after": list(effects),
-        "conditions": list(conditions),
-        "unless": list(unless),
-    }
-
+from ..core.chart_rows import row as _row
 
 # --- engine request -------------------------------------------------------------------------
 
