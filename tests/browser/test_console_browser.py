@@ -97,6 +97,15 @@ def _microphone_wav(path: Path) -> Path:
     return path
 
 
+async def _chromium(pw, microphone: Path):
+    """Debian's chromium, headless, its microphone the WAV ``microphone`` (played once)."""
+    return await pw.chromium.launch(
+        executable_path=CHROMIUM,
+        headless=True,
+        args=[*CHROME_ARGS, f"--use-file-for-fake-audio-capture={microphone}%noloop"],
+    )
+
+
 async def _shot(page, tmp_path: Path, name: str) -> None:
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     data = await page.screenshot(full_page=True)
@@ -109,11 +118,7 @@ async def test_talk_hear_barge_in_and_the_live_chart_in_chromium(tmp_path):
     config = ServerConfig(port=0, api_key=API_KEY)
     async with open_server(PacedEngine(ScriptedEngine(ANSWER, record=False), lead_ms=300), config) as server:
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(
-                executable_path=CHROMIUM,
-                headless=True,
-                args=[*CHROME_ARGS, f"--use-file-for-fake-audio-capture={wav}%noloop"],
-            )
+            browser = await _chromium(pw, wav)
             try:
                 page = await browser.new_page(viewport={"width": 1600, "height": 1000})
                 console_log: list[str] = []
@@ -243,11 +248,7 @@ async def test_captions_only_writes_down_what_the_microphone_says_and_nothing_an
     engine = ScriptedEngine(ANSWER)  # record=True: what it was asked is kept
     async with open_server(engine, ServerConfig(port=0, api_key=API_KEY)) as server:
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(
-                executable_path=CHROMIUM,
-                headless=True,
-                args=[*CHROME_ARGS, f"--use-file-for-fake-audio-capture={wav}%noloop"],
-            )
+            browser = await _chromium(pw, wav)
             try:
                 page = await browser.new_page(viewport={"width": 1600, "height": 1000})
                 console_log: list[str] = []
@@ -303,11 +304,7 @@ async def test_the_console_over_tls_uses_https_and_wss(tmp_path):
     async with open_server(ScriptedEngine(script, record=False), config) as server:
         assert server.http_url.startswith("https://")
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(
-                executable_path=CHROMIUM,
-                headless=True,
-                args=[*CHROME_ARGS, f"--use-file-for-fake-audio-capture={quiet}%noloop"],
-            )
+            browser = await _chromium(pw, quiet)
             try:
                 context = await browser.new_context(ignore_https_errors=True)
                 page = await context.new_page()
