@@ -512,3 +512,42 @@ async def test_an_out_of_band_response_is_valid_ga_and_stays_out_of_the_conversa
             # What the engine read: its own context out of band, then the user's pending text.
             engine = server.runtime.engine.backend
             assert [request.input_text for request in engine.submitted] == ["Classify. hi", "hi"]
+
+
+async def test_a_transcription_session_is_valid_ga_on_every_event():
+    # ?intent=transcription: the SDK parses session.created/updated as its transcription
+    # session (a union member of its own), and every other event as for a realtime session.
+    from openai.types.realtime.realtime_transcription_session_create_request import (
+        RealtimeTranscriptionSessionCreateRequest,
+    )
+
+    async with running_server(SCRIPT) as server, connect(server.url + "?intent=transcription") as ws:
+        r = Recorder(ws)
+        (created,) = await r.until("session.created")
+        RealtimeTranscriptionSessionCreateRequest.model_validate(created["session"], strict=True)
+        update = {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                    "turn_detection": None,
+                }
+            },
+        }
+        await r.send(type="session.update", session=update)
+        (updated,) = [e for e in await r.until("session.updated") if e["type"] == "session.updated"]
+        RealtimeTranscriptionSessionCreateRequest.model_validate(updated["session"], strict=True)
+        for _ in range(3):
+            await r.send(type="input_audio_buffer.append", audio=b64(CHUNK_100MS))
+        await r.send(type="input_audio_buffer.commit")
+        await r.until("input_audio_buffer.committed")
+        # No recogniser in this runtime: the turn's transcription fails, as GA says it.
+        await r.until("conversation.item.input_audio_transcription.failed")
+        await r.send(type="response.create")
+        (error,) = [e for e in await r.until("error") if e["type"] == "error"]
+        assert error["error"]["code"] == "responses_not_offered"
+        assert not [e for e in r.events if e["type"].startswith("response.")]
+        assert {"session.created", "session.updated", "input_audio_buffer.committed", "error"} <= set(
+            r.validated
+        )
