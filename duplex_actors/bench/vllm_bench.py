@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.engine_io import ModelTurnRequest, SamplingOverrides, TextDelta, TurnKind
 from ..core.fence import Fence, new_session_id
+from .runtime_bench import figure as _figure
 
 if TYPE_CHECKING:
     from ..engines.vllm_engine import VllmEngine
@@ -48,31 +49,6 @@ now = time.perf_counter
 CONCURRENCY = (1, 16, 64)
 RATIO_TARGET = 0.9
 ADDED_TTFT_TARGET_MS = 1.0
-
-
-def _figure(
-    metric: str,
-    value: float | None,
-    unit: str,
-    baseline: float | None = None,
-    baseline_label: str = "",
-    *,
-    target: str | None = None,
-    met: bool | None = None,
-    higher_is_better: bool = False,
-) -> dict[str, Any]:
-    ratio = value / baseline if value is not None and baseline else None
-    return {
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-        "baseline": baseline,
-        "baseline_label": baseline_label,
-        "ratio": ratio,
-        "target": target,
-        "met": met,
-        "higher_is_better": higher_is_better,
-    }
 
 
 def _p(samples: list[float], q: float) -> float | None:
