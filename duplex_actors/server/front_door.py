@@ -274,13 +274,15 @@ class FrontDoor:
                     return
                 line = found
                 counts = await self._new_session_counts(loop, conn, line)
-                for subject, limit, what in counts:
-                    if not await self._quota_allows(subject, limit):
-                        self.quota_refused += 1
-                        text = f"this {what} already holds {limit} sessions; close one or retry later"
-                        count_refusal(f"front_{what.replace(' ', '_')}_sessions", subject, text)
-                        conn.send(raw_http.refusal(429, "Too Many Requests", text, retry_after=5))
-                        return
+                refused = await self._admit(counts)
+                if refused is not None:
+                    subject, limit, what = refused
+                    self.quota_refused += 1
+                    text = f"this {what} already holds {limit} sessions; close one or retry later"
+                    count_refusal(f"front_{what.replace(' ', '_')}_sessions", subject, text)
+                    conn.send(raw_http.refusal(429, "Too Many Requests", text, retry_after=5))
+                    return
+                # Counted in the same step as the last check (_hand_over counts before it waits).
                 held = await self._hand_over(conn, line, tuple(subject for subject, _, _ in counts))
                 return
             held = await self._hand_over(conn, line)
@@ -351,6 +353,21 @@ class FrontDoor:
                 async with asyncio.timeout(left):
                     await self._released.wait()
         return True
+
+    async def _admit(self, counts: list[tuple[str, int, str]]) -> tuple[str, int, str] | None:
+        """Whether a new session counted for each of ``counts`` (subject, limit, what) may be
+        handed over now: None, or the count that refuses it. A wait for one subject's place
+        lets others run, and one of them may take another subject's place meanwhile: so all are
+        checked again, without a wait, before the answer (else a connection counted for its
+        address and its key passed its address's quota by one)."""
+        ledger = self.ledger
+        while True:
+            for count in counts:
+                subject, limit, _ = count
+                if not await self._quota_allows(subject, limit):
+                    return count
+            if all(ledger.sessions_of(subject) < limit for subject, limit, _ in counts):
+                return None
 
     def _note_release(self) -> None:
         """A connection was released (or lost with its worker): wake what waits on a quota."""

@@ -201,3 +201,22 @@ async def test_a_session_counts_for_its_address_and_its_key_each_against_its_own
                 )
                 assert [(limit, what) for _, limit, what in counts] == [(5, "address"), (2, "API key")]
                 assert counts[0][0] == "127.0.0.1"
+
+
+async def test_a_place_taken_while_another_quota_is_waited_for_is_checked_again():
+    # Counted for its address and its key: the key at its quota, the wait for it lets another
+    # connection of the same address take the address's last place. Answered by the checks
+    # before the wait, it passed the address's quota by one; now all are checked again.
+    from duplex_actors.server.front_door import FrontDoor
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        front = FrontDoor([], listener)
+        holder = front.ledger.handed(0, None, "key:k")  # the key at its quota of 1
+        counts = [("10.0.0.1", 1, "address"), ("key:k", 1, "API key")]
+        admitting = asyncio.create_task(front._admit(counts))
+        await asyncio.sleep(0.05)  # waiting for the key's place
+        front.ledger.handed(0, None, "10.0.0.1")  # another connection takes the address's place
+        front._apply("x", [holder])  # and the key's place frees
+        assert await asyncio.wait_for(admitting, 5) == ("10.0.0.1", 1, "address")
+        # With every place free, admitted at once.
+        assert await front._admit([("10.0.0.2", 1, "address"), ("key:k", 1, "API key")]) is None
