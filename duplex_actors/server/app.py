@@ -93,7 +93,7 @@ from .config import (
 )
 from .connection import paced_connection
 from .console import ConsoleRoutes
-from .http_gate import HttpGate, _address, _tenant
+from .http_gate import HttpGate, _address, _intent, _tenant
 from .inflate import deflate_extensions
 from .loop_share import LoopShare
 from .metrics import ServerMetrics
@@ -862,21 +862,6 @@ class RealtimeServer:
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-
-def _intent(ws: ServerConnection) -> str | None:
-    """What a new session's connection asks to be (its ``intent`` query parameter, as OpenAI
-    reads it): None for a realtime session, "transcription" for a transcription session."""
-    assert ws.request is not None, "websockets calls the handler after the handshake"
-    intents = parse_qs(urlsplit(ws.request.path).query).get("intent")
-    if not intents or intents[-1] in ("conversation", "realtime"):
-        return None
-    if intents[-1] == "transcription":
-        return "transcription"
-    raise wire.NotSupported(
-        f"intent {intents[-1][:64]!r} is not supported: intent=transcription, or none for a realtime session",
-        param="intent",
-    )
 
 
 def _select_subprotocol(

@@ -286,6 +286,9 @@ class FrontDoor:
                 held = await self._hand_over(conn, line, tuple(subject for subject, _, _ in counts))
                 return
             held = await self._hand_over(conn, line)
+        except HeadTooLong as exc:
+            with contextlib.suppress(OSError):
+                conn.send(raw_http.refusal(431, "Request Header Fields Too Large", str(exc)))
         except (TimeoutError, OSError, ValueError) as exc:
             log.info("front.connection_dropped", error=repr(exc))
         finally:
@@ -397,8 +400,11 @@ class FrontDoor:
             counts.append((client, quota.limit, "address"))
         if quota is None or quota.per_key is None or not quota.keys or not _asks_for_a_session(quota, line):
             return counts
-        async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
-            head = await _peek_until(loop, conn, b"\r\n\r\n", MAX_HEAD)
+        try:
+            async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
+                head = await _peek_until(loop, conn, b"\r\n\r\n", MAX_HEAD)
+        except ValueError:
+            raise HeadTooLong(f"the request's head is longer than {MAX_HEAD} bytes") from None
         if head is None:
             raise ValueError("the client closed before the end of its request's head")
         key = accepted_key(_head_fields(head), quota.keys)
@@ -685,6 +691,11 @@ async def _peek_until(
             with contextlib.suppress(OSError):
                 # The worker gets the same socket: it must see each byte as it comes.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+
+
+class HeadTooLong(ValueError):
+    """A new session's request head is longer than the front reads for its key (MAX_HEAD):
+    answered 431, not handed to a worker, whose count alone it would escape."""
 
 
 #: The most of a request's head the front reads for its API key (a websocket handshake's is a

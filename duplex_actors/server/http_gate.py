@@ -19,7 +19,7 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
-from . import guard
+from . import guard, wire
 from .client_address import FORWARDED_FOR, client_ip, describe_peer, forwarded_client, peer_ip
 from .connection import PacedConnection
 
@@ -185,3 +185,18 @@ def _address(ws: ServerConnection) -> str:
     """The client as the per-address quotas, connect rates and shares count it: its IP
     address, not its port; an IPv6 client by its /64 (guard.client_subject)."""
     return guard.client_subject(client_ip(ws))
+
+
+def _intent(ws: ServerConnection) -> str | None:
+    """What a new session's connection asks to be (its ``intent`` query parameter, as OpenAI
+    reads it): None for a realtime session, "transcription" for a transcription session."""
+    assert ws.request is not None, "websockets calls the handler after the handshake"
+    intents = parse_qs(urlsplit(ws.request.path).query).get("intent")
+    if not intents or intents[-1] in ("conversation", "realtime"):
+        return None
+    if intents[-1] == "transcription":
+        return "transcription"
+    raise wire.NotSupported(
+        f"intent {intents[-1][:64]!r} is not supported: intent=transcription, or none for a realtime session",
+        param="intent",
+    )

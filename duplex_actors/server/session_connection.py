@@ -155,7 +155,12 @@ class SessionConnection:
                     # earlier one) is not news to the front: reported again, it reopened a
                     # response that had ended, and a worker killed before the replay reached
                     # its response.done left the front to send that client a second one.
-                    if link is not None and (first_time or type(event) is not ev.ResponseCreated):
+                    kind = type(event)
+                    if (
+                        link is not None
+                        and kind in _REPORTED
+                        and (first_time or kind is not ev.ResponseCreated)
+                    ):
                         to_report.append(event)
                     if isinstance(event, ev.SessionClosedEvent):
                         ended = True
@@ -363,6 +368,10 @@ class SessionConnection:
 #: kept by the type's attribute cache, wherever in the heap it was allocated: after a churn of
 #: connections, such strings kept otherwise empty memory from going back to the system.
 _EFFECT_METHODS: dict[str, str] = {}
+
+
+#: The events the front is told of (_report_to_front): only these wait for a burst's write.
+_REPORTED = frozenset({ev.ResponseCreated, ev.ResponseDone, ev.SessionClosedEvent})
 
 
 def _report_to_front(link: FrontLink, event: ev.ServerEvent) -> None:

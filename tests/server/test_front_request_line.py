@@ -6,11 +6,13 @@ its end: the front re-peeked every 5 ms and sat at a full core, before any key w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import Iterator
 
 import pytest
 
-from duplex_actors.server.front_door import _peek_request_line
+from duplex_actors.server.front_door import FrontDoor, SessionQuota, _peek_request_line
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -144,63 +146,50 @@ async def _take_when_allowed(front) -> bool:
 async def test_a_new_sessions_api_key_is_read_from_its_head_and_counted_by_digest(head, counted_for):
     # serve --workers: each worker counted a key's sessions alone, so a key held its
     # --max-sessions-per-key on every worker. The front reads the key where a worker does.
-    from duplex_actors.server.front_door import FrontDoor, SessionQuota
     from duplex_actors.server.guard import key_digest
 
+    quota = SessionQuota(None, "/v1/realtime", lambda _: False, per_key=2, keys=("sk-one", "sk-two"))
+    with _front_reading(head, quota) as (front, conn):
+        line = head.split(b"\r\n", 1)[0]
+        counts = await front._new_session_counts(asyncio.get_running_loop(), conn, line)
+        digest = key_digest(counted_for)
+        expected = [] if digest is None else [("key:" + digest.hex(), 2, "API key")]
+        assert counts == expected
+        assert conn.recv(1 << 16) == head  # nothing was consumed: the worker reads it all
+
+
+async def test_a_head_too_long_to_read_for_its_key_is_dropped_not_passed_uncounted():
+    from duplex_actors.server.front_door import MAX_HEAD, HeadTooLong
+
+    padding = b"X-Pad: " + b"a" * MAX_HEAD + b"\r\n"
+    head = b"GET /v1/realtime HTTP/1.1\r\n" + padding + b"Authorization: Bearer k\r\n\r\n"
+    quota = SessionQuota(None, "/v1/realtime", lambda _: False, per_key=2, keys=("k",))
+    with _front_reading(head, quota) as (front, conn):
+        with pytest.raises(HeadTooLong):  # _route answers it 431
+            await front._new_session_counts(asyncio.get_running_loop(), conn, b"GET /v1/realtime HTTP/1.1")
+
+
+async def test_a_session_counts_for_its_address_and_its_key_each_against_its_own_limit():
+    head = b"GET /v1/realtime HTTP/1.1\r\nAuthorization: Bearer k\r\n\r\n"
+    quota = SessionQuota(5, "/v1/realtime", lambda _: False, per_key=2, keys=("k",))
+    with _front_reading(head, quota) as (front, conn):
+        counts = await front._new_session_counts(
+            asyncio.get_running_loop(), conn, b"GET /v1/realtime HTTP/1.1"
+        )
+        assert [(limit, what) for _, limit, what in counts] == [(5, "address"), (2, "API key")]
+        assert counts[0][0] == "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _front_reading(head: bytes, quota: SessionQuota) -> Iterator[tuple[FrontDoor, socket.socket]]:
+    """A front with ``quota``, and its end of a connection whose client has sent ``head``."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         with socket.create_connection(listener.getsockname()) as client:
             conn, _ = listener.accept()
             with conn:
                 conn.setblocking(False)
                 client.sendall(head)
-                quota = SessionQuota(
-                    None, "/v1/realtime", lambda _: False, per_key=2, keys=("sk-one", "sk-two")
-                )
-                front = FrontDoor([], listener, session_quota=quota)
-                line = head.split(b"\r\n", 1)[0]
-                counts = await front._new_session_counts(asyncio.get_running_loop(), conn, line)
-                digest = key_digest(counted_for)
-                expected = [] if digest is None else [("key:" + digest.hex(), 2, "API key")]
-                assert counts == expected
-                assert conn.recv(1 << 16) == head  # nothing was consumed: the worker reads it all
-
-
-async def test_a_head_too_long_to_read_for_its_key_is_dropped_not_passed_uncounted():
-    from duplex_actors.server.front_door import MAX_HEAD, FrontDoor, SessionQuota
-
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        with socket.create_connection(listener.getsockname()) as client:
-            conn, _ = listener.accept()
-            with conn:
-                conn.setblocking(False)
-                padding = b"X-Pad: " + b"a" * MAX_HEAD + b"\r\n"
-                client.sendall(
-                    b"GET /v1/realtime HTTP/1.1\r\n" + padding + b"Authorization: Bearer k\r\n\r\n"
-                )
-                quota = SessionQuota(None, "/v1/realtime", lambda _: False, per_key=2, keys=("k",))
-                front = FrontDoor([], listener, session_quota=quota)
-                with pytest.raises(ValueError):
-                    await front._new_session_counts(
-                        asyncio.get_running_loop(), conn, b"GET /v1/realtime HTTP/1.1"
-                    )
-
-
-async def test_a_session_counts_for_its_address_and_its_key_each_against_its_own_limit():
-    from duplex_actors.server.front_door import FrontDoor, SessionQuota
-
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        with socket.create_connection(listener.getsockname()) as client:
-            conn, _ = listener.accept()
-            with conn:
-                conn.setblocking(False)
-                client.sendall(b"GET /v1/realtime HTTP/1.1\r\nAuthorization: Bearer k\r\n\r\n")
-                quota = SessionQuota(5, "/v1/realtime", lambda _: False, per_key=2, keys=("k",))
-                front = FrontDoor([], listener, session_quota=quota)
-                counts = await front._new_session_counts(
-                    asyncio.get_running_loop(), conn, b"GET /v1/realtime HTTP/1.1"
-                )
-                assert [(limit, what) for _, limit, what in counts] == [(5, "address"), (2, "API key")]
-                assert counts[0][0] == "127.0.0.1"
+                yield FrontDoor([], listener, session_quota=quota), conn
 
 
 async def test_a_place_taken_while_another_quota_is_waited_for_is_checked_again():

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import anyio
@@ -1059,6 +1060,14 @@ def test_the_per_key_quota_is_the_servers_over_all_of_its_workers():
         run(main)
         errors = s.stderr()
         assert "what=front_API_key_sessions" in errors, errors[-3000:]
+        # A head too long for the front to read its key is answered, not passed on uncounted.
+        host, port = urllib.parse.urlsplit(s.url).netloc.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            padding = b"X-Pad: " + b"a" * (40 << 10) + b"\r\n"
+            raw.sendall(
+                b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n" + padding + b"Authorization: Bearer sk-a\r\n\r\n"
+            )
+            assert raw.recv(64).startswith(b"HTTP/1.1 431 ")
 
 
 @pytest.mark.slow
