@@ -194,7 +194,8 @@ def register(app: typer.Typer) -> None:
             0.0,
             min=0.0,
             help="new connections a second per client address, after a burst of 20; past it the "
-            "handshake gets 429 + Retry-After (0: off; keep off behind a proxy; per --workers)",
+            "handshake gets 429 + Retry-After (0: off; behind a proxy, only with --trusted-proxies; "
+            "with --workers, over all of them, per worker under TLS)",
         ),
         connect_rate_per_key: float = typer.Option(
             0.0,

@@ -9,24 +9,25 @@ a resume by it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import math
 import re
 import secrets
 import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 import structlog
-from websockets.datastructures import Headers
 
 from . import raw_http
 from .client_address import peername_ip
 from .front_ledger import FrontLedger
-from .guard import PendingHandshakes, accepted_key, client_subject, count_refusal, key_digest
-from .tls_relay import MAX_REQUEST_LINE, REQUEST_LINE_TIMEOUT_S, session_id_in
+from .front_request import FrontRequest, HeadTooLong, peek_request_line, read_request, wait_io
+from .guard import ConnectRate, PendingHandshakes, count_refusal
+from .tls_relay import REQUEST_LINE_TIMEOUT_S, session_id_in
 from .worker_link import pack, unpack
 from .worker_liveness import PING_INTERVAL_S, Liveness, time_away
 
@@ -68,21 +69,6 @@ def minted_by(session_id: str) -> tuple[int, int] | None:
     """(worker index, generation) of the process that minted ``session_id``, or None."""
     match = _OWNED_ID.match(session_id)
     return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-async def _wait_io(loop: asyncio.AbstractEventLoop, sock: socket.socket, *, readable: bool) -> None:
-    ready = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    add, remove = (loop.add_reader, loop.remove_reader) if readable else (loop.add_writer, loop.remove_writer)
-    add(sock.fileno(), wake)
-    try:
-        await ready
-    finally:
-        remove(sock.fileno())
 
 
 # --------------------------------------------------------------------------- the front
@@ -127,23 +113,20 @@ class SessionQuota:
 
     Each worker counts a client's sessions as a single-process server does, so with N workers,
     new sessions going round-robin, a client held N times its quota. The front counts each
-    client's connections for a new session (a websocket request to ``path`` naming no session
-    to resume) from hand-off until their worker releases them, and answers 429 past ``limit``:
-    a client's live sessions are bounded server-wide. With ``per_key``, the same for each of
-    ``keys`` (the key a request presents, read from its head as a worker reads it). Detached
-    sessions, waiting for a resume without a connection, are still counted by their worker
-    alone. Not under TLS, whose request the front cannot read.
+    client's connections for a new session from hand-off until their worker releases them,
+    and answers 429 past ``limit``: a client's live sessions are bounded server-wide. With
+    ``per_key``, the same for each API key the server accepts (read from the request's head as
+    a worker reads it). Detached sessions, waiting for a resume without a connection, are
+    still counted by their worker alone. Not under TLS, whose request the front cannot read.
     """
 
-    #: Sessions per client address (None: counted by the workers alone).
+    #: Sessions per client (None: counted by the workers alone).
     limit: int | None
-    path: str
-    #: Addresses not counted here: trusted proxies (their workers count the clients they
-    #: forward), and the exempt networks when the limit is the default one, as a worker does.
+    #: Clients not counted here: the exempt networks when the limit is the default one, as a
+    #: worker leaves them alone.
     exempt: Callable[[str], bool]
-    #: Sessions per API key (``--max-sessions-per-key``), and the keys the server accepts.
+    #: Sessions per API key (``--max-sessions-per-key``).
     per_key: int | None = None
-    keys: tuple[str, ...] = ()
 
 
 class FrontDoor:
@@ -159,11 +142,28 @@ class FrontDoor:
         clock: Callable[[], float] = time.monotonic,
         handshakes: PendingHandshakes | None = None,
         session_quota: SessionQuota | None = None,
+        connect_rates: dict[str, ConnectRate] | None = None,
+        path: str = "/v1/realtime",
+        keys: tuple[str, ...] = (),
+        trusted: Callable[[str], bool] | None = None,
     ) -> None:
         self.workers = workers
         self.session_quota = session_quota
-        #: New sessions refused for their client's quota (session_quota).
-        self.quota_refused = 0
+        #: New connections a second to the realtime endpoint, by "address" and by "key", over
+        #: every worker (``--connect-rate-per-*``): counted by each worker, a client got N times
+        #: its rate. A worker then counts none (not under TLS, where the front reads nothing).
+        self.connect_rates = connect_rates or {}
+        #: The realtime endpoint, the API keys the server accepts, and the reverse proxies it
+        #: trusts: what the front reads a request with as its worker will (front_request.py).
+        self.path = path
+        self.keys = keys
+        self.trusted = trusted
+        #: Connections the front answered itself and closed, by why (reported to the workers
+        #: for their /metrics: pool_news): "handshakes" (503, too many of the address's
+        #: connections before their handshake), "connect_rate_address"/"connect_rate_key"
+        #: (429), "address_sessions"/"key_sessions" (429, a quota), "head_too_long" (431),
+        #: "no_worker" (503).
+        self.refusals: collections.Counter[str] = collections.Counter()
         #: Set (and dropped) when a worker releases a connection: what a new session at its
         #: client's quota waits on (_quota_allows).
         self._released: asyncio.Event | None = None
@@ -177,7 +177,6 @@ class FrontDoor:
         self.listener = listener
         self._next = 0
         self.routed = [0] * len(workers)
-        self.refused = 0
         self.ledger = FrontLedger()
         #: The front's duplicate of every socket a living worker holds, by hand-off id.
         self._held: dict[int, socket.socket] = {}
@@ -265,28 +264,36 @@ class FrontDoor:
                     address = peername_ip(conn.getpeername())
                     refusal = self.handshakes.admit(address)
                     if refusal is not None:
+                        self.refusals["handshakes"] += 1
                         conn.send(raw_http.refusal(503, "Service Unavailable", refusal, retry_after=1))
                         return
                     counted = address
+                # One deadline for the line and the head: a client sending both a byte at a
+                # time holds its connection for one timeout, not two.
                 async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
-                    found = await _peek_request_line(loop, conn)
-                if found is None:
+                    found = await peek_request_line(loop, conn)
+                    if found is None:
+                        return
+                    request = await self._read(loop, conn, found)
+                too_fast = self._rate_refusal(request)
+                if too_fast is not None:
+                    conn.send(too_fast)
                     return
-                line = found
-                counts = await self._new_session_counts(loop, conn, line)
+                counts = self._new_session_counts(request)
                 refused = await self._admit(counts)
                 if refused is not None:
                     subject, limit, what = refused
-                    self.quota_refused += 1
+                    self.refusals["address_sessions" if what == "address" else "key_sessions"] += 1
                     text = f"this {what} already holds {limit} sessions; close one or retry later"
                     count_refusal(f"front_{what.replace(' ', '_')}_sessions", subject, text)
                     conn.send(raw_http.refusal(429, "Too Many Requests", text, retry_after=5))
                     return
                 # Counted in the same step as the last check (_hand_over counts before it waits).
-                held = await self._hand_over(conn, line, tuple(subject for subject, _, _ in counts))
+                held = await self._hand_over(conn, found, tuple(subject for subject, _, _ in counts))
                 return
             held = await self._hand_over(conn, line)
         except HeadTooLong as exc:
+            self.refusals["head_too_long"] += 1
             with contextlib.suppress(OSError):
                 conn.send(raw_http.refusal(431, "Request Header Fields Too Large", str(exc)))
         except (TimeoutError, OSError, ValueError) as exc:
@@ -301,14 +308,12 @@ class FrontDoor:
         self, conn: socket.socket, line: bytes, clients: tuple[str, ...] | None = None
     ) -> bool:
         """Pass ``conn`` to the worker chosen for ``line`` (the next, if one turns out gone),
-        counted for ``clients`` (None: its address's subject, if the quota counts it); False,
+        counted for ``clients`` (the quotas' subjects it holds a place of); False,
         with a 503 written, when no worker lives."""
         loop = asyncio.get_running_loop()
         worker = self.choose(line)
         resuming = session_id_in(line)
-        if clients is None:
-            client = self._new_session_client(conn, line)
-            clients = () if client is None else (client,)
+        clients = clients or ()
         while worker is not None and worker.handoff is not None:
             handed = self.ledger.handed(worker.index, resuming, *clients)
             self._held[handed] = conn
@@ -326,7 +331,7 @@ class FrontDoor:
                 continue
             self.routed[worker.index] += 1
             return True
-        self.refused += 1
+        self.refusals["no_worker"] += 1
         text = "no worker is running (one is being started again); retry shortly"
         with contextlib.suppress(OSError):
             conn.send(raw_http.refusal(503, "Service Unavailable", text, retry_after=1))
@@ -379,39 +384,65 @@ class FrontDoor:
             self._released = None
             released.set()
 
-    def _new_session_client(self, conn: socket.socket, line: bytes) -> str | None:
-        """Whom ``conn`` counts for in the per-address session quota: its client, when its
-        request line asks for a new session and its address is not exempt; None otherwise."""
-        quota = self.session_quota
-        if quota is None or quota.limit is None or not _asks_for_a_session(quota, line):
-            return None
-        address = peername_ip(conn.getpeername())
-        return None if quota.exempt(address) else client_subject(address)
+    async def _read(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, line: bytes) -> FrontRequest:
+        """``conn``'s request as its worker will read it, its head read where a count needs it."""
+        return await read_request(
+            loop,
+            conn,
+            line,
+            path=self.path,
+            wants_head=self._wants_head,
+            keys=self.keys,
+            trusted=self.trusted,
+        )
 
-    async def _new_session_counts(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, line: bytes
-    ) -> list[tuple[str, int, str]]:
-        """Each quota ``conn`` counts in, as (subject, limit, what it counts): its address's,
-        and its API key's (read from the request's head, which is peeked for it)."""
+    def _wants_head(self, new_session: bool, peer: str) -> bool:
+        """Whether a realtime request's head must be read before it is handed over: for the
+        key it presents (the per-key quota and connect rate count it, and with keys a worker
+        answers one without 401 before it counts anything), and for the client a trusted proxy
+        forwards when a per-address count needs to know it."""
         quota = self.session_quota
+        counts_key = bool(self.keys) and (
+            bool(self.connect_rates) or (new_session and quota is not None and quota.per_key is not None)
+        )
+        counts_address = "address" in self.connect_rates or (
+            new_session and quota is not None and quota.limit is not None
+        )
+        return counts_key or (counts_address and self.trusted is not None and self.trusted(peer))
+
+    def _rate_refusal(self, request: FrontRequest) -> bytes | None:
+        """A 429 for a realtime request past its address's or its key's connect rate, as a
+        worker answers it (http_gate.py: checked in that order, a refused one costs no token;
+        with keys, one that presents none is the worker's to refuse with 401, uncounted)."""
+        if not self.connect_rates or not request.realtime:
+            return None
+        if self.keys and request.key is None:
+            return None
+        now = self.clock()
+        for by, rate in self.connect_rates.items():
+            subject: object = request.client if by == "address" else request.key
+            if subject is None:
+                continue
+            wait = rate.admit(subject, now)
+            if wait > 0.0:
+                self.refusals[f"connect_rate_{by}"] += 1
+                retry = max(1, math.ceil(wait))
+                text = f"too many new connections for this {by}; retry in {retry} s"
+                count_refusal(f"front_connect_rate_{by}", request.client, text)
+                return raw_http.refusal(429, "Too Many Requests", text, retry_after=retry)
+        return None
+
+    def _new_session_counts(self, request: FrontRequest) -> list[tuple[str, int, str]]:
+        """Each quota a new session's connection counts in, as (subject, limit, what it
+        counts): its client's, and its API key's."""
+        quota = self.session_quota
+        if quota is None or not request.new_session:
+            return []
         counts: list[tuple[str, int, str]] = []
-        client = self._new_session_client(conn, line)
-        if client is not None and quota is not None and quota.limit is not None:
-            counts.append((client, quota.limit, "address"))
-        if quota is None or quota.per_key is None or not quota.keys or not _asks_for_a_session(quota, line):
-            return counts
-        try:
-            async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
-                head = await _peek_until(loop, conn, b"\r\n\r\n", MAX_HEAD)
-        except ValueError:
-            raise HeadTooLong(f"the request's head is longer than {MAX_HEAD} bytes") from None
-        if head is None:
-            raise ValueError("the client closed before the end of its request's head")
-        key = accepted_key(_head_fields(head), quota.keys)
-        if key is not None:  # none: the worker refuses it (401)
-            digest = key_digest(key)
-            assert digest is not None
-            counts.append(("key:" + digest.hex(), quota.per_key, "API key"))
+        if quota.limit is not None and not quota.exempt(request.address):
+            counts.append((request.client, quota.limit, "address"))
+        if quota.per_key is not None and request.key is not None:  # none: the worker says 401
+            counts.append(("key:" + request.key.hex(), quota.per_key, "API key"))
         return counts
 
     # -- what the workers report ------------------------------------------------------------
@@ -611,6 +642,7 @@ class FrontDoor:
                 "lost_connections": self.lost_connections,
                 "hangs": {str(w.index): w.hangs for w in self.workers},
                 "rerouted_connections": self.rerouted,
+                "refused": dict(self.refusals),
             },
         )
 
@@ -627,14 +659,14 @@ async def _say_farewell(sock: socket.socket, frames: bytes) -> None:
                 try:
                     view = view[sock.send(view) :]
                 except BlockingIOError:
-                    await _wait_io(loop, sock, readable=False)
+                    await wait_io(loop, sock, readable=False)
             sock.shutdown(socket.SHUT_WR)
             while True:
                 try:
                     if not sock.recv(65536):
                         break
                 except BlockingIOError:
-                    await _wait_io(loop, sock, readable=True)
+                    await wait_io(loop, sock, readable=True)
     except (TimeoutError, OSError):
         pass
     finally:
@@ -648,80 +680,6 @@ def _unread(sock: socket.socket, line: bytes) -> bool:
         return sock.recv(len(line), socket.MSG_PEEK | socket.MSG_DONTWAIT) == line
     except OSError:
         return False
-
-
-async def _peek_request_line(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes | None:
-    """The HTTP request line, read with MSG_PEEK so the worker still receives every byte."""
-    return await _peek_until(loop, conn, b"\r\n", MAX_REQUEST_LINE)
-
-
-async def _peek_until(
-    loop: asyncio.AbstractEventLoop, conn: socket.socket, end_mark: bytes, limit: int
-) -> bytes | None:
-    """What the client sent up to ``end_mark`` (the request line's end, the head's), read with
-    MSG_PEEK so the worker still receives every byte; None if it closed first; ValueError past
-    ``limit`` bytes."""
-    seen = -1  # bytes buffered at the last peek that waited for more
-    try:
-        while True:
-            try:
-                data = conn.recv(limit, socket.MSG_PEEK)
-            except BlockingIOError:
-                await _wait_io(loop, conn, readable=True)
-                continue
-            if not data:
-                return None  # closed before sending anything
-            end = data.find(end_mark)
-            if end >= 0:
-                return data[:end]
-            if len(data) >= limit:
-                raise ValueError(f"no {end_mark!r} in the first {limit} bytes")
-            if len(data) == seen:
-                return None  # readable with nothing new: the client closed mid-line
-            seen = len(data)
-            # Part of a line is buffered, and a peek leaves it there: the socket stays readable,
-            # and waiting for readability would spin. So the kernel is asked to call it readable
-            # only once more bytes than these have come (or the client is gone). Re-peeking on
-            # a timer instead costs the front CPU for every such connection held open (a
-            # slow-loris client: a request line without its end).
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, seen + 1)
-            await _wait_io(loop, conn, readable=True)
-    finally:
-        if seen >= 0:
-            with contextlib.suppress(OSError):
-                # The worker gets the same socket: it must see each byte as it comes.
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-
-
-class HeadTooLong(ValueError):
-    """A new session's request head is longer than the front reads for its key (MAX_HEAD):
-    answered 431, not handed to a worker, whose count alone it would escape."""
-
-
-#: The most of a request's head the front reads for its API key (a websocket handshake's is a
-#: few hundred bytes; nginx's default buffers take 32 KiB). A longer one is dropped when the
-#: per-key quota is on: read by the worker alone, it would escape the front's count.
-MAX_HEAD = 32 << 10
-
-
-def _asks_for_a_session(quota: SessionQuota, line: bytes) -> bool:
-    """Whether a request line asks for a new session: the realtime path, naming none to resume
-    (not /health, /metrics or the console)."""
-    if not line or session_id_in(line) is not None:
-        return False
-    parts = line.split(b" ")
-    return len(parts) >= 2 and urlsplit(parts[1].decode("latin-1")).path == quota.path
-
-
-def _head_fields(head: bytes) -> Headers:
-    """A request head's header fields (the request line skipped), as the worker's websockets
-    parses them for the key: a field per line, its name before the first colon."""
-    fields = Headers()
-    for raw in head.split(b"\r\n")[1:]:
-        name, colon, value = raw.partition(b":")
-        if colon:
-            fields[name.decode("latin-1").strip()] = value.decode("latin-1").strip()
-    return fields
 
 
 async def _send_fd(
@@ -740,7 +698,7 @@ async def _send_fd(
         except BlockingIOError:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(HANDOFF_RECHECK_S):
-                    await _wait_io(loop, handoff, readable=False)
+                    await wait_io(loop, handoff, readable=False)
             if not worker.alive or worker.handoff is not handoff:
                 raise ConnectionError("the worker is gone") from None
 

@@ -306,6 +306,15 @@ class ServerMetrics:
             "worker (serve --workers)",
             registry=r,
         )
+        self.pool_front_refused = Gauge(
+            "duplex_front_refused",
+            "Connections the front answered itself and closed, by reason: connect_rate_address, "
+            "connect_rate_key, address_sessions, key_sessions (429), handshakes, no_worker (503), "
+            "head_too_long (431) (serve --workers; one process counts these in "
+            "duplex_connects_rate_limited and its own refusals)",
+            ["reason"],
+            registry=r,
+        )
         self.disconnects = Counter(
             "duplex_disconnects",
             "Connections ended, by what happened to their session",
@@ -325,6 +334,8 @@ class ServerMetrics:
             self.pool_hangs.labels(str(worker)).set(int(hangs))
         self.pool_rerouted_connections.set(int(news.get("rerouted_connections", 0)))
         self.pool_engine_hangs.set(int(news.get("engine_hangs", 0)))
+        for reason, refused in dict(news.get("refused", {})).items():
+            self.pool_front_refused.labels(str(reason)).set(int(refused))
 
     def observe(self, event: ev.ServerEvent) -> None:
         """Count one server event at its first delivery."""

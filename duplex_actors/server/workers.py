@@ -83,13 +83,13 @@ from .front_door import (
     PING_PASS_S,
     FrontDoor,
     SessionQuota,
-    _wait_io,
     _Worker,
     minted_by,
     owner_of,
     worker_session_id,
 )
-from .guard import PendingHandshakes, exempt_from
+from .front_request import wait_io
+from .guard import ConnectRate, PendingHandshakes, exempt_from
 from .lossy_output import make_output_lossy
 from .stop_requests import STOP_SIGNALS, StopRequests
 from .supervisors import (
@@ -172,7 +172,9 @@ class WorkerSettings:
     #: module-level function). The benchmark uses it for an unpaced engine.
     engine_factory: Callable[[], EngineBackend] | None = None
     #: More ServerConfig fields for every worker (write timeout, admission quotas,
-    #: compression...), as ``serve`` would set them in one process. Quotas count per worker.
+    #: compression...), as ``serve`` would set them in one process. Each worker counts its
+    #: own quotas; the front counts the per-client and per-key sessions and the connect rates
+    #: over all of them (FrontDoor).
     server_options: dict[str, Any] = attrs.field(factory=dict)
     #: More Runtime options (e.g. stall_timeout_s).
     runtime_options: dict[str, Any] = attrs.field(factory=dict)
@@ -202,6 +204,15 @@ class WorkerSettings:
     def tls(self) -> bool:
         """Whether the workers serve TLS (each terminates it itself: tls_relay.py)."""
         return self.server_options.get("tls_cert") is not None
+
+    @property
+    def worker_options(self) -> dict[str, Any]:
+        """``server_options`` as a worker applies them: without TLS the front counts the
+        connect rates over every worker (FrontDoor.connect_rates), so a worker counting them
+        too would charge each connection twice."""
+        if self.tls:
+            return self.server_options
+        return {**self.server_options, "connect_rate_per_address": None, "connect_rate_per_key": None}
 
     def build_engine(self) -> EngineBackend:
         if self.engine_factory is not None:
@@ -319,7 +330,7 @@ async def _run_worker(
         api_key=settings.api_key,
         max_connections=settings.max_connections,
         **({"limits": settings.limits} if settings.limits is not None else {}),
-        **settings.server_options,
+        **settings.worker_options,
     )
     # The same collector policy as single-process serve: without it a worker's full
     # collections run on its loop and stall every session it serves.
@@ -428,7 +439,7 @@ async def _receive_connections(front: socket.socket, server: RealtimeServer, sto
         try:
             message, fds, _flags, _addr = socket.recv_fds(front, 4096, 1)
         except BlockingIOError:
-            await _wait_io(loop, front, readable=True)
+            await wait_io(loop, front, readable=True)
             continue
         if not message and not fds:
             return  # the front closed its end: it is shutting down
@@ -468,20 +479,37 @@ async def _adopt(server: RealtimeServer, sock: socket.socket, handed_id: int | N
 
 
 def _session_quota(edge: ServerConfig, keys: tuple[str, ...]) -> SessionQuota | None:
-    """The quotas the front keeps over every worker, as a worker keeps them: per address, the
+    """The quotas the front keeps over every worker, as a worker keeps them: per client, the
     explicit ``max_sessions_per_address`` (exempt networks counted, as a worker counts them) or
     else the default one (not counting them); per API key (of ``keys``),
     ``max_sessions_per_key``. None when none is set."""
     per_key = edge.max_sessions_per_key if keys else None
     if edge.max_sessions_per_address is not None:
         limit: int | None = edge.max_sessions_per_address
-        exempt = exempt_from(edge.trusted_proxies)
+        exempt: Callable[[str], bool] = _no_one
     else:
         limit = edge.default_sessions_per_address
-        exempt = exempt_from(edge.exempt_networks + edge.trusted_proxies)
+        exempt = exempt_from(edge.exempt_networks)
     if limit is None and per_key is None:
         return None
-    return SessionQuota(limit, edge.path, exempt, per_key=per_key, keys=keys)
+    return SessionQuota(limit, exempt, per_key=per_key)
+
+
+def _no_one(_address: str) -> bool:
+    return False
+
+
+def _connect_rates(edge: ServerConfig) -> dict[str, ConnectRate]:
+    """The connect rates the front keeps over every worker (the same buckets a worker keeps:
+    RealtimeServer.connect_rates)."""
+    return {
+        by: ConnectRate(rate, burst)
+        for by, rate, burst in (
+            ("address", edge.connect_rate_per_address, edge.connect_burst_per_address),
+            ("key", edge.connect_rate_per_key, edge.connect_burst_per_key),
+        )
+        if rate is not None
+    }
 
 
 def serve_workers(
@@ -535,6 +563,7 @@ async def _run_front(
     # The limits a worker puts on connections in their handshake, on those the front holds
     # while it reads their request line (ServerConfig's defaults, or serve's flags).
     edge = ServerConfig(**settings.server_options)
+    keys = ((settings.api_key,) if settings.api_key else ()) + edge.api_keys
     front = FrontDoor(
         pool,
         listener,
@@ -544,7 +573,12 @@ async def _run_front(
             total=edge.max_handshakes,
             exempt=exempt_from(edge.exempt_networks + edge.trusted_proxies),
         ),
-        session_quota=_session_quota(edge, ((settings.api_key,) if settings.api_key else ()) + edge.api_keys),
+        session_quota=_session_quota(edge, keys),
+        # Under TLS the front reads no request: each worker keeps its own rates then.
+        connect_rates=None if tls else _connect_rates(edge),
+        path=edge.path,
+        keys=keys,
+        trusted=exempt_from(edge.trusted_proxies) if edge.trusted_proxies else None,
     )
     for worker in pool:
         front.listen_to(worker)
@@ -641,9 +675,13 @@ async def _run_front(
     async def watch_liveness() -> None:
         # On during a drain too: a hung worker would otherwise hold the front for the drain's
         # whole limit, and its clients would never be told.
+        told = dict(front.refusals)
         while True:
             for worker in front.ping(front.clock()):
                 stop_hung(worker)
+            if front.refusals != told:  # the workers' /metrics show the front's refusals
+                told = dict(front.refusals)
+                tell_pool()
             await asyncio.sleep(PING_PASS_S)
 
     for worker in pool:

@@ -1071,6 +1071,79 @@ def test_the_per_key_quota_is_the_servers_over_all_of_its_workers():
 
 
 @pytest.mark.slow
+def test_connect_rates_and_a_proxied_clients_quota_are_the_servers_over_all_of_its_workers():
+    # Each worker kept its own connect-rate buckets, so with 2 workers a client got twice its
+    # --connect-rate-per-address burst; and the front counted a trusted proxy's clients as
+    # the proxy (so not at all), leaving each worker to count them alone: one client behind
+    # the proxy held twice --max-sessions-per-address. On the tree before, the third session
+    # below opened and the 21st connection passed. The front now reads X-Forwarded-For from a
+    # trusted proxy's requests, as a worker reads it, and counts both over every worker.
+    with serve_workers(
+        2,
+        "--trusted-proxies",
+        "127.0.0.1/32",
+        "--max-sessions-per-address",
+        "2",
+        "--connect-rate-per-address",
+        "0.01",  # after the burst of 20, nothing refills during the test
+    ) as s:
+
+        def via_proxy(client: str) -> dict[str, str]:
+            return {"X-Forwarded-For": client}
+
+        async def main() -> None:
+            opened = []
+            for _ in range(2):  # tokens of 203.0.113.7 spent: 2
+                ws = await connect(s.url, additional_headers=via_proxy("203.0.113.7"))
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                opened.append(ws)
+            with pytest.raises(InvalidStatus) as refused:  # 3
+                await connect(s.url, additional_headers=via_proxy("203.0.113.7"))
+            assert refused.value.response.status_code == 429
+            assert b"already holds 2 sessions" in refused.value.response.body
+            # A client that writes its own X-Forwarded-For before the proxy's entry is still
+            # the address the proxy appended.
+            with pytest.raises(InvalidStatus) as refused:  # 4
+                await connect(s.url, additional_headers=via_proxy("198.51.100.1, 203.0.113.7"))
+            assert refused.value.response.status_code == 429
+            async with connect(s.url, additional_headers=via_proxy("203.0.113.8")) as other:
+                assert json.loads(await other.recv())["type"] == "session.created"
+            for ws in opened:
+                await ws.close()
+            for _ in range(16):  # 5 to 20: the burst
+                async with connect(s.url, additional_headers=via_proxy("203.0.113.7")) as ws:
+                    assert json.loads(await ws.recv())["type"] == "session.created"
+            with pytest.raises(InvalidStatus) as refused:  # 21
+                await connect(s.url, additional_headers=via_proxy("203.0.113.7"))
+            assert refused.value.response.status_code == 429
+            assert b"too many new connections for this address" in refused.value.response.body
+            assert int(refused.value.response.headers["Retry-After"]) >= 1
+            async with connect(s.url, additional_headers=via_proxy("203.0.113.8")) as other:
+                assert json.loads(await other.recv())["type"] == "session.created"
+
+        run(main)
+        errors = s.stderr()
+        assert "what=front_connect_rate_address" in errors, errors[-3000:]
+        assert "what=front_address_sessions" in errors, errors[-3000:]
+        # A worker counts no connect rate behind the front: the front's refusals reach the
+        # workers' /metrics instead.
+        wanted = {
+            'duplex_front_refused{reason="connect_rate_address"} 1.0',
+            'duplex_front_refused{reason="address_sessions"} 2.0',
+        }
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(s.http + "/metrics", timeout=10) as response:
+                lines = set(response.read().decode().splitlines())
+            if wanted <= lines or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert wanted <= lines, sorted(
+            line for line in lines if "front_refused" in line or "rate_limited" in line
+        )
+
+
+@pytest.mark.slow
 def test_the_memory_budgets_are_the_servers_shared_out_among_its_workers():
     # --text-budget-mb (and the audio and journal budgets) bounded each worker, so N workers
     # let the server hold N times what the flag said. Now each worker holds 1/N: 512 KiB each
