@@ -677,6 +677,9 @@ class Runtime:
                         actor.scheduled = False
                         if actor.process(budget):
                             self._schedule(actor)
+                    # Not kept while the dispatcher waits: a session closed in this round would
+                    # stay alive (its journal, its conversation) until the next one.
+                    del actor
                 else:
                     self._metered_round(ready, budget)
             finally:

@@ -435,6 +435,11 @@ class SessionActor:
         """The session closed: refuse what is still queued, exactly once each."""
         self._finished = True
         self._audio_on_its_way = 0  # the engine's outputs still queued are consumed as stale
+        if self._idle_timer is not None:
+            # Its callback is this actor: left set, it kept the closed session (its journal,
+            # its conversation) alive until the timeout it was set for.
+            self._idle_timer.cancel()
+            self._idle_timer = None
         for lane, message in self.mailbox.drain():
             if isinstance(message, _ReportError):
                 continue  # the session is closed: nobody is left to tell
