@@ -600,6 +600,7 @@ class RealtimeServer:
         self._connections += 1
         self.metrics.connections.inc()
         self.metrics.connections_total.inc()
+        record: SessionRecord | None = None
         try:
             assert ws.request is not None, "websockets calls the handler after the handshake"
             resume_ids = parse_qs(urlsplit(ws.request.path).query).get("session_id")
@@ -617,6 +618,11 @@ class RealtimeServer:
         finally:
             self._connections -= 1
             self.metrics.connections.dec()
+            if record is not None and self.front_link is not None and record.handle.state == "closed":
+                # Its writer tells the front when it writes session.closed; a connection that
+                # ended first (dropped mid-close) never does, and the front kept the session's
+                # responses for good. Told twice is harmless.
+                self.front_link.session_ended(record.handle.id)
 
     async def _open(self, conn: SessionConnection) -> SessionRecord | None:
         try:
@@ -844,6 +850,11 @@ class RealtimeServer:
         record = self._records.get(session_id)
         if record is not None and record.attached is None:
             self._forget(record)
+        if (record is None or record.attached is None) and self.front_link is not None:
+            # No connection will write its session.closed: the front hears of the end here,
+            # or it kept the responses it was told of (a client that dropped its connection
+            # mid-response) for as long as it ran, a few hundred bytes a session.
+            self.front_link.session_ended(session_id)
 
     def _sweep(self, limit: int = SWEEP_SLICE) -> None:
         """Drop records of sessions that closed while no connection was attached (expiry),

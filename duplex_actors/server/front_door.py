@@ -177,7 +177,7 @@ class FrontDoor:
         self.listener = listener
         self._next = 0
         self.routed = [0] * len(workers)
-        self.ledger = FrontLedger()
+        self.ledger = FrontLedger(owner=owner_of)
         #: The front's duplicate of every socket a living worker holds, by hand-off id.
         self._held: dict[int, socket.socket] = {}
         #: Under TLS the front can neither read a request line (each connection goes to the next

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import secrets
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -63,6 +64,9 @@ class FrontLedger:
     _responses: dict[str, list[str]] = attrs.field(factory=dict)
     _next_id: int = 0
     _by_client: dict[str, int] = attrs.field(factory=dict)
+    #: The worker a session id names (front_door.owner_of): a dead worker's sessions are
+    #: forgotten with it, those without a connection included.
+    owner: Callable[[str], int | None] = attrs.field(default=lambda _session_id: None, kw_only=True)
 
     def handed(self, worker: int, resuming: str | None = None, *clients: str) -> int:
         """A connection goes to ``worker`` (``resuming``: the session its request line asks to
@@ -154,6 +158,10 @@ class FrontLedger:
         # whose client had left, and the client on the new one got session.closed alone.
         sessions = {h.session_id or h.resuming for h in handed_over.values()}
         responses = {sid: self._responses.pop(sid, []) for sid in sessions if sid is not None}
+        # Its sessions without a connection (detached, waiting for a resume) died with it too:
+        # nobody is left to tell, and nothing would ever end them here.
+        for sid in [sid for sid in self._responses if self.owner(sid) == worker]:
+            del self._responses[sid]
         farewells = {}
         for connection, handed in handed_over.items():
             session_id = handed.session_id

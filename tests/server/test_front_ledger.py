@@ -173,3 +173,19 @@ def test_a_clients_sessions_are_its_connections_handed_and_not_yet_released_or_l
         for client_ in ("10.0.0.1", "10.0.0.2"):
             assert ledger.sessions_of(client_) == sum(1 for _, c in live.values() if c == client_)
     assert not ledger._by_client or all(ledger._by_client.values())  # no zero left behind
+
+
+def test_a_dead_workers_sessions_without_a_connection_are_forgotten_with_it():
+    # A session detached mid-response (its client dropped) is on no connection: worker_lost
+    # forgot only the sessions of the connections it held, so a dead worker's detached sessions
+    # stayed in the front's ledger for good.
+    from duplex_actors.server.front_door import owner_of, worker_session_id
+
+    ledger = FrontLedger(owner=owner_of)
+    detached, other, attached = worker_session_id(1), worker_session_id(0), worker_session_id(1)
+    for sid in (detached, other, attached):
+        ledger.response_started(sid, "resp_" + sid[-4:])
+    ledger.attached(ledger.handed(1), attached)
+    farewells = ledger.worker_lost(1)
+    assert len(farewells) == 1  # the one connection it held is told
+    assert list(ledger._responses) == [other]  # worker 0's session is still in flight

@@ -384,6 +384,7 @@ class _RecordingFrontLink:
 
     def session_ended(self, session_id: str) -> None:
         self.reports.append(("session_ended", session_id))
+        self.ledger.session_ended(session_id)
 
 
 async def test_a_replayed_response_created_does_not_reopen_the_response_at_the_front():
@@ -412,6 +413,31 @@ async def test_a_replayed_response_created_does_not_reopen_the_response_at_the_f
             assert any(e["type"] == "response.created" for e in replay)
         # Never reopened: the front has nothing of this session in flight at any point.
         assert ("started", rid) not in link.reports[2:], link.reports
+        assert link.ledger._responses == {}
+
+
+@pytest.mark.parametrize("leaves", ["drops_and_expires", "closes_mid_response"])
+async def test_the_front_hears_of_every_sessions_end_and_keeps_none_of_its_responses(leaves):
+    # serve --workers: the worker told the front of a session's end only as it wrote its
+    # session.closed. A session that closed with no connection to write it on (expired after
+    # its client dropped mid-response), or whose connection ended first (a client closing
+    # mid-response), was never reported, and the front kept its responses for good: a few
+    # hundred bytes each, growing without bound (a probe through serve --workers 2, 2026-12-07).
+    slow = Script(tokens=("a",) * 40, token_latency_s=0.05, audio_packets=0)
+    async with running_server(slow, session_overrides={"disconnect_grace_s": 0.3}) as server:
+        link = _RecordingFrontLink()
+        server.front_link = link  # type: ignore[assignment]
+        ws = await connect(server.url)
+        sid = (await recv_json(ws))["session"]["id"]
+        await ws.send(json.dumps({"type": "response.create"}))
+        await recv_until(ws, "response.created")
+        assert list(link.ledger._responses) == [sid]
+        handle = server.runtime.get(sid)
+        if leaves == "drops_and_expires":
+            ws.transport.abort()
+        else:
+            await ws.close()
+        await wait_until(lambda: handle.state == "closed" and ("session_ended", sid) in link.reports, timeout=10)
         assert link.ledger._responses == {}
 
 
