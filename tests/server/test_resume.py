@@ -437,7 +437,9 @@ async def test_the_front_hears_of_every_sessions_end_and_keeps_none_of_its_respo
             ws.transport.abort()
         else:
             await ws.close()
-        await wait_until(lambda: handle.state == "closed" and ("session_ended", sid) in link.reports, timeout=10)
+        await wait_until(
+            lambda: handle.state == "closed" and ("session_ended", sid) in link.reports, timeout=10
+        )
         assert link.ledger._responses == {}
 
 
