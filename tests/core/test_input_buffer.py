@@ -80,3 +80,38 @@ def test_two_buffers_read_as_bytearrays_and_their_account_counts_exactly_what_th
     bufs["a"].detach()
     bufs["b"].detach()
     assert account.held == budget.total == 0
+
+
+_sizes = st.sampled_from([0, 1, 2, 300, 511, 512, 513, 640, 1500])
+
+
+@given(st.lists(st.one_of(_sizes.map(lambda n: b"\x01" * n), st.binary(max_size=1500)), max_size=300))
+def test_what_the_chunks_add_is_bounded_however_small_the_appends(appends):
+    # A client appending one sample at a time (binary frames of 2 bytes) had each kept as its
+    # own object: about 58 bytes held for 2 counted, 29 times what the audio budget saw. Small
+    # appends are joined, so every chunk but the last is at least SMALL_CHUNK long.
+    from duplex_actors.core.input_buffer import SMALL_CHUNK
+
+    buf = InputBuffer()
+    for pcm in appends:
+        buf += pcm
+    chunks = list(buf._chunks or [])  # before bytes(), which joins them
+    assert all(len(chunk) >= SMALL_CHUNK for chunk in chunks[:-1])
+    assert len(chunks) <= len(buf) // SMALL_CHUNK + 1
+    assert b"".join(chunks) == bytes(buf) == b"".join(appends)
+
+
+def test_a_stream_of_single_samples_holds_little_more_than_its_audio():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        buf = InputBuffer()
+        for _ in range(15_000):
+            buf += b"\x01\x00"
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(buf) == 30_000
+    assert held < 1.25 * len(buf), held  # kept one object each: about 29 times
