@@ -249,7 +249,12 @@ def register(app: typer.Typer) -> None:
             "past it gets a transcription failed event at once (sessions take turns)",
         ),
         transcription_workers: int = typer.Option(
-            1, min=1, help="recogniser processes decoding turns at once (each holds ~130 MB; per --workers)"
+            1,
+            min=0,
+            help="input transcription's decodes at once, per --workers (Moonshine: threads sharing "
+            "one model of about 650 MiB, loaded on the first transcribed turn; PocketSphinx: "
+            "processes of ~130 MB each); 0: no recogniser, a session asking for transcription "
+            "gets its failed event",
         ),
         compression: bool = typer.Option(
             True,
@@ -578,8 +583,9 @@ async def open_server(
     from .app import RealtimeServer
     from .lingering import LINGERING
 
-    # Loaded lazily on the first transcribed turn (in a worker process); None without the extra.
-    transcriber = default_transcriber(transcription_workers)
+    # Loaded lazily on the first transcribed turn; None without the extra, or when the operator
+    # wants none (any client asking for transcription would load it, for the process's life).
+    transcriber = default_transcriber(transcription_workers) if transcription_workers > 0 else None
     # Freezing keeps full collections off the loop, but cycles frozen while alive (dropped
     # connections, cancelled tasks) wait for the next reclaim: too rare a reclaim lets memory
     # grow under connection churn. 0 turns the policy off.

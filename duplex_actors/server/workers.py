@@ -323,7 +323,9 @@ async def _run_worker(
     backend = EngineProcessClient(engine_path)
     # As single-process serve: a session that asks for input transcription gets it here too
     # (loaded lazily on its first transcribed turn; None without the 'transcription' extra).
-    transcriber = default_transcriber(settings.transcription_workers)
+    transcriber = (
+        default_transcriber(settings.transcription_workers) if settings.transcription_workers > 0 else None
+    )
     config = ServerConfig(
         host="127.0.0.1",
         port=0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -12,11 +13,12 @@ import urllib.request
 
 import anyio
 import pytest
+import websockets
 from typer.testing import CliRunner
 
 from duplex_actors.client import DuplexClient
 
-from .conftest import CHUNK_100MS, serve_app
+from .conftest import CHUNK_100MS, recv_json, recv_until, serve_app
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -330,3 +332,34 @@ def test_a_value_no_server_could_run_with_is_a_usage_error_not_a_start(given):
     result = CliRunner().invoke(serve_app(), ["serve", "--engine", "scripted", *given])
     assert result.exit_code == 2, result.output
     assert "Invalid value" in result.output
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("decodes", [0, 1])
+async def test_transcription_workers_zero_serves_without_a_recogniser(decodes):
+    # Any client asking for input transcription loads the recogniser into the serving process
+    # for its life (Moonshine: about 650 MiB). An operator who wants none says 0: such a
+    # session then gets a transcription failed event for each turn, its turns still answered.
+    from duplex_actors import ScriptedEngine
+    from duplex_actors.server import ServerConfig
+    from duplex_actors.server.cli_commands import open_server
+
+    config = ServerConfig(host="127.0.0.1", port=0)
+    async with open_server(ScriptedEngine(), config, transcription_workers=decodes) as server:
+        if decodes:
+            assert server.runtime.transcriber is not None
+            return
+        assert server.runtime.transcriber is None
+        async with websockets.connect(server.url) as ws:
+            await recv_json(ws)
+            update = {"audio": {"input": {"transcription": {"model": "whisper-1"}, "turn_detection": None}}}
+            await ws.send(json.dumps({"type": "session.update", "session": update}))
+            await recv_until(ws, "session.updated")
+            pcm = base64.b64encode(b"\x01\x00" * 2400).decode()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": pcm}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            with anyio.fail_after(5):
+                failed = (await recv_until(ws, "conversation.item.input_audio_transcription.failed"))[-1]
+            assert "not available" in failed["error"]["message"]
+    bad = CliRunner().invoke(serve_app(), ["serve", "--transcription-workers", "-1"])
+    assert bad.exit_code != 0
