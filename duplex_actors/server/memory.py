@@ -19,13 +19,12 @@ no-ops. The figures are in docs/reliability.md ("Bounded memory").
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import sys
 import time
 from asyncio import selector_events
 
 import structlog
+
+from ..glibc import GLIBC, trim_now
 
 log = structlog.get_logger("duplex_actors.server")
 
@@ -55,20 +54,7 @@ _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 
 
-def _load_glibc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.gnu_get_libc_version  # noqa: B018 (musl has no such symbol, nor these semantics)
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_GLIBC = _load_glibc()
+_GLIBC = GLIBC
 _configured = False
 
 
@@ -85,15 +71,6 @@ def configure_allocator(
         if trim_threshold is not None:
             _configured = bool(_GLIBC.mallopt(_M_TRIM_THRESHOLD, trim_threshold)) and _configured
     return _configured
-
-
-def trim_now() -> float:
-    """Give every free page back (``malloc_trim(0)``); returns the seconds it took."""
-    if _GLIBC is None:
-        return 0.0
-    began = time.perf_counter()
-    _GLIBC.malloc_trim(0)
-    return time.perf_counter() - began
 
 
 class _Trimmer:

@@ -135,3 +135,31 @@ def test_default_transcriber_prefers_moonshine_and_can_be_told_otherwise(monkeyp
     assert isinstance(default_transcriber(), PocketsphinxTranscriber)
     with pytest.raises(ValueError):
         default_transcriber(prefer="whisper")
+
+
+@pytest.mark.slow
+def test_an_idle_model_is_let_go_and_loaded_again_for_the_next_turn():
+    # Loaded, the model holds about 650 MiB: one client's one transcribed turn kept it in the
+    # serving process for its life. It goes once idle for idle_unload_s, and a later turn
+    # loads it again and hears the same words.
+    from duplex_actors.audio.utterances import synthesize_utterance
+
+    pcm = synthesize_utterance(SENTENCES[0], varied=False)
+    recogniser = MoonshineTranscriber(idle_unload_s=0.5)
+    try:
+        first = recogniser.transcribe_blocking(pcm, 16000)
+        assert recogniser._model is not None and (recogniser.loads, recogniser.unloads) == (1, 0)
+        deadline = time.monotonic() + 10
+        while recogniser._model is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert recogniser._model is None and recogniser.unloads == 1
+        assert recogniser.transcribe_blocking(pcm, 16000) == first
+        assert word_error_rate(SENTENCES[0], first) <= 0.1
+        assert recogniser.loads == 2
+        # In use, never let go: decodes closer together than the idle time keep it.
+        for _ in range(3):
+            time.sleep(0.2)
+            recogniser.transcribe_blocking(pcm, 16000)
+        assert (recogniser.loads, recogniser.unloads) == (2, 1)
+    finally:
+        recogniser.close()
