@@ -249,7 +249,10 @@ def test_every_turn_is_refused_answered_or_forgotten_once_and_no_waiting_session
                 hear(arg, value)
         else:
             served_next = None if served_next == arg else served_next
-            last_served[arg] = -1  # a closed session's place is forgotten with it
+            # last_served[arg] stays: a session named for no tenant is a tenant of its own,
+            # keyed by its id, and FairShare remembers a tenant's place past its flows (so
+            # that ending flows and starting new ones never jumps the line). The model reset
+            # it here, and expected the next session of the same id to go first.
             dropped = q.forget(arg)
             assert dropped == len(waiting_turns[arg])
             for gone in waiting_turns[arg]:
