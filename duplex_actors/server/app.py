@@ -214,14 +214,7 @@ class RealtimeServer:
             max_per_address=config.max_sessions_per_address,
             max_detached=config.max_detached_sessions,
         )
-        self.connect_rates = {
-            by: guard.ConnectRate(rate, burst)
-            for by, rate, burst in (
-                ("address", config.connect_rate_per_address, config.connect_burst_per_address),
-                ("key", config.connect_rate_per_key, config.connect_burst_per_key),
-            )
-            if rate is not None
-        }
+        self.connect_rates = guard.connect_rates(config)
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -45,12 +45,15 @@ import ipaddress
 import secrets
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from websockets.datastructures import Headers
 
 from ..errors import QuotaExceeded
+
+if TYPE_CHECKING:
+    from .config import ServerConfig
 
 _log = structlog.get_logger("duplex_actors.server.guard")
 
@@ -252,6 +255,19 @@ class ConnectRate:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+def connect_rates(config: ServerConfig) -> dict[str, ConnectRate]:
+    """The connect-rate buckets ``config`` asks for, by what they count ("address", "key"):
+    a single-process server's, or the front's over every worker under ``serve --workers``."""
+    return {
+        by: ConnectRate(rate, burst)
+        for by, rate, burst in (
+            ("address", config.connect_rate_per_address, config.connect_burst_per_address),
+            ("key", config.connect_rate_per_key, config.connect_burst_per_key),
+        )
+        if rate is not None
+    }
 
 
 class AdmissionQuotas:

@@ -89,7 +89,7 @@ from .front_door import (
     worker_session_id,
 )
 from .front_request import wait_io
-from .guard import ConnectRate, PendingHandshakes, exempt_from
+from .guard import PendingHandshakes, connect_rates, exempt_from
 from .lossy_output import make_output_lossy
 from .stop_requests import STOP_SIGNALS, StopRequests
 from .supervisors import (
@@ -488,30 +488,13 @@ def _session_quota(edge: ServerConfig, keys: tuple[str, ...]) -> SessionQuota | 
     per_key = edge.max_sessions_per_key if keys else None
     if edge.max_sessions_per_address is not None:
         limit: int | None = edge.max_sessions_per_address
-        exempt: Callable[[str], bool] = _no_one
+        exempt = exempt_from(())  # an explicit limit counts every client, as a worker does
     else:
         limit = edge.default_sessions_per_address
         exempt = exempt_from(edge.exempt_networks)
     if limit is None and per_key is None:
         return None
     return SessionQuota(limit, exempt, per_key=per_key)
-
-
-def _no_one(_address: str) -> bool:
-    return False
-
-
-def _connect_rates(edge: ServerConfig) -> dict[str, ConnectRate]:
-    """The connect rates the front keeps over every worker (the same buckets a worker keeps:
-    RealtimeServer.connect_rates)."""
-    return {
-        by: ConnectRate(rate, burst)
-        for by, rate, burst in (
-            ("address", edge.connect_rate_per_address, edge.connect_burst_per_address),
-            ("key", edge.connect_rate_per_key, edge.connect_burst_per_key),
-        )
-        if rate is not None
-    }
 
 
 def serve_workers(
@@ -577,7 +560,7 @@ async def _run_front(
         ),
         session_quota=_session_quota(edge, keys),
         # Under TLS the front reads no request: each worker keeps its own rates then.
-        connect_rates=None if tls else _connect_rates(edge),
+        connect_rates=None if tls else connect_rates(edge),
         path=edge.path,
         keys=keys,
         trusted=exempt_from(edge.trusted_proxies) if edge.trusted_proxies else None,
