@@ -27,7 +27,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -36,8 +35,8 @@ from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import structlog
 
-from ..glibc import trim_now
 from ..parent_death import end_with_parent
+from .idle_release import IdleRelease
 
 if TYPE_CHECKING:  # onnxruntime is imported only when the ONNX backend loads
     import numpy as np
@@ -104,6 +103,10 @@ def transcribe_pcm16(pcm: bytes, sample_rate: int) -> str:
 #: killed from outside is replaced, one that cannot even start would be started for every turn.
 MAX_BROKEN_POOLS = 3
 
+#: How long a loaded recogniser (Moonshine's model, PocketSphinx's worker processes) may go
+#: unused before it is let go; ``serve --transcription-idle-s``.
+IDLE_UNLOAD_S = 600.0
+
 
 class RecogniserUnavailable(RuntimeError):
     """The recogniser's worker processes died MAX_BROKEN_POOLS times in a row (their stderr
@@ -114,17 +117,31 @@ class RecogniserUnavailable(RuntimeError):
 class PocketsphinxTranscriber:
     """Offline English transcription with PocketSphinx's packaged model, in worker processes
     (``max_concurrent`` of them, each holding its own copy of the model, started on the first
-    turn; :meth:`close` stops them)."""
+    turn and stopped once no turn has used them for ``idle_unload_s``; :meth:`close` stops
+    them)."""
 
     name = "pocketsphinx"
 
-    def __init__(self, *, max_concurrent: int = 1) -> None:
+    def __init__(self, *, max_concurrent: int = 1, idle_unload_s: float | None = IDLE_UNLOAD_S) -> None:
         import pocketsphinx  # noqa: F401  (fail at construction, not at the first turn)
 
         self.max_concurrent = max_concurrent
         self._pool: ProcessPoolExecutor | None = None
         self._stop_pool: weakref.finalize[..., PocketsphinxTranscriber] | None = None
         self._broken_in_a_row = 0
+        self._idle = IdleRelease(idle_unload_s, self._shut_pool, name=self.name)
+        #: Times worker processes were started.
+        self.loads = 0
+
+    @property
+    def unloads(self) -> int:
+        """Times the worker processes were stopped for being idle."""
+        return self._idle.releases
+
+    @property
+    def idle_unload_s(self) -> float | None:
+        """Seconds unused before the worker processes are stopped (None: never)."""
+        return self._idle.idle_s
 
     def supports_language(self, language: str | None) -> bool:
         return english(language)  # its packaged model is US English
@@ -138,31 +155,40 @@ class PocketsphinxTranscriber:
             raise RecogniserUnavailable(
                 f"the recogniser's worker processes died {self._broken_in_a_row} times in a row"
             )
-        pool = self._pool
-        if pool is None:
-            pool = self._pool = ProcessPoolExecutor(
-                self.max_concurrent,
-                mp_context=multiprocessing.get_context("spawn"),
-                # This process killed (SIGKILL: the OOM killer, a worker of serve stopped
-                # by its pid) runs no close(): its recogniser's process, ~140 MB, lived on
-                # as an orphan, one more for every such death.
-                initializer=end_with_parent,
-                initargs=(signal.SIGKILL, os.getpid()),
-            )
-            # Dropped without close(): the workers still go.
-            self._stop_pool = weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)
-        try:
-            text = await asyncio.get_running_loop().run_in_executor(pool, transcribe_pcm16, pcm, sample_rate)
-        except BrokenProcessPool:
-            # A worker died (killed, or the decoder crashed): this turn fails, the next one
-            # gets a fresh pool instead of the same error for ever.
-            if self._pool is pool:
-                self._broken_in_a_row += 1
-                log.warning("transcription.pool_broken", in_a_row=self._broken_in_a_row)
-                self.close()
-            raise
+        with self._idle.using():  # the pool is not stopped for being idle while a turn uses it
+            pool = self._pool or self._start_pool()
+            try:
+                text = await asyncio.get_running_loop().run_in_executor(
+                    pool, transcribe_pcm16, pcm, sample_rate
+                )
+            except BrokenProcessPool:
+                self._broken(pool)
+                raise
         self._broken_in_a_row = 0
         return text
+
+    def _start_pool(self) -> ProcessPoolExecutor:
+        pool = self._pool = ProcessPoolExecutor(
+            self.max_concurrent,
+            mp_context=multiprocessing.get_context("spawn"),
+            # This process killed (SIGKILL: the OOM killer, a worker of serve stopped
+            # by its pid) runs no close(): its recogniser's process, ~140 MB, lived on
+            # as an orphan, one more for every such death.
+            initializer=end_with_parent,
+            initargs=(signal.SIGKILL, os.getpid()),
+        )
+        # Dropped without close(): the workers still go.
+        self._stop_pool = weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)
+        self.loads += 1
+        return pool
+
+    def _broken(self, pool: ProcessPoolExecutor) -> None:
+        # A worker died (killed, or the decoder crashed): this turn fails, the next one gets a
+        # fresh pool instead of the same error for ever.
+        if self._pool is pool:
+            self._broken_in_a_row += 1
+            log.warning("transcription.pool_broken", in_a_row=self._broken_in_a_row)
+            self._shut_pool()
 
     def close(self, *, wait: bool = False) -> None:
         """Stop the worker processes (the next turn would start new ones). ``wait``: until
@@ -173,15 +199,21 @@ class PocketsphinxTranscriber:
         process outlived it (an orphan holding a model per ``serve --workers`` run that
         transcribed).
         """
+        self._idle.close()
+        self._shut_pool(wait=wait)
+
+    def _shut_pool(self, *, wait: bool = False) -> bool:
+        """Stop the worker processes, if any (also IdleRelease's release): whether there were."""
         pool, stop = self._pool, self._stop_pool
         self._pool = self._stop_pool = None
         if stop is None or pool is None:
-            return
+            return False
         if wait:
             stop.detach()
             pool.shutdown(wait=True, cancel_futures=True)
         else:
             stop()
+        return True
 
 
 class UnsupportedLanguage(ValueError):
@@ -215,10 +247,6 @@ def trim_quiet(
     start = max(int(loud[0]) * frame - margin, 0)
     end = min((int(loud[-1]) + 1) * frame + margin, len(audio))
     return audio[start:end]
-
-
-#: How long a loaded Moonshine model may go unused before it is let go (MoonshineTranscriber).
-IDLE_UNLOAD_S = 600.0
 
 
 class MoonshineTranscriber:
@@ -287,27 +315,28 @@ class MoonshineTranscriber:
         self._handle: int | None = None
         self._model: MoonshineOnnx | None = None  # once loaded
         self._lock = threading.Lock()
-        #: The model is let go once no decode has used it this long (None: kept for good).
-        #: Loaded, it holds about 650 MiB; one client's one transcribed turn kept that in the
-        #: process for its life. The next turn after an unload waits for a load (seconds).
-        self.idle_unload_s = idle_unload_s
-        self._last_used = 0.0
-        #: Whether the thread that unloads an idle model runs (at most one).
-        self._watching = False
-        self._closed = threading.Event()
-        #: Times the model was loaded, and let go for being idle.
+        #: The model is let go once no decode has used it for ``idle_unload_s`` (None: kept
+        #: for good). Loaded, it holds about 650 MiB; one client's one transcribed turn kept
+        #: that in the process for its life. The next turn after an unload waits for a load.
+        self._idle = IdleRelease(idle_unload_s, self._unload_when_idle, name=self.name)
+        #: Times the model was loaded.
         self.loads = 0
-        self.unloads = 0
+
+    @property
+    def unloads(self) -> int:
+        """Times the model was let go for being idle."""
+        return self._idle.releases
+
+    @property
+    def idle_unload_s(self) -> float | None:
+        """Seconds unused before the model is let go (None: never)."""
+        return self._idle.idle_s
 
     def supports_language(self, language: str | None) -> bool:
         return english(language)
 
     def _load(self) -> MoonshineOnnx | int:
         # Under the lock; by path, so nothing is ever downloaded.
-        self._last_used = time.monotonic()
-        if self.idle_unload_s is not None and not self._watching:
-            self._watching = True
-            threading.Thread(target=self._unload_when_idle, name="moonshine-unload", daemon=True).start()
         if self.backend == "onnx":
             if self._model is None:
                 from .moonshine_onnx import MoonshineOnnx
@@ -329,23 +358,10 @@ class MoonshineTranscriber:
             self.loads += 1
         return self._handle
 
-    def _unload_when_idle(self) -> None:
-        """A daemon thread while a model is loaded: lets it go once idle for idle_unload_s,
-        and gives its pages back (glibc keeps freed memory otherwise)."""
-        assert self.idle_unload_s is not None
-        while True:
-            with self._lock:
-                idle = time.monotonic() - self._last_used
-                if idle >= self.idle_unload_s:
-                    self._watching = False
-                    if self._drop_model():
-                        self.unloads += 1
-                        log.info("transcriber.unloaded", idle_s=round(idle, 1))
-                        trim_now()
-                    return
-                wait = self.idle_unload_s - idle
-            if self._closed.wait(wait):
-                return
+    def _unload_when_idle(self) -> bool:
+        """IdleRelease's release (no decode in progress): whether a model was loaded."""
+        with self._lock:
+            return self._drop_model()
 
     def _drop_model(self) -> bool:
         """Let the model go (under the lock); whether one was loaded."""
@@ -382,16 +398,14 @@ class MoonshineTranscriber:
         audio = self.prepare(pcm, sample_rate)
         if audio is None:
             return ""
-        with self._lock:  # one decode per model at a time
+        # Not let go while in use; one decode per model at a time.
+        with self._idle.using(), self._lock:
             model = self._load()
-            try:
-                if self.backend == "onnx":
-                    return cast("MoonshineOnnx", model).transcribe(
-                        audio, None if cancelled is None else cancelled.is_set
-                    )
-                return self._transcribe_cpp(cast(int, model), audio)
-            finally:
-                self._last_used = time.monotonic()  # idle from the end of its last decode
+            if self.backend == "onnx":
+                return cast("MoonshineOnnx", model).transcribe(
+                    audio, None if cancelled is None else cancelled.is_set
+                )
+            return self._transcribe_cpp(cast(int, model), audio)
 
     def _transcribe_cpp(self, handle: int, audio: npt.NDArray[np.float32]) -> str:
         import ctypes
@@ -412,7 +426,7 @@ class MoonshineTranscriber:
         return await anyio.to_thread.run_sync(self.transcribe_blocking, pcm, sample_rate, cancelled)
 
     def close(self, *, wait: bool = False) -> None:
-        self._closed.set()
+        self._idle.close()
         with self._lock:
             self._drop_model()
 
@@ -424,27 +438,32 @@ TRANSCRIBER_ENV = "DUPLEX_TRANSCRIBER"
 
 
 def default_transcriber(
-    workers: int = 1, prefer: str | None = None
+    workers: int = 1, prefer: str | None = None, *, idle_unload_s: float | None = IDLE_UNLOAD_S
 ) -> MoonshineTranscriber | PocketsphinxTranscriber | None:
     """The recogniser ``prefer`` names (default: $DUPLEX_TRANSCRIBER, else "auto": Moonshine
     when the ``moonshine`` extra is installed, else PocketSphinx in ``workers`` processes when
-    ``transcription`` is), or None when none is installed (requests for transcription then get
-    ``conversation.item.input_audio_transcription.failed``)."""
+    ``transcription`` is), or None when none is installed or ``workers`` is 0 (requests for
+    transcription then get ``conversation.item.input_audio_transcription.failed``). Either
+    recogniser is let go once unused for ``idle_unload_s`` (None: kept for good)."""
     choice = (prefer or os.environ.get(TRANSCRIBER_ENV) or "auto").lower()
     if choice not in ("auto", "moonshine", "moonshine-cpp", "pocketsphinx"):
         raise ValueError(
             f"{TRANSCRIBER_ENV} must be auto, moonshine, moonshine-cpp or pocketsphinx, not {choice!r}"
         )
+    if workers <= 0:
+        return None
     if choice in ("auto", "moonshine", "moonshine-cpp"):
         try:
             return MoonshineTranscriber(
-                max_concurrent=workers, backend="cpp" if choice == "moonshine-cpp" else "onnx"
+                max_concurrent=workers,
+                backend="cpp" if choice == "moonshine-cpp" else "onnx",
+                idle_unload_s=idle_unload_s,
             )
         except ImportError:
             if choice != "auto":
                 raise
     try:
-        return PocketsphinxTranscriber(max_concurrent=workers)
+        return PocketsphinxTranscriber(max_concurrent=workers, idle_unload_s=idle_unload_s)
     except ImportError:
         return None
 

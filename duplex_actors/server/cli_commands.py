@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..audio.transcription import IDLE_UNLOAD_S
 from .event_loop import EventLoopChoice, EventLoopUnavailable, resolve
 from .worker_liveness import ENGINE_HUNG_AFTER_S, HUNG_AFTER_S
 
@@ -252,10 +253,15 @@ def register(app: typer.Typer) -> None:
             1,
             min=0,
             help="input transcription's decodes at once, per --workers (Moonshine: threads sharing "
-            "one model of about 650 MiB, loaded on the first transcribed turn and let go after 10 idle "
-            "minutes; PocketSphinx: "
-            "processes of ~130 MB each); 0: no recogniser, a session asking for transcription "
-            "gets its failed event",
+            "one model of about 650 MiB; PocketSphinx: processes of ~130 MB each; either loaded on "
+            "the first transcribed turn and let go after --transcription-idle-s); 0: no "
+            "recogniser, a session asking for transcription gets its failed event",
+        ),
+        transcription_idle_s: float = typer.Option(
+            IDLE_UNLOAD_S,
+            min=0,
+            help="seconds no turn has used the recogniser before it is let go and its memory given "
+            "back (the next transcribed turn waits for it to load again, seconds); 0: kept for good",
         ),
         compression: bool = typer.Option(
             True,
@@ -458,6 +464,7 @@ def register(app: typer.Typer) -> None:
                         },
                         gc_reclaim_s=gc_reclaim_s,
                         transcription_workers=transcription_workers,
+                        transcription_idle_s=transcription_idle_s,
                         drain_timeout_s=drain_timeout_s,
                         worker_timeout_s=worker_timeout_s,
                         engine_timeout_s=engine_timeout_s,
@@ -487,6 +494,7 @@ def register(app: typer.Typer) -> None:
             "audio_budget_bytes": (audio_budget_mb << 20) or None,
             "text_budget_bytes": (text_budget_mb << 20) or None,
             "transcription_workers": transcription_workers,
+            "transcription_idle_s": transcription_idle_s,
             "gc_reclaim_s": gc_reclaim_s,
         }
         with _cannot_listen_said_plainly(host, port):
@@ -567,6 +575,7 @@ async def open_server(
     *,
     gc_reclaim_s: float = 30.0,
     transcription_workers: int = 1,
+    transcription_idle_s: float = IDLE_UNLOAD_S,
     **runtime_options: Any,
 ) -> AsyncIterator[RealtimeServer]:
     """The runtime and Realtime server ``serve`` runs, open until the block ends.
@@ -584,9 +593,9 @@ async def open_server(
     from .app import RealtimeServer
     from .lingering import LINGERING
 
-    # Loaded lazily on the first transcribed turn; None without the extra, or when the operator
-    # wants none (any client asking for transcription would load it, for the process's life).
-    transcriber = default_transcriber(transcription_workers) if transcription_workers > 0 else None
+    # Loaded lazily on the first transcribed turn, let go when idle; None without the extra, or
+    # when the operator wants none (any client asking for transcription would load it).
+    transcriber = default_transcriber(transcription_workers, idle_unload_s=transcription_idle_s or None)
     # Freezing keeps full collections off the loop, but cycles frozen while alive (dropped
     # connections, cancelled tasks) wait for the next reclaim: too rare a reclaim lets memory
     # grow under connection churn. 0 turns the policy off.

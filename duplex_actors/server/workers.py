@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import structlog
 
+from ..audio.transcription import IDLE_UNLOAD_S
 from ..logconfig import ensure_configured
 from ..parent_death import end_with_parent
 from .config import ServerConfig
@@ -180,8 +181,11 @@ class WorkerSettings:
     runtime_options: dict[str, Any] = attrs.field(factory=dict)
     #: GcPolicy's reclaim interval, as ``serve --gc-reclaim-s`` (0: CPython's own collector).
     gc_reclaim_s: float = 30.0
-    #: Recogniser processes per worker, as ``serve --transcription-workers``.
+    #: Recogniser decodes at once per worker, as ``serve --transcription-workers`` (0: none).
     transcription_workers: int = 1
+    #: Seconds unused before a worker lets its recogniser go, as ``serve
+    #: --transcription-idle-s`` (0: kept for good).
+    transcription_idle_s: float = IDLE_UNLOAD_S
     #: How long a worker lets responses in flight finish after SIGTERM (``--drain-timeout-s``).
     drain_timeout_s: float = 10.0
     #: A worker that answers none of the front's pings this long is stopped and started again
@@ -322,9 +326,9 @@ async def _run_worker(
 
     backend = EngineProcessClient(engine_path)
     # As single-process serve: a session that asks for input transcription gets it here too
-    # (loaded lazily on its first transcribed turn; None without the 'transcription' extra).
-    transcriber = (
-        default_transcriber(settings.transcription_workers) if settings.transcription_workers > 0 else None
+    # (loaded lazily on its first transcribed turn, let go when idle; None without the extra).
+    transcriber = default_transcriber(
+        settings.transcription_workers, idle_unload_s=settings.transcription_idle_s or None
     )
     config = ServerConfig(
         host="127.0.0.1",

@@ -150,7 +150,7 @@ def test_an_idle_model_is_let_go_and_loaded_again_for_the_next_turn():
         first = recogniser.transcribe_blocking(pcm, 16000)
         assert recogniser._model is not None and (recogniser.loads, recogniser.unloads) == (1, 0)
         deadline = time.monotonic() + 10
-        while recogniser._model is not None and time.monotonic() < deadline:
+        while recogniser.unloads == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert recogniser._model is None and recogniser.unloads == 1
         assert recogniser.transcribe_blocking(pcm, 16000) == first

@@ -16,6 +16,7 @@ import pytest
 import websockets
 from typer.testing import CliRunner
 
+from duplex_actors.audio.transcription import IDLE_UNLOAD_S
 from duplex_actors.client import DuplexClient
 
 from .conftest import CHUNK_100MS, recv_json, recv_until, serve_app
@@ -50,6 +51,7 @@ def test_serve_is_registered_with_its_options():
         "--frame-intake-bytes-per-s",
         "--transcription-backlog-s",
         "--transcription-workers",
+        "--transcription-idle-s",
         "--journal-budget-mb",
         "--connect-rate-per-address",
         "--connect-rate-per-key",
@@ -348,6 +350,7 @@ async def test_transcription_workers_zero_serves_without_a_recogniser(decodes):
     async with open_server(ScriptedEngine(), config, transcription_workers=decodes) as server:
         if decodes:
             assert server.runtime.transcriber is not None
+            assert server.runtime.transcriber.idle_unload_s == IDLE_UNLOAD_S
             return
         assert server.runtime.transcriber is None
         async with websockets.connect(server.url) as ws:
@@ -363,3 +366,38 @@ async def test_transcription_workers_zero_serves_without_a_recogniser(decodes):
             assert "not available" in failed["error"]["message"]
     bad = CliRunner().invoke(serve_app(), ["serve", "--transcription-workers", "-1"])
     assert bad.exit_code != 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("flag", "kept_for"), [(42.0, 42.0), (0.0, None)])
+async def test_transcription_idle_s_is_how_long_the_recogniser_is_kept_unused(flag, kept_for):
+    from duplex_actors import ScriptedEngine
+    from duplex_actors.server import ServerConfig
+    from duplex_actors.server.cli_commands import open_server
+
+    config = ServerConfig(host="127.0.0.1", port=0)
+    async with open_server(ScriptedEngine(), config, transcription_idle_s=flag) as server:
+        assert server.runtime.transcriber is not None
+        assert server.runtime.transcriber.idle_unload_s == kept_for
+    bad = CliRunner().invoke(serve_app(), ["serve", "--transcription-idle-s", "-1"])
+    assert bad.exit_code != 0
+
+
+def test_serve_hands_transcription_idle_s_to_its_server_and_to_each_worker(monkeypatch):
+    import duplex_actors.server.event_loop as event_loop
+    import duplex_actors.server.workers as workers
+
+    handed: dict[str, object] = {}
+    monkeypatch.setattr(
+        event_loop,
+        "run_anyio",
+        lambda _serve, _backend, _config, _overrides, options, *a, **k: handed.update(one=options),
+    )
+    monkeypatch.setattr(
+        workers, "serve_workers", lambda _n, _host, _port, settings, **k: handed.update(many=settings)
+    )
+    flags = ["serve", "--engine", "scripted", "--port", "0", "--transcription-idle-s", "42"]
+    assert CliRunner().invoke(serve_app(), flags).exit_code == 0
+    assert CliRunner().invoke(serve_app(), [*flags, "--workers", "2"]).exit_code == 0
+    assert handed["one"]["transcription_idle_s"] == 42.0
+    assert handed["many"].transcription_idle_s == 42.0

@@ -495,3 +495,25 @@ def test_an_app_killed_by_sigkill_takes_its_recognisers_process_with_it(tmp_path
     for pid in left:  # not to leave them behind after a failure
         os.kill(pid, signal.SIGKILL)
     assert not left, "the recogniser's processes outlived the app killed by SIGKILL"
+
+
+async def test_idle_recogniser_processes_are_stopped_and_the_next_turn_starts_them_again(speech):
+    # A worker process holds ~130 MB with its model loaded: one client's one transcribed turn
+    # kept it for the server's life. Unused for idle_unload_s, the processes are stopped.
+    from duplex_actors.audio.transcription import PocketsphinxTranscriber
+
+    text = SENTENCES[0]
+    pcm = speech[text]
+    recogniser = PocketsphinxTranscriber(idle_unload_s=0.5)
+    try:
+        assert word_error_rate(text, await recogniser.transcribe(pcm, 16000)) <= 0.5
+        assert recogniser._pool is not None
+        processes = list(recogniser._pool._processes.values())
+        with anyio.fail_after(10):
+            while recogniser.unloads == 0 or any(p.is_alive() for p in processes):
+                await anyio.sleep(0.05)
+        assert recogniser._pool is None and (recogniser.loads, recogniser.unloads) == (1, 1)
+        assert word_error_rate(text, await recogniser.transcribe(pcm, 16000)) <= 0.5
+        assert recogniser.loads == 2
+    finally:
+        recogniser.close()
