@@ -123,7 +123,8 @@ class SessionReader:
         self.awaiting_frame = False
         #: A frame offer decoded and left to the reader, with its event (decoded once).
         self.decoded: tuple[str | bytes, wire.ClientEvent] | None = None
-        #: The last append handed to the server's VAD batcher: the next frame waits for it.
+        #: The last append handed to the server's VAD batcher. Later appends queue behind it
+        #: there; anything else a later frame tells the session has the batch scored first.
         self.vad_job: VadJob | None = None
         #: What the frame being handled did for others and must not be billed for: a VAD
         #: batch it had to score at once (_tell), whose windows were billed to their own
@@ -171,9 +172,6 @@ class SessionReader:
                     if wait > 0.0:
                         await anyio.sleep(wait)
                         slice_began = done = clock()
-                if self.vad_job is not None:
-                    # The session gets this frame's commands after the last append's.
-                    await self.settle()
                 if loop_share is not None:
                     # The client's standing is checked before its frame is handled, on every
                     # connection, the first frame of a new one included. Held back only after

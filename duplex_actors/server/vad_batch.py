@@ -9,9 +9,16 @@ its windows.
 
 So a connection's reader hands the windows an append completes to the :class:`VadBatcher`
 instead of scoring them itself. The batcher scores what it was handed together, at most its
-window after the first (see :class:`VadBatcher` for what may wait and what may not). A reader
-waits for its job before it handles the client's next frame, so a session's commands reach it
-in the order the frames came (a commit never overtakes the audio before it).
+window after the first (see :class:`VadBatcher` for what may wait and what may not).
+
+A session's commands still reach it in the order its frames came (a commit never overtakes the
+audio before it): the batcher delivers jobs in the order they were submitted, so a later
+append's job comes after an earlier one's, and a frame that tells the session anything else
+first has the batch scored (SessionReader._tell). The reader does not wait for its job before
+reading the client's next frame. It used to, and that cost two or three passes of the loop per
+append (the flush, then the waiter's wake-up): on a loop busy with other clients' readers, a
+real-time client with server VAD could no longer keep up with its own audio and fell behind
+for good, its heartbeats answered later and later.
 """
 
 from __future__ import annotations
@@ -83,7 +90,8 @@ class VadBatcher:
     milliseconds of waiting fill batches that are. Waiting is only for
     windows whose answer nobody waits on: a job that may end the user's turn (``urgent``: its
     windows could complete server VAD's silence) is scored at the next pass, with whatever is
-    pending, and so is a job whose reader has the client's next frame in hand. What waits is
+    pending, and so is a job someone waits for (settled: a resume taking the connection over,
+the connection's end). What waits is
     the verdict on audio in the middle of speech or silence, and a speech_started, which is
     sent up to ``window_s`` later (a 32 ms window's verdict, after the ~100-250 ms a VAD needs
     to hear speech begin).

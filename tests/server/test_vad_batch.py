@@ -217,6 +217,33 @@ async def test_a_client_is_billed_its_windows_when_it_hands_them_over():
             assert server.vad_batcher.flushes == 0  # billed before the batch ran
 
 
+async def test_the_reader_reads_on_while_its_appends_wait_and_a_commit_still_follows_them():
+    """A reader that waited for each append's verdict before its next frame spent two or three
+    passes of the loop on every append: on a loop busy with other clients' readers, a
+    real-time client with server VAD fell behind its own audio for good. Its appends now queue
+    in the batch, delivered in order, and a commit has the batch scored before it."""
+    async with running_server(vad_factory=BatchLoudnessVad, vad_batch_window_s=3600.0) as server:
+        batcher = server.vad_batcher
+        assert batcher is not None
+        async with connect(server.url) as ws:
+            await recv_json(ws)
+            # Quiet before any speech is kept up to the prefix padding: room for all of it.
+            detection = {"type": "server_vad", "prefix_padding_ms": 1000}
+            update = {"audio": {"input": {"format": PCM_16K, "turn_detection": detection}}}
+            await ws.send(json.dumps({"type": "session.update", "session": update}))
+            await recv_until(ws, "session.updated")
+            for _ in range(4):
+                await ws.send(append(tone(32 * 3, 0)))  # three quiet windows each: none urgent
+            with anyio.fail_after(5):
+                while len(batcher._jobs) < 4:
+                    await anyio.sleep(0.01)
+            assert batcher.flushes == 0  # all four read and waiting together, none scored
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            committed = (await recv_until(ws, "input_audio_buffer.committed"))[-1]
+            assert committed["audio_ms"] == 4 * 32 * 3
+            assert batcher.flushes == 1 and batcher.windows == 12
+
+
 async def _turn(url: str) -> list[dict]:
     """One client's turn: 300 ms of speech then 700 ms of quiet, in 20 ms appends."""
     async with connect(url) as ws:
