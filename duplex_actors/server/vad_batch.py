@@ -87,14 +87,13 @@ class VadBatcher:
 
     ``window_s`` is what a batch gets to fill. In a server with many real-time sessions, scoring
     at the next loop pass made batches too small to be cheaper than one window at a time; a few
-    milliseconds of waiting fill batches that are. Waiting is only for
-    windows whose answer nobody waits on: a job that may end the user's turn (``urgent``: its
-    windows could complete server VAD's silence) is scored at the next pass, with whatever is
-    pending, and so is a job someone waits for (settled: a resume taking the connection over,
-the connection's end). What waits is
-    the verdict on audio in the middle of speech or silence, and a speech_started, which is
-    sent up to ``window_s`` later (a 32 ms window's verdict, after the ~100-250 ms a VAD needs
-    to hear speech begin).
+    milliseconds of waiting fill batches that are. Waiting is only for windows whose answer
+    nobody waits on: a job that may end the user's turn (``urgent``: its windows could complete
+    server VAD's silence) is scored at the next pass, with whatever is pending, and so is a job
+    someone waits for (settled: a resume taking the connection over, the connection's end).
+    What waits is the verdict on audio in the middle of speech or silence, and a
+    speech_started, which is sent up to ``window_s`` later (a 32 ms window's verdict, after the
+    ~100-250 ms a VAD needs to hear speech begin).
     """
 
     def __init__(self, window_s: float = 0.0) -> None:
