@@ -29,7 +29,7 @@ async def test_paced_engine_releases_audio_at_playback_pace():
         if isinstance(out, AudioPacket):
             times.append(time.perf_counter())
     span = times[-1] - times[0]
-    assert 0.75 <= span < 1.5, span
+    assert 0.75 <= span < 2.5, span  # the upper bound leaves room for a pause of this process
     # without pacing the same script is released at once
     raw = []
     async for out in backend.generate(request):
@@ -37,7 +37,7 @@ async def test_paced_engine_releases_audio_at_playback_pace():
             raw.append(time.perf_counter())
     # Wall time on a shared host: a wait for a core can add a tenth of a second or more, so the
     # bound only has to tell "at once" from the paced 0.8 s.
-    assert raw[-1] - raw[0] < 0.4, raw[-1] - raw[0]
+    assert raw[-1] - raw[0] < 0.6, raw[-1] - raw[0]
 
 
 @pytest.mark.embedded

@@ -18,8 +18,9 @@ from .conftest import recv_json, recv_until, resume_frame, running_server
 
 pytestmark = pytest.mark.anyio
 #: The answer waited for the old connection's close at least 1 s; now about 0.1 s. Wall time,
-#: loose for a loaded host: it only has to tell the two apart.
-BOUND_S = 0.7
+#: as loose as telling the two apart allows: a full collection late in a CI run takes most of
+#: a second.
+BOUND_S = 0.95
 
 
 async def test_a_resume_does_not_wait_long_for_a_silent_old_connection_to_close():

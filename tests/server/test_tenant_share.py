@@ -339,16 +339,21 @@ async def test_a_detached_sessions_events_are_billed_to_its_client_as_if_sent():
         assert charged == pytest.approx(produced_away * server.billing.cost_per_event, rel=0.05)
 
 
+#: How long _FlooderHeldOnce holds the flooder: long enough that a handshake slowed by a loaded
+#: host (a full collection late in a CI run takes most of a second) is told apart from a held one.
+HELD_S = 3.0
+
+
 class _FlooderHeldOnce(_RecordingShare):
-    """The flooder is over its share once: its first check answers 1 s."""
+    """The flooder is over its share once: its first check answers HELD_S."""
 
     __slots__ = ()
 
     def hold(self, tenant, now):
         if tenant != FLOODER_TENANT or self.waits.get(tenant):
             return 0.0
-        self.waits[tenant] = 1.0
-        return 1.0
+        self.waits[tenant] = HELD_S
+        return HELD_S
 
 
 async def test_a_client_over_its_share_opens_its_next_connection_once_within_it():
@@ -366,14 +371,14 @@ async def test_a_client_over_its_share_opens_its_next_connection_once_within_it(
             # Wall time: the hold is long enough that a handshake slowed by a loaded host is
             # still told apart from a held one.
             if tenant == FLOODER_TENANT:
-                assert took >= 1.0, took
+                assert took >= HELD_S, took
             else:
-                assert took < 1.0, took
+                assert took < HELD_S, took
 
 
 async def test_a_handshake_held_by_the_loop_share_gives_its_opening_slot_back():
-    """With one opening slot, a neighbour connecting while the flooder's handshake is held (1 s)
-    opens at once: the held handshake does no work, so it holds no slot."""
+    """With one opening slot, a neighbour connecting while the flooder's handshake is held
+    (HELD_S) opens at once: the held handshake does no work, so it holds no slot."""
     async with running_server(api_keys=KEYS, max_opening_connections=1) as server:
         server.loop_share = _FlooderHeldOnce(0.5)
         flooder_opened = anyio.Event()
@@ -391,7 +396,7 @@ async def test_a_handshake_held_by_the_loop_share_gives_its_opening_slot_back():
             async with connect(server.url, additional_headers=NEIGHBOUR) as ws:
                 took = time.perf_counter() - began
                 await recv_json(ws)
-            assert not flooder_opened.is_set() and took < 0.7, took
+            assert not flooder_opened.is_set() and took < HELD_S - 1.0, took
         assert flooder_opened.is_set()
 
 
@@ -438,13 +443,17 @@ async def test_a_clients_many_sessions_hold_one_clients_share_of_the_audio_budge
             # The neighbour, within its half, is not refused, though the budget is spent.
             accepted, error = await _append_until_refused(neighbour, append(0.1), most=10)
             assert error is None and accepted == 10
+            with anyio.fail_after(5):  # the last append reached the session (no answer says so)
+                while budget_state._accounts[NEIGHBOUR_TENANT].held <= 9 * 3200:
+                    await anyio.sleep(0.01)
             neighbour_held = budget_state._accounts[NEIGHBOUR_TENANT].held
             assert budget_state.total == flooder_held + neighbour_held > budget
             assert 9 * 3200 < neighbour_held <= 10 * 3200
             for ws in flooders:
                 await ws.close()
-        await anyio.sleep(0.2)
-        assert (server.runtime.audio_budget.total, server.runtime.audio_budget.clients) == (0, 0)
+        with anyio.fail_after(5):  # released as the sessions close
+            while (server.runtime.audio_budget.total, server.runtime.audio_budget.clients) != (0, 0):
+                await anyio.sleep(0.01)
 
 
 async def test_a_clients_many_sessions_hold_one_clients_share_of_the_text_budget():
@@ -488,8 +497,9 @@ async def test_a_clients_many_sessions_hold_one_clients_share_of_the_text_budget
             assert text.total > budget
             for ws in flooders:
                 await ws.close()
-        await anyio.sleep(0.2)
-        assert (server.runtime.text_budget.total, server.runtime.text_budget.clients) == (0, 0)
+        with anyio.fail_after(5):  # released as the sessions close
+            while (server.runtime.text_budget.total, server.runtime.text_budget.clients) != (0, 0):
+                await anyio.sleep(0.01)
 
 
 async def _item_answer(ws) -> dict:
