@@ -35,7 +35,13 @@ So the connection:
    (``READ_QUEUE_BYTES``), and lets go of each message's payload once it is read (:meth:`read_done`);
 5. counts what it holds parsed and unhandled (its read queue, and the message its reader has
    taken until :meth:`handled`) in its client's account (read_ahead.py), and feeds its parser
-   nothing more while that client, over all its connections, holds its limit.
+   nothing more while that client, over all its connections, holds its limit;
+6. bills what parsing costs to its client's share of the loop (:attr:`bill_parsing`, set by the
+   session's reader) and reads the client's next bytes later while the share says so. The
+   frame budget of point 2 is per connection: 256 connections of 8 addresses, each within it,
+   sent messages cut into 1-byte fragments, and the loop was theirs (a neighbour's heartbeat
+   answered 9 s late, then not at all), while the share, which saw only whole messages, held
+   nobody.
 
 The last point is about memory, not time. A message's payload is what it inflated to, up to the
 transport cap, from a few hundred bytes on the wire. websockets' read queue holds up to
@@ -64,7 +70,7 @@ from websockets.exceptions import PayloadTooBig
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event, State
 
-from . import memory, raw_http
+from . import frame_cost, memory, raw_http
 from .client_address import client_ip, forwarded_client, forwarded_for_in_head, peername_ip
 from .guard import IntakePacer, PendingHandshakes, RequestHeadLimit, client_subject, count_refusal
 from .inflate import BudgetedDeflate
@@ -157,6 +163,13 @@ class PacedConnection(ServerConnection):
     #: counted), and the addresses it does not count (``ServerConfig.exempt_networks``).
     read_ahead: ReadAheadLedger | None = None
     read_ahead_exempt: Callable[[str], bool] | None = None
+    #: Bills the parser's work on a read (seconds of the loop thread's CPU, collections
+    #: excepted, less the messages :attr:`offer` handled, which bill themselves) to this
+    #: connection's client, and says how long to hold its reading (0: not). Set by the
+    #: session's reader, once the client is known (None: nothing billed).
+    bill_parsing: Callable[[float], float] | None = None
+    #: What the messages handled as parsed cost during the current read (the reader adds to it).
+    offered_s = 0.0
 
     @property
     def remote_address(self) -> Any:
@@ -288,6 +301,25 @@ class PacedConnection(ServerConnection):
             self._release_refused()
 
     def _feed(self, data: bytes) -> None:
+        bill = self.bill_parsing
+        if bill is None:
+            self._feed_pieces(data)
+            return
+        mark = frame_cost.mark()
+        self.offered_s = 0.0
+        self._feed_pieces(data)
+        wait = bill(max(0.0, frame_cost.billed_since(mark) - self.offered_s))
+        if wait > 0.0 and "client_share" not in self._timers:
+            self._hold("client_share")
+            if self.on_paced is not None:
+                self.on_paced("client_share", wait)
+            self._timers["client_share"] = self.loop.call_later(wait, self._share_waited)
+
+    def _share_waited(self) -> None:
+        self._timers.pop("client_share", None)
+        self._release("client_share")
+
+    def _feed_pieces(self, data: bytes) -> None:
         began = time.perf_counter()
         end = len(data)
         offset = 0

@@ -45,7 +45,8 @@ estimate of a connection's cost (server/app.py).
 Unbilled work. Billed were 45-55 % of the loop's seconds in the flood above (reading and
 sending only), so measured in billed seconds alone the loop never looked short. The sessions'
 state machines are now metered too (two clock reads a dispatcher round, split by session:
-``Runtime.meter_tenant_work``); the engine actor's pump and asyncio's own scheduling still
+``Runtime.meter_tenant_work``), and so is the websocket parser's work on each read, to its
+connection's client (connection.py); the engine actor's pump and asyncio's own scheduling still
 are not.
 Given the loop thread's CPU clock (``loop_cpu``), the capacity is counted in loop seconds: each
 billed second stands for ``unbilled`` of them (the loop's recent CPU over the billed total, at

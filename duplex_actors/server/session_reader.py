@@ -92,6 +92,7 @@ class SessionReader:
         "decoded",
         "vad_job",
         "frame_credit",
+        "handled_s",
         "reading_gate",
     )
 
@@ -130,6 +131,9 @@ class SessionReader:
         #: batch it had to score at once (_tell), whose windows were billed to their own
         #: clients when they were handed over.
         self.frame_credit = 0.0
+        #: What the frame last handled took (seconds of the loop thread's CPU, collections
+        #: excepted; 0 when nothing is billed), credit included.
+        self.handled_s = 0.0
         #: Set while a resume on another connection decides whether to push this one out: the
         #: reader handles no frame until it is released (or the connection is superseded).
         self.reading_gate: anyio.Event | None = None
@@ -154,6 +158,10 @@ class SessionReader:
         offers_to = paced if self.server.config.handle_frames_as_parsed else None
         if offers_to is not None:
             offers_to.offer = self.offer
+        if paced is not None and loop_share is not None:
+            # What the parser does for this client is its too: a message cut into 1-byte
+            # fragments costs the parser far more than the reader.
+            paced.bill_parsing = self._bill_parsing
         try:
             while True:
                 self.awaiting_frame = True
@@ -222,6 +230,15 @@ class SessionReader:
         finally:
             if offers_to is not None:
                 offers_to.offer = None
+            if paced is not None:
+                paced.bill_parsing = None
+
+    def _bill_parsing(self, seconds: float) -> float:
+        """PacedConnection.bill_parsing: the parser's work on a read, to the client's share;
+        how long its reading waits."""
+        loop_share = self.server.loop_share
+        assert loop_share is not None and self.record is not None
+        return loop_share.bill(self.record.tenant, seconds, self.server.runtime.clock.now())
 
     async def settle(self) -> None:
         """Return once the last append handed to the VAD batcher has reached the session."""
@@ -251,13 +268,14 @@ class SessionReader:
         cost_mark = frame_cost.mark() if billed else None
         self.frame_credit = 0.0
         self._on_frame(frame, decoded)
+        self.handled_s = 0.0 if cost_mark is None else frame_cost.billed_since(cost_mark)
         if self.flooding:
             return False
         if cost_mark is not None:
             # Billed in CPU time, collections excepted: not the wall clock (frame_cost). To the
             # session's handling pace, and to the client, whose sessions share the loop with
             # other clients' (its next frame, on any connection, waits for it: run).
-            self._bill(max(0.0, frame_cost.billed_since(cost_mark) - self.frame_credit))
+            self._bill(max(0.0, self.handled_s - self.frame_credit))
         return True
 
     def offer(self, frame: str | bytes) -> bool:
@@ -301,6 +319,9 @@ class SessionReader:
         # The flood budget had room for this frame's refusal. Should one still put the client
         # over it, the reader closes the connection before it handles another frame.
         self._handle(frame, event, record.handling_pacer is not None or loop_share is not None)
+        ws = self.ws
+        if isinstance(ws, PacedConnection):
+            ws.offered_s += self.handled_s  # billed as this frame's, not again as parsing
         if self.pace_wait:
             self.paced_at = time.perf_counter()
         return True

@@ -24,6 +24,7 @@ from duplex_actors.server.app import (
     CLOSE_TRY_AGAIN,
     CLOSE_UNKNOWN_SESSION,
 )
+from duplex_actors.server.loop_share import LoopShare
 from duplex_actors.testing.raw_websocket import RawWebSocket, fragmented
 
 from .conftest import (
@@ -1272,6 +1273,68 @@ async def test_a_read_full_of_tiny_frames_does_not_hold_the_event_loop():
         finally:
             gc.enable()
         assert max(lags) < 0.05, sorted(lags)[-5:]
+        client.abort()
+
+
+class _ParsingBilled(LoopShare):
+    """The server's LoopShare, adding up what the parser billed (bill: PacedConnection's) and
+    everything charged (charge: the reader's bills, and the parser's through bill); holds the
+    parser's client ``hold_s`` once."""
+
+    __slots__ = ("parsing", "charged", "hold_s")
+
+    def __init__(self, capacity: float, hold_s: float = 0.0) -> None:
+        super().__init__(capacity)
+        self.parsing = self.charged = 0.0
+        self.hold_s = hold_s
+
+    def bill(self, tenant, seconds, now):
+        self.parsing += seconds
+        wait = super().bill(tenant, seconds, now)
+        if self.hold_s:
+            wait, self.hold_s = self.hold_s, 0.0
+        return wait
+
+    def charge(self, tenant, seconds, now):
+        self.charged += seconds
+        return super().charge(tenant, seconds, now)
+
+
+async def test_what_the_parser_does_for_a_client_is_billed_to_its_share_of_the_loop():
+    # The frame budget is per connection: 256 connections of 8 addresses, each within it,
+    # sent messages cut into 1-byte fragments, and the loop was theirs while the share, which
+    # saw only whole messages, held nobody. The parser's work is billed to the client now.
+    count = 40
+    async with running_server(frames_per_s=None, server_vad_by_default=False) as server:
+        server.loop_share = share = _ParsingBilled(0.5)
+        client = await RawWebSocket.connect(server.url)
+        await client.read_frame()
+        decoded = server.metrics.frames.labels("decoded")
+        before = decoded._value.get()
+        client.writer.write(fragmented(APPEND_10MS) * count)
+        await client.drain()
+        await wait_until(lambda: decoded._value.get() >= before + count, timeout=30)
+        handling = share.charged - share.parsing
+        # About 700 frames a message to parse, one append to handle.
+        assert share.parsing > 3 * handling > 0, (share.parsing, handling)
+        client.abort()
+
+
+async def test_a_client_whose_share_says_so_has_its_parsing_held_and_loses_nothing():
+    count = 20
+    async with running_server(frames_per_s=None, server_vad_by_default=False) as server:
+        server.loop_share = _ParsingBilled(0.5, hold_s=0.5)
+        client = await RawWebSocket.connect(server.url)
+        await client.read_frame()
+        decoded = server.metrics.frames.labels("decoded")
+        before = decoded._value.get()
+        began = time.perf_counter()
+        client.writer.write(fragmented(APPEND_10MS) * count)
+        await client.drain()
+        await wait_until(lambda: decoded._value.get() >= before + count, timeout=30)
+        assert time.perf_counter() - began >= 0.5
+        assert server.metrics.paced.labels("client_share")._value.get() >= 0.5
+        assert server.metrics.frames.labels("rejected")._value.get() == 0
         client.abort()
 
 
